@@ -1,0 +1,331 @@
+//! Running commands: process groups, per-command cgroups, timeouts, and reaping as PID 1.
+//!
+//! As PID 1 the agent inherits every orphan, so one reaper thread waits for all children. It
+//! peeks at an exited child with `WNOWAIT` and reaps it only while holding the table lock that
+//! `spawn` also holds; so it never reaps a child that `std::process::Command::spawn` is itself
+//! waiting for (std reaps a child whose `exec` failed, and would panic on `ECHILD`).
+
+use std::collections::HashMap;
+use std::fs;
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use forkbox_protocol::{AgentMsg, ExecSpec, ExitStatus, Program, CHUNK};
+use nix::sys::signal::{killpg, Signal};
+use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
+use nix::unistd::Pid;
+
+use crate::serve::Outbox;
+
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+/// How long output may still arrive after the command's main process exited (from processes
+/// it left behind holding its stdout or stderr) before the exit is reported.
+const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+const BASE_ENV: &[(&str, &str)] = &[
+    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    ("HOME", "/root"),
+    ("USER", "root"),
+    ("LANG", "C.UTF-8"),
+];
+
+struct Running {
+    pgid: Pid,
+    stdin: Option<Sender<Option<Vec<u8>>>>,
+}
+
+struct Inner {
+    out: Outbox,
+    /// pid → where to deliver its exit status.
+    children: Mutex<HashMap<i32, SyncSender<WaitStatus>>>,
+    spawned: Condvar,
+    running: Mutex<HashMap<u32, Running>>,
+    cgroups: bool,
+    seq: AtomicU64,
+}
+
+#[derive(Clone)]
+pub struct Execs(Arc<Inner>);
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Execs {
+    pub fn start(out: Outbox) -> Execs {
+        let cgroups = fs::metadata(format!("{CGROUP_ROOT}/cgroup.procs")).is_ok();
+        let inner = Arc::new(Inner {
+            out,
+            children: Mutex::new(HashMap::new()),
+            spawned: Condvar::new(),
+            running: Mutex::new(HashMap::new()),
+            cgroups,
+            seq: AtomicU64::new(0),
+        });
+        let r = inner.clone();
+        std::thread::spawn(move || reaper(&r));
+        Execs(inner)
+    }
+
+    pub fn spawn(&self, id: u32, spec: ExecSpec) {
+        let inner = self.0.clone();
+        std::thread::spawn(move || run(&inner, id, spec));
+    }
+
+    pub fn stdin(&self, id: u32, data: Option<Vec<u8>>) {
+        if let Some(tx) = lock(&self.0.running).get(&id).and_then(|r| r.stdin.clone()) {
+            let _ = tx.send(data);
+        }
+    }
+
+    pub fn signal(&self, id: u32, signal: i32) {
+        let pgid = lock(&self.0.running).get(&id).map(|r| r.pgid);
+        match (pgid, Signal::try_from(signal)) {
+            (Some(pgid), Ok(sig)) => {
+                let _ = killpg(pgid, sig);
+            }
+            (None, _) => {}
+            (_, Err(_)) => self.0.out.error(
+                id,
+                &std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{signal} is not a signal number")),
+            ),
+        }
+    }
+}
+
+fn reaper(inner: &Inner) {
+    loop {
+        match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
+            Ok(status) => {
+                let Some(pid) = status.pid() else { continue };
+                let mut children = lock(&inner.children);
+                // Reap under the lock: a concurrent spawn has finished (or not started).
+                match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    Ok(ws) => {
+                        if let Some(tx) = children.remove(&pid.as_raw()) {
+                            let _ = tx.send(ws);
+                        }
+                    }
+                    Err(_) => {} // std reaped it after a failed exec.
+                }
+            }
+            Err(nix::errno::Errno::ECHILD) => {
+                let children = lock(&inner.children);
+                let _ = inner.spawned.wait_timeout(children, Duration::from_millis(200));
+            }
+            Err(_) => {}
+        }
+    }
+}
+
+/// A per-command cgroup, so that a timeout can kill everything the command started.
+struct Cgroup {
+    path: PathBuf,
+    procs: OwnedFd,
+}
+
+impl Cgroup {
+    fn create(inner: &Inner, id: u32) -> Option<Cgroup> {
+        if !inner.cgroups {
+            return None;
+        }
+        let n = inner.seq.fetch_add(1, Ordering::Relaxed);
+        let path = PathBuf::from(format!("{CGROUP_ROOT}/exec-{id}-{n}"));
+        fs::create_dir(&path).ok()?;
+        let procs = fs::OpenOptions::new().write(true).open(path.join("cgroup.procs")).ok()?;
+        Some(Cgroup { path, procs: procs.into() })
+    }
+
+    fn kill(&self) {
+        let _ = fs::write(self.path.join("cgroup.kill"), b"1");
+    }
+}
+
+impl Drop for Cgroup {
+    fn drop(&mut self) {
+        // Fails while processes the command left behind still live; they keep the cgroup.
+        let _ = fs::remove_dir(&self.path);
+    }
+}
+
+fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
+    let mut cmd = match &spec.program {
+        Program::Argv(argv) => {
+            let Some((first, rest)) = argv.split_first() else {
+                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"));
+            };
+            let mut c = Command::new(first);
+            c.args(rest);
+            c
+        }
+        Program::Shell(s) => {
+            let mut c = Command::new("/bin/sh");
+            c.arg("-c").arg(s);
+            c
+        }
+    };
+    let cwd = spec.cwd.clone().unwrap_or_else(|| "/root".into());
+    if !fs::metadata(&cwd).map(|m| m.is_dir()).unwrap_or(false) {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            format!("working directory {cwd} does not exist in the guest"),
+        ));
+    }
+    cmd.current_dir(cwd).env_clear();
+    cmd.envs(BASE_ENV.iter().copied());
+    cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
+    cmd.stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() });
+    cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.process_group(0);
+    Ok(cmd)
+}
+
+fn describe(spec: &ExecSpec) -> String {
+    match &spec.program {
+        Program::Argv(a) => a.first().cloned().unwrap_or_default(),
+        Program::Shell(_) => "/bin/sh".into(),
+    }
+}
+
+fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec) {
+    let start = Instant::now();
+    let out = &inner.out;
+    let mut cmd = match build_command(&spec) {
+        Ok(c) => c,
+        Err(e) => return out.error(id, &e),
+    };
+    let cgroup = Cgroup::create(inner, id);
+    if let Some(cg) = &cgroup {
+        let fd = cg.procs.as_raw_fd();
+        // SAFETY: the closure runs in the forked child before exec. It only calls write(2),
+        // which is async-signal-safe, on a descriptor that stays open until spawn returns, with
+        // a static buffer; it allocates nothing and takes no locks.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                Ok(())
+            });
+        }
+    }
+    let (status_tx, status_rx) = sync_channel::<WaitStatus>(1);
+    let child = {
+        let mut children = lock(&inner.children);
+        let child = cmd.spawn();
+        if let Ok(c) = &child {
+            children.insert(c.id() as i32, status_tx);
+            inner.spawned.notify_all();
+        }
+        child
+    };
+    let mut child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let e = std::io::Error::new(e.kind(), format!("cannot run {}: {e}", describe(&spec)));
+            return out.error(id, &e);
+        }
+    };
+    let pid = child.id();
+    out.send(&AgentMsg::Started { id, pid });
+
+    let finished = Arc::new(Mutex::new(false));
+    let (eof_tx, eof_rx) = channel::<()>();
+    for (is_out, stream) in [
+        (true, child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>)),
+        (false, child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>)),
+    ] {
+        let Some(mut stream) = stream else { continue };
+        let (out, finished, eof_tx) = (out.clone(), finished.clone(), eof_tx.clone());
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; CHUNK];
+            loop {
+                let n = match stream.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => n,
+                };
+                let done = lock(&finished);
+                if *done {
+                    break;
+                }
+                let data = buf[..n].to_vec();
+                out.send(&if is_out { AgentMsg::Stdout { id, data } } else { AgentMsg::Stderr { id, data } });
+                drop(done);
+            }
+            let _ = eof_tx.send(());
+        });
+    }
+    drop(eof_tx);
+    let stdin_tx = child.stdin.take().map(|mut w| {
+        let (tx, rx) = channel::<Option<Vec<u8>>>();
+        std::thread::spawn(move || {
+            while let Ok(Some(data)) = rx.recv() {
+                if w.write_all(&data).is_err() {
+                    break;
+                }
+            }
+        });
+        tx
+    });
+    lock(&inner.running).insert(id, Running { pgid: Pid::from_raw(pid as i32), stdin: stdin_tx });
+
+    let (status, timed_out) = wait_for_exit(&status_rx, spec.timeout_ms, start, || {
+        if let Some(cg) = &cgroup {
+            cg.kill();
+        }
+        let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
+    });
+    // Let the output readers catch up, within a bound: processes the command left running may
+    // hold its pipes open for as long as they live.
+    let drain_until = Instant::now() + DRAIN_AFTER_EXIT;
+    let mut open = 2;
+    while open > 0 {
+        let left = drain_until.saturating_duration_since(Instant::now());
+        match eof_rx.recv_timeout(left) {
+            Ok(()) => open -= 1,
+            Err(_) => break,
+        }
+    }
+    lock(&inner.running).remove(&id);
+    let mut done = lock(&finished);
+    *done = true;
+    out.send(&AgentMsg::Exited { id, status, timed_out, duration_ms: start.elapsed().as_millis() as u64 });
+    drop(done);
+    drop(cgroup);
+}
+
+fn wait_for_exit(
+    rx: &Receiver<WaitStatus>,
+    timeout_ms: Option<u64>,
+    start: Instant,
+    kill: impl FnOnce(),
+) -> (ExitStatus, bool) {
+    let mut timed_out = false;
+    let ws = match timeout_ms {
+        None => rx.recv().ok(),
+        Some(ms) => {
+            let deadline = start + Duration::from_millis(ms);
+            match rx.recv_timeout(deadline.saturating_duration_since(Instant::now())) {
+                Ok(ws) => Some(ws),
+                Err(RecvTimeoutError::Timeout) => {
+                    timed_out = true;
+                    kill();
+                    rx.recv().ok()
+                }
+                Err(RecvTimeoutError::Disconnected) => None,
+            }
+        }
+    };
+    let status = match ws {
+        Some(WaitStatus::Exited(_, code)) => ExitStatus::Code(code),
+        Some(WaitStatus::Signaled(_, sig, _)) => ExitStatus::Signal(sig as i32),
+        _ => ExitStatus::Code(-1),
+    };
+    (status, timed_out)
+}

@@ -1,0 +1,52 @@
+//! Single-file reads and writes.
+
+use std::fs::{self, OpenOptions};
+use std::io::{self, Read, Write};
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use forkbox_protocol::{AgentMsg, CHUNK};
+
+use crate::serve::Outbox;
+
+pub fn write(path: &str, mode: u32, append: bool, data: &[u8]) -> io::Result<()> {
+    let p = Path::new(path);
+    if !p.is_absolute() {
+        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("path {path:?} is not absolute")));
+    }
+    if let Some(parent) = p.parent() {
+        fs::create_dir_all(parent)?;
+    }
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .append(append)
+        .truncate(!append)
+        .mode(mode)
+        .open(p)?;
+    if !append {
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+    }
+    f.write_all(data)
+}
+
+pub fn read(id: u32, path: &str, out: &Outbox) {
+    let result = (|| -> io::Result<()> {
+        let mut f = fs::File::open(path)?;
+        if f.metadata()?.is_dir() {
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{path} is a directory")));
+        }
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            out.send(&AgentMsg::FileData { id, data: buf[..n].to_vec() });
+        }
+    })();
+    match result {
+        Ok(()) => out.send(&AgentMsg::Done { id }),
+        Err(e) => out.error(id, &e),
+    }
+}

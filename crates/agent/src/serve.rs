@@ -1,0 +1,166 @@
+//! The protocol loop: reads host frames from the port and dispatches them.
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, Read, Write};
+use std::path::Path;
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
+use std::time::Duration;
+
+use forkbox_protocol::{decode, encode_frame, AgentMsg, ErrorKind, FrameDecoder, Hello, HelloInfo, HostMsg, MAGIC};
+
+use crate::exec::Execs;
+use crate::files;
+
+/// Queued frames for the port. Bounded, so a host that stops reading slows the commands that
+/// write, instead of growing the agent's memory.
+#[derive(Clone)]
+pub struct Outbox(SyncSender<Vec<u8>>);
+
+impl Outbox {
+    pub fn send(&self, msg: &AgentMsg) {
+        match encode_frame(msg) {
+            Ok(f) => {
+                let _ = self.0.send(f);
+            }
+            Err(e) => eprintln!("forkbox-agent: cannot encode a reply: {e}"),
+        }
+    }
+
+    fn send_raw(&self, frame: Vec<u8>) {
+        let _ = self.0.send(frame);
+    }
+
+    pub fn error(&self, id: u32, err: &io::Error) {
+        let kind = match err.kind() {
+            io::ErrorKind::NotFound => ErrorKind::NotFound,
+            io::ErrorKind::PermissionDenied => ErrorKind::PermissionDenied,
+            io::ErrorKind::InvalidInput => ErrorKind::InvalidRequest,
+            _ => ErrorKind::Io,
+        };
+        self.send(&AgentMsg::Error { id, kind, message: err.to_string() });
+    }
+}
+
+fn writer(mut port: File, rx: Receiver<Vec<u8>>) {
+    for frame in rx {
+        let mut rest: &[u8] = &frame;
+        while !rest.is_empty() {
+            match port.write(rest) {
+                Ok(n) => rest = &rest[n..],
+                // The host end is not connected (it is restarting): wait for it to come back.
+                Err(e) if e.raw_os_error() == Some(libc::EPIPE) || e.kind() == io::ErrorKind::Interrupted => {
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+                Err(e) => {
+                    eprintln!("forkbox-agent: write to host failed: {e}");
+                    std::thread::sleep(Duration::from_millis(20))
+                }
+            }
+        }
+    }
+}
+
+pub fn serve(port_path: &Path) -> ! {
+    let port = loop {
+        match OpenOptions::new().read(true).write(true).open(port_path) {
+            Ok(f) => break f,
+            Err(e) => {
+                eprintln!("forkbox-agent: open {}: {e}", port_path.display());
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    };
+    let (tx, rx) = sync_channel::<Vec<u8>>(64);
+    let wport = port.try_clone().unwrap_or_else(|e| {
+        eprintln!("forkbox-agent: dup port: {e}");
+        crate::boot::power_off()
+    });
+    std::thread::spawn(move || writer(wport, rx));
+    let out = Outbox(tx);
+    let execs = Execs::start(out.clone());
+    let mut port = port;
+    let mut dec = FrameDecoder::new();
+    let mut buf = vec![0u8; 256 * 1024];
+    let mut greeted = false;
+    loop {
+        let n = match port.read(&mut buf) {
+            Ok(0) => {
+                // The host side closed; it may reconnect and greet again.
+                greeted = false;
+                dec = FrameDecoder::new();
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+            Ok(n) => n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(e) => {
+                eprintln!("forkbox-agent: read from host failed: {e}");
+                std::thread::sleep(Duration::from_millis(50));
+                continue;
+            }
+        };
+        dec.push(&buf[..n]);
+        loop {
+            let payload = match dec.next_frame() {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => {
+                    eprintln!("forkbox-agent: bad frame from host: {e}; resetting the stream");
+                    dec = FrameDecoder::new();
+                    greeted = false;
+                    break;
+                }
+            };
+            if payload.starts_with(&MAGIC) {
+                // A (re)connecting host greets first; the reply carries our version either way,
+                // so the host can say precisely what does not match.
+                let peer = Hello::parse(&payload);
+                let reply = Hello::ours(HelloInfo {
+                    software: env!("CARGO_PKG_VERSION").into(),
+                    kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+                    uptime_ms: crate::boot::uptime_ms(),
+                });
+                if let Ok(f) = reply.to_frame() {
+                    out.send_raw(f);
+                }
+                match peer {
+                    Ok(_) => greeted = true,
+                    Err(e) => {
+                        eprintln!("forkbox-agent: host hello refused: {e}");
+                        greeted = false;
+                    }
+                }
+                continue;
+            }
+            if !greeted {
+                eprintln!("forkbox-agent: ignoring a frame that came before a valid hello");
+                continue;
+            }
+            match decode::<HostMsg>(&payload) {
+                Ok(msg) => dispatch(msg, &out, &execs),
+                Err(e) => eprintln!("forkbox-agent: undecodable message from host: {e}"),
+            }
+        }
+    }
+}
+
+fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs) {
+    match msg {
+        HostMsg::Ping { id } => out.send(&AgentMsg::Pong { id }),
+        HostMsg::Exec { id, spec } => execs.spawn(id, spec),
+        HostMsg::Stdin { id, data } => execs.stdin(id, Some(data)),
+        HostMsg::StdinClose { id } => execs.stdin(id, None),
+        HostMsg::Signal { id, signal } => execs.signal(id, signal),
+        HostMsg::WriteFile { id, path, mode, append, data, last } => {
+            match files::write(&path, mode, append, &data) {
+                Ok(()) if last => out.send(&AgentMsg::Done { id }),
+                Ok(()) => {}
+                Err(e) => out.error(id, &e),
+            }
+        }
+        HostMsg::ReadFile { id, path } => {
+            let out = out.clone();
+            std::thread::spawn(move || files::read(id, &path, &out));
+        }
+    }
+}

@@ -1,0 +1,100 @@
+//! Pins the wire encoding of every message. If this fails, the encoding changed: bump
+//! `PROTOCOL_VERSION`, update COMPATIBILITY.md, then update the expected bytes here.
+
+use forkbox_protocol::*;
+
+fn hex<T: serde::Serialize>(m: &T) -> String {
+    encode_frame(m).unwrap()[4..].iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[test]
+fn protocol_version_is_pinned() {
+    assert_eq!(PROTOCOL_VERSION, 1);
+}
+
+#[test]
+fn host_messages_encoding_is_pinned() {
+    let spec = ExecSpec {
+        program: Program::Argv(vec!["ls".into(), "-l".into()]),
+        cwd: Some("/w".into()),
+        env: vec![("A".into(), "b".into())],
+        timeout_ms: Some(1000),
+        stdin: true,
+    };
+    let got: Vec<String> = vec![
+        hex(&HostMsg::Ping { id: 1 }),
+        hex(&HostMsg::Exec { id: 2, spec }),
+        hex(&HostMsg::Exec {
+            id: 3,
+            spec: ExecSpec {
+                program: Program::Shell("true".into()),
+                cwd: None,
+                env: vec![],
+                timeout_ms: None,
+                stdin: false,
+            },
+        }),
+        hex(&HostMsg::Stdin { id: 2, data: vec![1, 2] }),
+        hex(&HostMsg::StdinClose { id: 2 }),
+        hex(&HostMsg::Signal { id: 2, signal: 15 }),
+        hex(&HostMsg::WriteFile {
+            id: 4,
+            path: "/f".into(),
+            mode: 0o644,
+            append: false,
+            data: vec![7],
+            last: true,
+        }),
+        hex(&HostMsg::ReadFile { id: 5, path: "/f".into() }),
+    ];
+    let want = vec![
+        "0001",
+        "01020002026c73022d6c01022f77010141016201e80701",
+        "010301047472756500000000",
+        "0202020102",
+        "0302",
+        "04021e",
+        "0504022f66a40300010701",
+        "0605022f66",
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn agent_messages_encoding_is_pinned() {
+    let got: Vec<String> = vec![
+        hex(&AgentMsg::Pong { id: 1 }),
+        hex(&AgentMsg::Started { id: 2, pid: 300 }),
+        hex(&AgentMsg::Stdout { id: 2, data: vec![65] }),
+        hex(&AgentMsg::Stderr { id: 2, data: vec![66] }),
+        hex(&AgentMsg::Exited {
+            id: 2,
+            status: ExitStatus::Code(7),
+            timed_out: false,
+            duration_ms: 12,
+        }),
+        hex(&AgentMsg::Exited {
+            id: 2,
+            status: ExitStatus::Signal(9),
+            timed_out: true,
+            duration_ms: 1,
+        }),
+        hex(&AgentMsg::FileData { id: 5, data: vec![1] }),
+        hex(&AgentMsg::Done { id: 5 }),
+        hex(&AgentMsg::Error { id: 6, kind: ErrorKind::NotFound, message: "no".into() }),
+    ];
+    let want = vec![
+        "0001", "0102ac02", "02020141", "03020142", "0402000e000c", "040201120101", "05050101",
+        "0605", "070600026e6f",
+    ];
+    assert_eq!(got, want);
+}
+
+#[test]
+fn hello_layout_is_pinned() {
+    let f = Hello::ours(HelloInfo { software: "s".into(), kernel: "k".into(), uptime_ms: 3 })
+        .to_frame()
+        .unwrap();
+    let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
+    assert_eq!(h, "0d000000464b4258010000000173016b03");
+}
