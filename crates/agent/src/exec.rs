@@ -36,9 +36,12 @@ const BASE_ENV: &[(&str, &str)] = &[
 ];
 
 struct Running {
-    pgid: Pid,
+    /// Set once the command's process exists.
+    pgid: Option<Pid>,
     stdin: Option<Sender<Option<Vec<u8>>>>,
 }
+
+type StdinRx = Receiver<Option<Vec<u8>>>;
 
 struct Inner {
     out: Outbox,
@@ -74,8 +77,20 @@ impl Execs {
     }
 
     pub fn spawn(&self, id: u32, spec: ExecSpec) {
+        // Registered before the command starts: stdin the host sends right behind the request
+        // waits in the channel instead of finding no command.
+        let (stdin_tx, stdin_rx) = if spec.stdin {
+            let (tx, rx) = channel();
+            (Some(tx), Some(rx))
+        } else {
+            (None, None)
+        };
+        lock(&self.0.running).insert(id, Running { pgid: None, stdin: stdin_tx });
         let inner = self.0.clone();
-        std::thread::spawn(move || run(&inner, id, spec));
+        std::thread::spawn(move || {
+            run(&inner, id, spec, stdin_rx);
+            lock(&inner.running).remove(&id);
+        });
     }
 
     pub fn stdin(&self, id: u32, data: Option<Vec<u8>>) {
@@ -85,7 +100,7 @@ impl Execs {
     }
 
     pub fn signal(&self, id: u32, signal: i32) {
-        let pgid = lock(&self.0.running).get(&id).map(|r| r.pgid);
+        let pgid = lock(&self.0.running).get(&id).and_then(|r| r.pgid);
         match (pgid, Signal::try_from(signal)) {
             (Some(pgid), Ok(sig)) => {
                 let _ = killpg(pgid, sig);
@@ -193,7 +208,7 @@ fn describe(spec: &ExecSpec) -> String {
     }
 }
 
-fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec) {
+fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     let start = Instant::now();
     let out = &inner.out;
     let mut cmd = match build_command(&spec) {
@@ -262,8 +277,7 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec) {
         });
     }
     drop(eof_tx);
-    let stdin_tx = child.stdin.take().map(|mut w| {
-        let (tx, rx) = channel::<Option<Vec<u8>>>();
+    if let (Some(mut w), Some(rx)) = (child.stdin.take(), stdin_rx) {
         std::thread::spawn(move || {
             while let Ok(Some(data)) = rx.recv() {
                 if w.write_all(&data).is_err() {
@@ -271,9 +285,10 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec) {
                 }
             }
         });
-        tx
-    });
-    lock(&inner.running).insert(id, Running { pgid: Pid::from_raw(pid as i32), stdin: stdin_tx });
+    }
+    if let Some(r) = lock(&inner.running).get_mut(&id) {
+        r.pgid = Some(Pid::from_raw(pid as i32));
+    }
 
     let (status, timed_out) = wait_for_exit(&status_rx, spec.timeout_ms, start, || {
         if let Some(cg) = &cgroup {
@@ -292,7 +307,6 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec) {
             Err(_) => break,
         }
     }
-    lock(&inner.running).remove(&id);
     let mut done = lock(&finished);
     *done = true;
     out.send(&AgentMsg::Exited { id, status, timed_out, duration_ms: start.elapsed().as_millis() as u64 });

@@ -1,0 +1,245 @@
+//! `forkbox`: the command line. A thin adapter over `forkbox-engine`.
+#![forbid(unsafe_code)]
+
+mod run;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::{Parser, Subcommand};
+use forkbox_engine::image::{self, BuildEvent, ImageRef, ImageStore, Recipe};
+use forkbox_engine::paths::Paths;
+use forkbox_engine::vm::AccelChoice;
+use forkbox_engine::{runstate, setup};
+
+/// Exit code when forkbox itself fails (as opposed to the command it ran).
+pub const EXIT_FORKBOX: u8 = 125;
+
+#[derive(Parser)]
+#[command(name = "forkbox", version, about = "Disposable microVM sandboxes for running untrusted builds and tests")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Install what forkbox needs on this host (QEMU, qemu-img, mmdebstrap, e2fsprogs, a guest kernel).
+    Setup {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Build, list and remove images.
+    Image {
+        #[command(subcommand)]
+        command: ImageCmd,
+    },
+    /// Run one command in a fresh sandbox, stream its output, exit with its exit code.
+    Run(run::RunArgs),
+    /// Show forkbox's paths, guest kernels, images and the accelerator this host gets.
+    Info {
+        #[arg(long)]
+        json: bool,
+        /// Accelerator to check: auto, kvm or tcg.
+        #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
+        accel: AccelChoice,
+    },
+}
+
+#[derive(Subcommand)]
+enum ImageCmd {
+    /// Build an image from a TOML recipe, as the next version of its name.
+    Build {
+        /// The recipe file.
+        #[arg(short = 'f', long = "file")]
+        file: PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
+    /// List images.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Remove an image version (NAME@N). Refused while a sandbox uses it.
+    Rm {
+        reference: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    if std::env::var_os("FORKBOX_LOG").is_some() {
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_env("FORKBOX_LOG"))
+            .with_writer(std::io::stderr)
+            .init();
+    }
+    let cli = Cli::parse();
+    match dispatch(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            let mut msg = format!("forkbox: error: {e}");
+            for cause in e.chain().skip(1) {
+                msg += &format!("\n  caused by: {cause}");
+            }
+            eprintln!("{msg}");
+            ExitCode::from(EXIT_FORKBOX)
+        }
+    }
+}
+
+fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer_pretty(&mut out, v)?;
+    writeln!(out)?;
+    Ok(())
+}
+
+fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env();
+    match cli.command {
+        Cmd::Setup { json } => {
+            let steps = setup::setup(&paths, &mut |line| eprintln!("forkbox setup: {line}"))?;
+            if json {
+                print_json(&steps)?;
+            } else {
+                for s in &steps {
+                    println!("{:<40} {:<28} {}", s.item, s.action, s.why);
+                }
+                println!("forkbox home: {}", paths.home().display());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Image { command } => image_cmd(&paths, command),
+        Cmd::Run(args) => run::run(&paths, args),
+        Cmd::Info { json, accel } => info(&paths, json, accel),
+    }
+}
+
+#[derive(serde::Serialize)]
+struct ImageRow {
+    reference: String,
+    suite: String,
+    kernel: String,
+    content_mib: u64,
+    disk_mib: u64,
+    created_unix: u64,
+    path: String,
+}
+
+fn image_row(i: &image::Image) -> ImageRow {
+    ImageRow {
+        reference: i.reference(),
+        suite: i.meta.suite.clone(),
+        kernel: i.meta.kernel.clone(),
+        content_mib: i.meta.content_bytes >> 20,
+        disk_mib: i.meta.disk_bytes >> 20,
+        created_unix: i.meta.created_unix,
+        path: i.dir.display().to_string(),
+    }
+}
+
+fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        ImageCmd::Build { file, json } => {
+            let (recipe, text) = Recipe::load(&file)?;
+            let started = std::time::Instant::now();
+            eprintln!(
+                "forkbox: building {}@{} from {}",
+                recipe.name,
+                ImageStore::new(paths).next_version(&recipe.name),
+                file.display()
+            );
+            let mut log = |ev: BuildEvent| match ev {
+                BuildEvent::Step { n, total, what } => {
+                    eprintln!("[{n}/{total}] {what} (at {:.0} s)", started.elapsed().as_secs_f64())
+                }
+                BuildEvent::Log(line) => eprintln!("      {line}"),
+            };
+            let img = image::build(paths, &recipe, &text, &mut log)?;
+            if json {
+                print_json(&image_row(&img))?;
+            } else {
+                println!(
+                    "built {} in {:.0} s ({} MiB of files, {} MiB disk)",
+                    img.reference(),
+                    img.meta.build_seconds,
+                    img.meta.content_bytes >> 20,
+                    img.meta.disk_bytes >> 20
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCmd::Ls { json } => {
+            let rows: Vec<ImageRow> = ImageStore::new(paths).list().iter().map(image_row).collect();
+            if json {
+                print_json(&rows)?;
+            } else if rows.is_empty() {
+                println!("no images; build one with `forkbox image build -f images/python-bookworm.toml`");
+            } else {
+                println!("{:<28} {:<10} {:<24} {:>9} {:>9}", "IMAGE", "SUITE", "KERNEL", "FILES", "DISK");
+                for r in rows {
+                    println!(
+                        "{:<28} {:<10} {:<24} {:>6} MiB {:>6} MiB",
+                        r.reference, r.suite, r.kernel, r.content_mib, r.disk_mib
+                    );
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCmd::Rm { reference, json } => {
+            let r: ImageRef = reference.parse()?;
+            runstate::sweep(paths);
+            let removed = ImageStore::new(paths).remove(&r, &runstate::live(paths))?;
+            if json {
+                print_json(&serde_json::json!({ "removed": removed.reference() }))?;
+            } else {
+                println!("removed {}", removed.reference());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCode> {
+    let kernels: Vec<String> = forkbox_engine::kernel::Kernel::installed(paths).into_iter().map(|k| k.release).collect();
+    let qemu = setup::which(forkbox_engine::vm::QEMU).map(|p| p.display().to_string());
+    let agent = forkbox_engine::agent_bin::locate().map(|(p, _)| p.display().to_string()).map_err(|e| e.to_string());
+    let decision = match (forkbox_engine::kernel::Kernel::newest(paths), &agent) {
+        (Ok(k), Ok(_)) => {
+            let (_, bytes) = forkbox_engine::agent_bin::locate()?;
+            let initramfs = forkbox_engine::kernel::initramfs(paths, &k, &bytes)?;
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            Some(rt.block_on(forkbox_engine::vm::decide(paths, accel, &k.vmlinuz(), &initramfs)).context("choose accelerator")?)
+        }
+        _ => None,
+    };
+    let images: Vec<String> = ImageStore::new(paths).list().iter().map(|i| i.reference()).collect();
+    let v = serde_json::json!({
+        "home": paths.home(),
+        "qemu": qemu,
+        "kernels": kernels,
+        "agent": agent,
+        "accel": decision,
+        "images": images,
+        "protocol_version": forkbox_protocol::PROTOCOL_VERSION,
+    });
+    if json {
+        print_json(&v)?;
+    } else {
+        println!("home:     {}", paths.home().display());
+        println!("qemu:     {}", qemu.as_deref().unwrap_or("not installed (run `forkbox setup`)"));
+        println!("kernels:  {}", if kernels.is_empty() { "none (run `forkbox setup`)".into() } else { kernels.join(", ") });
+        println!("agent:    {}", agent.unwrap_or_else(|e| e));
+        match decision {
+            Some(d) => println!("accel:    {} ({})", d.accel, d.reason),
+            None => println!("accel:    unknown until a kernel and the agent are installed"),
+        }
+        println!("images:   {}", if images.is_empty() { "none".into() } else { images.join(", ") });
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -1,0 +1,234 @@
+//! `forkbox run`: create a sandbox, run one command, stream its output, remove the sandbox.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Context;
+use forkbox_engine::client::ExecEvent;
+use forkbox_engine::image::ImageRef;
+use forkbox_engine::paths::Paths;
+use forkbox_engine::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
+use forkbox_engine::vm::{Accel, AccelChoice};
+use forkbox_protocol::{ExecSpec, ExitStatus, Program};
+use tokio::signal::unix::{signal, SignalKind};
+
+#[derive(clap::Args)]
+pub struct RunArgs {
+    /// Image to boot: NAME (newest version) or NAME@N.
+    #[arg(long, default_value = "python-bookworm", env = "FORKBOX_IMAGE")]
+    image: String,
+    /// Virtual CPUs.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    cpus: u32,
+    /// Guest memory in MiB.
+    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(128..=65536))]
+    memory: u32,
+    /// Kill the command and everything it started after this many seconds.
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    timeout: Option<u64>,
+    /// Working directory in the guest (default /root).
+    #[arg(long)]
+    cwd: Option<String>,
+    /// Environment variable for the command (repeatable).
+    #[arg(long = "env", value_name = "K=V", value_parser = parse_kv)]
+    env: Vec<(String, String)>,
+    /// Accelerator: auto (KVM where this host can run a standard guest, else TCG), kvm or tcg.
+    #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
+    accel: AccelChoice,
+    /// Pass this process's standard input to the command.
+    #[arg(short = 'i', long)]
+    interactive: bool,
+    /// Print one JSON object with the result instead of streaming the output.
+    #[arg(long)]
+    json: bool,
+    /// The command and its arguments (after `--`).
+    #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+    command: Vec<String>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
+        _ => Err(format!("{s:?} is not K=V")),
+    }
+}
+
+#[derive(serde::Serialize)]
+struct RunResult {
+    sandbox: SandboxInfo,
+    exit_code: i32,
+    signal: Option<i32>,
+    timed_out: bool,
+    stdout: String,
+    stderr: String,
+    exec_ms: u64,
+    total_ms: u64,
+}
+
+pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
+    // One thread: QEMU is started with PR_SET_PDEATHSIG, which fires when the *thread* that
+    // started it ends; the main thread lives exactly as long as the sandbox should.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    rt.block_on(run_async(paths, args))
+}
+
+async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
+    let total = Instant::now();
+    let image: ImageRef = args.image.parse()?;
+    let cfg = SandboxConfig {
+        image,
+        cpus: args.cpus,
+        memory_mib: args.memory,
+        accel: args.accel,
+        die_with_parent: true,
+        ..SandboxConfig::default()
+    };
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    // Creation itself can be interrupted; the engine removes what it made when dropped.
+    let sandbox = tokio::select! {
+        s = Sandbox::create(paths, &cfg) => s.context("could not start the sandbox")?,
+        _ = sigint.recv() => return Ok(ExitCode::from(130)),
+        _ = sigterm.recv() => return Ok(ExitCode::from(143)),
+        _ = sighup.recv() => return Ok(ExitCode::from(129)),
+    };
+    let info = sandbox.info().clone();
+    if info.accel.accel == Accel::Tcg {
+        eprintln!(
+            "forkbox: {} runs under TCG software emulation ({}): slower, and the confinement around QEMU, not a hypervisor, is the security boundary",
+            info.id, info.accel.reason
+        );
+    }
+    let spec = ExecSpec {
+        program: Program::Argv(args.command.clone()),
+        cwd: args.cwd.clone(),
+        env: args.env.clone(),
+        timeout_ms: args.timeout.map(|s| s * 1000),
+        stdin: args.interactive,
+    };
+    let exec_start = Instant::now();
+    let outcome = tokio::select! {
+        r = drive(&sandbox, spec, args.json, args.interactive) => Some(r),
+        _ = sigint.recv() => None,
+        _ = sigterm.recv() => None,
+        _ = sighup.recv() => None,
+    };
+    let exec_ms = exec_start.elapsed().as_millis() as u64;
+    sandbox.destroy().await;
+    let Some(result) = outcome else {
+        eprintln!("forkbox: interrupted; the sandbox was removed");
+        return Ok(ExitCode::from(130));
+    };
+    let (status, timed_out, stdout, stderr) = match result {
+        Ok(r) => r,
+        Err(e) => {
+            // A command that cannot start exits as a shell would say: 127 not found, 126 not runnable.
+            use forkbox_engine::error::{AgentError, SandboxError};
+            use forkbox_protocol::ErrorKind;
+            if let Some(SandboxError::Agent(AgentError::Refused { kind, message })) = e.downcast_ref::<SandboxError>() {
+                let code = match kind {
+                    ErrorKind::NotFound => Some(127),
+                    ErrorKind::PermissionDenied => Some(126),
+                    _ => None,
+                };
+                if let Some(code) = code {
+                    eprintln!("forkbox: {message}");
+                    return Ok(ExitCode::from(code));
+                }
+            }
+            return Err(e);
+        }
+    };
+    if timed_out {
+        eprintln!(
+            "forkbox: the command timed out after {} s; it and every process it started were killed",
+            args.timeout.unwrap_or(0)
+        );
+    }
+    let code = status.as_shell_code();
+    if args.json {
+        let r = RunResult {
+            sandbox: info,
+            exit_code: code,
+            signal: match status {
+                ExitStatus::Signal(s) => Some(s),
+                ExitStatus::Code(_) => None,
+            },
+            timed_out,
+            stdout: String::from_utf8_lossy(&stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&stderr).into_owned(),
+            exec_ms,
+            total_ms: total.elapsed().as_millis() as u64,
+        };
+        crate::print_json(&r)?;
+    }
+    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+type Driven = (ExitStatus, bool, Vec<u8>, Vec<u8>);
+
+async fn drive(sandbox: &Sandbox, spec: ExecSpec, collect: bool, interactive: bool) -> anyhow::Result<Driven> {
+    let program = match &spec.program {
+        Program::Argv(a) => a.join(" "),
+        Program::Shell(s) => s.clone(),
+    };
+    let mut ex = sandbox.exec(spec).await.with_context(|| format!("could not run `{program}`"))?;
+    let mut stdin_rx = if interactive {
+        let (tx, rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(4);
+        std::thread::spawn(move || {
+            use std::io::Read;
+            let mut buf = vec![0u8; 64 * 1024];
+            let mut input = std::io::stdin().lock();
+            loop {
+                match input.read(&mut buf) {
+                    Ok(0) | Err(_) => {
+                        let _ = tx.blocking_send(None);
+                        return;
+                    }
+                    Ok(n) => {
+                        if tx.blocking_send(Some(buf[..n].to_vec())).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        Some(rx)
+    } else {
+        None
+    };
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    loop {
+        let ev = tokio::select! {
+            ev = ex.next() => ev?,
+            input = async { match stdin_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
+                match input.flatten() {
+                    Some(data) => ex.stdin(data).await?,
+                    None => {
+                        ex.close_stdin().await?;
+                        stdin_rx = None;
+                    }
+                }
+                continue;
+            }
+        };
+        match ev {
+            ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout(d) if collect => out.extend_from_slice(&d),
+            ExecEvent::Stderr(d) if collect => err.extend_from_slice(&d),
+            ExecEvent::Stdout(d) => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(&d)?;
+                o.flush()?;
+            }
+            ExecEvent::Stderr(d) => {
+                let mut e = std::io::stderr().lock();
+                e.write_all(&d)?;
+                e.flush()?;
+            }
+            ExecEvent::Exited { status, timed_out, .. } => return Ok((status, timed_out, out, err)),
+        }
+    }
+}

@@ -1,0 +1,303 @@
+//! The host side of the agent protocol: one connection, many concurrent requests.
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use forkbox_protocol::{
+    decode, encode_frame, AgentMsg, ExecSpec, ExitStatus, FrameDecoder, Hello, HelloInfo, HostMsg, CHUNK, MAGIC,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::UnixStream;
+use tokio::sync::mpsc;
+
+use crate::error::AgentError;
+
+type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<AgentMsg>>>>;
+
+#[derive(Clone)]
+pub struct AgentClient {
+    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    routes: Routes,
+    next_id: Arc<AtomicU32>,
+    /// What the agent said in its hello.
+    pub hello: HelloInfo,
+}
+
+/// One event of a running command.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ExecEvent {
+    Started { pid: u32 },
+    Stdout(Vec<u8>),
+    Stderr(Vec<u8>),
+    Exited { status: ExitStatus, timed_out: bool, duration_ms: u64 },
+}
+
+/// A command's collected result.
+#[derive(Debug, Clone, Default)]
+pub struct Output {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    pub status: Option<ExitStatus>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+}
+
+impl Output {
+    pub fn code(&self) -> i32 {
+        self.status.map_or(-1, ExitStatus::as_shell_code)
+    }
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).into_owned()
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn io(what: &str) -> impl FnOnce(std::io::Error) -> AgentError + '_ {
+    move |source| AgentError::Io { what: what.to_string(), source }
+}
+
+impl AgentClient {
+    /// Connects to the agent's socket and greets it. Waits (without limit: callers bound it)
+    /// for the guest to boot and answer; re-sends the hello until it does.
+    pub async fn connect(socket: &Path) -> Result<AgentClient, AgentError> {
+        let stream = loop {
+            match UnixStream::connect(socket).await {
+                Ok(s) => break s,
+                Err(_) => tokio::time::sleep(Duration::from_millis(2)).await,
+            }
+        };
+        let (mut rd, mut wr) = stream.into_split();
+        let hello = Hello::ours(HelloInfo { software: env!("CARGO_PKG_VERSION").into(), ..Default::default() }).to_frame()?;
+        let mut dec = FrameDecoder::new();
+        let mut buf = vec![0u8; 64 * 1024];
+        let info = 'outer: loop {
+            wr.write_all(&hello).await.map_err(io("send hello"))?;
+            let wait = tokio::time::sleep(Duration::from_millis(500));
+            tokio::pin!(wait);
+            loop {
+                tokio::select! {
+                    _ = &mut wait => continue 'outer,
+                    n = rd.read(&mut buf) => {
+                        let n = n.map_err(io("read hello"))?;
+                        if n == 0 {
+                            return Err(AgentError::Disconnected);
+                        }
+                        dec.push(&buf[..n]);
+                        while let Some(p) = dec.next_frame()? {
+                            if p.starts_with(&MAGIC) {
+                                break 'outer Hello::parse(&p)?.info;
+                            }
+                        }
+                    }
+                }
+            }
+        };
+        let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
+        tokio::spawn(read_loop(rd, dec, routes.clone()));
+        Ok(AgentClient {
+            writer: Arc::new(tokio::sync::Mutex::new(wr)),
+            routes,
+            next_id: Arc::new(AtomicU32::new(1)),
+            hello: info,
+        })
+    }
+
+    async fn send(&self, msg: &HostMsg) -> Result<(), AgentError> {
+        let frame = encode_frame(msg)?;
+        let mut w = self.writer.lock().await;
+        w.write_all(&frame).await.map_err(|_| AgentError::Disconnected)
+    }
+
+    fn route(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
+        let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(64);
+        lock(&self.routes).insert(id, tx);
+        (id, rx)
+    }
+
+    fn unroute(&self, id: u32) {
+        lock(&self.routes).remove(&id);
+    }
+
+    pub async fn ping(&self) -> Result<(), AgentError> {
+        let (id, mut rx) = self.route();
+        self.send(&HostMsg::Ping { id }).await?;
+        let r = rx.recv().await;
+        self.unroute(id);
+        match r {
+            Some(AgentMsg::Pong { .. }) => Ok(()),
+            Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+            None => Err(AgentError::Disconnected),
+        }
+    }
+
+    /// Starts a command; read its events from the returned [`Execution`].
+    pub async fn exec(&self, spec: ExecSpec) -> Result<Execution, AgentError> {
+        let (id, rx) = self.route();
+        if let Err(e) = self.send(&HostMsg::Exec { id, spec }).await {
+            self.unroute(id);
+            return Err(e);
+        }
+        Ok(Execution { id, rx, client: self.clone(), done: false })
+    }
+
+    /// Runs a command to completion and collects its output.
+    pub async fn run(&self, spec: ExecSpec) -> Result<Output, AgentError> {
+        let mut ex = self.exec(spec).await?;
+        let mut out = Output::default();
+        loop {
+            match ex.next().await? {
+                ExecEvent::Started { .. } => {}
+                ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
+                ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
+                ExecEvent::Exited { status, timed_out, duration_ms } => {
+                    out.status = Some(status);
+                    out.timed_out = timed_out;
+                    out.duration_ms = duration_ms;
+                    return Ok(out);
+                }
+            }
+        }
+    }
+
+    pub async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<(), AgentError> {
+        let (id, mut rx) = self.route();
+        let chunks: Vec<&[u8]> = if data.is_empty() { vec![&[]] } else { data.chunks(CHUNK).collect() };
+        let n = chunks.len();
+        let result = async {
+            for (i, c) in chunks.into_iter().enumerate() {
+                self.send(&HostMsg::WriteFile { id, path: path.into(), mode, append: i > 0, data: c.to_vec(), last: i + 1 == n })
+                    .await?;
+            }
+            match rx.recv().await {
+                Some(AgentMsg::Done { .. }) => Ok(()),
+                Some(AgentMsg::Error { kind, message, .. }) => Err(AgentError::Refused { kind, message }),
+                Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+                None => Err(AgentError::Disconnected),
+            }
+        }
+        .await;
+        self.unroute(id);
+        result
+    }
+
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, AgentError> {
+        let (id, mut rx) = self.route();
+        self.send(&HostMsg::ReadFile { id, path: path.into() }).await?;
+        let mut data = Vec::new();
+        let result = loop {
+            match rx.recv().await {
+                Some(AgentMsg::FileData { data: d, .. }) => data.extend_from_slice(&d),
+                Some(AgentMsg::Done { .. }) => break Ok(data),
+                Some(AgentMsg::Error { kind, message, .. }) => break Err(AgentError::Refused { kind, message }),
+                Some(other) => break Err(AgentError::Unexpected(format!("{other:?}"))),
+                None => break Err(AgentError::Disconnected),
+            }
+        };
+        self.unroute(id);
+        result
+    }
+}
+
+async fn read_loop(mut rd: OwnedReadHalf, mut dec: FrameDecoder, routes: Routes) {
+    let mut buf = vec![0u8; 256 * 1024];
+    'read: loop {
+        // Frames already buffered (read together with the hello) go first.
+        loop {
+            let payload = match dec.next_frame() {
+                Ok(Some(p)) => p,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("bad frame from the guest agent: {e}; closing the connection");
+                    break 'read;
+                }
+            };
+            if payload.starts_with(&MAGIC) {
+                continue; // an answer to a re-sent hello
+            }
+            let msg = match decode::<AgentMsg>(&payload) {
+                Ok(m) => m,
+                Err(e) => {
+                    tracing::warn!("undecodable message from the guest agent: {e}; closing the connection");
+                    break 'read;
+                }
+            };
+            let tx = lock(&routes).get(&msg.id()).cloned();
+            if let Some(tx) = tx {
+                // Waiting here slows the guest down (backpressure) rather than buffering without bound.
+                let _ = tx.send(msg).await;
+            }
+        }
+        match rd.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => dec.push(&buf[..n]),
+        }
+    }
+    // Dropping every sender tells each waiting request that the agent is gone.
+    lock(&routes).clear();
+}
+
+/// A running command.
+pub struct Execution {
+    pub id: u32,
+    rx: mpsc::Receiver<AgentMsg>,
+    client: AgentClient,
+    done: bool,
+}
+
+impl Execution {
+    /// The next event; after `Exited`, further calls fail.
+    pub async fn next(&mut self) -> Result<ExecEvent, AgentError> {
+        if self.done {
+            return Err(AgentError::Unexpected("the command already exited".into()));
+        }
+        match self.rx.recv().await {
+            Some(AgentMsg::Started { pid, .. }) => Ok(ExecEvent::Started { pid }),
+            Some(AgentMsg::Stdout { data, .. }) => Ok(ExecEvent::Stdout(data)),
+            Some(AgentMsg::Stderr { data, .. }) => Ok(ExecEvent::Stderr(data)),
+            Some(AgentMsg::Exited { status, timed_out, duration_ms, .. }) => {
+                self.done = true;
+                self.client.unroute(self.id);
+                Ok(ExecEvent::Exited { status, timed_out, duration_ms })
+            }
+            Some(AgentMsg::Error { kind, message, .. }) => {
+                self.done = true;
+                self.client.unroute(self.id);
+                Err(AgentError::Refused { kind, message })
+            }
+            Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+            None => {
+                self.done = true;
+                Err(AgentError::Disconnected)
+            }
+        }
+    }
+
+    pub async fn stdin(&self, data: Vec<u8>) -> Result<(), AgentError> {
+        for c in data.chunks(CHUNK) {
+            self.client.send(&HostMsg::Stdin { id: self.id, data: c.to_vec() }).await?;
+        }
+        Ok(())
+    }
+
+    pub async fn close_stdin(&self) -> Result<(), AgentError> {
+        self.client.send(&HostMsg::StdinClose { id: self.id }).await
+    }
+
+    pub async fn signal(&self, signal: i32) -> Result<(), AgentError> {
+        self.client.send(&HostMsg::Signal { id: self.id, signal }).await
+    }
+}
+
+impl Drop for Execution {
+    fn drop(&mut self) {
+        self.client.unroute(self.id);
+    }
+}

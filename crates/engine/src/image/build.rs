@@ -1,0 +1,265 @@
+//! Building an image from a recipe: mmdebstrap into a directory, the recipe's pip/npm/run steps
+//! inside it (with network: the build is the only time an image has any), then an ext4 disk.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Instant;
+
+use super::recipe::Recipe;
+use super::store::{Image, ImageMeta, ImageStore, IMAGE_FORMAT};
+use crate::error::ImageError;
+use crate::kernel::Kernel;
+use crate::paths::{write_atomic, Paths};
+use crate::setup::require;
+
+/// Progress of a build.
+#[derive(Debug, Clone)]
+pub enum BuildEvent {
+    /// A new step starts: `n` of `total`.
+    Step { n: u32, total: u32, what: String },
+    /// A line of output from the step that runs.
+    Log(String),
+}
+
+fn sh_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The script run inside the new root after the packages are installed.
+pub(crate) fn customize_script(r: &Recipe) -> String {
+    let mut s = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
+    for (k, v) in &r.env {
+        s += &format!("export {k}={}\n", sh_quote(v));
+    }
+    if !r.pip.is_empty() {
+        let pkgs: Vec<String> = r.pip.iter().map(|p| sh_quote(p)).collect();
+        s += &format!(
+            "echo 'forkbox: pip install {}'\nPIP_BREAK_SYSTEM_PACKAGES=1 PIP_NO_CACHE_DIR=1 PIP_ROOT_USER_ACTION=ignore PIP_DISABLE_PIP_VERSION_CHECK=1 python3 -m pip install --progress-bar off {}\n",
+            r.pip.join(" "),
+            pkgs.join(" ")
+        );
+    }
+    if !r.npm.is_empty() {
+        let pkgs: Vec<String> = r.npm.iter().map(|p| sh_quote(p)).collect();
+        s += &format!(
+            "echo 'forkbox: npm install -g {}'\nnpm install -g --no-fund --no-audit {}\nnpm cache clean --force\n",
+            r.npm.join(" "),
+            pkgs.join(" ")
+        );
+    }
+    for step in &r.run {
+        s += &format!("echo {}\n( {step}\n)\n", sh_quote(&format!("forkbox: run: {step}")));
+    }
+    s += "echo forkbox > /etc/hostname\nprintf '127.0.0.1 localhost\\n127.0.1.1 forkbox\\n::1 localhost\\n' > /etc/hosts\n";
+    s += "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /root/.cache\n";
+    s
+}
+
+/// Runs a command, sending each output line to `log`; fails with the last lines.
+fn run_logged(cmd: &mut Command, step: &str, name: &str, log: &mut dyn FnMut(BuildEvent)) -> Result<(), ImageError> {
+    let failed = |message: String| ImageError::BuildFailed { name: name.into(), step: step.into(), message };
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    let mut child = cmd.spawn().map_err(|e| failed(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let mut readers = Vec::new();
+    for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+        let tx = tx.clone();
+        readers.push(std::thread::spawn(move || {
+            for line in BufReader::new(stream).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        }));
+    }
+    drop(tx);
+    let mut tail: std::collections::VecDeque<String> = Default::default();
+    for line in rx {
+        if tail.len() == 12 {
+            tail.pop_front();
+        }
+        tail.push_back(line.clone());
+        log(BuildEvent::Log(line));
+    }
+    let status = child.wait().map_err(|e| failed(e.to_string()))?;
+    if !status.success() {
+        return Err(failed(format!("{status}; last output:\n  {}", Vec::from(tail).join("\n  "))));
+    }
+    Ok(())
+}
+
+fn dir_bytes(p: &Path) -> u64 {
+    let mut total = 0;
+    let mut stack = vec![p.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in fs::read_dir(&d).into_iter().flatten().flatten() {
+            if let Ok(m) = e.path().symlink_metadata() {
+                if m.is_dir() {
+                    stack.push(e.path());
+                }
+                total += m.len();
+            }
+        }
+    }
+    total
+}
+
+/// Removes leftovers of builds whose process is gone.
+fn sweep_partial(name_dir: &Path) {
+    for e in fs::read_dir(name_dir).into_iter().flatten().flatten() {
+        let n = e.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = n.strip_prefix(".build-").and_then(|p| p.parse::<i32>().ok()) {
+            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
+    }
+}
+
+/// Builds `recipe` as the next version of its name. `recipe_text` is stored beside the image.
+pub fn build(paths: &Paths, recipe: &Recipe, recipe_text: &str, log: &mut dyn FnMut(BuildEvent)) -> Result<Image, ImageError> {
+    let started = Instant::now();
+    if !nix::unistd::geteuid().is_root() {
+        return Err(ImageError::BuildFailed {
+            name: recipe.name.clone(),
+            step: "start".into(),
+            message: "building an image needs root (mmdebstrap creates device files and owners)".into(),
+        });
+    }
+    let mmdebstrap = require("mmdebstrap")?;
+    let mkfs = require("mkfs.ext4")?;
+    let kernel = Kernel::newest(paths)?;
+    let store = ImageStore::new(paths);
+    let name_dir = paths.images().join(&recipe.name);
+    fs::create_dir_all(&name_dir).map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
+    // One build per name at a time, so versions are never handed out twice.
+    let lock_file = fs::File::create(name_dir.join(".lock")).map_err(|e| ImageError::io("create build lock", e))?;
+    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| ImageError::io("lock image name", e.into()))?;
+    sweep_partial(&name_dir);
+    let work = name_dir.join(format!(".build-{}", std::process::id()));
+    let _ = fs::remove_dir_all(&work);
+    fs::create_dir_all(&work).map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
+    let result = build_in(&work, &mmdebstrap, &mkfs, recipe, log);
+    let (content_bytes, disk_bytes) = match result {
+        Ok(sizes) => sizes,
+        Err(e) => {
+            let _ = fs::remove_dir_all(&work);
+            return Err(e);
+        }
+    };
+    let _ = fs::remove_dir_all(work.join("root"));
+    let _ = fs::remove_file(work.join("customize.sh"));
+    let version = store.next_version(&recipe.name);
+    let meta = ImageMeta {
+        format: IMAGE_FORMAT,
+        name: recipe.name.clone(),
+        version,
+        suite: recipe.suite.clone(),
+        kernel: kernel.release.clone(),
+        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        content_bytes,
+        disk_bytes,
+        env: recipe.env.clone(),
+        recipe: recipe.clone(),
+        build_seconds: started.elapsed().as_secs_f64(),
+    };
+    let io = |e| ImageError::io("write image metadata", e);
+    write_atomic(&work.join("recipe.toml"), recipe_text.as_bytes()).map_err(io)?;
+    let json = serde_json::to_vec_pretty(&meta).map_err(|e| ImageError::io("encode image.json", e.into()))?;
+    write_atomic(&work.join("image.json"), &json).map_err(io)?;
+    let dest = name_dir.join(version.to_string());
+    fs::rename(&work, &dest).map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
+    let _ = fs::File::open(&name_dir).and_then(|d| d.sync_all());
+    store.resolve(&super::ImageRef { name: recipe.name.clone(), version: Some(version) })
+}
+
+fn build_in(
+    work: &Path,
+    mmdebstrap: &Path,
+    mkfs: &Path,
+    r: &Recipe,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(u64, u64), ImageError> {
+    let total = 3;
+    let root: PathBuf = work.join("root");
+    let mut include: Vec<String> = r.apt.clone();
+    if !r.pip.is_empty() {
+        include.extend(["python3-pip".into(), "ca-certificates".into()]);
+    }
+    if !r.npm.is_empty() {
+        include.extend(["npm".into(), "ca-certificates".into()]);
+    }
+    include.sort();
+    include.dedup();
+    let script = work.join("customize.sh");
+    write_atomic(&script, customize_script(r).as_bytes()).map_err(|e| ImageError::io("write build script", e))?;
+    log(BuildEvent::Step {
+        n: 1,
+        total,
+        what: format!(
+            "Debian {} root with {} apt, {} pip, {} npm package(s) and {} run step(s)",
+            r.suite,
+            include.len(),
+            r.pip.len(),
+            r.npm.len(),
+            r.run.len()
+        ),
+    });
+    let mut cmd = Command::new(mmdebstrap);
+    cmd.arg("--variant=minbase").arg("--mode=root").arg("--format=directory");
+    if !include.is_empty() {
+        cmd.arg(format!("--include={}", include.join(",")));
+    }
+    cmd.arg(format!("--customize-hook=upload {} /forkbox-customize.sh", script.display()))
+        .arg("--customize-hook=chroot \"$1\" /bin/sh /forkbox-customize.sh")
+        .arg("--customize-hook=rm -f \"$1/forkbox-customize.sh\"")
+        .arg(&r.suite)
+        .arg(&root)
+        .arg(&r.mirror);
+    run_logged(&mut cmd, "install packages", &r.name, log)?;
+
+    log(BuildEvent::Step { n: 2, total, what: "writing the ext4 root disk".into() });
+    let content = dir_bytes(&root);
+    // Room for ext4's own metadata on top of the files, then the free space the recipe asks for.
+    let disk = (content + content / 4 + (64 << 20) + (r.disk_free_mib << 20)).div_ceil(1 << 20) << 20;
+    let rootfs = work.join("rootfs.ext4");
+    let f = fs::File::create(&rootfs).map_err(|e| ImageError::io("create rootfs.ext4", e))?;
+    f.set_len(disk).map_err(|e| ImageError::io("size rootfs.ext4", e))?;
+    drop(f);
+    let mut cmd = Command::new(mkfs);
+    cmd.args(["-q", "-F", "-L", "forkbox-root", "-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
+        .arg(&root)
+        .arg(&rootfs);
+    run_logged(&mut cmd, "write ext4 root disk", &r.name, log)?;
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444)).map_err(|e| ImageError::io("make rootfs read-only", e))?;
+    log(BuildEvent::Step { n: 3, total, what: "recording the image".into() });
+    Ok((content, disk))
+}
+
+/// Environment of an image as ordered pairs (for the protocol).
+pub fn env_pairs(env: &BTreeMap<String, String>) -> Vec<(String, String)> {
+    env.iter().map(|(k, v)| (k.clone(), v.clone())).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn script_quotes_values_and_runs_steps_in_order() {
+        let r = Recipe::parse(
+            "name = \"x\"\nsuite = \"bookworm\"\npip = [\"attrs==23.1\"]\nrun = [\"echo one\", \"echo two\"]\n[env]\nA = \"it's\"\n",
+        )
+        .unwrap();
+        let s = customize_script(&r);
+        assert!(s.contains("export A='it'\\''s'"), "{s}");
+        assert!(s.contains("pip install --progress-bar off 'attrs==23.1'"), "{s}");
+        let one = s.find("( echo one").unwrap();
+        let two = s.find("( echo two").unwrap();
+        assert!(one < two);
+        assert!(s.starts_with("set -eu"));
+    }
+}

@@ -1,0 +1,13 @@
+//! Images: immutable, versioned root filesystems built from a recipe.
+//!
+//! An image `NAME@N` is a directory `images/NAME/N/` holding `rootfs.ext4` (read-only; every
+//! sandbox writes to its own overlay), `recipe.toml` (what it was built from) and `image.json`
+//! ([`ImageMeta`]). N counts the builds of NAME; `NAME` alone means the newest.
+
+mod build;
+mod recipe;
+mod store;
+
+pub use build::{build, env_pairs, BuildEvent};
+pub use recipe::Recipe;
+pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};

@@ -1,0 +1,77 @@
+//! Where forkbox keeps its files.
+//!
+//! ```text
+//! $FORKBOX_HOME (default /var/lib/forkbox as root, else ~/.local/share/forkbox)
+//! ├── kernels/<release>/      a Debian cloud kernel package, unpacked (vmlinuz, modules)
+//! ├── cache/initramfs/        initramfs per (kernel, agent) pair, content-addressed
+//! ├── cache/accel.json        the verdict of the KVM probe for this host
+//! ├── images/<name>/<N>/      immutable images: rootfs.ext4, image.json, recipe.toml
+//! └── run/<sandbox-id>/       one live sandbox: disk overlay, sockets, console log
+//! ```
+
+use std::path::{Path, PathBuf};
+
+#[derive(Debug, Clone)]
+pub struct Paths {
+    home: PathBuf,
+}
+
+impl Paths {
+    /// `$FORKBOX_HOME`, else the default for this user.
+    pub fn from_env() -> Paths {
+        if let Some(h) = std::env::var_os("FORKBOX_HOME").filter(|h| !h.is_empty()) {
+            return Paths::new(h);
+        }
+        if nix::unistd::geteuid().is_root() {
+            return Paths::new("/var/lib/forkbox");
+        }
+        let base = std::env::var_os("XDG_DATA_HOME")
+            .map(PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".local/share")))
+            .unwrap_or_else(|| PathBuf::from("/tmp"));
+        Paths::new(base.join("forkbox"))
+    }
+
+    pub fn new(home: impl Into<PathBuf>) -> Paths {
+        Paths { home: home.into() }
+    }
+
+    pub fn home(&self) -> &Path {
+        &self.home
+    }
+    pub fn kernels(&self) -> PathBuf {
+        self.home.join("kernels")
+    }
+    pub fn initramfs_cache(&self) -> PathBuf {
+        self.home.join("cache/initramfs")
+    }
+    pub fn accel_verdict(&self) -> PathBuf {
+        self.home.join("cache/accel.json")
+    }
+    pub fn images(&self) -> PathBuf {
+        self.home.join("images")
+    }
+    pub fn run(&self) -> PathBuf {
+        self.home.join("run")
+    }
+}
+
+/// Writes a file atomically: a temporary name in the same directory, fsync, rename.
+pub fn write_atomic(path: &Path, data: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let dir = path.parent().unwrap_or(Path::new("."));
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(
+        ".{}.tmp{}",
+        path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default(),
+        std::process::id()
+    ));
+    let mut f = std::fs::File::create(&tmp)?;
+    f.write_all(data)?;
+    f.sync_all()?;
+    std::fs::rename(&tmp, path)?;
+    if let Ok(d) = std::fs::File::open(dir) {
+        let _ = d.sync_all();
+    }
+    Ok(())
+}

@@ -1,0 +1,147 @@
+//! Records of live sandboxes under `run/`, and cleaning up after owners that died.
+//!
+//! Each sandbox has `run/<id>/` with `sandbox.json`: which image it uses, which process owns it
+//! and which QEMU runs it. An owner that died (even by SIGKILL) leaves a record whose owner is
+//! gone; the next engine start kills its QEMU, after checking that the PID is still that QEMU,
+//! and removes the directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::paths::{write_atomic, Paths};
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct RunRecord {
+    pub id: String,
+    pub image: String,
+    pub owner_pid: u32,
+    pub owner_start: u64,
+    pub qemu_pid: Option<u32>,
+    pub created_unix: u64,
+}
+
+/// Start time of a process (clock ticks since boot), to tell a PID from its reuse.
+pub fn process_start(pid: u32) -> Option<u64> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields after the command name, which is in parentheses and may contain spaces.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(19)?.parse().ok()
+}
+
+fn alive(pid: u32, start: u64) -> bool {
+    process_start(pid) == Some(start)
+}
+
+pub struct RunDir {
+    pub dir: PathBuf,
+    pub record: RunRecord,
+}
+
+impl RunDir {
+    pub fn create(paths: &Paths, id: &str, image: &str) -> std::io::Result<RunDir> {
+        let dir = paths.run().join(id);
+        fs::create_dir_all(&dir)?;
+        let me = std::process::id();
+        let record = RunRecord {
+            id: id.into(),
+            image: image.into(),
+            owner_pid: me,
+            owner_start: process_start(me).unwrap_or(0),
+            qemu_pid: None,
+            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        };
+        let rd = RunDir { dir, record };
+        rd.save()?;
+        Ok(rd)
+    }
+
+    pub fn save(&self) -> std::io::Result<()> {
+        let json = serde_json::to_vec_pretty(&self.record).map_err(std::io::Error::other)?;
+        write_atomic(&self.dir.join("sandbox.json"), &json)
+    }
+
+    pub fn remove(&self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+impl Drop for RunDir {
+    /// A sandbox's files live exactly as long as its record in this process, so that an
+    /// interrupted create (a dropped future) leaves nothing behind.
+    fn drop(&mut self) {
+        self.remove();
+    }
+}
+
+fn read_record(dir: &Path) -> Option<RunRecord> {
+    serde_json::from_slice(&fs::read(dir.join("sandbox.json")).ok()?).ok()
+}
+
+/// Sandboxes whose owner is alive: (id, image reference).
+pub fn live(paths: &Paths) -> Vec<(String, String)> {
+    fs::read_dir(paths.run())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| read_record(&e.path()))
+        .filter(|r| alive(r.owner_pid, r.owner_start))
+        .map(|r| (r.id, r.image))
+        .collect()
+}
+
+/// Kills and removes sandboxes whose owner died. Returns the ids cleaned.
+pub fn sweep(paths: &Paths) -> Vec<String> {
+    let mut cleaned = Vec::new();
+    for e in fs::read_dir(paths.run()).into_iter().flatten().flatten() {
+        let dir = e.path();
+        match read_record(&dir) {
+            Some(r) if alive(r.owner_pid, r.owner_start) => {}
+            Some(r) => {
+                if let Some(q) = r.qemu_pid {
+                    let cmdline = fs::read(format!("/proc/{q}/cmdline")).unwrap_or_default();
+                    let needle = dir.join("agent.sock").display().to_string();
+                    if String::from_utf8_lossy(&cmdline).contains(&needle) {
+                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(q as i32), nix::sys::signal::Signal::SIGKILL);
+                    }
+                }
+                let _ = fs::remove_dir_all(&dir);
+                cleaned.push(r.id);
+            }
+            None => {
+                // A directory without a readable record is half-made; give its maker a minute.
+                let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a.as_secs() > 60);
+                if old {
+                    let _ = fs::remove_dir_all(&dir);
+                    cleaned.push(e.file_name().to_string_lossy().into_owned());
+                }
+            }
+        }
+    }
+    cleaned
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_alive_and_dead_owner_is_swept() {
+        let home = tempfile::tempdir().unwrap();
+        let paths = Paths::new(home.path());
+        let rd = RunDir::create(&paths, "sb-live", "py@1").unwrap();
+        assert_eq!(live(&paths), vec![("sb-live".to_string(), "py@1".to_string())]);
+        let mut dead = RunDir::create(&paths, "sb-dead", "py@1").unwrap();
+        dead.record.owner_start += 1; // the same PID, another process: not the owner
+        dead.save().unwrap();
+        let dead_dir = dead.dir.clone();
+        std::mem::forget(dead); // as if its owner had been killed
+        assert_eq!(sweep(&paths), vec!["sb-dead".to_string()]);
+        assert!(rd.dir.exists());
+        assert!(!dead_dir.exists());
+        let dir = rd.dir.clone();
+        drop(rd);
+        assert!(!dir.exists(), "dropping the record removes the sandbox's files");
+    }
+}

@@ -1,0 +1,231 @@
+//! A sandbox: one microVM booted from an image, with its own disk overlay, and the agent
+//! connection to drive it.
+
+use std::time::{Duration, Instant};
+
+use forkbox_protocol::ExecSpec;
+use serde::Serialize;
+
+use crate::client::{AgentClient, ExecEvent, Execution};
+use crate::error::{AgentError, SandboxError, VmError};
+use crate::image::{env_pairs, Image, ImageRef, ImageStore};
+use crate::kernel::{self, Kernel};
+use crate::paths::Paths;
+use crate::runstate::{self, RunDir};
+use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
+
+/// How a sandbox is made.
+#[derive(Debug, Clone)]
+pub struct SandboxConfig {
+    pub image: ImageRef,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub accel: AccelChoice,
+    /// Kill the VM if the creating process dies (one-shot use).
+    pub die_with_parent: bool,
+    /// Longest wait for the guest agent after QEMU starts.
+    pub boot_timeout: Duration,
+}
+
+impl Default for SandboxConfig {
+    fn default() -> Self {
+        SandboxConfig {
+            image: ImageRef { name: "python-bookworm".into(), version: None },
+            cpus: 1,
+            memory_mib: 1024,
+            accel: AccelChoice::Auto,
+            die_with_parent: false,
+            boot_timeout: Duration::from_secs(120),
+        }
+    }
+}
+
+/// What a sandbox is, for people and for `--json`.
+#[derive(Debug, Clone, Serialize)]
+pub struct SandboxInfo {
+    pub id: String,
+    pub image: String,
+    pub accel: AccelDecision,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub guest_kernel: String,
+    pub qemu_pid: u32,
+    /// From the decision to start until the agent answered.
+    pub boot_ms: u64,
+}
+
+pub struct Sandbox {
+    info: SandboxInfo,
+    image: Image,
+    vm: Vm,
+    client: AgentClient,
+    run: RunDir,
+    destroyed: bool,
+}
+
+fn new_id() -> String {
+    let mut b = [0u8; 5];
+    let _ = getrandom::getrandom(&mut b);
+    format!("sb-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+}
+
+impl Sandbox {
+    pub async fn create(paths: &Paths, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
+        runstate::sweep(paths);
+        let image = ImageStore::new(paths).resolve(&cfg.image)?;
+        crate::setup::require(vm::QEMU)?;
+        let kernel = Kernel::find(paths, &image.meta.kernel).ok_or_else(|| crate::error::SetupError::BadKernel {
+            release: image.meta.kernel.clone(),
+            message: format!("image {} boots it, but it is not in {}", image.reference(), paths.kernels().display()),
+        })?;
+        let (_, agent) = crate::agent_bin::locate()?;
+        let initramfs = kernel::initramfs(paths, &kernel, &agent)?;
+        let accel = vm::decide(paths, cfg.accel, &kernel.vmlinuz(), &initramfs).await?;
+
+        let start = Instant::now();
+        let id = new_id();
+        let mut run = RunDir::create(paths, &id, &image.reference())
+            .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
+        let vm_cfg = VmConfig {
+            accel: accel.accel,
+            cpus: cfg.cpus,
+            memory_mib: cfg.memory_mib,
+            kernel: kernel.vmlinuz(),
+            initramfs,
+            disk: run.dir.join("disk.qcow2"),
+            run_dir: run.dir.clone(),
+            die_with_parent: cfg.die_with_parent,
+        };
+        let booted = async {
+            vm::create_overlay(&image.rootfs(), &vm_cfg.disk).await?;
+            let mut vm = Vm::spawn(&vm_cfg)?;
+            run.record.qemu_pid = Some(vm.pid);
+            run.save().map_err(|e| VmError::io("record the VM", e))?;
+            let sock = vm_cfg.agent_socket();
+            let connect = AgentClient::connect(&sock);
+            let outcome = tokio::select! {
+                c = tokio::time::timeout(cfg.boot_timeout, connect) => match c {
+                    Ok(Ok(client)) => Ok(client),
+                    Ok(Err(e)) => Err(VmError::Agent(e)),
+                    Err(_) => Err(VmError::BootTimeout { secs: cfg.boot_timeout.as_secs(), accel: accel.accel.to_string(), console_tail: vm.console_tail(20) }),
+                },
+                (status, qemu_stderr) = vm.wait_exit() => Err(VmError::DiedDuringBoot {
+                    status,
+                    qemu_stderr: if qemu_stderr.is_empty() { "(nothing)".into() } else { qemu_stderr },
+                    console_tail: vm.console_tail(20),
+                }),
+            };
+            match outcome {
+                Ok(client) => Ok((vm, client)),
+                Err(e) => {
+                    vm.kill().await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        let (vm, client) = match booted {
+            Ok(v) => v,
+            Err(e) => {
+                run.remove();
+                return Err(e.into());
+            }
+        };
+        let info = SandboxInfo {
+            id,
+            image: image.reference(),
+            accel,
+            cpus: cfg.cpus,
+            memory_mib: cfg.memory_mib,
+            guest_kernel: client.hello.kernel.clone(),
+            qemu_pid: vm.pid,
+            boot_ms: start.elapsed().as_millis() as u64,
+        };
+        Ok(Sandbox { info, image, vm, client, run, destroyed: false })
+    }
+
+    pub fn info(&self) -> &SandboxInfo {
+        &self.info
+    }
+
+    pub fn client(&self) -> &AgentClient {
+        &self.client
+    }
+
+    /// Starts a command with the image's environment under the request's. A command with a
+    /// timeout is also watched from the host: should the guest not report it killed within a
+    /// grace period after the timeout, the sandbox is treated as broken.
+    pub async fn exec(&self, mut spec: ExecSpec) -> Result<SandboxExecution, SandboxError> {
+        let mut env = env_pairs(&self.image.meta.env);
+        env.append(&mut spec.env);
+        spec.env = env;
+        let deadline = spec.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms) + HOST_GRACE);
+        let inner = self.client.exec(spec).await.map_err(|e| self.died(e))?;
+        Ok(SandboxExecution { inner, deadline, console: self.run.dir.join("console.log") })
+    }
+
+    fn died(&self, e: AgentError) -> SandboxError {
+        died(e, &self.run.dir.join("console.log"))
+    }
+
+    /// Stops the VM and removes everything the sandbox had on the host.
+    pub async fn destroy(mut self) {
+        self.vm.kill().await;
+        self.run.remove();
+        self.destroyed = true;
+    }
+}
+
+fn died(e: AgentError, console: &std::path::Path) -> SandboxError {
+    match e {
+        AgentError::Disconnected => SandboxError::Died { error: e, console_tail: vm::console_tail(console, 20) },
+        other => SandboxError::Agent(other),
+    }
+}
+
+/// Extra time the host gives the guest to report a timed-out command killed.
+pub const HOST_GRACE: Duration = Duration::from_secs(15);
+
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        if !self.destroyed {
+            // The QEMU child is killed on drop (kill_on_drop); remove the files now.
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.vm.pid as i32), nix::sys::signal::Signal::SIGKILL);
+            self.run.remove();
+        }
+    }
+}
+
+/// A command running in a sandbox.
+pub struct SandboxExecution {
+    inner: Execution,
+    deadline: Option<Instant>,
+    console: std::path::PathBuf,
+}
+
+impl SandboxExecution {
+    pub async fn next(&mut self) -> Result<ExecEvent, SandboxError> {
+        let ev = match self.deadline {
+            None => self.inner.next().await,
+            Some(d) => match tokio::time::timeout_at(d.into(), self.inner.next()).await {
+                Ok(ev) => ev,
+                Err(_) => {
+                    return Err(SandboxError::Unresponsive { secs: d.saturating_duration_since(Instant::now()).as_secs() })
+                }
+            },
+        };
+        ev.map_err(|e| died(e, &self.console))
+    }
+
+    pub async fn stdin(&self, data: Vec<u8>) -> Result<(), SandboxError> {
+        self.inner.stdin(data).await.map_err(|e| died(e, &self.console))
+    }
+
+    pub async fn close_stdin(&self) -> Result<(), SandboxError> {
+        self.inner.close_stdin().await.map_err(|e| died(e, &self.console))
+    }
+
+    pub async fn signal(&self, sig: i32) -> Result<(), SandboxError> {
+        self.inner.signal(sig).await.map_err(|e| died(e, &self.console))
+    }
+}

@@ -1,0 +1,181 @@
+//! Choosing the accelerator: KVM where this host can run a standard guest, TCG elsewhere.
+//!
+//! `/dev/kvm` existing is not enough: nested or paravirtual KVM may accept a VM and then fail
+//! on the first MSR write (`-cpu host`) or run a standard kernel so slowly it never boots. So
+//! the decision boots the real guest kernel once under KVM with a deadline, and the guest agent
+//! (in probe mode) says it got to userspace. The verdict is cached per host (kernel release,
+//! QEMU binary, CPU model), so later sandboxes pay nothing.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use tokio::io::AsyncReadExt;
+use tokio::process::Command;
+
+use super::qemu::QEMU;
+use crate::error::VmError;
+use crate::paths::{write_atomic, Paths};
+
+/// How long a probe guest may take to reach userspace under KVM. A working KVM boots the
+/// cloud kernel to init in well under a second.
+pub const PROBE_DEADLINE: Duration = Duration::from_secs(6);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Accel {
+    Kvm,
+    Tcg,
+}
+
+impl std::fmt::Display for Accel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AccelChoice {
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl std::str::FromStr for AccelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AccelChoice::Auto),
+            "kvm" => Ok(AccelChoice::Kvm),
+            "tcg" => Ok(AccelChoice::Tcg),
+            _ => Err(format!("{s:?} is not an accelerator: use auto, kvm or tcg")),
+        }
+    }
+}
+
+/// The accelerator a sandbox runs on, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AccelDecision {
+    pub accel: Accel,
+    pub reason: String,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct Verdict {
+    host: String,
+    kvm_works: bool,
+    reason: String,
+}
+
+fn host_fingerprint() -> String {
+    let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let qemu = crate::setup::which(QEMU)
+        .and_then(|p| std::fs::metadata(&p).ok().map(|m| format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok())))
+        .unwrap_or_default();
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .unwrap_or_default()
+        .to_string();
+    format!("{release}|{qemu}|{cpu}")
+}
+
+/// Decides the accelerator. `kernel` and `initramfs` are those the sandbox will boot.
+pub async fn decide(paths: &Paths, choice: AccelChoice, kernel: &Path, initramfs: &Path) -> Result<AccelDecision, VmError> {
+    if choice == AccelChoice::Tcg {
+        return Ok(AccelDecision { accel: Accel::Tcg, reason: "requested".into() });
+    }
+    let kvm = kvm_usable(paths, kernel, initramfs).await;
+    match (choice, kvm) {
+        (_, Ok(())) => Ok(AccelDecision { accel: Accel::Kvm, reason: "this host runs standard guests under KVM".into() }),
+        (AccelChoice::Kvm, Err(reason)) => Err(VmError::KvmUnavailable { reason }),
+        (_, Err(reason)) => Ok(AccelDecision { accel: Accel::Tcg, reason }),
+    }
+}
+
+async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<(), String> {
+    let dev = Path::new("/dev/kvm");
+    if !dev.exists() {
+        return Err("no /dev/kvm".into());
+    }
+    if !crate::setup::usable_device(dev) {
+        return Err("/dev/kvm cannot be opened for reading and writing by this user".into());
+    }
+    let host = host_fingerprint();
+    if let Ok(text) = std::fs::read_to_string(paths.accel_verdict()) {
+        if let Ok(v) = serde_json::from_str::<Verdict>(&text) {
+            if v.host == host {
+                return if v.kvm_works { Ok(()) } else { Err(v.reason) };
+            }
+        }
+    }
+    let result = probe(kernel, initramfs).await;
+    let verdict = Verdict {
+        host,
+        kvm_works: result.is_ok(),
+        reason: result.as_ref().err().cloned().unwrap_or_default(),
+    };
+    if let Ok(json) = serde_json::to_vec_pretty(&verdict) {
+        let _ = write_atomic(&paths.accel_verdict(), &json);
+    }
+    result
+}
+
+/// Boots the guest kernel under KVM in probe mode and waits for the agent's word.
+async fn probe(kernel: &Path, initramfs: &Path) -> Result<(), String> {
+    let started = Instant::now();
+    let mut child = Command::new(crate::setup::which(QEMU).ok_or("QEMU is not installed")?)
+        .args(["-M", "microvm,x-option-roms=off,isa-serial=on,acpi=on", "-accel", "kvm", "-cpu", "host", "-m", "256M"])
+        .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio"])
+        .arg("-kernel")
+        .arg(kernel)
+        .arg("-initrd")
+        .arg(initramfs)
+        .args(["-append", "console=ttyS0 quiet panic=-1 forkbox.probe=1"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot start QEMU for the KVM probe: {e}"))?;
+    let mut out = child.stdout.take().ok_or("no probe stdout")?;
+    let mut err = child.stderr.take().ok_or("no probe stderr")?;
+    let mut seen = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match out.read(&mut buf).await {
+                Ok(0) | Err(_) => return false,
+                Ok(n) => {
+                    seen.extend_from_slice(&buf[..n]);
+                    if seen.windows(16).any(|w| w == b"FORKBOX-PROBE-OK") {
+                        return true;
+                    }
+                }
+            }
+        }
+    };
+    let ok = tokio::time::timeout(PROBE_DEADLINE, read).await;
+    let _ = child.start_kill();
+    let _ = child.wait().await;
+    match ok {
+        Ok(true) => Ok(()),
+        Ok(false) => {
+            let mut e = String::new();
+            let _ = tokio::time::timeout(Duration::from_millis(500), err.read_to_string(&mut e)).await;
+            let first = e.lines().find(|l| !l.contains("warning")).unwrap_or(e.lines().next().unwrap_or("")).trim().to_string();
+            Err(format!("a KVM guest failed after {} ms: {}", started.elapsed().as_millis(), if first.is_empty() { "QEMU exited".into() } else { first }))
+        }
+        Err(_) => Err(format!(
+            "a standard guest kernel did not reach userspace under KVM within {} s (nested or paravirtual KVM)",
+            PROBE_DEADLINE.as_secs()
+        )),
+    }
+}

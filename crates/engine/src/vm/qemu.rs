@@ -1,0 +1,275 @@
+//! Building QEMU's command line and running it.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+
+use super::accel::Accel;
+use crate::error::VmError;
+
+pub const QEMU: &str = "qemu-system-x86_64";
+
+/// Everything one VM needs.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    pub accel: Accel,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    /// The sandbox's own qcow2 overlay over the image's root disk.
+    pub disk: PathBuf,
+    /// Sockets and the console log go here.
+    pub run_dir: PathBuf,
+    /// Kill QEMU when the process that started it dies (one-shot `run`).
+    pub die_with_parent: bool,
+}
+
+impl VmConfig {
+    pub fn agent_socket(&self) -> PathBuf {
+        self.run_dir.join("agent.sock")
+    }
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.run_dir.join("qmp.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.run_dir.join("console.log")
+    }
+}
+
+/// Kernel command line of every guest.
+pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 8250.nr_uarts=1 forkbox.root=/dev/vda";
+
+/// The host's TSC frequency in kHz. Under TCG the guest's TSC is the host's, and a guest on
+/// `microvm` (no HPET, no PM timer) that must calibrate it against the PIT fails to, now and
+/// then, and then hangs; telling it the frequency (`tsc_early_khz`) avoids that.
+pub fn host_tsc_khz() -> Option<u64> {
+    if let Some(k) = std::env::var("FORKBOX_TSC_KHZ").ok().and_then(|v| v.parse().ok()) {
+        return Some(k);
+    }
+    let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = info.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
+    Some((mhz * 1000.0) as u64)
+}
+
+fn kernel_cmdline(accel: Accel) -> String {
+    match (accel, host_tsc_khz()) {
+        (Accel::Tcg, Some(khz)) => format!("{KERNEL_CMDLINE} tsc_early_khz={khz}"),
+        _ => KERNEL_CMDLINE.to_string(),
+    }
+}
+
+/// QEMU's arguments for a VM: no default devices, no network device at all, the root disk,
+/// the agent's virtio-serial port, an entropy source, QMP, and QEMU's seccomp sandbox.
+pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
+    let p = |p: &Path| p.display().to_string();
+    let mut a: Vec<String> = vec![
+        "-M".into(),
+        "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on".into(),
+    ];
+    match cfg.accel {
+        Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
+        Accel::Tcg => a.extend(["-accel".into(), "tcg,thread=multi".into(), "-cpu".into(), "max".into()]),
+    }
+    a.extend([
+        "-smp".into(),
+        cfg.cpus.to_string(),
+        "-m".into(),
+        format!("{}M", cfg.memory_mib),
+        "-nodefaults".into(),
+        "-no-user-config".into(),
+        "-display".into(),
+        "none".into(),
+        "-no-reboot".into(),
+        "-kernel".into(),
+        p(&cfg.kernel),
+        "-initrd".into(),
+        p(&cfg.initramfs),
+        "-append".into(),
+        kernel_cmdline(cfg.accel),
+        "-chardev".into(),
+        format!("file,id=console,path={}", p(&cfg.console_log())),
+        "-serial".into(),
+        "chardev:console".into(),
+        "-drive".into(),
+        format!("id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap", p(&cfg.disk)),
+        "-device".into(),
+        "virtio-blk-device,drive=root".into(),
+        "-device".into(),
+        "virtio-serial-device,max_ports=2".into(),
+        "-chardev".into(),
+        format!("socket,id=agent,path={},server=on,wait=off", p(&cfg.agent_socket())),
+        "-device".into(),
+        format!("virtserialport,chardev=agent,name={}", forkbox_protocol::PORT_NAME),
+        "-object".into(),
+        "rng-random,id=rng0,filename=/dev/urandom".into(),
+        "-device".into(),
+        "virtio-rng-device,rng=rng0".into(),
+        "-qmp".into(),
+        format!("unix:{},server=on,wait=off", p(&cfg.qmp_socket())),
+        "-sandbox".into(),
+        "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
+    ]);
+    a
+}
+
+/// Creates the per-sandbox copy-on-write overlay over an image's raw root disk.
+pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> {
+    let qemu_img = crate::setup::require("qemu-img").map_err(|e| VmError::Overlay { image: base.display().to_string(), detail: e.to_string() })?;
+    let out = Command::new(qemu_img)
+        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-o", "extended_l2=on,cluster_size=128k", "-b"])
+        .arg(base)
+        .arg(overlay)
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .map_err(|e| VmError::Overlay { image: base.display().to_string(), detail: e.to_string() })?;
+    if !out.status.success() {
+        return Err(VmError::Overlay {
+            image: base.display().to_string(),
+            detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
+        });
+    }
+    Ok(())
+}
+
+/// A running QEMU process.
+pub struct Vm {
+    child: Child,
+    pub pid: u32,
+    console_log: PathBuf,
+    stderr: tokio::task::JoinHandle<String>,
+}
+
+/// Reads at most this much of QEMU's stderr; the rest is drained and dropped.
+const STDERR_CAP: usize = 16 * 1024;
+
+impl Vm {
+    pub fn spawn(cfg: &VmConfig) -> Result<Vm, VmError> {
+        let program = crate::setup::which(QEMU).unwrap_or_else(|| PathBuf::from(QEMU));
+        let mut cmd = Command::new(&program);
+        cmd.args(qemu_args(cfg))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .kill_on_drop(true)
+            // Its own process group: Ctrl-C reaches the front-end, which then cleans up.
+            .process_group(0);
+        if cfg.die_with_parent {
+            // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of
+            // the parent; it runs in the child between fork and exec. The signal fires when the
+            // *thread* that forked exits, so callers spawn from a thread that lives as long as
+            // the VM should (a runtime worker, not a blocking-pool thread).
+            unsafe {
+                cmd.pre_exec(|| {
+                    if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    Ok(())
+                });
+            }
+        }
+        let mut child = cmd.spawn().map_err(|source| VmError::Spawn { program: program.display().to_string(), source })?;
+        let pid = child.id().unwrap_or(0);
+        let mut err = child.stderr.take();
+        let stderr = tokio::spawn(async move {
+            let mut kept = Vec::new();
+            let mut buf = [0u8; 4096];
+            while let Some(e) = err.as_mut() {
+                match e.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => {
+                        let room = STDERR_CAP.saturating_sub(kept.len());
+                        kept.extend_from_slice(&buf[..n.min(room)]);
+                    }
+                }
+            }
+            String::from_utf8_lossy(&kept).trim().to_string()
+        });
+        Ok(Vm { child, pid, console_log: cfg.console_log(), stderr })
+    }
+
+    /// The last `lines` lines the guest printed on its console.
+    pub fn console_tail(&self, lines: usize) -> String {
+        console_tail(&self.console_log, lines)
+    }
+
+    /// Waits for QEMU to exit; returns its status and what it printed on stderr.
+    pub async fn wait_exit(&mut self) -> (String, String) {
+        let status = match self.child.wait().await {
+            Ok(s) => s.to_string(),
+            Err(e) => format!("unknown status ({e})"),
+        };
+        let stderr = match tokio::time::timeout(Duration::from_secs(1), &mut self.stderr).await {
+            Ok(Ok(s)) => s,
+            _ => String::new(),
+        };
+        (status, stderr)
+    }
+
+    /// Whether QEMU is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Stops the VM at once. The guest's disk is disposable, so nothing is flushed.
+    pub async fn kill(&mut self) {
+        let _ = self.child.start_kill();
+        let _ = self.child.wait().await;
+    }
+}
+
+pub fn console_tail(path: &Path, lines: usize) -> String {
+    use std::io::{Read, Seek, SeekFrom};
+    let Ok(mut f) = std::fs::File::open(path) else { return "(no console output)".into() };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
+    let mut buf = Vec::new();
+    let _ = f.read_to_end(&mut buf);
+    let text = String::from_utf8_lossy(&buf);
+    let all: Vec<&str> = text.lines().collect();
+    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    if tail.trim().is_empty() {
+        "(no console output)".into()
+    } else {
+        tail
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(accel: Accel) -> VmConfig {
+        VmConfig {
+            accel,
+            cpus: 2,
+            memory_mib: 512,
+            kernel: "/k".into(),
+            initramfs: "/i".into(),
+            disk: "/d.qcow2".into(),
+            run_dir: "/run/x".into(),
+            die_with_parent: false,
+        }
+    }
+
+    #[test]
+    fn no_network_device_and_seccomp_on() {
+        let a = qemu_args(&cfg(Accel::Tcg)).join(" ");
+        assert!(a.contains("-nodefaults"));
+        assert!(!a.contains("-netdev") && !a.contains("-nic") && !a.contains("virtio-net"));
+        assert!(a.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
+        assert!(a.contains("-accel tcg,thread=multi -cpu max"));
+        assert!(a.contains("-smp 2 -m 512M"));
+        assert!(a.contains("name=org.forkbox.agent.0"));
+    }
+
+    #[test]
+    fn kvm_uses_host_cpu() {
+        let a = qemu_args(&cfg(Accel::Kvm)).join(" ");
+        assert!(a.contains("-accel kvm -cpu host"));
+    }
+}
