@@ -1,0 +1,175 @@
+//! End-to-end tests of sandboxes through the engine API. They boot real VMs (TCG here: about
+//! 4-5 s a boot); each test says what it costs.
+
+use std::time::{Duration, Instant};
+
+use forkbox_engine::client::ExecEvent;
+use forkbox_engine::error::{AgentError, SandboxError};
+use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
+use forkbox_protocol::{ErrorKind, ExecSpec, ExitStatus, Program};
+use forkbox_test_infra as infra;
+
+fn config() -> (forkbox_engine::paths::Paths, SandboxConfig) {
+    let paths = infra::home();
+    let image = infra::image(&paths, "python-bookworm");
+    (paths, SandboxConfig { image, ..SandboxConfig::default() })
+}
+
+async fn run(sb: &Sandbox, script: &str) -> forkbox_engine::client::Output {
+    let mut ex = sb.exec(infra::sh(script, Some(60_000))).await.expect("start command");
+    let mut out = forkbox_engine::client::Output::default();
+    loop {
+        match ex.next().await.expect("command event") {
+            ExecEvent::Started { .. } => {}
+            ExecEvent::Stdout(d) => out.stdout.extend(d),
+            ExecEvent::Stderr(d) => out.stderr.extend(d),
+            ExecEvent::Exited { status, timed_out, duration_ms } => {
+                out.status = Some(status);
+                out.timed_out = timed_out;
+                out.duration_ms = duration_ms;
+                return out;
+            }
+        }
+    }
+}
+
+/// One VM boot (~5 s), then many commands in it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_sandbox_runs_commands_with_exact_results() {
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+
+    // Exit codes and a signal.
+    for (script, want) in [
+        ("exit 0", ExitStatus::Code(0)),
+        ("exit 1", ExitStatus::Code(1)),
+        ("exit 7", ExitStatus::Code(7)),
+        ("kill -TERM $$", ExitStatus::Signal(15)),
+    ] {
+        let out = run(&sb, script).await;
+        assert_eq!(out.status, Some(want), "{script}");
+        assert!(!out.timed_out);
+    }
+
+    // Stdout and stderr stay apart, byte for byte.
+    let out = run(&sb, "printf out1; printf err1 >&2; printf out2; printf err2 >&2").await;
+    assert_eq!(out.stdout, b"out1out2");
+    assert_eq!(out.stderr, b"err1err2");
+
+    // argv is passed without a shell; env, cwd and the image's environment apply.
+    let out = sb
+        .client()
+        .run(ExecSpec {
+            program: Program::Argv(vec!["printenv".into(), "GREETING".into()]),
+            cwd: None,
+            env: vec![("GREETING".into(), "a b 'c'".into())],
+            timeout_ms: None,
+            stdin: false,
+        })
+        .await
+        .unwrap();
+    assert_eq!(out.stdout_text(), "a b 'c'\n");
+    let mut spec = infra::sh("pwd; echo $PYTHONDONTWRITEBYTECODE", None);
+    spec.cwd = Some("/tmp".into());
+    let mut ex = sb.exec(spec).await.unwrap();
+    let mut text = Vec::new();
+    while let Ok(ev) = ex.next().await {
+        match ev {
+            ExecEvent::Stdout(d) => text.extend(d),
+            ExecEvent::Exited { .. } => break,
+            _ => {}
+        }
+    }
+    assert_eq!(String::from_utf8_lossy(&text), "/tmp\n1\n", "cwd and image env");
+
+    // A missing program and a missing directory are refused with their kind.
+    let mut ex = sb
+        .exec(ExecSpec { program: Program::Argv(vec!["no-such-program".into()]), cwd: None, env: vec![], timeout_ms: None, stdin: false })
+        .await
+        .unwrap();
+    match ex.next().await {
+        Err(SandboxError::Agent(AgentError::Refused { kind: ErrorKind::NotFound, message })) => {
+            assert!(message.contains("no-such-program"), "{message}")
+        }
+        other => panic!("expected not-found, got {other:?}"),
+    }
+
+    // Files: write then read back, binary-safe, larger than one protocol chunk.
+    let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
+    sb.client().write_file("/root/sub/dir/blob", &data, 0o600).await.unwrap();
+    assert_eq!(sb.client().read_file("/root/sub/dir/blob").await.unwrap(), data);
+    let out = run(&sb, "stat -c %a /root/sub/dir/blob").await;
+    assert_eq!(out.stdout_text(), "600\n");
+    match sb.client().read_file("/root/absent").await {
+        Err(AgentError::Refused { kind: ErrorKind::NotFound, .. }) => {}
+        other => panic!("expected not-found, got {other:?}"),
+    }
+
+    // A timeout kills a process tree that ignores SIGTERM, including a child that left the
+    // process group, and the call returns.
+    let started = Instant::now();
+    let out = run_with_timeout(
+        &sb,
+        "trap '' TERM; (trap '' TERM; setsid sleep 1000 & sleep 1000) & sleep 1000; echo never",
+        2_000,
+    )
+    .await;
+    assert!(out.timed_out, "the command was not reported timed out");
+    assert_eq!(out.status, Some(ExitStatus::Signal(9)));
+    assert!(started.elapsed() < Duration::from_secs(30), "the call did not return promptly");
+    let sleepers = run(&sb, "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c '^sleep$' || true").await;
+    assert_eq!(sleepers.stdout_text().trim(), "0", "processes survived the timeout");
+
+    // The guest runs its own kernel.
+    let out = run(&sb, "uname -r").await;
+    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    assert_ne!(out.stdout_text().trim(), host);
+    assert_eq!(out.stdout_text().trim(), sb.info().guest_kernel);
+
+    sb.destroy().await;
+}
+
+async fn run_with_timeout(sb: &Sandbox, script: &str, ms: u64) -> forkbox_engine::client::Output {
+    let mut ex = sb.exec(infra::sh(script, Some(ms))).await.unwrap();
+    let mut out = forkbox_engine::client::Output::default();
+    loop {
+        match ex.next().await.unwrap() {
+            ExecEvent::Exited { status, timed_out, .. } => {
+                out.status = Some(status);
+                out.timed_out = timed_out;
+                return out;
+            }
+            ExecEvent::Stdout(d) => out.stdout.extend(d),
+            _ => {}
+        }
+    }
+}
+
+/// Four VMs at once (~10-15 s on 2 cores).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_sandboxes_at_once_do_not_see_each_others_files() {
+    let (paths, cfg) = config();
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..4 {
+        let (paths, cfg) = (paths.clone(), cfg.clone());
+        set.spawn(async move { Sandbox::create(&paths, &cfg).await });
+    }
+    let boxes: Vec<Sandbox> = set.join_all().await.into_iter().map(|b| b.expect("create")).collect();
+    let ids: std::collections::HashSet<_> = boxes.iter().map(|b| b.info().id.clone()).collect();
+    assert_eq!(ids.len(), 4);
+    for (i, sb) in boxes.iter().enumerate() {
+        let out = run(sb, &format!("echo {i} > /root/mine-{i} && ls /root | grep -c '^mine-'")).await;
+        assert_eq!(out.stdout_text(), "1\n", "sandbox {i} sees files of others");
+    }
+    for (i, sb) in boxes.iter().enumerate() {
+        let out = run(sb, "cat /root/mine-*").await;
+        assert_eq!(out.stdout_text(), format!("{i}\n"));
+    }
+    let dirs: Vec<_> = boxes.iter().map(|b| paths.run().join(&b.info().id)).collect();
+    for sb in boxes {
+        sb.destroy().await;
+    }
+    for d in dirs {
+        assert!(!d.exists(), "{} left behind", d.display());
+    }
+}

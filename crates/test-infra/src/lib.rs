@@ -1,0 +1,109 @@
+//! Shared helpers for tests that boot real VMs.
+//!
+//! All such tests use one forkbox home (`FORKBOX_TEST_HOME`, default `/var/tmp/forkbox-test`),
+//! so the guest kernel and the images are made once per machine and shared by every test and
+//! every later run. Making them is serialised with a file lock, because the test runner may
+//! start tests in parallel processes.
+//!
+//! Costs here (TCG, 2 cores): kernel download and unpack ~15 s once; the `python-bookworm`
+//! image ~40 s once; every VM boot ~4-5 s.
+#![forbid(unsafe_code)]
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use forkbox_engine::image::{self, ImageRef, ImageStore, Recipe};
+use forkbox_engine::paths::Paths;
+use forkbox_protocol::{ExecSpec, Program};
+
+/// The repository root.
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
+}
+
+/// The test home, with a guest kernel installed.
+pub fn home() -> Paths {
+    let dir = std::env::var_os("FORKBOX_TEST_HOME").map(PathBuf::from).unwrap_or_else(|| "/var/tmp/forkbox-test".into());
+    let paths = Paths::new(dir);
+    with_lock(&paths, || {
+        if forkbox_engine::kernel::Kernel::newest(&paths).is_err() {
+            eprintln!("test-infra: installing the guest kernel into {} (once per machine)", paths.home().display());
+            forkbox_engine::setup::setup(&paths, &mut |l| eprintln!("test-infra: {l}")).expect("forkbox setup for the test home");
+        }
+    });
+    paths
+}
+
+fn with_lock<T>(paths: &Paths, f: impl FnOnce() -> T) -> T {
+    std::fs::create_dir_all(paths.home()).expect("create test home");
+    let file = std::fs::File::create(paths.home().join(".test-fixtures.lock")).expect("create fixture lock");
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).expect("lock fixtures");
+    f()
+}
+
+/// The image built from `images/<recipe>.toml`, built first if the test home lacks it.
+pub fn image(paths: &Paths, recipe: &str) -> ImageRef {
+    let file = repo_root().join("images").join(format!("{recipe}.toml"));
+    let (recipe, text) = Recipe::load(&file).expect("load recipe");
+    let store = ImageStore::new(paths);
+    with_lock(paths, || {
+        let wanted = ImageRef { name: recipe.name.clone(), version: None };
+        match store.resolve(&wanted) {
+            Ok(img) if img.meta.recipe == recipe => {}
+            _ => {
+                eprintln!("test-infra: building image {} (once per machine and recipe)", recipe.name);
+                image::build(paths, &recipe, &text, &mut |_| {}).expect("build test image");
+            }
+        }
+        ImageRef { name: recipe.name.clone(), version: None }
+    })
+}
+
+/// Polls `f` until it returns true or `limit` passes; returns whether it did.
+pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let start = Instant::now();
+    while start.elapsed() < limit {
+        if f() {
+            return true;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    f()
+}
+
+/// PIDs of processes whose command line mentions `needle`.
+pub fn processes_mentioning(needle: &str) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
+            if String::from_utf8_lossy(&cmd).contains(needle) {
+                out.push(pid);
+            }
+        }
+    }
+    out
+}
+
+/// QEMU processes running a sandbox of this home.
+pub fn qemus_of(paths: &Paths) -> Vec<u32> {
+    processes_mentioning(&paths.run().display().to_string())
+        .into_iter()
+        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.starts_with("qemu")))
+        .collect()
+}
+
+/// Entries under the home's `run/` directory (live sandboxes' files).
+pub fn run_entries(paths: &Paths) -> Vec<String> {
+    std::fs::read_dir(paths.run())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect()
+}
+
+/// `sh -c SCRIPT` with an optional timeout.
+pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
+    ExecSpec { program: Program::Shell(script.into()), cwd: None, env: vec![], timeout_ms, stdin: false }
+}
