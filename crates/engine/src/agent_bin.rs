@@ -30,21 +30,21 @@ fn candidates() -> Vec<PathBuf> {
     c
 }
 
-/// The agent's path and bytes. It must be statically linked.
+/// The agent's path and bytes: the first statically linked candidate. (A plain `cargo build`
+/// of the workspace can leave a dynamically linked copy beside the CLI; it is passed over.)
 pub fn locate() -> Result<(PathBuf, Vec<u8>), SetupError> {
+    use object::Object;
     let cands = candidates();
+    let mut dynamic = None;
     for p in &cands {
-        if let Ok(bytes) = std::fs::read(p) {
-            use object::Object;
-            let file = object::File::parse(&*bytes).map_err(|e| SetupError::BadKernel {
-                release: "agent".into(),
-                message: format!("{} is not an ELF binary: {e}", p.display()),
-            })?;
-            if file.section_by_name(".interp").is_some() {
-                return Err(SetupError::AgentNotStatic { path: p.clone() });
-            }
-            return Ok((p.clone(), bytes));
+        let Ok(bytes) = std::fs::read(p) else { continue };
+        match object::File::parse(&*bytes) {
+            Ok(file) if file.section_by_name(".interp").is_none() => return Ok((p.clone(), bytes)),
+            _ => dynamic = dynamic.or(Some(p.clone())),
         }
     }
-    Err(SetupError::NoAgent { looked: cands.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ") })
+    match dynamic {
+        Some(path) => Err(SetupError::AgentNotStatic { path }),
+        None => Err(SetupError::NoAgent { looked: cands.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ") }),
+    }
 }

@@ -1,0 +1,221 @@
+//! End-to-end tests of the `forkbox` command line. Tests that boot a VM say so and what it
+//! costs (TCG here: ~4-5 s a boot); the others need no VM.
+
+use std::io::{BufRead, BufReader, Read};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::Duration;
+
+use forkbox_test_infra as infra;
+use sha2::{Digest, Sha256};
+
+fn forkbox(paths: &forkbox_engine::paths::Paths) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
+    c.env("FORKBOX_HOME", paths.home()).env_remove("FORKBOX_ACCEL").env_remove("FORKBOX_IMAGE").stdin(Stdio::null());
+    c
+}
+
+fn ready() -> forkbox_engine::paths::Paths {
+    let paths = infra::home();
+    infra::image(&paths, "python-bookworm");
+    paths
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn run(paths: &forkbox_engine::paths::Paths, args: &[&str]) -> Output {
+    forkbox(paths).args(args).output().expect("run forkbox")
+}
+
+/// One boot. The README's first example.
+#[test]
+fn run_prints_the_guest_python_and_the_guest_kernel() {
+    let paths = ready();
+    let out = run(&paths, &["run", "--", "python3", "-c", "import platform, sys; print(sys.version.split()[0], platform.release())"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let stdout = text(&out.stdout);
+    let mut words = stdout.split_whitespace();
+    let (py, kernel) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    assert!(py.starts_with("3.11."), "bookworm's python, got {stdout:?}");
+    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    assert_ne!(kernel, host, "the command ran on the host's kernel");
+    assert!(kernel.contains("cloud-amd64"), "{kernel}");
+    // The accelerator is said plainly; on TCG with a one-line notice.
+    let err = text(&out.stderr);
+    if err.contains("TCG") {
+        assert_eq!(err.lines().filter(|l| l.contains("TCG")).count(), 1, "{err}");
+        assert!(err.contains("security boundary"), "{err}");
+    }
+}
+
+/// Two boots.
+#[test]
+fn exit_codes_and_signals_become_the_cli_exit_code() {
+    let paths = ready();
+    let out = run(&paths, &["run", "--", "sh", "-c", "exit 7"]);
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
+    let out = run(&paths, &["run", "--json", "--", "sh", "-c", "echo out; echo err >&2; kill -KILL $$"]);
+    assert_eq!(out.status.code(), Some(128 + 9), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json result");
+    assert_eq!(v["signal"], 9);
+    assert_eq!(v["stdout"], "out\n");
+    assert_eq!(v["stderr"], "err\n");
+    assert!(v["sandbox"]["accel"]["accel"].is_string());
+    assert!(v["sandbox"]["id"].as_str().unwrap().starts_with("sb-"));
+}
+
+/// One boot; 10 MB through the stream.
+#[test]
+fn ten_megabytes_of_output_arrive_whole_and_in_order() {
+    let paths = ready();
+    // Numbered lines, so a lost, repeated or reordered chunk changes the digest.
+    let script = "import sys\nw = sys.stdout.write\nfor i in range(1_000_000):\n    w('%09d\\n' % i)\n";
+    let out = run(&paths, &["run", "--", "python3", "-c", script]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), 10_000_000);
+    let mut want = Sha256::new();
+    for i in 0..1_000_000 {
+        want.update(format!("{i:09}\n").as_bytes());
+    }
+    assert_eq!(Sha256::digest(&out.stdout), want.finalize());
+}
+
+/// One boot. Standard input reaches the command with -i.
+#[test]
+fn interactive_stdin_reaches_the_command() {
+    let paths = ready();
+    let mut child = forkbox(&paths)
+        .args(["run", "-i", "--", "sh", "-c", "tr a-z A-Z; echo done"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    use std::io::Write;
+    child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert_eq!(text(&out.stdout), "HELLO SANDBOX\ndone\n");
+}
+
+/// No VM.
+#[test]
+fn bad_input_gives_clear_errors() {
+    let paths = infra::home();
+    infra::image(&paths, "python-bookworm");
+    let out = run(&paths, &["run", "--image", "no-such-image", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("no image no-such-image") && err.contains("python-bookworm@"), "{err}");
+
+    let out = run(&paths, &["run", "--image", "python-bookworm@999", "--", "true"]);
+    assert!(text(&out.stderr).contains("no image python-bookworm@999"), "{}", text(&out.stderr));
+
+    let out = run(&paths, &["run", "--image", "bad/name", "--", "true"]);
+    assert!(text(&out.stderr).contains("is not an image reference"), "{}", text(&out.stderr));
+
+    let out = run(&paths, &["image", "build", "-f", "/nonexistent/recipe.toml"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("/nonexistent/recipe.toml") && err.contains("cannot be read"), "{err}");
+
+    let dir = std::env::temp_dir().join(format!("forkbox-bad-recipe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (body, expect) in [
+        ("name = \"x\"\nsuite = \"bookworm\"\napt = \"python3\"\n", "invalid type"),
+        ("name = \"x\"\nsuite = \"buster\"\n", "bullseye"),
+        ("name = \"x\"\nsuite = \"bookworm\"\npackages = []\n", "packages"),
+        ("name = \"x\"\nsuite = [\n", "recipe"),
+    ] {
+        let f = dir.join("r.toml");
+        std::fs::write(&f, body).unwrap();
+        let out = run(&paths, &["image", "build", "-f", f.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(125));
+        let err = text(&out.stderr);
+        assert!(err.contains("is not valid") && err.contains(expect), "for {body:?}: {err}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+
+    let out = run(&paths, &["image", "rm", "python-bookworm"]);
+    assert!(text(&out.stderr).contains("explicit version"), "{}", text(&out.stderr));
+}
+
+/// No VM here (the KVM probe verdict is cached); one boot on a host where KVM works.
+#[test]
+fn asking_for_kvm_where_it_cannot_work_is_an_error() {
+    let paths = ready();
+    let info = run(&paths, &["info", "--json"]);
+    let v: serde_json::Value = serde_json::from_slice(&info.stdout).expect("info json");
+    let out = run(&paths, &["run", "--accel", "kvm", "--", "true"]);
+    if v["accel"]["accel"] == "tcg" {
+        assert_eq!(out.status.code(), Some(125));
+        let err = text(&out.stderr);
+        assert!(err.contains("KVM was requested") && err.contains("--accel tcg"), "{err}");
+    } else {
+        assert!(out.status.success(), "{}", text(&out.stderr));
+    }
+}
+
+/// Spawns `forkbox run` that prints "ready" from inside the guest, and waits for it.
+fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>, Vec<String>) {
+    let mut child = forkbox(paths)
+        .args(["run", "--", "sh", "-c", "echo ready; sleep 600"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    assert_eq!(line, "ready\n");
+    let cli = child.id();
+    // This CLI's QEMU: its child, whose command line names the sandbox's run directory.
+    let qemus: Vec<u32> = infra::qemus_of(paths)
+        .into_iter()
+        .filter(|q| {
+            std::fs::read_to_string(format!("/proc/{q}/status"))
+                .unwrap_or_default()
+                .lines()
+                .any(|l| l == format!("PPid:\t{cli}"))
+        })
+        .collect();
+    assert_eq!(qemus.len(), 1, "one QEMU per run");
+    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemus[0])).unwrap()).into_owned();
+    let run_dirs: Vec<String> = infra::run_entries(paths).into_iter().filter(|e| cmdline.contains(e.as_str())).collect();
+    assert_eq!(run_dirs.len(), 1);
+    (child, qemus, run_dirs)
+}
+
+fn gone(paths: &forkbox_engine::paths::Paths, qemus: &[u32], dirs: &[String]) -> bool {
+    qemus.iter().all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())
+        && dirs.iter().all(|d| !paths.run().join(d).exists())
+}
+
+/// One boot. Ctrl-C (SIGINT) during a command removes the VM and its overlay.
+#[test]
+fn ctrl_c_leaves_no_qemu_and_no_overlay() {
+    let paths = ready();
+    let (mut child, qemus, dirs) = start_ready_sandbox(&paths);
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130));
+    let mut err = String::new();
+    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    assert!(err.contains("interrupted"), "{err}");
+    assert!(infra::wait_until(Duration::from_secs(10), || gone(&paths, &qemus, &dirs)), "left behind: {qemus:?} {dirs:?}");
+}
+
+/// One boot. Even SIGKILL of the CLI takes its VM down; its files go at the next start.
+#[test]
+fn killed_cli_takes_its_vm_down_and_the_next_run_sweeps_its_files() {
+    let paths = ready();
+    let (mut child, qemus, dirs) = start_ready_sandbox(&paths);
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        infra::wait_until(Duration::from_secs(10), || qemus.iter().all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())),
+        "QEMU outlived its killed owner"
+    );
+    // Any later sandbox start sweeps the records of owners that died; `image rm` does too.
+    let _ = run(&paths, &["image", "rm", "python-bookworm@999"]);
+    assert!(gone(&paths, &qemus, &dirs), "files of a dead run were not swept: {dirs:?}");
+}
