@@ -8,7 +8,7 @@
 use std::collections::HashMap;
 use std::fs;
 use std::io::{Read, Write};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -253,15 +253,19 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     let finished = Arc::new(Mutex::new(false));
     let (eof_tx, eof_rx) = channel::<()>();
     for (is_out, stream) in [
-        (true, child.stdout.take().map(|s| Box::new(s) as Box<dyn Read + Send>)),
-        (false, child.stderr.take().map(|s| Box::new(s) as Box<dyn Read + Send>)),
+        (true, child.stdout.take().map(OwnedFd::from)),
+        (false, child.stderr.take().map(OwnedFd::from)),
     ] {
-        let Some(mut stream) = stream else { continue };
+        let Some(fd) = stream else { continue };
         let (out, finished, eof_tx) = (out.clone(), finished.clone(), eof_tx.clone());
         std::thread::spawn(move || {
+            let mut stream = fs::File::from(fd);
+            // A larger pipe lets a fast writer run ahead while a chunk is on its way.
+            let _ = nix::fcntl::fcntl(stream.as_raw_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
             let mut buf = vec![0u8; CHUNK];
+            let mut last = None;
             loop {
-                let n = match stream.read(&mut buf) {
+                let n = match read_coalesced(&mut stream, &mut buf, &mut last) {
                     Ok(0) | Err(_) => break,
                     Ok(n) => n,
                 };
@@ -312,6 +316,39 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     out.send(&AgentMsg::Exited { id, status, timed_out, duration_ms: start.elapsed().as_millis() as u64 });
     drop(done);
     drop(cgroup);
+}
+
+const PIPE_SIZE: i32 = 1 << 20;
+/// How long a reader waits for more output after the first bytes, so that a command printing
+/// many short lines produces one message per burst instead of one per line.
+/// Under emulation a pipe wake-up costs ~300 µs, so one message per line would make a command
+/// that prints many short lines several times slower than it is. The first read of a burst goes
+/// out at once (a short output is not delayed); reads that follow within `BURST` wait.
+const COALESCE: Duration = Duration::from_millis(5);
+const BURST: Duration = Duration::from_millis(20);
+
+/// Reads what is there; inside a burst, waits `COALESCE` and takes what arrived meanwhile
+/// (without blocking).
+fn read_coalesced(f: &mut fs::File, buf: &mut [u8], last: &mut Option<Instant>) -> std::io::Result<usize> {
+    let mut filled = f.read(buf)?;
+    let in_burst = last.is_some_and(|t| t.elapsed() < BURST);
+    *last = Some(Instant::now());
+    if filled == 0 || filled == buf.len() || !in_burst {
+        return Ok(filled);
+    }
+    std::thread::sleep(COALESCE);
+    while filled < buf.len() {
+        let mut fds = [nix::poll::PollFd::new(f.as_fd(), nix::poll::PollFlags::POLLIN)];
+        match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
+            Ok(1) if fds[0].revents().is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN)) => {}
+            _ => break,
+        }
+        match f.read(&mut buf[filled..]) {
+            Ok(0) | Err(_) => break,
+            Ok(n) => filled += n,
+        }
+    }
+    Ok(filled)
 }
 
 fn wait_for_exit(

@@ -41,9 +41,22 @@ impl Outbox {
     }
 }
 
+/// Writes queued frames to the port. Every write to a virtio port costs a trip through the
+/// VMM, so frames that queued up while the last write was under way go out together: a command
+/// printing many short lines costs one write per batch, not one per line.
 fn writer(mut port: File, rx: Receiver<Vec<u8>>) {
-    for frame in rx {
-        let mut rest: &[u8] = &frame;
+    const BATCH: usize = 256 * 1024;
+    let mut batch = Vec::with_capacity(2 * BATCH);
+    while let Ok(first) = rx.recv() {
+        batch.clear();
+        batch.extend_from_slice(&first);
+        while batch.len() < BATCH {
+            match rx.try_recv() {
+                Ok(f) => batch.extend_from_slice(&f),
+                Err(_) => break,
+            }
+        }
+        let mut rest: &[u8] = &batch;
         while !rest.is_empty() {
             match port.write(rest) {
                 Ok(n) => rest = &rest[n..],

@@ -69,8 +69,9 @@ fn exit_codes_and_signals_become_the_cli_exit_code() {
 #[test]
 fn ten_megabytes_of_output_arrive_whole_and_in_order() {
     let paths = ready();
-    // Numbered lines, so a lost, repeated or reordered chunk changes the digest.
-    let script = "import sys\nw = sys.stdout.write\nfor i in range(1_000_000):\n    w('%09d\\n' % i)\n";
+    // Numbered lines, so a lost, repeated or reordered chunk changes the digest; written 100
+    // lines (1 kB) at a time, so the stream carries thousands of separate writes.
+    let script = "import sys\nw = sys.stdout.write\nfor j in range(10_000):\n    w(''.join('%09d\\n' % i for i in range(j * 100, j * 100 + 100)))\n";
     let out = run(&paths, &["run", "--", "python3", "-c", script]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(out.stdout.len(), 10_000_000);
