@@ -32,9 +32,11 @@ fn mount_fs(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<
 }
 
 /// Boots the guest and returns the path of the host channel.
-pub fn boot(cmdline: &str) -> io::Result<PathBuf> {
+pub fn boot() -> io::Result<PathBuf> {
     let nosuid = MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC;
     mount_fs("proc", "/proc", "proc", nosuid, None)?;
+    // Only readable once /proc is mounted.
+    let cmdline = fs::read_to_string("/proc/cmdline")?;
     mount_fs("sysfs", "/sys", "sysfs", nosuid, None)?;
     mount_fs("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755"))?;
 

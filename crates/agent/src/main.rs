@@ -10,13 +10,12 @@ mod files;
 mod serve;
 
 fn main() {
-    let started = boot::uptime_ms();
-    let cmdline = std::fs::read_to_string("/proc/cmdline").unwrap_or_default();
     if std::process::id() != 1 {
         eprintln!("forkbox-agent: must run as PID 1 inside a forkbox guest");
         std::process::exit(2);
     }
-    let result = boot::boot(&cmdline);
+    let started = std::time::Instant::now();
+    let result = boot::boot();
     let port = match result {
         Ok(p) => p,
         Err(e) => {
@@ -28,7 +27,7 @@ fn main() {
         "forkbox-agent: ready on {} ({} ms since kernel start, {} ms in agent)",
         port.display(),
         boot::uptime_ms(),
-        boot::uptime_ms().saturating_sub(started)
+        started.elapsed().as_millis()
     );
     serve::serve(&port);
 }

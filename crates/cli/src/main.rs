@@ -55,6 +55,9 @@ enum ImageCmd {
         /// The recipe file.
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        /// Build only if the newest version of this name was built from a different recipe.
+        #[arg(long)]
+        if_changed: bool,
         #[arg(long)]
         json: bool,
     },
@@ -145,8 +148,19 @@ fn image_row(i: &image::Image) -> ImageRow {
 
 fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
     match cmd {
-        ImageCmd::Build { file, json } => {
+        ImageCmd::Build { file, if_changed, json } => {
             let (recipe, text) = Recipe::load(&file)?;
+            if if_changed {
+                let newest = ImageStore::new(paths).resolve(&ImageRef { name: recipe.name.clone(), version: None });
+                if let Some(img) = newest.ok().filter(|i| i.meta.recipe == recipe) {
+                    if json {
+                        print_json(&image_row(&img))?;
+                    } else {
+                        println!("{} is up to date with {}", img.reference(), file.display());
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
+            }
             let started = std::time::Instant::now();
             eprintln!(
                 "forkbox: building {}@{} from {}",

@@ -116,7 +116,7 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
             }
         }
     }
-    let result = probe(kernel, initramfs).await;
+    let result = probe(Accel::Kvm, kernel, initramfs, PROBE_DEADLINE).await;
     let verdict = Verdict {
         host,
         kvm_works: result.is_ok(),
@@ -128,17 +128,24 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
     result
 }
 
-/// Boots the guest kernel under KVM in probe mode and waits for the agent's word.
-async fn probe(kernel: &Path, initramfs: &Path) -> Result<(), String> {
+/// Boots the guest kernel in probe mode (no disk, no devices) and waits up to `deadline` for
+/// the agent to say it reached userspace.
+pub async fn probe(accel: Accel, kernel: &Path, initramfs: &Path, deadline: Duration) -> Result<(), String> {
     let started = Instant::now();
+    let accel_args: [&str; 4] = match accel {
+        Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
+        Accel::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
+    };
     let mut child = Command::new(crate::setup::which(QEMU).ok_or("QEMU is not installed")?)
-        .args(["-M", "microvm,x-option-roms=off,isa-serial=on,acpi=on", "-accel", "kvm", "-cpu", "host", "-m", "256M"])
+        .args(["-M", "microvm,x-option-roms=off,isa-serial=on,acpi=on", "-m", "256M"])
+        .args(accel_args)
         .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio"])
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
         .arg(initramfs)
-        .args(["-append", "console=ttyS0 quiet panic=-1 forkbox.probe=1"])
+        .arg("-append")
+        .arg(format!("{} forkbox.probe=1", super::qemu::kernel_cmdline(accel)))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -162,7 +169,7 @@ async fn probe(kernel: &Path, initramfs: &Path) -> Result<(), String> {
             }
         }
     };
-    let ok = tokio::time::timeout(PROBE_DEADLINE, read).await;
+    let ok = tokio::time::timeout(deadline, read).await;
     let _ = child.start_kill();
     let _ = child.wait().await;
     match ok {
@@ -174,8 +181,8 @@ async fn probe(kernel: &Path, initramfs: &Path) -> Result<(), String> {
             Err(format!("a KVM guest failed after {} ms: {}", started.elapsed().as_millis(), if first.is_empty() { "QEMU exited".into() } else { first }))
         }
         Err(_) => Err(format!(
-            "a standard guest kernel did not reach userspace under KVM within {} s (nested or paravirtual KVM)",
-            PROBE_DEADLINE.as_secs()
+            "a standard guest kernel did not reach userspace under {accel} within {} s (nested or paravirtual KVM)",
+            deadline.as_secs()
         )),
     }
 }

@@ -3,5 +3,5 @@
 mod accel;
 mod qemu;
 
-pub use accel::{decide, Accel, AccelChoice, AccelDecision};
-pub use qemu::{console_tail, create_overlay, qemu_args, Vm, VmConfig, QEMU};
+pub use accel::{decide, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
+pub use qemu::{console_tail, create_overlay, kernel_cmdline, qemu_args, Vm, VmConfig, QEMU};

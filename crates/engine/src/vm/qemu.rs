@@ -41,7 +41,12 @@ impl VmConfig {
 }
 
 /// Kernel command line of every guest.
-pub const KERNEL_CMDLINE: &str = "console=ttyS0 quiet panic=-1 8250.nr_uarts=1 forkbox.root=/dev/vda";
+///
+/// Besides the console and the root disk: `cryptomgr.notests` skips the crypto self-tests
+/// (~0.4 s of a TCG boot), `nokaslr` the kernel's relocation, `audit=0` the audit subsystem;
+/// measured here they take a TCG boot from ~3.8 s to ~3.1 s to userspace.
+pub const KERNEL_CMDLINE: &str =
+    "console=ttyS0 quiet panic=-1 8250.nr_uarts=1 cryptomgr.notests nokaslr audit=0 forkbox.root=/dev/vda";
 
 /// The host's TSC frequency in kHz. Under TCG the guest's TSC is the host's, and a guest on
 /// `microvm` (no HPET, no PM timer) that must calibrate it against the PIT fails to, now and
@@ -55,7 +60,7 @@ pub fn host_tsc_khz() -> Option<u64> {
     Some((mhz * 1000.0) as u64)
 }
 
-fn kernel_cmdline(accel: Accel) -> String {
+pub fn kernel_cmdline(accel: Accel) -> String {
     match (accel, host_tsc_khz()) {
         (Accel::Tcg, Some(khz)) => format!("{KERNEL_CMDLINE} tsc_early_khz={khz}"),
         _ => KERNEL_CMDLINE.to_string(),

@@ -1,0 +1,140 @@
+//! Boot and exec figures, medians over repeated runs in one run. Run with `bench/run.sh`.
+//!
+//! - QEMU start-up doing nothing (the floor: process start to QMP greeting)
+//! - cold boot to agent-ready through the engine (overlay + QEMU + kernel + agent handshake)
+//! - `forkbox run -- true` wall time (set FORKBOX_BIN to the CLI)
+//! - exec round trip of `true` inside a running guest, and a protocol ping
+
+use std::time::{Duration, Instant};
+
+use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
+use forkbox_protocol::{ExecSpec, Program};
+use forkbox_test_infra as infra;
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    (pct(0.5), pct(0.99), v[0])
+}
+
+fn row(name: &str, n: usize, v: Vec<f64>) -> f64 {
+    let (p50, p99, min) = stats(v);
+    println!("{name:<44} n={n:<3} median {p50:>9.1} ms   p99 {p99:>9.1} ms   min {min:>9.1} ms");
+    p50
+}
+
+async fn qemu_floor(dir: &std::path::Path) -> Duration {
+    let sock = dir.join("floor.qmp");
+    let _ = std::fs::remove_file(&sock);
+    let start = Instant::now();
+    let mut child = tokio::process::Command::new("qemu-system-x86_64")
+        .args(["-M", "microvm", "-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-S", "-qmp"])
+        .arg(format!("unix:{},server=on,wait=off", sock.display()))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start qemu");
+    loop {
+        if let Ok(s) = tokio::net::UnixStream::connect(&sock).await {
+            let mut buf = [0u8; 64];
+            s.readable().await.ok();
+            let _ = s.try_read(&mut buf);
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let d = start.elapsed();
+    let _ = child.kill().await;
+    d
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let boots: usize = std::env::var("BENCH_BOOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
+    let execs: usize = std::env::var("BENCH_EXECS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let paths = infra::home();
+    let image = infra::image(&paths, "python-bookworm");
+    let cfg = SandboxConfig { image, ..SandboxConfig::default() };
+    let tmp = std::env::temp_dir().join(format!("forkbox-bench-{}", std::process::id()));
+    std::fs::create_dir_all(&tmp).expect("tmp dir");
+
+    rt.block_on(async {
+        // Warm-up: the initramfs and the accelerator verdict are cached on first use.
+        let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+        let accel = sb.info().accel.clone();
+        sb.destroy().await;
+        println!("forkbox boot bench: accelerator {} ({}), image {}", accel.accel, accel.reason, cfg.image);
+        println!();
+
+        let mut floor = Vec::new();
+        for _ in 0..boots {
+            floor.push(ms(qemu_floor(&tmp).await));
+        }
+        let floor_p50 = row("QEMU start-up, doing nothing (floor)", boots, floor);
+
+        let mut cold = Vec::new();
+        for _ in 0..boots {
+            let t = Instant::now();
+            let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+            cold.push(ms(t.elapsed()));
+            sb.destroy().await;
+        }
+        let cold_p50 = row("cold boot to agent-ready (engine)", boots, cold);
+
+        let mut run_true = Vec::new();
+        let bin = std::env::var("FORKBOX_BIN").ok();
+        if let Some(bin) = &bin {
+            for _ in 0..boots {
+                let t = Instant::now();
+                let st = std::process::Command::new(bin)
+                    .args(["run", "--", "true"])
+                    .env("FORKBOX_HOME", paths.home())
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .expect("run forkbox");
+                assert!(st.success());
+                run_true.push(ms(t.elapsed()));
+            }
+        }
+        let run_p50 = if run_true.is_empty() {
+            println!("{:<44} skipped: set FORKBOX_BIN to the forkbox binary", "`forkbox run -- true` wall time");
+            None
+        } else {
+            Some(row("`forkbox run -- true` wall time", boots, run_true))
+        };
+
+        let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+        let mut ping = Vec::new();
+        for _ in 0..execs {
+            let t = Instant::now();
+            sb.client().ping().await.expect("ping");
+            ping.push(ms(t.elapsed()));
+        }
+        row("protocol ping round trip (running guest)", execs, ping);
+        let mut rtt = Vec::new();
+        for _ in 0..execs {
+            let t = Instant::now();
+            let out = sb
+                .client()
+                .run(ExecSpec { program: Program::Argv(vec!["true".into()]), cwd: None, env: vec![], timeout_ms: None, stdin: false })
+                .await
+                .expect("exec");
+            assert_eq!(out.code(), 0);
+            rtt.push(ms(t.elapsed()));
+        }
+        let rtt_p50 = row("exec `true` round trip (running guest)", execs, rtt);
+        sb.destroy().await;
+
+        println!();
+        println!("ratios (same run):");
+        println!("  cold boot / QEMU floor            {:>7.1}x", cold_p50 / floor_p50);
+        if let Some(r) = run_p50 {
+            println!("  `run -- true` / cold boot         {:>7.2}x  (CLI start, exec and teardown on top of the boot)", r / cold_p50);
+        }
+        println!("  cold boot / exec round trip       {:>7.0}x  (why a warm sandbox or a template matters)", cold_p50 / rtt_p50);
+    });
+    let _ = std::fs::remove_dir_all(&tmp);
+}

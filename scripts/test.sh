@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Runs forkbox's tests, installing what they need first. Tests boot real VMs (TCG where KVM
+# cannot run a standard guest); the guest kernel and images they share are made once per machine
+# under $FORKBOX_TEST_HOME (default /var/tmp/forkbox-test).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+echo "== building the static guest agent" >&2
+scripts/build.sh agent >/dev/null
+echo "== installing host packages (forkbox setup)" >&2
+cargo run --quiet --locked -p forkbox-cli -- setup
+export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
+if cargo nextest --version >/dev/null 2>&1; then
+  cargo nextest run --locked --workspace --no-fail-fast
+else
+  cargo test --locked --workspace --no-fail-fast
+fi
