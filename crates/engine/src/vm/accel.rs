@@ -4,7 +4,8 @@
 //! on the first MSR write (`-cpu host`) or run a standard kernel so slowly it never boots. So
 //! the decision boots the real guest kernel once under KVM with a deadline, and the guest agent
 //! (in probe mode) says it got to userspace. The verdict is cached per host (kernel release,
-//! QEMU binary, CPU model), so later sandboxes pay nothing.
+//! QEMU binary, CPU model) and probe guest (the initramfs, named by its content), so later
+//! sandboxes pay nothing.
 
 use std::path::Path;
 use std::process::Stdio;
@@ -108,7 +109,9 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
     if !crate::setup::usable_device(dev) {
         return Err("/dev/kvm cannot be opened for reading and writing by this user".into());
     }
-    let host = host_fingerprint();
+    // The guest that probes is part of the key: a verdict reached with another kernel or agent
+    // is not trusted.
+    let host = format!("{}|{}", host_fingerprint(), initramfs.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
     if let Ok(text) = std::fs::read_to_string(paths.accel_verdict()) {
         if let Ok(v) = serde_json::from_str::<Verdict>(&text) {
             if v.host == host {
