@@ -220,3 +220,30 @@ fn killed_cli_takes_its_vm_down_and_the_next_run_sweeps_its_files() {
     let _ = run(&paths, &["image", "rm", "python-bookworm@999"]);
     assert!(gone(&paths, &qemus, &dirs), "files of a dead run were not swept: {dirs:?}");
 }
+
+/// One boot. A guest kernel that dies mid-command: forkbox says so and shows the console's tail.
+#[test]
+fn a_guest_that_dies_shows_the_tail_of_its_console() {
+    let paths = ready();
+    let out = run(&paths, &["run", "--", "sh", "-c", "echo c > /proc/sysrq-trigger; sleep 60"]);
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("connection to the guest agent was lost"), "{err}");
+    assert!(err.contains("last console lines") && err.contains("Kernel panic"), "{err}");
+}
+
+/// No VM. Without QEMU on the PATH, forkbox points at the set-up step.
+#[test]
+fn missing_qemu_points_at_setup() {
+    let paths = ready();
+    let empty = std::env::temp_dir().join(format!("forkbox-empty-path-{}", std::process::id()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = forkbox(&paths).env("PATH", &empty).args(["run", "--", "true"]).output().unwrap();
+    let _ = std::fs::remove_dir_all(&empty);
+    if std::path::Path::new("/usr/sbin/qemu-system-x86_64").exists() || std::path::Path::new("/sbin/qemu-system-x86_64").exists() {
+        return; // found outside PATH; nothing to test on this host
+    }
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(err.contains("qemu-system-x86_64 was not found") && err.contains("forkbox setup"), "{err}");
+}

@@ -46,7 +46,7 @@ impl VmConfig {
 /// (~0.4 s of a TCG boot), `nokaslr` the kernel's relocation, `audit=0` the audit subsystem;
 /// measured here they take a TCG boot from ~3.8 s to ~3.1 s to userspace.
 pub const KERNEL_CMDLINE: &str =
-    "console=ttyS0 quiet panic=-1 8250.nr_uarts=1 cryptomgr.notests nokaslr audit=0 forkbox.root=/dev/vda";
+    "console=ttyS0 quiet panic=-1 reboot=t 8250.nr_uarts=1 cryptomgr.notests nokaslr audit=0 forkbox.root=/dev/vda";
 
 /// The host's TSC frequency in kHz. Under TCG the guest's TSC is the host's, and a guest on
 /// `microvm` (no HPET, no PM timer) that must calibrate it against the PIT fails to, now and
@@ -227,6 +227,9 @@ impl Vm {
     }
 }
 
+/// Console lines that say why a guest died.
+const HEADLINES: &[&str] = &["Kernel panic", "Oops", "BUG:", "Out of memory", "forkbox-agent:"];
+
 pub fn console_tail(path: &Path, lines: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
     let Ok(mut f) = std::fs::File::open(path) else { return "(no console output)".into() };
@@ -236,7 +239,12 @@ pub fn console_tail(path: &Path, lines: usize) -> String {
     let _ = f.read_to_end(&mut buf);
     let text = String::from_utf8_lossy(&buf);
     let all: Vec<&str> = text.lines().collect();
-    let tail = all[all.len().saturating_sub(lines)..].join("\n");
+    let start = all.len().saturating_sub(lines);
+    let mut tail = all[start..].join("\n");
+    // A kernel's last words are followed by a long stack trace: keep the headline too.
+    if let Some(head) = all[..start].iter().rev().find(|l| HEADLINES.iter().any(|h| l.contains(h))) {
+        tail = format!("{head}\n[...]\n{tail}");
+    }
     if tail.trim().is_empty() {
         "(no console output)".into()
     } else {
@@ -270,6 +278,21 @@ mod tests {
         assert!(a.contains("-accel tcg,thread=multi -cpu max"));
         assert!(a.contains("-smp 2 -m 512M"));
         assert!(a.contains("name=org.forkbox.agent.0"));
+    }
+
+    #[test]
+    fn console_tail_keeps_the_panic_headline() {
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("console.log");
+        let mut text = String::from("boot\nKernel panic - not syncing: sysrq triggered crash\n");
+        for i in 0..30 {
+            text += &format!("trace {i}\n");
+        }
+        std::fs::write(&log, text).unwrap();
+        let tail = console_tail(&log, 5);
+        assert!(tail.starts_with("Kernel panic - not syncing"), "{tail}");
+        assert!(tail.ends_with("trace 29"), "{tail}");
+        assert_eq!(console_tail(&dir.path().join("absent"), 5), "(no console output)");
     }
 
     #[test]
