@@ -15,7 +15,11 @@ const NEW_ROOT: &str = "/newroot";
 pub fn uptime_ms() -> u64 {
     fs::read_to_string("/proc/uptime")
         .ok()
-        .and_then(|s| s.split_whitespace().next().and_then(|f| f.parse::<f64>().ok()))
+        .and_then(|s| {
+            s.split_whitespace()
+                .next()
+                .and_then(|f| f.parse::<f64>().ok())
+        })
         .map(|s| (s * 1000.0) as u64)
         .unwrap_or(0)
 }
@@ -25,7 +29,13 @@ fn ctx(what: impl Into<String>) -> impl FnOnce(nix::Error) -> io::Error {
     move |e| io::Error::other(format!("{what}: {e}"))
 }
 
-fn mount_fs(src: &str, target: &str, fstype: &str, flags: MsFlags, data: Option<&str>) -> io::Result<()> {
+fn mount_fs(
+    src: &str,
+    target: &str,
+    fstype: &str,
+    flags: MsFlags,
+    data: Option<&str>,
+) -> io::Result<()> {
     fs::create_dir_all(target)?;
     mount(Some(src), target, Some(fstype), flags, data)
         .map_err(ctx(format!("mount {fstype} on {target}")))
@@ -38,7 +48,13 @@ pub fn boot() -> io::Result<PathBuf> {
     // Only readable once /proc is mounted.
     let cmdline = fs::read_to_string("/proc/cmdline")?;
     mount_fs("sysfs", "/sys", "sysfs", nosuid, None)?;
-    mount_fs("devtmpfs", "/dev", "devtmpfs", MsFlags::MS_NOSUID, Some("mode=0755"))?;
+    mount_fs(
+        "devtmpfs",
+        "/dev",
+        "devtmpfs",
+        MsFlags::MS_NOSUID,
+        Some("mode=0755"),
+    )?;
 
     if cmdline.split_whitespace().any(|w| w == "forkbox.probe=1") {
         // The host checks whether this machine's accelerator can run a standard guest at all.
@@ -53,20 +69,55 @@ pub fn boot() -> io::Result<PathBuf> {
         .unwrap_or("/dev/vda");
     wait_for(Path::new(root), Duration::from_secs(20))?;
     fs::create_dir_all(NEW_ROOT)?;
-    mount(Some(root), NEW_ROOT, Some("ext4"), MsFlags::empty(), None::<&str>)
-        .map_err(ctx(format!("mount root disk {root}")))?;
+    mount(
+        Some(root),
+        NEW_ROOT,
+        Some("ext4"),
+        MsFlags::empty(),
+        None::<&str>,
+    )
+    .map_err(ctx(format!("mount root disk {root}")))?;
     switch_root()?;
 
-    mount_fs("tmpfs", "/tmp", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
-    mount_fs("tmpfs", "/run", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=0755"))?;
-    mount_fs("devpts", "/dev/pts", "devpts", MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC, Some("gid=5,mode=620,ptmxmode=666"))?;
-    mount_fs("tmpfs", "/dev/shm", "tmpfs", MsFlags::MS_NOSUID | MsFlags::MS_NODEV, Some("mode=1777"))?;
+    mount_fs(
+        "tmpfs",
+        "/tmp",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/run",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=0755"),
+    )?;
+    mount_fs(
+        "devpts",
+        "/dev/pts",
+        "devpts",
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("gid=5,mode=620,ptmxmode=666"),
+    )?;
+    mount_fs(
+        "tmpfs",
+        "/dev/shm",
+        "tmpfs",
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some("mode=1777"),
+    )?;
     // Per-command cgroups let a timeout kill every process a command started, even those
     // that left its process group. Without cgroup2 the agent falls back to process groups.
     if let Err(e) = mount_fs("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None) {
         eprintln!("forkbox-agent: {e}; timeouts will kill process groups only");
     }
-    for (link, target) in [("/dev/fd", "/proc/self/fd"), ("/dev/stdin", "/proc/self/fd/0"), ("/dev/stdout", "/proc/self/fd/1"), ("/dev/stderr", "/proc/self/fd/2")] {
+    for (link, target) in [
+        ("/dev/fd", "/proc/self/fd"),
+        ("/dev/stdin", "/proc/self/fd/0"),
+        ("/dev/stdout", "/proc/self/fd/1"),
+        ("/dev/stderr", "/proc/self/fd/2"),
+    ] {
         let _ = std::os::unix::fs::symlink(target, link);
     }
     let _ = nix::unistd::sethostname("forkbox");
@@ -88,7 +139,12 @@ fn load_modules() -> io::Result<()> {
         let empty = CString::default();
         match nix::kmod::finit_module(&file, &empty, nix::kmod::ModuleInitFlags::empty()) {
             Ok(()) | Err(nix::errno::Errno::EEXIST) => {}
-            Err(e) => return Err(io::Error::other(format!("load module {}: {e}", path.display()))),
+            Err(e) => {
+                return Err(io::Error::other(format!(
+                    "load module {}: {e}",
+                    path.display()
+                )))
+            }
         }
         // The module's bytes are no longer needed; free the initramfs memory they hold.
         let _ = fs::remove_file(&path);
@@ -100,7 +156,10 @@ fn wait_for(path: &Path, limit: Duration) -> io::Result<()> {
     let start = Instant::now();
     while !path.exists() {
         if start.elapsed() > limit {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("{} did not appear within {limit:?}", path.display())));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("{} did not appear within {limit:?}", path.display()),
+            ));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -112,12 +171,19 @@ fn switch_root() -> io::Result<()> {
     for m in ["/dev", "/proc", "/sys"] {
         let target = format!("{NEW_ROOT}{m}");
         fs::create_dir_all(&target)?;
-        mount(Some(m), target.as_str(), None::<&str>, MsFlags::MS_MOVE, None::<&str>)
-            .map_err(ctx(format!("move {m}")))?;
+        mount(
+            Some(m),
+            target.as_str(),
+            None::<&str>,
+            MsFlags::MS_MOVE,
+            None::<&str>,
+        )
+        .map_err(ctx(format!("move {m}")))?;
     }
     let _ = fs::remove_file("/init");
     std::env::set_current_dir(NEW_ROOT)?;
-    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>).map_err(ctx("move new root to /"))?;
+    mount(Some("."), "/", None::<&str>, MsFlags::MS_MOVE, None::<&str>)
+        .map_err(ctx("move new root to /"))?;
     nix::unistd::chroot(".").map_err(ctx("chroot"))?;
     std::env::set_current_dir("/")?;
     Ok(())
@@ -165,7 +231,10 @@ fn find_port(limit: Duration) -> io::Result<PathBuf> {
             }
         }
         if start.elapsed() > limit {
-            return Err(io::Error::new(io::ErrorKind::NotFound, format!("no virtio port named {}", forkbox_protocol::PORT_NAME)));
+            return Err(io::Error::new(
+                io::ErrorKind::NotFound,
+                format!("no virtio port named {}", forkbox_protocol::PORT_NAME),
+            ));
         }
         std::thread::sleep(Duration::from_millis(2));
     }

@@ -29,7 +29,10 @@ const CGROUP_ROOT: &str = "/sys/fs/cgroup";
 /// it left behind holding its stdout or stderr) before the exit is reported.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
 const BASE_ENV: &[(&str, &str)] = &[
-    ("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"),
+    (
+        "PATH",
+        "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    ),
     ("HOME", "/root"),
     ("USER", "root"),
     ("LANG", "C.UTF-8"),
@@ -85,12 +88,28 @@ impl Execs {
         } else {
             (None, None)
         };
-        lock(&self.0.running).insert(id, Running { pgid: None, stdin: stdin_tx });
+        lock(&self.0.running).insert(
+            id,
+            Running {
+                pgid: None,
+                stdin: stdin_tx,
+            },
+        );
         let inner = self.0.clone();
-        std::thread::spawn(move || {
+        let started = spawn_small(move || {
             run(&inner, id, spec, stdin_rx);
             lock(&inner.running).remove(&id);
         });
+        if let Err(e) = started {
+            lock(&self.0.running).remove(&id);
+            self.0.out.error(
+                id,
+                &std::io::Error::new(
+                    e.kind(),
+                    format!("cannot start a thread for the command: {e}"),
+                ),
+            );
+        }
     }
 
     pub fn stdin(&self, id: u32, data: Option<Vec<u8>>) {
@@ -108,11 +127,25 @@ impl Execs {
             (None, _) => {}
             (_, Err(_)) => self.0.out.error(
                 id,
-                &std::io::Error::new(std::io::ErrorKind::InvalidInput, format!("{signal} is not a signal number")),
+                &std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    format!("{signal} is not a signal number"),
+                ),
             ),
         }
     }
 }
+
+/// Per-command threads need little stack; a small one is cheaper to create, which matters
+/// under emulation where every new mapping costs.
+fn spawn_small<F: FnOnce() + Send + 'static>(f: F) -> std::io::Result<()> {
+    std::thread::Builder::new()
+        .stack_size(STACK)
+        .spawn(f)
+        .map(drop)
+}
+
+const STACK: usize = 256 * 1024;
 
 fn reaper(inner: &Inner) {
     loop {
@@ -132,7 +165,9 @@ fn reaper(inner: &Inner) {
             }
             Err(nix::errno::Errno::ECHILD) => {
                 let children = lock(&inner.children);
-                let _ = inner.spawned.wait_timeout(children, Duration::from_millis(200));
+                let _ = inner
+                    .spawned
+                    .wait_timeout(children, Duration::from_millis(200));
             }
             Err(_) => {}
         }
@@ -153,8 +188,14 @@ impl Cgroup {
         let n = inner.seq.fetch_add(1, Ordering::Relaxed);
         let path = PathBuf::from(format!("{CGROUP_ROOT}/exec-{id}-{n}"));
         fs::create_dir(&path).ok()?;
-        let procs = fs::OpenOptions::new().write(true).open(path.join("cgroup.procs")).ok()?;
-        Some(Cgroup { path, procs: procs.into() })
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(path.join("cgroup.procs"))
+            .ok()?;
+        Some(Cgroup {
+            path,
+            procs: procs.into(),
+        })
     }
 
     fn kill(&self) {
@@ -173,7 +214,10 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
     let mut cmd = match &spec.program {
         Program::Argv(argv) => {
             let Some((first, rest)) = argv.split_first() else {
-                return Err(std::io::Error::new(std::io::ErrorKind::InvalidInput, "empty command"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidInput,
+                    "empty command",
+                ));
             };
             let mut c = Command::new(first);
             c.args(rest);
@@ -195,7 +239,11 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
     cmd.current_dir(cwd).env_clear();
     cmd.envs(BASE_ENV.iter().copied());
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
-    cmd.stdin(if spec.stdin { Stdio::piped() } else { Stdio::null() });
+    cmd.stdin(if spec.stdin {
+        Stdio::piped()
+    } else {
+        Stdio::null()
+    });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
     cmd.process_group(0);
     Ok(cmd)
@@ -216,20 +264,6 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
         Err(e) => return out.error(id, &e),
     };
     let cgroup = Cgroup::create(inner, id);
-    if let Some(cg) = &cgroup {
-        let fd = cg.procs.as_raw_fd();
-        // SAFETY: the closure runs in the forked child before exec. It only calls write(2),
-        // which is async-signal-safe, on a descriptor that stays open until spawn returns, with
-        // a static buffer; it allocates nothing and takes no locks.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                Ok(())
-            });
-        }
-    }
     let (status_tx, status_rx) = sync_channel::<WaitStatus>(1);
     let child = {
         let mut children = lock(&inner.children);
@@ -248,6 +282,13 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
         }
     };
     let pid = child.id();
+    // Joined from here rather than in the child before exec: without a pre-exec hook std
+    // spawns with posix_spawn (vfork), which under emulation is far cheaper than fork. A child
+    // that forks within these microseconds leaves the cgroup, but not the process group, which
+    // a timeout kills too.
+    if let Some(cg) = &cgroup {
+        let _ = nix::unistd::write(&cg.procs, pid.to_string().as_bytes());
+    }
     out.send(&AgentMsg::Started { id, pid });
 
     let finished = Arc::new(Mutex::new(false));
@@ -258,10 +299,13 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     ] {
         let Some(fd) = stream else { continue };
         let (out, finished, eof_tx) = (out.clone(), finished.clone(), eof_tx.clone());
-        std::thread::spawn(move || {
+        if let Err(e) = spawn_small(move || {
             let mut stream = fs::File::from(fd);
             // A larger pipe lets a fast writer run ahead while a chunk is on its way.
-            let _ = nix::fcntl::fcntl(stream.as_raw_fd(), nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE));
+            let _ = nix::fcntl::fcntl(
+                stream.as_raw_fd(),
+                nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
+            );
             let mut buf = vec![0u8; CHUNK];
             let mut last = None;
             loop {
@@ -274,21 +318,29 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
                     break;
                 }
                 let data = buf[..n].to_vec();
-                out.send(&if is_out { AgentMsg::Stdout { id, data } } else { AgentMsg::Stderr { id, data } });
+                out.send(&if is_out {
+                    AgentMsg::Stdout { id, data }
+                } else {
+                    AgentMsg::Stderr { id, data }
+                });
                 drop(done);
             }
             let _ = eof_tx.send(());
-        });
+        }) {
+            eprintln!("forkbox-agent: cannot start a thread for command {id}: {e}");
+        }
     }
     drop(eof_tx);
     if let (Some(mut w), Some(rx)) = (child.stdin.take(), stdin_rx) {
-        std::thread::spawn(move || {
+        if let Err(e) = spawn_small(move || {
             while let Ok(Some(data)) = rx.recv() {
                 if w.write_all(&data).is_err() {
                     break;
                 }
             }
-        });
+        }) {
+            eprintln!("forkbox-agent: cannot start a thread for command {id}: {e}");
+        }
     }
     if let Some(r) = lock(&inner.running).get_mut(&id) {
         r.pgid = Some(Pid::from_raw(pid as i32));
@@ -313,7 +365,12 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     }
     let mut done = lock(&finished);
     *done = true;
-    out.send(&AgentMsg::Exited { id, status, timed_out, duration_ms: start.elapsed().as_millis() as u64 });
+    out.send(&AgentMsg::Exited {
+        id,
+        status,
+        timed_out,
+        duration_ms: start.elapsed().as_millis() as u64,
+    });
     drop(done);
     drop(cgroup);
 }
@@ -329,7 +386,11 @@ const BURST: Duration = Duration::from_millis(20);
 
 /// Reads what is there; inside a burst, waits `COALESCE` and takes what arrived meanwhile
 /// (without blocking).
-fn read_coalesced(f: &mut fs::File, buf: &mut [u8], last: &mut Option<Instant>) -> std::io::Result<usize> {
+fn read_coalesced(
+    f: &mut fs::File,
+    buf: &mut [u8],
+    last: &mut Option<Instant>,
+) -> std::io::Result<usize> {
     let mut filled = f.read(buf)?;
     let in_burst = last.is_some_and(|t| t.elapsed() < BURST);
     *last = Some(Instant::now());
@@ -338,9 +399,15 @@ fn read_coalesced(f: &mut fs::File, buf: &mut [u8], last: &mut Option<Instant>) 
     }
     std::thread::sleep(COALESCE);
     while filled < buf.len() {
-        let mut fds = [nix::poll::PollFd::new(f.as_fd(), nix::poll::PollFlags::POLLIN)];
+        let mut fds = [nix::poll::PollFd::new(
+            f.as_fd(),
+            nix::poll::PollFlags::POLLIN,
+        )];
         match nix::poll::poll(&mut fds, nix::poll::PollTimeout::ZERO) {
-            Ok(1) if fds[0].revents().is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN)) => {}
+            Ok(1)
+                if fds[0]
+                    .revents()
+                    .is_some_and(|r| r.contains(nix::poll::PollFlags::POLLIN)) => {}
             _ => break,
         }
         match f.read(&mut buf[filled..]) {

@@ -12,7 +12,10 @@ use crate::serve::Outbox;
 pub fn write(path: &str, mode: u32, append: bool, data: &[u8]) -> io::Result<()> {
     let p = Path::new(path);
     if !p.is_absolute() {
-        return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("path {path:?} is not absolute")));
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("path {path:?} is not absolute"),
+        ));
     }
     if let Some(parent) = p.parent() {
         fs::create_dir_all(parent)?;
@@ -34,7 +37,10 @@ pub fn read(id: u32, path: &str, out: &Outbox) {
     let result = (|| -> io::Result<()> {
         let mut f = fs::File::open(path)?;
         if f.metadata()?.is_dir() {
-            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("{path} is a directory")));
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{path} is a directory"),
+            ));
         }
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -42,7 +48,10 @@ pub fn read(id: u32, path: &str, out: &Outbox) {
             if n == 0 {
                 return Ok(());
             }
-            out.send(&AgentMsg::FileData { id, data: buf[..n].to_vec() });
+            out.send(&AgentMsg::FileData {
+                id,
+                data: buf[..n].to_vec(),
+            });
         }
     })();
     match result {

@@ -6,7 +6,9 @@ use std::path::Path;
 use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::time::Duration;
 
-use forkbox_protocol::{decode, encode_frame, AgentMsg, ErrorKind, FrameDecoder, Hello, HelloInfo, HostMsg, MAGIC};
+use forkbox_protocol::{
+    decode, encode_frame, AgentMsg, ErrorKind, FrameDecoder, Hello, HelloInfo, HostMsg, MAGIC,
+};
 
 use crate::exec::Execs;
 use crate::files;
@@ -37,7 +39,11 @@ impl Outbox {
             io::ErrorKind::InvalidInput => ErrorKind::InvalidRequest,
             _ => ErrorKind::Io,
         };
-        self.send(&AgentMsg::Error { id, kind, message: err.to_string() });
+        self.send(&AgentMsg::Error {
+            id,
+            kind,
+            message: err.to_string(),
+        });
     }
 }
 
@@ -61,7 +67,10 @@ fn writer(mut port: File, rx: Receiver<Vec<u8>>) {
             match port.write(rest) {
                 Ok(n) => rest = &rest[n..],
                 // The host end is not connected (it is restarting): wait for it to come back.
-                Err(e) if e.raw_os_error() == Some(libc::EPIPE) || e.kind() == io::ErrorKind::Interrupted => {
+                Err(e)
+                    if e.raw_os_error() == Some(libc::EPIPE)
+                        || e.kind() == io::ErrorKind::Interrupted =>
+                {
                     std::thread::sleep(Duration::from_millis(20))
                 }
                 Err(e) => {
@@ -130,7 +139,9 @@ pub fn serve(port_path: &Path) -> ! {
                 let peer = Hello::parse(&payload);
                 let reply = Hello::ours(HelloInfo {
                     software: env!("CARGO_PKG_VERSION").into(),
-                    kernel: nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default(),
+                    kernel: nix::sys::utsname::uname()
+                        .map(|u| u.release().to_string_lossy().into_owned())
+                        .unwrap_or_default(),
                     uptime_ms: crate::boot::uptime_ms(),
                 });
                 if let Ok(f) = reply.to_frame() {
@@ -164,13 +175,18 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs) {
         HostMsg::Stdin { id, data } => execs.stdin(id, Some(data)),
         HostMsg::StdinClose { id } => execs.stdin(id, None),
         HostMsg::Signal { id, signal } => execs.signal(id, signal),
-        HostMsg::WriteFile { id, path, mode, append, data, last } => {
-            match files::write(&path, mode, append, &data) {
-                Ok(()) if last => out.send(&AgentMsg::Done { id }),
-                Ok(()) => {}
-                Err(e) => out.error(id, &e),
-            }
-        }
+        HostMsg::WriteFile {
+            id,
+            path,
+            mode,
+            append,
+            data,
+            last,
+        } => match files::write(&path, mode, append, &data) {
+            Ok(()) if last => out.send(&AgentMsg::Done { id }),
+            Ok(()) => {}
+            Err(e) => out.error(id, &e),
+        },
         HostMsg::ReadFile { id, path } => {
             let out = out.clone();
             std::thread::spawn(move || files::read(id, &path, &out));

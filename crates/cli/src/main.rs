@@ -18,7 +18,11 @@ use forkbox_engine::{runstate, setup};
 pub const EXIT_FORKBOX: u8 = 125;
 
 #[derive(Parser)]
-#[command(name = "forkbox", version, about = "Disposable microVM sandboxes for running untrusted builds and tests")]
+#[command(
+    name = "forkbox",
+    version,
+    about = "Disposable microVM sandboxes for running untrusted builds and tests"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Cmd,
@@ -148,10 +152,17 @@ fn image_row(i: &image::Image) -> ImageRow {
 
 fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
     match cmd {
-        ImageCmd::Build { file, if_changed, json } => {
+        ImageCmd::Build {
+            file,
+            if_changed,
+            json,
+        } => {
             let (recipe, text) = Recipe::load(&file)?;
             if if_changed {
-                let newest = ImageStore::new(paths).resolve(&ImageRef { name: recipe.name.clone(), version: None });
+                let newest = ImageStore::new(paths).resolve(&ImageRef {
+                    name: recipe.name.clone(),
+                    version: None,
+                });
                 if let Some(img) = newest.ok().filter(|i| i.meta.recipe == recipe) {
                     if json {
                         print_json(&image_row(&img))?;
@@ -170,7 +181,10 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             );
             let mut log = |ev: BuildEvent| match ev {
                 BuildEvent::Step { n, total, what } => {
-                    eprintln!("[{n}/{total}] {what} (at {:.0} s)", started.elapsed().as_secs_f64())
+                    eprintln!(
+                        "[{n}/{total}] {what} (at {:.0} s)",
+                        started.elapsed().as_secs_f64()
+                    )
                 }
                 BuildEvent::Log(line) => eprintln!("      {line}"),
             };
@@ -189,13 +203,20 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ImageCmd::Ls { json } => {
-            let rows: Vec<ImageRow> = ImageStore::new(paths).list().iter().map(image_row).collect();
+            let rows: Vec<ImageRow> = ImageStore::new(paths)
+                .list()
+                .iter()
+                .map(image_row)
+                .collect();
             if json {
                 print_json(&rows)?;
             } else if rows.is_empty() {
                 println!("no images; build one with `forkbox image build -f images/python-bookworm.toml`");
             } else {
-                println!("{:<28} {:<10} {:<24} {:>9} {:>9}", "IMAGE", "SUITE", "KERNEL", "FILES", "DISK");
+                println!(
+                    "{:<28} {:<10} {:<24} {:>9} {:>9}",
+                    "IMAGE", "SUITE", "KERNEL", "FILES", "DISK"
+                );
                 for r in rows {
                     println!(
                         "{:<28} {:<10} {:<24} {:>6} MiB {:>6} MiB",
@@ -220,19 +241,38 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
 }
 
 fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCode> {
-    let kernels: Vec<String> = forkbox_engine::kernel::Kernel::installed(paths).into_iter().map(|k| k.release).collect();
+    let kernels: Vec<String> = forkbox_engine::kernel::Kernel::installed(paths)
+        .into_iter()
+        .map(|k| k.release)
+        .collect();
     let qemu = setup::which(forkbox_engine::vm::QEMU).map(|p| p.display().to_string());
-    let agent = forkbox_engine::agent_bin::locate().map(|(p, _)| p.display().to_string()).map_err(|e| e.to_string());
+    let agent = forkbox_engine::agent_bin::locate()
+        .map(|(p, _)| p.display().to_string())
+        .map_err(|e| e.to_string());
     let decision = match (forkbox_engine::kernel::Kernel::newest(paths), &agent) {
         (Ok(k), Ok(_)) => {
             let (_, bytes) = forkbox_engine::agent_bin::locate()?;
             let initramfs = forkbox_engine::kernel::initramfs(paths, &k, &bytes)?;
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-            Some(rt.block_on(forkbox_engine::vm::decide(paths, accel, &k.vmlinuz(), &initramfs)).context("choose accelerator")?)
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            Some(
+                rt.block_on(forkbox_engine::vm::decide(
+                    paths,
+                    accel,
+                    &k.vmlinuz(),
+                    &initramfs,
+                ))
+                .context("choose accelerator")?,
+            )
         }
         _ => None,
     };
-    let images: Vec<String> = ImageStore::new(paths).list().iter().map(|i| i.reference()).collect();
+    let images: Vec<String> = ImageStore::new(paths)
+        .list()
+        .iter()
+        .map(|i| i.reference())
+        .collect();
     let v = serde_json::json!({
         "home": paths.home(),
         "qemu": qemu,
@@ -246,14 +286,32 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
         print_json(&v)?;
     } else {
         println!("home:     {}", paths.home().display());
-        println!("qemu:     {}", qemu.as_deref().unwrap_or("not installed (run `forkbox setup`)"));
-        println!("kernels:  {}", if kernels.is_empty() { "none (run `forkbox setup`)".into() } else { kernels.join(", ") });
+        println!(
+            "qemu:     {}",
+            qemu.as_deref()
+                .unwrap_or("not installed (run `forkbox setup`)")
+        );
+        println!(
+            "kernels:  {}",
+            if kernels.is_empty() {
+                "none (run `forkbox setup`)".into()
+            } else {
+                kernels.join(", ")
+            }
+        );
         println!("agent:    {}", agent.unwrap_or_else(|e| e));
         match decision {
             Some(d) => println!("accel:    {} ({})", d.accel, d.reason),
             None => println!("accel:    unknown until a kernel and the agent are installed"),
         }
-        println!("images:   {}", if images.is_empty() { "none".into() } else { images.join(", ") });
+        println!(
+            "images:   {}",
+            if images.is_empty() {
+                "none".into()
+            } else {
+                images.join(", ")
+            }
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

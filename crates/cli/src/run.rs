@@ -69,7 +69,9 @@ struct RunResult {
 pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     // One thread: QEMU is started with PR_SET_PDEATHSIG, which fires when the *thread* that
     // started it ends; the main thread lives exactly as long as the sandbox should.
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
     rt.block_on(run_async(paths, args))
 }
 
@@ -127,7 +129,9 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
             // A command that cannot start exits as a shell would say: 127 not found, 126 not runnable.
             use forkbox_engine::error::{AgentError, SandboxError};
             use forkbox_protocol::ErrorKind;
-            if let Some(SandboxError::Agent(AgentError::Refused { kind, message })) = e.downcast_ref::<SandboxError>() {
+            if let Some(SandboxError::Agent(AgentError::Refused { kind, message })) =
+                e.downcast_ref::<SandboxError>()
+            {
                 let code = match kind {
                     ErrorKind::NotFound => Some(127),
                     ErrorKind::PermissionDenied => Some(126),
@@ -169,12 +173,20 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
 
 type Driven = (ExitStatus, bool, Vec<u8>, Vec<u8>);
 
-async fn drive(sandbox: &Sandbox, spec: ExecSpec, collect: bool, interactive: bool) -> anyhow::Result<Driven> {
+async fn drive(
+    sandbox: &Sandbox,
+    spec: ExecSpec,
+    collect: bool,
+    interactive: bool,
+) -> anyhow::Result<Driven> {
     let program = match &spec.program {
         Program::Argv(a) => a.join(" "),
         Program::Shell(s) => s.clone(),
     };
-    let mut ex = sandbox.exec(spec).await.with_context(|| format!("could not run `{program}`"))?;
+    let mut ex = sandbox
+        .exec(spec)
+        .await
+        .with_context(|| format!("could not run `{program}`"))?;
     let mut stdin_rx = if interactive {
         let (tx, rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(4);
         std::thread::spawn(move || {
@@ -228,7 +240,9 @@ async fn drive(sandbox: &Sandbox, spec: ExecSpec, collect: bool, interactive: bo
                 e.write_all(&d)?;
                 e.flush()?;
             }
-            ExecEvent::Exited { status, timed_out, .. } => return Ok((status, timed_out, out, err)),
+            ExecEvent::Exited {
+                status, timed_out, ..
+            } => return Ok((status, timed_out, out, err)),
         }
     }
 }

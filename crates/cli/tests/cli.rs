@@ -10,7 +10,10 @@ use sha2::{Digest, Sha256};
 
 fn forkbox(paths: &forkbox_engine::paths::Paths) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
-    c.env("FORKBOX_HOME", paths.home()).env_remove("FORKBOX_ACCEL").env_remove("FORKBOX_IMAGE").stdin(Stdio::null());
+    c.env("FORKBOX_HOME", paths.home())
+        .env_remove("FORKBOX_ACCEL")
+        .env_remove("FORKBOX_IMAGE")
+        .stdin(Stdio::null());
     c
 }
 
@@ -32,19 +35,39 @@ fn run(paths: &forkbox_engine::paths::Paths, args: &[&str]) -> Output {
 #[test]
 fn run_prints_the_guest_python_and_the_guest_kernel() {
     let paths = ready();
-    let out = run(&paths, &["run", "--", "python3", "-c", "import platform, sys; print(sys.version.split()[0], platform.release())"]);
+    let out = run(
+        &paths,
+        &[
+            "run",
+            "--",
+            "python3",
+            "-c",
+            "import platform, sys; print(sys.version.split()[0], platform.release())",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let stdout = text(&out.stdout);
     let mut words = stdout.split_whitespace();
-    let (py, kernel) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+    let (py, kernel) = (
+        words.next().unwrap_or_default(),
+        words.next().unwrap_or_default(),
+    );
     assert!(py.starts_with("3.11."), "bookworm's python, got {stdout:?}");
-    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    let host = nix::sys::utsname::uname()
+        .unwrap()
+        .release()
+        .to_string_lossy()
+        .into_owned();
     assert_ne!(kernel, host, "the command ran on the host's kernel");
     assert!(kernel.contains("cloud-amd64"), "{kernel}");
     // The accelerator is said plainly; on TCG with a one-line notice.
     let err = text(&out.stderr);
     if err.contains("TCG") {
-        assert_eq!(err.lines().filter(|l| l.contains("TCG")).count(), 1, "{err}");
+        assert_eq!(
+            err.lines().filter(|l| l.contains("TCG")).count(),
+            1,
+            "{err}"
+        );
         assert!(err.contains("security boundary"), "{err}");
     }
 }
@@ -55,7 +78,17 @@ fn exit_codes_and_signals_become_the_cli_exit_code() {
     let paths = ready();
     let out = run(&paths, &["run", "--", "sh", "-c", "exit 7"]);
     assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
-    let out = run(&paths, &["run", "--json", "--", "sh", "-c", "echo out; echo err >&2; kill -KILL $$"]);
+    let out = run(
+        &paths,
+        &[
+            "run",
+            "--json",
+            "--",
+            "sh",
+            "-c",
+            "echo out; echo err >&2; kill -KILL $$",
+        ],
+    );
     assert_eq!(out.status.code(), Some(128 + 9), "{}", text(&out.stderr));
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json result");
     assert_eq!(v["signal"], 9);
@@ -94,7 +127,12 @@ fn interactive_stdin_reaches_the_command() {
         .spawn()
         .unwrap();
     use std::io::Write;
-    child.stdin.take().unwrap().write_all(b"hello sandbox\n").unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(b"hello sandbox\n")
+        .unwrap();
     let out = child.wait_with_output().unwrap();
     assert_eq!(text(&out.stdout), "HELLO SANDBOX\ndone\n");
 }
@@ -107,25 +145,51 @@ fn bad_input_gives_clear_errors() {
     let out = run(&paths, &["run", "--image", "no-such-image", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
-    assert!(err.contains("no image no-such-image") && err.contains("python-bookworm@"), "{err}");
+    assert!(
+        err.contains("no image no-such-image") && err.contains("python-bookworm@"),
+        "{err}"
+    );
 
-    let out = run(&paths, &["run", "--image", "python-bookworm@999", "--", "true"]);
-    assert!(text(&out.stderr).contains("no image python-bookworm@999"), "{}", text(&out.stderr));
+    let out = run(
+        &paths,
+        &["run", "--image", "python-bookworm@999", "--", "true"],
+    );
+    assert!(
+        text(&out.stderr).contains("no image python-bookworm@999"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = run(&paths, &["run", "--image", "bad/name", "--", "true"]);
-    assert!(text(&out.stderr).contains("is not an image reference"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("is not an image reference"),
+        "{}",
+        text(&out.stderr)
+    );
 
-    let out = run(&paths, &["image", "build", "-f", "/nonexistent/recipe.toml"]);
+    let out = run(
+        &paths,
+        &["image", "build", "-f", "/nonexistent/recipe.toml"],
+    );
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
-    assert!(err.contains("/nonexistent/recipe.toml") && err.contains("cannot be read"), "{err}");
+    assert!(
+        err.contains("/nonexistent/recipe.toml") && err.contains("cannot be read"),
+        "{err}"
+    );
 
     let dir = std::env::temp_dir().join(format!("forkbox-bad-recipe-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     for (body, expect) in [
-        ("name = \"x\"\nsuite = \"bookworm\"\napt = \"python3\"\n", "invalid type"),
+        (
+            "name = \"x\"\nsuite = \"bookworm\"\napt = \"python3\"\n",
+            "invalid type",
+        ),
         ("name = \"x\"\nsuite = \"buster\"\n", "bullseye"),
-        ("name = \"x\"\nsuite = \"bookworm\"\npackages = []\n", "packages"),
+        (
+            "name = \"x\"\nsuite = \"bookworm\"\npackages = []\n",
+            "packages",
+        ),
         ("name = \"x\"\nsuite = [\n", "recipe"),
     ] {
         let f = dir.join("r.toml");
@@ -133,12 +197,19 @@ fn bad_input_gives_clear_errors() {
         let out = run(&paths, &["image", "build", "-f", f.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(125));
         let err = text(&out.stderr);
-        assert!(err.contains("is not valid") && err.contains(expect), "for {body:?}: {err}");
+        assert!(
+            err.contains("is not valid") && err.contains(expect),
+            "for {body:?}: {err}"
+        );
     }
     let _ = std::fs::remove_dir_all(&dir);
 
     let out = run(&paths, &["image", "rm", "python-bookworm"]);
-    assert!(text(&out.stderr).contains("explicit version"), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("explicit version"),
+        "{}",
+        text(&out.stderr)
+    );
 }
 
 /// No VM here (the KVM probe verdict is cached); one boot on a host where KVM works.
@@ -151,7 +222,10 @@ fn asking_for_kvm_where_it_cannot_work_is_an_error() {
     if v["accel"]["accel"] == "tcg" {
         assert_eq!(out.status.code(), Some(125));
         let err = text(&out.stderr);
-        assert!(err.contains("KVM was requested") && err.contains("--accel tcg"), "{err}");
+        assert!(
+            err.contains("KVM was requested") && err.contains("--accel tcg"),
+            "{err}"
+        );
     } else {
         assert!(out.status.success(), "{}", text(&out.stderr));
     }
@@ -166,7 +240,9 @@ fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>
         .spawn()
         .unwrap();
     let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap()).read_line(&mut line).unwrap();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
     assert_eq!(line, "ready\n");
     let cli = child.id();
     // This CLI's QEMU: its child, whose command line names the sandbox's run directory.
@@ -180,14 +256,21 @@ fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>
         })
         .collect();
     assert_eq!(qemus.len(), 1, "one QEMU per run");
-    let cmdline = String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemus[0])).unwrap()).into_owned();
-    let run_dirs: Vec<String> = infra::run_entries(paths).into_iter().filter(|e| cmdline.contains(e.as_str())).collect();
+    let cmdline =
+        String::from_utf8_lossy(&std::fs::read(format!("/proc/{}/cmdline", qemus[0])).unwrap())
+            .into_owned();
+    let run_dirs: Vec<String> = infra::run_entries(paths)
+        .into_iter()
+        .filter(|e| cmdline.contains(e.as_str()))
+        .collect();
     assert_eq!(run_dirs.len(), 1);
     (child, qemus, run_dirs)
 }
 
 fn gone(paths: &forkbox_engine::paths::Paths, qemus: &[u32], dirs: &[String]) -> bool {
-    qemus.iter().all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())
+    qemus
+        .iter()
+        .all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())
         && dirs.iter().all(|d| !paths.run().join(d).exists())
 }
 
@@ -196,13 +279,25 @@ fn gone(paths: &forkbox_engine::paths::Paths, qemus: &[u32], dirs: &[String]) ->
 fn ctrl_c_leaves_no_qemu_and_no_overlay() {
     let paths = ready();
     let (mut child, qemus, dirs) = start_ready_sandbox(&paths);
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(child.id() as i32), nix::sys::signal::Signal::SIGINT).unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGINT,
+    )
+    .unwrap();
     let status = child.wait().unwrap();
     assert_eq!(status.code(), Some(130));
     let mut err = String::new();
-    child.stderr.take().unwrap().read_to_string(&mut err).unwrap();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
     assert!(err.contains("interrupted"), "{err}");
-    assert!(infra::wait_until(Duration::from_secs(10), || gone(&paths, &qemus, &dirs)), "left behind: {qemus:?} {dirs:?}");
+    assert!(
+        infra::wait_until(Duration::from_secs(10), || gone(&paths, &qemus, &dirs)),
+        "left behind: {qemus:?} {dirs:?}"
+    );
 }
 
 /// One boot. Even SIGKILL of the CLI takes its VM down; its files go at the next start.
@@ -213,23 +308,43 @@ fn killed_cli_takes_its_vm_down_and_the_next_run_sweeps_its_files() {
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
-        infra::wait_until(Duration::from_secs(10), || qemus.iter().all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())),
+        infra::wait_until(Duration::from_secs(10), || qemus
+            .iter()
+            .all(|q| !std::path::Path::new(&format!("/proc/{q}")).exists())),
         "QEMU outlived its killed owner"
     );
     // Any later sandbox start sweeps the records of owners that died; `image rm` does too.
     let _ = run(&paths, &["image", "rm", "python-bookworm@999"]);
-    assert!(gone(&paths, &qemus, &dirs), "files of a dead run were not swept: {dirs:?}");
+    assert!(
+        gone(&paths, &qemus, &dirs),
+        "files of a dead run were not swept: {dirs:?}"
+    );
 }
 
 /// One boot. A guest kernel that dies mid-command: forkbox says so and shows the console's tail.
 #[test]
 fn a_guest_that_dies_shows_the_tail_of_its_console() {
     let paths = ready();
-    let out = run(&paths, &["run", "--", "sh", "-c", "echo c > /proc/sysrq-trigger; sleep 60"]);
+    let out = run(
+        &paths,
+        &[
+            "run",
+            "--",
+            "sh",
+            "-c",
+            "echo c > /proc/sysrq-trigger; sleep 60",
+        ],
+    );
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
-    assert!(err.contains("connection to the guest agent was lost"), "{err}");
-    assert!(err.contains("last console lines") && err.contains("Kernel panic"), "{err}");
+    assert!(
+        err.contains("connection to the guest agent was lost"),
+        "{err}"
+    );
+    assert!(
+        err.contains("last console lines") && err.contains("Kernel panic"),
+        "{err}"
+    );
 }
 
 /// No VM. Without QEMU on the PATH, forkbox points at the set-up step.
@@ -238,12 +353,21 @@ fn missing_qemu_points_at_setup() {
     let paths = ready();
     let empty = std::env::temp_dir().join(format!("forkbox-empty-path-{}", std::process::id()));
     std::fs::create_dir_all(&empty).unwrap();
-    let out = forkbox(&paths).env("PATH", &empty).args(["run", "--", "true"]).output().unwrap();
+    let out = forkbox(&paths)
+        .env("PATH", &empty)
+        .args(["run", "--", "true"])
+        .output()
+        .unwrap();
     let _ = std::fs::remove_dir_all(&empty);
-    if std::path::Path::new("/usr/sbin/qemu-system-x86_64").exists() || std::path::Path::new("/sbin/qemu-system-x86_64").exists() {
+    if std::path::Path::new("/usr/sbin/qemu-system-x86_64").exists()
+        || std::path::Path::new("/sbin/qemu-system-x86_64").exists()
+    {
         return; // found outside PATH; nothing to test on this host
     }
     assert_eq!(out.status.code(), Some(125));
     let err = text(&out.stderr);
-    assert!(err.contains("qemu-system-x86_64 was not found") && err.contains("forkbox setup"), "{err}");
+    assert!(
+        err.contains("qemu-system-x86_64 was not found") && err.contains("forkbox setup"),
+        "{err}"
+    );
 }

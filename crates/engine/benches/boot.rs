@@ -32,7 +32,18 @@ async fn qemu_floor(dir: &std::path::Path) -> Duration {
     let _ = std::fs::remove_file(&sock);
     let start = Instant::now();
     let mut child = tokio::process::Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm", "-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-S", "-qmp"])
+        .args([
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-S",
+            "-qmp",
+        ])
         .arg(format!("unix:{},server=on,wait=off", sock.display()))
         .kill_on_drop(true)
         .spawn()
@@ -52,12 +63,25 @@ async fn qemu_floor(dir: &std::path::Path) -> Duration {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let boots: usize = std::env::var("BENCH_BOOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(5);
-    let execs: usize = std::env::var("BENCH_EXECS").ok().and_then(|v| v.parse().ok()).unwrap_or(100);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let boots: usize = std::env::var("BENCH_BOOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+    let execs: usize = std::env::var("BENCH_EXECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100);
     let paths = infra::home();
     let image = infra::image(&paths, "python-bookworm");
-    let cfg = SandboxConfig { image, ..SandboxConfig::default() };
+    let cfg = SandboxConfig {
+        image,
+        ..SandboxConfig::default()
+    };
     let tmp = std::env::temp_dir().join(format!("forkbox-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("tmp dir");
 

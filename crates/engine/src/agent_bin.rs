@@ -37,7 +37,9 @@ pub fn locate() -> Result<(PathBuf, Vec<u8>), SetupError> {
     let cands = candidates();
     let mut dynamic = None;
     for p in &cands {
-        let Ok(bytes) = std::fs::read(p) else { continue };
+        let Ok(bytes) = std::fs::read(p) else {
+            continue;
+        };
         match object::File::parse(&*bytes) {
             Ok(file) if file.section_by_name(".interp").is_none() => return Ok((p.clone(), bytes)),
             _ => dynamic = dynamic.or(Some(p.clone())),
@@ -45,6 +47,12 @@ pub fn locate() -> Result<(PathBuf, Vec<u8>), SetupError> {
     }
     match dynamic {
         Some(path) => Err(SetupError::AgentNotStatic { path }),
-        None => Err(SetupError::NoAgent { looked: cands.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ") }),
+        None => Err(SetupError::NoAgent {
+            looked: cands
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
     }
 }

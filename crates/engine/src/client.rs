@@ -7,7 +7,8 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use forkbox_protocol::{
-    decode, encode_frame, AgentMsg, ExecSpec, ExitStatus, FrameDecoder, Hello, HelloInfo, HostMsg, CHUNK, MAGIC,
+    decode, encode_frame, AgentMsg, ExecSpec, ExitStatus, FrameDecoder, Hello, HelloInfo, HostMsg,
+    CHUNK, MAGIC,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
@@ -30,10 +31,16 @@ pub struct AgentClient {
 /// One event of a running command.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ExecEvent {
-    Started { pid: u32 },
+    Started {
+        pid: u32,
+    },
     Stdout(Vec<u8>),
     Stderr(Vec<u8>),
-    Exited { status: ExitStatus, timed_out: bool, duration_ms: u64 },
+    Exited {
+        status: ExitStatus,
+        timed_out: bool,
+        duration_ms: u64,
+    },
 }
 
 /// A command's collected result.
@@ -60,7 +67,10 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 fn io(what: &str) -> impl FnOnce(std::io::Error) -> AgentError + '_ {
-    move |source| AgentError::Io { what: what.to_string(), source }
+    move |source| AgentError::Io {
+        what: what.to_string(),
+        source,
+    }
 }
 
 impl AgentClient {
@@ -74,7 +84,11 @@ impl AgentClient {
             }
         };
         let (mut rd, mut wr) = stream.into_split();
-        let hello = Hello::ours(HelloInfo { software: env!("CARGO_PKG_VERSION").into(), ..Default::default() }).to_frame()?;
+        let hello = Hello::ours(HelloInfo {
+            software: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        })
+        .to_frame()?;
         let mut dec = FrameDecoder::new();
         let mut buf = vec![0u8; 64 * 1024];
         let info = 'outer: loop {
@@ -112,7 +126,9 @@ impl AgentClient {
     async fn send(&self, msg: &HostMsg) -> Result<(), AgentError> {
         let frame = encode_frame(msg)?;
         let mut w = self.writer.lock().await;
-        w.write_all(&frame).await.map_err(|_| AgentError::Disconnected)
+        w.write_all(&frame)
+            .await
+            .map_err(|_| AgentError::Disconnected)
     }
 
     fn route(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
@@ -145,7 +161,12 @@ impl AgentClient {
             self.unroute(id);
             return Err(e);
         }
-        Ok(Execution { id, rx, client: self.clone(), done: false })
+        Ok(Execution {
+            id,
+            rx,
+            client: self.clone(),
+            done: false,
+        })
     }
 
     /// Runs a command to completion and collects its output.
@@ -157,7 +178,11 @@ impl AgentClient {
                 ExecEvent::Started { .. } => {}
                 ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
                 ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
-                ExecEvent::Exited { status, timed_out, duration_ms } => {
+                ExecEvent::Exited {
+                    status,
+                    timed_out,
+                    duration_ms,
+                } => {
                     out.status = Some(status);
                     out.timed_out = timed_out;
                     out.duration_ms = duration_ms;
@@ -169,16 +194,29 @@ impl AgentClient {
 
     pub async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<(), AgentError> {
         let (id, mut rx) = self.route();
-        let chunks: Vec<&[u8]> = if data.is_empty() { vec![&[]] } else { data.chunks(CHUNK).collect() };
+        let chunks: Vec<&[u8]> = if data.is_empty() {
+            vec![&[]]
+        } else {
+            data.chunks(CHUNK).collect()
+        };
         let n = chunks.len();
         let result = async {
             for (i, c) in chunks.into_iter().enumerate() {
-                self.send(&HostMsg::WriteFile { id, path: path.into(), mode, append: i > 0, data: c.to_vec(), last: i + 1 == n })
-                    .await?;
+                self.send(&HostMsg::WriteFile {
+                    id,
+                    path: path.into(),
+                    mode,
+                    append: i > 0,
+                    data: c.to_vec(),
+                    last: i + 1 == n,
+                })
+                .await?;
             }
             match rx.recv().await {
                 Some(AgentMsg::Done { .. }) => Ok(()),
-                Some(AgentMsg::Error { kind, message, .. }) => Err(AgentError::Refused { kind, message }),
+                Some(AgentMsg::Error { kind, message, .. }) => {
+                    Err(AgentError::Refused { kind, message })
+                }
                 Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
                 None => Err(AgentError::Disconnected),
             }
@@ -190,13 +228,19 @@ impl AgentClient {
 
     pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, AgentError> {
         let (id, mut rx) = self.route();
-        self.send(&HostMsg::ReadFile { id, path: path.into() }).await?;
+        self.send(&HostMsg::ReadFile {
+            id,
+            path: path.into(),
+        })
+        .await?;
         let mut data = Vec::new();
         let result = loop {
             match rx.recv().await {
                 Some(AgentMsg::FileData { data: d, .. }) => data.extend_from_slice(&d),
                 Some(AgentMsg::Done { .. }) => break Ok(data),
-                Some(AgentMsg::Error { kind, message, .. }) => break Err(AgentError::Refused { kind, message }),
+                Some(AgentMsg::Error { kind, message, .. }) => {
+                    break Err(AgentError::Refused { kind, message })
+                }
                 Some(other) => break Err(AgentError::Unexpected(format!("{other:?}"))),
                 None => break Err(AgentError::Disconnected),
             }
@@ -225,7 +269,9 @@ async fn read_loop(mut rd: OwnedReadHalf, mut dec: FrameDecoder, routes: Routes)
             let msg = match decode::<AgentMsg>(&payload) {
                 Ok(m) => m,
                 Err(e) => {
-                    tracing::warn!("undecodable message from the guest agent: {e}; closing the connection");
+                    tracing::warn!(
+                        "undecodable message from the guest agent: {e}; closing the connection"
+                    );
                     break 'read;
                 }
             };
@@ -262,10 +308,19 @@ impl Execution {
             Some(AgentMsg::Started { pid, .. }) => Ok(ExecEvent::Started { pid }),
             Some(AgentMsg::Stdout { data, .. }) => Ok(ExecEvent::Stdout(data)),
             Some(AgentMsg::Stderr { data, .. }) => Ok(ExecEvent::Stderr(data)),
-            Some(AgentMsg::Exited { status, timed_out, duration_ms, .. }) => {
+            Some(AgentMsg::Exited {
+                status,
+                timed_out,
+                duration_ms,
+                ..
+            }) => {
                 self.done = true;
                 self.client.unroute(self.id);
-                Ok(ExecEvent::Exited { status, timed_out, duration_ms })
+                Ok(ExecEvent::Exited {
+                    status,
+                    timed_out,
+                    duration_ms,
+                })
             }
             Some(AgentMsg::Error { kind, message, .. }) => {
                 self.done = true;
@@ -282,7 +337,12 @@ impl Execution {
 
     pub async fn stdin(&self, data: Vec<u8>) -> Result<(), AgentError> {
         for c in data.chunks(CHUNK) {
-            self.client.send(&HostMsg::Stdin { id: self.id, data: c.to_vec() }).await?;
+            self.client
+                .send(&HostMsg::Stdin {
+                    id: self.id,
+                    data: c.to_vec(),
+                })
+                .await?;
         }
         Ok(())
     }
@@ -292,7 +352,12 @@ impl Execution {
     }
 
     pub async fn signal(&self, signal: i32) -> Result<(), AgentError> {
-        self.client.send(&HostMsg::Signal { id: self.id, signal }).await
+        self.client
+            .send(&HostMsg::Signal {
+                id: self.id,
+                signal,
+            })
+            .await
     }
 }
 

@@ -14,7 +14,11 @@ pub const S_IFCHR: u32 = 0o020000;
 
 impl<W: Write> CpioWriter<W> {
     pub fn new(out: W) -> Self {
-        CpioWriter { out, ino: 1, written: 0 }
+        CpioWriter {
+            out,
+            ino: 1,
+            written: 0,
+        }
     }
 
     fn pad(&mut self) -> io::Result<()> {

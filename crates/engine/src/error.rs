@@ -6,15 +6,23 @@ const SETUP_HINT: &str = "run `forkbox setup` (as root) to install it";
 
 #[derive(Debug, thiserror::Error)]
 pub enum SetupError {
-    #[error("forkbox setup installs Debian packages and must run as root; try `sudo forkbox setup`")]
+    #[error(
+        "forkbox setup installs Debian packages and must run as root; try `sudo forkbox setup`"
+    )]
     NotRoot,
     #[error("forkbox setup needs apt-get (Debian or Ubuntu); on other systems install QEMU (qemu-system-x86_64, qemu-img), mmdebstrap and e2fsprogs by hand")]
     NoApt,
     #[error("`{command}` failed ({status}): {detail}")]
-    CommandFailed { command: String, status: String, detail: String },
+    CommandFailed {
+        command: String,
+        status: String,
+        detail: String,
+    },
     #[error("no guest kernel in {dir}; {SETUP_HINT}", dir = .dir.display())]
     NoKernel { dir: PathBuf },
-    #[error("guest kernel {release} is unusable: {message}; remove it and run `forkbox setup` again")]
+    #[error(
+        "guest kernel {release} is unusable: {message}; remove it and run `forkbox setup` again"
+    )]
     BadKernel { release: String, message: String },
     #[error("{program} was not found on this host; {SETUP_HINT}")]
     MissingProgram { program: String },
@@ -26,40 +34,65 @@ pub enum SetupError {
     #[error("the guest agent at {path} is dynamically linked and cannot run as PID 1 in the guest; build it with scripts/build.sh", path = .path.display())]
     AgentNotStatic { path: PathBuf },
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl SetupError {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        SetupError::Io { what: what.into(), source }
+        SetupError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum ImageError {
     #[error("recipe file {path} cannot be read: {source}", path = .path.display())]
-    RecipeUnreadable { path: PathBuf, source: std::io::Error },
+    RecipeUnreadable {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("recipe {path} is not valid: {message}", path = .path.display())]
     RecipeInvalid { path: PathBuf, message: String },
     #[error("no image {reference}; {available}")]
-    NotFound { reference: String, available: String },
+    NotFound {
+        reference: String,
+        available: String,
+    },
     #[error("{0:?} is not an image reference: use NAME or NAME@N, where NAME is letters, digits, '-', '_' or '.'")]
     BadReference(String),
     #[error("image {reference} is in use by sandbox(es) {sandboxes}; remove them first")]
-    InUse { reference: String, sandboxes: String },
+    InUse {
+        reference: String,
+        sandboxes: String,
+    },
     #[error("image {name} is broken: {message}; remove it with `forkbox image rm {name}` and build it again")]
     Corrupt { name: String, message: String },
     #[error("building image {name} failed at step '{step}': {message}")]
-    BuildFailed { name: String, step: String, message: String },
+    BuildFailed {
+        name: String,
+        step: String,
+        message: String,
+    },
     #[error(transparent)]
     Setup(#[from] SetupError),
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl ImageError {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        ImageError::Io { what: what.into(), source }
+        ImageError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }
 
@@ -68,22 +101,39 @@ pub enum VmError {
     #[error("KVM was requested, but this host cannot run a standard guest under KVM ({reason}); use --accel tcg, or --accel auto to choose")]
     KvmUnavailable { reason: String },
     #[error("QEMU could not be started ({program}): {source}; {SETUP_HINT}")]
-    Spawn { program: String, source: std::io::Error },
+    Spawn {
+        program: String,
+        source: std::io::Error,
+    },
     #[error("the VM exited before its agent was ready ({status}).\nQEMU said: {qemu_stderr}\nlast console lines:\n{console_tail}")]
-    DiedDuringBoot { status: String, qemu_stderr: String, console_tail: String },
+    DiedDuringBoot {
+        status: String,
+        qemu_stderr: String,
+        console_tail: String,
+    },
     #[error("the VM's agent did not answer within {secs} s of start (accelerator {accel}).\nlast console lines:\n{console_tail}")]
-    BootTimeout { secs: u64, accel: String, console_tail: String },
+    BootTimeout {
+        secs: u64,
+        accel: String,
+        console_tail: String,
+    },
     #[error("could not create the disk overlay for {image}: {detail}")]
     Overlay { image: String, detail: String },
     #[error(transparent)]
     Agent(#[from] AgentError),
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl VmError {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        VmError::Io { what: what.into(), source }
+        VmError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }
 
@@ -94,11 +144,17 @@ pub enum AgentError {
     #[error(transparent)]
     Protocol(#[from] forkbox_protocol::ProtocolError),
     #[error("the guest agent refused the request: {message}")]
-    Refused { kind: forkbox_protocol::ErrorKind, message: String },
+    Refused {
+        kind: forkbox_protocol::ErrorKind,
+        message: String,
+    },
     #[error("unexpected reply from the guest agent: {0}")]
     Unexpected(String),
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,17 +166,26 @@ pub enum SandboxError {
     #[error(transparent)]
     Vm(#[from] VmError),
     #[error("{error}\nlast console lines of the VM:\n{console_tail}")]
-    Died { error: AgentError, console_tail: String },
+    Died {
+        error: AgentError,
+        console_tail: String,
+    },
     #[error(transparent)]
     Agent(#[from] AgentError),
     #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed; the sandbox was stopped")]
     Unresponsive { secs: u64 },
     #[error("{what}: {source}")]
-    Io { what: String, source: std::io::Error },
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
 }
 
 impl SandboxError {
     pub fn io(what: impl Into<String>, source: std::io::Error) -> Self {
-        SandboxError::Io { what: what.into(), source }
+        SandboxError::Io {
+            what: what.into(),
+            source,
+        }
     }
 }

@@ -32,7 +32,10 @@ impl Kernel {
 
     /// The kernel with this release, if it is installed in forkbox's home.
     pub fn find(paths: &Paths, release: &str) -> Option<Kernel> {
-        let k = Kernel { release: release.to_string(), dir: paths.kernels().join(release) };
+        let k = Kernel {
+            release: release.to_string(),
+            dir: paths.kernels().join(release),
+        };
         k.vmlinuz().is_file().then_some(k)
     }
 
@@ -49,7 +52,11 @@ impl Kernel {
     }
 
     pub fn newest(paths: &Paths) -> Result<Kernel, SetupError> {
-        Kernel::installed(paths).pop().ok_or_else(|| SetupError::NoKernel { dir: paths.kernels() })
+        Kernel::installed(paths)
+            .pop()
+            .ok_or_else(|| SetupError::NoKernel {
+                dir: paths.kernels(),
+            })
     }
 
     /// The module files for `wanted` and everything they depend on, dependencies first.
@@ -74,7 +81,11 @@ fn index_modules(dir: &Path, index: &mut BTreeMap<String, PathBuf>) {
         let p = e.path();
         if p.is_dir() {
             index_modules(&p, index);
-        } else if let Some(stem) = p.file_name().and_then(|n| n.to_str()).and_then(|n| n.strip_suffix(".ko")) {
+        } else if let Some(stem) = p
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(|n| n.strip_suffix(".ko"))
+        {
             index.insert(norm(stem), p);
         }
     }
@@ -109,13 +120,20 @@ fn visit(
 pub fn modinfo_depends(ko: &[u8]) -> Result<Vec<String>, String> {
     use object::{Object, ObjectSection};
     let file = object::File::parse(ko).map_err(|e| format!("not an ELF module: {e}"))?;
-    let section = file.section_by_name(".modinfo").ok_or("no .modinfo section")?;
+    let section = file
+        .section_by_name(".modinfo")
+        .ok_or("no .modinfo section")?;
     let data = section.data().map_err(|e| e.to_string())?;
     Ok(data
         .split(|b| *b == 0)
         .filter_map(|kv| std::str::from_utf8(kv).ok())
         .filter_map(|kv| kv.strip_prefix("depends="))
-        .flat_map(|v| v.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect::<Vec<_>>())
+        .flat_map(|v| {
+            v.split(',')
+                .filter(|s| !s.is_empty())
+                .map(str::to_string)
+                .collect::<Vec<_>>()
+        })
         .collect())
 }
 
@@ -138,29 +156,52 @@ pub fn initramfs(paths: &Paths, kernel: &Kernel, agent: &[u8]) -> Result<PathBuf
     for m in &modules {
         h.update(m.to_string_lossy().as_bytes());
     }
-    let digest: String = h.finalize().iter().take(12).map(|b| format!("{b:02x}")).collect();
-    let path = paths.initramfs_cache().join(format!("{}-{digest}.cpio", kernel.release));
+    let digest: String = h
+        .finalize()
+        .iter()
+        .take(12)
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    let path = paths
+        .initramfs_cache()
+        .join(format!("{}-{digest}.cpio", kernel.release));
     if path.is_file() {
         return Ok(path);
     }
     let mut w = CpioWriter::new(Vec::with_capacity(agent.len() + (1 << 20)));
     let io = |e| SetupError::io("write initramfs".to_string(), e);
-    for d in ["dev", "proc", "sys", "newroot", "forkbox", "forkbox/modules"] {
+    for d in [
+        "dev",
+        "proc",
+        "sys",
+        "newroot",
+        "forkbox",
+        "forkbox/modules",
+    ] {
         w.dir(d, 0o755).map_err(io)?;
     }
     w.char_dev("dev/console", 0o600, 5, 1).map_err(io)?;
     w.file("init", 0o755, agent).map_err(io)?;
     for (i, m) in modules.iter().enumerate() {
         let data = fs::read(m).map_err(|e| SetupError::io(format!("read {}", m.display()), e))?;
-        let name = m.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-        w.file(&format!("forkbox/modules/{i:02}-{name}"), 0o644, &data).map_err(io)?;
+        let name = m
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        w.file(&format!("forkbox/modules/{i:02}-{name}"), 0o644, &data)
+            .map_err(io)?;
     }
     let bytes = w.finish().map_err(io)?;
-    write_atomic(&path, &bytes).map_err(|e| SetupError::io(format!("write {}", path.display()), e))?;
+    write_atomic(&path, &bytes)
+        .map_err(|e| SetupError::io(format!("write {}", path.display()), e))?;
     // Older initramfs files of this kernel (earlier agents) are not used again. QEMU reads
     // the initramfs at start, so removing one that a running VM was started with is safe.
     let prefix = format!("{}-", kernel.release);
-    for e in fs::read_dir(paths.initramfs_cache()).into_iter().flatten().flatten() {
+    for e in fs::read_dir(paths.initramfs_cache())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
         let n = e.file_name().to_string_lossy().into_owned();
         if n.starts_with(&prefix) && n.ends_with(".cpio") && e.path() != path {
             let _ = fs::remove_file(e.path());
@@ -175,9 +216,20 @@ mod tests {
 
     #[test]
     fn release_order_is_numeric() {
-        let mut v = vec!["6.1.0-9-cloud-amd64", "6.1.0-57-cloud-amd64", "6.1.0-10-cloud-amd64"];
+        let mut v = vec![
+            "6.1.0-9-cloud-amd64",
+            "6.1.0-57-cloud-amd64",
+            "6.1.0-10-cloud-amd64",
+        ];
         v.sort_by(|a, b| version_cmp(a, b));
-        assert_eq!(v, ["6.1.0-9-cloud-amd64", "6.1.0-10-cloud-amd64", "6.1.0-57-cloud-amd64"]);
+        assert_eq!(
+            v,
+            [
+                "6.1.0-9-cloud-amd64",
+                "6.1.0-10-cloud-amd64",
+                "6.1.0-57-cloud-amd64"
+            ]
+        );
     }
 
     #[test]

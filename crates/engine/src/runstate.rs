@@ -50,7 +50,10 @@ impl RunDir {
             owner_pid: me,
             owner_start: process_start(me).unwrap_or(0),
             qemu_pid: None,
-            created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            created_unix: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_secs())
+                .unwrap_or(0),
         };
         let rd = RunDir { dir, record };
         rd.save()?;
@@ -103,7 +106,10 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
                     let cmdline = fs::read(format!("/proc/{q}/cmdline")).unwrap_or_default();
                     let needle = dir.join("agent.sock").display().to_string();
                     if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(q as i32), nix::sys::signal::Signal::SIGKILL);
+                        let _ = nix::sys::signal::kill(
+                            nix::unistd::Pid::from_raw(q as i32),
+                            nix::sys::signal::Signal::SIGKILL,
+                        );
                     }
                 }
                 let _ = fs::remove_dir_all(&dir);
@@ -111,7 +117,12 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
             }
             None => {
                 // A directory without a readable record is half-made; give its maker a minute.
-                let old = e.metadata().and_then(|m| m.modified()).ok().and_then(|t| t.elapsed().ok()).is_some_and(|a| a.as_secs() > 60);
+                let old = e
+                    .metadata()
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.elapsed().ok())
+                    .is_some_and(|a| a.as_secs() > 60);
                 if old {
                     let _ = fs::remove_dir_all(&dir);
                     cleaned.push(e.file_name().to_string_lossy().into_owned());
@@ -131,7 +142,10 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let paths = Paths::new(home.path());
         let rd = RunDir::create(&paths, "sb-live", "py@1").unwrap();
-        assert_eq!(live(&paths), vec![("sb-live".to_string(), "py@1".to_string())]);
+        assert_eq!(
+            live(&paths),
+            vec![("sb-live".to_string(), "py@1".to_string())]
+        );
         let mut dead = RunDir::create(&paths, "sb-dead", "py@1").unwrap();
         dead.record.owner_start += 1; // the same PID, another process: not the owner
         dead.save().unwrap();
@@ -142,6 +156,9 @@ mod tests {
         assert!(!dead_dir.exists());
         let dir = rd.dir.clone();
         drop(rd);
-        assert!(!dir.exists(), "dropping the record removes the sandbox's files");
+        assert!(
+            !dir.exists(),
+            "dropping the record removes the sandbox's files"
+        );
     }
 }

@@ -30,7 +30,10 @@ pub struct SandboxConfig {
 impl Default for SandboxConfig {
     fn default() -> Self {
         SandboxConfig {
-            image: ImageRef { name: "python-bookworm".into(), version: None },
+            image: ImageRef {
+                name: "python-bookworm".into(),
+                version: None,
+            },
             cpus: 1,
             memory_mib: 1024,
             accel: AccelChoice::Auto,
@@ -66,7 +69,10 @@ pub struct Sandbox {
 fn new_id() -> String {
     let mut b = [0u8; 5];
     let _ = getrandom::getrandom(&mut b);
-    format!("sb-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+    format!(
+        "sb-{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    )
 }
 
 impl Sandbox {
@@ -74,9 +80,15 @@ impl Sandbox {
         runstate::sweep(paths);
         let image = ImageStore::new(paths).resolve(&cfg.image)?;
         crate::setup::require(vm::QEMU)?;
-        let kernel = Kernel::find(paths, &image.meta.kernel).ok_or_else(|| crate::error::SetupError::BadKernel {
-            release: image.meta.kernel.clone(),
-            message: format!("image {} boots it, but it is not in {}", image.reference(), paths.kernels().display()),
+        let kernel = Kernel::find(paths, &image.meta.kernel).ok_or_else(|| {
+            crate::error::SetupError::BadKernel {
+                release: image.meta.kernel.clone(),
+                message: format!(
+                    "image {} boots it, but it is not in {}",
+                    image.reference(),
+                    paths.kernels().display()
+                ),
+            }
         })?;
         let (_, agent) = crate::agent_bin::locate()?;
         let initramfs = kernel::initramfs(paths, &kernel, &agent)?;
@@ -141,7 +153,14 @@ impl Sandbox {
             qemu_pid: vm.pid,
             boot_ms: start.elapsed().as_millis() as u64,
         };
-        Ok(Sandbox { info, image, vm, client, run, destroyed: false })
+        Ok(Sandbox {
+            info,
+            image,
+            vm,
+            client,
+            run,
+            destroyed: false,
+        })
     }
 
     pub fn info(&self) -> &SandboxInfo {
@@ -159,9 +178,15 @@ impl Sandbox {
         let mut env = env_pairs(&self.image.meta.env);
         env.append(&mut spec.env);
         spec.env = env;
-        let deadline = spec.timeout_ms.map(|ms| Instant::now() + Duration::from_millis(ms) + HOST_GRACE);
+        let deadline = spec
+            .timeout_ms
+            .map(|ms| Instant::now() + Duration::from_millis(ms) + HOST_GRACE);
         let inner = self.client.exec(spec).await.map_err(|e| self.died(e))?;
-        Ok(SandboxExecution { inner, deadline, console: self.run.dir.join("console.log") })
+        Ok(SandboxExecution {
+            inner,
+            deadline,
+            console: self.run.dir.join("console.log"),
+        })
     }
 
     fn died(&self, e: AgentError) -> SandboxError {
@@ -178,7 +203,10 @@ impl Sandbox {
 
 fn died(e: AgentError, console: &std::path::Path) -> SandboxError {
     match e {
-        AgentError::Disconnected => SandboxError::Died { error: e, console_tail: vm::console_tail(console, 20) },
+        AgentError::Disconnected => SandboxError::Died {
+            error: e,
+            console_tail: vm::console_tail(console, 20),
+        },
         other => SandboxError::Agent(other),
     }
 }
@@ -190,7 +218,10 @@ impl Drop for Sandbox {
     fn drop(&mut self) {
         if !self.destroyed {
             // The QEMU child is killed on drop (kill_on_drop); remove the files now.
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(self.vm.pid as i32), nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.vm.pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
             self.run.remove();
         }
     }
@@ -210,7 +241,9 @@ impl SandboxExecution {
             Some(d) => match tokio::time::timeout_at(d.into(), self.inner.next()).await {
                 Ok(ev) => ev,
                 Err(_) => {
-                    return Err(SandboxError::Unresponsive { secs: d.saturating_duration_since(Instant::now()).as_secs() })
+                    return Err(SandboxError::Unresponsive {
+                        secs: d.saturating_duration_since(Instant::now()).as_secs(),
+                    })
                 }
             },
         };
@@ -218,14 +251,23 @@ impl SandboxExecution {
     }
 
     pub async fn stdin(&self, data: Vec<u8>) -> Result<(), SandboxError> {
-        self.inner.stdin(data).await.map_err(|e| died(e, &self.console))
+        self.inner
+            .stdin(data)
+            .await
+            .map_err(|e| died(e, &self.console))
     }
 
     pub async fn close_stdin(&self) -> Result<(), SandboxError> {
-        self.inner.close_stdin().await.map_err(|e| died(e, &self.console))
+        self.inner
+            .close_stdin()
+            .await
+            .map_err(|e| died(e, &self.console))
     }
 
     pub async fn signal(&self, sig: i32) -> Result<(), SandboxError> {
-        self.inner.signal(sig).await.map_err(|e| died(e, &self.console))
+        self.inner
+            .signal(sig)
+            .await
+            .map_err(|e| died(e, &self.console))
     }
 }

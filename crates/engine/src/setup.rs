@@ -10,10 +10,26 @@ use crate::paths::Paths;
 
 /// Host packages and why forkbox needs each.
 pub const PACKAGES: &[(&str, &str, &str)] = &[
-    ("qemu-system-x86", "qemu-system-x86_64", "runs each sandbox as a microvm guest"),
-    ("qemu-utils", "qemu-img", "creates each sandbox's copy-on-write disk overlay"),
-    ("mmdebstrap", "mmdebstrap", "builds image root filesystems from Debian packages"),
-    ("e2fsprogs", "mkfs.ext4", "turns an image's root into an ext4 disk image"),
+    (
+        "qemu-system-x86",
+        "qemu-system-x86_64",
+        "runs each sandbox as a microvm guest",
+    ),
+    (
+        "qemu-utils",
+        "qemu-img",
+        "creates each sandbox's copy-on-write disk overlay",
+    ),
+    (
+        "mmdebstrap",
+        "mmdebstrap",
+        "builds image root filesystems from Debian packages",
+    ),
+    (
+        "e2fsprogs",
+        "mkfs.ext4",
+        "turns an image's root into an ext4 disk image",
+    ),
 ];
 /// The kernel package whose dependency is the concrete kernel to unpack.
 pub const KERNEL_META_PACKAGE: &str = "linux-image-cloud-amd64";
@@ -36,12 +52,16 @@ pub fn which(program: &str) -> Option<std::path::PathBuf> {
 
 /// Fails with a pointer to `forkbox setup` when a program forkbox runs is missing.
 pub fn require(program: &str) -> Result<std::path::PathBuf, SetupError> {
-    which(program).ok_or_else(|| SetupError::MissingProgram { program: program.into() })
+    which(program).ok_or_else(|| SetupError::MissingProgram {
+        program: program.into(),
+    })
 }
 
 fn run(cmd: &mut Command) -> Result<String, SetupError> {
     let text = format!("{cmd:?}").replace('"', "");
-    let out = cmd.output().map_err(|e| SetupError::io(format!("run {text}"), e))?;
+    let out = cmd
+        .output()
+        .map_err(|e| SetupError::io(format!("run {text}"), e))?;
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         let tail: Vec<&str> = err.lines().rev().take(5).collect();
@@ -63,8 +83,10 @@ pub fn setup(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Vec<SetupS
         return Err(SetupError::NoApt);
     }
     let mut steps = Vec::new();
-    let missing: Vec<&(&str, &str, &str)> =
-        PACKAGES.iter().filter(|(_, prog, _)| which(prog).is_none()).collect();
+    let missing: Vec<&(&str, &str, &str)> = PACKAGES
+        .iter()
+        .filter(|(_, prog, _)| which(prog).is_none())
+        .collect();
     let mut updated = false;
     if !missing.is_empty() {
         progress("updating the apt package lists");
@@ -78,11 +100,20 @@ pub fn setup(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Vec<SetupS
             .env("DEBIAN_FRONTEND", "noninteractive"))?;
     }
     for (pkg, prog, why) in PACKAGES {
-        let action = if missing.iter().any(|(p, _, _)| p == pkg) { "installed" } else { "already present" };
-        steps.push(SetupStep { item: format!("{pkg} ({prog})"), why: why.to_string(), action: action.into() });
+        let action = if missing.iter().any(|(p, _, _)| p == pkg) {
+            "installed"
+        } else {
+            "already present"
+        };
+        steps.push(SetupStep {
+            item: format!("{pkg} ({prog})"),
+            why: why.to_string(),
+            action: action.into(),
+        });
     }
 
-    let kernel_why = "the guest kernel every sandbox boots (unpacked into forkbox's home, not /boot)";
+    let kernel_why =
+        "the guest kernel every sandbox boots (unpacked into forkbox's home, not /boot)";
     match Kernel::newest(paths) {
         Ok(k) => steps.push(SetupStep {
             item: format!("kernel {}", k.release),
@@ -115,17 +146,24 @@ fn install_kernel(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Kerne
         .ok_or_else(|| SetupError::CommandFailed {
             command: format!("apt-cache depends {KERNEL_META_PACKAGE}"),
             status: "no kernel package".into(),
-            detail: "this distribution has no Debian cloud kernel; install forkbox on Debian".into(),
+            detail: "this distribution has no Debian cloud kernel; install forkbox on Debian"
+                .into(),
         })?
         .to_string();
     let release = pkg.trim_start_matches("linux-image-").to_string();
     progress(&format!("downloading guest kernel package {pkg}"));
-    std::fs::create_dir_all(paths.kernels()).map_err(|e| SetupError::io("create kernels dir", e))?;
-    let tmp = paths.kernels().join(format!(".unpack-{}", std::process::id()));
+    std::fs::create_dir_all(paths.kernels())
+        .map_err(|e| SetupError::io("create kernels dir", e))?;
+    let tmp = paths
+        .kernels()
+        .join(format!(".unpack-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| SetupError::io("create temp dir", e))?;
     let result = (|| {
-        run(Command::new("apt-get").arg("download").arg(&pkg).current_dir(&tmp))?;
+        run(Command::new("apt-get")
+            .arg("download")
+            .arg(&pkg)
+            .current_dir(&tmp))?;
         let deb = std::fs::read_dir(&tmp)
             .map_err(|e| SetupError::io("list download", e))?
             .flatten()
@@ -154,5 +192,9 @@ fn install_kernel(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Kerne
 
 /// True when `path` exists and can be opened for reading and writing.
 pub fn usable_device(path: &Path) -> bool {
-    std::fs::OpenOptions::new().read(true).write(true).open(path).is_ok()
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(path)
+        .is_ok()
 }

@@ -15,7 +15,14 @@ async fn probe_mode_guest_reaches_userspace_and_reports() {
     let kernel = Kernel::newest(&paths).unwrap();
     let (_, agent) = forkbox_engine::agent_bin::locate().unwrap();
     let initramfs = kernel::initramfs(&paths, &kernel, &agent).unwrap();
-    vm::probe(Accel::Tcg, &kernel.vmlinuz(), &initramfs, Duration::from_secs(60)).await.expect("probe guest under TCG");
+    vm::probe(
+        Accel::Tcg,
+        &kernel.vmlinuz(),
+        &initramfs,
+        Duration::from_secs(60),
+    )
+    .await
+    .expect("probe guest under TCG");
 }
 
 /// What `--accel tcg` and the decision for this host say; and that the decision is cached.
@@ -25,15 +32,22 @@ async fn decision_is_explicit_and_cached() {
     let kernel = Kernel::newest(&paths).unwrap();
     let (_, agent) = forkbox_engine::agent_bin::locate().unwrap();
     let initramfs = kernel::initramfs(&paths, &kernel, &agent).unwrap();
-    let tcg = vm::decide(&paths, vm::AccelChoice::Tcg, &kernel.vmlinuz(), &initramfs).await.unwrap();
+    let tcg = vm::decide(&paths, vm::AccelChoice::Tcg, &kernel.vmlinuz(), &initramfs)
+        .await
+        .unwrap();
     assert_eq!(tcg.accel, Accel::Tcg);
-    let auto = vm::decide(&paths, vm::AccelChoice::Auto, &kernel.vmlinuz(), &initramfs).await.unwrap();
+    let auto = vm::decide(&paths, vm::AccelChoice::Auto, &kernel.vmlinuz(), &initramfs)
+        .await
+        .unwrap();
     assert!(!auto.reason.is_empty());
     // The verdict is kept per host, and a later decision reads it back.
     let verdict: serde_json::Value =
-        serde_json::from_slice(&std::fs::read(paths.accel_verdict()).expect("a cached verdict")).unwrap();
+        serde_json::from_slice(&std::fs::read(paths.accel_verdict()).expect("a cached verdict"))
+            .unwrap();
     assert_eq!(verdict["kvm_works"], auto.accel == Accel::Kvm);
-    let again = vm::decide(&paths, vm::AccelChoice::Auto, &kernel.vmlinuz(), &initramfs).await.unwrap();
+    let again = vm::decide(&paths, vm::AccelChoice::Auto, &kernel.vmlinuz(), &initramfs)
+        .await
+        .unwrap();
     assert_eq!(again, auto);
     match vm::decide(&paths, vm::AccelChoice::Kvm, &kernel.vmlinuz(), &initramfs).await {
         Ok(d) => assert_eq!((auto.accel, d.accel), (Accel::Kvm, Accel::Kvm)),

@@ -12,18 +12,31 @@ use forkbox_test_infra as infra;
 fn config() -> (forkbox_engine::paths::Paths, SandboxConfig) {
     let paths = infra::home();
     let image = infra::image(&paths, "python-bookworm");
-    (paths, SandboxConfig { image, ..SandboxConfig::default() })
+    (
+        paths,
+        SandboxConfig {
+            image,
+            ..SandboxConfig::default()
+        },
+    )
 }
 
 async fn run(sb: &Sandbox, script: &str) -> forkbox_engine::client::Output {
-    let mut ex = sb.exec(infra::sh(script, Some(60_000))).await.expect("start command");
+    let mut ex = sb
+        .exec(infra::sh(script, Some(60_000)))
+        .await
+        .expect("start command");
     let mut out = forkbox_engine::client::Output::default();
     loop {
         match ex.next().await.expect("command event") {
             ExecEvent::Started { .. } => {}
             ExecEvent::Stdout(d) => out.stdout.extend(d),
             ExecEvent::Stderr(d) => out.stderr.extend(d),
-            ExecEvent::Exited { status, timed_out, duration_ms } => {
+            ExecEvent::Exited {
+                status,
+                timed_out,
+                duration_ms,
+            } => {
                 out.status = Some(status);
                 out.timed_out = timed_out;
                 out.duration_ms = duration_ms;
@@ -52,7 +65,11 @@ async fn one_sandbox_runs_commands_with_exact_results() {
     }
 
     // Stdout and stderr stay apart, byte for byte.
-    let out = run(&sb, "printf out1; printf err1 >&2; printf out2; printf err2 >&2").await;
+    let out = run(
+        &sb,
+        "printf out1; printf err1 >&2; printf out2; printf err2 >&2",
+    )
+    .await;
     assert_eq!(out.stdout, b"out1out2");
     assert_eq!(out.stderr, b"err1err2");
 
@@ -80,15 +97,28 @@ async fn one_sandbox_runs_commands_with_exact_results() {
             _ => {}
         }
     }
-    assert_eq!(String::from_utf8_lossy(&text), "/tmp\n1\n", "cwd and image env");
+    assert_eq!(
+        String::from_utf8_lossy(&text),
+        "/tmp\n1\n",
+        "cwd and image env"
+    );
 
     // A missing program and a missing directory are refused with their kind.
     let mut ex = sb
-        .exec(ExecSpec { program: Program::Argv(vec!["no-such-program".into()]), cwd: None, env: vec![], timeout_ms: None, stdin: false })
+        .exec(ExecSpec {
+            program: Program::Argv(vec!["no-such-program".into()]),
+            cwd: None,
+            env: vec![],
+            timeout_ms: None,
+            stdin: false,
+        })
         .await
         .unwrap();
     match ex.next().await {
-        Err(SandboxError::Agent(AgentError::Refused { kind: ErrorKind::NotFound, message })) => {
+        Err(SandboxError::Agent(AgentError::Refused {
+            kind: ErrorKind::NotFound,
+            message,
+        })) => {
             assert!(message.contains("no-such-program"), "{message}")
         }
         other => panic!("expected not-found, got {other:?}"),
@@ -96,12 +126,21 @@ async fn one_sandbox_runs_commands_with_exact_results() {
 
     // Files: write then read back, binary-safe, larger than one protocol chunk.
     let data: Vec<u8> = (0..1_000_000u32).map(|i| (i * 7 % 251) as u8).collect();
-    sb.client().write_file("/root/sub/dir/blob", &data, 0o600).await.unwrap();
-    assert_eq!(sb.client().read_file("/root/sub/dir/blob").await.unwrap(), data);
+    sb.client()
+        .write_file("/root/sub/dir/blob", &data, 0o600)
+        .await
+        .unwrap();
+    assert_eq!(
+        sb.client().read_file("/root/sub/dir/blob").await.unwrap(),
+        data
+    );
     let out = run(&sb, "stat -c %a /root/sub/dir/blob").await;
     assert_eq!(out.stdout_text(), "600\n");
     match sb.client().read_file("/root/absent").await {
-        Err(AgentError::Refused { kind: ErrorKind::NotFound, .. }) => {}
+        Err(AgentError::Refused {
+            kind: ErrorKind::NotFound,
+            ..
+        }) => {}
         other => panic!("expected not-found, got {other:?}"),
     }
 
@@ -116,13 +155,28 @@ async fn one_sandbox_runs_commands_with_exact_results() {
     .await;
     assert!(out.timed_out, "the command was not reported timed out");
     assert_eq!(out.status, Some(ExitStatus::Signal(9)));
-    assert!(started.elapsed() < Duration::from_secs(30), "the call did not return promptly");
-    let sleepers = run(&sb, "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c '^sleep$' || true").await;
-    assert_eq!(sleepers.stdout_text().trim(), "0", "processes survived the timeout");
+    assert!(
+        started.elapsed() < Duration::from_secs(30),
+        "the call did not return promptly"
+    );
+    let sleepers = run(
+        &sb,
+        "for p in /proc/[0-9]*; do cat $p/comm 2>/dev/null; done | grep -c '^sleep$' || true",
+    )
+    .await;
+    assert_eq!(
+        sleepers.stdout_text().trim(),
+        "0",
+        "processes survived the timeout"
+    );
 
     // The guest runs its own kernel.
     let out = run(&sb, "uname -r").await;
-    let host = nix::sys::utsname::uname().unwrap().release().to_string_lossy().into_owned();
+    let host = nix::sys::utsname::uname()
+        .unwrap()
+        .release()
+        .to_string_lossy()
+        .into_owned();
     assert_ne!(out.stdout_text().trim(), host);
     assert_eq!(out.stdout_text().trim(), sb.info().guest_kernel);
 
@@ -134,7 +188,9 @@ async fn run_with_timeout(sb: &Sandbox, script: &str, ms: u64) -> forkbox_engine
     let mut out = forkbox_engine::client::Output::default();
     loop {
         match ex.next().await.unwrap() {
-            ExecEvent::Exited { status, timed_out, .. } => {
+            ExecEvent::Exited {
+                status, timed_out, ..
+            } => {
                 out.status = Some(status);
                 out.timed_out = timed_out;
                 return out;
@@ -154,18 +210,30 @@ async fn four_sandboxes_at_once_do_not_see_each_others_files() {
         let (paths, cfg) = (paths.clone(), cfg.clone());
         set.spawn(async move { Sandbox::create(&paths, &cfg).await });
     }
-    let boxes: Vec<Sandbox> = set.join_all().await.into_iter().map(|b| b.expect("create")).collect();
+    let boxes: Vec<Sandbox> = set
+        .join_all()
+        .await
+        .into_iter()
+        .map(|b| b.expect("create"))
+        .collect();
     let ids: std::collections::HashSet<_> = boxes.iter().map(|b| b.info().id.clone()).collect();
     assert_eq!(ids.len(), 4);
     for (i, sb) in boxes.iter().enumerate() {
-        let out = run(sb, &format!("echo {i} > /root/mine-{i} && ls /root | grep -c '^mine-'")).await;
+        let out = run(
+            sb,
+            &format!("echo {i} > /root/mine-{i} && ls /root | grep -c '^mine-'"),
+        )
+        .await;
         assert_eq!(out.stdout_text(), "1\n", "sandbox {i} sees files of others");
     }
     for (i, sb) in boxes.iter().enumerate() {
         let out = run(sb, "cat /root/mine-*").await;
         assert_eq!(out.stdout_text(), format!("{i}\n"));
     }
-    let dirs: Vec<_> = boxes.iter().map(|b| paths.run().join(&b.info().id)).collect();
+    let dirs: Vec<_> = boxes
+        .iter()
+        .map(|b| paths.run().join(&b.info().id))
+        .collect();
     for sb in boxes {
         sb.destroy().await;
     }

@@ -64,7 +64,10 @@ pub struct Hello {
 
 impl Hello {
     pub fn ours(info: HelloInfo) -> Self {
-        Hello { version: PROTOCOL_VERSION, info }
+        Hello {
+            version: PROTOCOL_VERSION,
+            info,
+        }
     }
 
     /// Encodes the hello as a complete frame (length prefix included).
@@ -86,7 +89,10 @@ impl Hello {
         v.copy_from_slice(&payload[4..8]);
         let version = u32::from_le_bytes(v);
         if version != PROTOCOL_VERSION {
-            return Err(ProtocolError::VersionMismatch { ours: PROTOCOL_VERSION, theirs: version });
+            return Err(ProtocolError::VersionMismatch {
+                ours: PROTOCOL_VERSION,
+                theirs: version,
+            });
         }
         let info = postcard::from_bytes(&payload[8..])?;
         Ok(Hello { version, info })
@@ -145,30 +151,78 @@ pub enum ErrorKind {
 /// Messages from the host to the agent.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum HostMsg {
-    Ping { id: u32 },
-    Exec { id: u32, spec: ExecSpec },
-    Stdin { id: u32, data: Vec<u8> },
-    StdinClose { id: u32 },
+    Ping {
+        id: u32,
+    },
+    Exec {
+        id: u32,
+        spec: ExecSpec,
+    },
+    Stdin {
+        id: u32,
+        data: Vec<u8>,
+    },
+    StdinClose {
+        id: u32,
+    },
     /// Sends a signal to every process of a running command.
-    Signal { id: u32, signal: i32 },
+    Signal {
+        id: u32,
+        signal: i32,
+    },
     /// Writes `data` to `path` (creating parent directories). `append` continues a file that an
     /// earlier message with the same id started; the last chunk has `last` set.
-    WriteFile { id: u32, path: String, mode: u32, append: bool, data: Vec<u8>, last: bool },
-    ReadFile { id: u32, path: String },
+    WriteFile {
+        id: u32,
+        path: String,
+        mode: u32,
+        append: bool,
+        data: Vec<u8>,
+        last: bool,
+    },
+    ReadFile {
+        id: u32,
+        path: String,
+    },
 }
 
 /// Messages from the agent to the host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum AgentMsg {
-    Pong { id: u32 },
-    Started { id: u32, pid: u32 },
-    Stdout { id: u32, data: Vec<u8> },
-    Stderr { id: u32, data: Vec<u8> },
-    Exited { id: u32, status: ExitStatus, timed_out: bool, duration_ms: u64 },
-    FileData { id: u32, data: Vec<u8> },
+    Pong {
+        id: u32,
+    },
+    Started {
+        id: u32,
+        pid: u32,
+    },
+    Stdout {
+        id: u32,
+        data: Vec<u8>,
+    },
+    Stderr {
+        id: u32,
+        data: Vec<u8>,
+    },
+    Exited {
+        id: u32,
+        status: ExitStatus,
+        timed_out: bool,
+        duration_ms: u64,
+    },
+    FileData {
+        id: u32,
+        data: Vec<u8>,
+    },
     /// The request finished without other result (a file written, a file fully sent).
-    Done { id: u32 },
-    Error { id: u32, kind: ErrorKind, message: String },
+    Done {
+        id: u32,
+    },
+    Error {
+        id: u32,
+        kind: ErrorKind,
+        message: String,
+    },
 }
 
 impl AgentMsg {
@@ -261,7 +315,11 @@ mod tests {
 
     #[test]
     fn frames_split_across_pushes_reassemble() {
-        let a = encode_frame(&HostMsg::Stdin { id: 1, data: vec![9; 1000] }).unwrap();
+        let a = encode_frame(&HostMsg::Stdin {
+            id: 1,
+            data: vec![9; 1000],
+        })
+        .unwrap();
         let b = encode_frame(&HostMsg::StdinClose { id: 1 }).unwrap();
         let all: Vec<u8> = a.iter().chain(b.iter()).copied().collect();
         let mut dec = FrameDecoder::new();
@@ -274,7 +332,13 @@ mod tests {
         }
         assert_eq!(
             got,
-            vec![HostMsg::Stdin { id: 1, data: vec![9; 1000] }, HostMsg::StdinClose { id: 1 }]
+            vec![
+                HostMsg::Stdin {
+                    id: 1,
+                    data: vec![9; 1000]
+                },
+                HostMsg::StdinClose { id: 1 }
+            ]
         );
     }
 
@@ -282,12 +346,19 @@ mod tests {
     fn oversized_length_is_an_error_not_an_allocation() {
         let mut dec = FrameDecoder::new();
         dec.push(&u32::MAX.to_le_bytes());
-        assert!(matches!(dec.next_frame(), Err(ProtocolError::FrameTooLarge(_))));
+        assert!(matches!(
+            dec.next_frame(),
+            Err(ProtocolError::FrameTooLarge(_))
+        ));
     }
 
     #[test]
     fn hello_round_trips_and_rejects_other_versions() {
-        let info = HelloInfo { software: "x".into(), kernel: "6.1".into(), uptime_ms: 5 };
+        let info = HelloInfo {
+            software: "x".into(),
+            kernel: "6.1".into(),
+            uptime_ms: 5,
+        };
         let frame = Hello::ours(info.clone()).to_frame().unwrap();
         let h = Hello::parse(&frame[4..]).unwrap();
         assert_eq!(h.info, info);
@@ -299,7 +370,10 @@ mod tests {
             }
             other => panic!("expected a version mismatch, got {other:?}"),
         }
-        assert!(matches!(Hello::parse(b"NOPE\0\0\0\0"), Err(ProtocolError::BadMagic)));
+        assert!(matches!(
+            Hello::parse(b"NOPE\0\0\0\0"),
+            Err(ProtocolError::BadMagic)
+        ));
     }
 
     #[test]

@@ -4,7 +4,10 @@
 use forkbox_protocol::*;
 
 fn hex<T: serde::Serialize>(m: &T) -> String {
-    encode_frame(m).unwrap()[4..].iter().map(|b| format!("{b:02x}")).collect()
+    encode_frame(m).unwrap()[4..]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 #[test]
@@ -34,7 +37,10 @@ fn host_messages_encoding_is_pinned() {
                 stdin: false,
             },
         }),
-        hex(&HostMsg::Stdin { id: 2, data: vec![1, 2] }),
+        hex(&HostMsg::Stdin {
+            id: 2,
+            data: vec![1, 2],
+        }),
         hex(&HostMsg::StdinClose { id: 2 }),
         hex(&HostMsg::Signal { id: 2, signal: 15 }),
         hex(&HostMsg::WriteFile {
@@ -45,7 +51,10 @@ fn host_messages_encoding_is_pinned() {
             data: vec![7],
             last: true,
         }),
-        hex(&HostMsg::ReadFile { id: 5, path: "/f".into() }),
+        hex(&HostMsg::ReadFile {
+            id: 5,
+            path: "/f".into(),
+        }),
     ];
     let want = vec![
         "0001",
@@ -65,8 +74,14 @@ fn agent_messages_encoding_is_pinned() {
     let got: Vec<String> = vec![
         hex(&AgentMsg::Pong { id: 1 }),
         hex(&AgentMsg::Started { id: 2, pid: 300 }),
-        hex(&AgentMsg::Stdout { id: 2, data: vec![65] }),
-        hex(&AgentMsg::Stderr { id: 2, data: vec![66] }),
+        hex(&AgentMsg::Stdout {
+            id: 2,
+            data: vec![65],
+        }),
+        hex(&AgentMsg::Stderr {
+            id: 2,
+            data: vec![66],
+        }),
         hex(&AgentMsg::Exited {
             id: 2,
             status: ExitStatus::Code(7),
@@ -79,22 +94,40 @@ fn agent_messages_encoding_is_pinned() {
             timed_out: true,
             duration_ms: 1,
         }),
-        hex(&AgentMsg::FileData { id: 5, data: vec![1] }),
+        hex(&AgentMsg::FileData {
+            id: 5,
+            data: vec![1],
+        }),
         hex(&AgentMsg::Done { id: 5 }),
-        hex(&AgentMsg::Error { id: 6, kind: ErrorKind::NotFound, message: "no".into() }),
+        hex(&AgentMsg::Error {
+            id: 6,
+            kind: ErrorKind::NotFound,
+            message: "no".into(),
+        }),
     ];
     let want = vec![
-        "0001", "0102ac02", "02020141", "03020142", "0402000e000c", "040201120101", "05050101",
-        "0605", "070600026e6f",
+        "0001",
+        "0102ac02",
+        "02020141",
+        "03020142",
+        "0402000e000c",
+        "040201120101",
+        "05050101",
+        "0605",
+        "070600026e6f",
     ];
     assert_eq!(got, want);
 }
 
 #[test]
 fn hello_layout_is_pinned() {
-    let f = Hello::ours(HelloInfo { software: "s".into(), kernel: "k".into(), uptime_ms: 3 })
-        .to_frame()
-        .unwrap();
+    let f = Hello::ours(HelloInfo {
+        software: "s".into(),
+        kernel: "k".into(),
+        uptime_ms: 3,
+    })
+    .to_frame()
+    .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
     assert_eq!(h, "0d000000464b4258010000000173016b03");
 }

@@ -18,17 +18,26 @@ use forkbox_protocol::{ExecSpec, Program};
 
 /// The repository root.
 pub fn repo_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().expect("repository root")
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../..")
+        .canonicalize()
+        .expect("repository root")
 }
 
 /// The test home, with a guest kernel installed.
 pub fn home() -> Paths {
-    let dir = std::env::var_os("FORKBOX_TEST_HOME").map(PathBuf::from).unwrap_or_else(|| "/var/tmp/forkbox-test".into());
+    let dir = std::env::var_os("FORKBOX_TEST_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/tmp/forkbox-test".into());
     let paths = Paths::new(dir);
     with_lock(&paths, || {
         if forkbox_engine::kernel::Kernel::newest(&paths).is_err() {
-            eprintln!("test-infra: installing the guest kernel into {} (once per machine)", paths.home().display());
-            forkbox_engine::setup::setup(&paths, &mut |l| eprintln!("test-infra: {l}")).expect("forkbox setup for the test home");
+            eprintln!(
+                "test-infra: installing the guest kernel into {} (once per machine)",
+                paths.home().display()
+            );
+            forkbox_engine::setup::setup(&paths, &mut |l| eprintln!("test-infra: {l}"))
+                .expect("forkbox setup for the test home");
         }
     });
     paths
@@ -36,8 +45,11 @@ pub fn home() -> Paths {
 
 fn with_lock<T>(paths: &Paths, f: impl FnOnce() -> T) -> T {
     std::fs::create_dir_all(paths.home()).expect("create test home");
-    let file = std::fs::File::create(paths.home().join(".test-fixtures.lock")).expect("create fixture lock");
-    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| e).expect("lock fixtures");
+    let file = std::fs::File::create(paths.home().join(".test-fixtures.lock"))
+        .expect("create fixture lock");
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .expect("lock fixtures");
     f()
 }
 
@@ -47,15 +59,24 @@ pub fn image(paths: &Paths, recipe: &str) -> ImageRef {
     let (recipe, text) = Recipe::load(&file).expect("load recipe");
     let store = ImageStore::new(paths);
     with_lock(paths, || {
-        let wanted = ImageRef { name: recipe.name.clone(), version: None };
+        let wanted = ImageRef {
+            name: recipe.name.clone(),
+            version: None,
+        };
         match store.resolve(&wanted) {
             Ok(img) if img.meta.recipe == recipe => {}
             _ => {
-                eprintln!("test-infra: building image {} (once per machine and recipe)", recipe.name);
+                eprintln!(
+                    "test-infra: building image {} (once per machine and recipe)",
+                    recipe.name
+                );
                 image::build(paths, &recipe, &text, &mut |_| {}).expect("build test image");
             }
         }
-        ImageRef { name: recipe.name.clone(), version: None }
+        ImageRef {
+            name: recipe.name.clone(),
+            version: None,
+        }
     })
 }
 
@@ -75,7 +96,9 @@ pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
 pub fn processes_mentioning(needle: &str) -> Vec<u32> {
     let mut out = Vec::new();
     for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
         if let Ok(cmd) = std::fs::read(e.path().join("cmdline")) {
             if String::from_utf8_lossy(&cmd).contains(needle) {
                 out.push(pid);
@@ -89,7 +112,10 @@ pub fn processes_mentioning(needle: &str) -> Vec<u32> {
 pub fn qemus_of(paths: &Paths) -> Vec<u32> {
     processes_mentioning(&paths.run().display().to_string())
         .into_iter()
-        .filter(|pid| std::fs::read_to_string(format!("/proc/{pid}/comm")).is_ok_and(|c| c.starts_with("qemu")))
+        .filter(|pid| {
+            std::fs::read_to_string(format!("/proc/{pid}/comm"))
+                .is_ok_and(|c| c.starts_with("qemu"))
+        })
         .collect()
 }
 
@@ -105,5 +131,11 @@ pub fn run_entries(paths: &Paths) -> Vec<String> {
 
 /// `sh -c SCRIPT` with an optional timeout.
 pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
-    ExecSpec { program: Program::Shell(script.into()), cwd: None, env: vec![], timeout_ms, stdin: false }
+    ExecSpec {
+        program: Program::Shell(script.into()),
+        cwd: None,
+        env: vec![],
+        timeout_ms,
+        stdin: false,
+    }
 }

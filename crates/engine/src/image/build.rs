@@ -52,7 +52,10 @@ pub(crate) fn customize_script(r: &Recipe) -> String {
         );
     }
     for step in &r.run {
-        s += &format!("echo {}\n( {step}\n)\n", sh_quote(&format!("forkbox: run: {step}")));
+        s += &format!(
+            "echo {}\n( {step}\n)\n",
+            sh_quote(&format!("forkbox: run: {step}"))
+        );
     }
     s += "echo forkbox > /etc/hostname\nprintf '127.0.0.1 localhost\\n127.0.1.1 forkbox\\n::1 localhost\\n' > /etc/hosts\n";
     s += "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /root/.cache\n";
@@ -60,13 +63,38 @@ pub(crate) fn customize_script(r: &Recipe) -> String {
 }
 
 /// Runs a command, sending each output line to `log`; fails with the last lines.
-fn run_logged(cmd: &mut Command, step: &str, name: &str, log: &mut dyn FnMut(BuildEvent)) -> Result<(), ImageError> {
-    let failed = |message: String| ImageError::BuildFailed { name: name.into(), step: step.into(), message };
-    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
-    let mut child = cmd.spawn().map_err(|e| failed(format!("cannot start {:?}: {e}", cmd.get_program())))?;
+fn run_logged(
+    cmd: &mut Command,
+    step: &str,
+    name: &str,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), ImageError> {
+    let failed = |message: String| ImageError::BuildFailed {
+        name: name.into(),
+        step: step.into(),
+        message,
+    };
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = cmd
+        .spawn()
+        .map_err(|e| failed(format!("cannot start {:?}: {e}", cmd.get_program())))?;
     let (tx, rx) = std::sync::mpsc::channel::<String>();
     let mut readers = Vec::new();
-    for stream in [child.stdout.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>), child.stderr.take().map(|s| Box::new(s) as Box<dyn std::io::Read + Send>)].into_iter().flatten() {
+    for stream in [
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn std::io::Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    {
         let tx = tx.clone();
         readers.push(std::thread::spawn(move || {
             for line in BufReader::new(stream).lines().map_while(Result::ok) {
@@ -85,7 +113,10 @@ fn run_logged(cmd: &mut Command, step: &str, name: &str, log: &mut dyn FnMut(Bui
     }
     let status = child.wait().map_err(|e| failed(e.to_string()))?;
     if !status.success() {
-        return Err(failed(format!("{status}; last output:\n  {}", Vec::from(tail).join("\n  "))));
+        return Err(failed(format!(
+            "{status}; last output:\n  {}",
+            Vec::from(tail).join("\n  ")
+        )));
     }
     Ok(())
 }
@@ -110,7 +141,10 @@ fn dir_bytes(p: &Path) -> u64 {
 fn sweep_partial(name_dir: &Path) {
     for e in fs::read_dir(name_dir).into_iter().flatten().flatten() {
         let n = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = n.strip_prefix(".build-").and_then(|p| p.parse::<i32>().ok()) {
+        if let Some(pid) = n
+            .strip_prefix(".build-")
+            .and_then(|p| p.parse::<i32>().ok())
+        {
             if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
                 let _ = fs::remove_dir_all(e.path());
             }
@@ -119,13 +153,19 @@ fn sweep_partial(name_dir: &Path) {
 }
 
 /// Builds `recipe` as the next version of its name. `recipe_text` is stored beside the image.
-pub fn build(paths: &Paths, recipe: &Recipe, recipe_text: &str, log: &mut dyn FnMut(BuildEvent)) -> Result<Image, ImageError> {
+pub fn build(
+    paths: &Paths,
+    recipe: &Recipe,
+    recipe_text: &str,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Image, ImageError> {
     let started = Instant::now();
     if !nix::unistd::geteuid().is_root() {
         return Err(ImageError::BuildFailed {
             name: recipe.name.clone(),
             step: "start".into(),
-            message: "building an image needs root (mmdebstrap creates device files and owners)".into(),
+            message: "building an image needs root (mmdebstrap creates device files and owners)"
+                .into(),
         });
     }
     let mmdebstrap = require("mmdebstrap")?;
@@ -133,15 +173,18 @@ pub fn build(paths: &Paths, recipe: &Recipe, recipe_text: &str, log: &mut dyn Fn
     let kernel = Kernel::newest(paths)?;
     let store = ImageStore::new(paths);
     let name_dir = paths.images().join(&recipe.name);
-    fs::create_dir_all(&name_dir).map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
+    fs::create_dir_all(&name_dir)
+        .map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
     // One build per name at a time, so versions are never handed out twice.
-    let lock_file = fs::File::create(name_dir.join(".lock")).map_err(|e| ImageError::io("create build lock", e))?;
+    let lock_file = fs::File::create(name_dir.join(".lock"))
+        .map_err(|e| ImageError::io("create build lock", e))?;
     let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| ImageError::io("lock image name", e.into()))?;
     sweep_partial(&name_dir);
     let work = name_dir.join(format!(".build-{}", std::process::id()));
     let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work).map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
+    fs::create_dir_all(&work)
+        .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
     let result = build_in(&work, &mmdebstrap, &mkfs, recipe, log);
     let (content_bytes, disk_bytes) = match result {
         Ok(sizes) => sizes,
@@ -159,7 +202,10 @@ pub fn build(paths: &Paths, recipe: &Recipe, recipe_text: &str, log: &mut dyn Fn
         version,
         suite: recipe.suite.clone(),
         kernel: kernel.release.clone(),
-        created_unix: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
         content_bytes,
         disk_bytes,
         env: recipe.env.clone(),
@@ -168,12 +214,17 @@ pub fn build(paths: &Paths, recipe: &Recipe, recipe_text: &str, log: &mut dyn Fn
     };
     let io = |e| ImageError::io("write image metadata", e);
     write_atomic(&work.join("recipe.toml"), recipe_text.as_bytes()).map_err(io)?;
-    let json = serde_json::to_vec_pretty(&meta).map_err(|e| ImageError::io("encode image.json", e.into()))?;
+    let json = serde_json::to_vec_pretty(&meta)
+        .map_err(|e| ImageError::io("encode image.json", e.into()))?;
     write_atomic(&work.join("image.json"), &json).map_err(io)?;
     let dest = name_dir.join(version.to_string());
-    fs::rename(&work, &dest).map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
+    fs::rename(&work, &dest)
+        .map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
     let _ = fs::File::open(&name_dir).and_then(|d| d.sync_all());
-    store.resolve(&super::ImageRef { name: recipe.name.clone(), version: Some(version) })
+    store.resolve(&super::ImageRef {
+        name: recipe.name.clone(),
+        version: Some(version),
+    })
 }
 
 fn build_in(
@@ -195,7 +246,8 @@ fn build_in(
     include.sort();
     include.dedup();
     let script = work.join("customize.sh");
-    write_atomic(&script, customize_script(r).as_bytes()).map_err(|e| ImageError::io("write build script", e))?;
+    write_atomic(&script, customize_script(r).as_bytes())
+        .map_err(|e| ImageError::io("write build script", e))?;
     log(BuildEvent::Step {
         n: 1,
         total,
@@ -209,33 +261,59 @@ fn build_in(
         ),
     });
     let mut cmd = Command::new(mmdebstrap);
-    cmd.arg("--variant=minbase").arg("--mode=root").arg("--format=directory");
+    cmd.arg("--variant=minbase")
+        .arg("--mode=root")
+        .arg("--format=directory");
     if !include.is_empty() {
         cmd.arg(format!("--include={}", include.join(",")));
     }
-    cmd.arg(format!("--customize-hook=upload {} /forkbox-customize.sh", script.display()))
-        .arg("--customize-hook=chroot \"$1\" /bin/sh /forkbox-customize.sh")
-        .arg("--customize-hook=rm -f \"$1/forkbox-customize.sh\"")
-        .arg(&r.suite)
-        .arg(&root)
-        .arg(&r.mirror);
+    cmd.arg(format!(
+        "--customize-hook=upload {} /forkbox-customize.sh",
+        script.display()
+    ))
+    .arg("--customize-hook=chroot \"$1\" /bin/sh /forkbox-customize.sh")
+    .arg("--customize-hook=rm -f \"$1/forkbox-customize.sh\"")
+    .arg(&r.suite)
+    .arg(&root)
+    .arg(&r.mirror);
     run_logged(&mut cmd, "install packages", &r.name, log)?;
 
-    log(BuildEvent::Step { n: 2, total, what: "writing the ext4 root disk".into() });
+    log(BuildEvent::Step {
+        n: 2,
+        total,
+        what: "writing the ext4 root disk".into(),
+    });
     let content = dir_bytes(&root);
     // Room for ext4's own metadata on top of the files, then the free space the recipe asks for.
-    let disk = (content + content / 4 + (64 << 20) + (r.disk_free_mib << 20)).div_ceil(1 << 20) << 20;
+    let disk =
+        (content + content / 4 + (64 << 20) + (r.disk_free_mib << 20)).div_ceil(1 << 20) << 20;
     let rootfs = work.join("rootfs.ext4");
     let f = fs::File::create(&rootfs).map_err(|e| ImageError::io("create rootfs.ext4", e))?;
-    f.set_len(disk).map_err(|e| ImageError::io("size rootfs.ext4", e))?;
+    f.set_len(disk)
+        .map_err(|e| ImageError::io("size rootfs.ext4", e))?;
     drop(f);
     let mut cmd = Command::new(mkfs);
-    cmd.args(["-q", "-F", "-L", "forkbox-root", "-O", "^has_journal", "-E", "root_owner=0:0", "-d"])
-        .arg(&root)
-        .arg(&rootfs);
+    cmd.args([
+        "-q",
+        "-F",
+        "-L",
+        "forkbox-root",
+        "-O",
+        "^has_journal",
+        "-E",
+        "root_owner=0:0",
+        "-d",
+    ])
+    .arg(&root)
+    .arg(&rootfs);
     run_logged(&mut cmd, "write ext4 root disk", &r.name, log)?;
-    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444)).map_err(|e| ImageError::io("make rootfs read-only", e))?;
-    log(BuildEvent::Step { n: 3, total, what: "recording the image".into() });
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
+        .map_err(|e| ImageError::io("make rootfs read-only", e))?;
+    log(BuildEvent::Step {
+        n: 3,
+        total,
+        what: "recording the image".into(),
+    });
     Ok((content, disk))
 }
 
@@ -256,7 +334,10 @@ mod tests {
         .unwrap();
         let s = customize_script(&r);
         assert!(s.contains("export A='it'\\''s'"), "{s}");
-        assert!(s.contains("pip install --progress-bar off 'attrs==23.1'"), "{s}");
+        assert!(
+            s.contains("pip install --progress-bar off 'attrs==23.1'"),
+            "{s}"
+        );
         let one = s.find("( echo one").unwrap();
         let two = s.find("( echo two").unwrap();
         assert!(one < two);

@@ -8,7 +8,11 @@ use serde::{Deserialize, Serialize};
 use crate::error::ImageError;
 
 /// Debian suites forkbox knows how to build, with the Python each ships.
-pub const SUITES: &[(&str, &str)] = &[("bullseye", "3.9"), ("bookworm", "3.11"), ("trixie", "3.13")];
+pub const SUITES: &[(&str, &str)] = &[
+    ("bullseye", "3.9"),
+    ("bookworm", "3.11"),
+    ("trixie", "3.13"),
+];
 pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,14 +53,22 @@ pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 64
         && !name.starts_with('.')
-        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
 }
 
 impl Recipe {
     pub fn load(path: &Path) -> Result<(Recipe, String), ImageError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|source| ImageError::RecipeUnreadable { path: path.to_path_buf(), source })?;
-        let recipe = Recipe::parse(&text).map_err(|message| ImageError::RecipeInvalid { path: path.to_path_buf(), message })?;
+        let text =
+            std::fs::read_to_string(path).map_err(|source| ImageError::RecipeUnreadable {
+                path: path.to_path_buf(),
+                source,
+            })?;
+        let recipe = Recipe::parse(&text).map_err(|message| ImageError::RecipeInvalid {
+            path: path.to_path_buf(),
+            message,
+        })?;
         Ok((recipe, text))
     }
 
@@ -74,11 +86,20 @@ impl Recipe {
             ));
         }
         if !SUITES.iter().any(|(s, _)| *s == self.suite) {
-            let known: Vec<String> = SUITES.iter().map(|(s, py)| format!("{s} (Python {py})")).collect();
-            return Err(format!("suite {:?} is not supported; use one of: {}", self.suite, known.join(", ")));
+            let known: Vec<String> = SUITES
+                .iter()
+                .map(|(s, py)| format!("{s} (Python {py})"))
+                .collect();
+            return Err(format!(
+                "suite {:?} is not supported; use one of: {}",
+                self.suite,
+                known.join(", ")
+            ));
         }
         let pkg_ok = |p: &String| {
-            !p.is_empty() && !p.starts_with('-') && !p.chars().any(|c| c.is_whitespace() || c == '\'' )
+            !p.is_empty()
+                && !p.starts_with('-')
+                && !p.chars().any(|c| c.is_whitespace() || c == '\'')
         };
         for (list, what) in [(&self.apt, "apt"), (&self.pip, "pip"), (&self.npm, "npm")] {
             if let Some(bad) = list.iter().find(|p| !pkg_ok(p)) {
@@ -86,12 +107,18 @@ impl Recipe {
             }
         }
         for k in self.env.keys() {
-            if k.is_empty() || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') || k.starts_with(|c: char| c.is_ascii_digit()) {
+            if k.is_empty()
+                || !k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_')
+                || k.starts_with(|c: char| c.is_ascii_digit())
+            {
                 return Err(format!("env name {k:?} is not a valid variable name"));
             }
         }
         if !self.mirror.starts_with("http://") && !self.mirror.starts_with("https://") {
-            return Err(format!("mirror {:?} must be an http:// or https:// URL", self.mirror));
+            return Err(format!(
+                "mirror {:?} must be an http:// or https:// URL",
+                self.mirror
+            ));
         }
         Ok(())
     }
@@ -103,7 +130,8 @@ mod tests {
 
     #[test]
     fn minimal_recipe_gets_defaults() {
-        let r = Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\napt = [\"python3\"]\n").unwrap();
+        let r =
+            Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\napt = [\"python3\"]\n").unwrap();
         assert_eq!(r.mirror, DEFAULT_MIRROR);
         assert_eq!(r.disk_free_mib, 2048);
         assert!(r.pip.is_empty());
@@ -111,7 +139,8 @@ mod tests {
 
     #[test]
     fn unknown_field_is_named() {
-        let e = Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\napt_packages = []\n").unwrap_err();
+        let e =
+            Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\napt_packages = []\n").unwrap_err();
         assert!(e.contains("apt_packages"), "{e}");
     }
 
@@ -127,7 +156,11 @@ mod tests {
             let text = format!("name = {n:?}\nsuite = \"bookworm\"\n");
             assert!(Recipe::parse(&text).is_err(), "{n:?} accepted");
         }
-        assert!(Recipe::parse("name = \"x\"\nsuite = \"bookworm\"\napt = [\"--force\"]\n").is_err());
-        assert!(Recipe::parse("name = \"x\"\nsuite = \"bookworm\"\n[env]\n\"A B\" = \"1\"\n").is_err());
+        assert!(
+            Recipe::parse("name = \"x\"\nsuite = \"bookworm\"\napt = [\"--force\"]\n").is_err()
+        );
+        assert!(
+            Recipe::parse("name = \"x\"\nsuite = \"bookworm\"\n[env]\n\"A B\" = \"1\"\n").is_err()
+        );
     }
 }

@@ -27,7 +27,11 @@ impl FromStr for ImageRef {
     fn from_str(s: &str) -> Result<Self, ImageError> {
         let (name, version) = match s.split_once('@') {
             Some((n, v)) => {
-                let v = v.parse::<u32>().ok().filter(|v| *v > 0).ok_or_else(|| ImageError::BadReference(s.into()))?;
+                let v = v
+                    .parse::<u32>()
+                    .ok()
+                    .filter(|v| *v > 0)
+                    .ok_or_else(|| ImageError::BadReference(s.into()))?;
                 (n, Some(v))
             }
             None => (s, None),
@@ -35,7 +39,10 @@ impl FromStr for ImageRef {
         if !valid_name(name) {
             return Err(ImageError::BadReference(s.into()));
         }
-        Ok(ImageRef { name: name.into(), version })
+        Ok(ImageRef {
+            name: name.into(),
+            version,
+        })
     }
 }
 
@@ -90,7 +97,9 @@ pub struct ImageStore {
 
 impl ImageStore {
     pub fn new(paths: &Paths) -> ImageStore {
-        ImageStore { paths: paths.clone() }
+        ImageStore {
+            paths: paths.clone(),
+        }
     }
 
     fn versions(&self, name: &str) -> Vec<u32> {
@@ -111,11 +120,19 @@ impl ImageStore {
 
     fn load(&self, name: &str, version: u32) -> Result<Image, ImageError> {
         let dir = self.paths.images().join(name).join(version.to_string());
-        let corrupt = |message: String| ImageError::Corrupt { name: format!("{name}@{version}"), message };
-        let text = fs::read_to_string(dir.join("image.json")).map_err(|e| corrupt(format!("image.json: {e}")))?;
-        let meta: ImageMeta = serde_json::from_str(&text).map_err(|e| corrupt(format!("image.json: {e}")))?;
+        let corrupt = |message: String| ImageError::Corrupt {
+            name: format!("{name}@{version}"),
+            message,
+        };
+        let text = fs::read_to_string(dir.join("image.json"))
+            .map_err(|e| corrupt(format!("image.json: {e}")))?;
+        let meta: ImageMeta =
+            serde_json::from_str(&text).map_err(|e| corrupt(format!("image.json: {e}")))?;
         if meta.format != IMAGE_FORMAT {
-            return Err(corrupt(format!("layout version {} is not {IMAGE_FORMAT}", meta.format)));
+            return Err(corrupt(format!(
+                "layout version {} is not {IMAGE_FORMAT}",
+                meta.format
+            )));
         }
         let image = Image { dir, meta };
         if !image.rootfs().is_file() {
@@ -136,7 +153,11 @@ impl ImageStore {
         names.sort();
         names
             .iter()
-            .flat_map(|n| self.versions(n).into_iter().filter_map(move |v| self.load(n, v).ok()))
+            .flat_map(|n| {
+                self.versions(n)
+                    .into_iter()
+                    .filter_map(move |v| self.load(n, v).ok())
+            })
             .collect()
     }
 
@@ -154,12 +175,27 @@ impl ImageStore {
             Some(v) => v,
             None => match self.versions(&r.name).last() {
                 Some(v) => *v,
-                None => return Err(ImageError::NotFound { reference: r.to_string(), available: self.available() }),
+                None => {
+                    return Err(ImageError::NotFound {
+                        reference: r.to_string(),
+                        available: self.available(),
+                    })
+                }
             },
         };
         match self.load(&r.name, version) {
-            Err(ImageError::Corrupt { .. }) if !self.paths.images().join(&r.name).join(version.to_string()).exists() => {
-                Err(ImageError::NotFound { reference: r.to_string(), available: self.available() })
+            Err(ImageError::Corrupt { .. })
+                if !self
+                    .paths
+                    .images()
+                    .join(&r.name)
+                    .join(version.to_string())
+                    .exists() =>
+            {
+                Err(ImageError::NotFound {
+                    reference: r.to_string(),
+                    available: self.available(),
+                })
             }
             other => other,
         }
@@ -176,21 +212,42 @@ impl ImageStore {
         let image = match self.resolve(r) {
             Ok(i) => i,
             Err(ImageError::Corrupt { .. }) => {
-                let dir = self.paths.images().join(&r.name).join(r.version.unwrap_or(0).to_string());
-                fs::remove_dir_all(&dir).map_err(|e| ImageError::io(format!("remove {}", dir.display()), e))?;
-                return Err(ImageError::NotFound { reference: r.to_string(), available: "a broken copy was removed".into() });
+                let dir = self
+                    .paths
+                    .images()
+                    .join(&r.name)
+                    .join(r.version.unwrap_or(0).to_string());
+                fs::remove_dir_all(&dir)
+                    .map_err(|e| ImageError::io(format!("remove {}", dir.display()), e))?;
+                return Err(ImageError::NotFound {
+                    reference: r.to_string(),
+                    available: "a broken copy was removed".into(),
+                });
             }
             Err(e) => return Err(e),
         };
         let reference = image.reference();
-        let using: Vec<&str> = users.iter().filter(|(_, img)| *img == reference).map(|(id, _)| id.as_str()).collect();
+        let using: Vec<&str> = users
+            .iter()
+            .filter(|(_, img)| *img == reference)
+            .map(|(id, _)| id.as_str())
+            .collect();
         if !using.is_empty() {
-            return Err(ImageError::InUse { reference, sandboxes: using.join(", ") });
+            return Err(ImageError::InUse {
+                reference,
+                sandboxes: using.join(", "),
+            });
         }
         // Rename first so a concurrent sandbox start never sees a half-deleted image.
-        let trash = self.paths.images().join(&r.name).join(format!(".rm-{}-{}", image.meta.version, std::process::id()));
-        fs::rename(&image.dir, &trash).map_err(|e| ImageError::io(format!("remove {}", image.dir.display()), e))?;
-        fs::remove_dir_all(&trash).map_err(|e| ImageError::io(format!("remove {}", trash.display()), e))?;
+        let trash = self.paths.images().join(&r.name).join(format!(
+            ".rm-{}-{}",
+            image.meta.version,
+            std::process::id()
+        ));
+        fs::rename(&image.dir, &trash)
+            .map_err(|e| ImageError::io(format!("remove {}", image.dir.display()), e))?;
+        fs::remove_dir_all(&trash)
+            .map_err(|e| ImageError::io(format!("remove {}", trash.display()), e))?;
         Ok(image)
     }
 }
@@ -201,8 +258,20 @@ mod tests {
 
     #[test]
     fn references_parse() {
-        assert_eq!("py".parse::<ImageRef>().unwrap(), ImageRef { name: "py".into(), version: None });
-        assert_eq!("py@3".parse::<ImageRef>().unwrap(), ImageRef { name: "py".into(), version: Some(3) });
+        assert_eq!(
+            "py".parse::<ImageRef>().unwrap(),
+            ImageRef {
+                name: "py".into(),
+                version: None
+            }
+        );
+        assert_eq!(
+            "py@3".parse::<ImageRef>().unwrap(),
+            ImageRef {
+                name: "py".into(),
+                version: Some(3)
+            }
+        );
         for bad in ["py@", "py@0", "py@x", "@1", "a/b", ""] {
             assert!(bad.parse::<ImageRef>().is_err(), "{bad:?}");
         }
@@ -213,7 +282,10 @@ mod tests {
         let home = tempfile::tempdir().unwrap();
         let paths = Paths::new(home.path());
         let store = ImageStore::new(&paths);
-        let e = store.resolve(&"nope".parse().unwrap()).unwrap_err().to_string();
+        let e = store
+            .resolve(&"nope".parse().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("no images are built yet"), "{e}");
         let dir = paths.images().join("py/1");
         fs::create_dir_all(&dir).unwrap();
@@ -231,12 +303,24 @@ mod tests {
             recipe: Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\n").unwrap(),
             build_seconds: 0.0,
         };
-        fs::write(dir.join("image.json"), serde_json::to_string(&meta).unwrap()).unwrap();
-        let e = store.resolve(&"nope".parse().unwrap()).unwrap_err().to_string();
+        fs::write(
+            dir.join("image.json"),
+            serde_json::to_string(&meta).unwrap(),
+        )
+        .unwrap();
+        let e = store
+            .resolve(&"nope".parse().unwrap())
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("py@1"), "{e}");
-        assert_eq!(store.resolve(&"py".parse().unwrap()).unwrap().reference(), "py@1");
+        assert_eq!(
+            store.resolve(&"py".parse().unwrap()).unwrap().reference(),
+            "py@1"
+        );
         assert_eq!(store.next_version("py"), 2);
-        let e = store.remove(&"py@1".parse().unwrap(), &[("sb1".into(), "py@1".into())]).unwrap_err();
+        let e = store
+            .remove(&"py@1".parse().unwrap(), &[("sb1".into(), "py@1".into())])
+            .unwrap_err();
         assert!(e.to_string().contains("sb1"), "{e}");
         store.remove(&"py@1".parse().unwrap(), &[]).unwrap();
         assert!(store.list().is_empty());

@@ -75,9 +75,15 @@ struct Verdict {
 }
 
 fn host_fingerprint() -> String {
-    let release = nix::sys::utsname::uname().map(|u| u.release().to_string_lossy().into_owned()).unwrap_or_default();
+    let release = nix::sys::utsname::uname()
+        .map(|u| u.release().to_string_lossy().into_owned())
+        .unwrap_or_default();
     let qemu = crate::setup::which(QEMU)
-        .and_then(|p| std::fs::metadata(&p).ok().map(|m| format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok())))
+        .and_then(|p| {
+            std::fs::metadata(&p)
+                .ok()
+                .map(|m| format!("{}:{}:{:?}", p.display(), m.len(), m.modified().ok()))
+        })
         .unwrap_or_default();
     let cpu = std::fs::read_to_string("/proc/cpuinfo")
         .unwrap_or_default()
@@ -89,15 +95,29 @@ fn host_fingerprint() -> String {
 }
 
 /// Decides the accelerator. `kernel` and `initramfs` are those the sandbox will boot.
-pub async fn decide(paths: &Paths, choice: AccelChoice, kernel: &Path, initramfs: &Path) -> Result<AccelDecision, VmError> {
+pub async fn decide(
+    paths: &Paths,
+    choice: AccelChoice,
+    kernel: &Path,
+    initramfs: &Path,
+) -> Result<AccelDecision, VmError> {
     if choice == AccelChoice::Tcg {
-        return Ok(AccelDecision { accel: Accel::Tcg, reason: "requested".into() });
+        return Ok(AccelDecision {
+            accel: Accel::Tcg,
+            reason: "requested".into(),
+        });
     }
     let kvm = kvm_usable(paths, kernel, initramfs).await;
     match (choice, kvm) {
-        (_, Ok(())) => Ok(AccelDecision { accel: Accel::Kvm, reason: "this host runs standard guests under KVM".into() }),
+        (_, Ok(())) => Ok(AccelDecision {
+            accel: Accel::Kvm,
+            reason: "this host runs standard guests under KVM".into(),
+        }),
         (AccelChoice::Kvm, Err(reason)) => Err(VmError::KvmUnavailable { reason }),
-        (_, Err(reason)) => Ok(AccelDecision { accel: Accel::Tcg, reason }),
+        (_, Err(reason)) => Ok(AccelDecision {
+            accel: Accel::Tcg,
+            reason,
+        }),
     }
 }
 
@@ -111,7 +131,14 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
     }
     // The guest that probes is part of the key: a verdict reached with another kernel or agent
     // is not trusted.
-    let host = format!("{}|{}", host_fingerprint(), initramfs.file_name().map(|n| n.to_string_lossy()).unwrap_or_default());
+    let host = format!(
+        "{}|{}",
+        host_fingerprint(),
+        initramfs
+            .file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    );
     if let Ok(text) = std::fs::read_to_string(paths.accel_verdict()) {
         if let Ok(v) = serde_json::from_str::<Verdict>(&text) {
             if v.host == host {
@@ -133,22 +160,43 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
 
 /// Boots the guest kernel in probe mode (no disk, no devices) and waits up to `deadline` for
 /// the agent to say it reached userspace.
-pub async fn probe(accel: Accel, kernel: &Path, initramfs: &Path, deadline: Duration) -> Result<(), String> {
+pub async fn probe(
+    accel: Accel,
+    kernel: &Path,
+    initramfs: &Path,
+    deadline: Duration,
+) -> Result<(), String> {
     let started = Instant::now();
     let accel_args: [&str; 4] = match accel {
         Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
         Accel::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
     };
     let mut child = Command::new(crate::setup::which(QEMU).ok_or("QEMU is not installed")?)
-        .args(["-M", "microvm,x-option-roms=off,isa-serial=on,acpi=on", "-m", "256M"])
+        .args([
+            "-M",
+            "microvm,x-option-roms=off,isa-serial=on,acpi=on",
+            "-m",
+            "256M",
+        ])
         .args(accel_args)
-        .args(["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-serial", "stdio"])
+        .args([
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-no-reboot",
+            "-serial",
+            "stdio",
+        ])
         .arg("-kernel")
         .arg(kernel)
         .arg("-initrd")
         .arg(initramfs)
         .arg("-append")
-        .arg(format!("{} forkbox.probe=1", super::qemu::kernel_cmdline(accel)))
+        .arg(format!(
+            "{} forkbox.probe=1",
+            super::qemu::kernel_cmdline(accel)
+        ))
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

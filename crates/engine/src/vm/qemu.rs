@@ -52,11 +52,21 @@ pub const KERNEL_CMDLINE: &str =
 /// `microvm` (no HPET, no PM timer) that must calibrate it against the PIT fails to, now and
 /// then, and then hangs; telling it the frequency (`tsc_early_khz`) avoids that.
 pub fn host_tsc_khz() -> Option<u64> {
-    if let Some(k) = std::env::var("FORKBOX_TSC_KHZ").ok().and_then(|v| v.parse().ok()) {
+    if let Some(k) = std::env::var("FORKBOX_TSC_KHZ")
+        .ok()
+        .and_then(|v| v.parse().ok())
+    {
         return Some(k);
     }
     let info = std::fs::read_to_string("/proc/cpuinfo").ok()?;
-    let mhz: f64 = info.lines().find(|l| l.starts_with("cpu MHz"))?.split(':').nth(1)?.trim().parse().ok()?;
+    let mhz: f64 = info
+        .lines()
+        .find(|l| l.starts_with("cpu MHz"))?
+        .split(':')
+        .nth(1)?
+        .trim()
+        .parse()
+        .ok()?;
     Some((mhz * 1000.0) as u64)
 }
 
@@ -77,7 +87,12 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
     ];
     match cfg.accel {
         Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
-        Accel::Tcg => a.extend(["-accel".into(), "tcg,thread=multi".into(), "-cpu".into(), "max".into()]),
+        Accel::Tcg => a.extend([
+            "-accel".into(),
+            "tcg,thread=multi".into(),
+            "-cpu".into(),
+            "max".into(),
+        ]),
     }
     a.extend([
         "-smp".into(),
@@ -100,15 +115,24 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-serial".into(),
         "chardev:console".into(),
         "-drive".into(),
-        format!("id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap", p(&cfg.disk)),
+        format!(
+            "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap",
+            p(&cfg.disk)
+        ),
         "-device".into(),
         "virtio-blk-device,drive=root".into(),
         "-device".into(),
         "virtio-serial-device,max_ports=2".into(),
         "-chardev".into(),
-        format!("socket,id=agent,path={},server=on,wait=off", p(&cfg.agent_socket())),
+        format!(
+            "socket,id=agent,path={},server=on,wait=off",
+            p(&cfg.agent_socket())
+        ),
         "-device".into(),
-        format!("virtserialport,chardev=agent,name={}", forkbox_protocol::PORT_NAME),
+        format!(
+            "virtserialport,chardev=agent,name={}",
+            forkbox_protocol::PORT_NAME
+        ),
         "-object".into(),
         "rng-random,id=rng0,filename=/dev/urandom".into(),
         "-device".into(),
@@ -123,15 +147,31 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
 
 /// Creates the per-sandbox copy-on-write overlay over an image's raw root disk.
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> {
-    let qemu_img = crate::setup::require("qemu-img").map_err(|e| VmError::Overlay { image: base.display().to_string(), detail: e.to_string() })?;
+    let qemu_img = crate::setup::require("qemu-img").map_err(|e| VmError::Overlay {
+        image: base.display().to_string(),
+        detail: e.to_string(),
+    })?;
     let out = Command::new(qemu_img)
-        .args(["create", "-q", "-f", "qcow2", "-F", "raw", "-o", "extended_l2=on,cluster_size=128k", "-b"])
+        .args([
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            "-o",
+            "extended_l2=on,cluster_size=128k",
+            "-b",
+        ])
         .arg(base)
         .arg(overlay)
         .stdin(Stdio::null())
         .output()
         .await
-        .map_err(|e| VmError::Overlay { image: base.display().to_string(), detail: e.to_string() })?;
+        .map_err(|e| VmError::Overlay {
+            image: base.display().to_string(),
+            detail: e.to_string(),
+        })?;
     if !out.status.success() {
         return Err(VmError::Overlay {
             image: base.display().to_string(),
@@ -177,7 +217,10 @@ impl Vm {
                 });
             }
         }
-        let mut child = cmd.spawn().map_err(|source| VmError::Spawn { program: program.display().to_string(), source })?;
+        let mut child = cmd.spawn().map_err(|source| VmError::Spawn {
+            program: program.display().to_string(),
+            source,
+        })?;
         let pid = child.id().unwrap_or(0);
         let mut err = child.stderr.take();
         let stderr = tokio::spawn(async move {
@@ -194,7 +237,12 @@ impl Vm {
             }
             String::from_utf8_lossy(&kept).trim().to_string()
         });
-        Ok(Vm { child, pid, console_log: cfg.console_log(), stderr })
+        Ok(Vm {
+            child,
+            pid,
+            console_log: cfg.console_log(),
+            stderr,
+        })
     }
 
     /// The last `lines` lines the guest printed on its console.
@@ -228,11 +276,19 @@ impl Vm {
 }
 
 /// Console lines that say why a guest died.
-const HEADLINES: &[&str] = &["Kernel panic", "Oops", "BUG:", "Out of memory", "forkbox-agent:"];
+const HEADLINES: &[&str] = &[
+    "Kernel panic",
+    "Oops",
+    "BUG:",
+    "Out of memory",
+    "forkbox-agent:",
+];
 
 pub fn console_tail(path: &Path, lines: usize) -> String {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else { return "(no console output)".into() };
+    let Ok(mut f) = std::fs::File::open(path) else {
+        return "(no console output)".into();
+    };
     let len = f.metadata().map(|m| m.len()).unwrap_or(0);
     let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
     let mut buf = Vec::new();
@@ -242,7 +298,11 @@ pub fn console_tail(path: &Path, lines: usize) -> String {
     let start = all.len().saturating_sub(lines);
     let mut tail = all[start..].join("\n");
     // A kernel's last words are followed by a long stack trace: keep the headline too.
-    if let Some(head) = all[..start].iter().rev().find(|l| HEADLINES.iter().any(|h| l.contains(h))) {
+    if let Some(head) = all[..start]
+        .iter()
+        .rev()
+        .find(|l| HEADLINES.iter().any(|h| l.contains(h)))
+    {
         tail = format!("{head}\n[...]\n{tail}");
     }
     if tail.trim().is_empty() {
@@ -274,7 +334,9 @@ mod tests {
         let a = qemu_args(&cfg(Accel::Tcg)).join(" ");
         assert!(a.contains("-nodefaults"));
         assert!(!a.contains("-netdev") && !a.contains("-nic") && !a.contains("virtio-net"));
-        assert!(a.contains("-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"));
+        assert!(a.contains(
+            "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
+        ));
         assert!(a.contains("-accel tcg,thread=multi -cpu max"));
         assert!(a.contains("-smp 2 -m 512M"));
         assert!(a.contains("name=org.forkbox.agent.0"));
@@ -292,7 +354,10 @@ mod tests {
         let tail = console_tail(&log, 5);
         assert!(tail.starts_with("Kernel panic - not syncing"), "{tail}");
         assert!(tail.ends_with("trace 29"), "{tail}");
-        assert_eq!(console_tail(&dir.path().join("absent"), 5), "(no console output)");
+        assert_eq!(
+            console_tail(&dir.path().join("absent"), 5),
+            "(no console output)"
+        );
     }
 
     #[test]
