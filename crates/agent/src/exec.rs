@@ -154,13 +154,11 @@ fn reaper(inner: &Inner) {
                 let Some(pid) = status.pid() else { continue };
                 let mut children = lock(&inner.children);
                 // Reap under the lock: a concurrent spawn has finished (or not started).
-                match waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
-                    Ok(ws) => {
-                        if let Some(tx) = children.remove(&pid.as_raw()) {
-                            let _ = tx.send(ws);
-                        }
+                // An error means std reaped it after a failed exec.
+                if let Ok(ws) = waitpid(pid, Some(WaitPidFlag::WNOHANG)) {
+                    if let Some(tx) = children.remove(&pid.as_raw()) {
+                        let _ = tx.send(ws);
                     }
-                    Err(_) => {} // std reaped it after a failed exec.
                 }
             }
             Err(nix::errno::Errno::ECHILD) => {

@@ -1,6 +1,8 @@
 //! End-to-end tests of the `forkbox` command line. Tests that boot a VM say so and what it
 //! costs (TCG here: ~4-5 s a boot); the others need no VM.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;

@@ -5,6 +5,8 @@
 //! - `forkbox run -- true` wall time (set FORKBOX_BIN to the CLI)
 //! - exec round trip of `true` inside a running guest, and a protocol ping
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use std::time::{Duration, Instant};
 
 use forkbox_engine::sandbox::{Sandbox, SandboxConfig};

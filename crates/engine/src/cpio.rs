@@ -79,6 +79,7 @@ impl<W: Write> CpioWriter<W> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

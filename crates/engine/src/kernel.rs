@@ -211,6 +211,7 @@ pub fn initramfs(paths: &Paths, kernel: &Kernel, agent: &[u8]) -> Result<PathBuf
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -134,6 +134,7 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

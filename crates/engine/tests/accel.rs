@@ -1,5 +1,7 @@
 //! The accelerator probe. One probe boot (~3 s under TCG).
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use std::time::Duration;
 
 use forkbox_engine::kernel::{self, Kernel};

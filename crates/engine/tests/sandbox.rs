@@ -1,6 +1,8 @@
 //! End-to-end tests of sandboxes through the engine API. They boot real VMs (TCG here: about
 //! 4-5 s a boot); each test says what it costs.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use std::time::{Duration, Instant};
 
 use forkbox_engine::client::ExecEvent;

@@ -1,6 +1,8 @@
 //! Pins the wire encoding of every message. If this fails, the encoding changed: bump
 //! `PROTOCOL_VERSION`, update COMPATIBILITY.md, then update the expected bytes here.
 
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
 use forkbox_protocol::*;
 
 fn hex<T: serde::Serialize>(m: &T) -> String {

@@ -323,6 +323,7 @@ pub fn env_pairs(env: &BTreeMap<String, String>) -> Vec<(String, String)> {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -125,6 +125,7 @@ impl Recipe {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 

@@ -313,6 +313,7 @@ pub fn console_tail(path: &Path, lines: usize) -> String {
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
 
