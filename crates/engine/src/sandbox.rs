@@ -115,25 +115,42 @@ impl Sandbox {
             run.save().map_err(|e| VmError::io("record the VM", e))?;
             let sock = vm_cfg.agent_socket();
             let connect = AgentClient::connect(&sock);
+            enum Failed {
+                Agent(AgentError),
+                Timeout,
+                Exited(String, String),
+            }
             let outcome = tokio::select! {
                 c = tokio::time::timeout(cfg.boot_timeout, connect) => match c {
                     Ok(Ok(client)) => Ok(client),
-                    Ok(Err(e)) => Err(VmError::Agent(e)),
-                    Err(_) => Err(VmError::BootTimeout { secs: cfg.boot_timeout.as_secs(), accel: accel.accel.to_string(), console_tail: vm.console_tail(20) }),
+                    Ok(Err(e)) => Err(Failed::Agent(e)),
+                    Err(_) => Err(Failed::Timeout),
                 },
-                (status, qemu_stderr) = vm.wait_exit() => Err(VmError::DiedDuringBoot {
-                    status,
-                    qemu_stderr: if qemu_stderr.is_empty() { "(nothing)".into() } else { qemu_stderr },
-                    console_tail: vm.console_tail(20),
-                }),
+                (status, qemu_stderr) = vm.wait_exit() => Err(Failed::Exited(status, qemu_stderr)),
             };
-            match outcome {
-                Ok(client) => Ok((vm, client)),
-                Err(e) => {
-                    vm.kill().await;
-                    Err(e)
-                }
-            }
+            let failed = match outcome {
+                Ok(client) => return Ok((vm, client)),
+                Err(f) => f,
+            };
+            vm.kill().await;
+            let console_tail = vm.console.settled_tail(20).await;
+            Err(match failed {
+                Failed::Agent(e) => VmError::Agent(e),
+                Failed::Timeout => VmError::BootTimeout {
+                    secs: cfg.boot_timeout.as_secs(),
+                    accel: accel.accel.to_string(),
+                    console_tail,
+                },
+                Failed::Exited(status, qemu_stderr) => VmError::DiedDuringBoot {
+                    status,
+                    qemu_stderr: if qemu_stderr.is_empty() {
+                        "(nothing)".into()
+                    } else {
+                        qemu_stderr
+                    },
+                    console_tail,
+                },
+            })
         }
         .await;
         let (vm, client) = match booted {
@@ -181,16 +198,17 @@ impl Sandbox {
         let deadline = spec
             .timeout_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms) + HOST_GRACE);
-        let inner = self.client.exec(spec).await.map_err(|e| self.died(e))?;
+        let timeout_secs = spec.timeout_ms.unwrap_or(0) / 1000;
+        let inner = match self.client.exec(spec).await {
+            Ok(i) => i,
+            Err(e) => return Err(died(e, &self.vm.console).await),
+        };
         Ok(SandboxExecution {
             inner,
             deadline,
-            console: self.run.dir.join("console.log"),
+            timeout_secs,
+            console: self.vm.console.clone(),
         })
-    }
-
-    fn died(&self, e: AgentError) -> SandboxError {
-        died(e, &self.run.dir.join("console.log"))
     }
 
     /// Stops the VM and removes everything the sandbox had on the host.
@@ -201,11 +219,11 @@ impl Sandbox {
     }
 }
 
-fn died(e: AgentError, console: &std::path::Path) -> SandboxError {
+async fn died(e: AgentError, console: &vm::Console) -> SandboxError {
     match e {
         AgentError::Disconnected => SandboxError::Died {
             error: e,
-            console_tail: vm::console_tail(console, 20),
+            console_tail: console.settled_tail(20).await,
         },
         other => SandboxError::Agent(other),
     }
@@ -231,7 +249,8 @@ impl Drop for Sandbox {
 pub struct SandboxExecution {
     inner: Execution,
     deadline: Option<Instant>,
-    console: std::path::PathBuf,
+    timeout_secs: u64,
+    console: vm::Console,
 }
 
 impl SandboxExecution {
@@ -242,32 +261,33 @@ impl SandboxExecution {
                 Ok(ev) => ev,
                 Err(_) => {
                     return Err(SandboxError::Unresponsive {
-                        secs: d.saturating_duration_since(Instant::now()).as_secs(),
+                        secs: self.timeout_secs,
                     })
                 }
             },
         };
-        ev.map_err(|e| died(e, &self.console))
+        match ev {
+            Ok(ev) => Ok(ev),
+            Err(e) => Err(died(e, &self.console).await),
+        }
+    }
+
+    async fn checked(&self, r: Result<(), AgentError>) -> Result<(), SandboxError> {
+        match r {
+            Ok(()) => Ok(()),
+            Err(e) => Err(died(e, &self.console).await),
+        }
     }
 
     pub async fn stdin(&self, data: Vec<u8>) -> Result<(), SandboxError> {
-        self.inner
-            .stdin(data)
-            .await
-            .map_err(|e| died(e, &self.console))
+        self.checked(self.inner.stdin(data).await).await
     }
 
     pub async fn close_stdin(&self) -> Result<(), SandboxError> {
-        self.inner
-            .close_stdin()
-            .await
-            .map_err(|e| died(e, &self.console))
+        self.checked(self.inner.close_stdin().await).await
     }
 
     pub async fn signal(&self, sig: i32) -> Result<(), SandboxError> {
-        self.inner
-            .signal(sig)
-            .await
-            .map_err(|e| died(e, &self.console))
+        self.checked(self.inner.signal(sig).await).await
     }
 }

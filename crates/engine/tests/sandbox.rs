@@ -243,3 +243,21 @@ async fn four_sandboxes_at_once_do_not_see_each_others_files() {
         assert!(!d.exists(), "{} left behind", d.display());
     }
 }
+
+/// One boot, ~2 MB through the emulated serial port. A guest that floods its console costs the
+/// host a bounded log.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn console_flood_is_capped_on_the_host() {
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let log = paths.run().join(&sb.info().id).join("console.log");
+    let out = run(&sb, "head -c 2200000 /dev/zero | tr '\\0' x > /dev/console; echo LAST-LINE > /dev/console").await;
+    assert_eq!(out.status, Some(ExitStatus::Code(0)));
+    let settled = infra::wait_until(Duration::from_secs(30), || {
+        std::fs::read_to_string(&log).is_ok_and(|t| t.contains("LAST-LINE"))
+    });
+    assert!(settled, "the console's last line never reached the log");
+    let size = std::fs::metadata(&log).unwrap().len();
+    assert!(size <= forkbox_engine::vm::CONSOLE_CAP, "console log grew to {size} bytes");
+    sb.destroy().await;
+}

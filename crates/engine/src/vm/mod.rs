@@ -4,4 +4,7 @@ mod accel;
 mod qemu;
 
 pub use accel::{decide, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
-pub use qemu::{console_tail, create_overlay, kernel_cmdline, qemu_args, Vm, VmConfig, QEMU};
+pub use qemu::{
+    console_tail, create_overlay, kernel_cmdline, qemu_args, Console, Vm, VmConfig, CONSOLE_CAP,
+    QEMU,
+};

@@ -38,6 +38,9 @@ impl VmConfig {
     pub fn console_log(&self) -> PathBuf {
         self.run_dir.join("console.log")
     }
+    pub fn console_socket(&self) -> PathBuf {
+        self.run_dir.join("console.sock")
+    }
 }
 
 /// Kernel command line of every guest.
@@ -111,7 +114,10 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-append".into(),
         kernel_cmdline(cfg.accel),
         "-chardev".into(),
-        format!("file,id=console,path={}", p(&cfg.console_log())),
+        format!(
+            "socket,id=console,path={},server=on,wait=off",
+            p(&cfg.console_socket())
+        ),
         "-serial".into(),
         "chardev:console".into(),
         "-drive".into(),
@@ -185,8 +191,83 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
 pub struct Vm {
     child: Child,
     pub pid: u32,
-    console_log: PathBuf,
+    pub console: Console,
     stderr: tokio::task::JoinHandle<String>,
+}
+
+/// The guest's serial console, captured by the host into a log file of bounded size: a guest
+/// that prints without end costs the host at most `CONSOLE_CAP` bytes of disk.
+#[derive(Clone)]
+pub struct Console {
+    log: PathBuf,
+    done: tokio::sync::watch::Receiver<bool>,
+}
+
+/// Largest size of a console log; past it the log restarts with its last `CONSOLE_KEEP` bytes.
+pub const CONSOLE_CAP: u64 = 1 << 20;
+const CONSOLE_KEEP: usize = 64 * 1024;
+
+impl Console {
+    fn capture(socket: PathBuf, log: PathBuf) -> Console {
+        let (tx, done) = tokio::sync::watch::channel(false);
+        let path = log.clone();
+        tokio::spawn(async move {
+            let _ = capture_console(&socket, &path).await;
+            let _ = tx.send(true);
+        });
+        Console { log, done }
+    }
+
+    /// The last `lines` lines, once the console has closed (the VM exited) or after a short
+    /// wait, so that a crashed guest's last words are in.
+    pub async fn settled_tail(&self, lines: usize) -> String {
+        let mut done = self.done.clone();
+        let _ = tokio::time::timeout(Duration::from_secs(2), done.wait_for(|d| *d)).await;
+        console_tail(&self.log, lines)
+    }
+
+    pub fn tail(&self, lines: usize) -> String {
+        console_tail(&self.log, lines)
+    }
+}
+
+async fn capture_console(socket: &Path, log: &Path) -> std::io::Result<()> {
+    use tokio::io::AsyncWriteExt;
+    let started = std::time::Instant::now();
+    let mut stream = loop {
+        match tokio::net::UnixStream::connect(socket).await {
+            Ok(s) => break s,
+            Err(_) if started.elapsed() < Duration::from_secs(10) => {
+                tokio::time::sleep(Duration::from_millis(1)).await
+            }
+            Err(e) => return Err(e),
+        }
+    };
+    let mut file = tokio::fs::File::create(log).await?;
+    let mut written: u64 = 0;
+    let mut recent: std::collections::VecDeque<u8> = Default::default();
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = stream.read(&mut buf).await?;
+        if n == 0 {
+            return Ok(());
+        }
+        recent.extend(&buf[..n]);
+        let excess = recent.len().saturating_sub(CONSOLE_KEEP);
+        recent.drain(..excess);
+        if written + n as u64 > CONSOLE_CAP {
+            // Start the log again with only its most recent part.
+            file.set_len(0).await?;
+            file = tokio::fs::File::create(log).await?;
+            let (a, b) = recent.as_slices();
+            file.write_all(a).await?;
+            file.write_all(b).await?;
+            written = recent.len() as u64;
+        } else {
+            file.write_all(&buf[..n]).await?;
+            written += n as u64;
+        }
+    }
 }
 
 /// Reads at most this much of QEMU's stderr; the rest is drained and dropped.
@@ -237,17 +318,13 @@ impl Vm {
             }
             String::from_utf8_lossy(&kept).trim().to_string()
         });
+        let console = Console::capture(cfg.console_socket(), cfg.console_log());
         Ok(Vm {
             child,
             pid,
-            console_log: cfg.console_log(),
+            console,
             stderr,
         })
-    }
-
-    /// The last `lines` lines the guest printed on its console.
-    pub fn console_tail(&self, lines: usize) -> String {
-        console_tail(&self.console_log, lines)
     }
 
     /// Waits for QEMU to exit; returns its status and what it printed on stderr.
