@@ -276,11 +276,35 @@ fn gone(paths: &forkbox_engine::paths::Paths, qemus: &[u32], dirs: &[String]) ->
         && dirs.iter().all(|d| !paths.run().join(d).exists())
 }
 
-/// One boot. Ctrl-C (SIGINT) during a command removes the VM and its overlay.
+/// One boot. Ctrl-C (SIGINT) during a command removes the VM and its overlay. While the
+/// sandbox runs, its image cannot be removed.
 #[test]
 fn ctrl_c_leaves_no_qemu_and_no_overlay() {
     let paths = ready();
     let (mut child, qemus, dirs) = start_ready_sandbox(&paths);
+    let ls: serde_json::Value =
+        serde_json::from_slice(&run(&paths, &["image", "ls", "--json"]).stdout).unwrap();
+    let used = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|i| i["reference"].as_str())
+        .filter(|r| r.starts_with("python-bookworm@"))
+        .max_by_key(|r| {
+            r.trim_start_matches("python-bookworm@")
+                .parse::<u32>()
+                .unwrap_or(0)
+        })
+        .unwrap()
+        .to_string();
+    let out = run(&paths, &["image", "rm", &used]);
+    let err = text(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(125),
+        "removing an image in use: {err}"
+    );
+    assert!(err.contains("in use") && err.contains(&dirs[0]), "{err}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGINT,

@@ -149,13 +149,13 @@ fn version_cmp(a: &str, b: &str) -> std::cmp::Ordering {
 
 /// Builds (or finds in the cache) the initramfs for this kernel and agent binary.
 pub fn initramfs(paths: &Paths, kernel: &Kernel, agent: &[u8]) -> Result<PathBuf, SetupError> {
-    let modules = kernel.module_files(GUEST_MODULES)?;
+    // The key is what determines the content: the kernel (its modules are fixed per release),
+    // the module list, and the agent. Resolving module files walks the kernel's module tree, so
+    // it happens only when the initramfs is built, not on every sandbox start.
     let mut h = Sha256::new();
     h.update(kernel.release.as_bytes());
+    h.update(GUEST_MODULES.join(",").as_bytes());
     h.update(agent);
-    for m in &modules {
-        h.update(m.to_string_lossy().as_bytes());
-    }
     let digest: String = h
         .finalize()
         .iter()
@@ -168,6 +168,7 @@ pub fn initramfs(paths: &Paths, kernel: &Kernel, agent: &[u8]) -> Result<PathBuf
     if path.is_file() {
         return Ok(path);
     }
+    let modules = kernel.module_files(GUEST_MODULES)?;
     let mut w = CpioWriter::new(Vec::with_capacity(agent.len() + (1 << 20)));
     let io = |e| SetupError::io("write initramfs".to_string(), e);
     for d in [

@@ -251,13 +251,20 @@ async fn console_flood_is_capped_on_the_host() {
     let (paths, cfg) = config();
     let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
     let log = paths.run().join(&sb.info().id).join("console.log");
-    let out = run(&sb, "head -c 2200000 /dev/zero | tr '\\0' x > /dev/console; echo LAST-LINE > /dev/console").await;
+    let out = run(
+        &sb,
+        "head -c 2200000 /dev/zero | tr '\\0' x > /dev/console; echo LAST-LINE > /dev/console",
+    )
+    .await;
     assert_eq!(out.status, Some(ExitStatus::Code(0)));
     let settled = infra::wait_until(Duration::from_secs(30), || {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("LAST-LINE"))
     });
     assert!(settled, "the console's last line never reached the log");
     let size = std::fs::metadata(&log).unwrap().len();
-    assert!(size <= forkbox_engine::vm::CONSOLE_CAP, "console log grew to {size} bytes");
+    assert!(
+        size <= forkbox_engine::vm::CONSOLE_CAP,
+        "console log grew to {size} bytes"
+    );
     sb.destroy().await;
 }
