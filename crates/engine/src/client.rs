@@ -54,6 +54,31 @@ pub struct Output {
 }
 
 impl Output {
+    /// Adds one event of the command; true once it has exited.
+    pub fn absorb(&mut self, ev: ExecEvent) -> bool {
+        match ev {
+            ExecEvent::Started { .. } => false,
+            ExecEvent::Stdout(d) => {
+                self.stdout.extend_from_slice(&d);
+                false
+            }
+            ExecEvent::Stderr(d) => {
+                self.stderr.extend_from_slice(&d);
+                false
+            }
+            ExecEvent::Exited {
+                status,
+                timed_out,
+                duration_ms,
+            } => {
+                self.status = Some(status);
+                self.timed_out = timed_out;
+                self.duration_ms = duration_ms;
+                true
+            }
+        }
+    }
+
     pub fn code(&self) -> i32 {
         self.status.map_or(-1, ExitStatus::as_shell_code)
     }
@@ -173,23 +198,8 @@ impl AgentClient {
     pub async fn run(&self, spec: ExecSpec) -> Result<Output, AgentError> {
         let mut ex = self.exec(spec).await?;
         let mut out = Output::default();
-        loop {
-            match ex.next().await? {
-                ExecEvent::Started { .. } => {}
-                ExecEvent::Stdout(d) => out.stdout.extend_from_slice(&d),
-                ExecEvent::Stderr(d) => out.stderr.extend_from_slice(&d),
-                ExecEvent::Exited {
-                    status,
-                    timed_out,
-                    duration_ms,
-                } => {
-                    out.status = Some(status);
-                    out.timed_out = timed_out;
-                    out.duration_ms = duration_ms;
-                    return Ok(out);
-                }
-            }
-        }
+        while !out.absorb(ex.next().await?) {}
+        Ok(out)
     }
 
     pub async fn write_file(&self, path: &str, data: &[u8], mode: u32) -> Result<(), AgentError> {

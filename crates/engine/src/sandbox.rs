@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 use forkbox_protocol::ExecSpec;
 use serde::Serialize;
 
-use crate::client::{AgentClient, ExecEvent, Execution};
+use crate::client::{AgentClient, ExecEvent, Execution, Output};
 use crate::error::{AgentError, SandboxError, VmError};
 use crate::image::{env_pairs, Image, ImageRef, ImageStore};
 use crate::kernel::{self, Kernel};
@@ -209,6 +209,14 @@ impl Sandbox {
             timeout_secs,
             console: self.vm.console.clone(),
         })
+    }
+
+    /// Runs a command to completion and collects its output.
+    pub async fn run(&self, spec: ExecSpec) -> Result<Output, SandboxError> {
+        let mut ex = self.exec(spec).await?;
+        let mut out = Output::default();
+        while !out.absorb(ex.next().await?) {}
+        Ok(out)
     }
 
     /// Stops the VM and removes everything the sandbox had on the host.

@@ -11,12 +11,17 @@ use forkbox_test_infra as infra;
 /// The probe that decides KVM boots the guest in probe mode: the agent must reach userspace and
 /// say so without a disk. Run here under TCG, so that a broken probe mode (which would make
 /// every KVM host fall back to emulation) fails a test on any machine.
-#[tokio::test]
-async fn probe_mode_guest_reaches_userspace_and_reports() {
+fn guest() -> (forkbox_engine::paths::Paths, Kernel, std::path::PathBuf) {
     let paths = infra::home();
     let kernel = Kernel::newest(&paths).unwrap();
     let (_, agent) = forkbox_engine::agent_bin::locate().unwrap();
     let initramfs = kernel::initramfs(&paths, &kernel, &agent).unwrap();
+    (paths, kernel, initramfs)
+}
+
+#[tokio::test]
+async fn probe_mode_guest_reaches_userspace_and_reports() {
+    let (_, kernel, initramfs) = guest();
     vm::probe(
         Accel::Tcg,
         &kernel.vmlinuz(),
@@ -30,10 +35,7 @@ async fn probe_mode_guest_reaches_userspace_and_reports() {
 /// What `--accel tcg` and the decision for this host say; and that the decision is cached.
 #[tokio::test]
 async fn decision_is_explicit_and_cached() {
-    let paths = infra::home();
-    let kernel = Kernel::newest(&paths).unwrap();
-    let (_, agent) = forkbox_engine::agent_bin::locate().unwrap();
-    let initramfs = kernel::initramfs(&paths, &kernel, &agent).unwrap();
+    let (paths, kernel, initramfs) = guest();
     let tcg = vm::decide(&paths, vm::AccelChoice::Tcg, &kernel.vmlinuz(), &initramfs)
         .await
         .unwrap();
