@@ -1,6 +1,7 @@
 //! `forkbox`: the command line. A thin adapter over `forkbox-engine`.
 #![forbid(unsafe_code)]
 
+mod daemon;
 mod run;
 
 use std::io::Write;
@@ -42,6 +43,14 @@ enum Cmd {
     },
     /// Run one command in a fresh sandbox, stream its output, exit with its exit code.
     Run(run::RunArgs),
+    /// Run the daemon that keeps sandboxes between calls (the `sandbox` commands start it when
+    /// none runs).
+    Serve,
+    /// Long-lived sandboxes, kept by the daemon.
+    Sandbox {
+        #[command(subcommand)]
+        command: daemon::SandboxCmd,
+    },
     /// Show forkbox's paths, guest kernels, images and the accelerator this host gets.
     Info {
         #[arg(long)]
@@ -79,13 +88,22 @@ enum ImageCmd {
 }
 
 fn main() -> ExitCode {
-    if std::env::var_os("FORKBOX_LOG").is_some() {
+    let cli = Cli::parse();
+    // The daemon logs what it does by default; the other commands only when asked.
+    let default_filter = if matches!(cli.command, Cmd::Serve) {
+        Some("info")
+    } else {
+        None
+    };
+    if let Some(filter) = std::env::var("FORKBOX_LOG")
+        .ok()
+        .or(default_filter.map(String::from))
+    {
         tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::from_env("FORKBOX_LOG"))
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
             .with_writer(std::io::stderr)
             .init();
     }
-    let cli = Cli::parse();
     match dispatch(cli) {
         Ok(code) => code,
         Err(e) => {
@@ -123,6 +141,8 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Image { command } => image_cmd(&paths, command),
         Cmd::Run(args) => run::run(&paths, args),
+        Cmd::Serve => daemon::serve(paths),
+        Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
         Cmd::Info { json, accel } => info(&paths, json, accel),
     }
 }

@@ -47,7 +47,7 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-fn parse_kv(s: &str) -> Result<(String, String), String> {
+pub fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
         _ => Err(format!("{s:?} is not K=V")),

@@ -397,3 +397,137 @@ fn missing_qemu_points_at_setup() {
         "{err}"
     );
 }
+
+fn stop_daemon(paths: &forkbox_engine::paths::Paths) {
+    let pid_file = forkbox_server::pid_path(paths);
+    if let Some(pid) = std::fs::read_to_string(&pid_file)
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        infra::wait_until(Duration::from_secs(30), || {
+            !std::path::Path::new(&format!("/proc/{pid}")).exists()
+        });
+    }
+}
+
+/// Two boots. Long-lived sandboxes through the daemon, which the first call starts.
+#[test]
+fn sandboxes_live_across_calls_through_the_daemon() {
+    let paths = ready();
+    stop_daemon(&paths); // a daemon left by an earlier run may be an older build
+    let out = run(
+        &paths,
+        &["sandbox", "create", "--label", "plan=a", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let a: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let a = a["id"].as_str().unwrap().to_string();
+    let b = text(&run(&paths, &["sandbox", "create", "--label", "plan=b"]).stdout)
+        .trim()
+        .to_string();
+    assert!(b.starts_with("sb-") && b != a);
+
+    // State persists between calls, per sandbox.
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &a,
+            "--",
+            "sh",
+            "-c",
+            "echo kept > /root/state",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&paths, &["sandbox", "exec", &a, "--", "cat", "/root/state"]);
+    assert_eq!(text(&out.stdout), "kept\n");
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &b,
+            "--",
+            "sh",
+            "-c",
+            "cat /root/state; exit 3",
+        ],
+    );
+    assert_eq!(out.status.code(), Some(3), "exit code of the command");
+    assert!(
+        text(&out.stderr).contains("No such file"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Plain exec output is capped and says so.
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &a,
+            "--json",
+            "--",
+            "head",
+            "-c",
+            "100000",
+            "/dev/zero",
+        ],
+    );
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["stdout_truncated"], true);
+    assert_eq!(r["stdout"].as_str().unwrap().len(), 65536);
+
+    // Listing, with a label filter.
+    let all: serde_json::Value =
+        serde_json::from_slice(&run(&paths, &["sandbox", "ls", "--json"]).stdout).unwrap();
+    let ids: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["id"].as_str())
+        .collect();
+    assert!(ids.contains(&a.as_str()) && ids.contains(&b.as_str()));
+    let only_b: serde_json::Value = serde_json::from_slice(
+        &run(&paths, &["sandbox", "ls", "--label", "plan=b", "--json"]).stdout,
+    )
+    .unwrap();
+    assert_eq!(only_b.as_array().unwrap().len(), 1);
+    assert_eq!(only_b[0]["id"], b.as_str());
+
+    // Unknown ids are clear errors.
+    let out = run(&paths, &["sandbox", "exec", "sb-nope", "--", "true"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("no sandbox sb-nope"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Removing one stops its VM; stopping the daemon stops the rest.
+    let qemu_of = |id: &str| {
+        infra::processes_mentioning(
+            &paths
+                .run()
+                .join(id)
+                .join("agent.sock")
+                .display()
+                .to_string(),
+        )
+    };
+    assert_eq!(qemu_of(&a).len(), 1);
+    assert!(run(&paths, &["sandbox", "rm", &a]).status.success());
+    assert!(infra::wait_until(Duration::from_secs(10), || qemu_of(&a)
+        .is_empty()
+        && !paths.run().join(&a).exists()));
+    stop_daemon(&paths);
+    assert!(qemu_of(&b).is_empty(), "the daemon left a VM running");
+    assert!(!paths.run().join(&b).exists());
+}

@@ -16,6 +16,7 @@
 //! ```
 
 pub mod agent_bin;
+pub mod api;
 pub mod client;
 mod cpio;
 pub mod error;

@@ -44,7 +44,7 @@ impl Default for SandboxConfig {
 }
 
 /// What a sandbox is, for people and for `--json`.
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize)]
 pub struct SandboxInfo {
     pub id: String,
     pub image: String,
@@ -60,10 +60,11 @@ pub struct SandboxInfo {
 pub struct Sandbox {
     info: SandboxInfo,
     image: Image,
-    vm: Vm,
+    vm: tokio::sync::Mutex<Vm>,
+    console: vm::Console,
     client: AgentClient,
     run: RunDir,
-    destroyed: bool,
+    destroyed: std::sync::atomic::AtomicBool,
 }
 
 fn new_id() -> String {
@@ -173,10 +174,11 @@ impl Sandbox {
         Ok(Sandbox {
             info,
             image,
-            vm,
+            console: vm.console.clone(),
+            vm: tokio::sync::Mutex::new(vm),
             client,
             run,
-            destroyed: false,
+            destroyed: false.into(),
         })
     }
 
@@ -201,13 +203,13 @@ impl Sandbox {
         let timeout_secs = spec.timeout_ms.unwrap_or(0) / 1000;
         let inner = match self.client.exec(spec).await {
             Ok(i) => i,
-            Err(e) => return Err(died(e, &self.vm.console).await),
+            Err(e) => return Err(died(e, &self.console).await),
         };
         Ok(SandboxExecution {
             inner,
             deadline,
             timeout_secs,
-            console: self.vm.console.clone(),
+            console: self.console.clone(),
         })
     }
 
@@ -219,11 +221,12 @@ impl Sandbox {
         Ok(out)
     }
 
-    /// Stops the VM and removes everything the sandbox had on the host.
-    pub async fn destroy(mut self) {
-        self.vm.kill().await;
+    /// Stops the VM and removes everything the sandbox had on the host. Idempotent.
+    pub async fn destroy(&self) {
+        self.vm.lock().await.kill().await;
         self.run.remove();
-        self.destroyed = true;
+        self.destroyed
+            .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 }
 
@@ -242,10 +245,10 @@ pub const HOST_GRACE: Duration = Duration::from_secs(15);
 
 impl Drop for Sandbox {
     fn drop(&mut self) {
-        if !self.destroyed {
+        if !self.destroyed.load(std::sync::atomic::Ordering::SeqCst) {
             // The QEMU child is killed on drop (kill_on_drop); remove the files now.
             let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(self.vm.pid as i32),
+                nix::unistd::Pid::from_raw(self.info.qemu_pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
             self.run.remove();

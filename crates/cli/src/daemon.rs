@@ -1,0 +1,216 @@
+//! `forkbox serve` and `forkbox sandbox ...`: the CLI as a client of the daemon's HTTP API.
+
+use std::io::Write;
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use forkbox_engine::api::{CreateRequest, ExecRequest, ExecResult, SandboxView};
+use forkbox_engine::paths::Paths;
+use forkbox_engine::vm::AccelChoice;
+
+#[derive(clap::Subcommand)]
+pub enum SandboxCmd {
+    /// Create a sandbox; prints its id.
+    Create {
+        #[arg(long)]
+        image: Option<String>,
+        #[arg(long)]
+        cpus: Option<u32>,
+        /// Guest memory in MiB.
+        #[arg(long)]
+        memory: Option<u32>,
+        #[arg(long, env = "FORKBOX_ACCEL")]
+        accel: Option<AccelChoice>,
+        /// A label K=V (repeatable).
+        #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
+        labels: Vec<(String, String)>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run a command in a sandbox; prints its output and exits with its exit code.
+    Exec {
+        id: String,
+        #[arg(long)]
+        cwd: Option<String>,
+        #[arg(long = "env", value_name = "K=V", value_parser = crate::run::parse_kv)]
+        env: Vec<(String, String)>,
+        /// Seconds before the command and everything it started are killed.
+        #[arg(long)]
+        timeout: Option<u64>,
+        #[arg(long)]
+        json: bool,
+        #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// List sandboxes.
+    Ls {
+        /// Only sandboxes with this label K=V.
+        #[arg(long)]
+        label: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop and remove a sandbox.
+    Rm {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn serve(paths: Paths) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(forkbox_server::serve(paths))
+        .context("the forkbox daemon failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Client {
+    http: reqwest::Client,
+}
+
+const BASE: &str = "http://forkbox/v1";
+
+impl Client {
+    async fn connect(paths: &Paths) -> anyhow::Result<Client> {
+        let socket = forkbox_server::socket_path(paths);
+        if !forkbox_server::is_running(&socket).await {
+            start_daemon(paths).await?;
+        }
+        let http = reqwest::Client::builder().unix_socket(socket).build()?;
+        Ok(Client { http })
+    }
+
+    async fn call<T: serde::de::DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> anyhow::Result<T> {
+        let resp = req
+            .send()
+            .await
+            .context("the forkbox daemon did not answer")?;
+        let status = resp.status();
+        let body = resp.bytes().await?;
+        if !status.is_success() {
+            let msg = serde_json::from_slice::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["error"].as_str().map(String::from))
+                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
+            bail!("{msg}");
+        }
+        Ok(serde_json::from_slice(&body).context("unreadable answer from the forkbox daemon")?)
+    }
+}
+
+/// Starts `forkbox serve` in the background and waits for it to answer.
+async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
+    std::fs::create_dir_all(paths.home())?;
+    let log_path = paths.home().join("daemon.log");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("serve")
+        .env("FORKBOX_HOME", paths.home())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("could not start the forkbox daemon")?;
+    let socket = forkbox_server::socket_path(paths);
+    for _ in 0..200 {
+        if forkbox_server::is_running(&socket).await {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!(
+                "the forkbox daemon exited at start ({st}); see {}",
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!(
+        "the forkbox daemon did not start listening within 10 s; see {}",
+        log_path.display()
+    )
+}
+
+pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let c = Client::connect(paths).await?;
+        match cmd {
+            SandboxCmd::Create { image, cpus, memory, accel, labels, json } => {
+                let req = CreateRequest { image, cpus, memory_mib: memory, accel, labels: labels.into_iter().collect() };
+                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("{}", v.info.id);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Exec { id, cwd, env, timeout, json, command } => {
+                let req = ExecRequest {
+                    argv: Some(command),
+                    shell: None,
+                    cwd,
+                    env: env.into_iter().collect(),
+                    timeout_secs: timeout,
+                };
+                let r: ExecResult = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/exec")).json(&req)).await?;
+                if json {
+                    crate::print_json(&r)?;
+                } else {
+                    std::io::stdout().write_all(r.stdout.as_bytes())?;
+                    std::io::stderr().write_all(r.stderr.as_bytes())?;
+                    if r.stdout_truncated || r.stderr_truncated {
+                        eprintln!("forkbox: output was cut at 64 KiB per stream");
+                    }
+                    if r.timed_out {
+                        eprintln!("forkbox: the command timed out; it and every process it started were killed");
+                    }
+                }
+                Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8))
+            }
+            SandboxCmd::Ls { label, json } => {
+                let mut req = c.http.get(format!("{BASE}/sandboxes"));
+                if let Some(l) = &label {
+                    req = req.query(&[("label", l)]);
+                }
+                let all: Vec<SandboxView> = c.call(req).await?;
+                if json {
+                    crate::print_json(&all)?;
+                } else if all.is_empty() {
+                    println!("no sandboxes");
+                } else {
+                    println!("{:<16} {:<24} {:<6} {:>5} {:>8}", "ID", "IMAGE", "ACCEL", "CPUS", "MEMORY");
+                    for v in all {
+                        println!(
+                            "{:<16} {:<24} {:<6} {:>5} {:>5} MiB",
+                            v.info.id, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
+                        );
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Rm { id, json } => {
+                let v: serde_json::Value = c.call(c.http.delete(format!("{BASE}/sandboxes/{id}"))).await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("removed {id}");
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
+}

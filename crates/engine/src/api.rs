@@ -1,0 +1,328 @@
+//! The engine's one command type. Every front-end (the CLI's one-shot `run`, the HTTP daemon,
+//! later the SDKs and the MCP server) turns its input into a [`Command`] and gets a [`Reply`]
+//! or an [`EngineError`] back; nothing else reaches into the engine.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use forkbox_protocol::{ExecSpec, ExitStatus, Program};
+use serde::{Deserialize, Serialize};
+
+use crate::error::SandboxError;
+use crate::image::ImageRef;
+use crate::paths::Paths;
+use crate::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
+use crate::vm::AccelChoice;
+
+/// Output a plain exec returns, per stream; the rest is cut and `*_truncated` set.
+pub const OUTPUT_CAP: usize = 64 * 1024;
+/// Longest timeout a command may ask for.
+pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// NAME or NAME@N; the default image when absent.
+    pub image: Option<String>,
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+    pub accel: Option<AccelChoice>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Run this argv directly...
+    pub argv: Option<Vec<String>>,
+    /// ...or this string with `/bin/sh -c`.
+    pub shell: Option<String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub timeout_secs: Option<u64>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxView {
+    #[serde(flatten)]
+    pub info: SandboxInfo,
+    pub labels: BTreeMap<String, String>,
+    pub created_unix: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone)]
+pub enum Command {
+    Create(CreateRequest),
+    Get { id: String },
+    List { label: Option<(String, String)> },
+    Exec { id: String, request: ExecRequest },
+    Delete { id: String },
+}
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(untagged)]
+pub enum Reply {
+    Sandbox(SandboxView),
+    Sandboxes(Vec<SandboxView>),
+    Exec(ExecResult),
+    Deleted { deleted: String },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no sandbox {0}; list them with `forkbox sandbox ls`")]
+    NoSuchSandbox(String),
+    #[error("bad request: {0}")]
+    BadRequest(String),
+    #[error(transparent)]
+    Sandbox(#[from] SandboxError),
+}
+
+struct Entry {
+    sandbox: Arc<Sandbox>,
+    labels: BTreeMap<String, String>,
+    created_unix: u64,
+}
+
+impl Entry {
+    fn view(&self) -> SandboxView {
+        SandboxView {
+            info: self.sandbox.info().clone(),
+            labels: self.labels.clone(),
+            created_unix: self.created_unix,
+        }
+    }
+}
+
+/// Long-lived sandboxes, owned by one process (the daemon).
+pub struct Engine {
+    paths: Paths,
+    sandboxes: tokio::sync::RwLock<HashMap<String, Entry>>,
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+fn cut(mut v: Vec<u8>) -> (String, bool) {
+    let truncated = v.len() > OUTPUT_CAP;
+    v.truncate(OUTPUT_CAP);
+    (String::from_utf8_lossy(&v).into_owned(), truncated)
+}
+
+impl Engine {
+    pub fn new(paths: Paths) -> Engine {
+        Engine {
+            paths,
+            sandboxes: Default::default(),
+        }
+    }
+
+    pub fn paths(&self) -> &Paths {
+        &self.paths
+    }
+
+    pub async fn handle(&self, cmd: Command) -> Result<Reply, EngineError> {
+        match cmd {
+            Command::Create(r) => self.create(r).await.map(Reply::Sandbox),
+            Command::Get { id } => self.get(&id).await.map(|(_, v)| Reply::Sandbox(v)),
+            Command::List { label } => {
+                let map = self.sandboxes.read().await;
+                let mut all: Vec<SandboxView> = map
+                    .values()
+                    .filter(|e| {
+                        label
+                            .as_ref()
+                            .is_none_or(|(k, v)| e.labels.get(k) == Some(v))
+                    })
+                    .map(Entry::view)
+                    .collect();
+                all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
+                Ok(Reply::Sandboxes(all))
+            }
+            Command::Exec { id, request } => {
+                let (sb, _) = self.get(&id).await?;
+                let spec = exec_spec(request)?;
+                let out = sb.run(spec).await?;
+                let (stdout, stdout_truncated) = cut(out.stdout);
+                let (stderr, stderr_truncated) = cut(out.stderr);
+                let status = out.status.unwrap_or(ExitStatus::Code(-1));
+                Ok(Reply::Exec(ExecResult {
+                    exit_code: status.as_shell_code(),
+                    signal: match status {
+                        ExitStatus::Signal(s) => Some(s),
+                        ExitStatus::Code(_) => None,
+                    },
+                    timed_out: out.timed_out,
+                    stdout,
+                    stderr,
+                    stdout_truncated,
+                    stderr_truncated,
+                    duration_ms: out.duration_ms,
+                }))
+            }
+            Command::Delete { id } => {
+                let entry = self
+                    .sandboxes
+                    .write()
+                    .await
+                    .remove(&id)
+                    .ok_or(EngineError::NoSuchSandbox(id.clone()))?;
+                entry.sandbox.destroy().await;
+                Ok(Reply::Deleted { deleted: id })
+            }
+        }
+    }
+
+    async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {
+        let map = self.sandboxes.read().await;
+        let e = map
+            .get(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        Ok((e.sandbox.clone(), e.view()))
+    }
+
+    async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
+        let mut cfg = SandboxConfig::default();
+        if let Some(i) = &r.image {
+            cfg.image = i
+                .parse::<ImageRef>()
+                .map_err(|e| EngineError::Sandbox(e.into()))?;
+        }
+        if let Some(c) = r.cpus {
+            if !(1..=64).contains(&c) {
+                return Err(EngineError::BadRequest(format!(
+                    "cpus {c} is not between 1 and 64"
+                )));
+            }
+            cfg.cpus = c;
+        }
+        if let Some(m) = r.memory_mib {
+            if !(128..=65536).contains(&m) {
+                return Err(EngineError::BadRequest(format!(
+                    "memory_mib {m} is not between 128 and 65536"
+                )));
+            }
+            cfg.memory_mib = m;
+        }
+        cfg.accel = r.accel.unwrap_or_default();
+        // The daemon outlives any one request; its VMs must not die with a request's thread.
+        cfg.die_with_parent = false;
+        let sandbox = Arc::new(Sandbox::create(&self.paths, &cfg).await?);
+        let entry = Entry {
+            sandbox,
+            labels: r.labels,
+            created_unix: now_unix(),
+        };
+        let view = entry.view();
+        self.sandboxes
+            .write()
+            .await
+            .insert(view.info.id.clone(), entry);
+        Ok(view)
+    }
+
+    /// Stops every sandbox (on daemon shutdown).
+    pub async fn shutdown(&self) {
+        let all: Vec<Entry> = self
+            .sandboxes
+            .write()
+            .await
+            .drain()
+            .map(|(_, e)| e)
+            .collect();
+        for e in all {
+            e.sandbox.destroy().await;
+        }
+    }
+}
+
+fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
+    let program = match (r.argv, r.shell) {
+        (Some(a), None) if !a.is_empty() => Program::Argv(a),
+        (None, Some(s)) => Program::Shell(s),
+        _ => {
+            return Err(EngineError::BadRequest(
+                "give exactly one of `argv` (non-empty) and `shell`".into(),
+            ))
+        }
+    };
+    if let Some(t) = r.timeout_secs {
+        if t == 0 || t > MAX_TIMEOUT_SECS {
+            return Err(EngineError::BadRequest(format!(
+                "timeout_secs {t} is not between 1 and {MAX_TIMEOUT_SECS}"
+            )));
+        }
+    }
+    Ok(ExecSpec {
+        program,
+        cwd: r.cwd,
+        env: r.env.into_iter().collect(),
+        timeout_ms: r.timeout_secs.map(|s| s * 1000),
+        stdin: false,
+    })
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exec_requests_need_exactly_one_program() {
+        assert!(exec_spec(ExecRequest {
+            argv: Some(vec!["ls".into()]),
+            ..Default::default()
+        })
+        .is_ok());
+        assert!(exec_spec(ExecRequest {
+            shell: Some("ls".into()),
+            ..Default::default()
+        })
+        .is_ok());
+        assert!(exec_spec(ExecRequest::default()).is_err());
+        assert!(exec_spec(ExecRequest {
+            argv: Some(vec![]),
+            ..Default::default()
+        })
+        .is_err());
+        assert!(exec_spec(ExecRequest {
+            argv: Some(vec!["a".into()]),
+            shell: Some("b".into()),
+            ..Default::default()
+        })
+        .is_err());
+        assert!(exec_spec(ExecRequest {
+            shell: Some("x".into()),
+            timeout_secs: Some(0),
+            ..Default::default()
+        })
+        .is_err());
+    }
+
+    #[test]
+    fn output_is_cut_at_the_cap() {
+        let (s, t) = cut(vec![b'a'; OUTPUT_CAP + 1]);
+        assert!(t);
+        assert_eq!(s.len(), OUTPUT_CAP);
+        let (s, t) = cut(b"ok".to_vec());
+        assert_eq!((s.as_str(), t), ("ok", false));
+    }
+}

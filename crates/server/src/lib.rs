@@ -1,0 +1,159 @@
+//! forkbox's HTTP API, versioned under `/v1`: each route parses its request into one
+//! [`forkbox_engine::api::Command`] and renders the reply or the error. The daemon listens on a
+//! Unix socket in forkbox's home, mode 0600.
+#![forbid(unsafe_code)]
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::extract::{Path as UrlPath, Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use forkbox_engine::api::{Command, CreateRequest, Engine, EngineError, ExecRequest};
+use forkbox_engine::error::{ImageError, SandboxError};
+use forkbox_engine::paths::Paths;
+
+/// Where the daemon listens.
+pub fn socket_path(paths: &Paths) -> PathBuf {
+    paths.home().join("forkbox.sock")
+}
+
+/// The daemon's PID file.
+pub fn pid_path(paths: &Paths) -> PathBuf {
+    paths.home().join("daemon.pid")
+}
+
+struct ApiError(EngineError);
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = match &self.0 {
+            EngineError::NoSuchSandbox(_) => StatusCode::NOT_FOUND,
+            EngineError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            EngineError::Sandbox(SandboxError::Image(
+                ImageError::NotFound { .. } | ImageError::BadReference(_),
+            )) => StatusCode::BAD_REQUEST,
+            EngineError::Sandbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        (
+            status,
+            Json(serde_json::json!({ "error": self.0.to_string() })),
+        )
+            .into_response()
+    }
+}
+
+type Api = Result<Response, ApiError>;
+
+async fn run(engine: &Engine, cmd: Command, ok: StatusCode) -> Api {
+    let reply = engine.handle(cmd).await.map_err(ApiError)?;
+    Ok((ok, Json(reply)).into_response())
+}
+
+async fn health() -> Response {
+    Json(serde_json::json!({
+        "ok": true,
+        "version": env!("CARGO_PKG_VERSION"),
+        "protocol_version": forkbox_protocol::PROTOCOL_VERSION,
+    }))
+    .into_response()
+}
+
+async fn create(State(e): State<Arc<Engine>>, Json(r): Json<CreateRequest>) -> Api {
+    run(&e, Command::Create(r), StatusCode::CREATED).await
+}
+
+async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, String>>) -> Api {
+    let label = match q.get("label") {
+        None => None,
+        Some(kv) => match kv.split_once('=') {
+            Some((k, v)) => Some((k.to_string(), v.to_string())),
+            None => {
+                return Err(ApiError(EngineError::BadRequest(format!(
+                    "label filter {kv:?} is not K=V"
+                ))))
+            }
+        },
+    };
+    run(&e, Command::List { label }, StatusCode::OK).await
+}
+
+async fn get_one(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
+    run(&e, Command::Get { id }, StatusCode::OK).await
+}
+
+async fn delete(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
+    run(&e, Command::Delete { id }, StatusCode::OK).await
+}
+
+async fn exec(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Json(request): Json<ExecRequest>,
+) -> Api {
+    run(&e, Command::Exec { id, request }, StatusCode::OK).await
+}
+
+pub fn router(engine: Arc<Engine>) -> Router {
+    Router::new()
+        .route("/v1/health", get(health))
+        .route("/v1/sandboxes", post(create).get(list))
+        .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
+        .route("/v1/sandboxes/{id}/exec", post(exec))
+        .with_state(engine)
+}
+
+/// Serves the API on the Unix socket until SIGINT or SIGTERM, then stops every sandbox.
+pub async fn serve(paths: Paths) -> std::io::Result<()> {
+    let socket = socket_path(&paths);
+    std::fs::create_dir_all(paths.home())?;
+    if socket.exists() {
+        if tokio::net::UnixStream::connect(&socket).await.is_ok() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::AddrInUse,
+                format!("a forkbox daemon already listens on {}", socket.display()),
+            ));
+        }
+        std::fs::remove_file(&socket)?;
+    }
+    let listener = tokio::net::UnixListener::bind(&socket)?;
+    std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+    forkbox_engine::paths::write_atomic(
+        &pid_path(&paths),
+        std::process::id().to_string().as_bytes(),
+    )?;
+    forkbox_engine::runstate::sweep(&paths);
+    let engine = Arc::new(Engine::new(paths.clone()));
+    tracing::info!("forkbox daemon listening on {}", socket.display());
+    let app = router(engine.clone());
+    let result = axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await;
+    engine.shutdown().await;
+    let _ = std::fs::remove_file(&socket);
+    let _ = std::fs::remove_file(pid_path(&paths));
+    result
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        return std::future::pending().await;
+    };
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
+
+/// True when a daemon answers on the socket.
+pub async fn is_running(socket: &Path) -> bool {
+    tokio::net::UnixStream::connect(socket).await.is_ok()
+}
