@@ -101,7 +101,7 @@ impl Client {
                 .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
             bail!("{msg}");
         }
-        Ok(serde_json::from_slice(&body).context("unreadable answer from the forkbox daemon")?)
+        serde_json::from_slice(&body).context("unreadable answer from the forkbox daemon")
     }
 }
 
