@@ -4,6 +4,7 @@
 //! disk), then serves the host over a virtio-serial port with the protocol of
 //! `forkbox-protocol`: commands with streamed output, exit codes and timeouts, and files.
 
+mod archive;
 mod boot;
 mod exec;
 mod files;

@@ -100,6 +100,7 @@ pub fn serve(port_path: &Path) -> ! {
     std::thread::spawn(move || writer(wport, rx));
     let out = Outbox(tx);
     let execs = Execs::start(out.clone());
+    let uploads = crate::archive::Uploads::default();
     let mut port = port;
     let mut dec = FrameDecoder::new();
     let mut buf = vec![0u8; 256 * 1024];
@@ -161,14 +162,14 @@ pub fn serve(port_path: &Path) -> ! {
                 continue;
             }
             match decode::<HostMsg>(&payload) {
-                Ok(msg) => dispatch(msg, &out, &execs),
+                Ok(msg) => dispatch(msg, &out, &execs, &uploads),
                 Err(e) => eprintln!("forkbox-agent: undecodable message from host: {e}"),
             }
         }
     }
 }
 
-fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs) {
+fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive::Uploads) {
     match msg {
         HostMsg::Ping { id } => out.send(&AgentMsg::Pong { id }),
         HostMsg::Exec { id, spec } => execs.spawn(id, spec),
@@ -187,6 +188,16 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs) {
             Ok(()) => {}
             Err(e) => out.error(id, &e),
         },
+        HostMsg::PutArchive {
+            id,
+            dest,
+            data,
+            last,
+        } => uploads.chunk(id, dest, data, last, out),
+        HostMsg::GetArchive { id, path } => {
+            let out = out.clone();
+            std::thread::spawn(move || crate::archive::send(id, &path, &out));
+        }
         HostMsg::ReadFile { id, path } => {
             let out = out.clone();
             std::thread::spawn(move || files::read(id, &path, &out));

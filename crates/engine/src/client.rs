@@ -148,6 +148,19 @@ impl AgentClient {
         })
     }
 
+    /// A request id whose replies come to the returned receiver (for multi-message transfers).
+    pub(crate) fn route_for_transfer(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
+        self.route()
+    }
+
+    pub(crate) fn unroute_transfer(&self, id: u32) {
+        self.unroute(id)
+    }
+
+    pub(crate) async fn send_msg(&self, msg: &HostMsg) -> Result<(), AgentError> {
+        self.send(msg).await
+    }
+
     async fn send(&self, msg: &HostMsg) -> Result<(), AgentError> {
         let frame = encode_frame(msg)?;
         let mut w = self.writer.lock().await;

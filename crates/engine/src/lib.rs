@@ -20,6 +20,7 @@ pub mod api;
 pub mod client;
 mod cpio;
 pub mod error;
+pub mod files;
 pub mod image;
 pub mod kernel;
 pub mod paths;

@@ -227,3 +227,76 @@ async fn console_flood_is_capped_on_the_host() {
     );
     sb.destroy().await;
 }
+
+/// One boot. Directory trees in and out as tar.zst; what the guest sends back is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trees_go_in_and_out_and_hostile_downloads_are_refused() {
+    use forkbox_engine::files;
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let host = tempfile::tempdir().unwrap();
+    let src = host.path().join("src");
+    std::fs::create_dir_all(src.join("pkg/sub")).unwrap();
+    std::fs::write(src.join("pkg/sub/mod.py"), "print('hi')\n").unwrap();
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 253) as u8).collect();
+    std::fs::write(src.join("blob.bin"), &big).unwrap();
+    std::os::unix::fs::symlink("pkg/sub/mod.py", src.join("link.py")).unwrap();
+
+    files::upload(sb.client(), &src, "/work/code")
+        .await
+        .expect("upload");
+    let out = run(
+        &sb,
+        "cd /work/code && python3 link.py && readlink link.py && stat -c %s blob.bin",
+    )
+    .await;
+    assert_eq!(
+        out.stdout_text(),
+        "hi\npkg/sub/mod.py\n3000000\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // Plain files come back byte for byte.
+    run(&sb, "rm /work/code/link.py").await;
+    let back = host.path().join("back");
+    assert_eq!(
+        files::download(sb.client(), "/work/code", &back)
+            .await
+            .expect("download"),
+        2
+    );
+    assert_eq!(std::fs::read(back.join("blob.bin")).unwrap(), big);
+    assert_eq!(
+        std::fs::read_to_string(back.join("pkg/sub/mod.py")).unwrap(),
+        "print('hi')\n"
+    );
+
+    // An existing destination is never written into.
+    let e = files::download(sb.client(), "/work/code", &back)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("already exists"), "{e}");
+
+    // A symlink or a device file in the guest's tree is refused, and nothing is left behind.
+    for (setup, why) in [
+        (
+            "mkdir -p /x1 && echo a > /x1/ok && ln -s /etc/shadow /x1/evil",
+            "symlinks",
+        ),
+        ("mkdir -p /x2 && mknod /x2/dev c 1 3", "device files"),
+    ] {
+        let out = run(&sb, setup).await;
+        assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));
+        let dir = if why == "symlinks" { "/x1" } else { "/x2" };
+        let dest = host.path().join(format!("dl{}", &dir[2..]));
+        let e = files::download(sb.client(), dir, &dest)
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(why), "{e}");
+        assert!(!dest.exists(), "a refused download left {}", dest.display());
+    }
+    sb.destroy().await;
+}

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 1;
+pub const PROTOCOL_VERSION: u32 = 2;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -181,6 +181,20 @@ pub enum HostMsg {
         last: bool,
     },
     ReadFile {
+        id: u32,
+        path: String,
+    },
+    /// A chunk of a tar archive compressed with zstd, to unpack into the directory `dest`
+    /// (created if missing). The last chunk has `last` set; the agent then answers `Done`.
+    PutArchive {
+        id: u32,
+        dest: String,
+        data: Vec<u8>,
+        last: bool,
+    },
+    /// Asks for `path` (a file or a directory) as a zstd-compressed tar archive, sent as
+    /// `FileData` chunks and a final `Done`.
+    GetArchive {
         id: u32,
         path: String,
     },

@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 1);
+    assert_eq!(PROTOCOL_VERSION, 2);
 }
 
 #[test]
@@ -57,6 +57,16 @@ fn host_messages_encoding_is_pinned() {
             id: 5,
             path: "/f".into(),
         }),
+        hex(&HostMsg::PutArchive {
+            id: 6,
+            dest: "/d".into(),
+            data: vec![1],
+            last: true,
+        }),
+        hex(&HostMsg::GetArchive {
+            id: 7,
+            path: "/d".into(),
+        }),
     ];
     let want = vec![
         "0001",
@@ -67,6 +77,8 @@ fn host_messages_encoding_is_pinned() {
         "04021e",
         "0504022f66a40300010701",
         "0605022f66",
+        "0706022f64010101",
+        "0807022f64",
     ];
     assert_eq!(got, want);
 }
@@ -131,5 +143,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258010000000173016b03");
+    assert_eq!(h, "0d000000464b4258020000000173016b03");
 }
