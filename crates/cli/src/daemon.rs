@@ -43,6 +43,24 @@ pub enum SandboxCmd {
         #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
+    /// Copy a host directory into the sandbox (as one tar.zst stream).
+    Upload {
+        id: String,
+        host_dir: std::path::PathBuf,
+        guest_dir: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a sandbox file or directory into a new host directory. Links, device files,
+    /// absolute paths and `..` in what the sandbox sends are refused.
+    Download {
+        id: String,
+        guest_path: String,
+        /// Must not exist yet.
+        host_dir: std::path::PathBuf,
+        #[arg(long)]
+        json: bool,
+    },
     /// List sandboxes.
     Ls {
         /// Only sandboxes with this label K=V.
@@ -180,6 +198,59 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     }
                 }
                 Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8))
+            }
+            SandboxCmd::Upload { id, host_dir, guest_dir, json } => {
+                let (rx, packer) = forkbox_engine::files::pack(&host_dir)?;
+                let stream = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::io::Error>);
+                let req = c
+                    .http
+                    .put(format!("{BASE}/sandboxes/{id}/archive"))
+                    .query(&[("path", &guest_dir)])
+                    .body(reqwest::Body::wrap_stream(stream));
+                let v: serde_json::Value = c.call(req).await?;
+                packer.await?.with_context(|| format!("could not pack {}", host_dir.display()))?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("uploaded {} to {id}:{guest_dir} ({} bytes compressed)", host_dir.display(), v["bytes"]);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Download { id, guest_path, host_dir, json } => {
+                use futures_util::StreamExt;
+                let resp = c
+                    .http
+                    .get(format!("{BASE}/sandboxes/{id}/archive"))
+                    .query(&[("path", &guest_path)])
+                    .send()
+                    .await
+                    .context("the forkbox daemon did not answer")?;
+                if !resp.status().is_success() {
+                    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+                    bail!("{}", v["error"].as_str().unwrap_or("download failed"));
+                }
+                let (tx, rx) = tokio::sync::mpsc::channel(8);
+                let feed = tokio::spawn(async move {
+                    let mut body = resp.bytes_stream();
+                    while let Some(item) = body.next().await {
+                        let item = item.map(|b| b.to_vec()).map_err(|e| forkbox_engine::files::TransferError::Io {
+                            what: "download from the daemon (the sandbox may have refused the path)".into(),
+                            source: std::io::Error::other(e),
+                        });
+                        if tx.send(item).await.is_err() {
+                            break;
+                        }
+                    }
+                });
+                let files = forkbox_engine::files::unpack_into(rx, &host_dir).await;
+                feed.abort();
+                let files = files?;
+                if json {
+                    crate::print_json(&serde_json::json!({ "files": files, "dest": host_dir }))?;
+                } else {
+                    println!("downloaded {id}:{guest_path} to {} ({files} files)", host_dir.display());
+                }
+                Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ls { label, json } => {
                 let mut req = c.http.get(format!("{BASE}/sandboxes"));

@@ -466,6 +466,76 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         text(&out.stderr)
     );
 
+    // Trees in and out through the daemon, as streams.
+    let host = std::env::temp_dir().join(format!("forkbox-cli-files-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&host);
+    std::fs::create_dir_all(host.join("src/pkg")).unwrap();
+    std::fs::write(host.join("src/pkg/a.txt"), "alpha\n").unwrap();
+    std::os::unix::fs::symlink("pkg/a.txt", host.join("src/link")).unwrap();
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "upload",
+            &a,
+            host.join("src").to_str().unwrap(),
+            "/work/in",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(
+        &paths,
+        &["sandbox", "exec", &a, "--", "cat", "/work/in/link"],
+    );
+    assert_eq!(text(&out.stdout), "alpha\n");
+    let back = host.join("back");
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "download",
+            &a,
+            "/work/in/pkg",
+            back.to_str().unwrap(),
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_to_string(back.join("a.txt")).unwrap(),
+        "alpha\n"
+    );
+    let refused = host.join("refused");
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "download",
+            &a,
+            "/work/in",
+            refused.to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("symlinks"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(!refused.exists(), "a refused download left files");
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "download",
+            &a,
+            "/no/such/path",
+            host.join("none").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    assert!(!host.join("none").exists());
+    let _ = std::fs::remove_dir_all(&host);
+
     // Plain exec output is capped and says so.
     let out = run(
         &paths,

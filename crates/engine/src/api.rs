@@ -191,6 +191,12 @@ impl Engine {
         }
     }
 
+    /// A live sandbox, for the streaming transfers (archives) that carry bodies and so are not
+    /// commands.
+    pub async fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EngineError> {
+        Ok(self.get(id).await?.0)
+    }
+
     async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {
         let map = self.sandboxes.read().await;
         let e = map

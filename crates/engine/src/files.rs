@@ -85,15 +85,22 @@ impl Read for ChannelReader {
     }
 }
 
-/// Copies the host directory `src` into the sandbox directory `dest` (created if missing).
-/// Symlinks inside `src` are copied as links. Returns the compressed bytes sent.
-pub async fn upload(client: &AgentClient, src: &Path, dest: &str) -> Result<u64, TransferError> {
+/// Packs the host directory `src` as a tar.zst stream of chunks (symlinks stay links).
+pub fn pack(
+    src: &Path,
+) -> Result<
+    (
+        mpsc::Receiver<Vec<u8>>,
+        tokio::task::JoinHandle<io::Result<()>>,
+    ),
+    TransferError,
+> {
     if !src.is_dir() {
         return Err(TransferError::NotADirectory {
             path: src.to_path_buf(),
         });
     }
-    let (tx, mut rx) = mpsc::channel::<Vec<u8>>(8);
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
     let root = src.to_path_buf();
     let packer = tokio::task::spawn_blocking(move || -> io::Result<()> {
         let writer = ChannelWriter {
@@ -110,58 +117,70 @@ pub async fn upload(client: &AgentClient, src: &Path, dest: &str) -> Result<u64,
         let mut writer = enc.finish()?;
         writer.flush()
     });
+    Ok((rx, packer))
+}
+
+/// Streams a tar.zst archive into the sandbox directory `dest` (created if missing).
+/// Returns the compressed bytes sent.
+pub async fn put_archive(
+    client: &AgentClient,
+    dest: &str,
+    mut chunks: mpsc::Receiver<Vec<u8>>,
+) -> Result<u64, TransferError> {
     let (id, mut replies) = client.route_for_transfer();
     let mut sent = 0u64;
-    let mut send_result = Ok(());
-    while let Some(chunk) = rx.recv().await {
-        sent += chunk.len() as u64;
-        if let Err(e) = client
+    let result = async {
+        while let Some(chunk) = chunks.recv().await {
+            sent += chunk.len() as u64;
+            client
+                .send_msg(&HostMsg::PutArchive {
+                    id,
+                    dest: dest.into(),
+                    data: chunk,
+                    last: false,
+                })
+                .await?;
+        }
+        client
             .send_msg(&HostMsg::PutArchive {
                 id,
                 dest: dest.into(),
-                data: chunk,
-                last: false,
+                data: Vec::new(),
+                last: true,
             })
-            .await
-        {
-            send_result = Err(e);
-            break;
+            .await?;
+        match replies.recv().await {
+            Some(AgentMsg::Done { .. }) => Ok(sent),
+            Some(AgentMsg::Error { kind, message, .. }) => {
+                Err(AgentError::Refused { kind, message }.into())
+            }
+            Some(other) => Err(AgentError::Unexpected(format!("{other:?}")).into()),
+            None => Err(AgentError::Disconnected.into()),
         }
     }
-    drop(rx);
+    .await;
+    client.unroute_transfer(id);
+    result
+}
+
+/// Copies the host directory `src` into the sandbox directory `dest` (created if missing).
+/// Symlinks inside `src` are copied as links. Returns the compressed bytes sent.
+pub async fn upload(client: &AgentClient, src: &Path, dest: &str) -> Result<u64, TransferError> {
+    let (rx, packer) = pack(src)?;
+    let sent = put_archive(client, dest, rx).await;
     let packed = packer.await.map_err(|e| TransferError::Io {
         what: "pack".into(),
         source: io::Error::other(e),
     })?;
-    send_result?;
     packed.map_err(io_err(format!("pack {}", src.display())))?;
-    client
-        .send_msg(&HostMsg::PutArchive {
-            id,
-            dest: dest.into(),
-            data: Vec::new(),
-            last: true,
-        })
-        .await?;
-    let r = replies.recv().await;
-    client.unroute_transfer(id);
-    match r {
-        Some(AgentMsg::Done { .. }) => Ok(sent),
-        Some(AgentMsg::Error { kind, message, .. }) => {
-            Err(AgentError::Refused { kind, message }.into())
-        }
-        Some(other) => Err(AgentError::Unexpected(format!("{other:?}")).into()),
-        None => Err(AgentError::Disconnected.into()),
-    }
+    sent
 }
 
-/// Copies the sandbox path `src` (a file or a directory) into the host directory `dest`, which
-/// must not exist yet. Returns the number of files written.
-pub async fn download(client: &AgentClient, src: &str, dest: &Path) -> Result<u64, TransferError> {
-    if dest.symlink_metadata().is_ok() {
-        return Err(TransferError::DestinationExists(dest.to_path_buf()));
-    }
-    std::fs::create_dir(dest).map_err(io_err(format!("create {}", dest.display())))?;
+/// Streams the sandbox path `src` out as tar.zst chunks; the last item is the outcome.
+pub async fn get_archive(
+    client: &AgentClient,
+    src: &str,
+) -> Result<mpsc::Receiver<Result<Vec<u8>, AgentError>>, TransferError> {
     let (id, mut replies) = client.route_for_transfer();
     client
         .send_msg(&HostMsg::GetArchive {
@@ -169,6 +188,39 @@ pub async fn download(client: &AgentClient, src: &str, dest: &Path) -> Result<u6
             path: src.into(),
         })
         .await?;
+    let (tx, rx) = mpsc::channel(8);
+    let client = client.clone();
+    tokio::spawn(async move {
+        loop {
+            let item = match replies.recv().await {
+                Some(AgentMsg::FileData { data, .. }) => Ok(data),
+                Some(AgentMsg::Done { .. }) => break,
+                Some(AgentMsg::Error { kind, message, .. }) => {
+                    Err(AgentError::Refused { kind, message })
+                }
+                Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+                None => Err(AgentError::Disconnected),
+            };
+            let stop = item.is_err();
+            if tx.send(item).await.is_err() || stop {
+                break;
+            }
+        }
+        client.unroute_transfer(id);
+    });
+    Ok(rx)
+}
+
+/// Unpacks a tar.zst stream of chunks into the host directory `dest`, which must not exist yet;
+/// on any error `dest` is removed again. Returns the number of files written.
+pub async fn unpack_into(
+    mut chunks: mpsc::Receiver<Result<Vec<u8>, TransferError>>,
+    dest: &Path,
+) -> Result<u64, TransferError> {
+    if dest.symlink_metadata().is_ok() {
+        return Err(TransferError::DestinationExists(dest.to_path_buf()));
+    }
+    std::fs::create_dir(dest).map_err(io_err(format!("create {}", dest.display())))?;
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
     let root = dest.to_path_buf();
     let unpacker = tokio::task::spawn_blocking(move || {
@@ -182,39 +234,49 @@ pub async fn download(client: &AgentClient, src: &str, dest: &Path) -> Result<u6
         )
     });
     let mut outcome = Ok(());
-    loop {
-        match replies.recv().await {
-            Some(AgentMsg::FileData { data, .. }) => {
+    while let Some(item) = chunks.recv().await {
+        match item {
+            Ok(data) => {
                 if tx.send(data).await.is_err() {
                     break; // the unpacker stopped; its error says why
                 }
             }
-            Some(AgentMsg::Done { .. }) => break,
-            Some(AgentMsg::Error { kind, message, .. }) => {
-                outcome = Err(AgentError::Refused { kind, message });
-                break;
-            }
-            Some(other) => {
-                outcome = Err(AgentError::Unexpected(format!("{other:?}")));
-                break;
-            }
-            None => {
-                outcome = Err(AgentError::Disconnected);
+            Err(e) => {
+                outcome = Err(e);
                 break;
             }
         }
     }
     drop(tx);
-    client.unroute_transfer(id);
     let unpacked = unpacker.await.map_err(|e| TransferError::Io {
         what: "unpack".into(),
         source: io::Error::other(e),
     })?;
-    let result = outcome.map_err(TransferError::from).and(unpacked);
+    let result = outcome.and(unpacked);
     if result.is_err() {
         // Fail closed: nothing half-written stays behind.
         let _ = std::fs::remove_dir_all(dest);
     }
+    result
+}
+
+/// Copies the sandbox path `src` (a file or a directory) into the host directory `dest`, which
+/// must not exist yet. Returns the number of files written.
+pub async fn download(client: &AgentClient, src: &str, dest: &Path) -> Result<u64, TransferError> {
+    if dest.symlink_metadata().is_ok() {
+        return Err(TransferError::DestinationExists(dest.to_path_buf()));
+    }
+    let mut from_guest = get_archive(client, src).await?;
+    let (tx, rx) = mpsc::channel(8);
+    let forward = tokio::spawn(async move {
+        while let Some(item) = from_guest.recv().await {
+            if tx.send(item.map_err(TransferError::from)).await.is_err() {
+                break;
+            }
+        }
+    });
+    let result = unpack_into(rx, dest).await;
+    forward.abort();
     result
 }
 

@@ -98,12 +98,71 @@ async fn exec(
     run(&e, Command::Exec { id, request }, StatusCode::OK).await
 }
 
+#[derive(serde::Deserialize)]
+struct ArchiveQuery {
+    path: String,
+}
+
+fn transfer_error(e: forkbox_engine::files::TransferError) -> Response {
+    (
+        StatusCode::INTERNAL_SERVER_ERROR,
+        Json(serde_json::json!({ "error": e.to_string() })),
+    )
+        .into_response()
+}
+
+/// Unpacks the request body (tar.zst) into `path` in the sandbox.
+async fn put_archive(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<ArchiveQuery>,
+    body: axum::body::Body,
+) -> Api {
+    use futures_util::StreamExt;
+    let sb = e.sandbox(&id).await.map_err(ApiError)?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
+    let feed = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        while let Some(Ok(bytes)) = stream.next().await {
+            if tx.send(bytes.to_vec()).await.is_err() {
+                break;
+            }
+        }
+    });
+    let result = forkbox_engine::files::put_archive(sb.client(), &q.path, rx).await;
+    feed.abort();
+    match result {
+        Ok(bytes) => Ok(Json(serde_json::json!({ "bytes": bytes })).into_response()),
+        Err(err) => Ok(transfer_error(err)),
+    }
+}
+
+/// Streams `path` from the sandbox as tar.zst.
+async fn get_archive(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<ArchiveQuery>,
+) -> Api {
+    let sb = e.sandbox(&id).await.map_err(ApiError)?;
+    let rx = match forkbox_engine::files::get_archive(sb.client(), &q.path).await {
+        Ok(rx) => rx,
+        Err(err) => return Ok(transfer_error(err)),
+    };
+    // An error from the guest ends the body early; the client then sees a broken transfer.
+    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    Ok(axum::body::Body::from_stream(stream).into_response())
+}
+
 pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route(
+            "/v1/sandboxes/{id}/archive",
+            get(get_archive).put(put_archive),
+        )
         .with_state(engine)
 }
 
