@@ -85,16 +85,12 @@ impl Read for ChannelReader {
     }
 }
 
+/// Chunks of a tar.zst stream being made, and the task making them (its result says whether
+/// the whole tree was read).
+pub type Packing = (mpsc::Receiver<Vec<u8>>, tokio::task::JoinHandle<io::Result<()>>);
+
 /// Packs the host directory `src` as a tar.zst stream of chunks (symlinks stay links).
-pub fn pack(
-    src: &Path,
-) -> Result<
-    (
-        mpsc::Receiver<Vec<u8>>,
-        tokio::task::JoinHandle<io::Result<()>>,
-    ),
-    TransferError,
-> {
+pub fn pack(src: &Path) -> Result<Packing, TransferError> {
     if !src.is_dir() {
         return Err(TransferError::NotADirectory {
             path: src.to_path_buf(),
