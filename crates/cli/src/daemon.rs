@@ -159,6 +159,61 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
     )
 }
 
+/// Runs a command through the daemon's streaming exec, writing its output as it comes.
+async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<ExitCode> {
+    use base64::Engine as _;
+    use futures_util::StreamExt;
+    let resp = c
+        .http
+        .post(format!("{BASE}/sandboxes/{id}/exec"))
+        .query(&[("stream", "true")])
+        .json(req)
+        .send()
+        .await
+        .context("the forkbox daemon did not answer")?;
+    if !resp.status().is_success() {
+        let v: serde_json::Value = resp.json().await.unwrap_or_default();
+        bail!("{}", v["error"].as_str().unwrap_or("exec failed"));
+    }
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let mut body = resp.bytes_stream();
+    let mut pending: Vec<u8> = Vec::new();
+    while let Some(chunk) = body.next().await {
+        pending.extend_from_slice(&chunk.context("the stream from the daemon broke")?);
+        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
+            let line: Vec<u8> = pending.drain(..=nl).collect();
+            let ev: serde_json::Value =
+                serde_json::from_slice(&line).context("unreadable event from the daemon")?;
+            let data = || {
+                b64.decode(ev["data_b64"].as_str().unwrap_or_default())
+                    .unwrap_or_default()
+            };
+            match ev["type"].as_str() {
+                Some("stdout") => {
+                    let mut o = std::io::stdout().lock();
+                    o.write_all(&data())?;
+                    o.flush()?;
+                }
+                Some("stderr") => {
+                    let mut e = std::io::stderr().lock();
+                    e.write_all(&data())?;
+                    e.flush()?;
+                }
+                Some("exit") => {
+                    if ev["timed_out"] == true {
+                        eprintln!("forkbox: the command timed out; it and every process it started were killed");
+                    }
+                    let code = ev["exit_code"].as_i64().unwrap_or(-1);
+                    return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+                }
+                Some("error") => bail!("{}", ev["message"].as_str().unwrap_or("exec failed")),
+                _ => {}
+            }
+        }
+    }
+    bail!("the daemon's stream ended before the command did")
+}
+
 pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -184,20 +239,12 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     env: env.into_iter().collect(),
                     timeout_secs: timeout,
                 };
-                let r: ExecResult = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/exec")).json(&req)).await?;
                 if json {
+                    let r: ExecResult = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/exec")).json(&req)).await?;
                     crate::print_json(&r)?;
-                } else {
-                    std::io::stdout().write_all(r.stdout.as_bytes())?;
-                    std::io::stderr().write_all(r.stderr.as_bytes())?;
-                    if r.stdout_truncated || r.stderr_truncated {
-                        eprintln!("forkbox: output was cut at 64 KiB per stream");
-                    }
-                    if r.timed_out {
-                        eprintln!("forkbox: the command timed out; it and every process it started were killed");
-                    }
+                    return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
                 }
-                Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8))
+                stream_exec(&c, &id, &req).await
             }
             SandboxCmd::Upload { id, host_dir, guest_dir, json } => {
                 let (rx, packer) = forkbox_engine::files::pack(&host_dir)?;

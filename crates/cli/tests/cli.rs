@@ -536,7 +536,22 @@ fn sandboxes_live_across_calls_through_the_daemon() {
     assert!(!host.join("none").exists());
     let _ = std::fs::remove_dir_all(&host);
 
-    // Plain exec output is capped and says so.
+    // Streamed exec output (the default) is whole; plain (--json) output is capped and says so.
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &a,
+            "--",
+            "head",
+            "-c",
+            "300000",
+            "/dev/zero",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(out.stdout.len(), 300_000);
     let out = run(
         &paths,
         &[

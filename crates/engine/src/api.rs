@@ -260,7 +260,8 @@ impl Engine {
     }
 }
 
-fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
+/// Checks an exec request and turns it into the protocol's command.
+pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
     let program = match (r.argv, r.shell) {
         (Some(a), None) if !a.is_empty() => Program::Argv(a),
         (None, Some(s)) => Program::Shell(s),

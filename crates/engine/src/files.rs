@@ -87,7 +87,10 @@ impl Read for ChannelReader {
 
 /// Chunks of a tar.zst stream being made, and the task making them (its result says whether
 /// the whole tree was read).
-pub type Packing = (mpsc::Receiver<Vec<u8>>, tokio::task::JoinHandle<io::Result<()>>);
+pub type Packing = (
+    mpsc::Receiver<Vec<u8>>,
+    tokio::task::JoinHandle<io::Result<()>>,
+);
 
 /// Packs the host directory `src` as a tar.zst stream of chunks (symlinks stay links).
 pub fn pack(src: &Path) -> Result<Packing, TransferError> {

@@ -90,12 +90,76 @@ async fn delete(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> A
     run(&e, Command::Delete { id }, StatusCode::OK).await
 }
 
+#[derive(serde::Deserialize, Default)]
+struct ExecQuery {
+    #[serde(default)]
+    stream: bool,
+}
+
+/// Runs a command. Plain: one JSON result, output capped. With `?stream=true`: newline-delimited
+/// JSON events as they happen, `{"type":"stdout"|"stderr","data_b64":...}` then
+/// `{"type":"exit",...}` (or `{"type":"error","message":...}`). A client that goes away does not
+/// stop the command.
 async fn exec(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
+    Query(q): Query<ExecQuery>,
     Json(request): Json<ExecRequest>,
 ) -> Api {
-    run(&e, Command::Exec { id, request }, StatusCode::OK).await
+    if !q.stream {
+        return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
+    }
+    use base64::Engine as _;
+    use forkbox_engine::client::ExecEvent;
+    let sb = e.sandbox(&id).await.map_err(ApiError)?;
+    let spec = forkbox_engine::api::exec_spec(request).map_err(ApiError)?;
+    let mut ex = sb.exec(spec).await.map_err(|err| ApiError(err.into()))?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
+    tokio::spawn(async move {
+        let b64 = base64::engine::general_purpose::STANDARD;
+        loop {
+            let (line, end) = match ex.next().await {
+                Ok(ExecEvent::Started { pid }) => {
+                    (serde_json::json!({ "type": "started", "pid": pid }), false)
+                }
+                Ok(ExecEvent::Stdout(d)) => (
+                    serde_json::json!({ "type": "stdout", "data_b64": b64.encode(d) }),
+                    false,
+                ),
+                Ok(ExecEvent::Stderr(d)) => (
+                    serde_json::json!({ "type": "stderr", "data_b64": b64.encode(d) }),
+                    false,
+                ),
+                Ok(ExecEvent::Exited {
+                    status,
+                    timed_out,
+                    duration_ms,
+                }) => (
+                    serde_json::json!({
+                        "type": "exit",
+                        "exit_code": status.as_shell_code(),
+                        "signal": match status { forkbox_protocol::ExitStatus::Signal(s) => Some(s), _ => None },
+                        "timed_out": timed_out,
+                        "duration_ms": duration_ms,
+                    }),
+                    true,
+                ),
+                Err(err) => (
+                    serde_json::json!({ "type": "error", "message": err.to_string() }),
+                    true,
+                ),
+            };
+            if tx.send(Ok(format!("{line}\n"))).await.is_err() || end {
+                break;
+            }
+        }
+    });
+    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        body,
+    )
+        .into_response())
 }
 
 #[derive(serde::Deserialize)]
