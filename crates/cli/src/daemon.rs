@@ -25,6 +25,16 @@ pub enum SandboxCmd {
         /// A label K=V (repeatable).
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
+        /// Delete the sandbox after this many seconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Set a sandbox's TTL anew, counted from now.
+    Ttl {
+        id: String,
+        seconds: u64,
         #[arg(long)]
         json: bool,
     },
@@ -221,8 +231,15 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let c = Client::connect(paths).await?;
         match cmd {
-            SandboxCmd::Create { image, cpus, memory, accel, labels, json } => {
-                let req = CreateRequest { image, cpus, memory_mib: memory, accel, labels: labels.into_iter().collect() };
+            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, json } => {
+                let req = CreateRequest {
+                    image,
+                    cpus,
+                    memory_mib: memory,
+                    accel,
+                    labels: labels.into_iter().collect(),
+                    ttl_seconds: ttl,
+                };
                 let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
                 if json {
                     crate::print_json(&v)?;
@@ -245,6 +262,17 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
                 }
                 stream_exec(&c, &id, &req).await
+            }
+            SandboxCmd::Ttl { id, seconds, json } => {
+                let v: SandboxView = c
+                    .call(c.http.post(format!("{BASE}/sandboxes/{id}/ttl")).json(&serde_json::json!({ "ttl_seconds": seconds })))
+                    .await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("{id} expires at unix time {}", v.expires_unix.unwrap_or(0));
+                }
+                Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Upload { id, host_dir, guest_dir, json } => {
                 let (rx, packer) = forkbox_engine::files::pack(&host_dir)?;

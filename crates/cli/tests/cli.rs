@@ -587,6 +587,26 @@ fn sandboxes_live_across_calls_through_the_daemon() {
     assert_eq!(only_b.as_array().unwrap().len(), 1);
     assert_eq!(only_b[0]["id"], b.as_str());
 
+    // A TTL deletes a sandbox when it passes; it can be set anew.
+    let out = run(&paths, &["sandbox", "create", "--ttl", "600", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let t: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let t = t["id"].as_str().unwrap().to_string();
+    let out = run(&paths, &["sandbox", "ttl", &t, "2", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed = |id: &str| text(&run(&paths, &["sandbox", "ls"]).stdout).contains(id);
+    assert!(
+        infra::wait_until(Duration::from_secs(60), || !listed(&t)),
+        "the TTL did not delete {t}"
+    );
+    assert!(!paths.run().join(&t).exists());
+    let out = run(&paths, &["sandbox", "create", "--ttl", "0"]);
+    assert!(
+        text(&out.stderr).contains("ttl_seconds 0"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // Unknown ids are clear errors.
     let out = run(&paths, &["sandbox", "exec", "sb-nope", "--", "true"]);
     assert_eq!(out.status.code(), Some(125));

@@ -29,6 +29,8 @@ pub struct CreateRequest {
     pub accel: Option<AccelChoice>,
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Delete the sandbox this many seconds from now (stored as an absolute deadline).
+    pub ttl_seconds: Option<u64>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -50,6 +52,8 @@ pub struct SandboxView {
     pub info: SandboxInfo,
     pub labels: BTreeMap<String, String>,
     pub created_unix: u64,
+    /// When the daemon deletes it, if it has a TTL.
+    pub expires_unix: Option<u64>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -67,10 +71,24 @@ pub struct ExecResult {
 #[derive(Debug, Clone)]
 pub enum Command {
     Create(CreateRequest),
-    Get { id: String },
-    List { label: Option<(String, String)> },
-    Exec { id: String, request: ExecRequest },
-    Delete { id: String },
+    Get {
+        id: String,
+    },
+    List {
+        label: Option<(String, String)>,
+    },
+    Exec {
+        id: String,
+        request: ExecRequest,
+    },
+    Delete {
+        id: String,
+    },
+    /// Sets the TTL anew, counted from now.
+    SetTtl {
+        id: String,
+        ttl_seconds: u64,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -96,6 +114,7 @@ struct Entry {
     sandbox: Arc<Sandbox>,
     labels: BTreeMap<String, String>,
     created_unix: u64,
+    expires_unix: Option<u64>,
 }
 
 impl Entry {
@@ -104,6 +123,7 @@ impl Entry {
             info: self.sandbox.info().clone(),
             labels: self.labels.clone(),
             created_unix: self.created_unix,
+            expires_unix: self.expires_unix,
         }
     }
 }
@@ -178,6 +198,15 @@ impl Engine {
                     duration_ms: out.duration_ms,
                 }))
             }
+            Command::SetTtl { id, ttl_seconds } => {
+                let expires = deadline(ttl_seconds)?;
+                let mut map = self.sandboxes.write().await;
+                let e = map
+                    .get_mut(&id)
+                    .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
+                e.expires_unix = Some(expires);
+                Ok(Reply::Sandbox(e.view()))
+            }
             Command::Delete { id } => {
                 let entry = self
                     .sandboxes
@@ -229,6 +258,7 @@ impl Engine {
             cfg.memory_mib = m;
         }
         cfg.accel = r.accel.unwrap_or_default();
+        let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;
         let sandbox = Arc::new(Sandbox::create(&self.paths, &cfg).await?);
@@ -236,6 +266,7 @@ impl Engine {
             sandbox,
             labels: r.labels,
             created_unix: now_unix(),
+            expires_unix,
         };
         let view = entry.view();
         self.sandboxes
@@ -243,6 +274,27 @@ impl Engine {
             .await
             .insert(view.info.id.clone(), entry);
         Ok(view)
+    }
+
+    /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this
+    /// periodically.
+    pub async fn expire(&self) -> Vec<String> {
+        let now = now_unix();
+        let expired: Vec<Entry> = {
+            let mut map = self.sandboxes.write().await;
+            let ids: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        let mut ids = Vec::new();
+        for e in expired {
+            ids.push(e.sandbox.info().id.clone());
+            e.sandbox.destroy().await;
+        }
+        ids
     }
 
     /// Stops every sandbox (on daemon shutdown).
@@ -258,6 +310,16 @@ impl Engine {
             e.sandbox.destroy().await;
         }
     }
+}
+
+/// The absolute deadline for a TTL.
+fn deadline(ttl_seconds: u64) -> Result<u64, EngineError> {
+    if ttl_seconds == 0 || ttl_seconds > 30 * 24 * 3600 {
+        return Err(EngineError::BadRequest(format!(
+            "ttl_seconds {ttl_seconds} is not between 1 and 2592000 (30 days)"
+        )));
+    }
+    Ok(now_unix() + ttl_seconds)
 }
 
 /// Checks an exec request and turns it into the protocol's command.

@@ -217,12 +217,35 @@ async fn get_archive(
     Ok(axum::body::Body::from_stream(stream).into_response())
 }
 
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TtlRequest {
+    ttl_seconds: u64,
+}
+
+async fn set_ttl(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Json(r): Json<TtlRequest>,
+) -> Api {
+    run(
+        &e,
+        Command::SetTtl {
+            id,
+            ttl_seconds: r.ttl_seconds,
+        },
+        StatusCode::OK,
+    )
+    .await
+}
+
 pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/v1/health", get(health))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))
+        .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
         .route(
             "/v1/sandboxes/{id}/archive",
             get(get_archive).put(put_archive),
@@ -253,9 +276,20 @@ pub async fn serve(paths: Paths) -> std::io::Result<()> {
     let engine = Arc::new(Engine::new(paths.clone()));
     tracing::info!("forkbox daemon listening on {}", socket.display());
     let app = router(engine.clone());
+    // TTLs are absolute deadlines; a sweep enforces them.
+    let sweeper = engine.clone();
+    let sweep = tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            for id in sweeper.expire().await {
+                tracing::info!("{id}: TTL passed; deleted");
+            }
+        }
+    });
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;
+    sweep.abort();
     engine.shutdown().await;
     let _ = std::fs::remove_file(&socket);
     let _ = std::fs::remove_file(pid_path(&paths));
