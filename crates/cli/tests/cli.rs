@@ -636,3 +636,138 @@ fn sandboxes_live_across_calls_through_the_daemon() {
     assert!(qemu_of(&b).is_empty(), "the daemon left a VM running");
     assert!(!paths.run().join(&b).exists());
 }
+
+fn kill_daemon_hard(paths: &forkbox_engine::paths::Paths) {
+    let pid: i32 = std::fs::read_to_string(forkbox_server::pid_path(paths))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert!(infra::wait_until(Duration::from_secs(10), || {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).map_or(true, |s| s.contains(") Z "))
+    }));
+}
+
+/// Three boots. SIGKILL of the daemon loses no sandbox it reported created: the next daemon
+/// re-adopts them with their processes, applies TTLs that passed meanwhile, and removes what a
+/// killed create left half-made.
+#[test]
+fn a_killed_daemon_loses_no_sandbox_and_leaves_nothing_half_made() {
+    let paths = ready();
+    stop_daemon(&paths);
+    let keep = text(&run(&paths, &["sandbox", "create", "--label", "test=adopt"]).stdout)
+        .trim()
+        .to_string();
+    let short = text(&run(&paths, &["sandbox", "create", "--ttl", "600"]).stdout)
+        .trim()
+        .to_string();
+    assert!(keep.starts_with("sb-") && short.starts_with("sb-"));
+    let out = run(&paths, &["sandbox", "exec", &keep, "--", "sh", "-c", "echo v1 > /root/state; setsid sleep 1000 >/dev/null 2>&1 < /dev/null & echo $! > /root/bg.pid"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(run(&paths, &["sandbox", "ttl", &short, "3"])
+        .status
+        .success());
+
+    kill_daemon_hard(&paths);
+    std::thread::sleep(Duration::from_secs(4)); // the TTL of `short` passes while no daemon runs
+
+    // The next call starts a new daemon, which takes `keep` over.
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &keep,
+            "--",
+            "sh",
+            "-c",
+            "cat /root/state; kill -0 $(cat /root/bg.pid) && echo bg-alive",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "v1\nbg-alive\n");
+    let ls: serde_json::Value = serde_json::from_slice(
+        &run(
+            &paths,
+            &["sandbox", "ls", "--label", "test=adopt", "--json"],
+        )
+        .stdout,
+    )
+    .unwrap();
+    assert_eq!(ls.as_array().unwrap().len(), 1);
+    assert!(
+        infra::wait_until(Duration::from_secs(20), || !text(
+            &run(&paths, &["sandbox", "ls"]).stdout
+        )
+        .contains(&short)),
+        "a TTL that passed while the daemon was down was not applied"
+    );
+    assert!(!paths.run().join(&short).exists());
+
+    // A create killed half-way leaves no VM once a daemon runs again.
+    let mut creating = forkbox(&paths)
+        .args(["sandbox", "create"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let known: Vec<String> = vec![keep.clone()];
+    let mut half = None;
+    assert!(infra::wait_until(Duration::from_secs(30), || {
+        half = infra::run_entries(&paths).into_iter().find(|e| {
+            !known.contains(e)
+                && e.starts_with("sb-")
+                && !infra::processes_mentioning(
+                    &paths.run().join(e).join("agent.sock").display().to_string(),
+                )
+                .is_empty()
+        });
+        half.is_some()
+    }));
+    let half = half.unwrap();
+    kill_daemon_hard(&paths);
+    let _ = creating.wait();
+    let out = run(&paths, &["sandbox", "ls", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids: Vec<String> = serde_json::from_slice::<serde_json::Value>(&out.stdout)
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|v| v["id"].as_str().map(String::from))
+        .collect();
+    assert_eq!(
+        ids,
+        vec![keep.clone()],
+        "only the sandbox reported created survives"
+    );
+    let qemu_half = infra::processes_mentioning(
+        &paths
+            .run()
+            .join(&half)
+            .join("agent.sock")
+            .display()
+            .to_string(),
+    );
+    assert!(
+        qemu_half.is_empty(),
+        "the half-made sandbox's VM still runs"
+    );
+    assert!(!paths.run().join(&half).exists());
+
+    stop_daemon(&paths);
+    assert!(infra::processes_mentioning(
+        &paths
+            .run()
+            .join(&keep)
+            .join("agent.sock")
+            .display()
+            .to_string()
+    )
+    .is_empty());
+}

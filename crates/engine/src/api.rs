@@ -118,6 +118,18 @@ struct Entry {
 }
 
 impl Entry {
+    fn persist(&self) -> Result<(), EngineError> {
+        let info = serde_json::to_value(self.sandbox.info())
+            .map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        self.sandbox
+            .set_daemon_record(Some(crate::runstate::DaemonRecord {
+                info,
+                labels: self.labels.clone(),
+                expires_unix: self.expires_unix,
+            }))?;
+        Ok(())
+    }
+
     fn view(&self) -> SandboxView {
         SandboxView {
             info: self.sandbox.info().clone(),
@@ -205,6 +217,7 @@ impl Engine {
                     .get_mut(&id)
                     .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
                 e.expires_unix = Some(expires);
+                e.persist()?;
                 Ok(Reply::Sandbox(e.view()))
             }
             Command::Delete { id } => {
@@ -268,12 +281,41 @@ impl Engine {
             created_unix: now_unix(),
             expires_unix,
         };
+        // On disk before it is reported created: a daemon that crashes from here on re-adopts it.
+        entry.persist()?;
         let view = entry.view();
         self.sandboxes
             .write()
             .await
             .insert(view.info.id.clone(), entry);
         Ok(view)
+    }
+
+    /// Takes over the sandboxes a daemon that died had reported created; those whose VM is gone
+    /// are cleaned up. Returns the ids adopted.
+    pub async fn adopt_all(&self) -> Vec<String> {
+        let mut adopted = Vec::new();
+        for (dir, record) in crate::runstate::daemon_records(&self.paths) {
+            match Sandbox::adopt(&self.paths, &dir).await {
+                Some((sandbox, rec)) => {
+                    let id = sandbox.info().id.clone();
+                    let entry = Entry {
+                        sandbox: Arc::new(sandbox),
+                        labels: rec.labels,
+                        created_unix: record.created_unix,
+                        expires_unix: rec.expires_unix,
+                    };
+                    self.sandboxes.write().await.insert(id.clone(), entry);
+                    adopted.push(id);
+                }
+                None => {
+                    tracing::warn!("{}: its VM is gone; removing its files", record.id);
+                    crate::runstate::kill_qemus_of(&dir);
+                    let _ = std::fs::remove_dir_all(&dir);
+                }
+            }
+        }
+        adopted
     }
 
     /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this

@@ -19,15 +19,36 @@ pub struct RunRecord {
     pub owner_pid: u32,
     pub owner_start: u64,
     pub qemu_pid: Option<u32>,
+    /// Start time of the QEMU process, to tell it from a later process with its PID.
+    #[serde(default)]
+    pub qemu_start: Option<u64>,
     pub created_unix: u64,
+    /// Set once the daemon has reported the sandbox created: such a sandbox is the daemon's to
+    /// re-adopt after a crash, and the sweep leaves it alone.
+    #[serde(default)]
+    pub daemon: Option<DaemonRecord>,
 }
 
-/// Start time of a process (clock ticks since boot), to tell a PID from its reuse.
+/// What the daemon needs to take a sandbox over again.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonRecord {
+    pub info: serde_json::Value,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub expires_unix: Option<u64>,
+}
+
+/// Start time of a running process (clock ticks since boot), to tell a PID from its reuse;
+/// `None` for a process that is gone or a zombie.
 pub fn process_start(pid: u32) -> Option<u64> {
     let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // Fields after the command name, which is in parentheses and may contain spaces.
     let rest = &stat[stat.rfind(')')? + 2..];
-    rest.split_whitespace().nth(19)?.parse().ok()
+    let mut fields = rest.split_whitespace();
+    // A zombie has ended; only its exit status is left for its parent to collect.
+    if matches!(fields.next(), Some("Z" | "X")) {
+        return None;
+    }
+    fields.nth(18)?.parse().ok()
 }
 
 fn alive(pid: u32, start: u64) -> bool {
@@ -50,6 +71,8 @@ impl RunDir {
             owner_pid: me,
             owner_start: process_start(me).unwrap_or(0),
             qemu_pid: None,
+            qemu_start: None,
+            daemon: None,
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())
@@ -58,6 +81,20 @@ impl RunDir {
         let rd = RunDir { dir, record };
         rd.save()?;
         Ok(rd)
+    }
+
+    /// Takes over the record in `dir` for this process (after a restart).
+    pub fn adopt(dir: &Path) -> Option<RunDir> {
+        let mut record = read_record(dir)?;
+        let me = std::process::id();
+        record.owner_pid = me;
+        record.owner_start = process_start(me).unwrap_or(0);
+        let rd = RunDir {
+            dir: dir.to_path_buf(),
+            record,
+        };
+        rd.save().ok()?;
+        Some(rd)
     }
 
     pub fn save(&self) -> std::io::Result<()> {
@@ -78,20 +115,52 @@ impl Drop for RunDir {
     }
 }
 
+/// Records of sandboxes a daemon reported created, for it to re-adopt: (directory, record).
+pub fn daemon_records(paths: &Paths) -> Vec<(PathBuf, RunRecord)> {
+    fs::read_dir(paths.run())
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| read_record(&e.path()).map(|r| (e.path(), r)))
+        .filter(|(_, r)| r.daemon.is_some())
+        .collect()
+}
+
 fn read_record(dir: &Path) -> Option<RunRecord> {
     serde_json::from_slice(&fs::read(dir.join("sandbox.json")).ok()?).ok()
 }
 
-/// Sandboxes whose owner is alive: (id, image reference).
+/// Sandboxes whose owner is alive, or that a daemon will re-adopt: (id, image reference).
 pub fn live(paths: &Paths) -> Vec<(String, String)> {
     fs::read_dir(paths.run())
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| read_record(&e.path()))
-        .filter(|r| alive(r.owner_pid, r.owner_start))
+        .filter(|r| alive(r.owner_pid, r.owner_start) || r.daemon.is_some())
         .map(|r| (r.id, r.image))
         .collect()
+}
+
+/// Kills every QEMU process whose command line names this sandbox directory's agent socket.
+pub fn kill_qemus_of(dir: &Path) {
+    let needle = dir.join("agent.sock").display().to_string();
+    for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let is_qemu =
+            fs::read_to_string(e.path().join("comm")).is_ok_and(|c| c.starts_with("qemu"));
+        if is_qemu
+            && fs::read(e.path().join("cmdline"))
+                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(&needle))
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+        }
+    }
 }
 
 /// Kills and removes sandboxes whose owner died. Returns the ids cleaned.
@@ -101,17 +170,12 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
         let dir = e.path();
         match read_record(&dir) {
             Some(r) if alive(r.owner_pid, r.owner_start) => {}
+            // The daemon re-adopts these (or cleans them) when it starts.
+            Some(r) if r.daemon.is_some() => {}
             Some(r) => {
-                if let Some(q) = r.qemu_pid {
-                    let cmdline = fs::read(format!("/proc/{q}/cmdline")).unwrap_or_default();
-                    let needle = dir.join("agent.sock").display().to_string();
-                    if String::from_utf8_lossy(&cmdline).contains(&needle) {
-                        let _ = nix::sys::signal::kill(
-                            nix::unistd::Pid::from_raw(q as i32),
-                            nix::sys::signal::Signal::SIGKILL,
-                        );
-                    }
-                }
+                // The record may predate the QEMU PID (its owner died right after starting it),
+                // so look for the sandbox's QEMU by what its command line names.
+                kill_qemus_of(&dir);
                 let _ = fs::remove_dir_all(&dir);
                 cleaned.push(r.id);
             }
@@ -124,6 +188,7 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
                     .and_then(|t| t.elapsed().ok())
                     .is_some_and(|a| a.as_secs() > 60);
                 if old {
+                    kill_qemus_of(&dir);
                     let _ = fs::remove_dir_all(&dir);
                     cleaned.push(e.file_name().to_string_lossy().into_owned());
                 }

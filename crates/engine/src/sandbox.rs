@@ -63,7 +63,7 @@ pub struct Sandbox {
     vm: tokio::sync::Mutex<Vm>,
     console: vm::Console,
     client: AgentClient,
-    run: RunDir,
+    run: std::sync::Mutex<RunDir>,
     destroyed: std::sync::atomic::AtomicBool,
 }
 
@@ -113,6 +113,7 @@ impl Sandbox {
             vm::create_overlay(&image.rootfs(), &vm_cfg.disk).await?;
             let mut vm = Vm::spawn(&vm_cfg)?;
             run.record.qemu_pid = Some(vm.pid);
+            run.record.qemu_start = crate::runstate::process_start(vm.pid);
             run.save().map_err(|e| VmError::io("record the VM", e))?;
             let sock = vm_cfg.agent_socket();
             let connect = AgentClient::connect(&sock);
@@ -177,7 +178,7 @@ impl Sandbox {
             console: vm.console.clone(),
             vm: tokio::sync::Mutex::new(vm),
             client,
-            run,
+            run: std::sync::Mutex::new(run),
             destroyed: false.into(),
         })
     }
@@ -221,10 +222,73 @@ impl Sandbox {
         Ok(out)
     }
 
+    fn run_dir(&self) -> std::sync::MutexGuard<'_, RunDir> {
+        self.run.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Records what the daemon needs to re-adopt this sandbox after a crash (written to disk,
+    /// synced, before it returns). With `None`, the sandbox is no longer the daemon's.
+    pub fn set_daemon_record(
+        &self,
+        record: Option<crate::runstate::DaemonRecord>,
+    ) -> Result<(), SandboxError> {
+        let mut run = self.run_dir();
+        run.record.daemon = record;
+        run.save()
+            .map_err(|e| SandboxError::io(format!("record sandbox {}", self.info.id), e))
+    }
+
+    /// Takes over a sandbox whose daemon died: checks that its QEMU is still the one recorded,
+    /// reconnects to its console and its agent. `None` when it is gone (its files are removed).
+    pub async fn adopt(
+        paths: &Paths,
+        dir: &std::path::Path,
+    ) -> Option<(Sandbox, crate::runstate::DaemonRecord)> {
+        let run = RunDir::adopt(dir)?;
+        let record = run.record.daemon.clone()?;
+        let info: SandboxInfo = serde_json::from_value(record.info.clone()).ok()?;
+        let image = ImageStore::new(paths)
+            .resolve(&run.record.image.parse().ok()?)
+            .ok()?;
+        let cfg = VmConfig {
+            accel: info.accel.accel,
+            cpus: info.cpus,
+            memory_mib: info.memory_mib,
+            kernel: Default::default(),
+            initramfs: Default::default(),
+            disk: run.dir.join("disk.qcow2"),
+            run_dir: run.dir.clone(),
+            die_with_parent: false,
+        };
+        let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
+        let client = match tokio::time::timeout(
+            Duration::from_secs(15),
+            AgentClient::connect(&cfg.agent_socket()),
+        )
+        .await
+        {
+            Ok(Ok(c)) => c,
+            _ => {
+                vm.kill().await;
+                return None;
+            }
+        };
+        let sandbox = Sandbox {
+            info,
+            image,
+            console: vm.console.clone(),
+            vm: tokio::sync::Mutex::new(vm),
+            client,
+            run: std::sync::Mutex::new(run),
+            destroyed: false.into(),
+        };
+        Some((sandbox, record))
+    }
+
     /// Stops the VM and removes everything the sandbox had on the host. Idempotent.
     pub async fn destroy(&self) {
         self.vm.lock().await.kill().await;
-        self.run.remove();
+        self.run_dir().remove();
         self.destroyed
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
@@ -251,7 +315,7 @@ impl Drop for Sandbox {
                 nix::unistd::Pid::from_raw(self.info.qemu_pid as i32),
                 nix::sys::signal::Signal::SIGKILL,
             );
-            self.run.remove();
+            self.run_dir().remove();
         }
     }
 }

@@ -266,14 +266,20 @@ pub async fn serve(paths: Paths) -> std::io::Result<()> {
         }
         std::fs::remove_file(&socket)?;
     }
+    // Sandboxes of a daemon that died are taken over before any request is served (their TTLs
+    // apply at the first sweep); what other owners left half-made is removed.
+    let engine = Arc::new(Engine::new(paths.clone()));
+    for id in engine.adopt_all().await {
+        tracing::info!("{id}: re-adopted");
+    }
+    forkbox_engine::runstate::sweep(&paths);
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     forkbox_engine::paths::write_atomic(
         &pid_path(&paths),
         std::process::id().to_string().as_bytes(),
     )?;
-    forkbox_engine::runstate::sweep(&paths);
-    let engine = Arc::new(Engine::new(paths.clone()));
+
     tracing::info!("forkbox daemon listening on {}", socket.display());
     let app = router(engine.clone());
     // TTLs are absolute deadlines; a sweep enforces them.

@@ -187,12 +187,13 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
     Ok(())
 }
 
-/// A running QEMU process.
+/// A running QEMU process: one this process started, or one it adopted after a restart.
 pub struct Vm {
-    child: Child,
+    /// Present when this process started QEMU.
+    child: Option<Child>,
     pub pid: u32,
     pub console: Console,
-    stderr: tokio::task::JoinHandle<String>,
+    stderr_log: PathBuf,
 }
 
 /// The guest's serial console, captured by the host into a log file of bounded size: a guest
@@ -270,18 +271,28 @@ async fn capture_console(socket: &Path, log: &Path) -> std::io::Result<()> {
     }
 }
 
-/// Reads at most this much of QEMU's stderr; the rest is drained and dropped.
-const STDERR_CAP: usize = 16 * 1024;
+/// How much of QEMU's stderr log an error message quotes.
+const STDERR_QUOTE: u64 = 4 * 1024;
+
+impl VmConfig {
+    /// QEMU's stderr goes to a file, not a pipe: a pipe would break (and SIGPIPE QEMU) when the
+    /// process that started it dies, and the daemon's VMs must outlive a daemon crash.
+    pub fn stderr_log(&self) -> PathBuf {
+        self.run_dir.join("qemu.stderr")
+    }
+}
 
 impl Vm {
     pub fn spawn(cfg: &VmConfig) -> Result<Vm, VmError> {
         let program = crate::setup::which(QEMU).unwrap_or_else(|| PathBuf::from(QEMU));
+        let stderr = std::fs::File::create(cfg.stderr_log())
+            .map_err(|e| VmError::io("create QEMU's stderr log", e))?;
         let mut cmd = Command::new(&program);
         cmd.args(qemu_args(cfg))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .kill_on_drop(true)
+            .stderr(stderr)
+            .kill_on_drop(cfg.die_with_parent)
             // Its own process group: Ctrl-C reaches the front-end, which then cleans up.
             .process_group(0);
         if cfg.die_with_parent {
@@ -298,57 +309,92 @@ impl Vm {
                 });
             }
         }
-        let mut child = cmd.spawn().map_err(|source| VmError::Spawn {
+        let child = cmd.spawn().map_err(|source| VmError::Spawn {
             program: program.display().to_string(),
             source,
         })?;
         let pid = child.id().unwrap_or(0);
-        let mut err = child.stderr.take();
-        let stderr = tokio::spawn(async move {
-            let mut kept = Vec::new();
-            let mut buf = [0u8; 4096];
-            while let Some(e) = err.as_mut() {
-                match e.read(&mut buf).await {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => {
-                        let room = STDERR_CAP.saturating_sub(kept.len());
-                        kept.extend_from_slice(&buf[..n.min(room)]);
-                    }
-                }
-            }
-            String::from_utf8_lossy(&kept).trim().to_string()
-        });
         let console = Console::capture(cfg.console_socket(), cfg.console_log());
         Ok(Vm {
-            child,
+            child: Some(child),
             pid,
             console,
-            stderr,
+            stderr_log: cfg.stderr_log(),
+        })
+    }
+
+    /// Takes over a QEMU that an earlier process started for `cfg`'s run directory, after
+    /// checking that `pid` is still that QEMU (`start` is its start time).
+    pub fn adopt(cfg: &VmConfig, pid: u32, start: u64) -> Option<Vm> {
+        if crate::runstate::process_start(pid) != Some(start) {
+            return None;
+        }
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+        if !String::from_utf8_lossy(&cmdline).contains(&cfg.agent_socket().display().to_string()) {
+            return None;
+        }
+        let console = Console::capture(cfg.console_socket(), cfg.console_log());
+        Some(Vm {
+            child: None,
+            pid,
+            console,
+            stderr_log: cfg.stderr_log(),
         })
     }
 
     /// Waits for QEMU to exit; returns its status and what it printed on stderr.
     pub async fn wait_exit(&mut self) -> (String, String) {
-        let status = match self.child.wait().await {
-            Ok(s) => s.to_string(),
-            Err(e) => format!("unknown status ({e})"),
+        let status = match self.child.as_mut() {
+            Some(c) => match c.wait().await {
+                Ok(s) => s.to_string(),
+                Err(e) => format!("unknown status ({e})"),
+            },
+            None => {
+                while std::path::Path::new(&format!("/proc/{}", self.pid)).exists() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                "exited".into()
+            }
         };
-        let stderr = match tokio::time::timeout(Duration::from_secs(1), &mut self.stderr).await {
-            Ok(Ok(s)) => s,
-            _ => String::new(),
-        };
-        (status, stderr)
+        (status, self.stderr_tail())
     }
 
-    /// Whether QEMU is still running.
-    pub fn is_running(&mut self) -> bool {
-        matches!(self.child.try_wait(), Ok(None))
+    fn stderr_tail(&self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let Ok(mut f) = std::fs::File::open(&self.stderr_log) else {
+            return String::new();
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let _ = f.seek(SeekFrom::Start(len.saturating_sub(STDERR_QUOTE)));
+        let mut buf = Vec::new();
+        let _ = f.read_to_end(&mut buf);
+        String::from_utf8_lossy(&buf).trim().to_string()
     }
 
     /// Stops the VM at once. The guest's disk is disposable, so nothing is flushed.
     pub async fn kill(&mut self) {
-        let _ = self.child.start_kill();
-        let _ = self.child.wait().await;
+        match self.child.as_mut() {
+            Some(c) => {
+                let _ = c.start_kill();
+                let _ = c.wait().await;
+            }
+            None => {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                // Not our child: its parent (or init) reaps it; wait until it is gone.
+                for _ in 0..100 {
+                    if !std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
+                        || std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
+                            .is_ok_and(|s| s.contains(") Z "))
+                    {
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
     }
 }
 
