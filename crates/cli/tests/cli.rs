@@ -417,7 +417,7 @@ fn stop_daemon(paths: &forkbox_engine::paths::Paths) {
 /// Two boots. Long-lived sandboxes through the daemon, which the first call starts.
 #[test]
 fn sandboxes_live_across_calls_through_the_daemon() {
-    let paths = ready();
+    let paths = infra::isolated_home("daemon-calls");
     stop_daemon(&paths); // a daemon left by an earlier run may be an older build
     let out = run(
         &paths,
@@ -658,7 +658,7 @@ fn kill_daemon_hard(paths: &forkbox_engine::paths::Paths) {
 /// killed create left half-made.
 #[test]
 fn a_killed_daemon_loses_no_sandbox_and_leaves_nothing_half_made() {
-    let paths = ready();
+    let paths = infra::isolated_home("daemon-crash");
     stop_daemon(&paths);
     let keep = text(&run(&paths, &["sandbox", "create", "--label", "test=adopt"]).stdout)
         .trim()
@@ -707,7 +707,10 @@ fn a_killed_daemon_loses_no_sandbox_and_leaves_nothing_half_made() {
         .contains(&short)),
         "a TTL that passed while the daemon was down was not applied"
     );
-    assert!(!paths.run().join(&short).exists());
+    assert!(infra::wait_until(Duration::from_secs(10), || !paths
+        .run()
+        .join(&short)
+        .exists()));
 
     // A create killed half-way leaves no VM once a daemon runs again.
     let mut creating = forkbox(&paths)

@@ -80,6 +80,23 @@ pub fn image(paths: &Paths, recipe: &str) -> ImageRef {
     })
 }
 
+/// A home of its own (own `run/`, daemon socket and state) that shares the test home's kernels,
+/// images and caches: for tests that must not see each other's sandboxes or daemon.
+pub fn isolated_home(name: &str) -> Paths {
+    let shared = home();
+    image(&shared, "python-bookworm");
+    let dir = shared.home().join("homes").join(name);
+    std::fs::create_dir_all(&dir).expect("create isolated home");
+    for sub in ["kernels", "images", "cache"] {
+        let link = dir.join(sub);
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(shared.home().join(sub), &link)
+                .expect("link shared fixtures");
+        }
+    }
+    Paths::new(dir)
+}
+
 /// Polls `f` until it returns true or `limit` passes; returns whether it did.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
