@@ -87,11 +87,11 @@ pub enum SandboxCmd {
     },
 }
 
-pub fn serve(paths: Paths) -> anyhow::Result<ExitCode> {
+pub fn serve(paths: Paths, listen: Option<std::net::SocketAddr>) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(forkbox_server::serve(paths))
+    rt.block_on(forkbox_server::serve(paths, listen))
         .context("the forkbox daemon failed")?;
     Ok(ExitCode::SUCCESS)
 }

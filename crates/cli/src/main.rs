@@ -45,7 +45,17 @@ enum Cmd {
     Run(run::RunArgs),
     /// Run the daemon that keeps sandboxes between calls (the `sandbox` commands start it when
     /// none runs).
-    Serve,
+    Serve {
+        /// Also listen on this TCP address (e.g. 127.0.0.1:7070); requests there need a token
+        /// from `forkbox token create`.
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Bearer tokens for the daemon's TCP listener.
+    Token {
+        #[command(subcommand)]
+        command: TokenCmd,
+    },
     /// Long-lived sandboxes, kept by the daemon.
     Sandbox {
         #[command(subcommand)]
@@ -58,6 +68,17 @@ enum Cmd {
         /// Accelerator to check: auto, kvm or tcg.
         #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
         accel: AccelChoice,
+    },
+}
+
+#[derive(Subcommand)]
+enum TokenCmd {
+    /// Create a token; it is printed once and only its hash is kept.
+    Create {
+        #[arg(long, default_value = "default")]
+        name: String,
+        #[arg(long)]
+        json: bool,
     },
 }
 
@@ -90,7 +111,7 @@ enum ImageCmd {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The daemon logs what it does by default; the other commands only when asked.
-    let default_filter = if matches!(cli.command, Cmd::Serve) {
+    let default_filter = if matches!(cli.command, Cmd::Serve { .. }) {
         Some("info")
     } else {
         None
@@ -141,7 +162,18 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Image { command } => image_cmd(&paths, command),
         Cmd::Run(args) => run::run(&paths, args),
-        Cmd::Serve => daemon::serve(paths),
+        Cmd::Serve { listen } => daemon::serve(paths, listen),
+        Cmd::Token {
+            command: TokenCmd::Create { name, json },
+        } => {
+            let token = forkbox_server::auth::create(&paths, &name)?;
+            if json {
+                print_json(&serde_json::json!({ "name": name, "token": token }))?;
+            } else {
+                println!("{token}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
         Cmd::Info { json, accel } => info(&paths, json, accel),
     }

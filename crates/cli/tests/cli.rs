@@ -774,3 +774,58 @@ fn a_killed_daemon_loses_no_sandbox_and_leaves_nothing_half_made() {
     )
     .is_empty());
 }
+
+fn http_status(addr: &str, auth: Option<&str>) -> String {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    let auth = auth
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: forkbox\r\n{auth}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut resp = String::new();
+    s.read_to_string(&mut resp).unwrap();
+    resp.lines().next().unwrap_or_default().to_string()
+}
+
+/// No VM. On TCP, requests need a bearer token from `forkbox token create`.
+#[test]
+fn tcp_requests_without_a_valid_token_are_refused() {
+    let paths = infra::isolated_home("daemon-tcp");
+    stop_daemon(&paths);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let mut daemon = forkbox(&paths)
+        .args(["serve", "--listen", &addr])
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    assert!(infra::wait_until(Duration::from_secs(20), || {
+        std::net::TcpStream::connect(&addr).is_ok()
+    }));
+    let out = run(&paths, &["token", "create", "--name", "test", "--json"]);
+    let token = serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["token"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(http_status(&addr, None).contains("401"));
+    assert!(http_status(&addr, Some("fbx_0000")).contains("401"));
+    assert!(http_status(&addr, Some(&token[..token.len() - 1])).contains("401"));
+    assert!(
+        http_status(&addr, Some(&token)).contains("200"),
+        "a valid token was refused"
+    );
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(daemon.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    daemon.wait().unwrap();
+}

@@ -3,6 +3,8 @@
 //! Unix socket in forkbox's home, mode 0600.
 #![forbid(unsafe_code)]
 
+pub mod auth;
+
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
@@ -253,8 +255,9 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .with_state(engine)
 }
 
-/// Serves the API on the Unix socket until SIGINT or SIGTERM, then stops every sandbox.
-pub async fn serve(paths: Paths) -> std::io::Result<()> {
+/// Serves the API on the Unix socket (and, with `tcp`, on that address for bearer tokens)
+/// until SIGINT or SIGTERM, then stops every sandbox.
+pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::Result<()> {
     let socket = socket_path(&paths);
     std::fs::create_dir_all(paths.home())?;
     if socket.exists() {
@@ -292,9 +295,37 @@ pub async fn serve(paths: Paths) -> std::io::Result<()> {
             }
         }
     });
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let tcp_task = match tcp {
+        Some(addr) => {
+            let l = tokio::net::TcpListener::bind(addr).await?;
+            tracing::info!(
+                "forkbox daemon listening on {} (bearer tokens required)",
+                l.local_addr()?
+            );
+            let app = router(engine.clone()).layer(axum::middleware::from_fn_with_state(
+                paths.clone(),
+                auth::require_token,
+            ));
+            let mut rx = stop_rx.clone();
+            Some(tokio::spawn(async move {
+                let _ = axum::serve(l, app)
+                    .with_graceful_shutdown(async move {
+                        let _ = rx.wait_for(|s| *s).await;
+                    })
+                    .await;
+            }))
+        }
+        None => None,
+    };
     let result = axum::serve(listener, app)
         .with_graceful_shutdown(shutdown_signal())
         .await;
+    let _ = stop_tx.send(true);
+    if let Some(t) = tcp_task {
+        let _ = t.await;
+    }
+    drop(stop_rx);
     sweep.abort();
     engine.shutdown().await;
     let _ = std::fs::remove_file(&socket);
