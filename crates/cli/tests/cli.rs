@@ -599,12 +599,46 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         infra::wait_until(Duration::from_secs(60), || !listed(&t)),
         "the TTL did not delete {t}"
     );
-    assert!(!paths.run().join(&t).exists());
+    assert!(infra::wait_until(Duration::from_secs(10), || !paths
+        .run()
+        .join(&t)
+        .exists()));
     let out = run(&paths, &["sandbox", "create", "--ttl", "0"]);
     assert!(
         text(&out.stderr).contains("ttl_seconds 0"),
         "{}",
         text(&out.stderr)
+    );
+
+    // Metrics: sandboxes, bytes moved, and per-sandbox CPU and memory of their VMs.
+    std::thread::sleep(Duration::from_millis(1500)); // at least one sampling pass
+    let metrics = {
+        use std::io::Write;
+        let mut s =
+            std::os::unix::net::UnixStream::connect(forkbox_server::socket_path(&paths)).unwrap();
+        write!(
+            s,
+            "GET /metrics HTTP/1.1\r\nHost: forkbox\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut r = String::new();
+        s.read_to_string(&mut r).unwrap();
+        r
+    };
+    assert!(metrics.contains("forkbox_sandboxes_running 2"), "{metrics}");
+    assert!(
+        !metrics.contains("forkbox_uploaded_bytes_total 0\n"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!("forkbox_sandbox_cpu_seconds{{sandbox=\"{a}\"}}")),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(&format!(
+            "forkbox_sandbox_memory_mib_seconds_total{{sandbox=\"{b}\"}}"
+        )),
+        "{metrics}"
     );
 
     // Unknown ids are clear errors.

@@ -144,6 +144,7 @@ impl Entry {
 pub struct Engine {
     paths: Paths,
     sandboxes: tokio::sync::RwLock<HashMap<String, Entry>>,
+    metrics: crate::metrics::Metrics,
 }
 
 fn now_unix() -> u64 {
@@ -164,11 +165,35 @@ impl Engine {
         Engine {
             paths,
             sandboxes: Default::default(),
+            metrics: Default::default(),
         }
     }
 
     pub fn paths(&self) -> &Paths {
         &self.paths
+    }
+
+    pub fn metrics(&self) -> &crate::metrics::Metrics {
+        &self.metrics
+    }
+
+    /// Samples every sandbox's VM for CPU and memory accounting; `interval_s` since the last.
+    pub async fn sample(&self, interval_s: f64) {
+        for (id, e) in self.sandboxes.read().await.iter() {
+            self.metrics
+                .sample(id, e.sandbox.info().qemu_pid, interval_s);
+        }
+    }
+
+    async fn removed(&self, entry: Entry) {
+        let id = entry.sandbox.info().id.clone();
+        entry.sandbox.destroy().await;
+        self.metrics.sandboxes.dec();
+        self.metrics.forget(&id);
+    }
+
+    fn added(&self) {
+        self.metrics.sandboxes.inc();
     }
 
     pub async fn handle(&self, cmd: Command) -> Result<Reply, EngineError> {
@@ -192,7 +217,11 @@ impl Engine {
             Command::Exec { id, request } => {
                 let (sb, _) = self.get(&id).await?;
                 let spec = exec_spec(request)?;
+                let started = std::time::Instant::now();
                 let out = sb.run(spec).await?;
+                self.metrics
+                    .exec_seconds
+                    .observe(started.elapsed().as_secs_f64());
                 let (stdout, stdout_truncated) = cut(out.stdout);
                 let (stderr, stderr_truncated) = cut(out.stderr);
                 let status = out.status.unwrap_or(ExitStatus::Code(-1));
@@ -227,7 +256,7 @@ impl Engine {
                     .await
                     .remove(&id)
                     .ok_or(EngineError::NoSuchSandbox(id.clone()))?;
-                entry.sandbox.destroy().await;
+                self.removed(entry).await;
                 Ok(Reply::Deleted { deleted: id })
             }
         }
@@ -274,6 +303,7 @@ impl Engine {
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;
+        let started = std::time::Instant::now();
         let sandbox = Arc::new(Sandbox::create(&self.paths, &cfg).await?);
         let entry = Entry {
             sandbox,
@@ -288,6 +318,10 @@ impl Engine {
             .write()
             .await
             .insert(view.info.id.clone(), entry);
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
+        self.added();
         Ok(view)
     }
 
@@ -306,6 +340,7 @@ impl Engine {
                         expires_unix: rec.expires_unix,
                     };
                     self.sandboxes.write().await.insert(id.clone(), entry);
+                    self.added();
                     adopted.push(id);
                 }
                 None => {
@@ -334,7 +369,7 @@ impl Engine {
         let mut ids = Vec::new();
         for e in expired {
             ids.push(e.sandbox.info().id.clone());
-            e.sandbox.destroy().await;
+            self.removed(e).await;
         }
         ids
     }
@@ -349,7 +384,7 @@ impl Engine {
             .map(|(_, e)| e)
             .collect();
         for e in all {
-            e.sandbox.destroy().await;
+            self.removed(e).await;
         }
     }
 }

@@ -23,6 +23,7 @@ pub mod error;
 pub mod files;
 pub mod image;
 pub mod kernel;
+pub mod metrics;
 pub mod paths;
 pub mod runstate;
 pub mod sandbox;

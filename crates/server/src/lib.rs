@@ -198,7 +198,10 @@ async fn put_archive(
     let result = forkbox_engine::files::put_archive(sb.client(), &q.path, rx).await;
     feed.abort();
     match result {
-        Ok(bytes) => Ok(Json(serde_json::json!({ "bytes": bytes })).into_response()),
+        Ok(bytes) => {
+            e.metrics().bytes_uploaded.inc_by(bytes);
+            Ok(Json(serde_json::json!({ "bytes": bytes })).into_response())
+        }
         Err(err) => Ok(transfer_error(err)),
     }
 }
@@ -215,7 +218,19 @@ async fn get_archive(
         Err(err) => return Ok(transfer_error(err)),
     };
     // An error from the guest ends the body early; the client then sees a broken transfer.
-    let stream = tokio_stream::wrappers::ReceiverStream::new(rx);
+    let counted = e.clone();
+    let stream = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        move |item| {
+            if let Ok(chunk) = &item {
+                counted
+                    .metrics()
+                    .bytes_downloaded
+                    .inc_by(chunk.len() as u64);
+            }
+            item
+        },
+    );
     Ok(axum::body::Body::from_stream(stream).into_response())
 }
 
@@ -241,8 +256,20 @@ async fn set_ttl(
     .await
 }
 
+async fn metrics(State(e): State<Arc<Engine>>) -> Response {
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        e.metrics().encode(),
+    )
+        .into_response()
+}
+
 pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
+        .route("/metrics", get(metrics))
         .route("/v1/health", get(health))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
@@ -285,7 +312,8 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
 
     tracing::info!("forkbox daemon listening on {}", socket.display());
     let app = router(engine.clone());
-    // TTLs are absolute deadlines; a sweep enforces them.
+    // TTLs are absolute deadlines; a sweep enforces them each second, and samples every VM's
+    // CPU and memory for the metrics.
     let sweeper = engine.clone();
     let sweep = tokio::spawn(async move {
         loop {
@@ -293,6 +321,7 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
             for id in sweeper.expire().await {
                 tracing::info!("{id}: TTL passed; deleted");
             }
+            sweeper.sample(1.0).await;
         }
     });
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);

@@ -1,0 +1,169 @@
+//! Prometheus metrics of the daemon's engine: sandboxes, latencies, bytes moved, and per-sandbox
+//! CPU-seconds and memory-seconds of their QEMU processes (the basis for cost accounting).
+
+use std::sync::atomic::AtomicU64;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SandboxLabel {
+    pub sandbox: String,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub sandboxes: Gauge,
+    pub create_seconds: Histogram,
+    pub exec_seconds: Histogram,
+    pub bytes_uploaded: Counter,
+    pub bytes_downloaded: Counter,
+    pub cpu_seconds: Family<SandboxLabel, Gauge<f64, AtomicU64>>,
+    pub memory_mib_seconds: Family<SandboxLabel, Counter<f64, AtomicU64>>,
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        let sandboxes = Gauge::default();
+        let create_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 14));
+        let exec_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 20));
+        let bytes_uploaded = Counter::default();
+        let bytes_downloaded = Counter::default();
+        let cpu_seconds = Family::<SandboxLabel, Gauge<f64, AtomicU64>>::default();
+        let memory_mib_seconds = Family::<SandboxLabel, Counter<f64, AtomicU64>>::default();
+        let mut registry = Registry::with_prefix("forkbox");
+        registry.register(
+            "sandboxes_running",
+            "Sandboxes the daemon runs",
+            sandboxes.clone(),
+        );
+        registry.register(
+            "create_seconds",
+            "Time to create a sandbox (to agent-ready)",
+            create_seconds.clone(),
+        );
+        registry.register(
+            "exec_seconds",
+            "Time of plain exec calls, start to exit",
+            exec_seconds.clone(),
+        );
+        registry.register(
+            "uploaded_bytes",
+            "Compressed bytes uploaded into sandboxes",
+            bytes_uploaded.clone(),
+        );
+        registry.register(
+            "downloaded_bytes",
+            "Compressed bytes downloaded from sandboxes",
+            bytes_downloaded.clone(),
+        );
+        registry.register(
+            "sandbox_cpu_seconds",
+            "CPU time of a sandbox's VM process",
+            cpu_seconds.clone(),
+        );
+        registry.register(
+            "sandbox_memory_mib_seconds",
+            "Resident memory of a sandbox's VM process integrated over time",
+            memory_mib_seconds.clone(),
+        );
+        Metrics {
+            registry,
+            sandboxes,
+            create_seconds,
+            exec_seconds,
+            bytes_uploaded,
+            bytes_downloaded,
+            cpu_seconds,
+            memory_mib_seconds,
+        }
+    }
+}
+
+impl Metrics {
+    /// The metrics in Prometheus text format.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    /// Samples one VM process: sets its CPU-seconds, adds `interval_s` of its resident memory.
+    pub fn sample(&self, sandbox: &str, pid: u32, interval_s: f64) {
+        let label = SandboxLabel {
+            sandbox: sandbox.to_string(),
+        };
+        if let Some(cpu) = process_cpu_seconds(pid) {
+            self.cpu_seconds.get_or_create(&label).set(cpu);
+        }
+        if let Some(rss) = process_rss_mib(pid) {
+            self.memory_mib_seconds
+                .get_or_create(&label)
+                .inc_by(rss * interval_s);
+        }
+    }
+
+    pub fn forget(&self, sandbox: &str) {
+        let label = SandboxLabel {
+            sandbox: sandbox.to_string(),
+        };
+        self.cpu_seconds.remove(&label);
+        self.memory_mib_seconds.remove(&label);
+    }
+}
+
+fn clock_ticks() -> f64 {
+    nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .map_or(100.0, |t| t as f64)
+}
+
+/// User plus system CPU time of a process, in seconds.
+pub fn process_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
+    Some(ticks / clock_ticks())
+}
+
+/// Resident memory of a process, in MiB.
+pub fn process_rss_mib(pid: u32) -> Option<f64> {
+    let statm = std::fs::read_to_string(format!("/proc/{pid}/statm")).ok()?;
+    let pages: f64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    let page = nix::unistd::sysconf(nix::unistd::SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(4096) as f64;
+    Some(pages * page / (1024.0 * 1024.0))
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn own_process_is_sampled_and_encoded() {
+        let m = Metrics::default();
+        m.sample("sb-self", std::process::id(), 1.0);
+        m.bytes_uploaded.inc_by(42);
+        let text = m.encode();
+        assert!(text.contains("forkbox_uploaded_bytes_total 42"), "{text}");
+        assert!(
+            text.contains("forkbox_sandbox_cpu_seconds{sandbox=\"sb-self\"}"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forkbox_sandbox_memory_mib_seconds_total{sandbox=\"sb-self\"}"),
+            "{text}"
+        );
+        m.forget("sb-self");
+        assert!(!m.encode().contains("sb-self"));
+    }
+}
