@@ -109,8 +109,16 @@ pub fn boot() -> io::Result<PathBuf> {
     )?;
     // Per-command cgroups let a timeout kill every process a command started, even those
     // that left its process group. Without cgroup2 the agent falls back to process groups.
-    if let Err(e) = mount_fs("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None) {
-        eprintln!("forkbox-agent: {e}; timeouts will kill process groups only");
+    match mount_fs("cgroup2", "/sys/fs/cgroup", "cgroup2", nosuid, None) {
+        Ok(()) => {
+            let max = cmdline
+                .split_whitespace()
+                .find_map(|w| w.strip_prefix("forkbox.max_procs="));
+            if let Err(e) = commands_cgroup(max) {
+                eprintln!("forkbox-agent: cannot set up the commands' cgroup: {e}");
+            }
+        }
+        Err(e) => eprintln!("forkbox-agent: {e}; timeouts will kill process groups only"),
     }
     for (link, target) in [
         ("/dev/fd", "/proc/self/fd"),
@@ -125,6 +133,20 @@ pub fn boot() -> io::Result<PathBuf> {
         eprintln!("forkbox-agent: could not bring up lo: {e}");
     }
     find_port(Duration::from_secs(20))
+}
+
+/// Every command runs in a cgroup under `/sys/fs/cgroup/commands`, whose `pids.max` caps the
+/// processes all commands together may have (a fork bomb stops there; the agent, outside it,
+/// keeps answering).
+pub const COMMANDS_CGROUP: &str = "/sys/fs/cgroup/commands";
+
+fn commands_cgroup(max_procs: Option<&str>) -> io::Result<()> {
+    fs::create_dir_all(COMMANDS_CGROUP)?;
+    if let Some(max) = max_procs {
+        fs::write("/sys/fs/cgroup/cgroup.subtree_control", "+pids")?;
+        fs::write(format!("{COMMANDS_CGROUP}/pids.max"), max)?;
+    }
+    Ok(())
 }
 
 fn load_modules() -> io::Result<()> {

@@ -24,7 +24,7 @@ use nix::unistd::Pid;
 
 use crate::serve::Outbox;
 
-const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+const CGROUP_ROOT: &str = crate::boot::COMMANDS_CGROUP;
 /// How long output may still arrive after the command's main process exited (from processes
 /// it left behind holding its stdout or stderr) before the exit is reported.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);

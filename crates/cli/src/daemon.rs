@@ -239,6 +239,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     accel,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
+                    max_processes: None,
                 };
                 let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
                 if json {

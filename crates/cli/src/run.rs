@@ -24,6 +24,9 @@ pub struct RunArgs {
     /// Guest memory in MiB.
     #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(128..=65536))]
     memory: u32,
+    /// Most processes the command and everything it starts may have together.
+    #[arg(long, default_value_t = forkbox_engine::sandbox::DEFAULT_MAX_PROCS, value_parser = clap::value_parser!(u32).range(16..=1_000_000))]
+    max_procs: u32,
     /// Kill the command and everything it started after this many seconds.
     #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
     timeout: Option<u64>,
@@ -84,6 +87,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         memory_mib: args.memory,
         accel: args.accel,
         die_with_parent: true,
+        max_procs: args.max_procs,
         ..SandboxConfig::default()
     };
     let mut sigint = signal(SignalKind::interrupt())?;

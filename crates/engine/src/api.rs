@@ -31,6 +31,8 @@ pub struct CreateRequest {
     pub labels: BTreeMap<String, String>,
     /// Delete the sandbox this many seconds from now (stored as an absolute deadline).
     pub ttl_seconds: Option<u64>,
+    /// Most processes the sandbox's commands may have together.
+    pub max_processes: Option<u32>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -300,6 +302,14 @@ impl Engine {
             cfg.memory_mib = m;
         }
         cfg.accel = r.accel.unwrap_or_default();
+        if let Some(p) = r.max_processes {
+            if !(16..=1_000_000).contains(&p) {
+                return Err(EngineError::BadRequest(format!(
+                    "max_processes {p} is not between 16 and 1000000"
+                )));
+            }
+            cfg.max_procs = p;
+        }
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;

@@ -14,6 +14,8 @@ use crate::paths::Paths;
 use crate::runstate::{self, RunDir};
 use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
 
+pub const DEFAULT_MAX_PROCS: u32 = 4096;
+
 /// How a sandbox is made.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -25,6 +27,8 @@ pub struct SandboxConfig {
     pub die_with_parent: bool,
     /// Longest wait for the guest agent after QEMU starts.
     pub boot_timeout: Duration,
+    /// Most processes the sandbox's commands may have together (a fork bomb stops there).
+    pub max_procs: u32,
 }
 
 impl Default for SandboxConfig {
@@ -39,6 +43,7 @@ impl Default for SandboxConfig {
             accel: AccelChoice::Auto,
             die_with_parent: false,
             boot_timeout: Duration::from_secs(120),
+            max_procs: DEFAULT_MAX_PROCS,
         }
     }
 }
@@ -108,6 +113,7 @@ impl Sandbox {
             disk: run.dir.join("disk.qcow2"),
             run_dir: run.dir.clone(),
             die_with_parent: cfg.die_with_parent,
+            max_procs: cfg.max_procs,
         };
         let booted = async {
             vm::create_overlay(&image.rootfs(), &vm_cfg.disk).await?;
@@ -259,6 +265,7 @@ impl Sandbox {
             disk: run.dir.join("disk.qcow2"),
             run_dir: run.dir.clone(),
             die_with_parent: false,
+            max_procs: 0,
         };
         let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
         let client = match tokio::time::timeout(

@@ -300,3 +300,42 @@ async fn trees_go_in_and_out_and_hostile_downloads_are_refused() {
     }
     sb.destroy().await;
 }
+
+/// One boot, ~20 s. A fork bomb stops at the sandbox's process cap and an allocation beyond its
+/// memory is killed inside the guest; the agent keeps answering and the sandbox stays usable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fork_bombs_and_memory_hogs_stay_inside_the_guest() {
+    let (paths, mut cfg) = config();
+    cfg.max_procs = 64;
+    cfg.memory_mib = 384;
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let out = run(&sb, "cat /sys/fs/cgroup/commands/pids.max").await;
+    assert_eq!(out.stdout_text(), "64\n");
+
+    let bomb = sb
+        .run(infra::sh("f() { f | f & }; f; sleep 100", Some(5_000)))
+        .await
+        .expect("the call returns");
+    assert!(bomb.timed_out);
+    let events = run(&sb, "cat /sys/fs/cgroup/commands/pids.events").await;
+    assert!(
+        !events.stdout_text().contains("max 0"),
+        "the cap was never reached: {}",
+        events.stdout_text()
+    );
+    let left = run(&sb, "cat /sys/fs/cgroup/commands/pids.current").await;
+    assert!(
+        left.stdout_text().trim().parse::<u32>().unwrap() < 8,
+        "the bomb's processes outlived it"
+    );
+
+    let hog = run(&sb, "python3 -c 'b = bytearray(1 << 30); print(len(b))'").await;
+    assert_ne!(
+        hog.code(),
+        0,
+        "a 1 GiB allocation in a 384 MiB guest succeeded"
+    );
+    let alive = run(&sb, "echo still here").await;
+    assert_eq!(alive.stdout_text(), "still here\n");
+    sb.destroy().await;
+}

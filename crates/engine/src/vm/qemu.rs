@@ -26,6 +26,8 @@ pub struct VmConfig {
     pub run_dir: PathBuf,
     /// Kill QEMU when the process that started it dies (one-shot `run`).
     pub die_with_parent: bool,
+    /// Most processes the guest's commands may have together.
+    pub max_procs: u32,
 }
 
 impl VmConfig {
@@ -112,7 +114,11 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-initrd".into(),
         p(&cfg.initramfs),
         "-append".into(),
-        kernel_cmdline(cfg.accel),
+        format!(
+            "{} forkbox.max_procs={}",
+            kernel_cmdline(cfg.accel),
+            cfg.max_procs
+        ),
         "-chardev".into(),
         format!(
             "socket,id=console,path={},server=on,wait=off",
@@ -450,6 +456,7 @@ mod tests {
             disk: "/d.qcow2".into(),
             run_dir: "/run/x".into(),
             die_with_parent: false,
+            max_procs: 100,
         }
     }
 
