@@ -42,6 +42,8 @@ struct Running {
     /// Set once the command's process exists.
     pgid: Option<Pid>,
     stdin: Option<Sender<Option<Vec<u8>>>>,
+    /// A signal that came before the process existed.
+    pending_signal: Option<Signal>,
 }
 
 type StdinRx = Receiver<Option<Vec<u8>>>;
@@ -93,6 +95,7 @@ impl Execs {
             Running {
                 pgid: None,
                 stdin: stdin_tx,
+                pending_signal: None,
             },
         );
         let inner = self.0.clone();
@@ -119,19 +122,25 @@ impl Execs {
     }
 
     pub fn signal(&self, id: u32, signal: i32) {
-        let pgid = lock(&self.0.running).get(&id).and_then(|r| r.pgid);
-        match (pgid, Signal::try_from(signal)) {
-            (Some(pgid), Ok(sig)) => {
-                let _ = killpg(pgid, sig);
-            }
-            (None, _) => {}
-            (_, Err(_)) => self.0.out.error(
+        let Ok(sig) = Signal::try_from(signal) else {
+            return self.0.out.error(
                 id,
                 &std::io::Error::new(
                     std::io::ErrorKind::InvalidInput,
                     format!("{signal} is not a signal number"),
                 ),
-            ),
+            );
+        };
+        let mut running = lock(&self.0.running);
+        match running.get_mut(&id) {
+            Some(Running {
+                pgid: Some(pgid), ..
+            }) => {
+                let _ = killpg(*pgid, sig);
+            }
+            // Not started yet: delivered as soon as its process exists.
+            Some(r) => r.pending_signal = Some(sig),
+            None => {}
         }
     }
 }
@@ -342,6 +351,9 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     }
     if let Some(r) = lock(&inner.running).get_mut(&id) {
         r.pgid = Some(Pid::from_raw(pid as i32));
+        if let Some(sig) = r.pending_signal.take() {
+            let _ = killpg(Pid::from_raw(pid as i32), sig);
+        }
     }
 
     let (status, timed_out) = wait_for_exit(&status_rx, spec.timeout_ms, start, || {

@@ -50,8 +50,20 @@ pub enum SandboxCmd {
         timeout: Option<u64>,
         #[arg(long)]
         json: bool,
+        /// Start the command and print its id instead of waiting; read it with `attach`.
+        #[arg(long, conflicts_with = "json")]
+        detach: bool,
         #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
         command: Vec<String>,
+    },
+    /// Follow a command started earlier (its output from the start, then live) and exit with its code.
+    Attach { id: String, command_id: String },
+    /// Send a signal to a command started earlier (default SIGTERM).
+    Kill {
+        id: String,
+        command_id: String,
+        #[arg(long, default_value_t = 15)]
+        signal: i32,
     },
     /// Copy a host directory into the sandbox (as one tar.zst stream).
     Upload {
@@ -171,8 +183,6 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
 
 /// Runs a command through the daemon's streaming exec, writing its output as it comes.
 async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<ExitCode> {
-    use base64::Engine as _;
-    use futures_util::StreamExt;
     let resp = c
         .http
         .post(format!("{BASE}/sandboxes/{id}/exec"))
@@ -181,6 +191,13 @@ async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<
         .send()
         .await
         .context("the forkbox daemon did not answer")?;
+    follow(resp).await
+}
+
+/// Writes a command's NDJSON events (stdout, stderr) as they come; returns its exit code.
+async fn follow(resp: reqwest::Response) -> anyhow::Result<ExitCode> {
+    use base64::Engine as _;
+    use futures_util::StreamExt;
     if !resp.status().is_success() {
         let v: serde_json::Value = resp.json().await.unwrap_or_default();
         bail!("{}", v["error"].as_str().unwrap_or("exec failed"));
@@ -249,7 +266,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SandboxCmd::Exec { id, cwd, env, timeout, json, command } => {
+            SandboxCmd::Exec { id, cwd, env, timeout, json, detach, command } => {
                 let req = ExecRequest {
                     argv: Some(command),
                     shell: None,
@@ -257,12 +274,40 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     env: env.into_iter().collect(),
                     timeout_secs: timeout,
                 };
+                if detach {
+                    let v: serde_json::Value = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/commands")).json(&req)).await?;
+                    println!("{}", v["command_id"].as_str().unwrap_or_default());
+                    return Ok(ExitCode::SUCCESS);
+                }
                 if json {
                     let r: ExecResult = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/exec")).json(&req)).await?;
                     crate::print_json(&r)?;
                     return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
                 }
                 stream_exec(&c, &id, &req).await
+            }
+            SandboxCmd::Attach { id, command_id } => {
+                let resp = c
+                    .http
+                    .get(format!("{BASE}/sandboxes/{id}/commands/{command_id}/events"))
+                    .send()
+                    .await
+                    .context("the forkbox daemon did not answer")?;
+                follow(resp).await
+            }
+            SandboxCmd::Kill { id, command_id, signal } => {
+                let resp = c
+                    .http
+                    .post(format!("{BASE}/sandboxes/{id}/commands/{command_id}/signal"))
+                    .json(&serde_json::json!({ "signal": signal }))
+                    .send()
+                    .await
+                    .context("the forkbox daemon did not answer")?;
+                if !resp.status().is_success() {
+                    let v: serde_json::Value = resp.json().await.unwrap_or_default();
+                    bail!("{}", v["error"].as_str().unwrap_or("signal failed"));
+                }
+                Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ttl { id, seconds, json } => {
                 let v: SandboxView = c

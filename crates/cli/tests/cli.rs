@@ -610,6 +610,91 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         text(&out.stderr)
     );
 
+    // Commands outlive their clients: detach and attach (from the start), a client that goes
+    // away mid-command, and signals.
+    let cid = text(
+        &run(
+            &paths,
+            &[
+                "sandbox",
+                "exec",
+                &a,
+                "--detach",
+                "--",
+                "sh",
+                "-c",
+                "echo one; sleep 2; echo two; exit 4",
+            ],
+        )
+        .stdout,
+    )
+    .trim()
+    .to_string();
+    assert!(cid.starts_with("cmd-"), "{cid}");
+    let out = run(&paths, &["sandbox", "attach", &a, &cid]);
+    assert_eq!(
+        (out.status.code(), text(&out.stdout)),
+        (Some(4), "one\ntwo\n".to_string())
+    );
+    let out = run(&paths, &["sandbox", "attach", &a, &cid]);
+    assert_eq!(
+        text(&out.stdout),
+        "one\ntwo\n",
+        "reattaching replays the output"
+    );
+    let mut client = forkbox(&paths)
+        .args([
+            "sandbox",
+            "exec",
+            &a,
+            "--",
+            "sh",
+            "-c",
+            "echo started; sleep 3; echo done > /root/after",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = String::new();
+    BufReader::new(client.stdout.as_mut().unwrap())
+        .read_line(&mut first)
+        .unwrap();
+    assert_eq!(first, "started\n");
+    client.kill().unwrap();
+    client.wait().unwrap();
+    assert!(
+        infra::wait_until(Duration::from_secs(30), || text(
+            &run(&paths, &["sandbox", "exec", &a, "--", "cat", "/root/after"]).stdout
+        ) == "done\n"),
+        "the command stopped when its client went away"
+    );
+    let sleeper = text(
+        &run(
+            &paths,
+            &["sandbox", "exec", &a, "--detach", "--", "sleep", "1000"],
+        )
+        .stdout,
+    )
+    .trim()
+    .to_string();
+    assert!(
+        run(&paths, &["sandbox", "kill", &a, &sleeper, "--signal", "9"])
+            .status
+            .success()
+    );
+    assert_eq!(
+        run(&paths, &["sandbox", "attach", &a, &sleeper])
+            .status
+            .code(),
+        Some(137)
+    );
+    let out = run(&paths, &["sandbox", "attach", &a, "cmd-999"]);
+    assert!(
+        text(&out.stderr).contains("has no command cmd-999"),
+        "{}",
+        text(&out.stderr)
+    );
+
     // Metrics: sandboxes, bytes moved, and per-sandbox CPU and memory of their VMs.
     std::thread::sleep(Duration::from_millis(1500)); // at least one sampling pass
     let metrics = {

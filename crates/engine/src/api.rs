@@ -106,13 +106,20 @@ pub enum Reply {
 pub enum EngineError {
     #[error("no sandbox {0}; list them with `forkbox sandbox ls`")]
     NoSuchSandbox(String),
+    #[error("sandbox {0} has no command {1}")]
+    NoSuchCommand(String, String),
     #[error("bad request: {0}")]
     BadRequest(String),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
 
+/// Commands whose output a sandbox keeps at most (finished ones are dropped oldest first).
+pub const KEEP_COMMANDS: usize = 64;
+
 struct Entry {
+    commands: std::sync::Mutex<HashMap<String, Arc<crate::commands::CommandLog>>>,
+    next_command: std::sync::atomic::AtomicU64,
     sandbox: Arc<Sandbox>,
     labels: BTreeMap<String, String>,
     created_unix: u64,
@@ -264,6 +271,63 @@ impl Engine {
         }
     }
 
+    /// Starts a command that outlives this call; read it with [`Engine::command`].
+    pub async fn start_command(
+        &self,
+        id: &str,
+        request: ExecRequest,
+    ) -> Result<String, EngineError> {
+        let spec = exec_spec(request)?;
+        let map = self.sandboxes.read().await;
+        let e = map
+            .get(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let ex = e.sandbox.exec(spec).await?;
+        let log = crate::commands::CommandLog::start(ex);
+        let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
+        let n = e
+            .next_command
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let cid = format!("cmd-{n}");
+        cmds.insert(cid.clone(), log);
+        // Keep the output of the most recent finished commands only, so a long-lived sandbox
+        // does not grow the daemon without bound.
+        if cmds.len() > KEEP_COMMANDS {
+            let mut finished: Vec<(u64, String)> = cmds
+                .iter()
+                .filter(|(_, l)| l.finished())
+                .filter_map(|(k, _)| {
+                    k.strip_prefix("cmd-")
+                        .and_then(|n| n.parse().ok())
+                        .map(|n| (n, k.clone()))
+                })
+                .collect();
+            finished.sort();
+            let excess = cmds.len() - KEEP_COMMANDS;
+            for (_, k) in finished.into_iter().take(excess) {
+                cmds.remove(&k);
+            }
+        }
+        Ok(cid)
+    }
+
+    /// A command started with [`Engine::start_command`].
+    pub async fn command(
+        &self,
+        id: &str,
+        command_id: &str,
+    ) -> Result<Arc<crate::commands::CommandLog>, EngineError> {
+        let map = self.sandboxes.read().await;
+        let e = map
+            .get(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
+        cmds.get(command_id)
+            .cloned()
+            .ok_or_else(|| EngineError::NoSuchCommand(id.to_string(), command_id.to_string()))
+    }
+
     /// A live sandbox, for the streaming transfers (archives) that carry bodies and so are not
     /// commands.
     pub async fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EngineError> {
@@ -316,6 +380,8 @@ impl Engine {
         let started = std::time::Instant::now();
         let sandbox = Arc::new(Sandbox::create(&self.paths, &cfg).await?);
         let entry = Entry {
+            commands: Default::default(),
+            next_command: Default::default(),
             sandbox,
             labels: r.labels,
             created_unix: now_unix(),
@@ -344,6 +410,8 @@ impl Engine {
                 Some((sandbox, rec)) => {
                     let id = sandbox.info().id.clone();
                     let entry = Entry {
+                        commands: Default::default(),
+                        next_command: Default::default(),
                         sandbox: Arc::new(sandbox),
                         labels: rec.labels,
                         created_unix: record.created_unix,

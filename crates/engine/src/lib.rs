@@ -18,6 +18,7 @@
 pub mod agent_bin;
 pub mod api;
 pub mod client;
+pub mod commands;
 mod cpio;
 pub mod error;
 pub mod files;

@@ -34,7 +34,7 @@ struct ApiError(EngineError);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let status = match &self.0 {
-            EngineError::NoSuchSandbox(_) => StatusCode::NOT_FOUND,
+            EngineError::NoSuchSandbox(_) | EngineError::NoSuchCommand(..) => StatusCode::NOT_FOUND,
             EngineError::BadRequest(_) => StatusCode::BAD_REQUEST,
             EngineError::Sandbox(SandboxError::Image(
                 ImageError::NotFound { .. } | ImageError::BadReference(_),
@@ -111,48 +111,45 @@ async fn exec(
     if !q.stream {
         return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
     }
+    let cid = e.start_command(&id, request).await.map_err(ApiError)?;
+    attach(e, id, cid).await
+}
+
+/// NDJSON events of a command from its start, following it until it ends: first
+/// `{"type":"command","command_id":...}`, then `stdout`/`stderr` chunks (`data_b64`), then
+/// `exit` (or `error`). Reattaching replays everything kept.
+async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
     use base64::Engine as _;
-    use forkbox_engine::client::ExecEvent;
-    let sb = e.sandbox(&id).await.map_err(ApiError)?;
-    let spec = forkbox_engine::api::exec_spec(request).map_err(ApiError)?;
-    let mut ex = sb.exec(spec).await.map_err(|err| ApiError(err.into()))?;
+    let log = e.command(&id, &cid).await.map_err(ApiError)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
     tokio::spawn(async move {
         let b64 = base64::engine::general_purpose::STANDARD;
+        let first = serde_json::json!({ "type": "command", "command_id": cid });
+        if tx.send(Ok(format!("{first}\n"))).await.is_err() {
+            return;
+        }
+        let mut next = 0;
         loop {
-            let (line, end) = match ex.next().await {
-                Ok(ExecEvent::Started { pid }) => {
-                    (serde_json::json!({ "type": "started", "pid": pid }), false)
+            log.wait_past(next).await;
+            let snap = log.snapshot(next);
+            next = snap.next;
+            for c in snap.chunks {
+                let line = serde_json::json!({ "type": c.stream, "data_b64": b64.encode(&c.data) });
+                if tx.send(Ok(format!("{line}\n"))).await.is_err() {
+                    return; // the client left; the command goes on
                 }
-                Ok(ExecEvent::Stdout(d)) => (
-                    serde_json::json!({ "type": "stdout", "data_b64": b64.encode(d) }),
-                    false,
-                ),
-                Ok(ExecEvent::Stderr(d)) => (
-                    serde_json::json!({ "type": "stderr", "data_b64": b64.encode(d) }),
-                    false,
-                ),
-                Ok(ExecEvent::Exited {
-                    status,
-                    timed_out,
-                    duration_ms,
-                }) => (
-                    serde_json::json!({
-                        "type": "exit",
-                        "exit_code": status.as_shell_code(),
-                        "signal": match status { forkbox_protocol::ExitStatus::Signal(s) => Some(s), _ => None },
-                        "timed_out": timed_out,
-                        "duration_ms": duration_ms,
-                    }),
-                    true,
-                ),
-                Err(err) => (
-                    serde_json::json!({ "type": "error", "message": err.to_string() }),
-                    true,
-                ),
-            };
-            if tx.send(Ok(format!("{line}\n"))).await.is_err() || end {
-                break;
+            }
+            if let Some(exit) = snap.exit {
+                let line = match &exit.error {
+                    Some(m) => serde_json::json!({ "type": "error", "message": m }),
+                    None => {
+                        let mut v = serde_json::to_value(&exit).unwrap_or_default();
+                        v["type"] = "exit".into();
+                        v
+                    }
+                };
+                let _ = tx.send(Ok(format!("{line}\n"))).await;
+                return;
             }
         }
     });
@@ -256,6 +253,79 @@ async fn set_ttl(
     .await
 }
 
+async fn start_command(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Json(request): Json<ExecRequest>,
+) -> Api {
+    let cid = e.start_command(&id, request).await.map_err(ApiError)?;
+    Ok((
+        StatusCode::ACCEPTED,
+        Json(serde_json::json!({ "command_id": cid })),
+    )
+        .into_response())
+}
+
+async fn command_events(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, cid)): UrlPath<(String, String)>,
+) -> Api {
+    attach(e, id, cid).await
+}
+
+#[derive(serde::Deserialize)]
+struct PollQuery {
+    #[serde(default)]
+    from: usize,
+}
+
+/// Output past chunk `from`, and the exit if the command ended.
+async fn command_poll(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, cid)): UrlPath<(String, String)>,
+    Query(q): Query<PollQuery>,
+) -> Api {
+    use base64::Engine as _;
+    let b64 = base64::engine::general_purpose::STANDARD;
+    let snap = e
+        .command(&id, &cid)
+        .await
+        .map_err(ApiError)?
+        .snapshot(q.from);
+    let chunks: Vec<serde_json::Value> = snap
+        .chunks
+        .iter()
+        .map(|c| serde_json::json!({ "stream": c.stream, "data_b64": b64.encode(&c.data) }))
+        .collect();
+    Ok(Json(serde_json::json!({
+        "command_id": cid,
+        "chunks": chunks,
+        "next": snap.next,
+        "dropped_bytes": snap.dropped_bytes,
+        "exit": snap.exit,
+    }))
+    .into_response())
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SignalRequest {
+    signal: i32,
+}
+
+async fn command_signal(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, cid)): UrlPath<(String, String)>,
+    Json(r): Json<SignalRequest>,
+) -> Api {
+    e.command(&id, &cid)
+        .await
+        .map_err(ApiError)?
+        .signal(r.signal)
+        .await;
+    Ok(StatusCode::ACCEPTED.into_response())
+}
+
 async fn metrics(State(e): State<Arc<Engine>>) -> Response {
     (
         [(
@@ -275,6 +345,16 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/v1/sandboxes/{id}/commands", post(start_command))
+        .route("/v1/sandboxes/{id}/commands/{cid}", get(command_poll))
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/events",
+            get(command_events),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/signal",
+            post(command_signal),
+        )
         .route(
             "/v1/sandboxes/{id}/archive",
             get(get_archive).put(put_archive),

@@ -1,0 +1,170 @@
+//! Commands that outlive the request that started them: their output is kept (up to a cap) so a
+//! client can poll it, or attach and read it from the start while it runs, and reattach after a
+//! disconnect.
+
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+use tokio::sync::{mpsc, Notify};
+
+use crate::client::ExecEvent;
+use crate::sandbox::SandboxExecution;
+
+/// Output a command keeps for readers; past it, further output is counted but dropped.
+pub const LOG_CAP: usize = 64 << 20;
+
+#[derive(Debug, Clone, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Stream {
+    Stdout,
+    Stderr,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Chunk {
+    pub stream: Stream,
+    #[serde(skip)]
+    pub data: Vec<u8>,
+}
+
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ExitInfo {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub duration_ms: u64,
+    /// Set when the command could not run or the sandbox failed under it.
+    pub error: Option<String>,
+}
+
+#[derive(Default)]
+struct Log {
+    chunks: Vec<Chunk>,
+    bytes: usize,
+    dropped_bytes: u64,
+    exit: Option<ExitInfo>,
+}
+
+/// One command's output and fate.
+pub struct CommandLog {
+    log: Mutex<Log>,
+    changed: Notify,
+    kill: mpsc::Sender<i32>,
+}
+
+/// What a reader gets: chunks from index `from` on, and the exit once there is one.
+pub struct Snapshot {
+    pub chunks: Vec<Chunk>,
+    pub next: usize,
+    pub dropped_bytes: u64,
+    pub exit: Option<ExitInfo>,
+}
+
+impl CommandLog {
+    /// Drives `ex` to its end in the background, recording what it prints.
+    pub fn start(mut ex: SandboxExecution) -> Arc<CommandLog> {
+        let (kill, mut kill_rx) = mpsc::channel::<i32>(4);
+        let log = Arc::new(CommandLog {
+            log: Mutex::default(),
+            changed: Notify::new(),
+            kill,
+        });
+        let me = log.clone();
+        tokio::spawn(async move {
+            loop {
+                let ev = tokio::select! {
+                    ev = ex.next() => ev,
+                    Some(sig) = kill_rx.recv() => {
+                        let _ = ex.signal(sig).await;
+                        continue;
+                    }
+                };
+                let exit = match ev {
+                    Ok(ExecEvent::Started { .. }) => None,
+                    Ok(ExecEvent::Stdout(d)) => {
+                        me.push(Stream::Stdout, d);
+                        None
+                    }
+                    Ok(ExecEvent::Stderr(d)) => {
+                        me.push(Stream::Stderr, d);
+                        None
+                    }
+                    Ok(ExecEvent::Exited {
+                        status,
+                        timed_out,
+                        duration_ms,
+                    }) => Some(ExitInfo {
+                        exit_code: status.as_shell_code(),
+                        signal: match status {
+                            forkbox_protocol::ExitStatus::Signal(s) => Some(s),
+                            forkbox_protocol::ExitStatus::Code(_) => None,
+                        },
+                        timed_out,
+                        duration_ms,
+                        error: None,
+                    }),
+                    Err(e) => Some(ExitInfo {
+                        exit_code: -1,
+                        error: Some(e.to_string()),
+                        ..Default::default()
+                    }),
+                };
+                if let Some(exit) = exit {
+                    me.lock().exit = Some(exit);
+                    me.changed.notify_waiters();
+                    return;
+                }
+            }
+        });
+        log
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Log> {
+        self.log.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn push(&self, stream: Stream, data: Vec<u8>) {
+        let mut log = self.lock();
+        if log.bytes + data.len() > LOG_CAP {
+            log.dropped_bytes += data.len() as u64;
+        } else {
+            log.bytes += data.len();
+            log.chunks.push(Chunk { stream, data });
+        }
+        drop(log);
+        self.changed.notify_waiters();
+    }
+
+    pub fn snapshot(&self, from: usize) -> Snapshot {
+        let log = self.lock();
+        let from = from.min(log.chunks.len());
+        Snapshot {
+            chunks: log.chunks[from..].to_vec(),
+            next: log.chunks.len(),
+            dropped_bytes: log.dropped_bytes,
+            exit: log.exit.clone(),
+        }
+    }
+
+    /// Waits until there is output past `from` or the command ended.
+    pub async fn wait_past(&self, from: usize) {
+        loop {
+            let notified = self.changed.notified();
+            {
+                let log = self.lock();
+                if log.chunks.len() > from || log.exit.is_some() {
+                    return;
+                }
+            }
+            notified.await;
+        }
+    }
+
+    pub fn finished(&self) -> bool {
+        self.lock().exit.is_some()
+    }
+
+    pub async fn signal(&self, sig: i32) {
+        let _ = self.kill.send(sig).await;
+    }
+}
