@@ -178,7 +178,11 @@ impl Sandbox {
             qemu_pid: vm.pid,
             boot_ms: start.elapsed().as_millis() as u64,
         };
-        Ok(Sandbox {
+        Ok(Sandbox::assemble(info, image, vm, client, run))
+    }
+
+    fn assemble(info: SandboxInfo, image: Image, vm: Vm, client: AgentClient, run: RunDir) -> Sandbox {
+        Sandbox {
             info,
             image,
             console: vm.console.clone(),
@@ -186,7 +190,7 @@ impl Sandbox {
             client,
             run: std::sync::Mutex::new(run),
             destroyed: false.into(),
-        })
+        }
     }
 
     pub fn info(&self) -> &SandboxInfo {
@@ -280,16 +284,7 @@ impl Sandbox {
                 return None;
             }
         };
-        let sandbox = Sandbox {
-            info,
-            image,
-            console: vm.console.clone(),
-            vm: tokio::sync::Mutex::new(vm),
-            client,
-            run: std::sync::Mutex::new(run),
-            destroyed: false.into(),
-        };
-        Some((sandbox, record))
+        Some((Sandbox::assemble(info, image, vm, client, run), record))
     }
 
     /// Stops the VM and removes everything the sandbox had on the host. Idempotent.
