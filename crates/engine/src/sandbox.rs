@@ -181,7 +181,13 @@ impl Sandbox {
         Ok(Sandbox::assemble(info, image, vm, client, run))
     }
 
-    fn assemble(info: SandboxInfo, image: Image, vm: Vm, client: AgentClient, run: RunDir) -> Sandbox {
+    fn assemble(
+        info: SandboxInfo,
+        image: Image,
+        vm: Vm,
+        client: AgentClient,
+        run: RunDir,
+    ) -> Sandbox {
         Sandbox {
             info,
             image,

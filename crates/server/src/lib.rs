@@ -56,6 +56,17 @@ async fn run(engine: &Engine, cmd: Command, ok: StatusCode) -> Api {
     Ok((ok, Json(reply)).into_response())
 }
 
+/// The API's description, kept beside the handlers and checked against them by a test.
+pub const OPENAPI: &str = include_str!("openapi.json");
+
+async fn openapi() -> Response {
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        OPENAPI,
+    )
+        .into_response()
+}
+
 async fn health() -> Response {
     Json(serde_json::json!({
         "ok": true,
@@ -341,6 +352,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
     Router::new()
         .route("/metrics", get(metrics))
         .route("/v1/health", get(health))
+        .route("/v1/openapi.json", get(openapi))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))
