@@ -128,21 +128,28 @@ impl Client {
         &self,
         req: reqwest::RequestBuilder,
     ) -> anyhow::Result<T> {
-        let resp = req
-            .send()
-            .await
-            .context("the forkbox daemon did not answer")?;
-        let status = resp.status();
+        let resp = send(req).await?;
         let body = resp.bytes().await?;
-        if !status.is_success() {
-            let msg = serde_json::from_slice::<serde_json::Value>(&body)
-                .ok()
-                .and_then(|v| v["error"].as_str().map(String::from))
-                .unwrap_or_else(|| String::from_utf8_lossy(&body).into_owned());
-            bail!("{msg}");
-        }
         serde_json::from_slice(&body).context("unreadable answer from the forkbox daemon")
     }
+}
+
+/// Sends a request; an answer other than success becomes an error with the daemon's words.
+async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
+    let resp = req
+        .send()
+        .await
+        .context("the forkbox daemon did not answer")?;
+    if resp.status().is_success() {
+        return Ok(resp);
+    }
+    let status = resp.status();
+    let body = resp.bytes().await.unwrap_or_default();
+    let msg = serde_json::from_slice::<serde_json::Value>(&body)
+        .ok()
+        .and_then(|v| v["error"].as_str().map(String::from))
+        .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body)));
+    bail!("{msg}")
 }
 
 /// Starts `forkbox serve` in the background and waits for it to answer.
@@ -187,21 +194,15 @@ async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<
         .http
         .post(format!("{BASE}/sandboxes/{id}/exec"))
         .query(&[("stream", "true")])
-        .json(req)
-        .send()
-        .await
-        .context("the forkbox daemon did not answer")?;
-    follow(resp).await
+        .json(req);
+    follow(send(resp).await?).await
 }
 
 /// Writes a command's NDJSON events (stdout, stderr) as they come; returns its exit code.
+/// `resp` is a successful answer (see [`send`]).
 async fn follow(resp: reqwest::Response) -> anyhow::Result<ExitCode> {
     use base64::Engine as _;
     use futures_util::StreamExt;
-    if !resp.status().is_success() {
-        let v: serde_json::Value = resp.json().await.unwrap_or_default();
-        bail!("{}", v["error"].as_str().unwrap_or("exec failed"));
-    }
     let b64 = base64::engine::general_purpose::STANDARD;
     let mut body = resp.bytes_stream();
     let mut pending: Vec<u8> = Vec::new();
@@ -289,24 +290,15 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Attach { id, command_id } => {
                 let resp = c
                     .http
-                    .get(format!("{BASE}/sandboxes/{id}/commands/{command_id}/events"))
-                    .send()
-                    .await
-                    .context("the forkbox daemon did not answer")?;
-                follow(resp).await
+                    .get(format!("{BASE}/sandboxes/{id}/commands/{command_id}/events"));
+                follow(send(resp).await?).await
             }
             SandboxCmd::Kill { id, command_id, signal } => {
                 let resp = c
                     .http
                     .post(format!("{BASE}/sandboxes/{id}/commands/{command_id}/signal"))
-                    .json(&serde_json::json!({ "signal": signal }))
-                    .send()
-                    .await
-                    .context("the forkbox daemon did not answer")?;
-                if !resp.status().is_success() {
-                    let v: serde_json::Value = resp.json().await.unwrap_or_default();
-                    bail!("{}", v["error"].as_str().unwrap_or("signal failed"));
-                }
+                    .json(&serde_json::json!({ "signal": signal }));
+                send(resp).await?;
                 Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ttl { id, seconds, json } => {
@@ -342,14 +334,8 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 let resp = c
                     .http
                     .get(format!("{BASE}/sandboxes/{id}/archive"))
-                    .query(&[("path", &guest_path)])
-                    .send()
-                    .await
-                    .context("the forkbox daemon did not answer")?;
-                if !resp.status().is_success() {
-                    let v: serde_json::Value = resp.json().await.unwrap_or_default();
-                    bail!("{}", v["error"].as_str().unwrap_or("download failed"));
-                }
+                    .query(&[("path", &guest_path)]);
+                let resp = send(resp).await?;
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
                 let feed = tokio::spawn(async move {
                     let mut body = resp.bytes_stream();

@@ -160,10 +160,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         let r = RunResult {
             sandbox: info,
             exit_code: code,
-            signal: match status {
-                ExitStatus::Signal(s) => Some(s),
-                ExitStatus::Code(_) => None,
-            },
+            signal: status.signal(),
             timed_out,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),

@@ -236,10 +236,7 @@ impl Engine {
                 let status = out.status.unwrap_or(ExitStatus::Code(-1));
                 Ok(Reply::Exec(ExecResult {
                     exit_code: status.as_shell_code(),
-                    signal: match status {
-                        ExitStatus::Signal(s) => Some(s),
-                        ExitStatus::Code(_) => None,
-                    },
+                    signal: status.signal(),
                     timed_out: out.timed_out,
                     stdout,
                     stderr,

@@ -95,10 +95,7 @@ impl CommandLog {
                         duration_ms,
                     }) => Some(ExitInfo {
                         exit_code: status.as_shell_code(),
-                        signal: match status {
-                            forkbox_protocol::ExitStatus::Signal(s) => Some(s),
-                            forkbox_protocol::ExitStatus::Code(_) => None,
-                        },
+                        signal: status.signal(),
                         timed_out,
                         duration_ms,
                         error: None,

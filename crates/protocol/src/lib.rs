@@ -131,6 +131,14 @@ pub enum ExitStatus {
 
 impl ExitStatus {
     /// The shell convention: the code, or 128 + the signal number.
+    /// The signal that ended the command, if one did.
+    pub fn signal(self) -> Option<i32> {
+        match self {
+            ExitStatus::Signal(s) => Some(s),
+            ExitStatus::Code(_) => None,
+        }
+    }
+
     pub fn as_shell_code(self) -> i32 {
         match self {
             ExitStatus::Code(c) => c,

@@ -366,15 +366,9 @@ impl Vm {
     }
 
     fn stderr_tail(&self) -> String {
-        use std::io::{Read, Seek, SeekFrom};
-        let Ok(mut f) = std::fs::File::open(&self.stderr_log) else {
-            return String::new();
-        };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-        let _ = f.seek(SeekFrom::Start(len.saturating_sub(STDERR_QUOTE)));
-        let mut buf = Vec::new();
-        let _ = f.read_to_end(&mut buf);
-        String::from_utf8_lossy(&buf).trim().to_string()
+        file_tail(&self.stderr_log, STDERR_QUOTE)
+            .map(|t| t.trim().to_string())
+            .unwrap_or_default()
     }
 
     /// Stops the VM at once. The guest's disk is disposable, so nothing is flushed.
@@ -391,10 +385,7 @@ impl Vm {
                 );
                 // Not our child: its parent (or init) reaps it; wait until it is gone.
                 for _ in 0..100 {
-                    if !std::path::Path::new(&format!("/proc/{}", self.pid)).exists()
-                        || std::fs::read_to_string(format!("/proc/{}/stat", self.pid))
-                            .is_ok_and(|s| s.contains(") Z "))
-                    {
+                    if crate::runstate::process_start(self.pid).is_none() {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
@@ -413,16 +404,21 @@ const HEADLINES: &[&str] = &[
     "forkbox-agent:",
 ];
 
-pub fn console_tail(path: &Path, lines: usize) -> String {
+/// The last `max` bytes of a file, as text; `None` when it cannot be read.
+fn file_tail(path: &Path, max: u64) -> Option<String> {
     use std::io::{Read, Seek, SeekFrom};
-    let Ok(mut f) = std::fs::File::open(path) else {
+    let mut f = std::fs::File::open(path).ok()?;
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    f.seek(SeekFrom::Start(len.saturating_sub(max))).ok()?;
+    let mut buf = Vec::new();
+    f.read_to_end(&mut buf).ok()?;
+    Some(String::from_utf8_lossy(&buf).into_owned())
+}
+
+pub fn console_tail(path: &Path, lines: usize) -> String {
+    let Some(text) = file_tail(path, 16 * 1024) else {
         return "(no console output)".into();
     };
-    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
-    let _ = f.seek(SeekFrom::Start(len.saturating_sub(16 * 1024)));
-    let mut buf = Vec::new();
-    let _ = f.read_to_end(&mut buf);
-    let text = String::from_utf8_lossy(&buf);
     let all: Vec<&str> = text.lines().collect();
     let start = all.len().saturating_sub(lines);
     let mut tail = all[start..].join("\n");
