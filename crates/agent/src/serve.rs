@@ -202,5 +202,9 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive:
             let out = out.clone();
             std::thread::spawn(move || files::read(id, &path, &out));
         }
+        HostMsg::Refresh { id, refresh } => match crate::refresh::apply(&refresh) {
+            Ok(()) => out.send(&AgentMsg::Done { id }),
+            Err(e) => out.error(id, &e),
+        },
     }
 }

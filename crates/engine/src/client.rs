@@ -192,6 +192,27 @@ impl AgentClient {
         }
     }
 
+    /// Makes a restored copy its own machine (see [`HostMsg::Refresh`]); returns once the
+    /// guest has applied it.
+    pub async fn refresh(&self, refresh: forkbox_protocol::Refresh) -> Result<(), AgentError> {
+        let (id, mut rx) = self.route();
+        let sent = self.send(&HostMsg::Refresh { id, refresh }).await;
+        let r = match sent {
+            Ok(()) => rx.recv().await,
+            Err(e) => {
+                self.unroute(id);
+                return Err(e);
+            }
+        };
+        self.unroute(id);
+        match r {
+            Some(AgentMsg::Done { .. }) => Ok(()),
+            Some(AgentMsg::Error { kind, message, .. }) => Err(AgentError::Refused { kind, message }),
+            Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+            None => Err(AgentError::Disconnected),
+        }
+    }
+
     /// Starts a command; read its events from the returned [`Execution`].
     pub async fn exec(&self, spec: ExecSpec) -> Result<Execution, AgentError> {
         let (id, rx) = self.route();

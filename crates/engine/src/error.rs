@@ -119,6 +119,8 @@ pub enum VmError {
     },
     #[error("could not create the disk overlay for {image}: {detail}")]
     Overlay { image: String, detail: String },
+    #[error("QEMU refused `{command}`: {message}")]
+    Qmp { command: String, message: String },
     #[error(transparent)]
     Agent(#[from] AgentError),
     #[error("{what}: {source}")]
@@ -172,6 +174,8 @@ pub enum SandboxError {
     },
     #[error(transparent)]
     Agent(#[from] AgentError),
+    #[error(transparent)]
+    Snapshot(crate::snapshot::SnapshotError),
     #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed; the sandbox was stopped")]
     Unresponsive { secs: u64 },
     #[error("{what}: {source}")]

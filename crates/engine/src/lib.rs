@@ -29,6 +29,7 @@ pub mod paths;
 pub mod runstate;
 pub mod sandbox;
 pub mod setup;
+pub mod snapshot;
 pub mod vm;
 
 pub use forkbox_protocol as protocol;

@@ -6,6 +6,10 @@
 //! ├── cache/initramfs/        initramfs per (kernel, agent) pair, content-addressed
 //! ├── cache/accel.json        the verdict of the KVM probe for this host
 //! ├── images/<name>/<N>/      immutable images: rootfs.ext4, image.json, recipe.toml
+//! ├── templates/<key>/        a booted image saved right after its agent answered: RAM file,
+//! │                           device state, disk; what `create` restores (key: image, size,
+//! │                           agent, kernel, QEMU)
+//! ├── snapshots/<name>/       snapshots of running sandboxes, same layout as templates
 //! └── run/<sandbox-id>/       one live sandbox: disk overlay, sockets, console log
 //! ```
 
@@ -53,6 +57,12 @@ impl Paths {
     }
     pub fn run(&self) -> PathBuf {
         self.home.join("run")
+    }
+    pub fn templates(&self) -> PathBuf {
+        self.home.join("templates")
+    }
+    pub fn snapshots(&self) -> PathBuf {
+        self.home.join("snapshots")
     }
 }
 

@@ -12,6 +12,7 @@ use crate::image::{env_pairs, Image, ImageRef, ImageStore};
 use crate::kernel::{self, Kernel};
 use crate::paths::Paths;
 use crate::runstate::{self, RunDir};
+use crate::snapshot::Snapshot;
 use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
 
 pub const DEFAULT_MAX_PROCS: u32 = 4096;
@@ -29,6 +30,8 @@ pub struct SandboxConfig {
     pub boot_timeout: Duration,
     /// Most processes the sandbox's commands may have together (a fork bomb stops there).
     pub max_procs: u32,
+    /// Boot the kernel instead of restoring the image's template (slow; for comparisons).
+    pub cold: bool,
 }
 
 impl Default for SandboxConfig {
@@ -44,6 +47,7 @@ impl Default for SandboxConfig {
             die_with_parent: false,
             boot_timeout: Duration::from_secs(120),
             max_procs: DEFAULT_MAX_PROCS,
+            cold: false,
         }
     }
 }
@@ -58,8 +62,25 @@ pub struct SandboxInfo {
     pub memory_mib: u32,
     pub guest_kernel: String,
     pub qemu_pid: u32,
-    /// From the decision to start until the agent answered.
+    /// From the decision to start until the agent answered (restored copies: until the
+    /// copy had been refreshed and answered).
     pub boot_ms: u64,
+    /// What it was restored from: `template:KEY` or `snapshot:NAME`; none for a cold boot.
+    #[serde(default)]
+    pub origin: Option<String>,
+    #[serde(default)]
+    pub max_procs: u32,
+    #[serde(default)]
+    pub kernel: std::path::PathBuf,
+    #[serde(default)]
+    pub initramfs: std::path::PathBuf,
+}
+
+impl SandboxInfo {
+    /// The snapshot (not template) this sandbox was restored from.
+    pub fn origin_snapshot(&self) -> Option<&str> {
+        self.origin.as_deref()?.strip_prefix("snapshot:")
+    }
 }
 
 pub struct Sandbox {
@@ -84,82 +105,47 @@ fn new_id() -> String {
 impl Sandbox {
     pub async fn create(paths: &Paths, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         runstate::sweep(paths);
+        let started = Instant::now();
         let image = ImageStore::new(paths).resolve(&cfg.image)?;
         crate::setup::require(vm::QEMU)?;
-        let kernel = Kernel::find(paths, &image.meta.kernel).ok_or_else(|| {
-            crate::error::SetupError::BadKernel {
-                release: image.meta.kernel.clone(),
-                message: format!(
-                    "image {} boots it, but it is not in {}",
-                    image.reference(),
-                    paths.kernels().display()
-                ),
-            }
-        })?;
-        let (_, agent) = crate::agent_bin::locate()?;
-        let initramfs = kernel::initramfs(paths, &kernel, &agent)?;
-        let accel = vm::decide(paths, cfg.accel, &kernel.vmlinuz(), &initramfs).await?;
+        let kit = boot_kit(paths, &image, cfg.accel).await?;
+        if cfg.cold {
+            return Sandbox::cold_boot(paths, cfg, image, kit, started).await;
+        }
+        let template = ensure_template(paths, cfg, &image, &kit).await?;
+        let origin = format!("template:{}", template.meta.name);
+        Sandbox::restore(paths, &template, origin, cfg, started).await
+    }
 
-        let start = Instant::now();
+    /// Boots the image's kernel (seconds under TCG).
+    async fn cold_boot(
+        paths: &Paths,
+        cfg: &SandboxConfig,
+        image: Image,
+        kit: BootKit,
+        started: Instant,
+    ) -> Result<Sandbox, SandboxError> {
         let id = new_id();
         let mut run = RunDir::create(paths, &id, &image.reference())
             .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
         let vm_cfg = VmConfig {
-            accel: accel.accel,
+            accel: kit.accel.accel,
             cpus: cfg.cpus,
             memory_mib: cfg.memory_mib,
-            kernel: kernel.vmlinuz(),
-            initramfs,
+            kernel: kit.kernel.clone(),
+            initramfs: kit.initramfs.clone(),
             disk: run.dir.join("disk.qcow2"),
             run_dir: run.dir.clone(),
             die_with_parent: cfg.die_with_parent,
             max_procs: cfg.max_procs,
+            memory: vm::Memory::Anonymous,
+            incoming: false,
         };
-        let booted = async {
-            vm::create_overlay(&image.rootfs(), &vm_cfg.disk).await?;
-            let mut vm = Vm::spawn(&vm_cfg)?;
+        let booted = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |vm| {
             run.record.qemu_pid = Some(vm.pid);
             run.record.qemu_start = crate::runstate::process_start(vm.pid);
-            run.save().map_err(|e| VmError::io("record the VM", e))?;
-            let sock = vm_cfg.agent_socket();
-            let connect = AgentClient::connect(&sock);
-            enum Failed {
-                Agent(AgentError),
-                Timeout,
-                Exited(String, String),
-            }
-            let outcome = tokio::select! {
-                c = tokio::time::timeout(cfg.boot_timeout, connect) => match c {
-                    Ok(Ok(client)) => Ok(client),
-                    Ok(Err(e)) => Err(Failed::Agent(e)),
-                    Err(_) => Err(Failed::Timeout),
-                },
-                (status, qemu_stderr) = vm.wait_exit() => Err(Failed::Exited(status, qemu_stderr)),
-            };
-            let failed = match outcome {
-                Ok(client) => return Ok((vm, client)),
-                Err(f) => f,
-            };
-            vm.kill().await;
-            let console_tail = vm.console.settled_tail(20).await;
-            Err(match failed {
-                Failed::Agent(e) => VmError::Agent(e),
-                Failed::Timeout => VmError::BootTimeout {
-                    secs: cfg.boot_timeout.as_secs(),
-                    accel: accel.accel.to_string(),
-                    console_tail,
-                },
-                Failed::Exited(status, qemu_stderr) => VmError::DiedDuringBoot {
-                    status,
-                    qemu_stderr: if qemu_stderr.is_empty() {
-                        "(nothing)".into()
-                    } else {
-                        qemu_stderr
-                    },
-                    console_tail,
-                },
-            })
-        }
+            run.save().map_err(|e| VmError::io("record the VM", e))
+        })
         .await;
         let (vm, client) = match booted {
             Ok(v) => v,
@@ -171,14 +157,206 @@ impl Sandbox {
         let info = SandboxInfo {
             id,
             image: image.reference(),
-            accel,
+            accel: kit.accel,
             cpus: cfg.cpus,
             memory_mib: cfg.memory_mib,
             guest_kernel: client.hello.kernel.clone(),
             qemu_pid: vm.pid,
-            boot_ms: start.elapsed().as_millis() as u64,
+            boot_ms: started.elapsed().as_millis() as u64,
+            origin: None,
+            max_procs: cfg.max_procs,
+            kernel: kit.kernel,
+            initramfs: kit.initramfs,
         };
         Ok(Sandbox::assemble(info, image, vm, client, run))
+    }
+
+    /// Starts a copy of a snapshot or template: a new disk overlay on its frozen disk, its RAM
+    /// file mapped private, its device state loaded; then the copy's RNG is reseeded, its clock
+    /// set and its identity changed before it is returned.
+    pub async fn restore(
+        paths: &Paths,
+        snap: &Snapshot,
+        origin: String,
+        cfg: &SandboxConfig,
+        started: Instant,
+    ) -> Result<Sandbox, SandboxError> {
+        snap.check_restorable()?;
+        let image = ImageStore::new(paths).resolve(&snap.meta.image.parse()?)?;
+        let id = new_id();
+        let mut run = RunDir::create(paths, &id, &snap.meta.image)
+            .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
+        let vm_cfg = crate::snapshot::restore_config(
+            snap,
+            &run.dir,
+            run.dir.join("disk.qcow2"),
+            cfg.die_with_parent,
+        );
+        let max_procs = cfg.max_procs;
+        let restored = async {
+            vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;
+            let mut vm = Vm::spawn(&vm_cfg)?;
+            run.record.qemu_pid = Some(vm.pid);
+            run.record.qemu_start = crate::runstate::process_start(vm.pid);
+            run.save().map_err(|e| VmError::io("record the VM", e))?;
+            let ready = async {
+                let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
+                tokio::task::spawn_blocking(move || crate::snapshot::load_state(&qmp, &state))
+                    .await
+                    .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
+                let client = tokio::time::timeout(
+                    Duration::from_secs(30),
+                    AgentClient::connect(&vm_cfg.agent_socket()),
+                )
+                .await
+                .map_err(|_| VmError::BootTimeout {
+                    secs: 30,
+                    accel: vm_cfg.accel.to_string(),
+                    console_tail: "(restored from a snapshot; the agent did not answer)".into(),
+                })??;
+                client.refresh(fresh_identity(&id, max_procs)).await?;
+                Ok::<_, VmError>(client)
+            };
+            let outcome = tokio::select! {
+                r = ready => r,
+                (status, qemu_stderr) = vm.wait_exit() => Err(VmError::DiedDuringBoot {
+                    status,
+                    qemu_stderr,
+                    console_tail: "(restored from a snapshot)".into(),
+                }),
+            };
+            match outcome {
+                Ok(client) => Ok((vm, client)),
+                Err(e) => {
+                    vm.kill().await;
+                    Err(e)
+                }
+            }
+        }
+        .await;
+        let (vm, client) = match restored {
+            Ok(v) => v,
+            Err(e) => {
+                run.remove();
+                return Err(e.into());
+            }
+        };
+        let info = SandboxInfo {
+            id,
+            image: snap.meta.image.clone(),
+            accel: snap.meta.accel.clone(),
+            cpus: snap.meta.cpus,
+            memory_mib: snap.meta.memory_mib,
+            guest_kernel: client.hello.kernel.clone(),
+            qemu_pid: vm.pid,
+            boot_ms: started.elapsed().as_millis() as u64,
+            origin: Some(origin),
+            max_procs,
+            kernel: snap.meta.kernel.clone(),
+            initramfs: snap.meta.initramfs.clone(),
+        };
+        Ok(Sandbox::assemble(info, image, vm, client, run))
+    }
+
+    /// Saves this running sandbox as an immutable snapshot (memory, processes, disk); it
+    /// keeps running unless `stay_paused`. The pause it saw is in the snapshot's metadata.
+    pub async fn snapshot(
+        &self,
+        paths: &Paths,
+        name: &str,
+        stay_paused: bool,
+    ) -> Result<Snapshot, SandboxError> {
+        use crate::snapshot::{self as snap, SnapshotError, SnapshotKind};
+        if !snap::valid_name(name) {
+            return Err(SnapshotError::BadName(name.into()).into());
+        }
+        let started = Instant::now();
+        let root = paths.snapshots();
+        let dest = root.join(name);
+        if dest.exists() {
+            return Err(SnapshotError::Exists(name.into()).into());
+        }
+        // One save at a time per sandbox, and never while it is being destroyed.
+        let _vm = self.vm.lock().await;
+        let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
+        let recv_dir = tmp.join("recv");
+        std::fs::create_dir_all(&recv_dir)
+            .map_err(|e| SandboxError::io(format!("create {}", recv_dir.display()), e))?;
+        let run_dir = self.run_dir().dir.clone();
+        let recv_cfg = VmConfig {
+            accel: self.info.accel.accel,
+            cpus: self.info.cpus,
+            memory_mib: self.info.memory_mib,
+            kernel: self.info.kernel.clone(),
+            initramfs: self.info.initramfs.clone(),
+            disk: recv_dir.join("disk.qcow2"),
+            run_dir: recv_dir.clone(),
+            die_with_parent: true,
+            max_procs: self.info.max_procs,
+            memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
+            incoming: true,
+        };
+        let n = (1..)
+            .find(|n| !run_dir.join(format!("disk-{n}.qcow2")).exists())
+            .unwrap_or(1);
+        let new_overlay = run_dir.join(format!("disk-{n}.qcow2"));
+        let saved = async {
+            vm::create_overlay(&self.image.rootfs(), &recv_cfg.disk).await?;
+            let mut receiver = Vm::spawn(&recv_cfg)?;
+            let (src, rcv, state) = (
+                run_dir.join("qmp.sock"),
+                recv_cfg.qmp_socket(),
+                tmp.join(snap::VMSTATE),
+            );
+            let r = tokio::task::spawn_blocking(move || {
+                snap::save_running(&src, &rcv, &state, &new_overlay, stay_paused)
+            })
+            .await
+            .map_err(|e| VmError::io("save the sandbox", std::io::Error::other(e)))
+            .and_then(|r| r);
+            snap::reap(&mut receiver, Duration::from_secs(5)).await;
+            r
+        }
+        .await;
+        let (frozen, timing) = match saved {
+            Ok(v) => v,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                return Err(e.into());
+            }
+        };
+        let finish = || -> Result<Snapshot, SnapshotError> {
+            let disk = tmp.join(snap::DISK);
+            if std::fs::hard_link(&frozen, &disk).is_err() {
+                std::fs::copy(&frozen, &disk).map_err(|e| SnapshotError::Io {
+                    what: format!("keep the frozen disk {}", frozen.display()),
+                    source: e,
+                })?;
+            }
+            let _ = std::fs::remove_dir_all(&recv_dir);
+            let mut cfg = recv_cfg.clone();
+            cfg.memory = vm::Memory::Anonymous;
+            let mut meta = snap::new_meta(
+                name.to_string(),
+                SnapshotKind::Snapshot,
+                &cfg,
+                self.info.image.clone(),
+                self.info.accel.clone(),
+                self.info.origin_snapshot().map(str::to_string),
+                Some(self.info.id.clone()),
+            );
+            meta.pause_ms = Some(timing.pause_ms);
+            meta.took_ms = started.elapsed().as_millis() as u64;
+            meta.memory_bytes = snap::allocated_bytes(&tmp.join(snap::MEM));
+            snap::publish(&tmp, &dest, &meta)
+        };
+        match finish() {
+            Ok(s) => Ok(s),
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&tmp);
+                Err(e.into())
+            }
+        }
     }
 
     fn assemble(
@@ -276,6 +454,8 @@ impl Sandbox {
             run_dir: run.dir.clone(),
             die_with_parent: false,
             max_procs: 0,
+            memory: vm::Memory::Anonymous,
+            incoming: false,
         };
         let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
         let client = match tokio::time::timeout(
@@ -299,6 +479,223 @@ impl Sandbox {
         self.run_dir().remove();
         self.destroyed
             .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// What booting an image needs besides the image: kernel, initramfs (agent + modules) and the
+/// accelerator. Worked out once per (home, kernel, accelerator choice) and agent binary, since
+/// it reads and hashes the agent.
+#[derive(Debug, Clone)]
+pub struct BootKit {
+    pub kernel: std::path::PathBuf,
+    pub initramfs: std::path::PathBuf,
+    pub accel: AccelDecision,
+}
+
+type KitKey = (std::path::PathBuf, String, AccelChoice);
+type KitEntry = (std::path::PathBuf, Option<std::time::SystemTime>, BootKit);
+
+pub async fn boot_kit(
+    paths: &Paths,
+    image: &Image,
+    choice: AccelChoice,
+) -> Result<BootKit, SandboxError> {
+    static KITS: std::sync::Mutex<Vec<(KitKey, KitEntry)>> = std::sync::Mutex::new(Vec::new());
+    let key: KitKey = (paths.home().to_path_buf(), image.meta.kernel.clone(), choice);
+    let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    {
+        let kits = KITS.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((_, (agent, at, kit))) = kits.iter().find(|(k, _)| *k == key) {
+            if mtime(agent) == *at && kit.initramfs.is_file() {
+                return Ok(kit.clone());
+            }
+        }
+    }
+    let kernel = Kernel::find(paths, &image.meta.kernel).ok_or_else(|| {
+        crate::error::SetupError::BadKernel {
+            release: image.meta.kernel.clone(),
+            message: format!(
+                "image {} boots it, but it is not in {}",
+                image.reference(),
+                paths.kernels().display()
+            ),
+        }
+    })?;
+    let (agent_path, agent) = crate::agent_bin::locate()?;
+    let initramfs = kernel::initramfs(paths, &kernel, &agent)?;
+    let accel = vm::decide(paths, choice, &kernel.vmlinuz(), &initramfs).await?;
+    let kit = BootKit {
+        kernel: kernel.vmlinuz(),
+        initramfs,
+        accel,
+    };
+    let mut kits = KITS.lock().unwrap_or_else(|p| p.into_inner());
+    kits.retain(|(k, _)| *k != key);
+    let at = mtime(&agent_path);
+    kits.push((key, (agent_path, at, kit.clone())));
+    Ok(kit)
+}
+
+/// Starts QEMU for `cfg` on a new overlay over `base` and waits for the agent; `spawned` runs
+/// right after QEMU starts (to record it). On failure QEMU is gone and the error says why.
+async fn boot(
+    base: &std::path::Path,
+    cfg: &VmConfig,
+    boot_timeout: Duration,
+    spawned: impl FnOnce(&Vm) -> Result<(), VmError>,
+) -> Result<(Vm, AgentClient), VmError> {
+    vm::create_overlay(base, &cfg.disk).await?;
+    let mut vm = Vm::spawn(cfg)?;
+    if let Err(e) = spawned(&vm) {
+        vm.kill().await;
+        return Err(e);
+    }
+    enum Failed {
+        Agent(AgentError),
+        Timeout,
+        Exited(String, String),
+    }
+    let agent_socket = cfg.agent_socket();
+    let outcome = tokio::select! {
+        c = tokio::time::timeout(boot_timeout, AgentClient::connect(&agent_socket)) => match c {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(e)) => Err(Failed::Agent(e)),
+            Err(_) => Err(Failed::Timeout),
+        },
+        (status, qemu_stderr) = vm.wait_exit() => Err(Failed::Exited(status, qemu_stderr)),
+    };
+    let failed = match outcome {
+        Ok(client) => return Ok((vm, client)),
+        Err(f) => f,
+    };
+    vm.kill().await;
+    let console_tail = vm.console.settled_tail(20).await;
+    Err(match failed {
+        Failed::Agent(e) => VmError::Agent(e),
+        Failed::Timeout => VmError::BootTimeout {
+            secs: boot_timeout.as_secs(),
+            accel: cfg.accel.to_string(),
+            console_tail,
+        },
+        Failed::Exited(status, qemu_stderr) => VmError::DiedDuringBoot {
+            status,
+            qemu_stderr: if qemu_stderr.is_empty() {
+                "(nothing)".into()
+            } else {
+                qemu_stderr
+            },
+            console_tail,
+        },
+    })
+}
+
+/// The image's template for this size, made now if there is none (one boot, a few seconds
+/// under TCG; concurrent callers wait for the one that builds it).
+pub async fn ensure_template(
+    paths: &Paths,
+    cfg: &SandboxConfig,
+    image: &Image,
+    kit: &BootKit,
+) -> Result<Snapshot, SandboxError> {
+    use crate::snapshot::{self as snap, SnapshotKind};
+    let key = snap::template_key(
+        &image.reference(),
+        cfg.cpus,
+        cfg.memory_mib,
+        cfg.max_procs,
+        &kit.initramfs,
+        &kit.accel,
+    );
+    let root = paths.templates();
+    let dest = root.join(&key);
+    if let Some(t) = Snapshot::load(&dest) {
+        return Ok(t);
+    }
+    std::fs::create_dir_all(&root)
+        .map_err(|e| SandboxError::io(format!("create {}", root.display()), e))?;
+    let lock_path = root.join(format!(".{key}.lock"));
+    let lock = tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::create(&lock_path)?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| std::io::Error::from(e))
+    })
+    .await
+    .map_err(|e| SandboxError::io("lock the template", std::io::Error::other(e)))?
+    .map_err(|e| SandboxError::io("lock the template", e))?;
+    if let Some(t) = Snapshot::load(&dest) {
+        return Ok(t);
+    }
+    snap::SnapshotStore::sweep_dir(&root);
+    let started = Instant::now();
+    let tmp = root.join(format!(".tmp-{key}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp)
+        .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;
+    let vm_cfg = VmConfig {
+        accel: kit.accel.accel,
+        cpus: cfg.cpus,
+        memory_mib: cfg.memory_mib,
+        kernel: kit.kernel.clone(),
+        initramfs: kit.initramfs.clone(),
+        disk: tmp.join(snap::DISK),
+        run_dir: tmp.clone(),
+        die_with_parent: true,
+        max_procs: cfg.max_procs,
+        memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
+        incoming: false,
+    };
+    let built = async {
+        let (mut vm, client) = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |_| Ok(())).await?;
+        let (qmp, state) = (vm_cfg.qmp_socket(), tmp.join(snap::VMSTATE));
+        let saved = tokio::task::spawn_blocking(move || snap::save_shared(&qmp, &state))
+            .await
+            .map_err(|e| VmError::io("save the template", std::io::Error::other(e)))
+            .and_then(|r| r);
+        snap::reap(&mut vm, Duration::from_secs(5)).await;
+        drop(client);
+        saved
+    }
+    .await;
+    let published = built.map_err(SandboxError::from).and_then(|()| {
+        for f in ["agent.sock", "qmp.sock", "console.sock", "console.log", "qemu.stderr"] {
+            let _ = std::fs::remove_file(tmp.join(f));
+        }
+        let mut meta = snap::new_meta(
+            key.clone(),
+            SnapshotKind::Template,
+            &vm_cfg,
+            image.reference(),
+            kit.accel.clone(),
+            None,
+            None,
+        );
+        meta.took_ms = started.elapsed().as_millis() as u64;
+        meta.memory_bytes = snap::allocated_bytes(&tmp.join(snap::MEM));
+        Ok(snap::publish(&tmp, &dest, &meta)?)
+    });
+    drop(lock);
+    if published.is_err() {
+        let _ = std::fs::remove_dir_all(&tmp);
+    }
+    published
+}
+
+/// A new identity for a restored copy: fresh entropy, the host's time, its own names.
+fn fresh_identity(id: &str, max_procs: u32) -> forkbox_protocol::Refresh {
+    let mut entropy = vec![0u8; 64];
+    let _ = getrandom::getrandom(&mut entropy);
+    let mut mid = [0u8; 16];
+    let _ = getrandom::getrandom(&mut mid);
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    forkbox_protocol::Refresh {
+        entropy,
+        unix_secs: now.as_secs(),
+        unix_nanos: now.subsec_nanos(),
+        hostname: id.to_string(),
+        machine_id: mid.iter().map(|b| format!("{b:02x}")).collect(),
+        max_procs,
     }
 }
 

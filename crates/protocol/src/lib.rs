@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 2;
+pub const PROTOCOL_VERSION: u32 = 3;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -206,6 +206,28 @@ pub enum HostMsg {
         id: u32,
         path: String,
     },
+    /// Sent to a copy restored from a snapshot before it is reported ready: mix `entropy` into
+    /// the kernel's RNG and reseed it, set the wall clock, take a new identity. Answered with
+    /// `Done` once all of it is in effect.
+    Refresh {
+        id: u32,
+        refresh: Refresh,
+    },
+}
+
+/// What makes a restored copy its own machine (see [`HostMsg::Refresh`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Refresh {
+    /// Fresh random bytes from the host, credited to the guest kernel's entropy pool.
+    pub entropy: Vec<u8>,
+    /// The host's wall clock: seconds and nanoseconds since the Unix epoch.
+    pub unix_secs: u64,
+    pub unix_nanos: u32,
+    pub hostname: String,
+    /// 32 lowercase hex digits, written to /etc/machine-id.
+    pub machine_id: String,
+    /// New cap on the processes of the copy's commands (0: unchanged).
+    pub max_procs: u32,
 }
 
 /// Messages from the agent to the host.

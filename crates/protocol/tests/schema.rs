@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 2);
+    assert_eq!(PROTOCOL_VERSION, 3);
 }
 
 #[test]
@@ -67,6 +67,17 @@ fn host_messages_encoding_is_pinned() {
             id: 7,
             path: "/d".into(),
         }),
+        hex(&HostMsg::Refresh {
+            id: 8,
+            refresh: Refresh {
+                entropy: vec![9, 9],
+                unix_secs: 1,
+                unix_nanos: 2,
+                hostname: "h".into(),
+                machine_id: "m".into(),
+                max_procs: 3,
+            },
+        }),
     ];
     let want = vec![
         "0001",
@@ -79,6 +90,7 @@ fn host_messages_encoding_is_pinned() {
         "0605022f66",
         "0706022f64010101",
         "0807022f64",
+        "090802090901020168016d03",
     ];
     assert_eq!(got, want);
 }
@@ -143,5 +155,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258020000000173016b03");
+    assert_eq!(h, "0d000000464b4258030000000173016b03");
 }

@@ -28,6 +28,24 @@ pub struct VmConfig {
     pub die_with_parent: bool,
     /// Most processes the guest's commands may have together.
     pub max_procs: u32,
+    /// Where guest RAM lives.
+    pub memory: Memory,
+    /// Start paused, waiting for a device state to load (`-incoming defer`).
+    pub incoming: bool,
+}
+
+/// Where a VM's RAM lives. Every VM names its RAM object `ram`, so that device state saved by
+/// one can be loaded by another whatever their backing.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Memory {
+    /// Private anonymous memory (a plain cold boot).
+    Anonymous,
+    /// A file mapped shared: what the guest writes lands in the file. Snapshots and templates
+    /// are made this way, so saving them writes only device state (`x-ignore-shared`).
+    SharedFile(PathBuf),
+    /// A snapshot's RAM file mapped private: the copy reads the snapshot's pages from the page
+    /// cache, shared with every other copy, and owns only the pages it writes.
+    PrivateFile(PathBuf),
 }
 
 impl VmConfig {
@@ -88,8 +106,19 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
     let p = |p: &Path| p.display().to_string();
     let mut a: Vec<String> = vec![
         "-M".into(),
-        "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on".into(),
+        "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on,memory-backend=ram".into(),
     ];
+    let size = format!("size={}M", cfg.memory_mib);
+    let ram = match &cfg.memory {
+        Memory::Anonymous => format!("memory-backend-ram,id=ram,{size}"),
+        Memory::SharedFile(f) => {
+            format!("memory-backend-file,id=ram,{size},mem-path={},share=on", p(f))
+        }
+        Memory::PrivateFile(f) => {
+            format!("memory-backend-file,id=ram,{size},mem-path={},share=off", p(f))
+        }
+    };
+    a.extend(["-object".into(), ram]);
     match cfg.accel {
         Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
         Accel::Tcg => a.extend([
@@ -154,11 +183,20 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-sandbox".into(),
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
     ]);
+    if cfg.incoming {
+        a.extend(["-incoming".into(), "defer".into()]);
+    }
     a
 }
 
-/// Creates the per-sandbox copy-on-write overlay over an image's raw root disk.
+/// Creates a copy-on-write qcow2 overlay over `base`: an image's raw root disk, or the frozen
+/// qcow2 disk of a template or snapshot.
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> {
+    let base_format = if base.extension().is_some_and(|e| e == "qcow2") {
+        "qcow2"
+    } else {
+        "raw"
+    };
     let qemu_img = crate::setup::require("qemu-img").map_err(|e| VmError::Overlay {
         image: base.display().to_string(),
         detail: e.to_string(),
@@ -170,7 +208,7 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
             "-f",
             "qcow2",
             "-F",
-            "raw",
+            base_format,
             "-o",
             "extended_l2=on,cluster_size=128k",
             "-b",
@@ -453,6 +491,8 @@ mod tests {
             run_dir: "/run/x".into(),
             die_with_parent: false,
             max_procs: 100,
+            memory: Memory::Anonymous,
+            incoming: false,
         }
     }
 

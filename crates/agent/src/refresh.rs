@@ -1,0 +1,71 @@
+//! Making a copy restored from a snapshot its own machine: fresh randomness, the right time,
+//! its own name. Every copy of one snapshot starts with the same kernel RNG state; without this
+//! they would all draw the same "random" numbers.
+
+use std::fs::{self, OpenOptions};
+use std::io;
+use std::os::fd::AsRawFd;
+
+use forkbox_protocol::Refresh;
+
+/// `RNDADDENTROPY`: `_IOW('R', 0x03, int[2])`.
+const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
+/// `RNDRESEEDCRNG`: `_IO('R', 0x07)`.
+const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
+
+pub fn apply(r: &Refresh) -> io::Result<()> {
+    reseed(&r.entropy)?;
+    set_clock(r.unix_secs, r.unix_nanos)?;
+    if !r.hostname.is_empty() {
+        nix::unistd::sethostname(&r.hostname).map_err(io::Error::from)?;
+        let _ = fs::write("/etc/hostname", format!("{}\n", r.hostname));
+    }
+    if !r.machine_id.is_empty() {
+        // Best effort: an image may have a read-only /etc; the RNG and clock matter more.
+        let _ = fs::write("/etc/machine-id", format!("{}\n", r.machine_id));
+    }
+    if r.max_procs > 0 {
+        fs::write(
+            format!("{}/pids.max", crate::boot::COMMANDS_CGROUP),
+            r.max_procs.to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+/// Credits `entropy` to the input pool, then forces the CRNG to reseed from it, so that
+/// `/dev/urandom` and `getrandom()` diverge from every other copy at once.
+fn reseed(entropy: &[u8]) -> io::Result<()> {
+    if entropy.len() < 32 {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "at least 32 bytes of entropy are needed to reseed",
+        ));
+    }
+    let rnd = OpenOptions::new().write(true).open("/dev/urandom")?;
+    // struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+    let words = entropy.len().div_ceil(4);
+    let mut info: Vec<u32> = vec![0; 2 + words];
+    info[0] = (entropy.len() * 8) as u32;
+    info[1] = entropy.len() as u32;
+    for (i, chunk) in entropy.chunks(4).enumerate() {
+        let mut w = [0u8; 4];
+        w[..chunk.len()].copy_from_slice(chunk);
+        info[2 + i] = u32::from_ne_bytes(w);
+    }
+    // SAFETY: `info` is a live, properly aligned buffer laid out as `struct rand_pool_info`
+    // with `buf_size` bytes of payload after the two ints; the kernel only reads it.
+    if unsafe { libc::ioctl(rnd.as_raw_fd(), RNDADDENTROPY, info.as_ptr()) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: RNDRESEEDCRNG takes no argument.
+    if unsafe { libc::ioctl(rnd.as_raw_fd(), RNDRESEEDCRNG, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+fn set_clock(secs: u64, nanos: u32) -> io::Result<()> {
+    let ts = nix::sys::time::TimeSpec::new(secs as libc::time_t, nanos as libc::c_long);
+    nix::time::clock_settime(nix::time::ClockId::CLOCK_REALTIME, ts).map_err(io::Error::from)
+}

@@ -1,0 +1,509 @@
+//! Snapshots and templates: a VM saved as a RAM file, its device state and a frozen disk, from
+//! which copies start in milliseconds.
+//!
+//! ```text
+//! <dir>/mem            guest RAM, byte for byte (sparse: pages never touched are holes)
+//! <dir>/vmstate        device state only (QEMU migration stream with `x-ignore-shared`)
+//! <dir>/disk.qcow2     the disk as it was at that instant; never written again
+//! <dir>/snapshot.json  what it is and what it needs (image, sizes, kernel, agent, QEMU)
+//! ```
+//!
+//! A copy maps `mem` privately (`share=off`): it reads the snapshot's pages from the page cache,
+//! shared with every other copy, and owns only the pages it writes. Its disk is a new qcow2
+//! overlay on `disk.qcow2`. Device state is loaded with `-incoming defer` and a file passed
+//! over QMP, which works under QEMU's strictest seccomp setting.
+//!
+//! *Templates* are snapshots made right after an image's first boot, one per (image, vCPUs,
+//! memory, agent+kernel, QEMU, accelerator): `create` restores one instead of booting.
+//!
+//! Saving a *running* sandbox: its RAM is a private mapping (or anonymous), so QEMU cannot skip
+//! it. The sandbox is live-migrated into a receiver QEMU whose RAM is a new shared file; the
+//! sandbox keeps running during the copy and is paused only for the last dirty pages, its disk
+//! is switched to a new overlay at that instant (the old one freezes and becomes the
+//! snapshot's disk), and the receiver then saves its device state.
+
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::error::{SandboxError, VmError};
+use crate::paths::{write_atomic, Paths};
+use crate::vm::qmp::Qmp;
+use crate::vm::{AccelDecision, Memory, Vm, VmConfig};
+
+pub const MEM: &str = "mem";
+pub const VMSTATE: &str = "vmstate";
+pub const DISK: &str = "disk.qcow2";
+pub const META: &str = "snapshot.json";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotKind {
+    Template,
+    Snapshot,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct SnapshotMeta {
+    pub name: String,
+    pub kind: SnapshotKind,
+    pub image: String,
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub accel: AccelDecision,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub max_procs: u32,
+    pub qemu_version: String,
+    /// The snapshot (or template) the saved sandbox was a copy of; its disk backs this one's.
+    pub parent: Option<String>,
+    pub from_sandbox: Option<String>,
+    pub created_unix: u64,
+    /// How long the sandbox was paused while it was saved.
+    pub pause_ms: Option<f64>,
+    /// Wall time of the whole save.
+    pub took_ms: u64,
+    /// Bytes the RAM file occupies (its holes excluded).
+    pub memory_bytes: u64,
+}
+
+/// A snapshot on disk.
+#[derive(Debug, Clone)]
+pub struct Snapshot {
+    pub dir: PathBuf,
+    pub meta: SnapshotMeta,
+}
+
+impl Snapshot {
+    pub fn load(dir: &Path) -> Option<Snapshot> {
+        let meta = serde_json::from_slice(&std::fs::read(dir.join(META)).ok()?).ok()?;
+        Some(Snapshot {
+            dir: dir.to_path_buf(),
+            meta,
+        })
+    }
+    pub fn mem(&self) -> PathBuf {
+        self.dir.join(MEM)
+    }
+    pub fn vmstate(&self) -> PathBuf {
+        self.dir.join(VMSTATE)
+    }
+    pub fn disk(&self) -> PathBuf {
+        self.dir.join(DISK)
+    }
+
+    /// Refuses, in words, a snapshot this forkbox cannot restore: device state is only
+    /// loadable by the QEMU that wrote it, and the guest runs the agent it was saved with.
+    pub fn check_restorable(&self) -> Result<(), SnapshotError> {
+        let ours = qemu_version();
+        if self.meta.qemu_version != ours {
+            return Err(SnapshotError::Incompatible {
+                name: self.meta.name.clone(),
+                why: format!(
+                    "it was saved by {} and this host runs {ours}",
+                    self.meta.qemu_version
+                ),
+            });
+        }
+        for f in [self.mem(), self.vmstate(), self.disk(), self.meta.kernel.clone()] {
+            if !f.exists() {
+                return Err(SnapshotError::Incompatible {
+                    name: self.meta.name.clone(),
+                    why: format!("{} is missing", f.display()),
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SnapshotError {
+    #[error("no snapshot {0}; list them with `forkbox snapshot ls`")]
+    NotFound(String),
+    #[error("a snapshot named {0} exists already")]
+    Exists(String),
+    #[error("snapshot name {0:?} is not valid: use 1-63 of a-z, 0-9, '.', '_' and '-', starting with a letter or digit")]
+    BadName(String),
+    #[error("snapshot {name} cannot be deleted while {users} depend on it; delete those first")]
+    InUse { name: String, users: String },
+    #[error("snapshot {name} cannot be restored: {why}")]
+    Incompatible { name: String, why: String },
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> SnapshotError {
+    let what = what.into();
+    move |source| SnapshotError::Io { what, source }
+}
+
+pub fn valid_name(name: &str) -> bool {
+    let b = name.as_bytes();
+    !b.is_empty()
+        && b.len() <= 63
+        && b[0].is_ascii_alphanumeric()
+        && b.iter()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || b"._-".contains(c))
+}
+
+/// The QEMU in use, as it names itself (`QEMU emulator version 7.2.x ...`), asked once.
+pub fn qemu_version() -> String {
+    static V: OnceLock<String> = OnceLock::new();
+    V.get_or_init(|| {
+        let program = crate::setup::which(crate::vm::QEMU)
+            .unwrap_or_else(|| PathBuf::from(crate::vm::QEMU));
+        std::process::Command::new(program)
+            .arg("--version")
+            .output()
+            .ok()
+            .and_then(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .lines()
+                    .next()
+                    .map(str::to_string)
+            })
+            .unwrap_or_else(|| "unknown QEMU".into())
+    })
+    .clone()
+}
+
+/// Named snapshots under `snapshots/`.
+pub struct SnapshotStore {
+    root: PathBuf,
+}
+
+impl SnapshotStore {
+    pub fn new(paths: &Paths) -> SnapshotStore {
+        SnapshotStore {
+            root: paths.snapshots(),
+        }
+    }
+
+    pub fn dir(&self, name: &str) -> PathBuf {
+        self.root.join(name)
+    }
+
+    pub fn get(&self, name: &str) -> Result<Snapshot, SnapshotError> {
+        if !valid_name(name) {
+            return Err(SnapshotError::BadName(name.into()));
+        }
+        Snapshot::load(&self.dir(name)).ok_or_else(|| SnapshotError::NotFound(name.into()))
+    }
+
+    pub fn list(&self) -> Vec<Snapshot> {
+        let mut all: Vec<Snapshot> = std::fs::read_dir(&self.root)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+            .filter_map(|e| Snapshot::load(&e.path()))
+            .collect();
+        all.sort_by(|a, b| {
+            (a.meta.created_unix, &a.meta.name).cmp(&(b.meta.created_unix, &b.meta.name))
+        });
+        all
+    }
+
+    /// Deletes a snapshot unless a live sandbox (`users`: ids of sandboxes restored from it)
+    /// or another snapshot depends on it.
+    pub fn remove(&self, name: &str, users: &[String]) -> Result<(), SnapshotError> {
+        let snap = self.get(name)?;
+        let mut deps: Vec<String> = users.iter().map(|u| format!("sandbox {u}")).collect();
+        for s in self.list() {
+            if s.meta.parent.as_deref() == Some(name) {
+                deps.push(format!("snapshot {}", s.meta.name));
+            }
+        }
+        if !deps.is_empty() {
+            return Err(SnapshotError::InUse {
+                name: name.into(),
+                users: deps.join(", "),
+            });
+        }
+        // Renamed away first, so a crash halfway leaves no half-snapshot under a real name.
+        let doomed = self.root.join(format!(".deleting-{name}-{}", std::process::id()));
+        std::fs::rename(&snap.dir, &doomed).map_err(io(format!("delete snapshot {name}")))?;
+        std::fs::remove_dir_all(&doomed).map_err(io(format!("delete snapshot {name}")))?;
+        Ok(())
+    }
+
+    /// Removes what an interrupted save or delete left behind.
+    pub fn sweep(&self) {
+        SnapshotStore::sweep_dir(&self.root)
+    }
+
+    /// Removes `.tmp-*` and `.deleting-*` entries of processes that are gone from `root`.
+    pub fn sweep_dir(root: &Path) {
+        for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            let n = e.file_name().to_string_lossy().into_owned();
+            if let Some(rest) = n.strip_prefix(".tmp-").or(n.strip_prefix(".deleting-")) {
+                let pid = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
+                let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
+                if !alive {
+                    crate::runstate::kill_qemus_of(&e.path());
+                    let _ = std::fs::remove_dir_all(e.path());
+                }
+            }
+        }
+    }
+}
+
+/// Bytes a file occupies on disk.
+pub fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+}
+
+fn now_unix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// What a VM restored from `snap` runs with, in `run_dir`, on the overlay `disk`.
+pub fn restore_config(snap: &Snapshot, run_dir: &Path, disk: PathBuf, die_with_parent: bool) -> VmConfig {
+    VmConfig {
+        accel: snap.meta.accel.accel,
+        cpus: snap.meta.cpus,
+        memory_mib: snap.meta.memory_mib,
+        kernel: snap.meta.kernel.clone(),
+        initramfs: snap.meta.initramfs.clone(),
+        disk,
+        run_dir: run_dir.to_path_buf(),
+        die_with_parent,
+        max_procs: snap.meta.max_procs,
+        memory: Memory::PrivateFile(snap.mem()),
+        incoming: true,
+    }
+}
+
+/// Loads `vmstate` into a QEMU started with `-incoming defer` and lets it run.
+pub fn load_state(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
+    let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
+    q.set_capabilities(&[("x-ignore-shared", true)])?;
+    let f = std::fs::File::open(vmstate).map_err(|e| VmError::io("open the device state", e))?;
+    q.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
+    drop(f);
+    q.execute("migrate-incoming", json!({"uri": "fd:state"}))?;
+    q.wait_migration(&["completed"], Duration::from_secs(60))?;
+    // The source was paused when saved, so the copy stays paused until told.
+    let started = Instant::now();
+    loop {
+        match q.status()?.as_str() {
+            "paused" | "postmigrate" => break,
+            "running" => return Ok(()),
+            _ if started.elapsed() > Duration::from_secs(10) => {
+                return Err(VmError::Qmp {
+                    command: "migrate-incoming".into(),
+                    message: "the VM did not settle after loading its state".into(),
+                })
+            }
+            _ => std::thread::sleep(Duration::from_micros(200)),
+        }
+    }
+    q.execute("cont", json!({}))?;
+    Ok(())
+}
+
+/// Saves a VM that runs with its RAM in a shared file: pause it, write its device state
+/// (RAM skipped), and leave it paused. Used for templates (the VM is then shut down).
+pub fn save_shared(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
+    let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
+    q.execute("stop", json!({}))?;
+    q.set_capabilities(&[("x-ignore-shared", true)])?;
+    let f = std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
+    q.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
+    q.execute("migrate", json!({"uri": "fd:state"}))?;
+    q.wait_migration(&["completed"], Duration::from_secs(60))?;
+    f.sync_all().map_err(|e| VmError::io("sync the device state", e))?;
+    let _ = q.execute("quit", json!({}));
+    Ok(())
+}
+
+/// What saving a running VM measured.
+#[derive(Debug, Clone, Copy)]
+pub struct SaveTiming {
+    /// From the VM's STOP to its RESUME, by QEMU's own clock.
+    pub pause_ms: f64,
+}
+
+/// Saves a running VM (`source_qmp`) into `receiver`, a VM started for this with
+/// `Memory::SharedFile` and `-incoming defer`; `new_overlay` is where the source goes on
+/// writing its disk, and the return value names the disk file that froze. The source keeps
+/// running unless `stay_paused`. On failure the source is resumed and nothing is frozen.
+pub fn save_running(
+    source_qmp: &Path,
+    receiver_qmp: &Path,
+    vmstate: &Path,
+    new_overlay: &Path,
+    stay_paused: bool,
+) -> Result<(PathBuf, SaveTiming), VmError> {
+    let mut src = Qmp::connect(source_qmp, Duration::from_secs(10))?;
+    let mut rcv = Qmp::connect(receiver_qmp, Duration::from_secs(10))?;
+    let result = (|| {
+        let frozen = active_disk(&mut src)?;
+        rcv.set_capabilities(&[("x-ignore-shared", false)])?;
+        src.set_capabilities(&[("x-ignore-shared", false), ("pause-before-switchover", true)])?;
+        src.execute(
+            "migrate-set-parameters",
+            json!({"max-bandwidth": 64u64 << 30, "downtime-limit": 20}),
+        )?;
+        let (a, b) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| VmError::io("make a migration channel", e))?;
+        rcv.pass_fd("in", std::os::fd::AsFd::as_fd(&b))?;
+        rcv.execute("migrate-incoming", json!({"uri": "fd:in"}))?;
+        src.pass_fd("out", std::os::fd::AsFd::as_fd(&a))?;
+        drop((a, b));
+        src.execute("migrate", json!({"uri": "fd:out"}))?;
+        // The source is now stopped; memory and disk are frozen at the same instant.
+        src.wait_migration(&["pre-switchover"], Duration::from_secs(600))?;
+        src.execute(
+            "blockdev-snapshot-sync",
+            json!({"device": "root", "snapshot-file": new_overlay.display().to_string(), "format": "qcow2"}),
+        )?;
+        src.execute("migrate-continue", json!({"state": "pre-switchover"}))?;
+        src.wait_migration(&["completed"], Duration::from_secs(60))?;
+        if !stay_paused {
+            src.execute("cont", json!({}))?;
+        }
+        Ok(frozen)
+    })();
+    let frozen = match result {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = src.execute("migrate_cancel", json!({}));
+            if !stay_paused {
+                let _ = src.execute("cont", json!({}));
+            }
+            return Err(e);
+        }
+    };
+    let pause_ms = match (src.last_event("STOP"), src.last_event("RESUME")) {
+        (Some(s), Some(r)) if r >= s => (r - s) as f64 / 1000.0,
+        _ => f64::NAN,
+    };
+    let _ = src.set_capabilities(&[("pause-before-switchover", false)]);
+    // The receiver holds the RAM now; it writes the device state without it.
+    rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
+    rcv.set_capabilities(&[("x-ignore-shared", true)])?;
+    let f = std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
+    rcv.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
+    rcv.execute("migrate", json!({"uri": "fd:state"}))?;
+    rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
+    f.sync_all().map_err(|e| VmError::io("sync the device state", e))?;
+    let _ = rcv.execute("quit", json!({}));
+    Ok((frozen, SaveTiming { pause_ms }))
+}
+
+/// The file the VM's root disk writes to now.
+fn active_disk(q: &mut Qmp) -> Result<PathBuf, VmError> {
+    let v = q.execute("query-block", json!({}))?;
+    v.as_array()
+        .into_iter()
+        .flatten()
+        .find(|d| d["device"] == "root")
+        .and_then(|d| d["inserted"]["file"].as_str())
+        .map(PathBuf::from)
+        .ok_or_else(|| VmError::Qmp {
+            command: "query-block".into(),
+            message: "the VM has no root disk".into(),
+        })
+}
+
+/// Writes `meta` into `tmp` and moves `tmp` to `dest` in one step; the snapshot exists whole or
+/// not at all.
+pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot, SnapshotError> {
+    for f in [MEM, DISK] {
+        if let Ok(file) = std::fs::File::open(tmp.join(f)) {
+            file.sync_all().map_err(io(format!("sync {f}")))?;
+        }
+    }
+    let json = serde_json::to_vec_pretty(meta).map_err(|e| SnapshotError::Io {
+        what: "encode snapshot.json".into(),
+        source: std::io::Error::other(e),
+    })?;
+    write_atomic(&tmp.join(META), &json).map_err(io("write snapshot.json"))?;
+    std::fs::rename(tmp, dest).map_err(io(format!("publish {}", dest.display())))?;
+    if let Some(parent) = dest.parent().and_then(|p| std::fs::File::open(p).ok()) {
+        let _ = parent.sync_all();
+    }
+    Snapshot::load(dest).ok_or_else(|| SnapshotError::NotFound(meta.name.clone()))
+}
+
+/// Everything that identifies a template: a template is restored only by a forkbox whose
+/// kernel, agent (both in the initramfs's content hash), QEMU and accelerator match.
+pub fn template_key(
+    image: &str,
+    cpus: u32,
+    memory_mib: u32,
+    max_procs: u32,
+    initramfs: &Path,
+    accel: &AccelDecision,
+) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    for part in [
+        image.to_string(),
+        cpus.to_string(),
+        memory_mib.to_string(),
+        max_procs.to_string(),
+        initramfs.display().to_string(),
+        qemu_version(),
+        accel.accel.to_string(),
+    ] {
+        h.update(part.as_bytes());
+        h.update([0]);
+    }
+    let d: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    format!("{}-c{cpus}-m{memory_mib}-{d}", image.replace('@', "-"))
+}
+
+pub(crate) fn new_meta(
+    name: String,
+    kind: SnapshotKind,
+    cfg: &VmConfig,
+    image: String,
+    accel: AccelDecision,
+    parent: Option<String>,
+    from_sandbox: Option<String>,
+) -> SnapshotMeta {
+    SnapshotMeta {
+        name,
+        kind,
+        image,
+        kernel: cfg.kernel.clone(),
+        initramfs: cfg.initramfs.clone(),
+        accel,
+        cpus: cfg.cpus,
+        memory_mib: cfg.memory_mib,
+        max_procs: cfg.max_procs,
+        qemu_version: qemu_version(),
+        parent,
+        from_sandbox,
+        created_unix: now_unix(),
+        pause_ms: None,
+        took_ms: 0,
+        memory_bytes: 0,
+    }
+}
+
+/// Waits for a VM this process started to exit (after `quit`), killing it past `within`.
+pub async fn reap(vm: &mut Vm, within: Duration) {
+    if tokio::time::timeout(within, vm.wait_exit()).await.is_err() {
+        vm.kill().await;
+    }
+}
+
+impl From<SnapshotError> for SandboxError {
+    fn from(e: SnapshotError) -> Self {
+        SandboxError::Snapshot(e)
+    }
+}
