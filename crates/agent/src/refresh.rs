@@ -14,22 +14,28 @@ const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
 const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
 
 pub fn apply(r: &Refresh) -> io::Result<()> {
+    let t = std::time::Instant::now();
     reseed(&r.entropy)?;
+    eprintln!("refresh: reseed {:?}", t.elapsed());
     set_clock(r.unix_secs, r.unix_nanos)?;
+    eprintln!("refresh: clock {:?}", t.elapsed());
+    // The /etc files are bind mounts of these tmpfs files (see boot::IDENTITY_FILES).
+    let [(_, hostname_file), (_, machine_id_file)] = crate::boot::IDENTITY_FILES;
     if !r.hostname.is_empty() {
         nix::unistd::sethostname(&r.hostname).map_err(io::Error::from)?;
-        let _ = fs::write("/etc/hostname", format!("{}\n", r.hostname));
+        fs::write(hostname_file, format!("{}\n", r.hostname))?;
     }
     if !r.machine_id.is_empty() {
-        // Best effort: an image may have a read-only /etc; the RNG and clock matter more.
-        let _ = fs::write("/etc/machine-id", format!("{}\n", r.machine_id));
+        fs::write(machine_id_file, format!("{}\n", r.machine_id))?;
     }
+    eprintln!("refresh: names {:?}", t.elapsed());
     if r.max_procs > 0 {
         fs::write(
             format!("{}/pids.max", crate::boot::COMMANDS_CGROUP),
             r.max_procs.to_string(),
         )?;
     }
+    eprintln!("refresh: pids {:?}", t.elapsed());
     Ok(())
 }
 

@@ -33,6 +33,45 @@ pub struct CreateRequest {
     pub ttl_seconds: Option<u64>,
     /// Most processes the sandbox's commands may have together.
     pub max_processes: Option<u32>,
+    /// Start from this snapshot instead of the image's template (a fork of count 1). The
+    /// image, vCPUs and memory are the snapshot's.
+    pub snapshot: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name for the snapshot; one is made up when absent.
+    pub name: Option<String>,
+    /// Leave the sandbox paused after saving it (default: it keeps running).
+    #[serde(default)]
+    pub stay_paused: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many copies, 1 to 10.
+    pub count: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub ttl_seconds: Option<u64>,
+    pub max_processes: Option<u32>,
+}
+
+/// Most copies one fork call makes.
+pub const MAX_FORK: u32 = 10;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkResult {
+    /// The snapshot the copies were made from (made by this call when forking a sandbox).
+    pub snapshot: String,
+    /// How long the source sandbox was paused, when one was saved.
+    pub pause_ms: Option<f64>,
+    pub sandboxes: Vec<SandboxView>,
+    /// Copies that could not be made, with why; the others are unaffected.
+    pub failed: Vec<String>,
+    pub duration_ms: u64,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -91,6 +130,22 @@ pub enum Command {
         id: String,
         ttl_seconds: u64,
     },
+    Snapshot {
+        id: String,
+        request: SnapshotRequest,
+    },
+    /// `source` is a sandbox id or a snapshot name.
+    Fork {
+        source: String,
+        request: ForkRequest,
+    },
+    ListSnapshots,
+    GetSnapshot {
+        name: String,
+    },
+    DeleteSnapshot {
+        name: String,
+    },
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -100,6 +155,9 @@ pub enum Reply {
     Sandboxes(Vec<SandboxView>),
     Exec(ExecResult),
     Deleted { deleted: String },
+    Snapshot(crate::snapshot::SnapshotMeta),
+    Snapshots(Vec<crate::snapshot::SnapshotMeta>),
+    Forked(ForkResult),
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -110,6 +168,8 @@ pub enum EngineError {
     NoSuchCommand(String, String),
     #[error("bad request: {0}")]
     BadRequest(String),
+    #[error(transparent)]
+    Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
 }
@@ -199,6 +259,106 @@ impl Engine {
         entry.sandbox.destroy().await;
         self.metrics.sandboxes.dec();
         self.metrics.forget(&id);
+        // A snapshot made only to fork a sandbox goes with its last copy.
+        if let Some(origin) = entry.sandbox.info().origin_snapshot() {
+            if origin.starts_with(AUTO_SNAPSHOT) && self.snapshot_users(origin).await.is_empty() {
+                let _ = crate::snapshot::SnapshotStore::new(&self.paths).remove(origin, &[]);
+            }
+        }
+    }
+
+    /// Live sandboxes restored from snapshot `name`.
+    async fn snapshot_users(&self, name: &str) -> Vec<String> {
+        self.sandboxes
+            .read()
+            .await
+            .values()
+            .filter(|e| e.sandbox.info().origin_snapshot() == Some(name))
+            .map(|e| e.sandbox.info().id.clone())
+            .collect()
+    }
+
+    async fn snapshot(&self, id: &str, r: SnapshotRequest) -> Result<crate::snapshot::Snapshot, EngineError> {
+        let (sb, _) = self.get(id).await?;
+        let name = match r.name {
+            Some(n) => n,
+            None => format!("{id}-{}", random_suffix()),
+        };
+        Ok(sb.snapshot(&self.paths, &name, r.stay_paused).await?)
+    }
+
+    async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
+        if !(1..=MAX_FORK).contains(&r.count) {
+            return Err(EngineError::BadRequest(format!(
+                "count {} is not between 1 and {MAX_FORK}",
+                r.count
+            )));
+        }
+        let started = std::time::Instant::now();
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let is_sandbox = self.sandboxes.read().await.contains_key(source);
+        let (snap, pause_ms) = if is_sandbox {
+            let s = self
+                .snapshot(
+                    source,
+                    SnapshotRequest {
+                        name: Some(format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix())),
+                        stay_paused: false,
+                    },
+                )
+                .await?;
+            let pause = s.meta.pause_ms;
+            (s, pause)
+        } else {
+            match store.get(source) {
+                Ok(s) => (s, None),
+                Err(crate::snapshot::SnapshotError::NotFound(_)) | Err(crate::snapshot::SnapshotError::BadName(_)) => {
+                    return Err(EngineError::BadRequest(format!(
+                        "{source} is neither a sandbox nor a snapshot; see `forkbox sandbox ls` and `forkbox snapshot ls`"
+                    )))
+                }
+                Err(e) => return Err(e.into()),
+            }
+        };
+        let mut tasks = tokio::task::JoinSet::new();
+        for _ in 0..r.count {
+            let req = CreateRequest {
+                labels: r.labels.clone(),
+                ttl_seconds: r.ttl_seconds,
+                max_processes: r.max_processes,
+                ..Default::default()
+            };
+            let (paths, snap) = (self.paths.clone(), snap.clone());
+            let cfg = self.config(&req)?;
+            tasks.spawn(async move {
+                let origin = format!("snapshot:{}", snap.meta.name);
+                Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now()).await
+            });
+        }
+        let mut sandboxes = Vec::new();
+        let mut failed = Vec::new();
+        let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
+        while let Some(done) = tasks.join_next().await {
+            match done {
+                Ok(Ok(sb)) => match self.register(Arc::new(sb), r.labels.clone(), expires_unix).await {
+                    Ok(v) => sandboxes.push(v),
+                    Err(e) => failed.push(e.to_string()),
+                },
+                Ok(Err(e)) => failed.push(e.to_string()),
+                Err(e) => failed.push(format!("the copy's task failed: {e}")),
+            }
+        }
+        if sandboxes.is_empty() && is_sandbox && snap.meta.name.starts_with(AUTO_SNAPSHOT) {
+            let _ = store.remove(&snap.meta.name, &[]);
+        }
+        sandboxes.sort_by(|a, b| a.info.id.cmp(&b.info.id));
+        Ok(ForkResult {
+            snapshot: snap.meta.name.clone(),
+            pause_ms,
+            sandboxes,
+            failed,
+            duration_ms: started.elapsed().as_millis() as u64,
+        })
     }
 
     fn added(&self) {
@@ -254,6 +414,27 @@ impl Engine {
                 e.expires_unix = Some(expires);
                 e.persist()?;
                 Ok(Reply::Sandbox(e.view()))
+            }
+            Command::Snapshot { id, request } => {
+                Ok(Reply::Snapshot(self.snapshot(&id, request).await?.meta))
+            }
+            Command::Fork { source, request } => {
+                Ok(Reply::Forked(self.fork(&source, request).await?))
+            }
+            Command::ListSnapshots => Ok(Reply::Snapshots(
+                crate::snapshot::SnapshotStore::new(&self.paths)
+                    .list()
+                    .into_iter()
+                    .map(|s| s.meta)
+                    .collect(),
+            )),
+            Command::GetSnapshot { name } => Ok(Reply::Snapshot(
+                crate::snapshot::SnapshotStore::new(&self.paths).get(&name)?.meta,
+            )),
+            Command::DeleteSnapshot { name } => {
+                let users = self.snapshot_users(&name).await;
+                crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
+                Ok(Reply::Deleted { deleted: name })
             }
             Command::Delete { id } => {
                 let entry = self
@@ -339,7 +520,8 @@ impl Engine {
         Ok((e.sandbox.clone(), e.view()))
     }
 
-    async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
+    /// The sandbox configuration a request asks for, checked.
+    fn config(&self, r: &CreateRequest) -> Result<SandboxConfig, EngineError> {
         let mut cfg = SandboxConfig::default();
         if let Some(i) = &r.image {
             cfg.image = i
@@ -371,29 +553,59 @@ impl Engine {
             }
             cfg.max_procs = p;
         }
-        let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;
+        Ok(cfg)
+    }
+
+    async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
+        let cfg = self.config(&r)?;
+        let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         let started = std::time::Instant::now();
-        let sandbox = Arc::new(Sandbox::create(&self.paths, &cfg).await?);
+        let sandbox = match &r.snapshot {
+            None => Sandbox::create(&self.paths, &cfg).await?,
+            Some(name) => {
+                if r.image.is_some() || r.cpus.is_some() || r.memory_mib.is_some() {
+                    return Err(EngineError::BadRequest(
+                        "a sandbox made from a snapshot has the snapshot's image, cpus and memory; leave them out".into(),
+                    ));
+                }
+                let snap = crate::snapshot::SnapshotStore::new(&self.paths).get(name)?;
+                Sandbox::restore(&self.paths, &snap, format!("snapshot:{name}"), &cfg, started).await?
+            }
+        };
+        let view = self.register(Arc::new(sandbox), r.labels, expires_unix).await?;
+        self.metrics
+            .create_seconds
+            .observe(started.elapsed().as_secs_f64());
+        Ok(view)
+    }
+
+    /// Makes a new sandbox the daemon's: on disk before it is reported created, so a daemon
+    /// that crashes from here on re-adopts it.
+    async fn register(
+        &self,
+        sandbox: Arc<Sandbox>,
+        labels: BTreeMap<String, String>,
+        expires_unix: Option<u64>,
+    ) -> Result<SandboxView, EngineError> {
         let entry = Entry {
             commands: Default::default(),
             next_command: Default::default(),
             sandbox,
-            labels: r.labels,
+            labels,
             created_unix: now_unix(),
             expires_unix,
         };
-        // On disk before it is reported created: a daemon that crashes from here on re-adopts it.
-        entry.persist()?;
+        if let Err(e) = entry.persist() {
+            entry.sandbox.destroy().await;
+            return Err(e);
+        }
         let view = entry.view();
         self.sandboxes
             .write()
             .await
             .insert(view.info.id.clone(), entry);
-        self.metrics
-            .create_seconds
-            .observe(started.elapsed().as_secs_f64());
         self.added();
         Ok(view)
     }
@@ -462,6 +674,15 @@ impl Engine {
             self.removed(e).await;
         }
     }
+}
+
+/// Names of snapshots made only to fork a sandbox; deleted with their last copy.
+pub const AUTO_SNAPSHOT: &str = "fork-of-";
+
+fn random_suffix() -> String {
+    let mut b = [0u8; 3];
+    let _ = getrandom::getrandom(&mut b);
+    b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
 /// The absolute deadline for a TTL.

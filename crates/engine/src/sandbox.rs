@@ -193,9 +193,17 @@ impl Sandbox {
             cfg.die_with_parent,
         );
         let max_procs = cfg.max_procs;
+        let trace = std::env::var_os("FORKBOX_TRACE").is_some();
+        let mark = |what: &str| {
+            if trace {
+                eprintln!("restore {:>7.1} ms  {what}", started.elapsed().as_secs_f64() * 1000.0);
+            }
+        };
         let restored = async {
             vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;
+            mark("overlay");
             let mut vm = Vm::spawn(&vm_cfg)?;
+            mark("spawned");
             run.record.qemu_pid = Some(vm.pid);
             run.record.qemu_start = crate::runstate::process_start(vm.pid);
             run.save().map_err(|e| VmError::io("record the VM", e))?;
@@ -204,6 +212,7 @@ impl Sandbox {
                 tokio::task::spawn_blocking(move || crate::snapshot::load_state(&qmp, &state))
                     .await
                     .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
+                mark("state loaded, running");
                 let client = tokio::time::timeout(
                     Duration::from_secs(30),
                     AgentClient::connect(&vm_cfg.agent_socket()),
@@ -214,7 +223,9 @@ impl Sandbox {
                     accel: vm_cfg.accel.to_string(),
                     console_tail: "(restored from a snapshot; the agent did not answer)".into(),
                 })??;
+                mark("agent hello");
                 client.refresh(fresh_identity(&id, max_procs)).await?;
+                mark("refreshed");
                 Ok::<_, VmError>(client)
             };
             let outcome = tokio::select! {
@@ -383,6 +394,11 @@ impl Sandbox {
 
     pub fn client(&self) -> &AgentClient {
         &self.client
+    }
+
+    /// The last `lines` lines of the guest's console.
+    pub fn console_tail(&self, lines: usize) -> String {
+        self.console.tail(lines)
     }
 
     /// Starts a command with the image's environment under the request's. A command with a

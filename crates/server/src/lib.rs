@@ -15,7 +15,9 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use forkbox_engine::api::{Command, CreateRequest, Engine, EngineError, ExecRequest};
+use forkbox_engine::api::{
+    Command, CreateRequest, Engine, EngineError, ExecRequest, ForkRequest, SnapshotRequest,
+};
 use forkbox_engine::error::{ImageError, SandboxError};
 use forkbox_engine::paths::Paths;
 
@@ -39,6 +41,15 @@ impl IntoResponse for ApiError {
             EngineError::Sandbox(SandboxError::Image(
                 ImageError::NotFound { .. } | ImageError::BadReference(_),
             )) => StatusCode::BAD_REQUEST,
+            EngineError::Sandbox(SandboxError::Snapshot(e)) | EngineError::Snapshot(e) => {
+                use forkbox_engine::snapshot::SnapshotError as S;
+                match e {
+                    S::NotFound(_) => StatusCode::NOT_FOUND,
+                    S::Exists(_) | S::InUse { .. } => StatusCode::CONFLICT,
+                    S::BadName(_) | S::Incompatible { .. } => StatusCode::BAD_REQUEST,
+                    S::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
+                }
+            }
             EngineError::Sandbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (
@@ -242,6 +253,36 @@ async fn get_archive(
     Ok(axum::body::Body::from_stream(stream).into_response())
 }
 
+async fn snapshot(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    body: Option<Json<SnapshotRequest>>,
+) -> Api {
+    let request = body.map(|Json(r)| r).unwrap_or_default();
+    run(&e, Command::Snapshot { id, request }, StatusCode::CREATED).await
+}
+
+/// Forks a sandbox (saving it first) or a snapshot into `count` new sandboxes.
+async fn fork(
+    State(e): State<Arc<Engine>>,
+    UrlPath(source): UrlPath<String>,
+    Json(request): Json<ForkRequest>,
+) -> Api {
+    run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
+}
+
+async fn list_snapshots(State(e): State<Arc<Engine>>) -> Api {
+    run(&e, Command::ListSnapshots, StatusCode::OK).await
+}
+
+async fn get_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
+    run(&e, Command::GetSnapshot { name }, StatusCode::OK).await
+}
+
+async fn delete_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
+    run(&e, Command::DeleteSnapshot { name }, StatusCode::OK).await
+}
+
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
 struct TtlRequest {
@@ -357,6 +398,14 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))
         .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
+        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
+        .route("/v1/sandboxes/{id}/fork", post(fork))
+        .route("/v1/snapshots", get(list_snapshots))
+        .route(
+            "/v1/snapshots/{id}",
+            get(get_snapshot).delete(delete_snapshot),
+        )
+        .route("/v1/snapshots/{id}/fork", post(fork))
         .route("/v1/sandboxes/{id}/commands", post(start_command))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(command_poll))
         .route(
