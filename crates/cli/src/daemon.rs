@@ -1,5 +1,6 @@
 //! `forkbox serve` and `forkbox sandbox ...`: the CLI as a client of the daemon's HTTP API.
 
+use forkbox_engine::snapshot::SnapshotMeta;
 use std::io::Write;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
@@ -26,6 +27,34 @@ pub enum SandboxCmd {
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
         /// Delete the sandbox after this many seconds.
+        #[arg(long)]
+        ttl: Option<u64>,
+        /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
+        #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
+        snapshot: Option<String>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Save a running sandbox (memory, processes, disk) as a snapshot; it keeps running.
+    Snapshot {
+        id: String,
+        /// The snapshot's name (default: made up from the sandbox's id).
+        #[arg(long)]
+        name: Option<String>,
+        /// Leave the sandbox paused.
+        #[arg(long)]
+        paused: bool,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Fork a running sandbox or a snapshot into COUNT new sandboxes; prints their ids.
+    Fork {
+        /// A sandbox id or a snapshot name.
+        source: String,
+        #[arg(long, default_value_t = 1)]
+        count: u32,
+        #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
+        labels: Vec<(String, String)>,
         #[arg(long)]
         ttl: Option<u64>,
         #[arg(long)]
@@ -97,6 +126,62 @@ pub enum SandboxCmd {
         #[arg(long)]
         json: bool,
     },
+}
+
+#[derive(clap::Subcommand)]
+pub enum SnapshotCmd {
+    /// List snapshots.
+    Ls {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Delete a snapshot (refused while sandboxes or snapshots depend on it).
+    Rm {
+        name: String,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let c = Client::connect(paths).await?;
+        match cmd {
+            SnapshotCmd::Ls { json } => {
+                let all: Vec<SnapshotMeta> = c.call(c.http.get(format!("{BASE}/snapshots"))).await?;
+                if json {
+                    crate::print_json(&all)?;
+                } else if all.is_empty() {
+                    println!("no snapshots");
+                } else {
+                    println!("{:<32} {:<24} {:<16} {:<24} {:>8}", "NAME", "IMAGE", "FROM", "PARENT", "RAM");
+                    for m in all {
+                        println!(
+                            "{:<32} {:<24} {:<16} {:<24} {:>4} MiB",
+                            m.name,
+                            m.image,
+                            m.from_sandbox.as_deref().unwrap_or("-"),
+                            m.parent.as_deref().unwrap_or("-"),
+                            m.memory_bytes >> 20
+                        );
+                    }
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SnapshotCmd::Rm { name, json } => {
+                let v: serde_json::Value = c.call(c.http.delete(format!("{BASE}/snapshots/{name}"))).await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("removed {name}");
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+        }
+    })
 }
 
 pub fn serve(paths: Paths, listen: Option<std::net::SocketAddr>) -> anyhow::Result<ExitCode> {
@@ -249,7 +334,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let c = Client::connect(paths).await?;
         match cmd {
-            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, json } => {
+            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, json } => {
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -258,6 +343,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
                     max_processes: None,
+                    snapshot,
                 };
                 let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
                 if json {
@@ -379,6 +465,53 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     }
                 }
                 Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Snapshot { id, name, paused, json } => {
+                let req = forkbox_engine::api::SnapshotRequest { name, stay_paused: paused };
+                let m: SnapshotMeta = c
+                    .call(c.http.post(format!("{BASE}/sandboxes/{id}/snapshot")).json(&req))
+                    .await?;
+                if json {
+                    crate::print_json(&m)?;
+                } else {
+                    println!("{}", m.name);
+                    eprintln!(
+                        "saved in {} ms; the sandbox was paused {:.1} ms; {} MiB of RAM",
+                        m.took_ms,
+                        m.pause_ms.unwrap_or(f64::NAN),
+                        m.memory_bytes >> 20
+                    );
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Fork { source, count, labels, ttl, json } => {
+                let req = forkbox_engine::api::ForkRequest {
+                    count,
+                    labels: labels.into_iter().collect(),
+                    ttl_seconds: ttl,
+                    max_processes: None,
+                };
+                let path = if source.starts_with("sb-") { "sandboxes" } else { "snapshots" };
+                let r: forkbox_engine::api::ForkResult = c
+                    .call(c.http.post(format!("{BASE}/{path}/{source}/fork")).json(&req))
+                    .await?;
+                if json {
+                    crate::print_json(&r)?;
+                } else {
+                    for v in &r.sandboxes {
+                        println!("{}", v.info.id);
+                    }
+                    for f in &r.failed {
+                        eprintln!("forkbox: a copy failed: {f}");
+                    }
+                    eprintln!(
+                        "{} of {count} copies from snapshot {} in {} ms",
+                        r.sandboxes.len(),
+                        r.snapshot,
+                        r.duration_ms
+                    );
+                }
+                Ok(if r.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
             }
             SandboxCmd::Rm { id, json } => {
                 let v: serde_json::Value = c.call(c.http.delete(format!("{BASE}/sandboxes/{id}"))).await?;

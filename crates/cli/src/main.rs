@@ -61,6 +61,11 @@ enum Cmd {
         #[command(subcommand)]
         command: daemon::SandboxCmd,
     },
+    /// Snapshots of sandboxes (make them with `forkbox sandbox snapshot`).
+    Snapshot {
+        #[command(subcommand)]
+        command: daemon::SnapshotCmd,
+    },
     /// Show forkbox's paths, guest kernels, images and the accelerator this host gets.
     Info {
         #[arg(long)]
@@ -175,6 +180,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
+        Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
         Cmd::Info { json, accel } => info(&paths, json, accel),
     }
 }

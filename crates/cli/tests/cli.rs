@@ -15,6 +15,9 @@ fn forkbox(paths: &forkbox_engine::paths::Paths) -> Command {
     c.env("FORKBOX_HOME", paths.home())
         .env_remove("FORKBOX_ACCEL")
         .env_remove("FORKBOX_IMAGE")
+        // Daemons started here keep no warm pool (its background restores would race the
+        // tests' counts of VMs and files); `the_warm_pool_...` turns it on.
+        .env("FORKBOX_POOL_SIZE", "0")
         .stdin(Stdio::null());
     c
 }
@@ -947,4 +950,131 @@ fn tcp_requests_without_a_valid_token_are_refused() {
     )
     .unwrap();
     daemon.wait().unwrap();
+}
+
+fn ids(out: &Output) -> Vec<String> {
+    text(&out.stdout)
+        .lines()
+        .map(str::to_string)
+        .filter(|l| l.starts_with("sb-"))
+        .collect()
+}
+
+/// Restores only (the image's template is shared by the test home; ~0.3 s each) and two
+/// snapshots of a running 1 GiB sandbox (~3 s each under TCG). Fork through the CLI and the
+/// daemon: copies carry the running process, differ in randomness, and snapshots keep their
+/// dependents safe.
+#[test]
+fn forks_through_the_cli() {
+    let paths = infra::isolated_home("fork-cli");
+    stop_daemon(&paths);
+    let _ = std::fs::remove_dir_all(paths.snapshots()); // left by an earlier, failed run
+    let parent = text(&run(&paths, &["sandbox", "create"]).stdout).trim().to_string();
+    assert!(parent.starts_with("sb-"), "{parent}");
+    let out = run(&paths, &["sandbox", "exec", &parent, "--", "sh", "-c",
+        "echo parent > /root/who; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.3; done' >/dev/null 2>&1 < /dev/null &"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    // Bad counts are refused before anything is saved.
+    for n in ["0", "11"] {
+        let out = run(&paths, &["sandbox", "fork", &parent, "--count", n]);
+        assert!(!out.status.success());
+        assert!(text(&out.stderr).contains("between 1 and 10"), "{}", text(&out.stderr));
+    }
+
+    let out = run(&paths, &["sandbox", "fork", &parent, "--count", "2", "--label", "plan=x"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let forks = ids(&out);
+    assert_eq!(forks.len(), 2, "{}", text(&out.stdout));
+    let mut randoms = Vec::new();
+    for id in forks.iter().chain([&parent]) {
+        let out = run(&paths, &["sandbox", "exec", id, "--", "sh", "-c",
+            "cat /root/who; a=$(cat /tmp/tick); for i in $(seq 100); do sleep 0.1; b=$(cat /tmp/tick); [ \"$b\" != \"$a\" ] && echo ticking && break; done; head -c 1000 /dev/urandom | sha256sum"]);
+        assert!(out.status.success(), "{id}: {}", text(&out.stderr));
+        let o = text(&out.stdout);
+        assert!(o.starts_with("parent\nticking\n"), "{id}: {o}");
+        randoms.push(o.lines().nth(2).unwrap().to_string());
+    }
+    randoms.sort();
+    randoms.dedup();
+    assert_eq!(randoms.len(), 3, "random bytes repeated across copies");
+
+    // A named snapshot; its forks keep it alive; it survives a daemon restart.
+    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-snap", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(meta["pause_ms"].as_f64().unwrap() > 0.0, "{meta}");
+    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-snap"]);
+    assert!(text(&out.stderr).contains("exists already"), "{}", text(&out.stderr));
+    let out = run(&paths, &["sandbox", "create", "--snapshot", "cli-snap", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let child: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let child = child["id"].as_str().unwrap().to_string();
+    let out = run(&paths, &["snapshot", "rm", "cli-snap"]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains(&child), "{}", text(&out.stderr));
+
+    // A corrupt snapshot: every copy fails, is reported, and leaves nothing behind.
+    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-bad"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    std::fs::write(paths.snapshots().join("cli-bad/vmstate"), b"not a device state").unwrap();
+    let before = infra::run_entries(&paths).len();
+    let out = run(&paths, &["sandbox", "fork", "cli-bad", "--count", "2"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("a copy failed"), "{}", text(&out.stderr));
+    assert_eq!(infra::run_entries(&paths).len(), before, "a failed copy left files");
+    let out = run(&paths, &["sandbox", "exec", &child, "--", "cat", "/root/who"]);
+    assert_eq!(text(&out.stdout), "parent\n", "{}", text(&out.stderr));
+
+    for id in forks.iter().chain([&parent, &child]) {
+        assert!(run(&paths, &["sandbox", "rm", id]).status.success());
+    }
+    // Snapshots are files: they outlive the daemon.
+    stop_daemon(&paths);
+    let out = run(&paths, &["snapshot", "ls"]);
+    assert!(text(&out.stdout).contains("cli-snap"), "{}", text(&out.stdout));
+    assert!(run(&paths, &["snapshot", "rm", "cli-snap"]).status.success());
+    assert!(run(&paths, &["snapshot", "rm", "cli-bad"]).status.success());
+    // The snapshot made for the first fork went with its last copy.
+    let out = run(&paths, &["snapshot", "ls"]);
+    assert_eq!(text(&out.stdout).trim(), "no snapshots");
+    stop_daemon(&paths);
+}
+
+/// Three restores (~0.3 s each). With a warm pool the daemon hands out a sandbox restored
+/// ahead of time: it works, has its own name and its own randomness.
+#[test]
+fn the_warm_pool_hands_out_fresh_sandboxes() {
+    let paths = infra::isolated_home("warm-pool");
+    stop_daemon(&paths);
+    let create = || {
+        let out = forkbox(&paths)
+            .env("FORKBOX_POOL_SIZE", "1")
+            .args(["sandbox", "create", "--json"])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
+    };
+    let a = create();
+    assert_eq!(a["from_pool"], false);
+    // The pool refills in the background: one more VM appears beside `a`.
+    assert!(infra::wait_until(Duration::from_secs(60), || infra::run_entries(&paths).len() >= 2));
+    std::thread::sleep(Duration::from_millis(500));
+    let b = create();
+    assert_eq!(b["from_pool"], true, "{b}");
+    let mut seen = Vec::new();
+    for v in [&a, &b] {
+        let id = v["id"].as_str().unwrap();
+        let out = run(&paths, &["sandbox", "exec", id, "--", "sh", "-c", "hostname; head -c 64 /dev/urandom | sha256sum"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        let o = text(&out.stdout);
+        assert_eq!(o.lines().next(), Some(id));
+        seen.push(o.lines().nth(1).unwrap().to_string());
+    }
+    assert_ne!(seen[0], seen[1]);
+    stop_daemon(&paths);
+    // The daemon's shutdown stopped the pooled VM too.
+    assert!(infra::wait_until(Duration::from_secs(10), || infra::run_entries(&paths).is_empty()),
+        "{:?}", infra::run_entries(&paths));
 }

@@ -95,6 +95,10 @@ pub struct SandboxView {
     pub created_unix: u64,
     /// When the daemon deletes it, if it has a TTL.
     pub expires_unix: Option<u64>,
+    /// Whether it came ready-made from the warm pool (restored from the template ahead of
+    /// time, already reseeded and named) rather than being restored for this request.
+    #[serde(default)]
+    pub from_pool: bool,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -184,6 +188,7 @@ struct Entry {
     labels: BTreeMap<String, String>,
     created_unix: u64,
     expires_unix: Option<u64>,
+    from_pool: bool,
 }
 
 impl Entry {
@@ -205,6 +210,7 @@ impl Entry {
             labels: self.labels.clone(),
             created_unix: self.created_unix,
             expires_unix: self.expires_unix,
+            from_pool: self.from_pool,
         }
     }
 }
@@ -214,6 +220,7 @@ pub struct Engine {
     paths: Paths,
     sandboxes: tokio::sync::RwLock<HashMap<String, Entry>>,
     metrics: crate::metrics::Metrics,
+    pool: crate::pool::Pool,
 }
 
 fn now_unix() -> u64 {
@@ -235,6 +242,7 @@ impl Engine {
             paths,
             sandboxes: Default::default(),
             metrics: Default::default(),
+            pool: crate::pool::Pool::new(crate::pool::size_from_env()),
         }
     }
 
@@ -340,7 +348,7 @@ impl Engine {
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         while let Some(done) = tasks.join_next().await {
             match done {
-                Ok(Ok(sb)) => match self.register(Arc::new(sb), r.labels.clone(), expires_unix).await {
+                Ok(Ok(sb)) => match self.register(Arc::new(sb), r.labels.clone(), expires_unix, false).await {
                     Ok(v) => sandboxes.push(v),
                     Err(e) => failed.push(e.to_string()),
                 },
@@ -562,7 +570,20 @@ impl Engine {
         let cfg = self.config(&r)?;
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         let started = std::time::Instant::now();
+        let mut from_pool = false;
         let sandbox = match &r.snapshot {
+            None if self.pool.size > 0 => {
+                let key = crate::pool::key(&self.paths, &cfg)?;
+                let taken = self.pool.take(&key);
+                self.pool.refill(key, self.paths.clone(), cfg.clone());
+                match taken {
+                    Some(sb) => {
+                        from_pool = true;
+                        sb
+                    }
+                    None => Sandbox::create(&self.paths, &cfg).await?,
+                }
+            }
             None => Sandbox::create(&self.paths, &cfg).await?,
             Some(name) => {
                 if r.image.is_some() || r.cpus.is_some() || r.memory_mib.is_some() {
@@ -574,7 +595,9 @@ impl Engine {
                 Sandbox::restore(&self.paths, &snap, format!("snapshot:{name}"), &cfg, started).await?
             }
         };
-        let view = self.register(Arc::new(sandbox), r.labels, expires_unix).await?;
+        let view = self
+            .register(Arc::new(sandbox), r.labels, expires_unix, from_pool)
+            .await?;
         self.metrics
             .create_seconds
             .observe(started.elapsed().as_secs_f64());
@@ -588,6 +611,7 @@ impl Engine {
         sandbox: Arc<Sandbox>,
         labels: BTreeMap<String, String>,
         expires_unix: Option<u64>,
+        from_pool: bool,
     ) -> Result<SandboxView, EngineError> {
         let entry = Entry {
             commands: Default::default(),
@@ -596,6 +620,7 @@ impl Engine {
             labels,
             created_unix: now_unix(),
             expires_unix,
+            from_pool,
         };
         if let Err(e) = entry.persist() {
             entry.sandbox.destroy().await;
@@ -625,6 +650,7 @@ impl Engine {
                         labels: rec.labels,
                         created_unix: record.created_unix,
                         expires_unix: rec.expires_unix,
+                        from_pool: false,
                     };
                     self.sandboxes.write().await.insert(id.clone(), entry);
                     self.added();
@@ -663,6 +689,7 @@ impl Engine {
 
     /// Stops every sandbox (on daemon shutdown).
     pub async fn shutdown(&self) {
+        self.pool.drain().await;
         let all: Vec<Entry> = self
             .sandboxes
             .write()

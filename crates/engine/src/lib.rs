@@ -26,6 +26,7 @@ pub mod image;
 pub mod kernel;
 pub mod metrics;
 pub mod paths;
+pub mod pool;
 pub mod runstate;
 pub mod sandbox;
 pub mod setup;

@@ -9,7 +9,10 @@
 //! ├── templates/<key>/        a booted image saved right after its agent answered: RAM file,
 //! │                           device state, disk; what `create` restores (key: image, size,
 //! │                           agent, kernel, QEMU)
-//! ├── snapshots/<name>/       snapshots of running sandboxes, same layout as templates
+//! ├── snapshots/<name>/       snapshots of running sandboxes, same layout as templates (their
+//! │                           disk is a file under disks/)
+//! ├── disks/<sandbox-id>/     a sandbox's disk overlays; kept after it is gone for as long as
+//! │                           a snapshot's disk chain goes through them
 //! └── run/<sandbox-id>/       one live sandbox: disk overlay, sockets, console log
 //! ```
 
@@ -63,6 +66,9 @@ impl Paths {
     }
     pub fn snapshots(&self) -> PathBuf {
         self.home.join("snapshots")
+    }
+    pub fn disks(&self) -> PathBuf {
+        self.home.join("disks")
     }
 }
 

@@ -64,6 +64,7 @@ impl RunDir {
     pub fn create(paths: &Paths, id: &str, image: &str) -> std::io::Result<RunDir> {
         let dir = paths.run().join(id);
         fs::create_dir_all(&dir)?;
+        fs::create_dir_all(paths.disks().join(id))?;
         let me = std::process::id();
         let record = RunRecord {
             id: id.into(),
@@ -104,6 +105,16 @@ impl RunDir {
 
     pub fn remove(&self) {
         let _ = fs::remove_dir_all(&self.dir);
+        if let (Some(home), Some(id)) = (self.dir.parent().and_then(Path::parent), self.dir.file_name()) {
+            crate::snapshot::release_disk_dir(home, &id.to_string_lossy());
+        }
+    }
+
+    /// Where this sandbox's disk overlays live (created on first use).
+    pub fn disk_dir(&self) -> PathBuf {
+        let home = self.dir.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+        let id = self.dir.file_name().unwrap_or_default();
+        home.join("disks").join(id)
     }
 }
 
@@ -194,6 +205,10 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
                 }
             }
         }
+    }
+    // Disk overlays of sandboxes that are gone and that no snapshot needs.
+    for e in fs::read_dir(paths.disks()).into_iter().flatten().flatten() {
+        crate::snapshot::release_disk_dir(paths.home(), &e.file_name().to_string_lossy());
     }
     cleaned
 }

@@ -74,6 +74,9 @@ pub struct SandboxInfo {
     pub kernel: std::path::PathBuf,
     #[serde(default)]
     pub initramfs: std::path::PathBuf,
+    /// The `disks/<id>/` directories its disk chain goes through, its own last.
+    #[serde(default)]
+    pub disk_dirs: Vec<String>,
 }
 
 impl SandboxInfo {
@@ -134,7 +137,7 @@ impl Sandbox {
             memory_mib: cfg.memory_mib,
             kernel: kit.kernel.clone(),
             initramfs: kit.initramfs.clone(),
-            disk: run.dir.join("disk.qcow2"),
+            disk: run.disk_dir().join("disk.qcow2"),
             run_dir: run.dir.clone(),
             die_with_parent: cfg.die_with_parent,
             max_procs: cfg.max_procs,
@@ -167,6 +170,7 @@ impl Sandbox {
             max_procs: cfg.max_procs,
             kernel: kit.kernel,
             initramfs: kit.initramfs,
+            disk_dirs: vec![run.record.id.clone()],
         };
         Ok(Sandbox::assemble(info, image, vm, client, run))
     }
@@ -189,10 +193,11 @@ impl Sandbox {
         let vm_cfg = crate::snapshot::restore_config(
             snap,
             &run.dir,
-            run.dir.join("disk.qcow2"),
+            run.disk_dir().join("disk.qcow2"),
             cfg.die_with_parent,
         );
         let max_procs = cfg.max_procs;
+        let boot_timeout = cfg.boot_timeout;
         let trace = std::env::var_os("FORKBOX_TRACE").is_some();
         let mark = |what: &str| {
             if trace {
@@ -213,13 +218,14 @@ impl Sandbox {
                     .await
                     .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
                 mark("state loaded, running");
+                // A busy guest on a busy host can take a while to answer; as long as a boot.
                 let client = tokio::time::timeout(
-                    Duration::from_secs(30),
+                    boot_timeout,
                     AgentClient::connect(&vm_cfg.agent_socket()),
                 )
                 .await
                 .map_err(|_| VmError::BootTimeout {
-                    secs: 30,
+                    secs: boot_timeout.as_secs(),
                     accel: vm_cfg.accel.to_string(),
                     console_tail: "(restored from a snapshot; the agent did not answer)".into(),
                 })??;
@@ -238,6 +244,22 @@ impl Sandbox {
             };
             match outcome {
                 Ok(client) => Ok((vm, client)),
+                Err(VmError::Agent(AgentError::Disconnected)) => {
+                    // The copy died: say what QEMU and the guest said.
+                    let (status, qemu_stderr) =
+                        match tokio::time::timeout(Duration::from_secs(2), vm.wait_exit()).await {
+                            Ok(s) => s,
+                            Err(_) => {
+                                vm.kill().await;
+                                ("killed after its agent hung up".into(), String::new())
+                            }
+                        };
+                    Err(VmError::DiedDuringBoot {
+                        status,
+                        qemu_stderr,
+                        console_tail: vm.console.settled_tail(20).await,
+                    })
+                }
                 Err(e) => {
                     vm.kill().await;
                     Err(e)
@@ -265,6 +287,13 @@ impl Sandbox {
             max_procs,
             kernel: snap.meta.kernel.clone(),
             initramfs: snap.meta.initramfs.clone(),
+            disk_dirs: snap
+                .meta
+                .disk_dirs
+                .iter()
+                .cloned()
+                .chain([run.record.id.clone()])
+                .collect(),
         };
         Ok(Sandbox::assemble(info, image, vm, client, run))
     }
@@ -289,11 +318,14 @@ impl Sandbox {
         }
         // One save at a time per sandbox, and never while it is being destroyed.
         let _vm = self.vm.lock().await;
-        let tmp = root.join(format!(".tmp-{name}-{}", std::process::id()));
-        let recv_dir = tmp.join("recv");
+        let tmp = root.join(snap::tmp_name());
+        let recv_dir = tmp.join("r");
         std::fs::create_dir_all(&recv_dir)
             .map_err(|e| SandboxError::io(format!("create {}", recv_dir.display()), e))?;
-        let run_dir = self.run_dir().dir.clone();
+        let (run_dir, disk_dir) = {
+            let r = self.run_dir();
+            (r.dir.clone(), r.disk_dir())
+        };
         let recv_cfg = VmConfig {
             accel: self.info.accel.accel,
             cpus: self.info.cpus,
@@ -308,9 +340,9 @@ impl Sandbox {
             incoming: true,
         };
         let n = (1..)
-            .find(|n| !run_dir.join(format!("disk-{n}.qcow2")).exists())
+            .find(|n| !disk_dir.join(format!("disk-{n}.qcow2")).exists())
             .unwrap_or(1);
-        let new_overlay = run_dir.join(format!("disk-{n}.qcow2"));
+        let new_overlay = disk_dir.join(format!("disk-{n}.qcow2"));
         let saved = async {
             vm::create_overlay(&self.image.rootfs(), &recv_cfg.disk).await?;
             let mut receiver = Vm::spawn(&recv_cfg)?;
@@ -337,13 +369,6 @@ impl Sandbox {
             }
         };
         let finish = || -> Result<Snapshot, SnapshotError> {
-            let disk = tmp.join(snap::DISK);
-            if std::fs::hard_link(&frozen, &disk).is_err() {
-                std::fs::copy(&frozen, &disk).map_err(|e| SnapshotError::Io {
-                    what: format!("keep the frozen disk {}", frozen.display()),
-                    source: e,
-                })?;
-            }
             let _ = std::fs::remove_dir_all(&recv_dir);
             let mut cfg = recv_cfg.clone();
             cfg.memory = vm::Memory::Anonymous;
@@ -359,6 +384,10 @@ impl Sandbox {
             meta.pause_ms = Some(timing.pause_ms);
             meta.took_ms = started.elapsed().as_millis() as u64;
             meta.memory_bytes = snap::allocated_bytes(&tmp.join(snap::MEM));
+            // The frozen overlay stays where it is (under disks/), where the sandbox's new
+            // overlay and any later snapshot's find it; this snapshot keeps that directory.
+            meta.disk = Some(frozen.clone());
+            meta.disk_dirs = self.info.disk_dirs.clone();
             snap::publish(&tmp, &dest, &meta)
         };
         match finish() {
@@ -643,7 +672,8 @@ pub async fn ensure_template(
     }
     snap::SnapshotStore::sweep_dir(&root);
     let started = Instant::now();
-    let tmp = root.join(format!(".tmp-{key}-{}", std::process::id()));
+    // Short: QEMU's sockets go in it, and a socket path has at most 107 bytes.
+    let tmp = root.join(snap::tmp_name());
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;

@@ -68,6 +68,14 @@ pub struct SnapshotMeta {
     pub took_ms: u64,
     /// Bytes the RAM file occupies (its holes excluded).
     pub memory_bytes: u64,
+    /// The frozen disk, when it is not `disk.qcow2` in the snapshot's directory (snapshots of
+    /// sandboxes: a file under `disks/<sandbox>/`).
+    #[serde(default)]
+    pub disk: Option<PathBuf>,
+    /// The `disks/<sandbox>/` directories this snapshot's disk chain goes through; they are
+    /// kept while it exists.
+    #[serde(default)]
+    pub disk_dirs: Vec<String>,
 }
 
 /// A snapshot on disk.
@@ -92,7 +100,7 @@ impl Snapshot {
         self.dir.join(VMSTATE)
     }
     pub fn disk(&self) -> PathBuf {
-        self.dir.join(DISK)
+        self.meta.disk.clone().unwrap_or_else(|| self.dir.join(DISK))
     }
 
     /// Refuses, in words, a snapshot this forkbox cannot restore: device state is only
@@ -231,6 +239,11 @@ impl SnapshotStore {
         let doomed = self.root.join(format!(".deleting-{name}-{}", std::process::id()));
         std::fs::rename(&snap.dir, &doomed).map_err(io(format!("delete snapshot {name}")))?;
         std::fs::remove_dir_all(&doomed).map_err(io(format!("delete snapshot {name}")))?;
+        if let Some(home) = self.root.parent() {
+            for d in &snap.meta.disk_dirs {
+                release_disk_dir(home, d);
+            }
+        }
         Ok(())
     }
 
@@ -252,6 +265,35 @@ impl SnapshotStore {
                 }
             }
         }
+    }
+}
+
+/// A short, unique name for a directory a save is assembled in (`.tmp-RANDOM-PID`, which
+/// the sweep recognises); short because QEMU's sockets go in it.
+pub fn tmp_name() -> String {
+    let mut b = [0u8; 3];
+    let _ = getrandom::getrandom(&mut b);
+    format!(
+        ".tmp-{}-{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+        std::process::id()
+    )
+}
+
+/// Removes `disks/<id>/` once sandbox `id` is gone and no snapshot's disk chain goes
+/// through it.
+pub fn release_disk_dir(home: &Path, id: &str) {
+    if id.is_empty() || id.contains('/') || home.join("run").join(id).exists() {
+        return;
+    }
+    let needed = std::fs::read_dir(home.join("snapshots"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| Snapshot::load(&e.path()))
+        .any(|s| s.meta.disk_dirs.iter().any(|d| d == id));
+    if !needed {
+        let _ = std::fs::remove_dir_all(home.join("disks").join(id));
     }
 }
 
@@ -421,9 +463,10 @@ fn active_disk(q: &mut Qmp) -> Result<PathBuf, VmError> {
 /// Writes `meta` into `tmp` and moves `tmp` to `dest` in one step; the snapshot exists whole or
 /// not at all.
 pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot, SnapshotError> {
-    for f in [MEM, DISK] {
-        if let Ok(file) = std::fs::File::open(tmp.join(f)) {
-            file.sync_all().map_err(io(format!("sync {f}")))?;
+    let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
+    for f in [tmp.join(MEM), disk] {
+        if let Ok(file) = std::fs::File::open(&f) {
+            file.sync_all().map_err(io(format!("sync {}", f.display())))?;
         }
     }
     let json = serde_json::to_vec_pretty(meta).map_err(|e| SnapshotError::Io {
@@ -455,7 +498,11 @@ pub fn template_key(
         cpus.to_string(),
         memory_mib.to_string(),
         max_procs.to_string(),
-        initramfs.display().to_string(),
+        // Its name is its content hash; the directory may be reached through a link.
+        initramfs
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
         qemu_version(),
         accel.accel.to_string(),
     ] {
@@ -492,6 +539,8 @@ pub(crate) fn new_meta(
         pause_ms: None,
         took_ms: 0,
         memory_bytes: 0,
+        disk: None,
+        disk_dirs: Vec::new(),
     }
 }
 

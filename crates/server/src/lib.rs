@@ -62,8 +62,15 @@ impl IntoResponse for ApiError {
 
 type Api = Result<Response, ApiError>;
 
-async fn run(engine: &Engine, cmd: Command, ok: StatusCode) -> Api {
-    let reply = engine.handle(cmd).await.map_err(ApiError)?;
+async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
+    // The command runs to its end even if the client goes away meanwhile: a create or fork
+    // that was under way still registers its sandboxes (they are then listed), rather than
+    // being dropped halfway.
+    let engine = engine.clone();
+    let reply = tokio::spawn(async move { engine.handle(cmd).await })
+        .await
+        .map_err(|e| ApiError(EngineError::BadRequest(format!("the request's task failed: {e}"))))?
+        .map_err(ApiError)?;
     Ok((ok, Json(reply)).into_response())
 }
 

@@ -87,7 +87,7 @@ pub fn isolated_home(name: &str) -> Paths {
     image(&shared, "python-bookworm");
     let dir = shared.home().join("homes").join(name);
     std::fs::create_dir_all(&dir).expect("create isolated home");
-    for sub in ["kernels", "images", "cache"] {
+    for sub in ["kernels", "images", "cache", "templates"] {
         let link = dir.join(sub);
         if link.symlink_metadata().is_err() {
             std::os::unix::fs::symlink(shared.home().join(sub), &link)

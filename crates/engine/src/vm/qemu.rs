@@ -336,7 +336,9 @@ impl Vm {
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
-            .kill_on_drop(cfg.die_with_parent)
+            // A VM whose owner dropped it (an abandoned create) must not outlive it; a VM
+            // that outlives a crash of its owner is found again through its run record.
+            .kill_on_drop(true)
             // Its own process group: Ctrl-C reaches the front-end, which then cleans up.
             .process_group(0);
         if cfg.die_with_parent {
