@@ -1,8 +1,17 @@
 #!/usr/bin/env bash
-# Prints forkbox's boot and exec figures: medians (and p99) over repeated runs, with ratios
-# measured in the same run. BENCH_BOOTS (default 5) and BENCH_EXECS (default 100) set the counts.
+# Prints forkbox's figures with ratios measured in the same run:
+#   boot  - QEMU floor, cold boot, `forkbox run -- true`, exec round trip (BENCH_BOOTS, BENCH_EXECS)
+#   fork  - create from a template (median/p99 over BENCH_CREATES, default 50) against a cold
+#           boot and the floor, the daemon's warm pool, fork of a running 1 GiB sandbox into
+#           1/3/10 copies, snapshot pause at 100 MB and 1 GB dirty, PSS per idle fork
+# `bench/run.sh boot` or `bench/run.sh fork` runs one of them; no argument runs both.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FORKBOX_BIN="$(scripts/build.sh)"
+scripts/build.sh agent >/dev/null
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
-cargo bench --quiet --locked -p forkbox-engine --bench boot
+for b in ${1:-boot fork}; do
+    echo "== bench $b"
+    cargo bench --quiet --locked -p forkbox-engine --bench "$b"
+    echo
+done

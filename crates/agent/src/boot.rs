@@ -146,7 +146,11 @@ pub const IDENTITY_FILES: [(&str, &str); 2] = [
 
 fn identity_files() {
     for (etc, run) in IDENTITY_FILES {
-        let initial = if etc.ends_with("hostname") { "forkbox\n" } else { "" };
+        let initial = if etc.ends_with("hostname") {
+            "forkbox\n"
+        } else {
+            ""
+        };
         let r = fs::write(run, initial)
             .and_then(|()| {
                 if !Path::new(etc).exists() {

@@ -32,6 +32,21 @@ pub enum SandboxCmd {
         /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
         #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
         snapshot: Option<String>,
+        /// What the TTL does when it passes: delete (default) or hibernate.
+        #[arg(long, value_enum, requires = "ttl")]
+        ttl_action: Option<TtlArg>,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Save a sandbox to disk and stop its VM; it keeps its id.
+    Hibernate {
+        id: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Bring a hibernated sandbox back, with its processes.
+    Resume {
+        id: String,
         #[arg(long)]
         json: bool,
     },
@@ -128,6 +143,12 @@ pub enum SandboxCmd {
     },
 }
 
+#[derive(Clone, Copy, clap::ValueEnum)]
+pub enum TtlArg {
+    Delete,
+    Hibernate,
+}
+
 #[derive(clap::Subcommand)]
 pub enum SnapshotCmd {
     /// List snapshots.
@@ -151,13 +172,17 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
         let c = Client::connect(paths).await?;
         match cmd {
             SnapshotCmd::Ls { json } => {
-                let all: Vec<SnapshotMeta> = c.call(c.http.get(format!("{BASE}/snapshots"))).await?;
+                let all: Vec<SnapshotMeta> =
+                    c.call(c.http.get(format!("{BASE}/snapshots"))).await?;
                 if json {
                     crate::print_json(&all)?;
                 } else if all.is_empty() {
                     println!("no snapshots");
                 } else {
-                    println!("{:<32} {:<24} {:<16} {:<24} {:>8}", "NAME", "IMAGE", "FROM", "PARENT", "RAM");
+                    println!(
+                        "{:<32} {:<24} {:<16} {:<24} {:>8}",
+                        "NAME", "IMAGE", "FROM", "PARENT", "RAM"
+                    );
                     for m in all {
                         println!(
                             "{:<32} {:<24} {:<16} {:<24} {:>4} MiB",
@@ -172,7 +197,9 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             SnapshotCmd::Rm { name, json } => {
-                let v: serde_json::Value = c.call(c.http.delete(format!("{BASE}/snapshots/{name}"))).await?;
+                let v: serde_json::Value = c
+                    .call(c.http.delete(format!("{BASE}/snapshots/{name}")))
+                    .await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {
@@ -334,7 +361,25 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let c = Client::connect(paths).await?;
         match cmd {
-            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, json } => {
+            SandboxCmd::Hibernate { id, json } => {
+                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/hibernate"))).await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("hibernated {id}");
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Resume { id, json } => {
+                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/resume"))).await?;
+                if json {
+                    crate::print_json(&v)?;
+                } else {
+                    println!("resumed {id} in {} ms", v.info.boot_ms);
+                }
+                Ok(ExitCode::SUCCESS)
+            }
+            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, json } => {
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -344,6 +389,10 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     ttl_seconds: ttl,
                     max_processes: None,
                     snapshot,
+                    ttl_action: ttl_action.map(|t| match t {
+                        TtlArg::Delete => forkbox_engine::api::TtlAction::Delete,
+                        TtlArg::Hibernate => forkbox_engine::api::TtlAction::Hibernate,
+                    }),
                 };
                 let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
                 if json {
@@ -456,11 +505,15 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 } else if all.is_empty() {
                     println!("no sandboxes");
                 } else {
-                    println!("{:<16} {:<24} {:<6} {:>5} {:>8}", "ID", "IMAGE", "ACCEL", "CPUS", "MEMORY");
+                    println!("{:<16} {:<11} {:<24} {:<6} {:>5} {:>8}", "ID", "STATE", "IMAGE", "ACCEL", "CPUS", "MEMORY");
                     for v in all {
+                        let state = match v.state {
+                            forkbox_engine::api::SandboxState::Running => "running",
+                            forkbox_engine::api::SandboxState::Hibernated => "hibernated",
+                        };
                         println!(
-                            "{:<16} {:<24} {:<6} {:>5} {:>5} MiB",
-                            v.info.id, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
+                            "{:<16} {:<11} {:<24} {:<6} {:>5} {:>5} MiB",
+                            v.info.id, state, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
                         );
                     }
                 }

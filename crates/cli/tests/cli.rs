@@ -969,7 +969,9 @@ fn forks_through_the_cli() {
     let paths = infra::isolated_home("fork-cli");
     stop_daemon(&paths);
     let _ = std::fs::remove_dir_all(paths.snapshots()); // left by an earlier, failed run
-    let parent = text(&run(&paths, &["sandbox", "create"]).stdout).trim().to_string();
+    let parent = text(&run(&paths, &["sandbox", "create"]).stdout)
+        .trim()
+        .to_string();
     assert!(parent.starts_with("sb-"), "{parent}");
     let out = run(&paths, &["sandbox", "exec", &parent, "--", "sh", "-c",
         "echo parent > /root/who; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; sleep 0.3; done' >/dev/null 2>&1 < /dev/null &"]);
@@ -979,10 +981,19 @@ fn forks_through_the_cli() {
     for n in ["0", "11"] {
         let out = run(&paths, &["sandbox", "fork", &parent, "--count", n]);
         assert!(!out.status.success());
-        assert!(text(&out.stderr).contains("between 1 and 10"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("between 1 and 10"),
+            "{}",
+            text(&out.stderr)
+        );
     }
 
-    let out = run(&paths, &["sandbox", "fork", &parent, "--count", "2", "--label", "plan=x"]);
+    let out = run(
+        &paths,
+        &[
+            "sandbox", "fork", &parent, "--count", "2", "--label", "plan=x",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let forks = ids(&out);
     assert_eq!(forks.len(), 2, "{}", text(&out.stdout));
@@ -1000,13 +1011,28 @@ fn forks_through_the_cli() {
     assert_eq!(randoms.len(), 3, "random bytes repeated across copies");
 
     // A named snapshot; its forks keep it alive; it survives a daemon restart.
-    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-snap", "--json"]);
+    let out = run(
+        &paths,
+        &[
+            "sandbox", "snapshot", &parent, "--name", "cli-snap", "--json",
+        ],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let meta: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(meta["pause_ms"].as_f64().unwrap() > 0.0, "{meta}");
-    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-snap"]);
-    assert!(text(&out.stderr).contains("exists already"), "{}", text(&out.stderr));
-    let out = run(&paths, &["sandbox", "create", "--snapshot", "cli-snap", "--json"]);
+    let out = run(
+        &paths,
+        &["sandbox", "snapshot", &parent, "--name", "cli-snap"],
+    );
+    assert!(
+        text(&out.stderr).contains("exists already"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(
+        &paths,
+        &["sandbox", "create", "--snapshot", "cli-snap", "--json"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
     let child: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let child = child["id"].as_str().unwrap().to_string();
@@ -1015,15 +1041,33 @@ fn forks_through_the_cli() {
     assert!(text(&out.stderr).contains(&child), "{}", text(&out.stderr));
 
     // A corrupt snapshot: every copy fails, is reported, and leaves nothing behind.
-    let out = run(&paths, &["sandbox", "snapshot", &parent, "--name", "cli-bad"]);
+    let out = run(
+        &paths,
+        &["sandbox", "snapshot", &parent, "--name", "cli-bad"],
+    );
     assert!(out.status.success(), "{}", text(&out.stderr));
-    std::fs::write(paths.snapshots().join("cli-bad/vmstate"), b"not a device state").unwrap();
+    std::fs::write(
+        paths.snapshots().join("cli-bad/vmstate"),
+        b"not a device state",
+    )
+    .unwrap();
     let before = infra::run_entries(&paths).len();
     let out = run(&paths, &["sandbox", "fork", "cli-bad", "--count", "2"]);
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
-    assert!(text(&out.stderr).contains("a copy failed"), "{}", text(&out.stderr));
-    assert_eq!(infra::run_entries(&paths).len(), before, "a failed copy left files");
-    let out = run(&paths, &["sandbox", "exec", &child, "--", "cat", "/root/who"]);
+    assert!(
+        text(&out.stderr).contains("a copy failed"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        infra::run_entries(&paths).len(),
+        before,
+        "a failed copy left files"
+    );
+    let out = run(
+        &paths,
+        &["sandbox", "exec", &child, "--", "cat", "/root/who"],
+    );
     assert_eq!(text(&out.stdout), "parent\n", "{}", text(&out.stderr));
 
     for id in forks.iter().chain([&parent, &child]) {
@@ -1032,8 +1076,14 @@ fn forks_through_the_cli() {
     // Snapshots are files: they outlive the daemon.
     stop_daemon(&paths);
     let out = run(&paths, &["snapshot", "ls"]);
-    assert!(text(&out.stdout).contains("cli-snap"), "{}", text(&out.stdout));
-    assert!(run(&paths, &["snapshot", "rm", "cli-snap"]).status.success());
+    assert!(
+        text(&out.stdout).contains("cli-snap"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(run(&paths, &["snapshot", "rm", "cli-snap"])
+        .status
+        .success());
     assert!(run(&paths, &["snapshot", "rm", "cli-bad"]).status.success());
     // The snapshot made for the first fork went with its last copy.
     let out = run(&paths, &["snapshot", "ls"]);
@@ -1059,14 +1109,29 @@ fn the_warm_pool_hands_out_fresh_sandboxes() {
     let a = create();
     assert_eq!(a["from_pool"], false);
     // The pool refills in the background: one more VM appears beside `a`.
-    assert!(infra::wait_until(Duration::from_secs(60), || infra::run_entries(&paths).len() >= 2));
-    std::thread::sleep(Duration::from_millis(500));
+    assert!(infra::wait_until(
+        Duration::from_secs(60),
+        || infra::run_entries(&paths).len() >= 2
+    ));
+    // ... and is handed out once restored and warmed up (~1-2 s under TCG).
+    std::thread::sleep(Duration::from_secs(5));
     let b = create();
     assert_eq!(b["from_pool"], true, "{b}");
     let mut seen = Vec::new();
     for v in [&a, &b] {
         let id = v["id"].as_str().unwrap();
-        let out = run(&paths, &["sandbox", "exec", id, "--", "sh", "-c", "hostname; head -c 64 /dev/urandom | sha256sum"]);
+        let out = run(
+            &paths,
+            &[
+                "sandbox",
+                "exec",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "hostname; head -c 64 /dev/urandom | sha256sum",
+            ],
+        );
         assert!(out.status.success(), "{}", text(&out.stderr));
         let o = text(&out.stdout);
         assert_eq!(o.lines().next(), Some(id));
@@ -1075,6 +1140,78 @@ fn the_warm_pool_hands_out_fresh_sandboxes() {
     assert_ne!(seen[0], seen[1]);
     stop_daemon(&paths);
     // The daemon's shutdown stopped the pooled VM too.
-    assert!(infra::wait_until(Duration::from_secs(10), || infra::run_entries(&paths).is_empty()),
-        "{:?}", infra::run_entries(&paths));
+    assert!(
+        infra::wait_until(Duration::from_secs(10), || infra::run_entries(&paths)
+            .is_empty()),
+        "{:?}",
+        infra::run_entries(&paths)
+    );
+}
+
+/// One restore, one save (~3 s under TCG) and one resume. Hibernate frees the VM and keeps
+/// the sandbox (id, labels, processes) on disk, across a daemon restart; resume brings it back.
+#[test]
+fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
+    let paths = infra::isolated_home("hibernate");
+    stop_daemon(&paths);
+    let _ = std::fs::remove_dir_all(paths.snapshots());
+    let id = text(&run(&paths, &["sandbox", "create", "--label", "keep=me"]).stdout)
+        .trim()
+        .to_string();
+    assert!(id.starts_with("sb-"), "{id}");
+    let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
+        "echo on-disk > /root/f; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.3; done' >/dev/null 2>&1 < /dev/null &"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let qemus = infra::processes_mentioning(&paths.run().join(&id).display().to_string());
+    assert!(!qemus.is_empty());
+
+    let out = run(&paths, &["sandbox", "hibernate", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        infra::wait_until(Duration::from_secs(10), || infra::processes_mentioning(
+            &paths.run().join(&id).display().to_string()
+        )
+        .is_empty()),
+        "the VM of a hibernated sandbox is gone"
+    );
+    let out = run(&paths, &["sandbox", "exec", &id, "--", "true"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("hibernated"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // A daemon restart keeps it, hibernated, with its labels.
+    stop_daemon(&paths);
+    let out = run(&paths, &["sandbox", "ls", "--label", "keep=me"]);
+    assert!(
+        text(&out.stdout).contains(&id) && text(&out.stdout).contains("hibernated"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    let out = run(&paths, &["sandbox", "resume", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
+        "cat /root/f; a=$(cat /tmp/n); for i in $(seq 100); do sleep 0.1; [ \"$(cat /tmp/n)\" != \"$a\" ] && echo counting && break; done"]);
+    assert_eq!(
+        text(&out.stdout),
+        "on-disk\ncounting\n",
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run(&paths, &["sandbox", "resume", &id]);
+    assert!(
+        text(&out.stderr).contains("not hibernated"),
+        "{}",
+        text(&out.stderr)
+    );
+
+    // Deleting it removes its snapshot and disks too.
+    assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
+    let out = run(&paths, &["snapshot", "ls"]);
+    assert_eq!(text(&out.stdout).trim(), "no snapshots");
+    assert!(!paths.disks().join(&id).exists(), "its disks are removed");
+    stop_daemon(&paths);
 }

@@ -48,7 +48,18 @@ async fn qemu_floor(dir: &std::path::Path) -> Duration {
     let _ = std::fs::remove_file(&sock);
     let start = Instant::now();
     let mut child = tokio::process::Command::new("qemu-system-x86_64")
-        .args(["-M", "microvm", "-accel", "tcg", "-nodefaults", "-no-user-config", "-display", "none", "-S", "-qmp"])
+        .args([
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-S",
+            "-qmp",
+        ])
         .arg(format!("unix:{},server=on,wait=off", sock.display()))
         .kill_on_drop(true)
         .spawn()
@@ -68,12 +79,25 @@ async fn qemu_floor(dir: &std::path::Path) -> Duration {
 }
 
 async fn ok(sb: &Sandbox, script: &str) {
-    let out = sb.run(infra::sh(script, Some(600_000))).await.expect("exec");
-    assert_eq!(out.code(), 0, "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    let out = sb
+        .run(infra::sh(script, Some(600_000)))
+        .await
+        .expect("exec");
+    assert_eq!(
+        out.code(),
+        0,
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// Snapshot of `sb` then `count` copies at once: (wall of snapshot + copies, until all answered).
-async fn fork(paths: &forkbox_engine::paths::Paths, cfg: &SandboxConfig, sb: &Sandbox, count: usize) -> (f64, f64, f64, Vec<Sandbox>) {
+async fn fork(
+    paths: &forkbox_engine::paths::Paths,
+    cfg: &SandboxConfig,
+    sb: &Sandbox,
+    count: usize,
+) -> (f64, f64, f64, Vec<Sandbox>) {
     let name = format!("bench-{}-{count}", std::process::id());
     let t = Instant::now();
     let snap = sb.snapshot(paths, &name, false).await.expect("snapshot");
@@ -84,14 +108,28 @@ async fn fork(paths: &forkbox_engine::paths::Paths, cfg: &SandboxConfig, sb: &Sa
         ok(c, "true").await;
     }
     let answered = ms(t.elapsed());
-    (call, answered, snap.meta.pause_ms.unwrap_or(f64::NAN), copies)
+    (
+        call,
+        answered,
+        snap.meta.pause_ms.unwrap_or(f64::NAN),
+        copies,
+    )
 }
 
-async fn futures_join(paths: &forkbox_engine::paths::Paths, snap: &forkbox_engine::snapshot::Snapshot, origin: &str, cfg: &SandboxConfig, count: usize) -> Vec<Sandbox> {
+async fn futures_join(
+    paths: &forkbox_engine::paths::Paths,
+    snap: &forkbox_engine::snapshot::Snapshot,
+    origin: &str,
+    cfg: &SandboxConfig,
+    count: usize,
+) -> Vec<Sandbox> {
     let mut set = tokio::task::JoinSet::new();
     for _ in 0..count {
-        let (paths, snap, origin, cfg) = (paths.clone(), snap.clone(), origin.to_string(), cfg.clone());
-        set.spawn(async move { Sandbox::restore(&paths, &snap, origin, &cfg, Instant::now()).await });
+        let (paths, snap, origin, cfg) =
+            (paths.clone(), snap.clone(), origin.to_string(), cfg.clone());
+        set.spawn(async move {
+            Sandbox::restore(&paths, &snap, origin, &cfg, Instant::now(), None).await
+        });
     }
     let mut out = Vec::new();
     while let Some(r) = set.join_next().await {
@@ -101,12 +139,25 @@ async fn futures_join(paths: &forkbox_engine::paths::Paths, snap: &forkbox_engin
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let n: usize = std::env::var("BENCH_CREATES").ok().and_then(|v| v.parse().ok()).unwrap_or(50);
-    let boots: usize = std::env::var("BENCH_BOOTS").ok().and_then(|v| v.parse().ok()).unwrap_or(3);
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let n: usize = std::env::var("BENCH_CREATES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50);
+    let boots: usize = std::env::var("BENCH_BOOTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(3);
     let paths = infra::home();
     let image = infra::image(&paths, "python-bookworm");
-    let cfg = SandboxConfig { image, ..SandboxConfig::default() };
+    let cfg = SandboxConfig {
+        image,
+        ..SandboxConfig::default()
+    };
     let tmp = std::env::temp_dir().join(format!("forkbox-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     rt.block_on(async {
@@ -145,6 +196,41 @@ fn main() {
         let warm = row("create from template, to ready (reseeded)", warm);
         row("create from template + first exec `true`", first_exec);
         println!("  ratios: cold boot / template create {:.1}x;  template create / floor {:.2}x", cold / warm, warm / floor);
+
+        // The daemon's path: the engine API with its warm pool (2 ready sandboxes per
+        // configuration, refilled in the background). Each round: create, exec, delete, then a
+        // pause as an agent would take between sandboxes, which is when the pool refills.
+        let engine = forkbox_engine::api::Engine::new(paths.clone());
+        let mut pooled = Vec::new();
+        let mut deletes = Vec::new();
+        let mut hits = 0;
+        let pause_ms: u64 = std::env::var("BENCH_POOL_PAUSE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+        for i in 0..n + 1 {
+            let t = Instant::now();
+            let r = engine.handle(forkbox_engine::api::Command::Create(forkbox_engine::api::CreateRequest {
+                image: Some(cfg.image.to_string()),
+                ..Default::default()
+            })).await.expect("create through the API");
+            let took = ms(t.elapsed());
+            let forkbox_engine::api::Reply::Sandbox(v) = r else { panic!("not a sandbox") };
+            if i > 0 {
+                // The first create finds the pool empty and starts filling it.
+                pooled.push(took);
+                hits += v.from_pool as usize;
+            }
+            let id = v.info.id.clone();
+            let out = engine.handle(forkbox_engine::api::Command::Exec { id: id.clone(), request: forkbox_engine::api::ExecRequest { argv: Some(vec!["true".into()]), ..Default::default() } }).await.expect("exec");
+            drop(out);
+            let t = Instant::now();
+            engine.handle(forkbox_engine::api::Command::Delete { id }).await.expect("delete");
+            deletes.push(ms(t.elapsed()));
+            tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+        }
+        let pooled_p50 = row("create through the API with the warm pool", pooled);
+        row("delete through the API", deletes);
+        println!("  pool hits {hits}/{n} (pause between rounds {pause_ms} ms);  pooled create / floor {:.2}x;  cold boot / pooled create {:.0}x",
+            pooled_p50 / floor, cold / pooled_p50);
+        engine.shutdown().await;
         println!();
 
         // Fork of a running 1 GiB sandbox.
@@ -158,6 +244,18 @@ fn main() {
             println!("fork of a running sandbox, count {count:<2}: call {call:>7.0} ms, all answered {answered:>7.0} ms, parent paused {pause:.1} ms");
             if count == 10 { ten = copies; } else { for c in copies { c.destroy().await; } }
         }
+        // Copies of a snapshot that already exists: the restore alone.
+        let name = format!("bench-{}-existing", std::process::id());
+        let snap = parent.snapshot(&paths, &name, false).await.expect("snapshot");
+        for count in [1usize, 3, 10] {
+            let t = Instant::now();
+            let copies = futures_join(&paths, &snap, &format!("snapshot:{name}"), &cfg, count).await;
+            let call = ms(t.elapsed());
+            for c in &copies { ok(c, "true").await; }
+            println!("fork of an existing snapshot,   count {count:<2}: call {call:>7.0} ms, all answered {:>7.0} ms", ms(t.elapsed()));
+            for c in copies { c.destroy().await; }
+        }
+        let _ = store.remove(&name, &[]);
         tokio::time::sleep(Duration::from_secs(2)).await;
         let pss: Vec<u64> = ten.iter().map(|c| pss_kib(c.info().qemu_pid)).collect();
         let avg = pss.iter().sum::<u64>() as f64 / pss.len() as f64 / 1024.0;
@@ -170,7 +268,7 @@ fn main() {
         for (mb, label) in [(100u64, "100 MB"), (1000, "1 GB")] {
             let big = SandboxConfig { memory_mib: 2048, ..cfg.clone() };
             let sb = Sandbox::create(&paths, &big).await.expect("create 2 GiB");
-            ok(&sb, &format!("nohup python3 -c \"import time; b=bytearray(b'x')*({mb}*1000*1000); time.sleep(1e6)\" >/dev/null 2>&1 & sleep 1; while [ $(awk '/MemAvailable/{{print $2}}' /proc/meminfo) -gt $(( (2048-{mb}-300)*1024 )) ]; do sleep 0.5; done")).await;
+            ok(&sb, &format!("nohup python3 -c \"import time; b=bytearray(b'x')*({mb}*1000*1000); open('/tmp/filled','w').close(); time.sleep(1e6)\" >/dev/null 2>&1 & while [ ! -e /tmp/filled ]; do sleep 0.2; done")).await;
             let name = format!("bench-dirty-{}-{mb}", std::process::id());
             let t = Instant::now();
             let snap = sb.snapshot(&paths, &name, false).await.expect("snapshot");

@@ -36,6 +36,16 @@ pub struct CreateRequest {
     /// Start from this snapshot instead of the image's template (a fork of count 1). The
     /// image, vCPUs and memory are the snapshot's.
     pub snapshot: Option<String>,
+    /// What the TTL does when it passes: delete (default) or hibernate.
+    pub ttl_action: Option<TtlAction>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    #[default]
+    Delete,
+    Hibernate,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -99,6 +109,17 @@ pub struct SandboxView {
     /// time, already reseeded and named) rather than being restored for this request.
     #[serde(default)]
     pub from_pool: bool,
+    /// `running` or `hibernated` (saved to disk, no VM, resumed by `resume`).
+    pub state: SandboxState,
+    #[serde(default)]
+    pub ttl_action: TtlAction,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Running,
+    Hibernated,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -143,6 +164,13 @@ pub enum Command {
         source: String,
         request: ForkRequest,
     },
+    /// Saves a sandbox to disk and stops its VM; `Resume` brings it back with its processes.
+    Hibernate {
+        id: String,
+    },
+    Resume {
+        id: String,
+    },
     ListSnapshots,
     GetSnapshot {
         name: String,
@@ -168,6 +196,10 @@ pub enum Reply {
 pub enum EngineError {
     #[error("no sandbox {0}; list them with `forkbox sandbox ls`")]
     NoSuchSandbox(String),
+    #[error("sandbox {0} is hibernated; resume it first (`forkbox sandbox resume {0}`)")]
+    Hibernated(String),
+    #[error("sandbox {0} is running, not hibernated")]
+    NotHibernated(String),
     #[error("sandbox {0} has no command {1}")]
     NoSuchCommand(String, String),
     #[error("bad request: {0}")]
@@ -189,6 +221,29 @@ struct Entry {
     created_unix: u64,
     expires_unix: Option<u64>,
     from_pool: bool,
+    ttl_action: TtlAction,
+}
+
+/// A hibernated sandbox: its whole state is the snapshot `snapshot`.
+struct Sleeper {
+    info: SandboxInfo,
+    record: crate::runstate::DaemonRecord,
+    snapshot: String,
+    created_unix: u64,
+}
+
+impl Sleeper {
+    fn view(&self) -> SandboxView {
+        SandboxView {
+            info: self.info.clone(),
+            labels: self.record.labels.clone(),
+            created_unix: self.created_unix,
+            expires_unix: self.record.expires_unix,
+            from_pool: false,
+            state: SandboxState::Hibernated,
+            ttl_action: self.record.ttl_action,
+        }
+    }
 }
 
 impl Entry {
@@ -200,6 +255,8 @@ impl Entry {
                 info,
                 labels: self.labels.clone(),
                 expires_unix: self.expires_unix,
+                ttl_action: self.ttl_action,
+                created_unix: self.created_unix,
             }))?;
         Ok(())
     }
@@ -211,6 +268,8 @@ impl Entry {
             created_unix: self.created_unix,
             expires_unix: self.expires_unix,
             from_pool: self.from_pool,
+            state: SandboxState::Running,
+            ttl_action: self.ttl_action,
         }
     }
 }
@@ -221,6 +280,7 @@ pub struct Engine {
     sandboxes: tokio::sync::RwLock<HashMap<String, Entry>>,
     metrics: crate::metrics::Metrics,
     pool: crate::pool::Pool,
+    sleepers: tokio::sync::RwLock<HashMap<String, Sleeper>>,
 }
 
 fn now_unix() -> u64 {
@@ -243,6 +303,7 @@ impl Engine {
             sandboxes: Default::default(),
             metrics: Default::default(),
             pool: crate::pool::Pool::new(crate::pool::size_from_env()),
+            sleepers: Default::default(),
         }
     }
 
@@ -269,7 +330,9 @@ impl Engine {
         self.metrics.forget(&id);
         // A snapshot made only to fork a sandbox goes with its last copy.
         if let Some(origin) = entry.sandbox.info().origin_snapshot() {
-            if origin.starts_with(AUTO_SNAPSHOT) && self.snapshot_users(origin).await.is_empty() {
+            let auto = origin.starts_with(AUTO_SNAPSHOT)
+                || origin.starts_with(crate::snapshot::HIBERNATION);
+            if auto && self.snapshot_users(origin).await.is_empty() {
                 let _ = crate::snapshot::SnapshotStore::new(&self.paths).remove(origin, &[]);
             }
         }
@@ -286,7 +349,11 @@ impl Engine {
             .collect()
     }
 
-    async fn snapshot(&self, id: &str, r: SnapshotRequest) -> Result<crate::snapshot::Snapshot, EngineError> {
+    async fn snapshot(
+        &self,
+        id: &str,
+        r: SnapshotRequest,
+    ) -> Result<crate::snapshot::Snapshot, EngineError> {
         let (sb, _) = self.get(id).await?;
         let name = match r.name {
             Some(n) => n,
@@ -340,7 +407,7 @@ impl Engine {
             let cfg = self.config(&req)?;
             tasks.spawn(async move {
                 let origin = format!("snapshot:{}", snap.meta.name);
-                Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now()).await
+                Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now(), None).await
             });
         }
         let mut sandboxes = Vec::new();
@@ -348,7 +415,16 @@ impl Engine {
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         while let Some(done) = tasks.join_next().await {
             match done {
-                Ok(Ok(sb)) => match self.register(Arc::new(sb), r.labels.clone(), expires_unix, false).await {
+                Ok(Ok(sb)) => match self
+                    .register(
+                        Arc::new(sb),
+                        r.labels.clone(),
+                        expires_unix,
+                        false,
+                        TtlAction::Delete,
+                    )
+                    .await
+                {
                     Ok(v) => sandboxes.push(v),
                     Err(e) => failed.push(e.to_string()),
                 },
@@ -376,7 +452,14 @@ impl Engine {
     pub async fn handle(&self, cmd: Command) -> Result<Reply, EngineError> {
         match cmd {
             Command::Create(r) => self.create(r).await.map(Reply::Sandbox),
-            Command::Get { id } => self.get(&id).await.map(|(_, v)| Reply::Sandbox(v)),
+            Command::Get { id } => {
+                if let Some(s) = self.sleepers.read().await.get(&id) {
+                    return Ok(Reply::Sandbox(s.view()));
+                }
+                self.get(&id).await.map(|(_, v)| Reply::Sandbox(v))
+            }
+            Command::Hibernate { id } => self.hibernate(&id).await.map(Reply::Sandbox),
+            Command::Resume { id } => self.resume(&id).await.map(Reply::Sandbox),
             Command::List { label } => {
                 let map = self.sandboxes.read().await;
                 let mut all: Vec<SandboxView> = map
@@ -388,6 +471,18 @@ impl Engine {
                     })
                     .map(Entry::view)
                     .collect();
+                all.extend(
+                    self.sleepers
+                        .read()
+                        .await
+                        .values()
+                        .filter(|s| {
+                            label
+                                .as_ref()
+                                .is_none_or(|(k, v)| s.record.labels.get(k) == Some(v))
+                        })
+                        .map(Sleeper::view),
+                );
                 all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
                 Ok(Reply::Sandboxes(all))
             }
@@ -437,14 +532,25 @@ impl Engine {
                     .collect(),
             )),
             Command::GetSnapshot { name } => Ok(Reply::Snapshot(
-                crate::snapshot::SnapshotStore::new(&self.paths).get(&name)?.meta,
+                crate::snapshot::SnapshotStore::new(&self.paths)
+                    .get(&name)?
+                    .meta,
             )),
             Command::DeleteSnapshot { name } => {
-                let users = self.snapshot_users(&name).await;
+                let mut users = self.snapshot_users(&name).await;
+                for (id, s) in self.sleepers.read().await.iter() {
+                    if s.snapshot == name {
+                        users.push(format!("{id} (hibernated in it)"));
+                    }
+                }
                 crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
                 Ok(Reply::Deleted { deleted: name })
             }
             Command::Delete { id } => {
+                if let Some(s) = self.sleepers.write().await.remove(&id) {
+                    crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
+                    return Ok(Reply::Deleted { deleted: id });
+                }
                 let entry = self
                     .sandboxes
                     .write()
@@ -465,9 +571,13 @@ impl Engine {
     ) -> Result<String, EngineError> {
         let spec = exec_spec(request)?;
         let map = self.sandboxes.read().await;
-        let e = map
-            .get(id)
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let e = match map.get(id) {
+            Some(e) => e,
+            None if self.sleepers.read().await.contains_key(id) => {
+                return Err(EngineError::Hibernated(id.to_string()))
+            }
+            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
+        };
         let ex = e.sandbox.exec(spec).await?;
         let log = crate::commands::CommandLog::start(ex);
         let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
@@ -521,6 +631,9 @@ impl Engine {
     }
 
     async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {
+        if self.sleepers.read().await.contains_key(id) {
+            return Err(EngineError::Hibernated(id.to_string()));
+        }
         let map = self.sandboxes.read().await;
         let e = map
             .get(id)
@@ -592,11 +705,25 @@ impl Engine {
                     ));
                 }
                 let snap = crate::snapshot::SnapshotStore::new(&self.paths).get(name)?;
-                Sandbox::restore(&self.paths, &snap, format!("snapshot:{name}"), &cfg, started).await?
+                Sandbox::restore(
+                    &self.paths,
+                    &snap,
+                    format!("snapshot:{name}"),
+                    &cfg,
+                    started,
+                    None,
+                )
+                .await?
             }
         };
         let view = self
-            .register(Arc::new(sandbox), r.labels, expires_unix, from_pool)
+            .register(
+                Arc::new(sandbox),
+                r.labels,
+                expires_unix,
+                from_pool,
+                r.ttl_action.unwrap_or_default(),
+            )
             .await?;
         self.metrics
             .create_seconds
@@ -612,6 +739,7 @@ impl Engine {
         labels: BTreeMap<String, String>,
         expires_unix: Option<u64>,
         from_pool: bool,
+        ttl_action: TtlAction,
     ) -> Result<SandboxView, EngineError> {
         let entry = Entry {
             commands: Default::default(),
@@ -621,6 +749,7 @@ impl Engine {
             created_unix: now_unix(),
             expires_unix,
             from_pool,
+            ttl_action,
         };
         if let Err(e) = entry.persist() {
             entry.sandbox.destroy().await;
@@ -651,6 +780,7 @@ impl Engine {
                         created_unix: record.created_unix,
                         expires_unix: rec.expires_unix,
                         from_pool: false,
+                        ttl_action: rec.ttl_action,
                     };
                     self.sandboxes.write().await.insert(id.clone(), entry);
                     self.added();
@@ -663,7 +793,134 @@ impl Engine {
                 }
             }
         }
+        // Hibernated sandboxes are snapshots carrying their record.
+        for snap in crate::snapshot::SnapshotStore::new(&self.paths).list() {
+            if let Some(record) = snap.meta.hibernated.clone() {
+                let Ok(info) = serde_json::from_value::<SandboxInfo>(record.info.clone()) else {
+                    continue;
+                };
+                let id = info.id.clone();
+                if self.sandboxes.read().await.contains_key(&id) {
+                    continue;
+                }
+                self.sleepers.write().await.insert(
+                    id.clone(),
+                    Sleeper {
+                        info,
+                        created_unix: record.created_unix,
+                        record,
+                        snapshot: snap.meta.name.clone(),
+                    },
+                );
+                adopted.push(id);
+            }
+        }
         adopted
+    }
+
+    /// Saves a running sandbox to disk under the same id and stops its VM.
+    async fn hibernate(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let entry = self.sandboxes.write().await.remove(id);
+        let Some(entry) = entry else {
+            if self.sleepers.read().await.contains_key(id) {
+                return Err(EngineError::Hibernated(id.to_string()));
+            }
+            return Err(EngineError::NoSuchSandbox(id.to_string()));
+        };
+        let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix());
+        let record = crate::runstate::DaemonRecord {
+            info: serde_json::to_value(entry.sandbox.info())
+                .map_err(|e| EngineError::BadRequest(e.to_string()))?,
+            labels: entry.labels.clone(),
+            // A TTL that hibernated the sandbox is spent.
+            expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
+            ttl_action: entry.ttl_action,
+            created_unix: entry.created_unix,
+        };
+        let saved = async {
+            let mut snap = entry.sandbox.snapshot(&self.paths, &name, true).await?;
+            snap.meta.hibernated = Some(record.clone());
+            crate::snapshot::rewrite_meta(&snap)?;
+            Ok::<_, EngineError>(snap)
+        }
+        .await;
+        let snap = match saved {
+            Ok(s) => s,
+            Err(e) => {
+                // Still running (the save resumes it on failure): put it back.
+                let _ = entry.sandbox.client().ping().await;
+                self.sandboxes.write().await.insert(id.to_string(), entry);
+                if let Ok(s) = crate::snapshot::SnapshotStore::new(&self.paths).get(&name) {
+                    let _ =
+                        crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.meta.name, &[]);
+                }
+                return Err(e);
+            }
+        };
+        let info = entry.sandbox.info().clone();
+        // Its VM goes; its disks stay (the snapshot's chain holds them).
+        entry.sandbox.destroy().await;
+        self.metrics.sandboxes.dec();
+        self.metrics.forget(id);
+        let sleeper = Sleeper {
+            info,
+            created_unix: record.created_unix,
+            record,
+            snapshot: snap.meta.name.clone(),
+        };
+        let view = sleeper.view();
+        self.sleepers.write().await.insert(id.to_string(), sleeper);
+        Ok(view)
+    }
+
+    /// Brings a hibernated sandbox back, with its processes, under its id.
+    async fn resume(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let sleeper = match self.sleepers.write().await.remove(id) {
+            Some(s) => s,
+            None if self.sandboxes.read().await.contains_key(id) => {
+                return Err(EngineError::NotHibernated(id.to_string()))
+            }
+            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
+        };
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let restored = async {
+            let mut snap = store.get(&sleeper.snapshot)?;
+            let cfg = SandboxConfig {
+                max_procs: sleeper.info.max_procs.max(16),
+                die_with_parent: false,
+                ..SandboxConfig::default()
+            };
+            let origin = format!("snapshot:{}", snap.meta.name);
+            let sb = Sandbox::restore(
+                &self.paths,
+                &snap,
+                origin,
+                &cfg,
+                std::time::Instant::now(),
+                Some(id.to_string()),
+            )
+            .await?;
+            // From here the sandbox is a running copy of the snapshot, which goes with it.
+            snap.meta.hibernated = None;
+            crate::snapshot::rewrite_meta(&snap)?;
+            Ok::<_, EngineError>(sb)
+        }
+        .await;
+        let sb = match restored {
+            Ok(sb) => sb,
+            Err(e) => {
+                self.sleepers.write().await.insert(id.to_string(), sleeper);
+                return Err(e);
+            }
+        };
+        self.register(
+            Arc::new(sb),
+            sleeper.record.labels,
+            sleeper.record.expires_unix,
+            false,
+            sleeper.record.ttl_action,
+        )
+        .await
     }
 
     /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this
@@ -675,10 +932,25 @@ impl Engine {
             let ids: Vec<String> = map
                 .iter()
                 .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
+                .filter(|(_, e)| e.ttl_action == TtlAction::Delete)
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
+        let sleepy: Vec<String> = self
+            .sandboxes
+            .read()
+            .await
+            .iter()
+            .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
+            .filter(|(_, e)| e.ttl_action == TtlAction::Hibernate)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in sleepy {
+            if let Err(e) = self.hibernate(&id).await {
+                tracing::warn!("{id}: its TTL passed but it could not be hibernated: {e}");
+            }
+        }
         let mut ids = Vec::new();
         for e in expired {
             ids.push(e.sandbox.info().id.clone());

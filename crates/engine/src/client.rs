@@ -207,7 +207,9 @@ impl AgentClient {
         self.unroute(id);
         match r {
             Some(AgentMsg::Done { .. }) => Ok(()),
-            Some(AgentMsg::Error { kind, message, .. }) => Err(AgentError::Refused { kind, message }),
+            Some(AgentMsg::Error { kind, message, .. }) => {
+                Err(AgentError::Refused { kind, message })
+            }
             Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
             None => Err(AgentError::Disconnected),
         }

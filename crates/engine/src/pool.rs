@@ -25,6 +25,16 @@ pub fn size_from_env() -> usize {
         .unwrap_or(DEFAULT_SIZE)
 }
 
+fn warm_up() -> forkbox_protocol::ExecSpec {
+    forkbox_protocol::ExecSpec {
+        program: forkbox_protocol::Program::Argv(vec!["true".into()]),
+        cwd: None,
+        env: vec![],
+        timeout_ms: Some(60_000),
+        stdin: false,
+    }
+}
+
 #[derive(Default)]
 struct Slot {
     ready: Vec<Sandbox>,
@@ -92,7 +102,13 @@ impl Pool {
                     break;
                 }
                 match Sandbox::create(&paths, &cfg).await {
-                    Ok(sb) => pool.lock().entry(key.clone()).or_default().ready.push(sb),
+                    Ok(sb) => {
+                        // Under TCG a restored copy runs its first command through code QEMU
+                        // has not translated yet (~0.5 s); one command while it waits in the
+                        // pool takes that cost off the user's first exec. Harmless under KVM.
+                        let _ = sb.run(warm_up()).await;
+                        pool.lock().entry(key.clone()).or_default().ready.push(sb)
+                    }
                     Err(e) => {
                         tracing::warn!("warm pool for {key}: {e}");
                         break;

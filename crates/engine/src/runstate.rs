@@ -35,6 +35,10 @@ pub struct DaemonRecord {
     pub info: serde_json::Value,
     pub labels: std::collections::BTreeMap<String, String>,
     pub expires_unix: Option<u64>,
+    #[serde(default)]
+    pub ttl_action: crate::api::TtlAction,
+    #[serde(default)]
+    pub created_unix: u64,
 }
 
 /// Start time of a running process (clock ticks since boot), to tell a PID from its reuse;
@@ -105,14 +109,21 @@ impl RunDir {
 
     pub fn remove(&self) {
         let _ = fs::remove_dir_all(&self.dir);
-        if let (Some(home), Some(id)) = (self.dir.parent().and_then(Path::parent), self.dir.file_name()) {
+        if let (Some(home), Some(id)) = (
+            self.dir.parent().and_then(Path::parent),
+            self.dir.file_name(),
+        ) {
             crate::snapshot::release_disk_dir(home, &id.to_string_lossy());
         }
     }
 
     /// Where this sandbox's disk overlays live (created on first use).
     pub fn disk_dir(&self) -> PathBuf {
-        let home = self.dir.parent().and_then(Path::parent).unwrap_or(Path::new("/"));
+        let home = self
+            .dir
+            .parent()
+            .and_then(Path::parent)
+            .unwrap_or(Path::new("/"));
         let id = self.dir.file_name().unwrap_or_default();
         home.join("disks").join(id)
     }

@@ -117,7 +117,7 @@ impl Sandbox {
         }
         let template = ensure_template(paths, cfg, &image, &kit).await?;
         let origin = format!("template:{}", template.meta.name);
-        Sandbox::restore(paths, &template, origin, cfg, started).await
+        Sandbox::restore(paths, &template, origin, cfg, started, None).await
     }
 
     /// Boots the image's kernel (seconds under TCG).
@@ -184,16 +184,17 @@ impl Sandbox {
         origin: String,
         cfg: &SandboxConfig,
         started: Instant,
+        id: Option<String>,
     ) -> Result<Sandbox, SandboxError> {
         snap.check_restorable()?;
         let image = ImageStore::new(paths).resolve(&snap.meta.image.parse()?)?;
-        let id = new_id();
+        let id = id.unwrap_or_else(new_id);
         let mut run = RunDir::create(paths, &id, &snap.meta.image)
             .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
         let vm_cfg = crate::snapshot::restore_config(
             snap,
             &run.dir,
-            run.disk_dir().join("disk.qcow2"),
+            crate::snapshot::next_disk(&run.disk_dir()),
             cfg.die_with_parent,
         );
         let max_procs = cfg.max_procs;
@@ -201,7 +202,10 @@ impl Sandbox {
         let trace = std::env::var_os("FORKBOX_TRACE").is_some();
         let mark = |what: &str| {
             if trace {
-                eprintln!("restore {:>7.1} ms  {what}", started.elapsed().as_secs_f64() * 1000.0);
+                eprintln!(
+                    "restore {:>7.1} ms  {what}",
+                    started.elapsed().as_secs_f64() * 1000.0
+                );
             }
         };
         let restored = async {
@@ -216,7 +220,9 @@ impl Sandbox {
                 let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
                 tokio::task::spawn_blocking(move || crate::snapshot::load_state(&qmp, &state))
                     .await
-                    .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
+                    .map_err(|e| {
+                        VmError::io("load the device state", std::io::Error::other(e))
+                    })??;
                 mark("state loaded, running");
                 // A busy guest on a busy host can take a while to answer; as long as a boot.
                 let client = tokio::time::timeout(
@@ -293,7 +299,12 @@ impl Sandbox {
                 .iter()
                 .cloned()
                 .chain([run.record.id.clone()])
-                .collect(),
+                .fold(Vec::new(), |mut v, d| {
+                    if !v.contains(&d) {
+                        v.push(d);
+                    }
+                    v
+                }),
         };
         Ok(Sandbox::assemble(info, image, vm, client, run))
     }
@@ -339,10 +350,7 @@ impl Sandbox {
             memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
             incoming: true,
         };
-        let n = (1..)
-            .find(|n| !disk_dir.join(format!("disk-{n}.qcow2")).exists())
-            .unwrap_or(1);
-        let new_overlay = disk_dir.join(format!("disk-{n}.qcow2"));
+        let new_overlay = snap::next_disk(&disk_dir);
         let saved = async {
             vm::create_overlay(&self.image.rootfs(), &recv_cfg.disk).await?;
             let mut receiver = Vm::spawn(&recv_cfg)?;
@@ -546,7 +554,11 @@ pub async fn boot_kit(
     choice: AccelChoice,
 ) -> Result<BootKit, SandboxError> {
     static KITS: std::sync::Mutex<Vec<(KitKey, KitEntry)>> = std::sync::Mutex::new(Vec::new());
-    let key: KitKey = (paths.home().to_path_buf(), image.meta.kernel.clone(), choice);
+    let key: KitKey = (
+        paths.home().to_path_buf(),
+        image.meta.kernel.clone(),
+        choice,
+    );
     let mtime = |p: &std::path::Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
     {
         let kits = KITS.lock().unwrap_or_else(|p| p.into_inner());
@@ -703,7 +715,13 @@ pub async fn ensure_template(
     }
     .await;
     let published = built.map_err(SandboxError::from).and_then(|()| {
-        for f in ["agent.sock", "qmp.sock", "console.sock", "console.log", "qemu.stderr"] {
+        for f in [
+            "agent.sock",
+            "qmp.sock",
+            "console.sock",
+            "console.log",
+            "qemu.stderr",
+        ] {
             let _ = std::fs::remove_file(tmp.join(f));
         }
         let mut meta = snap::new_meta(

@@ -76,6 +76,10 @@ pub struct SnapshotMeta {
     /// kept while it exists.
     #[serde(default)]
     pub disk_dirs: Vec<String>,
+    /// Set while this snapshot *is* a hibernated sandbox: what the daemon needs to list it
+    /// and to resume it under the same id.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hibernated: Option<crate::runstate::DaemonRecord>,
 }
 
 /// A snapshot on disk.
@@ -100,7 +104,10 @@ impl Snapshot {
         self.dir.join(VMSTATE)
     }
     pub fn disk(&self) -> PathBuf {
-        self.meta.disk.clone().unwrap_or_else(|| self.dir.join(DISK))
+        self.meta
+            .disk
+            .clone()
+            .unwrap_or_else(|| self.dir.join(DISK))
     }
 
     /// Refuses, in words, a snapshot this forkbox cannot restore: device state is only
@@ -116,7 +123,12 @@ impl Snapshot {
                 ),
             });
         }
-        for f in [self.mem(), self.vmstate(), self.disk(), self.meta.kernel.clone()] {
+        for f in [
+            self.mem(),
+            self.vmstate(),
+            self.disk(),
+            self.meta.kernel.clone(),
+        ] {
             if !f.exists() {
                 return Err(SnapshotError::Incompatible {
                     name: self.meta.name.clone(),
@@ -165,8 +177,8 @@ pub fn valid_name(name: &str) -> bool {
 pub fn qemu_version() -> String {
     static V: OnceLock<String> = OnceLock::new();
     V.get_or_init(|| {
-        let program = crate::setup::which(crate::vm::QEMU)
-            .unwrap_or_else(|| PathBuf::from(crate::vm::QEMU));
+        let program =
+            crate::setup::which(crate::vm::QEMU).unwrap_or_else(|| PathBuf::from(crate::vm::QEMU));
         std::process::Command::new(program)
             .arg("--version")
             .output()
@@ -236,7 +248,9 @@ impl SnapshotStore {
             });
         }
         // Renamed away first, so a crash halfway leaves no half-snapshot under a real name.
-        let doomed = self.root.join(format!(".deleting-{name}-{}", std::process::id()));
+        let doomed = self
+            .root
+            .join(format!(".deleting-{name}-{}", std::process::id()));
         std::fs::rename(&snap.dir, &doomed).map_err(io(format!("delete snapshot {name}")))?;
         std::fs::remove_dir_all(&doomed).map_err(io(format!("delete snapshot {name}")))?;
         if let Some(home) = self.root.parent() {
@@ -266,6 +280,30 @@ impl SnapshotStore {
             }
         }
     }
+}
+
+/// Rewrites a snapshot's metadata (for the hibernation record, which comes and goes).
+pub fn rewrite_meta(snap: &Snapshot) -> Result<(), SnapshotError> {
+    let json = serde_json::to_vec_pretty(&snap.meta).map_err(|e| SnapshotError::Io {
+        what: "encode snapshot.json".into(),
+        source: std::io::Error::other(e),
+    })?;
+    write_atomic(&snap.dir.join(META), &json).map_err(io("write snapshot.json"))
+}
+
+/// Names of snapshots that hold a hibernated sandbox (and then the copy resumed from it).
+pub const HIBERNATION: &str = "hibernated-";
+
+/// The first `disk.qcow2`, `disk-1.qcow2`, ... that does not exist in `dir`.
+pub fn next_disk(dir: &Path) -> PathBuf {
+    let first = dir.join("disk.qcow2");
+    if !first.exists() {
+        return first;
+    }
+    (1..)
+        .map(|n| dir.join(format!("disk-{n}.qcow2")))
+        .find(|p| !p.exists())
+        .unwrap_or(first)
 }
 
 /// A short, unique name for a directory a save is assembled in (`.tmp-RANDOM-PID`, which
@@ -300,7 +338,9 @@ pub fn release_disk_dir(home: &Path, id: &str) {
 /// Bytes a file occupies on disk.
 pub fn allocated_bytes(path: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
-    std::fs::metadata(path).map(|m| m.blocks() * 512).unwrap_or(0)
+    std::fs::metadata(path)
+        .map(|m| m.blocks() * 512)
+        .unwrap_or(0)
 }
 
 fn now_unix() -> u64 {
@@ -311,7 +351,12 @@ fn now_unix() -> u64 {
 }
 
 /// What a VM restored from `snap` runs with, in `run_dir`, on the overlay `disk`.
-pub fn restore_config(snap: &Snapshot, run_dir: &Path, disk: PathBuf, die_with_parent: bool) -> VmConfig {
+pub fn restore_config(
+    snap: &Snapshot,
+    run_dir: &Path,
+    disk: PathBuf,
+    die_with_parent: bool,
+) -> VmConfig {
     VmConfig {
         accel: snap.meta.accel.accel,
         cpus: snap.meta.cpus,
@@ -361,11 +406,13 @@ pub fn save_shared(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.execute("stop", json!({}))?;
     q.set_capabilities(&[("x-ignore-shared", true)])?;
-    let f = std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
+    let f =
+        std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
     q.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
     q.execute("migrate", json!({"uri": "fd:state"}))?;
     q.wait_migration(&["completed"], Duration::from_secs(60))?;
-    f.sync_all().map_err(|e| VmError::io("sync the device state", e))?;
+    f.sync_all()
+        .map_err(|e| VmError::io("sync the device state", e))?;
     let _ = q.execute("quit", json!({}));
     Ok(())
 }
@@ -393,7 +440,10 @@ pub fn save_running(
     let result = (|| {
         let frozen = active_disk(&mut src)?;
         rcv.set_capabilities(&[("x-ignore-shared", false)])?;
-        src.set_capabilities(&[("x-ignore-shared", false), ("pause-before-switchover", true)])?;
+        src.set_capabilities(&[
+            ("x-ignore-shared", false),
+            ("pause-before-switchover", true),
+        ])?;
         src.execute(
             "migrate-set-parameters",
             json!({"max-bandwidth": 64u64 << 30, "downtime-limit": 20}),
@@ -436,11 +486,13 @@ pub fn save_running(
     // The receiver holds the RAM now; it writes the device state without it.
     rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
     rcv.set_capabilities(&[("x-ignore-shared", true)])?;
-    let f = std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
+    let f =
+        std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
     rcv.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
     rcv.execute("migrate", json!({"uri": "fd:state"}))?;
     rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
-    f.sync_all().map_err(|e| VmError::io("sync the device state", e))?;
+    f.sync_all()
+        .map_err(|e| VmError::io("sync the device state", e))?;
     let _ = rcv.execute("quit", json!({}));
     Ok((frozen, SaveTiming { pause_ms }))
 }
@@ -466,7 +518,8 @@ pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot,
     let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
     for f in [tmp.join(MEM), disk] {
         if let Ok(file) = std::fs::File::open(&f) {
-            file.sync_all().map_err(io(format!("sync {}", f.display())))?;
+            file.sync_all()
+                .map_err(io(format!("sync {}", f.display())))?;
         }
     }
     let json = serde_json::to_vec_pretty(meta).map_err(|e| SnapshotError::Io {
@@ -509,7 +562,12 @@ pub fn template_key(
         h.update(part.as_bytes());
         h.update([0]);
     }
-    let d: String = h.finalize().iter().take(8).map(|b| format!("{b:02x}")).collect();
+    let d: String = h
+        .finalize()
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect();
     format!("{}-c{cpus}-m{memory_mib}-{d}", image.replace('@', "-"))
 }
 
@@ -541,6 +599,7 @@ pub(crate) fn new_meta(
         memory_bytes: 0,
         disk: None,
         disk_dirs: Vec::new(),
+        hibernated: None,
     }
 }
 

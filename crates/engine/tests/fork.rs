@@ -24,14 +24,22 @@ fn config() -> (forkbox_engine::paths::Paths, SandboxConfig) {
 
 async fn sh(sb: &Sandbox, script: &str) -> String {
     let out = sb.run(infra::sh(script, Some(60_000))).await.expect("run");
-    assert_eq!(out.code(), 0, "{script}: {}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(
+        out.code(),
+        0,
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     out.stdout_text()
 }
 
 fn unique(prefix: &str) -> String {
     let mut b = [0u8; 4];
     getrandom::getrandom(&mut b).unwrap();
-    format!("{prefix}-{}", b.iter().map(|x| format!("{x:02x}")).collect::<String>())
+    format!(
+        "{prefix}-{}",
+        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
+    )
 }
 
 /// Template restore, a snapshot of a running sandbox with a background process, two forks of
@@ -40,9 +48,16 @@ fn unique(prefix: &str) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn forks_carry_processes_and_diverge() {
     let (paths, cfg) = config();
-    let parent = Sandbox::create(&paths, &cfg).await.expect("create from template");
+    let parent = Sandbox::create(&paths, &cfg)
+        .await
+        .expect("create from template");
     assert!(
-        parent.info().origin.as_deref().unwrap_or("").starts_with("template:"),
+        parent
+            .info()
+            .origin
+            .as_deref()
+            .unwrap_or("")
+            .starts_with("template:"),
         "{:?}",
         parent.info().origin
     );
@@ -55,7 +70,10 @@ async fn forks_carry_processes_and_diverge() {
     .await;
     std::thread::sleep(std::time::Duration::from_millis(800));
     let name = unique("t-fork");
-    let snap = parent.snapshot(&paths, &name, false).await.expect("snapshot");
+    let snap = parent
+        .snapshot(&paths, &name, false)
+        .await
+        .expect("snapshot");
     eprintln!(
         "snapshot {} took {} ms, pause {:?} ms, {} MB of RAM",
         name,
@@ -65,8 +83,22 @@ async fn forks_carry_processes_and_diverge() {
     );
     let started = Instant::now();
     let (a, b) = tokio::join!(
-        Sandbox::restore(&paths, &snap, format!("snapshot:{name}"), &cfg, started),
-        Sandbox::restore(&paths, &snap, format!("snapshot:{name}"), &cfg, started),
+        Sandbox::restore(
+            &paths,
+            &snap,
+            format!("snapshot:{name}"),
+            &cfg,
+            started,
+            None
+        ),
+        Sandbox::restore(
+            &paths,
+            &snap,
+            format!("snapshot:{name}"),
+            &cfg,
+            started,
+            None
+        ),
     );
     let (a, b) = (a.expect("fork a"), b.expect("fork b"));
     eprintln!("two forks ready in {} ms", started.elapsed().as_millis());
@@ -100,15 +132,28 @@ async fn forks_carry_processes_and_diverge() {
     // Files diverge.
     sh(&a, "echo from-a > /root/only-a; sync").await;
     for sb in [&parent, &b] {
-        assert_eq!(sh(sb, "ls /root/only-a 2>/dev/null || echo absent").await, "absent\n");
+        assert_eq!(
+            sh(sb, "ls /root/only-a 2>/dev/null || echo absent").await,
+            "absent\n"
+        );
     }
     // A fork of a fork.
     let name2 = unique("t-fork2");
-    let snap2 = a.snapshot(&paths, &name2, false).await.expect("snapshot of a fork");
-    assert_eq!(snap2.meta.parent.as_deref(), Some(name.as_str()));
-    let c = Sandbox::restore(&paths, &snap2, format!("snapshot:{name2}"), &cfg, Instant::now())
+    let snap2 = a
+        .snapshot(&paths, &name2, false)
         .await
-        .expect("fork of a fork");
+        .expect("snapshot of a fork");
+    assert_eq!(snap2.meta.parent.as_deref(), Some(name.as_str()));
+    let c = Sandbox::restore(
+        &paths,
+        &snap2,
+        format!("snapshot:{name2}"),
+        &cfg,
+        Instant::now(),
+        None,
+    )
+    .await
+    .expect("fork of a fork");
     assert_eq!(sh(&c, "cat /root/only-a").await, "from-a\n");
     sh(&c, "test -s /tmp/count").await;
 

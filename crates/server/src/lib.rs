@@ -38,6 +38,7 @@ impl IntoResponse for ApiError {
         let status = match &self.0 {
             EngineError::NoSuchSandbox(_) | EngineError::NoSuchCommand(..) => StatusCode::NOT_FOUND,
             EngineError::BadRequest(_) => StatusCode::BAD_REQUEST,
+            EngineError::Hibernated(_) | EngineError::NotHibernated(_) => StatusCode::CONFLICT,
             EngineError::Sandbox(SandboxError::Image(
                 ImageError::NotFound { .. } | ImageError::BadReference(_),
             )) => StatusCode::BAD_REQUEST,
@@ -69,7 +70,11 @@ async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
     let engine = engine.clone();
     let reply = tokio::spawn(async move { engine.handle(cmd).await })
         .await
-        .map_err(|e| ApiError(EngineError::BadRequest(format!("the request's task failed: {e}"))))?
+        .map_err(|e| {
+            ApiError(EngineError::BadRequest(format!(
+                "the request's task failed: {e}"
+            )))
+        })?
         .map_err(ApiError)?;
     Ok((ok, Json(reply)).into_response())
 }
@@ -278,6 +283,14 @@ async fn fork(
     run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
 }
 
+async fn hibernate(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
+    run(&e, Command::Hibernate { id }, StatusCode::OK).await
+}
+
+async fn resume(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
+    run(&e, Command::Resume { id }, StatusCode::OK).await
+}
+
 async fn list_snapshots(State(e): State<Arc<Engine>>) -> Api {
     run(&e, Command::ListSnapshots, StatusCode::OK).await
 }
@@ -407,6 +420,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
         .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
         .route("/v1/sandboxes/{id}/fork", post(fork))
+        .route("/v1/sandboxes/{id}/hibernate", post(hibernate))
+        .route("/v1/sandboxes/{id}/resume", post(resume))
         .route("/v1/snapshots", get(list_snapshots))
         .route(
             "/v1/snapshots/{id}",

@@ -112,10 +112,16 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
     let ram = match &cfg.memory {
         Memory::Anonymous => format!("memory-backend-ram,id=ram,{size}"),
         Memory::SharedFile(f) => {
-            format!("memory-backend-file,id=ram,{size},mem-path={},share=on", p(f))
+            format!(
+                "memory-backend-file,id=ram,{size},mem-path={},share=on",
+                p(f)
+            )
         }
         Memory::PrivateFile(f) => {
-            format!("memory-backend-file,id=ram,{size},mem-path={},share=off", p(f))
+            format!(
+                "memory-backend-file,id=ram,{size},mem-path={},share=off",
+                p(f)
+            )
         }
     };
     a.extend(["-object".into(), ram]);
