@@ -24,6 +24,7 @@ pub mod error;
 pub mod files;
 pub mod image;
 pub mod kernel;
+pub mod limits;
 pub mod metrics;
 pub mod paths;
 pub mod pool;

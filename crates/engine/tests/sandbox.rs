@@ -339,3 +339,30 @@ async fn fork_bombs_and_memory_hogs_stay_inside_the_guest() {
     assert_eq!(alive.stdout_text(), "still here\n");
     sb.destroy().await;
 }
+
+/// One restore. Each QEMU runs in a host cgroup of its own with memory, task and CPU limits
+/// sized from the sandbox (guest memory + QEMU's overhead; vCPUs + half a core).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_qemu_is_confined_by_host_cgroup_limits() {
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let id = sb.info().id.clone();
+    let cgroups = forkbox_engine::limits::of_process(sb.info().qemu_pid);
+    assert!(cgroups.contains(&format!("forkbox/{id}")), "{cgroups}");
+    let want = forkbox_engine::limits::Limits::for_vm(cfg.cpus, cfg.memory_mib);
+    let v2 = std::path::Path::new("/sys/fs/cgroup/forkbox").join(&id);
+    let (mem, pids) = if v2.exists() {
+        (v2.join("memory.max"), v2.join("pids.max"))
+    } else {
+        (
+            format!("/sys/fs/cgroup/memory/forkbox/{id}/memory.limit_in_bytes").into(),
+            format!("/sys/fs/cgroup/pids/forkbox/{id}/pids.max").into(),
+        )
+    };
+    let read = |p: &std::path::PathBuf| std::fs::read_to_string(p).unwrap().trim().to_string();
+    assert_eq!(read(&mem), want.memory_bytes.to_string());
+    assert_eq!(read(&pids), want.tasks.to_string());
+    sb.destroy().await;
+    assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/forkbox/{id}")).exists());
+    assert!(!v2.exists());
+}

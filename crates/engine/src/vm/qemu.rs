@@ -129,7 +129,9 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
         Accel::Tcg => a.extend([
             "-accel".into(),
-            "tcg,thread=multi".into(),
+            // The translation cache defaults to 1 GiB; 256 MiB is ample for one small guest
+            // and keeps QEMU inside its host memory allowance (limits::OVERHEAD_MIB).
+            "tcg,thread=multi,tb-size=256".into(),
             "-cpu".into(),
             "max".into(),
         ]),
@@ -244,6 +246,17 @@ pub struct Vm {
     pub pid: u32,
     pub console: Console,
     stderr_log: PathBuf,
+    /// Name of its host cgroup (`forkbox/<name>`).
+    cgroup: String,
+}
+
+/// The host cgroup of a VM is named after its run directory (the sandbox id, or the
+/// temporary directory of a template or a snapshot's receiver).
+fn cgroup_name(cfg: &VmConfig) -> String {
+    cfg.run_dir
+        .file_name()
+        .map(|n| n.to_string_lossy().trim_start_matches('.').to_string())
+        .unwrap_or_else(|| "vm".into())
 }
 
 /// The guest's serial console, captured by the host into a log file of bounded size: a guest
@@ -366,12 +379,22 @@ impl Vm {
             source,
         })?;
         let pid = child.id().unwrap_or(0);
+        let cgroup = cgroup_name(cfg);
+        match crate::limits::apply(
+            &cgroup,
+            pid,
+            crate::limits::Limits::for_vm(cfg.cpus, cfg.memory_mib),
+        ) {
+            Ok(_) => {}
+            Err(e) => tracing::warn!("no host limits for this VM's QEMU: {e}"),
+        }
         let console = Console::capture(cfg.console_socket(), cfg.console_log());
         Ok(Vm {
             child: Some(child),
             pid,
             console,
             stderr_log: cfg.stderr_log(),
+            cgroup,
         })
     }
 
@@ -391,11 +414,18 @@ impl Vm {
             pid,
             console,
             stderr_log: cfg.stderr_log(),
+            cgroup: cgroup_name(cfg),
         })
     }
 
     /// Waits for QEMU to exit; returns its status and what it printed on stderr.
     pub async fn wait_exit(&mut self) -> (String, String) {
+        let r = self.wait_exit_inner().await;
+        crate::limits::remove(&self.cgroup);
+        r
+    }
+
+    async fn wait_exit_inner(&mut self) -> (String, String) {
         let status = match self.child.as_mut() {
             Some(c) => match c.wait().await {
                 Ok(s) => s.to_string(),
@@ -419,6 +449,11 @@ impl Vm {
 
     /// Stops the VM at once. The guest's disk is disposable, so nothing is flushed.
     pub async fn kill(&mut self) {
+        self.kill_process().await;
+        crate::limits::remove(&self.cgroup);
+    }
+
+    async fn kill_process(&mut self) {
         match self.child.as_mut() {
             Some(c) => {
                 let _ = c.start_kill();
@@ -512,7 +547,7 @@ mod tests {
         assert!(a.contains(
             "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
         ));
-        assert!(a.contains("-accel tcg,thread=multi -cpu max"));
+        assert!(a.contains("-accel tcg,thread=multi,tb-size=256 -cpu max"));
         assert!(a.contains("-smp 2 -m 512M"));
         assert!(a.contains("name=org.forkbox.agent.0"));
     }
