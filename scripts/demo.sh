@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# forkbox end to end on a fresh Debian machine: build forkbox, install what it needs, build the
-# default image, then run commands in microVM sandboxes.
+# forkbox's main job end to end on a fresh Debian machine: build forkbox, install what it needs,
+# build the old and the new toolchain's images, then port examples/legacykit from Python 3.9 to
+# 3.13 with three plans in forks, accepting only ports that lose no test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "demo: cargo (Rust) is needed to build forkbox" >&2; exit 1; }
@@ -8,15 +9,15 @@ echo "== building forkbox" >&2
 forkbox=$(scripts/build.sh)
 echo "== forkbox setup" >&2
 "$forkbox" setup
-echo "== building the default image (skipped when it is up to date)" >&2
-"$forkbox" image build --if-changed -f images/python-bookworm.toml
+echo "== building the images: Python 3.9 (bullseye) and 3.13 (trixie); skipped when up to date" >&2
+"$forkbox" image build --if-changed -f images/python-bullseye.toml
+"$forkbox" image build --if-changed -f images/python-trixie.toml
 "$forkbox" image ls
-echo "== the guest's Python and the guest's kernel (the host runs $(uname -r))" >&2
-"$forkbox" run -- python3 -c 'import platform, sys; print(sys.version.split()[0], platform.release())'
-echo "== a command's exit code is forkbox's exit code" >&2
+echo "== forkbox migrate: examples/legacykit, Python 3.9 -> 3.13, plans in examples/plans" >&2
 set +e
-"$forkbox" run -- sh -c 'exit 7'
+"$forkbox" migrate --config examples/migration.toml
 code=$?
 set -e
-echo "forkbox run -- sh -c 'exit 7' exited with $code"
-[ "$code" = 7 ]
+[ "$code" = 0 ] || { echo "demo: forkbox migrate exited with $code" >&2; exit "$code"; }
+echo "== the winning patch applies to the original code:" >&2
+git apply --check --directory=examples/legacykit forkbox-migrate-out/winner.patch && echo "git apply --check: ok"

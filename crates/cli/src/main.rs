@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod daemon;
+mod migrate;
 mod run;
 
 use std::io::Write;
@@ -61,6 +62,9 @@ enum Cmd {
         #[command(subcommand)]
         command: daemon::SandboxCmd,
     },
+    /// Port code to a new toolchain: baseline on the old image, one fork per plan on the new
+    /// one, accept only ports that lose no test. Exit 0 with a winner, 1 without, 2 on misuse.
+    Migrate(migrate::MigrateArgs),
     /// Snapshots of sandboxes (make them with `forkbox sandbox snapshot`).
     Snapshot {
         #[command(subcommand)]
@@ -181,6 +185,7 @@ fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
         Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
+        Cmd::Migrate(args) => migrate::migrate(&paths, args),
         Cmd::Info { json, accel } => info(&paths, json, accel),
     }
 }

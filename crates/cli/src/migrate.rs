@@ -1,0 +1,178 @@
+//! `forkbox migrate`: the command line over `forkbox-migrate`.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use forkbox_engine::paths::Paths;
+use forkbox_migrate::reports::Format;
+use forkbox_migrate::MigrateConfig;
+
+#[derive(clap::Args)]
+pub struct MigrateArgs {
+    /// A TOML file with a `[migration]` table holding these options (the flags override it).
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// The old toolchain's image (NAME or NAME@N).
+    #[arg(long)]
+    from: Option<String>,
+    /// The new toolchain's image.
+    #[arg(long)]
+    to: Option<String>,
+    /// The code to port (a directory).
+    #[arg(long)]
+    code: Option<PathBuf>,
+    /// The test command, run in the code's directory; it must print results (pytest -rA,
+    /// JUnit XML, go test -json, cargo test, TAP).
+    #[arg(long)]
+    test: Option<String>,
+    /// The plans file (TOML, `[[plan]]` tables); its directory is uploaded to /plan.
+    #[arg(long)]
+    plans: Option<PathBuf>,
+    /// Where the report and patches go.
+    #[arg(long)]
+    out: Option<PathBuf>,
+    /// Baseline runs, to tell flaky tests.
+    #[arg(long)]
+    runs: Option<u32>,
+    /// A setup command run in the new image's sandbox before the snapshot (repeatable).
+    #[arg(long = "setup")]
+    setup: Vec<String>,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(serde::Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct MigrationTable {
+    from: Option<String>,
+    to: Option<String>,
+    code: Option<PathBuf>,
+    test: Option<String>,
+    plans: Option<PathBuf>,
+    out: Option<PathBuf>,
+    runs: Option<u32>,
+    #[serde(default)]
+    setup: Vec<String>,
+    rate_cpu_second: Option<f64>,
+    rate_gib_second: Option<f64>,
+}
+
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ConfigFile {
+    migration: MigrationTable,
+}
+
+/// Exit code of a usage error (as clap's own).
+const USAGE: u8 = 2;
+
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("forkbox: {msg}");
+    ExitCode::from(USAGE)
+}
+
+pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
+    let (table, base) = match &a.config {
+        Some(p) => {
+            let text =
+                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+            let f: ConfigFile = match toml::from_str(&text) {
+                Ok(f) => f,
+                Err(e) => return Ok(usage(format!("{}: {e}", p.display()))),
+            };
+            (
+                f.migration,
+                p.parent().map(Path::to_path_buf).unwrap_or_default(),
+            )
+        }
+        None => (MigrationTable::default(), PathBuf::new()),
+    };
+    let rel = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+    let (Some(from), Some(to), Some(code), Some(test), Some(plans)) = (
+        a.from.or(table.from),
+        a.to.or(table.to),
+        a.code.or(table.code.map(rel)),
+        a.test.or(table.test),
+        a.plans.or(table.plans.map(rel)),
+    ) else {
+        return Ok(usage("migrate needs --from, --to, --code, --test and --plans (or a --config with a [migration] table)"));
+    };
+    if !code.is_dir() {
+        return Ok(usage(format!("--code {}: not a directory", code.display())));
+    }
+    let plan_list = match forkbox_migrate::plans::load(&plans) {
+        Ok(p) => p,
+        Err(e) => return Ok(usage(e)),
+    };
+    let out = a
+        .out
+        .or(table.out.map(rel))
+        .unwrap_or_else(|| PathBuf::from("forkbox-migrate-out"));
+    let mut setup = table.setup;
+    setup.extend(a.setup);
+    let cfg = MigrateConfig {
+        from,
+        to,
+        code,
+        test,
+        plans_dir: plans
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from(".")),
+        plans: plan_list,
+        out: out.clone(),
+        runs: a.runs.or(table.runs).unwrap_or(2),
+        setup,
+        format: Format::Auto,
+        test_timeout_secs: 3600,
+        rate_cpu_second: table.rate_cpu_second.unwrap_or(0.000_014),
+        rate_gib_second: table.rate_gib_second.unwrap_or(0.000_002),
+    };
+    if cfg.runs == 0 {
+        return Ok(usage("--runs must be at least 1"));
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let report = rt.block_on(async {
+        let started = std::time::Instant::now();
+        forkbox_migrate::migrate(paths, &cfg, &move |line: &str| {
+            eprintln!("[{:>6.1} s] {line}", started.elapsed().as_secs_f64());
+        })
+        .await
+    });
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => bail!("{e}"),
+    };
+    if a.json {
+        crate::print_json(&report)?;
+    } else {
+        for v in &report.verdicts {
+            println!(
+                "{:<12} {:<9} {}",
+                v.plan,
+                if v.accepted { "accepted" } else { "rejected" },
+                v.reason
+            );
+        }
+        let out = std::fs::canonicalize(&out).unwrap_or(out);
+        match &report.winner {
+            Some(w) => println!(
+                "winner: {w}\npatch:  {}\nreport: {}",
+                out.join("winner.patch").display(),
+                out.join("report.html").display()
+            ),
+            None => println!(
+                "no plan was accepted; see {}",
+                out.join("report.html").display()
+            ),
+        }
+    }
+    Ok(if report.winner.is_some() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    })
+}

@@ -1,0 +1,262 @@
+//! The acceptance rule. A port is accepted only if no test that passed on the old toolchain
+//! fails now (tests whose baseline outcome changed between runs are flaky and never count);
+//! accepted ports are ranked by the size of their diff, then by test time.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use serde::{Deserialize, Serialize};
+
+use crate::reports::{Outcome, Results};
+
+/// The old toolchain's results over several runs.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
+pub struct Baseline {
+    /// The outcome of each test in the first run.
+    pub results: Results,
+    /// Tests whose outcome differed between runs (or that were missing from one).
+    pub flaky: BTreeSet<String>,
+}
+
+impl Baseline {
+    pub fn from_runs(runs: &[Results]) -> Baseline {
+        let Some(first) = runs.first() else {
+            return Baseline::default();
+        };
+        let mut flaky = BTreeSet::new();
+        let all: BTreeSet<&String> = runs.iter().flat_map(|r| r.keys()).collect();
+        for id in all {
+            let outcomes: BTreeSet<Option<Outcome>> =
+                runs.iter().map(|r| r.get(id).copied()).collect();
+            if outcomes.len() > 1 {
+                flaky.insert(id.clone());
+            }
+        }
+        Baseline {
+            results: first.clone(),
+            flaky,
+        }
+    }
+
+    pub fn passed(&self) -> impl Iterator<Item = &String> {
+        self.results
+            .iter()
+            .filter(|(id, o)| **o == Outcome::Passed && !self.flaky.contains(*id))
+            .map(|(id, _)| id)
+    }
+}
+
+/// What became of one plan.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Attempt {
+    pub plan: String,
+    /// Why the plan could not be judged (the porter failed, the tests did not run, the report
+    /// was unreadable, a timeout...), if so.
+    pub failure: Option<String>,
+    pub results: Results,
+    /// Lines added plus lines removed.
+    pub diff_lines: u64,
+    pub test_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+pub struct Verdict {
+    pub plan: String,
+    pub accepted: bool,
+    /// Why it was rejected, in words.
+    pub reason: String,
+    /// Passed before (not flaky), not passing now.
+    pub lost: Vec<String>,
+    /// Failed or errored before, passing now.
+    pub fixed: Vec<String>,
+    /// Rank among accepted plans, 1 = the winner.
+    pub rank: Option<usize>,
+}
+
+pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
+    let mut verdicts: Vec<Verdict> = attempts
+        .iter()
+        .map(|a| {
+            if let Some(f) = &a.failure {
+                return Verdict {
+                    plan: a.plan.clone(),
+                    accepted: false,
+                    reason: f.clone(),
+                    lost: vec![],
+                    fixed: vec![],
+                    rank: None,
+                };
+            }
+            let lost: Vec<String> = baseline
+                .passed()
+                .filter(|id| a.results.get(*id) != Some(&Outcome::Passed))
+                .cloned()
+                .collect();
+            let fixed: Vec<String> = baseline
+                .results
+                .iter()
+                .filter(|(id, o)| {
+                    matches!(o, Outcome::Failed | Outcome::Error) && !baseline.flaky.contains(*id)
+                })
+                .filter(|(id, _)| a.results.get(*id) == Some(&Outcome::Passed))
+                .map(|(id, _)| id.clone())
+                .collect();
+            let accepted = lost.is_empty();
+            let reason = if accepted {
+                format!(
+                    "no test lost; {} fixed; diff of {} lines",
+                    fixed.len(),
+                    a.diff_lines
+                )
+            } else {
+                format!(
+                    "{} test(s) that passed before do not pass now: {}",
+                    lost.len(),
+                    preview(&lost)
+                )
+            };
+            Verdict {
+                plan: a.plan.clone(),
+                accepted,
+                reason,
+                lost,
+                fixed,
+                rank: None,
+            }
+        })
+        .collect();
+    let by_plan: BTreeMap<&str, &Attempt> = attempts.iter().map(|a| (a.plan.as_str(), a)).collect();
+    let mut order: Vec<usize> = (0..verdicts.len())
+        .filter(|&i| verdicts[i].accepted)
+        .collect();
+    order.sort_by_key(|&i| {
+        let a = by_plan[verdicts[i].plan.as_str()];
+        (a.diff_lines, a.test_ms, verdicts[i].plan.clone())
+    });
+    for (rank, i) in order.into_iter().enumerate() {
+        verdicts[i].rank = Some(rank + 1);
+    }
+    verdicts
+}
+
+fn preview(ids: &[String]) -> String {
+    let mut s: Vec<&str> = ids.iter().take(3).map(String::as_str).collect();
+    if ids.len() > 3 {
+        s.push("...");
+    }
+    s.join(", ")
+}
+
+/// Lines added plus removed in a unified diff (headers excluded).
+pub fn diff_lines(diff: &str) -> u64 {
+    diff.lines()
+        .filter(|l| {
+            (l.starts_with('+') && !l.starts_with("+++"))
+                || (l.starts_with('-') && !l.starts_with("---"))
+        })
+        .count() as u64
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use Outcome::*;
+
+    fn res(v: &[(&str, Outcome)]) -> Results {
+        v.iter().map(|(k, o)| (k.to_string(), *o)).collect()
+    }
+
+    fn attempt(plan: &str, r: Results, diff: u64) -> Attempt {
+        Attempt {
+            plan: plan.into(),
+            failure: None,
+            results: r,
+            diff_lines: diff,
+            test_ms: 100,
+        }
+    }
+
+    #[test]
+    fn flaky_tests_never_count_as_lost() {
+        let b = Baseline::from_runs(&[
+            res(&[("a", Passed), ("flake", Passed), ("c", Failed)]),
+            res(&[("a", Passed), ("flake", Failed), ("c", Failed)]),
+        ]);
+        assert_eq!(b.flaky.iter().collect::<Vec<_>>(), vec!["flake"]);
+        let v = decide(
+            &b,
+            &[attempt(
+                "p",
+                res(&[("a", Passed), ("flake", Failed), ("c", Failed)]),
+                3,
+            )],
+        );
+        assert!(v[0].accepted, "{v:?}");
+        assert!(v[0].lost.is_empty());
+    }
+
+    #[test]
+    fn a_plan_that_fixes_some_and_loses_one_is_rejected() {
+        let b = Baseline::from_runs(&[res(&[
+            ("a", Passed),
+            ("b", Passed),
+            ("c", Failed),
+            ("d", Error),
+        ])]);
+        let v = decide(
+            &b,
+            &[attempt(
+                "p",
+                res(&[("a", Passed), ("b", Failed), ("c", Passed), ("d", Passed)]),
+                1,
+            )],
+        );
+        assert!(!v[0].accepted);
+        assert_eq!(v[0].lost, vec!["b"]);
+        assert_eq!(v[0].fixed, vec!["c", "d"]);
+        assert!(v[0].reason.contains("b"), "{}", v[0].reason);
+    }
+
+    #[test]
+    fn a_test_missing_afterwards_is_lost() {
+        let b = Baseline::from_runs(&[res(&[("a", Passed), ("b", Passed)])]);
+        let v = decide(&b, &[attempt("p", res(&[("a", Passed)]), 1)]);
+        assert_eq!(v[0].lost, vec!["b"]);
+    }
+
+    #[test]
+    fn crashed_timed_out_or_failed_porters_are_rejected_with_the_reason() {
+        let b = Baseline::from_runs(&[res(&[("a", Passed)])]);
+        let mut crashed = attempt("crash", Results::new(), 0);
+        crashed.failure = Some("the test command printed no results (exit 139)".into());
+        let mut slow = attempt("slow", Results::new(), 0);
+        slow.failure = Some("the porter timed out after 600 s".into());
+        let mut bad = attempt("bad", Results::new(), 0);
+        bad.failure = Some("the porter exited with 2".into());
+        let v = decide(&b, &[crashed, slow, bad]);
+        assert!(v.iter().all(|v| !v.accepted && v.rank.is_none()));
+        assert_eq!(v[1].reason, "the porter timed out after 600 s");
+    }
+
+    #[test]
+    fn smallest_diff_wins_then_test_time() {
+        let b = Baseline::from_runs(&[res(&[("a", Passed)])]);
+        let mut big = attempt("big", res(&[("a", Passed)]), 40);
+        big.test_ms = 1;
+        let small = attempt("small", res(&[("a", Passed)]), 10);
+        let mut tie_slow = attempt("tie-slow", res(&[("a", Passed)]), 10);
+        tie_slow.test_ms = 500;
+        let v = decide(&b, &[big, small, tie_slow]);
+        let rank = |p: &str| v.iter().find(|x| x.plan == p).unwrap().rank;
+        assert_eq!(
+            (rank("small"), rank("tie-slow"), rank("big")),
+            (Some(1), Some(2), Some(3))
+        );
+    }
+
+    #[test]
+    fn diff_lines_ignores_headers() {
+        let d = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n context\n";
+        assert_eq!(diff_lines(d), 2);
+    }
+}

@@ -1,0 +1,516 @@
+//! The migration run, on the engine directly (one process owns its sandboxes; they are gone
+//! when it returns, whatever happened).
+
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use forkbox_engine::paths::Paths;
+use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
+use forkbox_protocol::{ExecSpec, Program};
+use serde::Serialize;
+
+use crate::decide::{self, Attempt, Baseline};
+use crate::plans::Plan;
+use crate::reports::{self, Format, Results};
+
+/// Where the code lives in every sandbox.
+pub const WORKDIR: &str = "/work";
+/// Where the plans directory is uploaded.
+pub const PLANDIR: &str = "/plan";
+
+#[derive(Debug, Clone)]
+pub struct MigrateConfig {
+    pub from: String,
+    pub to: String,
+    pub code: PathBuf,
+    pub test: String,
+    pub plans: Vec<Plan>,
+    /// Uploaded to /plan in every fork (scripts the porters use).
+    pub plans_dir: PathBuf,
+    pub out: PathBuf,
+    /// Baseline runs (flaky detection); at least 1.
+    pub runs: u32,
+    /// Commands run in the new image's sandbox before the snapshot (e.g. `pip install -e .`).
+    pub setup: Vec<String>,
+    pub format: Format,
+    pub test_timeout_secs: u64,
+    /// Price of a vCPU-second and of a GiB-second of guest memory, for the cost estimate.
+    pub rate_cpu_second: f64,
+    pub rate_gib_second: f64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Sandbox(#[from] forkbox_engine::error::SandboxError),
+    #[error("uploading {what}: {message}")]
+    Upload { what: String, message: String },
+    #[error("the baseline on {image} could not be read: {message}")]
+    Baseline { image: String, message: String },
+    #[error("preparing the new image's sandbox: {0}")]
+    Prepare(String),
+    #[error("writing the report: {0}")]
+    Report(std::io::Error),
+}
+
+/// One line of live progress (the CLI prints them).
+pub type Progress = dyn Fn(&str) + Send + Sync;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct PlanRun {
+    pub plan: String,
+    pub instructions: String,
+    pub porter: String,
+    pub sandbox: Option<String>,
+    pub porter_exit: Option<i32>,
+    pub porter_ms: u64,
+    pub porter_output_tail: String,
+    pub test_exit: Option<i32>,
+    pub test_ms: u64,
+    pub results: Results,
+    pub diff_stat: String,
+    pub diff_lines: u64,
+    /// The plan's patch, relative to the output directory.
+    pub patch_file: Option<String>,
+    pub failure: Option<String>,
+    pub cpu_seconds: f64,
+    pub memory_gib_seconds: f64,
+    pub cost: f64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Phases {
+    pub baseline_ms: u64,
+    pub prepare_ms: u64,
+    pub fork_ms: u64,
+    pub port_ms: u64,
+    pub verify_ms: u64,
+    pub total_ms: u64,
+    /// Time spent inside test-suite runs (baseline runs + every fork's), for comparison.
+    pub test_suite_ms: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct MigrateReport {
+    pub from: String,
+    pub to: String,
+    pub test: String,
+    pub baseline: Baseline,
+    pub baseline_runs: u32,
+    pub plans: Vec<PlanRun>,
+    pub verdicts: Vec<decide::Verdict>,
+    pub winner: Option<String>,
+    pub winner_patch: Option<String>,
+    pub phases: Phases,
+    pub accelerator: String,
+}
+
+fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
+    ExecSpec {
+        program: Program::Shell(script.into()),
+        cwd: Some(WORKDIR.into()),
+        env: vec![],
+        timeout_ms: Some(timeout_secs * 1000),
+        stdin: false,
+    }
+}
+
+fn ms(t: Instant) -> u64 {
+    t.elapsed().as_millis() as u64
+}
+
+fn tail(b: &[u8], n: usize) -> String {
+    let s = String::from_utf8_lossy(b);
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+async fn upload(sb: &Sandbox, src: &Path, dest: &str) -> Result<(), MigrateError> {
+    forkbox_engine::files::upload(sb.client(), src, dest)
+        .await
+        .map(drop)
+        .map_err(|e| MigrateError::Upload {
+            what: src.display().to_string(),
+            message: e.to_string(),
+        })
+}
+
+/// Runs the test command and reads its results (from stdout, or the report file it names).
+async fn run_tests(
+    sb: &Sandbox,
+    cfg: &MigrateConfig,
+) -> (Result<Results, String>, Option<i32>, u64) {
+    let t = Instant::now();
+    let out = match sb.run(sh(&cfg.test, cfg.test_timeout_secs)).await {
+        Ok(o) => o,
+        Err(e) => {
+            return (
+                Err(format!("the test command could not run: {e}")),
+                None,
+                ms(t),
+            )
+        }
+    };
+    let took = ms(t);
+    if out.timed_out {
+        return (
+            Err(format!(
+                "the test command timed out after {} s",
+                cfg.test_timeout_secs
+            )),
+            Some(out.code()),
+            took,
+        );
+    }
+    let text = String::from_utf8_lossy(&out.stdout);
+    let parsed = reports::parse(cfg.format, &text).map_err(|e| {
+        format!(
+            "{e} (exit {}); last lines:\n{}",
+            out.code(),
+            tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
+        )
+    });
+    (parsed, Some(out.code()), took)
+}
+
+/// CPU-seconds and GiB-seconds of memory a sandbox's QEMU used so far.
+fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
+    let pid = sb.info().qemu_pid;
+    let ticks = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            let rest = s[s.rfind(')')? + 2..].to_string();
+            let f: Vec<&str> = rest.split_whitespace().collect();
+            Some(f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?)
+        })
+        .unwrap_or(0.0);
+    // /proc counts CPU time in USER_HZ ticks, 100 per second on Linux.
+    let hz = 100.0;
+    let gib = sb.info().memory_mib as f64 / 1024.0;
+    (ticks / hz, gib * alive.as_secs_f64())
+}
+
+pub async fn migrate(
+    paths: &Paths,
+    cfg: &MigrateConfig,
+    progress: &Progress,
+) -> Result<MigrateReport, MigrateError> {
+    let started = Instant::now();
+    let mut test_suite_ms = 0;
+    std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
+
+    // 1. Baseline on the old toolchain.
+    let t = Instant::now();
+    progress(&format!("baseline: starting a sandbox of {}", cfg.from));
+    let old = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
+    let accelerator = format!("{} ({})", old.info().accel.accel, old.info().accel.reason);
+    let baseline = async {
+        upload(&old, &cfg.code, WORKDIR).await?;
+        let mut runs = Vec::new();
+        for i in 1..=cfg.runs.max(1) {
+            let (r, code, took) = run_tests(&old, cfg).await;
+            test_suite_ms += took;
+            let r = r.map_err(|message| MigrateError::Baseline {
+                image: cfg.from.clone(),
+                message,
+            })?;
+            progress(&format!(
+                "baseline: run {i}/{}: {} passed, {} not (exit {}, {} ms)",
+                cfg.runs.max(1),
+                r.values()
+                    .filter(|o| **o == reports::Outcome::Passed)
+                    .count(),
+                r.values()
+                    .filter(|o| **o != reports::Outcome::Passed)
+                    .count(),
+                code.unwrap_or(-1),
+                took
+            ));
+            runs.push(r);
+        }
+        Ok::<_, MigrateError>(Baseline::from_runs(&runs))
+    }
+    .await;
+    old.destroy().await;
+    let baseline = baseline?;
+    let baseline_ms = ms(t);
+
+    // 2. Prepare on the new toolchain, then snapshot.
+    let t = Instant::now();
+    progress(&format!("prepare: starting a sandbox of {}", cfg.to));
+    let new = Sandbox::create(paths, &image_cfg(&cfg.to)?).await?;
+    let prepared = async {
+        upload(&new, &cfg.code, WORKDIR).await?;
+        upload(&new, &cfg.plans_dir, PLANDIR).await?;
+        let mut steps = vec![
+            "git init -q && git add -A && git -c user.name=forkbox -c user.email=forkbox@localhost commit -q -m baseline".to_string(),
+        ];
+        steps.extend(cfg.setup.iter().cloned());
+        for step in &steps {
+            let out = new.run(sh(step, 3600)).await?;
+            if out.code() != 0 {
+                return Err(MigrateError::Prepare(format!(
+                    "`{step}` exited with {}:\n{}",
+                    out.code(),
+                    tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 10)
+                )));
+            }
+        }
+        let name = format!("migrate-{}-{}", std::process::id(), started.elapsed().as_nanos() % 100_000);
+        Ok::<_, MigrateError>(new.snapshot(paths, &name, false).await?)
+    }
+    .await;
+    new.destroy().await;
+    let snap = prepared?;
+    let prepare_ms = ms(t);
+    progress(&format!(
+        "prepare: snapshot {} ({} ms pause)",
+        snap.meta.name,
+        snap.meta.pause_ms.unwrap_or(0.0) as u64
+    ));
+
+    // 3-5. Fork, port, verify: one task per plan.
+    let t = Instant::now();
+    let forks = {
+        let mut set = tokio::task::JoinSet::new();
+        for (i, _) in cfg.plans.iter().enumerate() {
+            let (paths, snap) = (paths.clone(), snap.clone());
+            set.spawn(async move {
+                let cfg = SandboxConfig {
+                    die_with_parent: true,
+                    ..SandboxConfig::default()
+                };
+                let origin = format!("snapshot:{}", snap.meta.name);
+                (
+                    i,
+                    Sandbox::restore(&paths, &snap, origin, &cfg, Instant::now(), None).await,
+                )
+            });
+        }
+        let mut forks: Vec<Option<Result<Sandbox, String>>> =
+            (0..cfg.plans.len()).map(|_| None).collect();
+        while let Some(done) = set.join_next().await {
+            if let Ok((i, r)) = done {
+                forks[i] = Some(r.map_err(|e| e.to_string()));
+            }
+        }
+        forks
+    };
+    let fork_ms = ms(t);
+    progress(&format!(
+        "fork: {} copies in {fork_ms} ms",
+        forks.iter().filter(|f| matches!(f, Some(Ok(_)))).count()
+    ));
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for (i, fork) in forks.into_iter().enumerate() {
+        let plan = cfg.plans[i].clone();
+        let cfg = cfg.clone();
+        let out_dir = cfg.out.clone();
+        tasks.spawn(async move { (i, port_and_verify(plan, fork, &cfg, &out_dir).await) });
+    }
+    let mut runs: Vec<Option<PlanRun>> = (0..cfg.plans.len()).map(|_| None).collect();
+    let mut port_ms = 0;
+    let mut verify_ms = 0;
+    while let Some(done) = tasks.join_next().await {
+        if let Ok((i, (run, pm, vm))) = done {
+            port_ms = port_ms.max(pm);
+            verify_ms = verify_ms.max(vm);
+            test_suite_ms += run.test_ms;
+            progress(&format!(
+                "plan {}: {} (port {} ms, tests {} ms, {} passed)",
+                run.plan,
+                run.failure.as_deref().unwrap_or("ported and tested"),
+                run.porter_ms,
+                run.test_ms,
+                run.results
+                    .values()
+                    .filter(|o| **o == reports::Outcome::Passed)
+                    .count()
+            ));
+            runs[i] = Some(run);
+        }
+    }
+    let plans: Vec<PlanRun> = runs.into_iter().flatten().collect();
+    // The snapshot existed for this run only.
+    let _ = forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap.meta.name, &[]);
+
+    // 6. Decide.
+    let attempts: Vec<Attempt> = plans
+        .iter()
+        .map(|p| Attempt {
+            plan: p.plan.clone(),
+            failure: p.failure.clone(),
+            results: p.results.clone(),
+            diff_lines: p.diff_lines,
+            test_ms: p.test_ms,
+        })
+        .collect();
+    let verdicts = decide::decide(&baseline, &attempts);
+    let winner = verdicts
+        .iter()
+        .find(|v| v.rank == Some(1))
+        .map(|v| v.plan.clone());
+    let winner_patch = match &winner {
+        Some(w) => {
+            let from = cfg.out.join(format!("{w}.patch"));
+            let to = cfg.out.join("winner.patch");
+            std::fs::copy(&from, &to).map_err(MigrateError::Report)?;
+            Some("winner.patch".to_string())
+        }
+        None => {
+            let _ = std::fs::remove_file(cfg.out.join("winner.patch"));
+            None
+        }
+    };
+    let report = MigrateReport {
+        from: cfg.from.clone(),
+        to: cfg.to.clone(),
+        test: cfg.test.clone(),
+        baseline,
+        baseline_runs: cfg.runs.max(1),
+        plans,
+        verdicts,
+        winner,
+        winner_patch,
+        phases: Phases {
+            baseline_ms,
+            prepare_ms,
+            fork_ms,
+            port_ms,
+            verify_ms,
+            total_ms: ms(started),
+            test_suite_ms,
+        },
+        accelerator,
+    };
+    crate::report::write(&cfg.out, &report).map_err(MigrateError::Report)?;
+    Ok(report)
+}
+
+fn image_cfg(image: &str) -> Result<SandboxConfig, MigrateError> {
+    Ok(SandboxConfig {
+        image: image
+            .parse()
+            .map_err(|e: forkbox_engine::error::ImageError| MigrateError::Sandbox(e.into()))?,
+        die_with_parent: true,
+        ..SandboxConfig::default()
+    })
+}
+
+/// Port and verify in one fork; returns the run, the port time and the verify time.
+async fn port_and_verify(
+    plan: Plan,
+    fork: Option<Result<Sandbox, String>>,
+    cfg: &MigrateConfig,
+    out_dir: &Path,
+) -> (PlanRun, u64, u64) {
+    let mut run = PlanRun {
+        plan: plan.name.clone(),
+        instructions: plan.instructions.clone(),
+        porter: plan.porter.command.clone(),
+        sandbox: None,
+        porter_exit: None,
+        porter_ms: 0,
+        porter_output_tail: String::new(),
+        test_exit: None,
+        test_ms: 0,
+        results: Results::new(),
+        diff_stat: String::new(),
+        diff_lines: 0,
+        patch_file: None,
+        failure: None,
+        cpu_seconds: 0.0,
+        memory_gib_seconds: 0.0,
+        cost: 0.0,
+    };
+    let sb = match fork {
+        Some(Ok(sb)) => sb,
+        Some(Err(e)) => {
+            run.failure = Some(format!("its fork could not be made: {e}"));
+            return (run, 0, 0);
+        }
+        None => {
+            run.failure = Some("its fork could not be made".into());
+            return (run, 0, 0);
+        }
+    };
+    let alive = Instant::now();
+    run.sandbox = Some(sb.info().id.clone());
+    let t = Instant::now();
+    let mut spec = sh(&plan.porter.command, plan.porter.timeout_secs);
+    spec.env
+        .push(("FORKBOX_PLAN".into(), plan.instructions.clone()));
+    match sb.run(spec).await {
+        Ok(out) => {
+            run.porter_exit = Some(out.code());
+            run.porter_output_tail =
+                tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 20);
+            if out.timed_out {
+                run.failure = Some(format!(
+                    "the porter timed out after {} s",
+                    plan.porter.timeout_secs
+                ));
+            } else if out.code() != 0 {
+                run.failure = Some(format!(
+                    "the porter exited with {}: {}",
+                    out.code(),
+                    run.porter_output_tail.lines().last().unwrap_or("")
+                ));
+            }
+        }
+        Err(e) => run.failure = Some(format!("the porter could not run: {e}")),
+    }
+    let port_ms = ms(t);
+    run.porter_ms = port_ms;
+    let t = Instant::now();
+    if run.failure.is_none() {
+        let (results, code, took) = run_tests(&sb, cfg).await;
+        run.test_exit = code;
+        run.test_ms = took;
+        match results {
+            Ok(r) => run.results = r,
+            Err(e) => run.failure = Some(e),
+        }
+        // The diff, through a file: any size.
+        let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached > /tmp/forkbox.diff";
+        match sb.run(sh(diff_cmd, 600)).await {
+            Ok(o) if o.code() == 0 => {
+                let stat = sb
+                    .client()
+                    .read_file("/tmp/forkbox.stat")
+                    .await
+                    .unwrap_or_default();
+                let diff = sb
+                    .client()
+                    .read_file("/tmp/forkbox.diff")
+                    .await
+                    .unwrap_or_default();
+                run.diff_stat = String::from_utf8_lossy(&stat).into_owned();
+                let text = String::from_utf8_lossy(&diff).into_owned();
+                run.diff_lines = decide::diff_lines(&text);
+                let file = format!("{}.patch", plan.name);
+                if std::fs::write(out_dir.join(&file), diff).is_ok() {
+                    run.patch_file = Some(file);
+                }
+            }
+            Ok(o) => {
+                if run.failure.is_none() {
+                    run.failure = Some(format!("`git diff` failed with {}", o.code()));
+                }
+            }
+            Err(e) => {
+                if run.failure.is_none() {
+                    run.failure = Some(format!("`git diff` could not run: {e}"));
+                }
+            }
+        }
+    }
+    let verify_ms = ms(t);
+    let (cpu, mem) = usage(&sb, alive.elapsed());
+    run.cpu_seconds = cpu;
+    run.memory_gib_seconds = mem;
+    run.cost = cpu * cfg.rate_cpu_second + mem * cfg.rate_gib_second;
+    sb.destroy().await;
+    (run, port_ms, verify_ms)
+}

@@ -1,0 +1,364 @@
+//! Reading test results out of what test runners print or write: pytest's `-rA` summary,
+//! JUnit XML (pytest, Java, JS and Go reporters), `go test -json`, `cargo test` / nextest
+//! output and TAP. Each parser takes text and returns every test it names with an outcome;
+//! text it cannot read is an error for that run, never a panic.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Outcome {
+    Passed,
+    Failed,
+    Error,
+    Skipped,
+}
+
+/// Test id -> outcome. A test named twice keeps its worst outcome.
+pub type Results = BTreeMap<String, Outcome>;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Format {
+    /// Whichever of the formats below the text is.
+    Auto,
+    PytestRa,
+    Junit,
+    GoJson,
+    Cargo,
+    Tap,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum ReportError {
+    #[error("no test results found in the test command's output ({0})")]
+    Empty(String),
+    #[error("the JUnit XML report is not readable: {0}")]
+    Xml(String),
+}
+
+fn add(r: &mut Results, id: String, o: Outcome) {
+    let worst = |a: Outcome, b: Outcome| {
+        let rank = |o| match o {
+            Outcome::Error => 3,
+            Outcome::Failed => 2,
+            Outcome::Passed => 1,
+            Outcome::Skipped => 0,
+        };
+        if rank(a) >= rank(b) {
+            a
+        } else {
+            b
+        }
+    };
+    r.entry(id).and_modify(|e| *e = worst(*e, o)).or_insert(o);
+}
+
+/// pytest with `-rA`: the "short test summary info" lines `PASSED tests/x.py::t`, `FAILED
+/// tests/x.py::t - AssertionError`, `ERROR ...`, `SKIPPED [1] tests/x.py:3: reason`.
+pub fn pytest_ra(text: &str) -> Results {
+    let mut r = Results::new();
+    for line in text.lines() {
+        let line = line.trim_end();
+        let (word, rest) = match line.split_once(' ') {
+            Some(p) => p,
+            None => continue,
+        };
+        let outcome = match word {
+            "PASSED" | "XFAIL" => Outcome::Passed,
+            "FAILED" | "XPASS" => Outcome::Failed,
+            "ERROR" => Outcome::Error,
+            "SKIPPED" => Outcome::Skipped,
+            _ => continue,
+        };
+        // `SKIPPED [1] path:line: reason` names no test id; skip-by-location.
+        let id = if outcome == Outcome::Skipped && rest.starts_with('[') {
+            match rest
+                .split_once("] ")
+                .and_then(|(_, l)| l.split(": ").next())
+            {
+                Some(loc) => loc.to_string(),
+                None => continue,
+            }
+        } else {
+            rest.split(" - ").next().unwrap_or(rest).trim().to_string()
+        };
+        if id.contains("::") || outcome == Outcome::Skipped {
+            add(&mut r, id, outcome);
+        }
+    }
+    r
+}
+
+/// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>`.
+pub fn junit(text: &str) -> Result<Results, ReportError> {
+    let doc = roxmltree::Document::parse(text).map_err(|e| ReportError::Xml(e.to_string()))?;
+    let mut r = Results::new();
+    for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
+        let name = case.attribute("name").unwrap_or("");
+        let class = case.attribute("classname").unwrap_or("");
+        let id = if class.is_empty() {
+            name.to_string()
+        } else {
+            format!("{class}::{name}")
+        };
+        let outcome = case
+            .children()
+            .find_map(|c| match c.tag_name().name() {
+                "failure" => Some(Outcome::Failed),
+                "error" => Some(Outcome::Error),
+                "skipped" => Some(Outcome::Skipped),
+                _ => None,
+            })
+            .unwrap_or(Outcome::Passed);
+        add(&mut r, id, outcome);
+    }
+    Ok(r)
+}
+
+/// `go test -json`: one JSON object per line; `Action` pass/fail/skip with a `Test`.
+pub fn go_json(text: &str) -> Results {
+    let mut r = Results::new();
+    for line in text.lines() {
+        let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
+            continue;
+        };
+        let (Some(test), Some(action)) = (v["Test"].as_str(), v["Action"].as_str()) else {
+            continue;
+        };
+        let pkg = v["Package"].as_str().unwrap_or("");
+        let outcome = match action {
+            "pass" => Outcome::Passed,
+            "fail" => Outcome::Failed,
+            "skip" => Outcome::Skipped,
+            _ => continue,
+        };
+        add(&mut r, format!("{pkg}::{test}"), outcome);
+    }
+    r
+}
+
+/// `cargo test` (`test a::b ... ok|FAILED|ignored`) and nextest (`PASS [ 0.1s] crate::bin test`).
+pub fn cargo(text: &str) -> Results {
+    let mut r = Results::new();
+    for line in text.lines() {
+        let line = line.trim();
+        if let Some(rest) = line.strip_prefix("test ") {
+            if let Some((name, result)) = rest.rsplit_once(" ... ") {
+                let outcome = match result.split([' ', ',']).next().unwrap_or("") {
+                    "ok" => Outcome::Passed,
+                    "FAILED" => Outcome::Failed,
+                    "ignored" => Outcome::Skipped,
+                    _ => continue,
+                };
+                add(&mut r, name.trim().to_string(), outcome);
+            }
+            continue;
+        }
+        let (word, rest) = match line.split_once(' ') {
+            Some(p) => p,
+            None => continue,
+        };
+        let outcome = match word {
+            "PASS" => Outcome::Passed,
+            "FAIL" | "TIMEOUT" | "SIGSEGV" | "SIGABRT" => Outcome::Failed,
+            "SKIP" => Outcome::Skipped,
+            _ => continue,
+        };
+        if let Some((_, id)) = rest.split_once("] ") {
+            let id = id.split_once(") ").map(|(_, i)| i).unwrap_or(id);
+            add(&mut r, id.trim().to_string(), outcome);
+        }
+    }
+    r
+}
+
+/// TAP: `ok 1 - name`, `not ok 2 - name`, `# SKIP` and `# TODO` directives.
+pub fn tap(text: &str) -> Results {
+    let mut r = Results::new();
+    for line in text.lines() {
+        let line = line.trim();
+        let (ok, rest) = if let Some(rest) = line.strip_prefix("not ok") {
+            (false, rest)
+        } else if let Some(rest) = line.strip_prefix("ok") {
+            (true, rest)
+        } else {
+            continue;
+        };
+        let rest = rest.trim_start();
+        let (num, desc) = rest.split_once(' ').unwrap_or((rest, ""));
+        if num.parse::<u64>().is_err() {
+            continue;
+        }
+        let (desc, directive) = desc.split_once('#').unwrap_or((desc, ""));
+        let directive = directive.trim().to_ascii_uppercase();
+        let name = desc.trim().trim_start_matches("- ").trim();
+        let id = if name.is_empty() {
+            num.to_string()
+        } else {
+            name.to_string()
+        };
+        let outcome = if directive.starts_with("SKIP") {
+            Outcome::Skipped
+        } else if directive.starts_with("TODO") {
+            // A TODO test's failure is expected; it neither passes nor fails the suite.
+            Outcome::Skipped
+        } else if ok {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        };
+        add(&mut r, id, outcome);
+    }
+    r
+}
+
+/// Reads results in `format` from `text`; `Auto` tries JUnit XML, then each line format, and
+/// takes the first that finds tests.
+pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
+    let found = match format {
+        Format::Junit => junit(text)?,
+        Format::PytestRa => pytest_ra(text),
+        Format::GoJson => go_json(text),
+        Format::Cargo => cargo(text),
+        Format::Tap => tap(text),
+        Format::Auto => {
+            if text.trim_start().starts_with('<') {
+                junit(text)?
+            } else {
+                [pytest_ra(text), go_json(text), cargo(text), tap(text)]
+                    .into_iter()
+                    .find(|r| !r.is_empty())
+                    .unwrap_or_default()
+            }
+        }
+    };
+    if found.is_empty() {
+        return Err(ReportError::Empty(format!("format {format:?}")));
+    }
+    Ok(found)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// Real pytest 7 output with -rA (abridged: the passes section headers are kept).
+    const PYTEST: &str = "\
+============================= test session starts ==============================
+collected 5 items
+
+tests/test_a.py .F.s                                                     [ 80%]
+tests/test_b.py E                                                        [100%]
+
+==================================== ERRORS ====================================
+_________________________ ERROR at setup of test_conn __________________________
+=================================== FAILURES ===================================
+___________________________________ test_two ___________________________________
+    def test_two():
+>       assert 1 == 2
+E       assert 1 == 2
+tests/test_a.py:5: AssertionError
+==================================== PASSES ====================================
+=========================== short test summary info ============================
+PASSED tests/test_a.py::test_one
+PASSED tests/test_a.py::test_param[1.2-1.10--1]
+SKIPPED [1] tests/test_a.py:9: not on this platform
+FAILED tests/test_a.py::test_two - assert 1 == 2
+ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
+============== 1 failed, 2 passed, 1 skipped, 1 error in 0.12s ===============
+";
+
+    #[test]
+    fn pytest_summary_lines() {
+        let r = parse(Format::Auto, PYTEST).unwrap();
+        assert_eq!(r["tests/test_a.py::test_one"], Outcome::Passed);
+        assert_eq!(
+            r["tests/test_a.py::test_param[1.2-1.10--1]"],
+            Outcome::Passed
+        );
+        assert_eq!(r["tests/test_a.py::test_two"], Outcome::Failed);
+        assert_eq!(r["tests/test_b.py::test_conn"], Outcome::Error);
+        assert_eq!(r["tests/test_a.py:9"], Outcome::Skipped);
+        assert_eq!(r.len(), 5);
+    }
+
+    #[test]
+    fn junit_xml_from_pytest_and_maven() {
+        let xml = r#"<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest" errors="0" failures="1" skipped="1" tests="3">
+<testcase classname="tests.test_a" name="test_one" time="0.001" />
+<testcase classname="tests.test_a" name="test_two" time="0.001"><failure message="assert 1 == 2">tests/test_a.py:5: AssertionError</failure></testcase>
+<testcase classname="tests.test_a" name="test_skip" time="0.000"><skipped type="pytest.skip" message="no">skip</skipped></testcase>
+</testsuite><testsuite name="com.example.AppTest"><testcase name="adds" classname="com.example.AppTest" time="0.01"><error type="java.lang.NullPointerException"/></testcase></testsuite></testsuites>"#;
+        let r = parse(Format::Auto, xml).unwrap();
+        assert_eq!(r["tests.test_a::test_one"], Outcome::Passed);
+        assert_eq!(r["tests.test_a::test_two"], Outcome::Failed);
+        assert_eq!(r["tests.test_a::test_skip"], Outcome::Skipped);
+        assert_eq!(r["com.example.AppTest::adds"], Outcome::Error);
+        assert!(matches!(
+            junit("<testsuite><testcase"),
+            Err(ReportError::Xml(_))
+        ));
+    }
+
+    #[test]
+    fn go_test_json() {
+        let text = r#"{"Time":"2024-01-01T00:00:00Z","Action":"run","Package":"example.com/m","Test":"TestA"}
+{"Time":"2024-01-01T00:00:00Z","Action":"output","Package":"example.com/m","Test":"TestA","Output":"=== RUN   TestA\n"}
+{"Time":"2024-01-01T00:00:00Z","Action":"pass","Package":"example.com/m","Test":"TestA","Elapsed":0}
+{"Time":"2024-01-01T00:00:00Z","Action":"fail","Package":"example.com/m","Test":"TestB","Elapsed":0}
+{"Time":"2024-01-01T00:00:00Z","Action":"skip","Package":"example.com/m","Test":"TestC","Elapsed":0}
+{"Time":"2024-01-01T00:00:00Z","Action":"fail","Package":"example.com/m","Elapsed":0.01}"#;
+        let r = parse(Format::Auto, text).unwrap();
+        assert_eq!(r["example.com/m::TestA"], Outcome::Passed);
+        assert_eq!(r["example.com/m::TestB"], Outcome::Failed);
+        assert_eq!(r["example.com/m::TestC"], Outcome::Skipped);
+        assert_eq!(r.len(), 3);
+    }
+
+    #[test]
+    fn cargo_test_and_nextest() {
+        let text = "running 3 tests\ntest api::tests::a ... ok\ntest api::tests::b ... FAILED\ntest api::tests::c ... ignored, slow\n\ntest result: FAILED. 1 passed; 1 failed; 1 ignored\n";
+        let r = parse(Format::Auto, text).unwrap();
+        assert_eq!(r["api::tests::a"], Outcome::Passed);
+        assert_eq!(r["api::tests::b"], Outcome::Failed);
+        assert_eq!(r["api::tests::c"], Outcome::Skipped);
+        let next = "        PASS [   0.012s] (1/53) forkbox-engine api::tests::a\n        FAIL [   1.000s] (2/53) forkbox-cli::cli b\n";
+        let r = cargo(next);
+        assert_eq!(r["forkbox-engine api::tests::a"], Outcome::Passed);
+        assert_eq!(r["forkbox-cli::cli b"], Outcome::Failed);
+    }
+
+    #[test]
+    fn tap_with_directives() {
+        let text = "TAP version 13\n1..4\nok 1 - adds\nnot ok 2 - subtracts\n  ---\n  message: nope\n  ...\nok 3 - network # SKIP offline\nnot ok 4 - later # TODO not yet\n";
+        let r = parse(Format::Auto, text).unwrap();
+        assert_eq!(r["adds"], Outcome::Passed);
+        assert_eq!(r["subtracts"], Outcome::Failed);
+        assert_eq!(r["network"], Outcome::Skipped);
+        assert_eq!(r["later"], Outcome::Skipped);
+    }
+
+    #[test]
+    fn unreadable_output_is_an_error_not_a_panic() {
+        assert!(matches!(
+            parse(Format::Auto, "Traceback (most recent call last):\n  boom"),
+            Err(ReportError::Empty(_))
+        ));
+        assert!(parse(Format::Auto, "").is_err());
+        for garbage in [
+            "<",
+            "ok",
+            "not ok x",
+            "test  ...  ",
+            "PASSED",
+            "{\"Test\":1}",
+            "\u{0}\u{ffff}",
+        ] {
+            let _ = parse(Format::Auto, garbage);
+        }
+    }
+}
