@@ -455,8 +455,28 @@ pub fn save_running(
         src.pass_fd("out", std::os::fd::AsFd::as_fd(&a))?;
         drop((a, b));
         src.execute("migrate", json!({"uri": "fd:out"}))?;
+        // A guest that writes memory faster than it is copied never fits the 20 ms pause; on a
+        // busy host the copy is slow too. Allow a longer pause the longer the copy runs, so the
+        // save always ends (the pause actually taken is measured and reported).
+        let copying = Instant::now();
+        let mut allowed_ms = 20u64;
+        loop {
+            match src.wait_migration(&["pre-switchover"], Duration::from_secs(2)) {
+                Ok(_) => break,
+                Err(VmError::Qmp { message, .. }) if message.starts_with("still") => {
+                    if copying.elapsed() > Duration::from_secs(600) {
+                        return Err(VmError::Qmp {
+                            command: "migrate".into(),
+                            message: "the memory copy did not finish in 600 s".into(),
+                        });
+                    }
+                    allowed_ms = (allowed_ms * 4).min(10_000);
+                    src.execute("migrate-set-parameters", json!({"downtime-limit": allowed_ms}))?;
+                }
+                Err(e) => return Err(e),
+            }
+        }
         // The source is now stopped; memory and disk are frozen at the same instant.
-        src.wait_migration(&["pre-switchover"], Duration::from_secs(600))?;
         src.execute(
             "blockdev-snapshot-sync",
             json!({"device": "root", "snapshot-file": new_overlay.display().to_string(), "format": "qcow2"}),
@@ -483,8 +503,16 @@ pub fn save_running(
         _ => f64::NAN,
     };
     let _ = src.set_capabilities(&[("pause-before-switchover", false)]);
-    // The receiver holds the RAM now; it writes the device state without it.
+    // The receiver holds the RAM now (paused: it was started with -S); it writes the device
+    // state without it.
     rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
+    let status = rcv.status()?;
+    if status == "running" {
+        return Err(VmError::Qmp {
+            command: "migrate-incoming".into(),
+            message: "the receiver started running the guest; the snapshot would not match its disk".into(),
+        });
+    }
     rcv.set_capabilities(&[("x-ignore-shared", true)])?;
     let f =
         std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;

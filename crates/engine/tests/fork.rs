@@ -1,6 +1,7 @@
 //! Templates, snapshots and forks with real VMs. The image's template is made once per test
-//! home (one boot, ~5 s under TCG); each restore then costs ~0.1 s, each snapshot of a running
-//! 1 GiB sandbox ~2-3 s under TCG (its RAM is copied once).
+//! home (one boot, ~5 s under TCG); each restore then costs ~0.25 s, each snapshot of a running
+//! 1 GiB sandbox ~3 s under TCG (its RAM is copied once). This test: 6 restores, 3 snapshots,
+//! ~35 s.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
@@ -156,14 +157,29 @@ async fn forks_carry_processes_and_diverge() {
     .expect("fork of a fork");
     assert_eq!(sh(&c, "cat /root/only-a").await, "from-a\n");
     sh(&c, "test -s /tmp/count").await;
+    // ... and a fork of that fork: three levels of disks and memory.
+    sh(&c, "echo from-c > /root/only-c").await;
+    let name3 = unique("t-fork3");
+    let snap3 = c.snapshot(&paths, &name3, false).await.expect("snapshot of a fork of a fork");
+    let d = Sandbox::restore(&paths, &snap3, format!("snapshot:{name3}"), &cfg, Instant::now(), None)
+        .await
+        .expect("fork of a fork of a fork");
+    assert_eq!(sh(&d, "cat /root/only-a /root/only-c").await, "from-a\nfrom-c\n");
+    sh(&d, "test -s /tmp/count").await;
+    // The first snapshot is unchanged by anything its copies wrote.
+    let fresh = Sandbox::restore(&paths, &snap, format!("snapshot:{name}"), &cfg, Instant::now(), None)
+        .await
+        .expect("another copy of the first snapshot");
+    assert_eq!(sh(&fresh, "ls /root/only-a 2>/dev/null || echo absent").await, "absent\n");
 
     // The first snapshot has a child snapshot: it cannot be deleted.
     let store = SnapshotStore::new(&paths);
     let err = store.remove(&name, &[]).unwrap_err().to_string();
     assert!(err.contains(&name2), "{err}");
-    for sb in [parent, a, b, c] {
+    for sb in [parent, a, b, c, d, fresh] {
         sb.destroy().await;
     }
+    store.remove(&name3, &[]).unwrap();
     store.remove(&name2, &[]).unwrap();
     store.remove(&name, &[]).unwrap();
 }

@@ -366,3 +366,25 @@ async fn each_qemu_is_confined_by_host_cgroup_limits() {
     assert!(!std::path::Path::new(&format!("/sys/fs/cgroup/memory/forkbox/{id}")).exists());
     assert!(!v2.exists());
 }
+
+/// One restore. With the network off (the default) the guest has no network device at all:
+/// a listener on the host's loopback cannot be reached by any address the guest could try.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_network_off_the_guest_reaches_nothing_on_the_host() {
+    let (paths, cfg) = config();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let out = run(&sb, "ls /sys/class/net").await;
+    assert_eq!(out.stdout_text().split_whitespace().collect::<Vec<_>>(), ["lo"]);
+    let script = format!(
+        "for h in 10.0.2.2 127.0.0.1 169.254.169.254 192.168.0.1; do \
+           python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(2); \
+           sys.exit(0 if s.connect_ex(('$h', {port})) == 0 else 1)\" && echo reached $h; done; echo done"
+    );
+    let out = run(&sb, &script).await;
+    assert_eq!(out.stdout_text(), "done\n", "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(listener.accept().is_err(), "nothing connected to the host's listener");
+    sb.destroy().await;
+}

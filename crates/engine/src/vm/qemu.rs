@@ -192,7 +192,10 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
     ]);
     if cfg.incoming {
-        a.extend(["-incoming".into(), "defer".into()]);
+        // `-S`: stay paused once the state is in, whatever the source's run state was. A
+        // receiver must never run the guest it holds (it would run on a stand-in disk and
+        // change the memory being saved); a copy is started by `cont` after its load.
+        a.extend(["-incoming".into(), "defer".into(), "-S".into()]);
     }
     a
 }
@@ -568,6 +571,15 @@ mod tests {
             console_tail(&dir.path().join("absent"), 5),
             "(no console output)"
         );
+    }
+
+    #[test]
+    fn an_incoming_vm_stays_paused_after_its_load() {
+        let mut c = cfg(Accel::Tcg);
+        assert!(!qemu_args(&c).iter().any(|a| a == "-incoming"));
+        c.incoming = true;
+        let a = qemu_args(&c).join(" ");
+        assert!(a.ends_with("-incoming defer -S"), "{a}");
     }
 
     #[test]
