@@ -471,7 +471,10 @@ pub fn save_running(
                         });
                     }
                     allowed_ms = (allowed_ms * 4).min(10_000);
-                    src.execute("migrate-set-parameters", json!({"downtime-limit": allowed_ms}))?;
+                    src.execute(
+                        "migrate-set-parameters",
+                        json!({"downtime-limit": allowed_ms}),
+                    )?;
                 }
                 Err(e) => return Err(e),
             }
@@ -510,7 +513,9 @@ pub fn save_running(
     if status == "running" {
         return Err(VmError::Qmp {
             command: "migrate-incoming".into(),
-            message: "the receiver started running the guest; the snapshot would not match its disk".into(),
+            message:
+                "the receiver started running the guest; the snapshot would not match its disk"
+                    .into(),
         });
     }
     rcv.set_capabilities(&[("x-ignore-shared", true)])?;

@@ -160,17 +160,40 @@ async fn forks_carry_processes_and_diverge() {
     // ... and a fork of that fork: three levels of disks and memory.
     sh(&c, "echo from-c > /root/only-c").await;
     let name3 = unique("t-fork3");
-    let snap3 = c.snapshot(&paths, &name3, false).await.expect("snapshot of a fork of a fork");
-    let d = Sandbox::restore(&paths, &snap3, format!("snapshot:{name3}"), &cfg, Instant::now(), None)
+    let snap3 = c
+        .snapshot(&paths, &name3, false)
         .await
-        .expect("fork of a fork of a fork");
-    assert_eq!(sh(&d, "cat /root/only-a /root/only-c").await, "from-a\nfrom-c\n");
+        .expect("snapshot of a fork of a fork");
+    let d = Sandbox::restore(
+        &paths,
+        &snap3,
+        format!("snapshot:{name3}"),
+        &cfg,
+        Instant::now(),
+        None,
+    )
+    .await
+    .expect("fork of a fork of a fork");
+    assert_eq!(
+        sh(&d, "cat /root/only-a /root/only-c").await,
+        "from-a\nfrom-c\n"
+    );
     sh(&d, "test -s /tmp/count").await;
     // The first snapshot is unchanged by anything its copies wrote.
-    let fresh = Sandbox::restore(&paths, &snap, format!("snapshot:{name}"), &cfg, Instant::now(), None)
-        .await
-        .expect("another copy of the first snapshot");
-    assert_eq!(sh(&fresh, "ls /root/only-a 2>/dev/null || echo absent").await, "absent\n");
+    let fresh = Sandbox::restore(
+        &paths,
+        &snap,
+        format!("snapshot:{name}"),
+        &cfg,
+        Instant::now(),
+        None,
+    )
+    .await
+    .expect("another copy of the first snapshot");
+    assert_eq!(
+        sh(&fresh, "ls /root/only-a 2>/dev/null || echo absent").await,
+        "absent\n"
+    );
 
     // The first snapshot has a child snapshot: it cannot be deleted.
     let store = SnapshotStore::new(&paths);

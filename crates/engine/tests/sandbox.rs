@@ -203,18 +203,22 @@ async fn four_sandboxes_at_once_do_not_see_each_others_files() {
     }
 }
 
-/// One boot, ~2 MB through the emulated serial port. A guest that floods its console costs the
+/// One restore, ~2 MB through the emulated serial port (~30 s). A guest that floods its console costs the
 /// host a bounded log.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn console_flood_is_capped_on_the_host() {
     let (paths, cfg) = config();
     let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
     let log = paths.run().join(&sb.info().id).join("console.log");
-    let out = run(
-        &sb,
-        "head -c 2200000 /dev/zero | tr '\\0' x > /dev/console; echo LAST-LINE > /dev/console",
-    )
-    .await;
+    // The emulated UART takes one exit per byte: ~30 s for 2.2 MB alone under TCG, more on a
+    // busy host (and QEMU is held to vCPUs + half a core by its cgroup).
+    let out = sb
+        .run(infra::sh(
+            "head -c 2200000 /dev/zero | tr '\\0' x > /dev/console; echo LAST-LINE > /dev/console",
+            Some(300_000),
+        ))
+        .await
+        .expect("run command");
     assert_eq!(out.status, Some(ExitStatus::Code(0)));
     let settled = infra::wait_until(Duration::from_secs(30), || {
         std::fs::read_to_string(&log).is_ok_and(|t| t.contains("LAST-LINE"))
@@ -377,14 +381,25 @@ async fn with_network_off_the_guest_reaches_nothing_on_the_host() {
     listener.set_nonblocking(true).unwrap();
     let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
     let out = run(&sb, "ls /sys/class/net").await;
-    assert_eq!(out.stdout_text().split_whitespace().collect::<Vec<_>>(), ["lo"]);
+    assert_eq!(
+        out.stdout_text().split_whitespace().collect::<Vec<_>>(),
+        ["lo"]
+    );
     let script = format!(
         "for h in 10.0.2.2 127.0.0.1 169.254.169.254 192.168.0.1; do \
            python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(2); \
            sys.exit(0 if s.connect_ex(('$h', {port})) == 0 else 1)\" && echo reached $h; done; echo done"
     );
     let out = run(&sb, &script).await;
-    assert_eq!(out.stdout_text(), "done\n", "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(listener.accept().is_err(), "nothing connected to the host's listener");
+    assert_eq!(
+        out.stdout_text(),
+        "done\n",
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        listener.accept().is_err(),
+        "nothing connected to the host's listener"
+    );
     sb.destroy().await;
 }
