@@ -16,15 +16,8 @@ use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
 use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
-    v.sort_by(|a, b| a.total_cmp(b));
-    let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
-    (pct(0.5), pct(0.99), v[0])
-}
+mod common;
+use common::{ms, qemu_floor, stats};
 
 fn row(name: &str, v: Vec<f64>) -> f64 {
     let n = v.len();
@@ -41,41 +34,6 @@ fn pss_kib(pid: u32) -> u64 {
         .and_then(|l| l.split_whitespace().nth(1))
         .and_then(|v| v.parse().ok())
         .unwrap_or(0)
-}
-
-async fn qemu_floor(dir: &std::path::Path) -> Duration {
-    let sock = dir.join("floor.qmp");
-    let _ = std::fs::remove_file(&sock);
-    let start = Instant::now();
-    let mut child = tokio::process::Command::new("qemu-system-x86_64")
-        .args([
-            "-M",
-            "microvm",
-            "-accel",
-            "tcg",
-            "-nodefaults",
-            "-no-user-config",
-            "-display",
-            "none",
-            "-S",
-            "-qmp",
-        ])
-        .arg(format!("unix:{},server=on,wait=off", sock.display()))
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start qemu");
-    loop {
-        if let Ok(s) = tokio::net::UnixStream::connect(&sock).await {
-            let mut buf = [0u8; 64];
-            s.readable().await.ok();
-            let _ = s.try_read(&mut buf);
-            break;
-        }
-        tokio::time::sleep(Duration::from_micros(200)).await;
-    }
-    let d = start.elapsed();
-    let _ = child.kill().await;
-    d
 }
 
 async fn ok(sb: &Sandbox, script: &str) {

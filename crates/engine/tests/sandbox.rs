@@ -12,15 +12,7 @@ use forkbox_protocol::{ErrorKind, ExecSpec, ExitStatus, Program};
 use forkbox_test_infra as infra;
 
 fn config() -> (forkbox_engine::paths::Paths, SandboxConfig) {
-    let paths = infra::home();
-    let image = infra::image(&paths, "python-bookworm");
-    (
-        paths,
-        SandboxConfig {
-            image,
-            ..SandboxConfig::default()
-        },
-    )
+    infra::sandbox_setup("python-bookworm")
 }
 
 async fn run(sb: &Sandbox, script: &str) -> forkbox_engine::client::Output {

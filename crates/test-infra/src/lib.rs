@@ -97,6 +97,20 @@ pub fn isolated_home(name: &str) -> Paths {
     Paths::new(dir)
 }
 
+/// The shared test home and the default sandbox configuration on the image built from
+/// `images/<recipe>.toml`.
+pub fn sandbox_setup(recipe: &str) -> (Paths, forkbox_engine::sandbox::SandboxConfig) {
+    let paths = home();
+    let image = image(&paths, recipe);
+    (
+        paths,
+        forkbox_engine::sandbox::SandboxConfig {
+            image,
+            ..Default::default()
+        },
+    )
+}
+
 /// Polls `f` until it returns true or `limit` passes; returns whether it did.
 pub fn wait_until(limit: Duration, mut f: impl FnMut() -> bool) -> bool {
     let start = Instant::now();

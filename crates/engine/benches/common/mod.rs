@@ -1,0 +1,51 @@
+//! Helpers shared by the benches (`mod common;` in each).
+#![allow(dead_code)] // each bench uses its own subset
+
+use std::time::{Duration, Instant};
+
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
+/// (median, p99, min) of some figures.
+pub fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(|a, b| a.total_cmp(b));
+    let pct = |p: f64| v[((v.len() as f64 - 1.0) * p).round() as usize];
+    (pct(0.5), pct(0.99), v[0])
+}
+
+/// QEMU start-up doing nothing, to its QMP greeting: the floor every VM pays.
+pub async fn qemu_floor(dir: &std::path::Path) -> Duration {
+    let sock = dir.join("floor.qmp");
+    let _ = std::fs::remove_file(&sock);
+    let start = Instant::now();
+    let mut child = tokio::process::Command::new("qemu-system-x86_64")
+        .args([
+            "-M",
+            "microvm",
+            "-accel",
+            "tcg",
+            "-nodefaults",
+            "-no-user-config",
+            "-display",
+            "none",
+            "-S",
+            "-qmp",
+        ])
+        .arg(format!("unix:{},server=on,wait=off", sock.display()))
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start qemu");
+    loop {
+        if let Ok(s) = tokio::net::UnixStream::connect(&sock).await {
+            let mut buf = [0u8; 64];
+            s.readable().await.ok();
+            let _ = s.try_read(&mut buf);
+            break;
+        }
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+    let d = start.elapsed();
+    let _ = child.kill().await;
+    d
+}
