@@ -395,3 +395,45 @@ async fn with_network_off_the_guest_reaches_nothing_on_the_host() {
     );
     sb.destroy().await;
 }
+
+/// One restore. A guest that fills its disk gets "No space left on device" inside the guest;
+/// its agent keeps answering and the host file behind the disk stays within the disk's size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_is_an_error_inside_the_guest_only() {
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    // Fill the root filesystem (fallocate: no data written, so this is quick), then write.
+    let out = run(
+        &sb,
+        "fallocate -l 100G /root/too-big 2>&1; \
+         fallocate -l $(( $(df --output=avail -B1 /root | tail -1) - 4096 )) /root/fill; \
+         for i in $(seq 200); do head -c 65536 /dev/zero > /root/more-$i || break; done 2>&1; \
+         df --output=avail -B1 /root | tail -1",
+    )
+    .await;
+    let text = out.stdout_text();
+    assert!(text.contains("No space left on device"), "{text}");
+    let avail: u64 = text.lines().last().unwrap().trim().parse().unwrap();
+    assert!(
+        avail < 1 << 20,
+        "the guest's disk is full: {avail} bytes left"
+    );
+    // The guest is still fine, and so is the host.
+    assert_eq!(
+        run(&sb, "rm -f /root/fill /root/more-*; echo ok")
+            .await
+            .stdout_text(),
+        "ok\n"
+    );
+    let disks = paths.disks().join(&sb.info().id);
+    let used: u64 = std::fs::read_dir(&disks)
+        .unwrap()
+        .flatten()
+        .map(|e| e.metadata().unwrap().len())
+        .sum();
+    assert!(
+        used < 3 << 30,
+        "the overlay is bounded by the disk's size: {used} bytes"
+    );
+    sb.destroy().await;
+}
