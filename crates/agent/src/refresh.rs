@@ -29,6 +29,9 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
         fs::write(machine_id_file, format!("{}\n", r.machine_id))?;
     }
     eprintln!("refresh: names {:?}", t.elapsed());
+    if r.grow_root_to > 0 {
+        grow_root(r.grow_root_to)?;
+    }
     if r.max_procs > 0 {
         fs::write(
             format!("{}/pids.max", crate::boot::COMMANDS_CGROUP),
@@ -66,6 +69,42 @@ fn reseed(entropy: &[u8]) -> io::Result<()> {
     }
     // SAFETY: RNDRESEEDCRNG takes no argument.
     if unsafe { libc::ioctl(rnd.as_raw_fd(), RNDRESEEDCRNG, 0) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// `EXT4_IOC_RESIZE_FS`: `_IOW('f', 16, __u64)`.
+const EXT4_IOC_RESIZE_FS: libc::c_ulong = 0x4008_6610;
+
+/// Grows the (mounted) root ext4 filesystem to `bytes`, once the kernel has seen the disk grow
+/// (the host resizes it and the device announces the change asynchronously).
+fn grow_root(bytes: u64) -> io::Result<()> {
+    let started = std::time::Instant::now();
+    loop {
+        let sectors: u64 = fs::read_to_string("/sys/block/vda/size")
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        if sectors * 512 >= bytes {
+            break;
+        }
+        if started.elapsed() > std::time::Duration::from_secs(10) {
+            return Err(io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "the root disk is {} bytes, not the {bytes} the host announced",
+                    sectors * 512
+                ),
+            ));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    let root = fs::File::open("/")?;
+    let st = nix::sys::statfs::fstatfs(&root).map_err(io::Error::from)?;
+    let blocks: u64 = bytes / st.block_size() as u64;
+    // SAFETY: the ioctl reads one u64 (the new block count) from a live local.
+    if unsafe { libc::ioctl(root.as_raw_fd(), EXT4_IOC_RESIZE_FS, &blocks as *const u64) } != 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(())

@@ -35,6 +35,9 @@ pub enum SandboxCmd {
         /// What the TTL does when it passes: delete (default) or hibernate.
         #[arg(long, value_enum, requires = "ttl")]
         ttl_action: Option<TtlArg>,
+        /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
+        #[arg(long)]
+        disk_gib: Option<u32>,
         #[arg(long)]
         json: bool,
     },
@@ -379,7 +382,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, json } => {
+            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, disk_gib, json } => {
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -389,6 +392,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     ttl_seconds: ttl,
                     max_processes: None,
                     snapshot,
+                    disk_gib,
                     ttl_action: ttl_action.map(|t| match t {
                         TtlArg::Delete => forkbox_engine::api::TtlAction::Delete,
                         TtlArg::Hibernate => forkbox_engine::api::TtlAction::Hibernate,

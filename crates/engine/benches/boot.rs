@@ -1,7 +1,8 @@
 //! Boot and exec figures, medians over repeated runs in one run. Run with `bench/run.sh`.
 //!
 //! - QEMU start-up doing nothing (the floor: process start to QMP greeting)
-//! - cold boot to agent-ready through the engine (overlay + QEMU + kernel + agent handshake)
+//! - cold boot to agent-ready through the engine (overlay + QEMU + kernel + agent handshake),
+//!   and create from the image's template (what `create` and `run` do)
 //! - `forkbox run -- true` wall time (set FORKBOX_BIN to the CLI)
 //! - exec round trip of `true` inside a running guest, and a protocol ping
 
@@ -62,11 +63,21 @@ fn main() {
         let mut cold = Vec::new();
         for _ in 0..boots {
             let t = Instant::now();
-            let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+            let sb = Sandbox::create(&paths, &SandboxConfig { cold: true, ..cfg.clone() })
+                .await
+                .expect("create");
             cold.push(ms(t.elapsed()));
             sb.destroy().await;
         }
         let cold_p50 = row("cold boot to agent-ready (engine)", boots, cold);
+        let mut warm = Vec::new();
+        for _ in 0..boots {
+            let t = Instant::now();
+            let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+            warm.push(ms(t.elapsed()));
+            sb.destroy().await;
+        }
+        let warm_p50 = row("create from the template (engine)", boots, warm);
 
         let mut run_true = Vec::new();
         let bin = std::env::var("FORKBOX_BIN").ok();
@@ -110,13 +121,33 @@ fn main() {
             rtt.push(ms(t.elapsed()));
         }
         let rtt_p50 = row("exec `true` round trip (running guest)", execs, rtt);
+
+        // Upload throughput: a 200 MB folder of incompressible data, packed as tar.zst on the
+        // host and unpacked by the agent in the guest.
+        let dir = tmp.join("upload");
+        std::fs::create_dir_all(&dir).unwrap();
+        let mut data = vec![0u8; 200_000_000];
+        let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+        for b in data.iter_mut() {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            *b = x as u8;
+        }
+        std::fs::write(dir.join("blob"), &data).unwrap();
+        drop(data);
+        let t = Instant::now();
+        let sent = forkbox_engine::files::upload(sb.client(), &dir, "/upload").await.expect("upload");
+        let secs = t.elapsed().as_secs_f64();
+        println!("upload of a 200 MB folder (incompressible)   {:>8.1} s   {:>6.1} MB/s ({} bytes on the wire)", secs, 200.0 / secs, sent);
         sb.destroy().await;
 
         println!();
         println!("ratios (same run):");
         println!("  cold boot / QEMU floor            {:>7.1}x", cold_p50 / floor_p50);
+        println!("  cold boot / template create       {:>7.1}x", cold_p50 / warm_p50);
         if let Some(r) = run_p50 {
-            println!("  `run -- true` / cold boot         {:>7.2}x  (CLI start, exec and teardown on top of the boot)", r / cold_p50);
+            println!("  `run -- true` / template create   {:>7.2}x  (CLI start, first exec and teardown on top of the restore)", r / warm_p50);
         }
         println!("  cold boot / exec round trip       {:>7.0}x  (why a warm sandbox or a template matters)", cold_p50 / rtt_p50);
     });

@@ -38,6 +38,8 @@ pub struct CreateRequest {
     pub snapshot: Option<String>,
     /// What the TTL does when it passes: delete (default) or hibernate.
     pub ttl_action: Option<TtlAction>,
+    /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
+    pub disk_gib: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -673,6 +675,14 @@ impl Engine {
                 )));
             }
             cfg.max_procs = p;
+        }
+        if let Some(g) = r.disk_gib {
+            if !(1..=2048).contains(&g) {
+                return Err(EngineError::BadRequest(format!(
+                    "disk_gib {g} is not between 1 and 2048"
+                )));
+            }
+            cfg.disk_mib = Some(g as u64 * 1024);
         }
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;

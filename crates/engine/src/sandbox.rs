@@ -32,6 +32,9 @@ pub struct SandboxConfig {
     pub max_procs: u32,
     /// Boot the kernel instead of restoring the image's template (slow; for comparisons).
     pub cold: bool,
+    /// Grow the root disk (and its filesystem) to this many MiB; at least the image's size.
+    /// Restored sandboxes only (every `create` restores); a cold boot keeps the image's size.
+    pub disk_mib: Option<u64>,
 }
 
 impl Default for SandboxConfig {
@@ -48,6 +51,7 @@ impl Default for SandboxConfig {
             boot_timeout: Duration::from_secs(120),
             max_procs: DEFAULT_MAX_PROCS,
             cold: false,
+            disk_mib: None,
         }
     }
 }
@@ -199,6 +203,22 @@ impl Sandbox {
         );
         let max_procs = cfg.max_procs;
         let boot_timeout = cfg.boot_timeout;
+        let grow_to = match cfg.disk_mib {
+            None => None,
+            Some(mib) => {
+                let want = mib << 20;
+                let have = crate::snapshot::virtual_size(&snap.disk()).map_err(|e| {
+                    SandboxError::io(format!("read the size of {}", snap.disk().display()), e)
+                })?;
+                if want < have {
+                    return Err(SandboxError::DiskTooSmall {
+                        asked_mib: mib,
+                        minimum_mib: have.div_ceil(1 << 20),
+                    });
+                }
+                (want > have).then_some(want)
+            }
+        };
         let trace = std::env::var_os("FORKBOX_TRACE").is_some();
         let mark = |what: &str| {
             if trace {
@@ -218,11 +238,11 @@ impl Sandbox {
             run.save().map_err(|e| VmError::io("record the VM", e))?;
             let ready = async {
                 let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
-                tokio::task::spawn_blocking(move || crate::snapshot::load_state(&qmp, &state))
-                    .await
-                    .map_err(|e| {
-                        VmError::io("load the device state", std::io::Error::other(e))
-                    })??;
+                tokio::task::spawn_blocking(move || {
+                    crate::snapshot::load_state(&qmp, &state, grow_to)
+                })
+                .await
+                .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
                 mark("state loaded, running");
                 // A busy guest on a busy host can take a while to answer; as long as a boot.
                 let client = tokio::time::timeout(
@@ -236,7 +256,9 @@ impl Sandbox {
                     console_tail: "(restored from a snapshot; the agent did not answer)".into(),
                 })??;
                 mark("agent hello");
-                client.refresh(fresh_identity(&id, max_procs)).await?;
+                let mut refresh = fresh_identity(&id, max_procs);
+                refresh.grow_root_to = grow_to.unwrap_or(0);
+                client.refresh(refresh).await?;
                 mark("refreshed");
                 Ok::<_, VmError>(client)
             };
@@ -760,6 +782,7 @@ fn fresh_identity(id: &str, max_procs: u32) -> forkbox_protocol::Refresh {
         hostname: id.to_string(),
         machine_id: mid.iter().map(|b| format!("{b:02x}")).collect(),
         max_procs,
+        grow_root_to: 0,
     }
 }
 

@@ -372,8 +372,23 @@ pub fn restore_config(
     }
 }
 
-/// Loads `vmstate` into a QEMU started with `-incoming defer` and lets it run.
-pub fn load_state(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
+/// The size a disk image presents to the guest: a qcow2's virtual size, a raw file's length.
+pub fn virtual_size(path: &Path) -> std::io::Result<u64> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path)?;
+    let mut head = [0u8; 32];
+    let n = f.read(&mut head)?;
+    if n == 32 && head[..4] == *b"QFI\xfb" {
+        let mut size = [0u8; 8];
+        size.copy_from_slice(&head[24..32]);
+        return Ok(u64::from_be_bytes(size));
+    }
+    Ok(f.metadata()?.len())
+}
+
+/// Loads `vmstate` into a QEMU started with `-incoming defer` and lets it run; with `grow_to`,
+/// the root disk is then grown to that many bytes (the guest is told of the new size).
+pub fn load_state(qmp_socket: &Path, vmstate: &Path, grow_to: Option<u64>) -> Result<(), VmError> {
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.set_capabilities(&[("x-ignore-shared", true)])?;
     let f = std::fs::File::open(vmstate).map_err(|e| VmError::io("open the device state", e))?;
@@ -397,6 +412,9 @@ pub fn load_state(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
         }
     }
     q.execute("cont", json!({}))?;
+    if let Some(bytes) = grow_to {
+        q.execute("block_resize", json!({"device": "root", "size": bytes}))?;
+    }
     Ok(())
 }
 

@@ -437,3 +437,36 @@ async fn a_full_disk_is_an_error_inside_the_guest_only() {
     );
     sb.destroy().await;
 }
+
+/// Two restores. A sandbox can have a bigger disk than its image: the disk and the root
+/// filesystem grow before it is handed out; asking for less than the image is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sandbox_gets_the_disk_size_it_asks_for() {
+    let (paths, mut cfg) = config();
+    cfg.disk_mib = Some(6 * 1024);
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let out = run(
+        &sb,
+        "df --output=size -B1M / | tail -1; cat /sys/block/vda/size",
+    )
+    .await;
+    let mut lines = out
+        .stdout_text()
+        .lines()
+        .map(|l| l.trim().parse::<u64>().unwrap())
+        .collect::<Vec<_>>();
+    let sectors = lines.pop().unwrap();
+    let fs_mib = lines.pop().unwrap();
+    assert_eq!(sectors * 512, 6 << 30);
+    assert!(
+        fs_mib > 5 * 1024,
+        "the root filesystem grew to {fs_mib} MiB"
+    );
+    sb.destroy().await;
+    cfg.disk_mib = Some(100);
+    let err = Sandbox::create(&paths, &cfg)
+        .await
+        .err()
+        .expect("too small a disk is refused");
+    assert!(err.to_string().contains("smaller than the image"), "{err}");
+}

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -228,6 +228,9 @@ pub struct Refresh {
     pub machine_id: String,
     /// New cap on the processes of the copy's commands (0: unchanged).
     pub max_procs: u32,
+    /// The root disk was grown to this many bytes: grow the root filesystem to fill it
+    /// (0: unchanged).
+    pub grow_root_to: u64,
 }
 
 /// Messages from the agent to the host.

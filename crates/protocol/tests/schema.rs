@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 3);
+    assert_eq!(PROTOCOL_VERSION, 4);
 }
 
 #[test]
@@ -76,6 +76,7 @@ fn host_messages_encoding_is_pinned() {
                 hostname: "h".into(),
                 machine_id: "m".into(),
                 max_procs: 3,
+                grow_root_to: 4,
             },
         }),
     ];
@@ -90,7 +91,7 @@ fn host_messages_encoding_is_pinned() {
         "0605022f66",
         "0706022f64010101",
         "0807022f64",
-        "090802090901020168016d03",
+        "090802090901020168016d0304",
     ];
     assert_eq!(got, want);
 }
@@ -155,5 +156,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258030000000173016b03");
+    assert_eq!(h, "0d000000464b4258040000000173016b03");
 }

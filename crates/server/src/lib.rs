@@ -51,6 +51,7 @@ impl IntoResponse for ApiError {
                     S::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
                 }
             }
+            EngineError::Sandbox(SandboxError::DiskTooSmall { .. }) => StatusCode::BAD_REQUEST,
             EngineError::Sandbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (
