@@ -470,3 +470,38 @@ async fn a_sandbox_gets_the_disk_size_it_asks_for() {
         .expect("too small a disk is refused");
     assert!(err.to_string().contains("smaller than the image"), "{err}");
 }
+
+/// One restore. An uploaded folder with links that point out of it and a 1 GB file: links
+/// travel as links (the host never reads what they point to), the big file arrives whole.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn uploads_keep_links_as_links_and_carry_a_gigabyte_file() {
+    let (paths, cfg) = config();
+    let host = tempfile::tempdir().unwrap();
+    let src = host.path().join("src");
+    std::fs::create_dir_all(src.join("sub")).unwrap();
+    std::fs::write(src.join("sub/plain.txt"), "plain\n").unwrap();
+    std::os::unix::fs::symlink("/etc/shadow", src.join("leak")).unwrap();
+    std::os::unix::fs::symlink("../../..", src.join("sub/up")).unwrap();
+    let big = std::fs::File::create(src.join("big")).unwrap();
+    big.set_len(1 << 30).unwrap();
+    drop(big);
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    forkbox_engine::files::upload(sb.client(), &src, "/work")
+        .await
+        .expect("upload");
+    let out = run(
+        &sb,
+        "cd /work && readlink leak && readlink sub/up && cat sub/plain.txt && stat -c %s big && \
+         cmp -n 1048576 big /dev/zero && echo zeros",
+    )
+    .await;
+    let text = out.stdout_text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(
+        &lines[..5],
+        ["/etc/shadow", "../../..", "plain", "1073741824", "zeros"],
+        "{text}"
+    );
+    assert!(!text.contains("root:"), "no host file content crossed");
+    sb.destroy().await;
+}
