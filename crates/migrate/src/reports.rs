@@ -362,3 +362,67 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
         }
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod robustness {
+    use super::*;
+
+    /// A cheap stand-in for the fuzz target (`fuzz/fuzz_targets/test_reports.rs`, which needs
+    /// nightly): every parser on many pseudo-random mixes of report fragments and bytes.
+    #[test]
+    fn no_input_makes_a_parser_panic() {
+        let pieces = [
+            "PASSED ",
+            "FAILED ",
+            "ERROR ",
+            "SKIPPED [1] ",
+            "::",
+            " - ",
+            "ok ",
+            "not ok ",
+            "# SKIP",
+            "test ",
+            " ... ",
+            "ok",
+            "FAILED",
+            "ignored,",
+            "PASS [",
+            "] ",
+            "(1/2) ",
+            "{\"Action\":\"pass\",\"Test\":",
+            "\"x\"}",
+            "<testcase name=\"a\">",
+            "<failure/>",
+            "</testcase>",
+            "<",
+            ">",
+            "\n",
+            "1",
+            "\u{0}",
+            "é",
+            "]",
+        ];
+        let mut x: u64 = 42;
+        for _ in 0..5000 {
+            let mut s = String::new();
+            for _ in 0..(x % 12) {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                s.push_str(pieces[(x % pieces.len() as u64) as usize]);
+            }
+            x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+            for f in [
+                Format::Auto,
+                Format::PytestRa,
+                Format::Junit,
+                Format::GoJson,
+                Format::Cargo,
+                Format::Tap,
+            ] {
+                let _ = parse(f, &s);
+            }
+        }
+    }
+}
