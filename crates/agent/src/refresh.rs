@@ -14,11 +14,8 @@ const RNDADDENTROPY: libc::c_ulong = 0x4008_5203;
 const RNDRESEEDCRNG: libc::c_ulong = 0x5207;
 
 pub fn apply(r: &Refresh) -> io::Result<()> {
-    let t = std::time::Instant::now();
     reseed(&r.entropy)?;
-    eprintln!("refresh: reseed {:?}", t.elapsed());
     set_clock(r.unix_secs, r.unix_nanos)?;
-    eprintln!("refresh: clock {:?}", t.elapsed());
     // The /etc files are bind mounts of these tmpfs files (see boot::IDENTITY_FILES).
     let [(_, hostname_file), (_, machine_id_file)] = crate::boot::IDENTITY_FILES;
     if !r.hostname.is_empty() {
@@ -28,7 +25,6 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
     if !r.machine_id.is_empty() {
         fs::write(machine_id_file, format!("{}\n", r.machine_id))?;
     }
-    eprintln!("refresh: names {:?}", t.elapsed());
     if r.grow_root_to > 0 {
         grow_root(r.grow_root_to)?;
     }
@@ -38,7 +34,6 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
             r.max_procs.to_string(),
         )?;
     }
-    eprintln!("refresh: pids {:?}", t.elapsed());
     Ok(())
 }
 

@@ -858,7 +858,6 @@ impl Engine {
             Ok(s) => s,
             Err(e) => {
                 // Still running (the save resumes it on failure): put it back.
-                let _ = entry.sandbox.client().ping().await;
                 self.sandboxes.write().await.insert(id.to_string(), entry);
                 if let Ok(s) = crate::snapshot::SnapshotStore::new(&self.paths).get(&name) {
                     let _ =

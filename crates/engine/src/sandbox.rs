@@ -219,14 +219,11 @@ impl Sandbox {
                 (want > have).then_some(want)
             }
         };
-        let trace = std::env::var_os("FORKBOX_TRACE").is_some();
         let mark = |what: &str| {
-            if trace {
-                eprintln!(
-                    "restore {:>7.1} ms  {what}",
-                    started.elapsed().as_secs_f64() * 1000.0
-                );
-            }
+            tracing::debug!(
+                "restore {id}: {what} at {:.1} ms",
+                started.elapsed().as_secs_f64() * 1000.0
+            );
         };
         let restored = async {
             vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;

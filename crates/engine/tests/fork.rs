@@ -95,7 +95,6 @@ async fn forks_carry_processes_and_diverge() {
     );
     let (a, b) = (a.expect("fork a"), b.expect("fork b"));
     eprintln!("two forks ready in {} ms", started.elapsed().as_millis());
-    eprintln!("{}", a.console_tail(10));
 
     for sb in [&parent, &a, &b] {
         // The counter is still counting in every copy.
