@@ -15,7 +15,7 @@ use forkbox_protocol::{ExecSpec, Program};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{ms, qemu_floor, stats};
+use common::{env_count, ms, qemu_floor, stats};
 
 fn row(name: &str, n: usize, v: Vec<f64>) -> f64 {
     let (p50, p99, min) = stats(v);
@@ -29,20 +29,9 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    let boots: usize = std::env::var("BENCH_BOOTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(5);
-    let execs: usize = std::env::var("BENCH_EXECS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(100);
-    let paths = infra::home();
-    let image = infra::image(&paths, "python-bookworm");
-    let cfg = SandboxConfig {
-        image,
-        ..SandboxConfig::default()
-    };
+    let boots = env_count("BENCH_BOOTS", 5);
+    let execs = env_count("BENCH_EXECS", 100);
+    let (paths, cfg) = infra::sandbox_setup("python-bookworm");
     let tmp = std::env::temp_dir().join(format!("forkbox-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).expect("tmp dir");
 

@@ -17,7 +17,7 @@ use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{ms, qemu_floor, stats};
+use common::{env_count, ms, qemu_floor, stats};
 
 fn row(name: &str, v: Vec<f64>) -> f64 {
     let n = v.len();
@@ -102,20 +102,9 @@ fn main() {
         .enable_all()
         .build()
         .unwrap();
-    let n: usize = std::env::var("BENCH_CREATES")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(50);
-    let boots: usize = std::env::var("BENCH_BOOTS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
-    let paths = infra::home();
-    let image = infra::image(&paths, "python-bookworm");
-    let cfg = SandboxConfig {
-        image,
-        ..SandboxConfig::default()
-    };
+    let n = env_count("BENCH_CREATES", 50);
+    let boots = env_count("BENCH_BOOTS", 3);
+    let (paths, cfg) = infra::sandbox_setup("python-bookworm");
     let tmp = std::env::temp_dir().join(format!("forkbox-bench-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     rt.block_on(async {
@@ -162,7 +151,7 @@ fn main() {
         let mut pooled = Vec::new();
         let mut deletes = Vec::new();
         let mut hits = 0;
-        let pause_ms: u64 = std::env::var("BENCH_POOL_PAUSE_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(500);
+        let pause_ms = env_count("BENCH_POOL_PAUSE_MS", 500) as u64;
         for i in 0..n + 1 {
             let t = Instant::now();
             let r = engine.handle(forkbox_engine::api::Command::Create(forkbox_engine::api::CreateRequest {

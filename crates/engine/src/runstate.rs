@@ -219,9 +219,14 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
     }
     crate::limits::sweep();
     // Disk overlays of sandboxes that are gone and that no snapshot needs.
-    for e in fs::read_dir(paths.disks()).into_iter().flatten().flatten() {
-        crate::snapshot::release_disk_dir(paths.home(), &e.file_name().to_string_lossy());
-    }
+    crate::snapshot::release_disk_dirs(
+        paths.home(),
+        fs::read_dir(paths.disks())
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned()),
+    );
     cleaned
 }
 

@@ -254,9 +254,7 @@ impl SnapshotStore {
         std::fs::rename(&snap.dir, &doomed).map_err(io(format!("delete snapshot {name}")))?;
         std::fs::remove_dir_all(&doomed).map_err(io(format!("delete snapshot {name}")))?;
         if let Some(home) = self.root.parent() {
-            for d in &snap.meta.disk_dirs {
-                release_disk_dir(home, d);
-            }
+            release_disk_dirs(home, snap.meta.disk_dirs.clone());
         }
         Ok(())
     }
@@ -321,16 +319,26 @@ pub fn tmp_name() -> String {
 /// Removes `disks/<id>/` once sandbox `id` is gone and no snapshot's disk chain goes
 /// through it.
 pub fn release_disk_dir(home: &Path, id: &str) {
-    if id.is_empty() || id.contains('/') || home.join("run").join(id).exists() {
+    release_disk_dirs(home, [id.to_string()]);
+}
+
+/// [`release_disk_dir`] for several ids, reading the snapshots' metadata once.
+pub fn release_disk_dirs(home: &Path, ids: impl IntoIterator<Item = String>) {
+    let gone: Vec<String> = ids
+        .into_iter()
+        .filter(|id| !id.is_empty() && !id.contains('/') && !home.join("run").join(id).exists())
+        .collect();
+    if gone.is_empty() {
         return;
     }
-    let needed = std::fs::read_dir(home.join("snapshots"))
+    let needed: std::collections::BTreeSet<String> = std::fs::read_dir(home.join("snapshots"))
         .into_iter()
         .flatten()
         .flatten()
         .filter_map(|e| Snapshot::load(&e.path()))
-        .any(|s| s.meta.disk_dirs.iter().any(|d| d == id));
-    if !needed {
+        .flat_map(|s| s.meta.disk_dirs)
+        .collect();
+    for id in gone.iter().filter(|id| !needed.contains(*id)) {
         let _ = std::fs::remove_dir_all(home.join("disks").join(id));
     }
 }
