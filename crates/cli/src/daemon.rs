@@ -176,7 +176,7 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
         match cmd {
             SnapshotCmd::Ls { json } => {
                 let all: Vec<SnapshotMeta> =
-                    c.call(c.http.get(format!("{BASE}/snapshots"))).await?;
+                    c.call(c.http.get(c.url("/snapshots"))).await?;
                 if json {
                     crate::print_json(&all)?;
                 } else if all.is_empty() {
@@ -201,7 +201,7 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
             }
             SnapshotCmd::Rm { name, json } => {
                 let v: serde_json::Value = c
-                    .call(c.http.delete(format!("{BASE}/snapshots/{name}")))
+                    .call(c.http.delete(c.url(&format!("/snapshots/{name}"))))
                     .await?;
                 if json {
                     crate::print_json(&v)?;
@@ -225,18 +225,58 @@ pub fn serve(paths: Paths, listen: Option<std::net::SocketAddr>) -> anyhow::Resu
 
 struct Client {
     http: reqwest::Client,
+    /// `http://forkbox/v1` over a Unix socket, or a TCP daemon's `/v1`.
+    base: String,
 }
 
-const BASE: &str = "http://forkbox/v1";
-
 impl Client {
+    /// The daemon of this forkbox home (started if none runs), or the API `FORKBOX_API` names:
+    /// `unix:/path/to.sock` (a private API such as the one `forkbox migrate` gives host
+    /// porters), or `http://host:port` with the bearer token in `FORKBOX_TOKEN`.
     async fn connect(paths: &Paths) -> anyhow::Result<Client> {
-        let socket = forkbox_server::socket_path(paths);
-        if !forkbox_server::is_running(&socket).await {
-            start_daemon(paths).await?;
+        let api = std::env::var("FORKBOX_API").unwrap_or_default();
+        if api.starts_with("http://") || api.starts_with("https://") {
+            let mut headers = reqwest::header::HeaderMap::new();
+            if let Ok(token) = std::env::var("FORKBOX_TOKEN") {
+                let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                    .context("FORKBOX_TOKEN is not a valid header value")?;
+                v.set_sensitive(true);
+                headers.insert(reqwest::header::AUTHORIZATION, v);
+            }
+            let http = reqwest::Client::builder().default_headers(headers).build()?;
+            return Ok(Client {
+                http,
+                base: format!("{}/v1", api.trim_end_matches('/')),
+            });
         }
+        let socket = match api.strip_prefix("unix:").or(Some(api.as_str()).filter(|a| a.starts_with('/'))) {
+            Some(path) => {
+                let socket = std::path::PathBuf::from(path);
+                if !forkbox_server::is_running(&socket).await {
+                    bail!("no forkbox API answers on {path} (from FORKBOX_API)");
+                }
+                socket
+            }
+            None if !api.is_empty() => {
+                bail!("FORKBOX_API={api:?}: give unix:/path/to/socket or http://host:port")
+            }
+            None => {
+                let socket = forkbox_server::socket_path(paths);
+                if !forkbox_server::is_running(&socket).await {
+                    start_daemon(paths).await?;
+                }
+                socket
+            }
+        };
         let http = reqwest::Client::builder().unix_socket(socket).build()?;
-        Ok(Client { http })
+        Ok(Client {
+            http,
+            base: "http://forkbox/v1".into(),
+        })
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
     }
 
     async fn call<T: serde::de::DeserializeOwned>(
@@ -307,7 +347,7 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
 async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<ExitCode> {
     let resp = c
         .http
-        .post(format!("{BASE}/sandboxes/{id}/exec"))
+        .post(c.url(&format!("/sandboxes/{id}/exec")))
         .query(&[("stream", "true")])
         .json(req);
     follow(send(resp).await?).await
@@ -365,7 +405,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
         let c = Client::connect(paths).await?;
         match cmd {
             SandboxCmd::Hibernate { id, json } => {
-                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/hibernate"))).await?;
+                let v: SandboxView = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/hibernate")))).await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {
@@ -374,7 +414,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Resume { id, json } => {
-                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/resume"))).await?;
+                let v: SandboxView = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/resume")))).await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {
@@ -398,7 +438,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                         TtlArg::Hibernate => forkbox_engine::api::TtlAction::Hibernate,
                     }),
                 };
-                let v: SandboxView = c.call(c.http.post(format!("{BASE}/sandboxes")).json(&req)).await?;
+                let v: SandboxView = c.call(c.http.post(c.url("/sandboxes")).json(&req)).await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {
@@ -415,12 +455,12 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     timeout_secs: timeout,
                 };
                 if detach {
-                    let v: serde_json::Value = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/commands")).json(&req)).await?;
+                    let v: serde_json::Value = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/commands"))).json(&req)).await?;
                     println!("{}", v["command_id"].as_str().unwrap_or_default());
                     return Ok(ExitCode::SUCCESS);
                 }
                 if json {
-                    let r: ExecResult = c.call(c.http.post(format!("{BASE}/sandboxes/{id}/exec")).json(&req)).await?;
+                    let r: ExecResult = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/exec"))).json(&req)).await?;
                     crate::print_json(&r)?;
                     return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
                 }
@@ -429,20 +469,20 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Attach { id, command_id } => {
                 let resp = c
                     .http
-                    .get(format!("{BASE}/sandboxes/{id}/commands/{command_id}/events"));
+                    .get(c.url(&format!("/sandboxes/{id}/commands/{command_id}/events")));
                 follow(send(resp).await?).await
             }
             SandboxCmd::Kill { id, command_id, signal } => {
                 let resp = c
                     .http
-                    .post(format!("{BASE}/sandboxes/{id}/commands/{command_id}/signal"))
+                    .post(c.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
                     .json(&serde_json::json!({ "signal": signal }));
                 send(resp).await?;
                 Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ttl { id, seconds, json } => {
                 let v: SandboxView = c
-                    .call(c.http.post(format!("{BASE}/sandboxes/{id}/ttl")).json(&serde_json::json!({ "ttl_seconds": seconds })))
+                    .call(c.http.post(c.url(&format!("/sandboxes/{id}/ttl"))).json(&serde_json::json!({ "ttl_seconds": seconds })))
                     .await?;
                 if json {
                     crate::print_json(&v)?;
@@ -456,7 +496,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 let stream = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::io::Error>);
                 let req = c
                     .http
-                    .put(format!("{BASE}/sandboxes/{id}/archive"))
+                    .put(c.url(&format!("/sandboxes/{id}/archive")))
                     .query(&[("path", &guest_dir)])
                     .body(reqwest::Body::wrap_stream(stream));
                 let v: serde_json::Value = c.call(req).await?;
@@ -472,7 +512,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 use futures_util::StreamExt;
                 let resp = c
                     .http
-                    .get(format!("{BASE}/sandboxes/{id}/archive"))
+                    .get(c.url(&format!("/sandboxes/{id}/archive")))
                     .query(&[("path", &guest_path)]);
                 let resp = send(resp).await?;
                 let (tx, rx) = tokio::sync::mpsc::channel(8);
@@ -499,7 +539,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ls { label, json } => {
-                let mut req = c.http.get(format!("{BASE}/sandboxes"));
+                let mut req = c.http.get(c.url("/sandboxes"));
                 if let Some(l) = &label {
                     req = req.query(&[("label", l)]);
                 }
@@ -526,7 +566,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Snapshot { id, name, paused, json } => {
                 let req = forkbox_engine::api::SnapshotRequest { name, stay_paused: paused };
                 let m: SnapshotMeta = c
-                    .call(c.http.post(format!("{BASE}/sandboxes/{id}/snapshot")).json(&req))
+                    .call(c.http.post(c.url(&format!("/sandboxes/{id}/snapshot"))).json(&req))
                     .await?;
                 if json {
                     crate::print_json(&m)?;
@@ -550,7 +590,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 };
                 let path = if source.starts_with("sb-") { "sandboxes" } else { "snapshots" };
                 let r: forkbox_engine::api::ForkResult = c
-                    .call(c.http.post(format!("{BASE}/{path}/{source}/fork")).json(&req))
+                    .call(c.http.post(c.url(&format!("/{path}/{source}/fork"))).json(&req))
                     .await?;
                 if json {
                     crate::print_json(&r)?;
@@ -571,7 +611,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 Ok(if r.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
             }
             SandboxCmd::Rm { id, json } => {
-                let v: serde_json::Value = c.call(c.http.delete(format!("{BASE}/sandboxes/{id}"))).await?;
+                let v: serde_json::Value = c.call(c.http.delete(c.url(&format!("/sandboxes/{id}")))).await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {

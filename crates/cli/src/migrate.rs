@@ -1,12 +1,16 @@
 //! `forkbox migrate`: the command line over `forkbox-migrate`.
 
+use std::io::{IsTerminal, Write};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 use forkbox_engine::paths::Paths;
 use forkbox_migrate::reports::Format;
-use forkbox_migrate::MigrateConfig;
+use forkbox_migrate::{Event, MigrateConfig};
 
 #[derive(clap::Args)]
 pub struct MigrateArgs {
@@ -128,20 +132,32 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         test_timeout_secs: 3600,
         rate_cpu_second: table.rate_cpu_second.unwrap_or(0.000_014),
         rate_gib_second: table.rate_gib_second.unwrap_or(0.000_002),
+        llm: forkbox_migrate::llm::LlmEndpoint::from_env(),
+        cli: std::env::current_exe().ok(),
     };
+    let uses_llm = cfg
+        .plans
+        .iter()
+        .any(|p| matches!(p.porter.kind(), Some(forkbox_migrate::plans::PorterKind::Llm(_))));
+    if uses_llm && cfg.llm.is_none() {
+        return Ok(usage(forkbox_migrate::llm::LlmError::NoEndpoint));
+    }
     if cfg.runs == 0 {
         return Ok(usage("--runs must be at least 1"));
     }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    let report = rt.block_on(async {
-        let started = std::time::Instant::now();
-        forkbox_migrate::migrate(paths, &cfg, &move |line: &str| {
-            eprintln!("[{:>6.1} s] {line}", started.elapsed().as_secs_f64());
-        })
-        .await
-    });
+    let board = Board::new(std::io::stderr().is_terminal());
+    let ticker = board.clone().tick();
+    let shown = board.clone();
+    let report = rt.block_on(forkbox_migrate::migrate(
+        paths,
+        &cfg,
+        Arc::new(move |ev: Event<'_>| shown.event(ev)),
+    ));
+    board.stop();
+    let _ = ticker.join();
     let report = match report {
         Ok(r) => r,
         Err(e) => bail!("{e}"),
@@ -175,4 +191,138 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     } else {
         ExitCode::from(1)
     })
+}
+
+/// Live progress: one line per fork (phase, time in it, time since the fork began, tests so
+/// far) redrawn in place on a terminal; elsewhere each change of phase is a line of its own.
+#[derive(Clone)]
+struct Board {
+    tty: bool,
+    start: Instant,
+    stopped: Arc<AtomicBool>,
+    rows: Arc<Mutex<Rows>>,
+}
+
+#[derive(Default)]
+struct Rows {
+    forks: Vec<Row>,
+    /// Lines of the board on screen now.
+    drawn: usize,
+}
+
+struct Row {
+    plan: String,
+    phase: String,
+    began: Instant,
+    phase_began: Instant,
+    tests: usize,
+}
+
+impl Board {
+    fn new(tty: bool) -> Board {
+        Board {
+            tty,
+            start: Instant::now(),
+            stopped: Arc::new(AtomicBool::new(false)),
+            rows: Default::default(),
+        }
+    }
+
+    fn rows(&self) -> std::sync::MutexGuard<'_, Rows> {
+        self.rows.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn stamp(&self) -> String {
+        format!("[{:>6.1} s]", self.start.elapsed().as_secs_f64())
+    }
+
+    fn event(&self, ev: Event<'_>) {
+        let mut rows = self.rows();
+        let mut err = std::io::stderr().lock();
+        match ev {
+            Event::Note(line) => {
+                if self.tty {
+                    Self::erase(&mut rows, &mut err);
+                }
+                let _ = writeln!(err, "{} {line}", self.stamp());
+            }
+            Event::Fork { plan, phase, tests } => {
+                let now = Instant::now();
+                let i = match rows.forks.iter().position(|r| r.plan == plan) {
+                    Some(i) => i,
+                    None => {
+                        rows.forks.push(Row {
+                            plan: plan.to_string(),
+                            phase: String::new(),
+                            began: now,
+                            phase_began: now,
+                            tests: 0,
+                        });
+                        rows.forks.len() - 1
+                    }
+                };
+                let row = &mut rows.forks[i];
+                let changed = row.phase != phase;
+                if changed {
+                    row.phase = phase.to_string();
+                    row.phase_began = now;
+                }
+                row.tests = tests;
+                if self.tty {
+                    Self::erase(&mut rows, &mut err);
+                } else if changed {
+                    let _ = writeln!(err, "{} {}", self.stamp(), Self::line(&rows.forks[i]));
+                }
+            }
+        }
+        if self.tty {
+            Self::draw(&mut rows, &mut err);
+        }
+    }
+
+    fn line(r: &Row) -> String {
+        format!(
+            "{:<14} {:<16} {:>6.1} s in phase {:>7.1} s in all {:>5} tests",
+            r.plan,
+            r.phase,
+            r.phase_began.elapsed().as_secs_f64(),
+            r.began.elapsed().as_secs_f64(),
+            r.tests
+        )
+    }
+
+    fn erase(rows: &mut Rows, err: &mut impl Write) {
+        if rows.drawn > 0 {
+            // Up to the board's first line, then clear to the end of the screen.
+            let _ = write!(err, "\x1b[{}F\x1b[J", rows.drawn);
+            rows.drawn = 0;
+        }
+    }
+
+    fn draw(rows: &mut Rows, err: &mut impl Write) {
+        for r in &rows.forks {
+            let _ = writeln!(err, "{}", Self::line(r));
+        }
+        rows.drawn = rows.forks.len();
+        let _ = err.flush();
+    }
+
+    /// Redraws the board each half second so the clocks move (on a terminal only).
+    fn tick(self) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            while self.tty && !self.stopped.load(Ordering::SeqCst) {
+                std::thread::sleep(Duration::from_millis(500));
+                let mut rows = self.rows();
+                if rows.drawn > 0 {
+                    let mut err = std::io::stderr().lock();
+                    Self::erase(&mut rows, &mut err);
+                    Self::draw(&mut rows, &mut err);
+                }
+            }
+        })
+    }
+
+    fn stop(&self) {
+        self.stopped.store(true, Ordering::SeqCst);
+    }
 }

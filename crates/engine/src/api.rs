@@ -309,6 +309,45 @@ impl Engine {
         }
     }
 
+    /// An engine with no warm pool, serving sandboxes another owner made (`attach`): the
+    /// private API `forkbox migrate` gives host-side porters.
+    pub fn private(paths: Paths) -> Engine {
+        Engine {
+            pool: crate::pool::Pool::new(0),
+            ..Engine::new(paths)
+        }
+    }
+
+    /// Serves a sandbox this process already owns, without recording it for re-adoption: it
+    /// lives as long as its owner keeps it. Returns its view.
+    pub async fn attach(&self, sandbox: Arc<Sandbox>, labels: BTreeMap<String, String>) -> SandboxView {
+        let entry = Entry {
+            commands: Default::default(),
+            next_command: Default::default(),
+            sandbox,
+            labels,
+            created_unix: now_unix(),
+            expires_unix: None,
+            from_pool: false,
+            ttl_action: TtlAction::Delete,
+        };
+        let view = entry.view();
+        self.sandboxes
+            .write()
+            .await
+            .insert(view.info.id.clone(), entry);
+        self.added();
+        view
+    }
+
+    /// Stops serving an attached sandbox and hands it back (None if it was deleted meanwhile).
+    pub async fn detach(&self, id: &str) -> Option<Arc<Sandbox>> {
+        let entry = self.sandboxes.write().await.remove(id)?;
+        self.metrics.sandboxes.dec();
+        self.metrics.forget(id);
+        Some(entry.sandbox)
+    }
+
     pub fn paths(&self) -> &Paths {
         &self.paths
     }

@@ -43,6 +43,14 @@ impl Baseline {
             .filter(|(id, o)| **o == Outcome::Passed && !self.flaky.contains(*id))
             .map(|(id, _)| id)
     }
+
+    /// Tests that passed here (flaky excluded) and do not pass in `now`.
+    pub fn lost(&self, now: &Results) -> Vec<String> {
+        self.passed()
+            .filter(|id| now.get(*id) != Some(&Outcome::Passed))
+            .cloned()
+            .collect()
+    }
 }
 
 /// What became of one plan.
@@ -86,11 +94,7 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
                     rank: None,
                 };
             }
-            let lost: Vec<String> = baseline
-                .passed()
-                .filter(|id| a.results.get(*id) != Some(&Outcome::Passed))
-                .cloned()
-                .collect();
+            let lost = baseline.lost(&a.results);
             let fixed: Vec<String> = baseline
                 .results
                 .iter()

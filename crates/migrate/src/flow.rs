@@ -2,6 +2,7 @@
 //! when it returns, whatever happened).
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use forkbox_engine::paths::Paths;
@@ -10,7 +11,8 @@ use forkbox_protocol::{ExecSpec, Program};
 use serde::Serialize;
 
 use crate::decide::{self, Attempt, Baseline};
-use crate::plans::Plan;
+use crate::llm::LlmEndpoint;
+use crate::plans::{Plan, PorterKind};
 use crate::reports::{self, Format, Results};
 
 /// Where the code lives in every sandbox.
@@ -37,6 +39,10 @@ pub struct MigrateConfig {
     /// Price of a vCPU-second and of a GiB-second of guest memory, for the cost estimate.
     pub rate_cpu_second: f64,
     pub rate_gib_second: f64,
+    /// The model endpoint for `llm` porters.
+    pub llm: Option<LlmEndpoint>,
+    /// The `forkbox` command line, put on `host` porters' PATH (and in `$FORKBOX_CLI`).
+    pub cli: Option<PathBuf>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -53,8 +59,20 @@ pub enum MigrateError {
     Report(std::io::Error),
 }
 
-/// One line of live progress (the CLI prints them).
-pub type Progress = dyn Fn(&str) + Send + Sync;
+/// Live progress, for the CLI to show.
+#[derive(Debug, Clone, Copy)]
+pub enum Event<'a> {
+    /// A step of the run as a whole.
+    Note(&'a str),
+    /// A plan's fork entered a phase, or counted more tests in a test run.
+    Fork {
+        plan: &'a str,
+        phase: &'a str,
+        tests: usize,
+    },
+}
+
+pub type Progress = dyn Fn(Event<'_>) + Send + Sync;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanRun {
@@ -65,6 +83,11 @@ pub struct PlanRun {
     pub porter_exit: Option<i32>,
     pub porter_ms: u64,
     pub porter_output_tail: String,
+    /// Model calls an `llm` porter made, and the tokens they used.
+    pub porter_steps: Option<u32>,
+    pub llm_tokens: Option<u64>,
+    /// An `llm` porter's conversation, relative to the output directory.
+    pub transcript_file: Option<String>,
     pub test_exit: Option<i32>,
     pub test_ms: u64,
     pub results: Results,
@@ -135,13 +158,40 @@ async fn upload(sb: &Sandbox, src: &Path, dest: &str) -> Result<(), MigrateError
         })
 }
 
-/// Runs the test command and reads its results (from stdout, or the report file it names).
-async fn run_tests(
+/// Runs the test command and reads its results from what it prints; `on_tests` hears how
+/// many tests the output has reported so far while it runs.
+pub(crate) async fn run_tests(
     sb: &Sandbox,
     cfg: &MigrateConfig,
+    on_tests: &(dyn Fn(usize) + Send + Sync),
 ) -> (Result<Results, String>, Option<i32>, u64) {
     let t = Instant::now();
-    let out = match sb.run(sh(&cfg.test, cfg.test_timeout_secs)).await {
+    let streamed = async {
+        let mut ex = sb.exec(sh(&cfg.test, cfg.test_timeout_secs)).await?;
+        let mut out = forkbox_engine::client::Output::default();
+        let (mut seen, mut line) = (0usize, Vec::new());
+        loop {
+            let ev = ex.next().await?;
+            if let forkbox_engine::client::ExecEvent::Stdout(d) = &ev {
+                for &b in d.iter() {
+                    if b == b'\n' {
+                        let n = reports::tests_in_line(&String::from_utf8_lossy(&line));
+                        if n > 0 {
+                            seen += n;
+                            on_tests(seen);
+                        }
+                        line.clear();
+                    } else if line.len() < 4096 {
+                        line.push(b);
+                    }
+                }
+            }
+            if out.absorb(ev) {
+                return Ok::<_, forkbox_engine::error::SandboxError>(out);
+            }
+        }
+    };
+    let out = match streamed.await {
         Ok(o) => o,
         Err(e) => {
             return (
@@ -190,31 +240,41 @@ fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
     (ticks / hz, gib * alive.as_secs_f64())
 }
 
+/// What every plan's task shares.
+struct Shared {
+    cfg: MigrateConfig,
+    baseline: Baseline,
+    progress: Arc<Progress>,
+    /// The private API host porters drive their forks through, and its address.
+    api: Option<(Arc<forkbox_engine::api::Engine>, PathBuf)>,
+}
+
 pub async fn migrate(
     paths: &Paths,
     cfg: &MigrateConfig,
-    progress: &Progress,
+    progress: Arc<Progress>,
 ) -> Result<MigrateReport, MigrateError> {
     let started = Instant::now();
     let mut test_suite_ms = 0;
+    let note = |s: &str| progress(Event::Note(s));
     std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
 
     // 1. Baseline on the old toolchain.
     let t = Instant::now();
-    progress(&format!("baseline: starting a sandbox of {}", cfg.from));
+    note(&format!("baseline: starting a sandbox of {}", cfg.from));
     let old = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
     let accelerator = format!("{} ({})", old.info().accel.accel, old.info().accel.reason);
     let baseline = async {
         upload(&old, &cfg.code, WORKDIR).await?;
         let mut runs = Vec::new();
         for i in 1..=cfg.runs.max(1) {
-            let (r, code, took) = run_tests(&old, cfg).await;
+            let (r, code, took) = run_tests(&old, cfg, &|_| {}).await;
             test_suite_ms += took;
             let r = r.map_err(|message| MigrateError::Baseline {
                 image: cfg.from.clone(),
                 message,
             })?;
-            progress(&format!(
+            note(&format!(
                 "baseline: run {i}/{}: {} passed, {} not (exit {}, {} ms)",
                 cfg.runs.max(1),
                 r.values()
@@ -237,7 +297,7 @@ pub async fn migrate(
 
     // 2. Prepare on the new toolchain, then snapshot.
     let t = Instant::now();
-    progress(&format!("prepare: starting a sandbox of {}", cfg.to));
+    note(&format!("prepare: starting a sandbox of {}", cfg.to));
     let new = Sandbox::create(paths, &image_cfg(&cfg.to)?).await?;
     let prepared = async {
         upload(&new, &cfg.code, WORKDIR).await?;
@@ -263,14 +323,40 @@ pub async fn migrate(
     new.destroy().await;
     let snap = prepared?;
     let prepare_ms = ms(t);
-    progress(&format!(
+    note(&format!(
         "prepare: snapshot {} ({} ms pause)",
         snap.meta.name,
         snap.meta.pause_ms.unwrap_or(0.0) as u64
     ));
 
+    // Host porters reach their forks through an API of this run's own, on a private socket.
+    let api_dir = tempfile::Builder::new()
+        .prefix("forkbox-migrate-")
+        .tempdir()
+        .map_err(MigrateError::Report)?;
+    let needs_api = cfg
+        .plans
+        .iter()
+        .any(|p| matches!(p.porter.kind(), Some(PorterKind::Host(_))));
+    let (api, server) = if needs_api {
+        let engine = Arc::new(forkbox_engine::api::Engine::private(paths.clone()));
+        let socket = api_dir.path().join("api.sock");
+        let server = forkbox_server::spawn_private(engine.clone(), &socket)
+            .map_err(MigrateError::Report)?;
+        (Some((engine, socket)), Some(server))
+    } else {
+        (None, None)
+    };
+
     // 3-5. Fork, port, verify: one task per plan.
     let t = Instant::now();
+    for p in &cfg.plans {
+        progress(Event::Fork {
+            plan: &p.name,
+            phase: "forking",
+            tests: 0,
+        });
+    }
     let forks = {
         let mut set = tokio::task::JoinSet::new();
         for (i, _) in cfg.plans.iter().enumerate() {
@@ -287,27 +373,32 @@ pub async fn migrate(
                 )
             });
         }
-        let mut forks: Vec<Option<Result<Sandbox, String>>> =
+        let mut forks: Vec<Option<Result<Arc<Sandbox>, String>>> =
             (0..cfg.plans.len()).map(|_| None).collect();
         while let Some(done) = set.join_next().await {
             if let Ok((i, r)) = done {
-                forks[i] = Some(r.map_err(|e| e.to_string()));
+                forks[i] = Some(r.map(Arc::new).map_err(|e| e.to_string()));
             }
         }
         forks
     };
     let fork_ms = ms(t);
-    progress(&format!(
+    note(&format!(
         "fork: {} copies in {fork_ms} ms",
         forks.iter().filter(|f| matches!(f, Some(Ok(_)))).count()
     ));
 
+    let shared = Arc::new(Shared {
+        cfg: cfg.clone(),
+        baseline: baseline.clone(),
+        progress: progress.clone(),
+        api,
+    });
     let mut tasks = tokio::task::JoinSet::new();
     for (i, fork) in forks.into_iter().enumerate() {
         let plan = cfg.plans[i].clone();
-        let cfg = cfg.clone();
-        let out_dir = cfg.out.clone();
-        tasks.spawn(async move { (i, port_and_verify(plan, fork, &cfg, &out_dir).await) });
+        let shared = shared.clone();
+        tasks.spawn(async move { (i, port_and_verify(plan, fork, &shared).await) });
     }
     let mut runs: Vec<Option<PlanRun>> = (0..cfg.plans.len()).map(|_| None).collect();
     let mut port_ms = 0;
@@ -317,20 +408,17 @@ pub async fn migrate(
             port_ms = port_ms.max(pm);
             verify_ms = verify_ms.max(vm);
             test_suite_ms += run.test_ms;
-            progress(&format!(
-                "plan {}: {} (port {} ms, tests {} ms, {} passed)",
-                run.plan,
-                run.failure.as_deref().unwrap_or("ported and tested"),
-                run.porter_ms,
-                run.test_ms,
-                run.results
-                    .values()
-                    .filter(|o| **o == reports::Outcome::Passed)
-                    .count()
-            ));
             runs[i] = Some(run);
         }
     }
+    if let Some(server) = server {
+        server.abort();
+    }
+    if let Some((engine, _)) = &shared.api {
+        // Whatever a host porter made through the API goes with the run.
+        engine.shutdown().await;
+    }
+    drop(api_dir);
     let plans: Vec<PlanRun> = runs.into_iter().flatten().collect();
     // The snapshot existed for this run only.
     let _ = forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap.meta.name, &[]);
@@ -347,6 +435,16 @@ pub async fn migrate(
         })
         .collect();
     let verdicts = decide::decide(&baseline, &attempts);
+    for v in &verdicts {
+        progress(Event::Fork {
+            plan: &v.plan,
+            phase: if v.accepted { "accepted" } else { "rejected" },
+            tests: plans
+                .iter()
+                .find(|p| p.plan == v.plan)
+                .map_or(0, |p| p.results.len()),
+        });
+    }
     let winner = verdicts
         .iter()
         .find(|v| v.rank == Some(1))
@@ -398,21 +496,113 @@ fn image_cfg(image: &str) -> Result<SandboxConfig, MigrateError> {
     })
 }
 
+/// How a porter ended: its exit code (None if it never ran), whether it timed out, the tail
+/// of its output.
+struct Ported {
+    exit: Option<i32>,
+    timed_out: bool,
+    tail: String,
+}
+
+/// A `host` porter: `sh -c` on the host, in the plans directory, with the fork's id and the
+/// private API's address in its environment; the whole process group dies on timeout.
+async fn host_porter(command: &str, plan: &Plan, id: &str, shared: &Shared) -> Ported {
+    let Some((_, socket)) = &shared.api else {
+        return Ported {
+            exit: None,
+            timed_out: false,
+            tail: "no API was started for host porters".into(),
+        };
+    };
+    let cfg = &shared.cfg;
+    let mut cmd = tokio::process::Command::new("sh");
+    cmd.arg("-c")
+        .arg(command)
+        .current_dir(&cfg.plans_dir)
+        .env("FORKBOX_SANDBOX", id)
+        .env("FORKBOX_API", format!("unix:{}", socket.display()))
+        .env("FORKBOX_PLAN", &plan.instructions)
+        .env("FORKBOX_PLAN_NAME", &plan.name)
+        .env("FORKBOX_WORKDIR", WORKDIR)
+        .env("FORKBOX_TEST", &cfg.test)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .process_group(0)
+        .kill_on_drop(true);
+    if let Some(cli) = &cfg.cli {
+        cmd.env("FORKBOX_CLI", cli);
+        if let Some(dir) = cli.parent() {
+            let path = std::env::var_os("PATH").unwrap_or_default();
+            let mut dirs = vec![dir.to_path_buf()];
+            dirs.extend(std::env::split_paths(&path));
+            if let Ok(joined) = std::env::join_paths(dirs) {
+                cmd.env("PATH", joined);
+            }
+        }
+    }
+    let child = match cmd.spawn() {
+        Ok(c) => c,
+        Err(e) => {
+            return Ported {
+                exit: None,
+                timed_out: false,
+                tail: format!("could not start `sh`: {e}"),
+            }
+        }
+    };
+    let pgid = child.id().map(|p| nix::unistd::Pid::from_raw(p as i32));
+    let limit = Duration::from_secs(plan.porter.timeout_secs);
+    match tokio::time::timeout(limit, child.wait_with_output()).await {
+        Ok(Ok(out)) => Ported {
+            exit: Some(out.status.code().unwrap_or(-1)),
+            timed_out: false,
+            tail: tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 20),
+        },
+        Ok(Err(e)) => Ported {
+            exit: None,
+            timed_out: false,
+            tail: format!("waiting for the host porter failed: {e}"),
+        },
+        Err(_) => {
+            if let Some(pg) = pgid {
+                let _ = nix::sys::signal::killpg(pg, nix::sys::signal::Signal::SIGKILL);
+            }
+            Ported {
+                exit: None,
+                timed_out: true,
+                tail: String::new(),
+            }
+        }
+    }
+}
+
 /// Port and verify in one fork; returns the run, the port time and the verify time.
 async fn port_and_verify(
     plan: Plan,
-    fork: Option<Result<Sandbox, String>>,
-    cfg: &MigrateConfig,
-    out_dir: &Path,
+    fork: Option<Result<Arc<Sandbox>, String>>,
+    shared: &Shared,
 ) -> (PlanRun, u64, u64) {
+    let cfg = &shared.cfg;
+    let out_dir = &cfg.out;
+    let phase = |phase: &str, tests: usize| {
+        (shared.progress)(Event::Fork {
+            plan: &plan.name,
+            phase,
+            tests,
+        })
+    };
     let mut run = PlanRun {
         plan: plan.name.clone(),
         instructions: plan.instructions.clone(),
-        porter: plan.porter.command.clone(),
+        porter: plan.porter.describe(),
         sandbox: None,
         porter_exit: None,
         porter_ms: 0,
         porter_output_tail: String::new(),
+        porter_steps: None,
+        llm_tokens: None,
+        transcript_file: None,
         test_exit: None,
         test_ms: 0,
         results: Results::new(),
@@ -428,44 +618,118 @@ async fn port_and_verify(
         Some(Ok(sb)) => sb,
         Some(Err(e)) => {
             run.failure = Some(format!("its fork could not be made: {e}"));
+            phase("failed", 0);
             return (run, 0, 0);
         }
         None => {
             run.failure = Some("its fork could not be made".into());
+            phase("failed", 0);
             return (run, 0, 0);
         }
     };
     let alive = Instant::now();
-    run.sandbox = Some(sb.info().id.clone());
+    let id = sb.info().id.clone();
+    run.sandbox = Some(id.clone());
     let t = Instant::now();
-    let mut spec = sh(&plan.porter.command, plan.porter.timeout_secs);
-    spec.env
-        .push(("FORKBOX_PLAN".into(), plan.instructions.clone()));
-    match sb.run(spec).await {
-        Ok(out) => {
-            run.porter_exit = Some(out.code());
-            run.porter_output_tail =
-                tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 20);
-            if out.timed_out {
-                run.failure = Some(format!(
-                    "the porter timed out after {} s",
-                    plan.porter.timeout_secs
-                ));
-            } else if out.code() != 0 {
-                run.failure = Some(format!(
-                    "the porter exited with {}: {}",
-                    out.code(),
-                    run.porter_output_tail.lines().last().unwrap_or("")
-                ));
+    phase("porting", 0);
+    let timeout_secs = plan.porter.timeout_secs;
+    let ported = match plan.porter.kind() {
+        Some(PorterKind::Guest(command)) => {
+            let mut spec = sh(command, timeout_secs);
+            spec.env
+                .push(("FORKBOX_PLAN".into(), plan.instructions.clone()));
+            match sb.run(spec).await {
+                Ok(out) => Ported {
+                    exit: Some(out.code()),
+                    timed_out: out.timed_out,
+                    tail: tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 20),
+                },
+                Err(e) => Ported {
+                    exit: None,
+                    timed_out: false,
+                    tail: format!("the porter could not run: {e}"),
+                },
             }
         }
-        Err(e) => run.failure = Some(format!("the porter could not run: {e}")),
+        Some(PorterKind::Host(command)) => {
+            let labels = [("plan".to_string(), plan.name.clone())].into();
+            if let Some((engine, _)) = &shared.api {
+                engine.attach(sb.clone(), labels).await;
+            }
+            let p = host_porter(command, &plan, &id, shared).await;
+            if let Some((engine, _)) = &shared.api {
+                if engine.detach(&id).await.is_none() {
+                    run.failure = Some("the host porter deleted its fork".into());
+                }
+            }
+            p
+        }
+        Some(PorterKind::Llm(porter)) => {
+            let on_tests = |n: usize| phase("porting: tests", n);
+            let task = crate::llm::Task {
+                sandbox: &sb,
+                instructions: &plan.instructions,
+                porter,
+                endpoint: cfg.llm.as_ref(),
+                cfg,
+                baseline: &shared.baseline,
+                on_tests: &on_tests,
+            };
+            let limit = Duration::from_secs(timeout_secs);
+            match tokio::time::timeout(limit, crate::llm::port(&task)).await {
+                Ok(l) => {
+                    run.porter_steps = Some(l.steps);
+                    run.llm_tokens = Some(l.tokens);
+                    let file = format!("{}.llm.json", plan.name);
+                    if let Ok(text) = serde_json::to_vec_pretty(&l.transcript) {
+                        if std::fs::write(out_dir.join(&file), text).is_ok() {
+                            run.transcript_file = Some(file);
+                        }
+                    }
+                    Ported {
+                        exit: Some(i32::from(l.error.is_some())),
+                        timed_out: false,
+                        tail: l.outcome,
+                    }
+                }
+                Err(_) => Ported {
+                    exit: None,
+                    timed_out: true,
+                    tail: String::new(),
+                },
+            }
+        }
+        None => Ported {
+            exit: None,
+            timed_out: false,
+            tail: "the plan has no porter".into(),
+        },
+    };
+    run.porter_exit = ported.exit;
+    run.porter_output_tail = ported.tail;
+    if run.failure.is_none() {
+        run.failure = if ported.timed_out {
+            Some(format!("the porter timed out after {timeout_secs} s"))
+        } else {
+            match ported.exit {
+                Some(0) => None,
+                Some(code) => Some(format!(
+                    "the porter exited with {code}: {}",
+                    run.porter_output_tail.lines().last().unwrap_or("")
+                )),
+                None => Some(format!(
+                    "the porter could not run: {}",
+                    run.porter_output_tail.lines().last().unwrap_or("")
+                )),
+            }
+        };
     }
     let port_ms = ms(t);
     run.porter_ms = port_ms;
     let t = Instant::now();
     if run.failure.is_none() {
-        let (results, code, took) = run_tests(&sb, cfg).await;
+        phase("testing", 0);
+        let (results, code, took) = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
         run.test_exit = code;
         run.test_ms = took;
         match results {
@@ -473,6 +737,7 @@ async fn port_and_verify(
             Err(e) => run.failure = Some(e),
         }
         // The diff, through a file: any size.
+        phase("diff", run.results.len());
         let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached > /tmp/forkbox.diff";
         match sb.run(sh(diff_cmd, 600)).await {
             Ok(o) if o.code() == 0 => {
@@ -506,6 +771,10 @@ async fn port_and_verify(
             }
         }
     }
+    phase(
+        if run.failure.is_some() { "failed" } else { "tested" },
+        run.results.len(),
+    );
     let verify_ms = ms(t);
     let (cpu, mem) = usage(&sb, alive.elapsed());
     run.cpu_seconds = cpu;

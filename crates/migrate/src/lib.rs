@@ -12,8 +12,9 @@
 
 pub mod decide;
 pub mod flow;
+pub mod llm;
 pub mod plans;
 pub mod report;
 pub mod reports;
 
-pub use flow::{migrate, MigrateConfig, MigrateError};
+pub use flow::{migrate, Event, MigrateConfig, MigrateError, Progress};

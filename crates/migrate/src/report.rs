@@ -77,9 +77,20 @@ body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-colla
         };
         let _ = write!(
             h,
-            "<tr><td><b>{name}</b><br><small>{instr}</small></td><td class={cls}>{verdict}<br><small>{reason}</small></td><td>{rank}</td><td>{passed}</td><td>{lost}</td><td>{fixed}</td><td>{diff}</td><td>{port} ms</td><td>{tests} ms</td><td>{cpu:.1}</td><td>{cost:.4}</td></tr>",
+            "<tr><td><b>{name}</b><br><small>{instr}</small><br><small>porter: {porter}{llm}</small></td><td class={cls}>{verdict}<br><small>{reason}</small></td><td>{rank}</td><td>{passed}</td><td>{lost}</td><td>{fixed}</td><td>{diff}</td><td>{port} ms</td><td>{tests} ms</td><td>{cpu:.1}</td><td>{cost:.4}</td></tr>",
             name = esc(&p.plan),
             instr = esc(&p.instructions),
+            porter = esc(&p.porter),
+            llm = match (p.porter_steps, p.llm_tokens) {
+                (Some(s), Some(t)) => format!(
+                    "; {s} model calls, {t} tokens{}",
+                    p.transcript_file
+                        .as_deref()
+                        .map(|f| format!(", <a href=\"{}\">conversation</a>", esc(f)))
+                        .unwrap_or_default()
+                ),
+                _ => String::new(),
+            },
             cls = if accepted { "ok" } else { "no" },
             verdict = if accepted { "accepted" } else { "rejected" },
             reason = esc(&reason),

@@ -241,6 +241,33 @@ pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
     Ok(found)
 }
 
+/// How many test results one line of a runner's live output reports, for a progress count
+/// while the suite runs (an estimate: the parsed report is what counts). Knows pytest's
+/// progress dots (`..F.s [ 40%]`) and `-v` lines, TAP, `cargo test` and `go test -json`.
+pub fn tests_in_line(line: &str) -> usize {
+    let l = line.trim_end();
+    if let Some(open) = l.rfind(" [") {
+        if l.ends_with("%]") {
+            let marks = l[..open].trim_end();
+            if !marks.is_empty() && marks.chars().all(|c| ".FEsxX".contains(c)) {
+                return marks.len();
+            }
+        }
+    }
+    let pytest_v = l.contains("::")
+        && [" PASSED", " FAILED", " ERROR", " SKIPPED", " XFAIL", " XPASS"]
+            .iter()
+            .any(|w| l.contains(w));
+    let tap = l.starts_with("ok ") || l.starts_with("not ok ");
+    let cargo = l.starts_with("test ")
+        && (l.ends_with(" ... ok") || l.ends_with(" ... FAILED") || l.ends_with(" ... ignored"));
+    let go = l.contains("\"Test\":")
+        && ["\"Action\":\"pass\"", "\"Action\":\"fail\"", "\"Action\":\"skip\""]
+            .iter()
+            .any(|a| l.contains(a));
+    usize::from(pytest_v || tap || cargo || go)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
@@ -424,5 +451,21 @@ mod robustness {
                 let _ = parse(f, &s);
             }
         }
+    }
+
+    #[test]
+    fn live_lines_are_counted() {
+        assert_eq!(tests_in_line("..F.s                                    [ 40%]"), 5);
+        assert_eq!(tests_in_line("tests/t.py::test_a PASSED      [ 50%]"), 1);
+        assert_eq!(tests_in_line("ok 3 - adds"), 1);
+        assert_eq!(tests_in_line("not ok 4 - subtracts"), 1);
+        assert_eq!(tests_in_line("test tests::it_works ... ok"), 1);
+        assert_eq!(
+            tests_in_line(r#"{"Time":"x","Action":"pass","Package":"p","Test":"TestA","Elapsed":0}"#),
+            1
+        );
+        assert_eq!(tests_in_line("collected 47 items"), 0);
+        assert_eq!(tests_in_line("[100%]"), 0);
+        assert_eq!(tests_in_line(""), 0);
     }
 }

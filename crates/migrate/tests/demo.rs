@@ -34,8 +34,14 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         test_timeout_secs: 600,
         rate_cpu_second: 0.0,
         rate_gib_second: 0.0,
+        llm: None,
+        cli: None,
     };
-    let report = migrate(&paths, &cfg, &|l: &str| eprintln!("{l}"))
+    let report = migrate(
+        &paths,
+        &cfg,
+        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
+    )
         .await
         .expect("migrate");
 

@@ -446,6 +446,20 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .with_state(engine)
 }
 
+/// Serves `engine` on a Unix socket of its own (mode 0600) until the returned task is aborted:
+/// the private API a run such as `forkbox migrate` hands to host-side programs.
+pub fn spawn_private(
+    engine: Arc<Engine>,
+    socket: &Path,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let listener = tokio::net::UnixListener::bind(socket)?;
+    std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
+    let app = router(engine);
+    Ok(tokio::spawn(async move {
+        let _ = axum::serve(listener, app).await;
+    }))
+}
+
 /// Serves the API on the Unix socket (and, with `tcp`, on that address for bearer tokens)
 /// until SIGINT or SIGTERM, then stops every sandbox.
 pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::Result<()> {
