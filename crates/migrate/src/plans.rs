@@ -214,6 +214,17 @@ mod tests {
     }
 
     #[test]
+    fn the_porters_example_loads() {
+        let p = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../examples/plans/porters.toml");
+        let kinds: Vec<String> = load(&p)
+            .unwrap()
+            .iter()
+            .map(|p| format!("{:?}", p.porter.kind().unwrap()).split('(').next().unwrap().to_string())
+            .collect();
+        assert_eq!(kinds, ["Guest", "Host", "Llm"]);
+    }
+
+    #[test]
     fn the_three_porters_load() {
         let plans = load_str(
             "[[plan]]\nname='a'\nporter={command='x'}\n\
