@@ -8,6 +8,7 @@ mod archive;
 mod boot;
 mod exec;
 mod files;
+mod net;
 mod refresh;
 mod serve;
 

@@ -206,5 +206,14 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive:
             Ok(()) => out.send(&AgentMsg::Done { id }),
             Err(e) => out.error(id, &e),
         },
+        HostMsg::NetUp { id, port } => match crate::net::up(port, out) {
+            Ok(()) => out.send(&AgentMsg::Done { id }),
+            Err(e) => out.error(id, &e),
+        },
+        HostMsg::TunnelReady { tunnel, error } => crate::net::ready(tunnel, error),
+        HostMsg::TunnelData { tunnel, data } => crate::net::data(tunnel, data, out),
+        HostMsg::TunnelEof { tunnel } => crate::net::eof(tunnel),
+        HostMsg::TunnelAck { tunnel, bytes } => crate::net::ack(tunnel, bytes),
+        HostMsg::TunnelClose { tunnel } => crate::net::close(tunnel),
     }
 }

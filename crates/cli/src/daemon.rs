@@ -10,6 +10,27 @@ use forkbox_engine::api::{CreateRequest, ExecRequest, ExecResult, SandboxView};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
 
+/// Network policy flags. Without either, no network at all.
+#[derive(clap::Args, Debug, Clone, Default)]
+pub struct NetArgs {
+    /// Outbound access to the internet through forkbox's host-side proxy (never the host
+    /// itself, loopback, link-local or metadata addresses).
+    #[arg(long, conflicts_with = "allow")]
+    pub internet: bool,
+    /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
+    #[arg(long = "allow", value_name = "HOST")]
+    pub allow: Vec<String>,
+}
+
+impl NetArgs {
+    pub fn policy(&self) -> Option<forkbox_engine::net::NetworkPolicy> {
+        (self.internet || !self.allow.is_empty()).then(|| forkbox_engine::net::NetworkPolicy {
+            internet: self.internet,
+            allow: self.allow.clone(),
+        })
+    }
+}
+
 #[derive(clap::Subcommand)]
 pub enum SandboxCmd {
     /// Create a sandbox; prints its id.
@@ -38,6 +59,8 @@ pub enum SandboxCmd {
         /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
         #[arg(long)]
         disk_gib: Option<u32>,
+        #[command(flatten)]
+        net: NetArgs,
         #[arg(long)]
         json: bool,
     },
@@ -75,6 +98,9 @@ pub enum SandboxCmd {
         labels: Vec<(String, String)>,
         #[arg(long)]
         ttl: Option<u64>,
+        /// The copies' network (default: a sandbox's own; none for a snapshot).
+        #[command(flatten)]
+        net: NetArgs,
         #[arg(long)]
         json: bool,
     },
@@ -175,8 +201,7 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
         let c = Client::connect(paths).await?;
         match cmd {
             SnapshotCmd::Ls { json } => {
-                let all: Vec<SnapshotMeta> =
-                    c.call(c.http.get(c.url("/snapshots"))).await?;
+                let all: Vec<SnapshotMeta> = c.call(c.http.get(c.url("/snapshots"))).await?;
                 if json {
                     crate::print_json(&all)?;
                 } else if all.is_empty() {
@@ -243,13 +268,18 @@ impl Client {
                 v.set_sensitive(true);
                 headers.insert(reqwest::header::AUTHORIZATION, v);
             }
-            let http = reqwest::Client::builder().default_headers(headers).build()?;
+            let http = reqwest::Client::builder()
+                .default_headers(headers)
+                .build()?;
             return Ok(Client {
                 http,
                 base: format!("{}/v1", api.trim_end_matches('/')),
             });
         }
-        let socket = match api.strip_prefix("unix:").or(Some(api.as_str()).filter(|a| a.starts_with('/'))) {
+        let socket = match api
+            .strip_prefix("unix:")
+            .or(Some(api.as_str()).filter(|a| a.starts_with('/')))
+        {
             Some(path) => {
                 let socket = std::path::PathBuf::from(path);
                 if !forkbox_server::is_running(&socket).await {
@@ -422,7 +452,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, disk_gib, json } => {
+            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, disk_gib, net, json } => {
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -433,6 +463,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     max_processes: None,
                     snapshot,
                     disk_gib,
+                    network: net.policy(),
                     ttl_action: ttl_action.map(|t| match t {
                         TtlArg::Delete => forkbox_engine::api::TtlAction::Delete,
                         TtlArg::Hibernate => forkbox_engine::api::TtlAction::Hibernate,
@@ -581,12 +612,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SandboxCmd::Fork { source, count, labels, ttl, json } => {
+            SandboxCmd::Fork { source, count, labels, ttl, net, json } => {
                 let req = forkbox_engine::api::ForkRequest {
                     count,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
                     max_processes: None,
+                    network: net.policy(),
                 };
                 let path = if source.starts_with("sb-") { "sandboxes" } else { "snapshots" };
                 let r: forkbox_engine::api::ForkResult = c

@@ -135,10 +135,12 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         llm: forkbox_migrate::llm::LlmEndpoint::from_env(),
         cli: std::env::current_exe().ok(),
     };
-    let uses_llm = cfg
-        .plans
-        .iter()
-        .any(|p| matches!(p.porter.kind(), Some(forkbox_migrate::plans::PorterKind::Llm(_))));
+    let uses_llm = cfg.plans.iter().any(|p| {
+        matches!(
+            p.porter.kind(),
+            Some(forkbox_migrate::plans::PorterKind::Llm(_))
+        )
+    });
     if uses_llm && cfg.llm.is_none() {
         return Ok(usage(forkbox_migrate::llm::LlmError::NoEndpoint));
     }

@@ -42,6 +42,8 @@ pub struct RunArgs {
     /// Pass this process's standard input to the command.
     #[arg(short = 'i', long)]
     interactive: bool,
+    #[command(flatten)]
+    net: crate::daemon::NetArgs,
     /// Print one JSON object with the result instead of streaming the output.
     #[arg(long)]
     json: bool,
@@ -88,6 +90,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         accel: args.accel,
         die_with_parent: true,
         max_procs: args.max_procs,
+        network: args.net.policy().unwrap_or_default(),
         ..SandboxConfig::default()
     };
     let mut sigint = signal(SignalKind::interrupt())?;

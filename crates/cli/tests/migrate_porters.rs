@@ -21,9 +21,12 @@ use serde_json::{json, Value};
 
 const KEY: &str = "sk-forkbox-test-key";
 
-const ORIGINAL: &str = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b  # sub\n";
-const BROKEN: &str = "def add(a, b):\n    return a * b\n\n\ndef sub(a, b):\n    return a - b  # sub\n";
-const FIXED: &str = "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b  # sub\n";
+const ORIGINAL: &str =
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a + b  # sub\n";
+const BROKEN: &str =
+    "def add(a, b):\n    return a * b\n\n\ndef sub(a, b):\n    return a - b  # sub\n";
+const FIXED: &str =
+    "def add(a, b):\n    return a + b\n\n\ndef sub(a, b):\n    return a - b  # sub\n";
 const TESTS: &str = "from calc import add, sub\n\n\ndef test_add():\n    assert add(2, 3) == 5\n\n\ndef test_sub():\n    assert sub(5, 3) == 2\n";
 
 /// What the scripted model server saw: (authorization header, request body) per call.
@@ -80,7 +83,9 @@ async fn completions(
         ]))
         .into_response(),
         // A change that loses test_add: the porter must not stop at the model's "done".
-        ("fixer", 2) => Json(tools(vec![tool_call("c3", "write_file", &write(BROKEN))])).into_response(),
+        ("fixer", 2) => {
+            Json(tools(vec![tool_call("c3", "write_file", &write(BROKEN))])).into_response()
+        }
         ("fixer", 3) => Json(done()).into_response(),
         ("fixer", 4) => {
             // The key must be nowhere in the guest: not in any process's environment or
@@ -88,7 +93,11 @@ async fn completions(
             let check = r#"p='sk-forkbox-test-ke[y]'; n=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$p"); f=$(grep -rls "$p" /work /tmp /plan /root /etc /run 2>/dev/null | wc -l); echo "KEYCHECK $n $f""#;
             Json(tools(vec![
                 tool_call("c4", "write_file", &write(FIXED)),
-                tool_call("c5", "exec", &serde_json::to_string(&json!({"command": check})).unwrap()),
+                tool_call(
+                    "c5",
+                    "exec",
+                    &serde_json::to_string(&json!({"command": check})).unwrap(),
+                ),
             ]))
             .into_response()
         }
@@ -190,7 +199,10 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
     let stderr = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(0), "{stdout}\n{stderr}");
     // Not a terminal: each fork's phases are lines of their own.
-    assert!(stderr.contains("llm-fix") && stderr.contains("porting"), "{stderr}");
+    assert!(
+        stderr.contains("llm-fix") && stderr.contains("porting"),
+        "{stderr}"
+    );
 
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
@@ -219,11 +231,20 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
     }
     // The host porter's text reached the fork through the API.
     let host_patch = std::fs::read_to_string(out.join("host.patch")).unwrap();
-    assert!(host_patch.contains("+fix sub from the host"), "{host_patch}");
-    assert!(host_patch.contains("+    return a - b  # sub"), "{host_patch}");
+    assert!(
+        host_patch.contains("+fix sub from the host"),
+        "{host_patch}"
+    );
+    assert!(
+        host_patch.contains("+    return a - b  # sub"),
+        "{host_patch}"
+    );
     // The LLM porter's change is exactly the fix.
     let llm_patch = std::fs::read_to_string(out.join("llm-fix.patch")).unwrap();
-    assert!(llm_patch.contains("+    return a - b  # sub"), "{llm_patch}");
+    assert!(
+        llm_patch.contains("+    return a - b  # sub"),
+        "{llm_patch}"
+    );
     assert!(!llm_patch.contains("a * b"), "{llm_patch}");
     assert_eq!(report["winner"], "llm-fix", "the smallest diff wins");
     assert_eq!(plan("llm-fix")["porter_steps"], 5);
@@ -254,9 +275,16 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         .map(|(_, b)| b)
         .collect();
     assert_eq!(fixer.len(), 5);
-    assert!(seen.calls.iter().all(|(auth, _)| auth == &format!("Bearer {KEY}")));
-    assert!(tool_result(fixer[1], "c1").unwrap().contains("def sub(a, b)"));
-    assert!(tool_result(fixer[1], "c2").unwrap().contains("not a JSON object"));
+    assert!(seen
+        .calls
+        .iter()
+        .all(|(auth, _)| auth == &format!("Bearer {KEY}")));
+    assert!(tool_result(fixer[1], "c1")
+        .unwrap()
+        .contains("def sub(a, b)"));
+    assert!(tool_result(fixer[1], "c2")
+        .unwrap()
+        .contains("not a JSON object"));
     let nudge = fixer[3]["messages"]
         .as_array()
         .unwrap()
@@ -278,12 +306,16 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         .iter()
         .map(|t| t["function"]["name"].as_str().unwrap())
         .collect();
-    assert_eq!(tools, ["exec", "read_file", "write_file", "diff", "run_tests"]);
+    assert_eq!(
+        tools,
+        ["exec", "read_file", "write_file", "diff", "run_tests"]
+    );
     // Nothing of the run is left running.
     for p in report["plans"].as_array().unwrap() {
         let id = p["sandbox"].as_str().unwrap();
         assert!(
-            infra::wait_until(Duration::from_secs(10), || infra::processes_mentioning(id).is_empty()),
+            infra::wait_until(Duration::from_secs(10), || infra::processes_mentioning(id)
+                .is_empty()),
             "{id} is still running"
         );
     }

@@ -40,6 +40,9 @@ pub struct CreateRequest {
     pub ttl_action: Option<TtlAction>,
     /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
     pub disk_gib: Option<u32>,
+    /// What it may reach: off (no network) when absent; `{"internet": true}` or
+    /// `{"allow": ["pypi.org", "*.pythonhosted.org"]}` through the host-side proxy.
+    pub network: Option<crate::net::NetworkPolicy>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +72,9 @@ pub struct ForkRequest {
     pub labels: BTreeMap<String, String>,
     pub ttl_seconds: Option<u64>,
     pub max_processes: Option<u32>,
+    /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
+    /// fork of a snapshot has none.
+    pub network: Option<crate::net::NetworkPolicy>,
 }
 
 /// Most copies one fork call makes.
@@ -115,6 +121,8 @@ pub struct SandboxView {
     pub state: SandboxState,
     #[serde(default)]
     pub ttl_action: TtlAction,
+    #[serde(default)]
+    pub network: crate::net::NetworkPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -244,6 +252,7 @@ impl Sleeper {
             from_pool: false,
             state: SandboxState::Hibernated,
             ttl_action: self.record.ttl_action,
+            network: self.record.network.clone(),
         }
     }
 }
@@ -259,6 +268,7 @@ impl Entry {
                 expires_unix: self.expires_unix,
                 ttl_action: self.ttl_action,
                 created_unix: self.created_unix,
+                network: self.sandbox.network(),
             }))?;
         Ok(())
     }
@@ -272,6 +282,7 @@ impl Entry {
             from_pool: self.from_pool,
             state: SandboxState::Running,
             ttl_action: self.ttl_action,
+            network: self.sandbox.network(),
         }
     }
 }
@@ -320,7 +331,11 @@ impl Engine {
 
     /// Serves a sandbox this process already owns, without recording it for re-adoption: it
     /// lives as long as its owner keeps it. Returns its view.
-    pub async fn attach(&self, sandbox: Arc<Sandbox>, labels: BTreeMap<String, String>) -> SandboxView {
+    pub async fn attach(
+        &self,
+        sandbox: Arc<Sandbox>,
+        labels: BTreeMap<String, String>,
+    ) -> SandboxView {
         let entry = Entry {
             commands: Default::default(),
             next_command: Default::default(),
@@ -412,7 +427,17 @@ impl Engine {
         }
         let started = std::time::Instant::now();
         let store = crate::snapshot::SnapshotStore::new(&self.paths);
-        let is_sandbox = self.sandboxes.read().await.contains_key(source);
+        let source_network = self
+            .sandboxes
+            .read()
+            .await
+            .get(source)
+            .map(|e| e.sandbox.network());
+        let is_sandbox = source_network.is_some();
+        let network = r.network.clone().or(source_network).unwrap_or_default();
+        network
+            .validate()
+            .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
         let (snap, pause_ms) = if is_sandbox {
             let s = self
                 .snapshot(
@@ -456,18 +481,24 @@ impl Engine {
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         while let Some(done) = tasks.join_next().await {
             match done {
-                Ok(Ok(sb)) => match self
-                    .register(
-                        Arc::new(sb),
-                        r.labels.clone(),
-                        expires_unix,
-                        false,
-                        TtlAction::Delete,
-                    )
-                    .await
-                {
-                    Ok(v) => sandboxes.push(v),
-                    Err(e) => failed.push(e.to_string()),
+                Ok(Ok(sb)) => match sb.set_network(network.clone()).await {
+                    Err(e) => {
+                        sb.destroy().await;
+                        failed.push(e.to_string());
+                    }
+                    Ok(()) => match self
+                        .register(
+                            Arc::new(sb),
+                            r.labels.clone(),
+                            expires_unix,
+                            false,
+                            TtlAction::Delete,
+                        )
+                        .await
+                    {
+                        Ok(v) => sandboxes.push(v),
+                        Err(e) => failed.push(e.to_string()),
+                    },
                 },
                 Ok(Err(e)) => failed.push(e.to_string()),
                 Err(e) => failed.push(format!("the copy's task failed: {e}")),
@@ -730,6 +761,10 @@ impl Engine {
 
     async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
         let cfg = self.config(&r)?;
+        let network = r.network.clone().unwrap_or_default();
+        network
+            .validate()
+            .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         let started = std::time::Instant::now();
         let mut from_pool = false;
@@ -765,6 +800,10 @@ impl Engine {
                 .await?
             }
         };
+        if let Err(e) = sandbox.set_network(network).await {
+            sandbox.destroy().await;
+            return Err(e.into());
+        }
         let view = self
             .register(
                 Arc::new(sandbox),
@@ -821,6 +860,11 @@ impl Engine {
             match Sandbox::adopt(&self.paths, &dir).await {
                 Some((sandbox, rec)) => {
                     let id = sandbox.info().id.clone();
+                    if let Err(e) = sandbox.set_network(rec.network.clone()).await {
+                        tracing::warn!(
+                            "{id}: its network policy could not be applied ({e}); it stays off"
+                        );
+                    }
                     let entry = Entry {
                         commands: Default::default(),
                         next_command: Default::default(),
@@ -885,6 +929,7 @@ impl Engine {
             expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
             ttl_action: entry.ttl_action,
             created_unix: entry.created_unix,
+            network: entry.sandbox.network(),
         };
         let saved = async {
             let mut snap = entry.sandbox.snapshot(&self.paths, &name, true).await?;
@@ -961,6 +1006,10 @@ impl Engine {
                 return Err(e);
             }
         };
+        if let Err(e) = sb.set_network(sleeper.record.network.clone()).await {
+            sb.destroy().await;
+            return Err(e.into());
+        }
         self.register(
             Arc::new(sb),
             sleeper.record.labels,

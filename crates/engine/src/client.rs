@@ -26,6 +26,8 @@ pub struct AgentClient {
     next_id: Arc<AtomicU32>,
     /// What the agent said in its hello.
     pub hello: HelloInfo,
+    /// The guest proxy's tunnels and the policy that opens them.
+    pub net: Arc<crate::net::HostNet>,
 }
 
 /// One event of a running command.
@@ -139,12 +141,21 @@ impl AgentClient {
             }
         };
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
-        tokio::spawn(read_loop(rd, dec, routes.clone()));
+        let writer = Arc::new(tokio::sync::Mutex::new(wr));
+        let net = Arc::new(crate::net::HostNet::default());
+        tokio::spawn(read_loop(
+            rd,
+            dec,
+            routes.clone(),
+            net.clone(),
+            writer.clone(),
+        ));
         Ok(AgentClient {
-            writer: Arc::new(tokio::sync::Mutex::new(wr)),
+            writer,
             routes,
             next_id: Arc::new(AtomicU32::new(1)),
             hello: info,
+            net,
         })
     }
 
@@ -197,6 +208,39 @@ impl AgentClient {
     pub async fn refresh(&self, refresh: forkbox_protocol::Refresh) -> Result<(), AgentError> {
         let (id, mut rx) = self.route();
         let sent = self.send(&HostMsg::Refresh { id, refresh }).await;
+        let r = match sent {
+            Ok(()) => rx.recv().await,
+            Err(e) => {
+                self.unroute(id);
+                return Err(e);
+            }
+        };
+        self.unroute(id);
+        match r {
+            Some(AgentMsg::Done { .. }) => Ok(()),
+            Some(AgentMsg::Error { kind, message, .. }) => {
+                Err(AgentError::Refused { kind, message })
+            }
+            Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
+            None => Err(AgentError::Disconnected),
+        }
+    }
+
+    /// Applies a network policy: the host opens tunnels by it from now on, and the guest's
+    /// proxy is started if the policy lets anything through.
+    pub async fn set_network(&self, policy: crate::net::NetworkPolicy) -> Result<(), AgentError> {
+        let on = !policy.is_off();
+        self.net.set_policy(policy);
+        if !on {
+            return Ok(());
+        }
+        let (id, mut rx) = self.route();
+        let sent = self
+            .send(&HostMsg::NetUp {
+                id,
+                port: crate::net::PROXY_PORT,
+            })
+            .await;
         let r = match sent {
             Ok(()) => rx.recv().await,
             Err(e) => {
@@ -296,7 +340,13 @@ impl AgentClient {
     }
 }
 
-async fn read_loop(mut rd: OwnedReadHalf, mut dec: FrameDecoder, routes: Routes) {
+async fn read_loop(
+    mut rd: OwnedReadHalf,
+    mut dec: FrameDecoder,
+    routes: Routes,
+    net: Arc<crate::net::HostNet>,
+    writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+) {
     let mut buf = vec![0u8; 256 * 1024];
     'read: loop {
         // Frames already buffered (read together with the hello) go first.
@@ -321,6 +371,10 @@ async fn read_loop(mut rd: OwnedReadHalf, mut dec: FrameDecoder, routes: Routes)
                     break 'read;
                 }
             };
+            if msg.tunnel().is_some() {
+                net.on_agent(msg, &writer);
+                continue;
+            }
             let tx = lock(&routes).get(&msg.id()).cloned();
             if let Some(tx) = tx {
                 // Waiting here slows the guest down (backpressure) rather than buffering without bound.
@@ -334,6 +388,7 @@ async fn read_loop(mut rd: OwnedReadHalf, mut dec: FrameDecoder, routes: Routes)
     }
     // Dropping every sender tells each waiting request that the agent is gone.
     lock(&routes).clear();
+    net.close_all();
 }
 
 /// A running command.

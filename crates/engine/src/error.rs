@@ -176,6 +176,8 @@ pub enum SandboxError {
     Agent(#[from] AgentError),
     #[error(transparent)]
     Snapshot(crate::snapshot::SnapshotError),
+    #[error("network policy: {0}")]
+    Network(#[from] crate::net::PolicyError),
     #[error("a disk of {asked_mib} MiB is smaller than the image's ({minimum_mib} MiB); ask for at least that")]
     DiskTooSmall { asked_mib: u64, minimum_mib: u64 },
     #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed; the sandbox was stopped")]

@@ -26,6 +26,7 @@ pub mod image;
 pub mod kernel;
 pub mod limits;
 pub mod metrics;
+pub mod net;
 pub mod paths;
 pub mod pool;
 pub mod runstate;

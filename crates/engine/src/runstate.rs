@@ -39,6 +39,8 @@ pub struct DaemonRecord {
     pub ttl_action: crate::api::TtlAction,
     #[serde(default)]
     pub created_unix: u64,
+    #[serde(default)]
+    pub network: crate::net::NetworkPolicy,
 }
 
 /// Start time of a running process (clock ticks since boot), to tell a PID from its reuse;

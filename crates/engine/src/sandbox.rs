@@ -35,6 +35,8 @@ pub struct SandboxConfig {
     /// Grow the root disk (and its filesystem) to this many MiB; at least the image's size.
     /// Restored sandboxes only (every `create` restores); a cold boot keeps the image's size.
     pub disk_mib: Option<u64>,
+    /// What the sandbox may reach (off: nothing).
+    pub network: crate::net::NetworkPolicy,
 }
 
 impl Default for SandboxConfig {
@@ -52,6 +54,7 @@ impl Default for SandboxConfig {
             max_procs: DEFAULT_MAX_PROCS,
             cold: false,
             disk_mib: None,
+            network: Default::default(),
         }
     }
 }
@@ -117,7 +120,9 @@ impl Sandbox {
         crate::setup::require(vm::QEMU)?;
         let kit = boot_kit(paths, &image, cfg.accel).await?;
         if cfg.cold {
-            return Sandbox::cold_boot(paths, cfg, image, kit, started).await;
+            let sb = Sandbox::cold_boot(paths, cfg, image, kit, started).await?;
+            sb.set_network(cfg.network.clone()).await?;
+            return Ok(sb);
         }
         let template = ensure_template(paths, cfg, &image, &kit).await?;
         let origin = format!("template:{}", template.meta.name);
@@ -325,7 +330,24 @@ impl Sandbox {
                     v
                 }),
         };
-        Ok(Sandbox::assemble(info, image, vm, client, run))
+        let sb = Sandbox::assemble(info, image, vm, client, run);
+        sb.set_network(cfg.network.clone()).await?;
+        Ok(sb)
+    }
+
+    /// Applies a network policy (see [`crate::net`]): from now on the host opens the guest
+    /// proxy's tunnels by it, and commands get the proxy in their environment.
+    pub async fn set_network(&self, policy: crate::net::NetworkPolicy) -> Result<(), SandboxError> {
+        policy.validate()?;
+        match self.client.set_network(policy).await {
+            Ok(()) => Ok(()),
+            Err(e) => Err(died(e, &self.console).await),
+        }
+    }
+
+    /// The network policy in force.
+    pub fn network(&self) -> crate::net::NetworkPolicy {
+        self.client.net.policy()
     }
 
     /// Saves this running sandbox as an immutable snapshot (memory, processes, disk); it
@@ -462,6 +484,15 @@ impl Sandbox {
     /// grace period after the timeout, the sandbox is treated as broken.
     pub async fn exec(&self, mut spec: ExecSpec) -> Result<SandboxExecution, SandboxError> {
         let mut env = env_pairs(&self.image.meta.env);
+        if !self.client.net.policy().is_off() {
+            let proxy = format!("http://127.0.0.1:{}", crate::net::PROXY_PORT);
+            for k in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"] {
+                env.push((k.into(), proxy.clone()));
+            }
+            for k in ["no_proxy", "NO_PROXY"] {
+                env.push((k.into(), "localhost,127.0.0.1,::1".into()));
+            }
+        }
         env.append(&mut spec.env);
         spec.env = env;
         let deadline = spec

@@ -363,8 +363,9 @@ async fn each_qemu_is_confined_by_host_cgroup_limits() {
     assert!(!v2.exists());
 }
 
-/// One restore. With the network off (the default) the guest has no network device at all:
-/// a listener on the host's loopback cannot be reached by any address the guest could try.
+/// One restore. With the network off (the default) the guest has no network device at all
+/// and no proxy: a listener on the host's loopback cannot be reached by any address the guest
+/// could try.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_network_off_the_guest_reaches_nothing_on_the_host() {
     let (paths, cfg) = config();
@@ -380,7 +381,9 @@ async fn with_network_off_the_guest_reaches_nothing_on_the_host() {
     let script = format!(
         "for h in 10.0.2.2 127.0.0.1 169.254.169.254 192.168.0.1; do \
            python3 -c \"import socket,sys; s=socket.socket(); s.settimeout(2); \
-           sys.exit(0 if s.connect_ex(('$h', {port})) == 0 else 1)\" && echo reached $h; done; echo done"
+           sys.exit(0 if s.connect_ex(('$h', {port})) == 0 else 1)\" && echo reached $h; done; \
+           python3 -c \"import socket,sys; s=socket.socket(); \
+           sys.exit(0 if s.connect_ex(('127.0.0.1', 3128)) == 0 else 1)\" && echo a proxy listens; echo done"
     );
     let out = run(&sb, &script).await;
     assert_eq!(

@@ -341,8 +341,8 @@ pub async fn migrate(
     let (api, server) = if needs_api {
         let engine = Arc::new(forkbox_engine::api::Engine::private(paths.clone()));
         let socket = api_dir.path().join("api.sock");
-        let server = forkbox_server::spawn_private(engine.clone(), &socket)
-            .map_err(MigrateError::Report)?;
+        let server =
+            forkbox_server::spawn_private(engine.clone(), &socket).map_err(MigrateError::Report)?;
         (Some((engine, socket)), Some(server))
     } else {
         (None, None)
@@ -772,7 +772,11 @@ async fn port_and_verify(
         }
     }
     phase(
-        if run.failure.is_some() { "failed" } else { "tested" },
+        if run.failure.is_some() {
+            "failed"
+        } else {
+            "tested"
+        },
         run.results.len(),
     );
     let verify_ms = ms(t);

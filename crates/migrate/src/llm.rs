@@ -247,7 +247,8 @@ async fn call(
     messages: &[Value],
 ) -> Result<(Value, u64), LlmError> {
     let url = endpoint.completions_url();
-    let body = json!({"model": model, "messages": messages, "tools": tools(), "tool_choice": "auto"});
+    let body =
+        json!({"model": model, "messages": messages, "tools": tools(), "tool_choice": "auto"});
     let mut attempt = 0;
     let (status, text) = loop {
         attempt += 1;
@@ -382,12 +383,21 @@ pub async fn port(t: &Task<'_>) -> LlmRun {
                 run.outcome = format!("done after {} steps: {summary}", run.steps);
                 break;
             }
-            messages.push(json!({"role": "user", "content": format!("Not done yet: {summary}. Keep going.")}));
+            messages.push(
+                json!({"role": "user", "content": format!("Not done yet: {summary}. Keep going.")}),
+            );
             continue;
         }
         for c in calls {
-            let id = c.get("id").and_then(Value::as_str).unwrap_or_default().to_string();
-            let name = c.pointer("/function/name").and_then(Value::as_str).unwrap_or_default();
+            let id = c
+                .get("id")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let name = c
+                .pointer("/function/name")
+                .and_then(Value::as_str)
+                .unwrap_or_default();
             let args = c
                 .pointer("/function/arguments")
                 .and_then(Value::as_str)

@@ -219,7 +219,13 @@ mod tests {
         let kinds: Vec<String> = load(&p)
             .unwrap()
             .iter()
-            .map(|p| format!("{:?}", p.porter.kind().unwrap()).split('(').next().unwrap().to_string())
+            .map(|p| {
+                format!("{:?}", p.porter.kind().unwrap())
+                    .split('(')
+                    .next()
+                    .unwrap()
+                    .to_string()
+            })
             .collect();
         assert_eq!(kinds, ["Guest", "Host", "Llm"]);
     }
@@ -232,7 +238,10 @@ mod tests {
              [[plan]]\nname='c'\nporter={llm={model='m', max_steps=5}}\n",
         )
         .unwrap();
-        assert!(matches!(plans[0].porter.kind(), Some(PorterKind::Guest("x"))));
+        assert!(matches!(
+            plans[0].porter.kind(),
+            Some(PorterKind::Guest("x"))
+        ));
         assert!(matches!(plans[1].porter.kind(), Some(PorterKind::Host(_))));
         match plans[2].porter.kind() {
             Some(PorterKind::Llm(l)) => {

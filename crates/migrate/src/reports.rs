@@ -255,16 +255,22 @@ pub fn tests_in_line(line: &str) -> usize {
         }
     }
     let pytest_v = l.contains("::")
-        && [" PASSED", " FAILED", " ERROR", " SKIPPED", " XFAIL", " XPASS"]
-            .iter()
-            .any(|w| l.contains(w));
+        && [
+            " PASSED", " FAILED", " ERROR", " SKIPPED", " XFAIL", " XPASS",
+        ]
+        .iter()
+        .any(|w| l.contains(w));
     let tap = l.starts_with("ok ") || l.starts_with("not ok ");
     let cargo = l.starts_with("test ")
         && (l.ends_with(" ... ok") || l.ends_with(" ... FAILED") || l.ends_with(" ... ignored"));
     let go = l.contains("\"Test\":")
-        && ["\"Action\":\"pass\"", "\"Action\":\"fail\"", "\"Action\":\"skip\""]
-            .iter()
-            .any(|a| l.contains(a));
+        && [
+            "\"Action\":\"pass\"",
+            "\"Action\":\"fail\"",
+            "\"Action\":\"skip\"",
+        ]
+        .iter()
+        .any(|a| l.contains(a));
     usize::from(pytest_v || tap || cargo || go)
 }
 
@@ -455,13 +461,18 @@ mod robustness {
 
     #[test]
     fn live_lines_are_counted() {
-        assert_eq!(tests_in_line("..F.s                                    [ 40%]"), 5);
+        assert_eq!(
+            tests_in_line("..F.s                                    [ 40%]"),
+            5
+        );
         assert_eq!(tests_in_line("tests/t.py::test_a PASSED      [ 50%]"), 1);
         assert_eq!(tests_in_line("ok 3 - adds"), 1);
         assert_eq!(tests_in_line("not ok 4 - subtracts"), 1);
         assert_eq!(tests_in_line("test tests::it_works ... ok"), 1);
         assert_eq!(
-            tests_in_line(r#"{"Time":"x","Action":"pass","Package":"p","Test":"TestA","Elapsed":0}"#),
+            tests_in_line(
+                r#"{"Time":"x","Action":"pass","Package":"p","Test":"TestA","Elapsed":0}"#
+            ),
             1
         );
         assert_eq!(tests_in_line("collected 47 items"), 0);

@@ -42,8 +42,8 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         &cfg,
         std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
     )
-        .await
-        .expect("migrate");
+    .await
+    .expect("migrate");
 
     // The baseline: everything passes on 3.9.
     let passed = report

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -213,7 +213,40 @@ pub enum HostMsg {
         id: u32,
         refresh: Refresh,
     },
+    /// Starts the guest's outbound proxy on 127.0.0.1:`port` (once; again is a no-op), answered
+    /// with `Done`. Each connection a guest program makes to it becomes a tunnel the host opens,
+    /// or refuses, by the sandbox's network policy.
+    NetUp {
+        id: u32,
+        port: u16,
+    },
+    /// The host's answer to [`AgentMsg::TunnelOpen`]: connected, or refused with the reason.
+    TunnelReady {
+        tunnel: u32,
+        error: Option<String>,
+    },
+    /// Bytes from the remote end, for the guest program.
+    TunnelData {
+        tunnel: u32,
+        data: Vec<u8>,
+    },
+    /// The remote end will send no more.
+    TunnelEof {
+        tunnel: u32,
+    },
+    /// The host wrote `bytes` of the guest's data to the remote end: that much more may come.
+    TunnelAck {
+        tunnel: u32,
+        bytes: u32,
+    },
+    /// The tunnel is gone (an error, or it is unknown to the host).
+    TunnelClose {
+        tunnel: u32,
+    },
 }
+
+/// Bytes one side of a tunnel may send ahead of the other side's `TunnelAck`s.
+pub const TUNNEL_WINDOW: u32 = 1024 * 1024;
 
 /// What makes a restored copy its own machine (see [`HostMsg::Refresh`]).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -270,9 +303,45 @@ pub enum AgentMsg {
         kind: ErrorKind,
         message: String,
     },
+    /// A guest program asked the proxy for `host`:`port`; `tunnel` is numbered by the agent.
+    TunnelOpen {
+        tunnel: u32,
+        host: String,
+        port: u16,
+    },
+    /// Bytes from the guest program, for the remote end.
+    TunnelData {
+        tunnel: u32,
+        data: Vec<u8>,
+    },
+    /// The guest program will send no more.
+    TunnelEof {
+        tunnel: u32,
+    },
+    /// The agent wrote `bytes` of the host's data to the guest program.
+    TunnelAck {
+        tunnel: u32,
+        bytes: u32,
+    },
+    /// The guest program's connection is gone.
+    TunnelClose {
+        tunnel: u32,
+    },
 }
 
 impl AgentMsg {
+    /// The tunnel a message belongs to, for tunnel messages.
+    pub fn tunnel(&self) -> Option<u32> {
+        match self {
+            AgentMsg::TunnelOpen { tunnel, .. }
+            | AgentMsg::TunnelData { tunnel, .. }
+            | AgentMsg::TunnelEof { tunnel }
+            | AgentMsg::TunnelAck { tunnel, .. }
+            | AgentMsg::TunnelClose { tunnel } => Some(*tunnel),
+            _ => None,
+        }
+    }
+
     pub fn id(&self) -> u32 {
         match self {
             AgentMsg::Pong { id }
@@ -283,6 +352,12 @@ impl AgentMsg {
             | AgentMsg::FileData { id, .. }
             | AgentMsg::Done { id }
             | AgentMsg::Error { id, .. } => *id,
+            // Tunnels are numbered apart from requests; see `tunnel()`.
+            AgentMsg::TunnelOpen { .. }
+            | AgentMsg::TunnelData { .. }
+            | AgentMsg::TunnelEof { .. }
+            | AgentMsg::TunnelAck { .. }
+            | AgentMsg::TunnelClose { .. } => 0,
         }
     }
 }

@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 4);
+    assert_eq!(PROTOCOL_VERSION, 5);
 }
 
 #[test]
@@ -147,6 +147,64 @@ fn agent_messages_encoding_is_pinned() {
 }
 
 #[test]
+fn tunnel_messages_encoding_is_pinned() {
+    let host: Vec<String> = vec![
+        hex(&HostMsg::NetUp { id: 1, port: 3128 }),
+        hex(&HostMsg::TunnelReady {
+            tunnel: 2,
+            error: None,
+        }),
+        hex(&HostMsg::TunnelReady {
+            tunnel: 2,
+            error: Some("no".into()),
+        }),
+        hex(&HostMsg::TunnelData {
+            tunnel: 3,
+            data: vec![7],
+        }),
+        hex(&HostMsg::TunnelEof { tunnel: 4 }),
+        hex(&HostMsg::TunnelAck {
+            tunnel: 5,
+            bytes: 65536,
+        }),
+        hex(&HostMsg::TunnelClose { tunnel: 6 }),
+    ];
+    assert_eq!(
+        host,
+        [
+            "0a01b818",
+            "0b0200",
+            "0b0201026e6f",
+            "0c030107",
+            "0d04",
+            "0e05808004",
+            "0f06"
+        ]
+    );
+    let agent: Vec<String> = vec![
+        hex(&AgentMsg::TunnelOpen {
+            tunnel: 1,
+            host: "h".into(),
+            port: 443,
+        }),
+        hex(&AgentMsg::TunnelData {
+            tunnel: 1,
+            data: vec![9],
+        }),
+        hex(&AgentMsg::TunnelEof { tunnel: 1 }),
+        hex(&AgentMsg::TunnelAck {
+            tunnel: 1,
+            bytes: 10,
+        }),
+        hex(&AgentMsg::TunnelClose { tunnel: 1 }),
+    ];
+    assert_eq!(
+        agent,
+        ["08010168bb03", "09010109", "0a01", "0b010a", "0c01"]
+    );
+}
+
+#[test]
 fn hello_layout_is_pinned() {
     let f = Hello::ours(HelloInfo {
         software: "s".into(),
@@ -156,5 +214,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258040000000173016b03");
+    assert_eq!(h, "0d000000464b4258050000000173016b03");
 }

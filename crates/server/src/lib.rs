@@ -51,7 +51,9 @@ impl IntoResponse for ApiError {
                     S::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
                 }
             }
-            EngineError::Sandbox(SandboxError::DiskTooSmall { .. }) => StatusCode::BAD_REQUEST,
+            EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
+                StatusCode::BAD_REQUEST
+            }
             EngineError::Sandbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (

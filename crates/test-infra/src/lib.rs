@@ -170,3 +170,114 @@ pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
         stdin: false,
     }
 }
+
+/// A network namespace of the test's own, joined to the host by a veth pair: the host end has
+/// `host_ip`, the namespace end has `peer_ips` (two addresses), listeners started with
+/// [`TestNet::serve`] run inside it. Nothing here touches any other network; all of it is
+/// removed on drop. Needs root and `ip` (iproute2).
+pub struct TestNet {
+    pub name: String,
+    pub host_if: String,
+    pub host_ip: String,
+    pub peer_ips: [String; 2],
+    servers: Vec<std::process::Child>,
+}
+
+fn ip(args: &[&str]) {
+    let st = std::process::Command::new("ip")
+        .args(args)
+        .status()
+        .expect("run `ip` (iproute2)");
+    assert!(st.success(), "ip {args:?} failed");
+}
+
+impl TestNet {
+    pub fn new() -> TestNet {
+        static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+        let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let pid = std::process::id();
+        let name = format!("fbx{}n{n}", pid % 100_000);
+        let (host_if, peer_if) = (format!("{name}h"), format!("{name}p"));
+        let net = format!("10.{}.{}", 100 + pid % 100, (pid / 100 % 200) + n);
+        let host_ip = format!("{net}.1");
+        let peer_ips = [format!("{net}.2"), format!("{net}.3")];
+        ip(&["netns", "add", &name]);
+        ip(&[
+            "link", "add", &host_if, "type", "veth", "peer", "name", &peer_if, "netns", &name,
+        ]);
+        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", &host_if]);
+        ip(&["link", "set", &host_if, "up"]);
+        for a in &peer_ips {
+            ip(&[
+                "-n",
+                &name,
+                "addr",
+                "add",
+                &format!("{a}/24"),
+                "dev",
+                &peer_if,
+            ]);
+        }
+        ip(&["-n", &name, "link", "set", &peer_if, "up"]);
+        ip(&["-n", &name, "link", "set", "lo", "up"]);
+        TestNet {
+            name,
+            host_if,
+            host_ip,
+            peer_ips,
+            servers: Vec::new(),
+        }
+    }
+
+    /// Serves `dir` over HTTP on `addr`:`port` inside the namespace; its request log (one
+    /// line per request) goes to the returned file.
+    pub fn serve(&mut self, addr: &str, port: u16, dir: &std::path::Path) -> PathBuf {
+        let log = dir.join(format!("{addr}-{port}.log"));
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.name, "python3", "-m", "http.server"])
+            .args(["--bind", addr, &port.to_string(), "--directory"])
+            .arg(dir)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("create server log"))
+            .spawn()
+            .expect("start a test HTTP server");
+        self.servers.push(child);
+        let target = format!("{addr}:{port}");
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                std::process::Command::new("ip")
+                    .args(["netns", "exec", &self.name, "python3", "-c"])
+                    .arg(format!(
+                        "import socket; socket.create_connection(('{addr}', {port}), 1)"
+                    ))
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the test server on {target} did not come up"
+        );
+        // The readiness probe only connects: http.server logs nothing for it.
+        log
+    }
+}
+
+impl Default for TestNet {
+    fn default() -> Self {
+        TestNet::new()
+    }
+}
+
+impl Drop for TestNet {
+    fn drop(&mut self) {
+        for c in &mut self.servers {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        let _ = std::process::Command::new("ip")
+            .args(["link", "del", &self.host_if])
+            .status();
+        let _ = std::process::Command::new("ip")
+            .args(["netns", "del", &self.name])
+            .status();
+    }
+}

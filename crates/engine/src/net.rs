@@ -1,0 +1,515 @@
+//! Network policy, enforced on the host. A sandbox never has a network device; with a policy
+//! other than off, the guest agent runs an HTTP proxy on 127.0.0.1:3128 (programs find it in
+//! `HTTP_PROXY`/`HTTPS_PROXY`) and each connection a program makes through it arrives here as a
+//! tunnel request for a host name and port. This side decides: the name must be allowed, it
+//! is resolved here (the guest has no resolver to trick), and an address is used only if it
+//! is not the host itself, loopback, link-local (169.254.0.0/16 with the cloud metadata
+//! address, fe80::/10), multicast or unspecified; the connection goes to exactly that
+//! address, so a name cannot be re-resolved elsewhere in between.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use forkbox_protocol::{encode_frame, HostMsg, TUNNEL_WINDOW};
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::OwnedWriteHalf;
+use tokio::sync::{mpsc, Semaphore};
+
+/// Where the guest's proxy listens.
+pub const PROXY_PORT: u16 = 3128;
+
+/// What a sandbox may reach. Off (the default) is no network at all.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkPolicy {
+    /// Any host on the internet (never the host itself, loopback, link-local or metadata).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub internet: bool,
+    /// Only these: `pypi.org` (that name, ports 80 and 443), `*.pythonhosted.org` (its
+    /// subdomains), `host:port`, an IP address (`10.0.0.5`, `[fd00::1]:8080`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum PolicyError {
+    #[error("give `internet: true` or an `allow` list, not both")]
+    Both,
+    #[error("allow entry {0:?}: use a host name (pypi.org), *.domain, host:port or an IP address")]
+    BadEntry(String),
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Entry {
+    /// Lowercase name or IP text; for `*.x`, `x` with `subdomains`.
+    host: String,
+    subdomains: bool,
+    port: Option<u16>,
+}
+
+fn parse_entry(e: &str) -> Option<Entry> {
+    let e = e.trim().to_ascii_lowercase();
+    let (host, port) = if let Some(rest) = e.strip_prefix('[') {
+        let (h, p) = rest.split_once(']')?;
+        let port = match p {
+            "" => None,
+            p => Some(p.strip_prefix(':')?.parse().ok()?),
+        };
+        (h.to_string(), port)
+    } else if e.matches(':').count() == 1 {
+        let (h, p) = e.split_once(':')?;
+        (h.to_string(), Some(p.parse().ok()?))
+    } else {
+        (e.clone(), None)
+    };
+    if host.parse::<IpAddr>().is_ok() {
+        return Some(Entry {
+            host,
+            subdomains: false,
+            port,
+        });
+    }
+    let (name, subdomains) = match host.strip_prefix("*.").or(host.strip_prefix('.')) {
+        Some(n) => (n.to_string(), true),
+        None => (host.trim_end_matches('.').to_string(), false),
+    };
+    let ok = !name.is_empty()
+        && name.len() <= 253
+        && name.split('.').all(|l| {
+            !l.is_empty()
+                && l.len() <= 63
+                && l.chars().all(|c| c.is_ascii_alphanumeric() || c == '-')
+                && !l.starts_with('-')
+        });
+    ok.then_some(Entry {
+        host: name,
+        subdomains,
+        port,
+    })
+}
+
+impl NetworkPolicy {
+    pub fn is_off(&self) -> bool {
+        !self.internet && self.allow.is_empty()
+    }
+
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        if self.internet && !self.allow.is_empty() {
+            return Err(PolicyError::Both);
+        }
+        for e in &self.allow {
+            parse_entry(e).ok_or_else(|| PolicyError::BadEntry(e.clone()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the policy lets a program ask for `host`:`port` (before resolution).
+    pub fn permits_name(&self, host: &str, port: u16) -> Result<(), String> {
+        if self.is_off() {
+            return Err("the network is off for this sandbox (create it with network {internet: true} or an allow list)".into());
+        }
+        if self.internet {
+            return Ok(());
+        }
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let allowed = self.allow.iter().filter_map(|e| parse_entry(e)).any(|e| {
+            let name_ok = if e.subdomains {
+                host.ends_with(&format!(".{}", e.host))
+            } else {
+                host == e.host
+            };
+            let port_ok = match e.port {
+                Some(p) => p == port,
+                None => port == 80 || port == 443,
+            };
+            name_ok && port_ok
+        });
+        if allowed {
+            Ok(())
+        } else {
+            Err(format!("{host}:{port} is not in this sandbox's allow list"))
+        }
+    }
+}
+
+/// Addresses a sandbox may never reach, whatever its policy: the host's own, loopback,
+/// link-local (with 169.254.169.254), multicast, unspecified, broadcast.
+pub fn never_reachable(ip: IpAddr, host_addrs: &[IpAddr]) -> bool {
+    let ip = match ip {
+        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        v4 => v4,
+    };
+    if host_addrs.contains(&ip) || ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+        return true;
+    }
+    match ip {
+        IpAddr::V4(v4) => v4.is_link_local() || v4.is_broadcast() || v4.octets()[0] == 0,
+        IpAddr::V6(v6) => (v6.segments()[0] & 0xffc0) == 0xfe80,
+    }
+}
+
+/// The addresses of this host's interfaces.
+fn host_addresses() -> Vec<IpAddr> {
+    let Ok(addrs) = nix::ifaddrs::getifaddrs() else {
+        return Vec::new();
+    };
+    addrs
+        .filter_map(|a| {
+            let s = a.address?;
+            if let Some(v4) = s.as_sockaddr_in() {
+                return Some(IpAddr::V4(v4.ip()));
+            }
+            s.as_sockaddr_in6().map(|v6| IpAddr::V6(v6.ip()))
+        })
+        .collect()
+}
+
+/// Decides a tunnel request: the address to connect to, or why not.
+pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<SocketAddr, String> {
+    policy.permits_name(host, port)?;
+    let found = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::net::lookup_host((host, port)),
+    )
+    .await
+    .map_err(|_| format!("resolving {host} timed out"))?
+    .map_err(|e| format!("cannot resolve {host}: {e}"))?;
+    let own = host_addresses();
+    let mut refused = Vec::new();
+    for a in found {
+        if never_reachable(a.ip(), &own) {
+            refused.push(a.ip().to_string());
+        } else {
+            return Ok(a);
+        }
+    }
+    Err(format!(
+        "{host} resolves only to addresses a sandbox may never reach (the host itself, loopback, link-local/metadata): {}",
+        refused.join(", ")
+    ))
+}
+
+/// One tunnel's host side.
+struct Open {
+    to_remote: mpsc::UnboundedSender<Option<Vec<u8>>>,
+    credit: Arc<Semaphore>,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+}
+
+/// The tunnels of one sandbox's agent connection, and the policy that opens them.
+pub struct HostNet {
+    policy: RwLock<NetworkPolicy>,
+    open: Mutex<HashMap<u32, Open>>,
+    pub bytes_out: AtomicU64,
+    pub bytes_in: AtomicU64,
+    pub refused: AtomicU64,
+}
+
+type Writer = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
+
+async fn send(w: &Writer, msg: &HostMsg) -> bool {
+    let Ok(frame) = encode_frame(msg) else {
+        return false;
+    };
+    w.lock().await.write_all(&frame).await.is_ok()
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl Default for HostNet {
+    fn default() -> Self {
+        HostNet {
+            policy: RwLock::new(NetworkPolicy::default()),
+            open: Mutex::new(HashMap::new()),
+            bytes_out: AtomicU64::new(0),
+            bytes_in: AtomicU64::new(0),
+            refused: AtomicU64::new(0),
+        }
+    }
+}
+
+impl HostNet {
+    pub fn set_policy(&self, p: NetworkPolicy) {
+        *self.policy.write().unwrap_or_else(|p| p.into_inner()) = p;
+    }
+
+    pub fn policy(&self) -> NetworkPolicy {
+        self.policy
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// Handles one tunnel message from the agent.
+    pub fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg, w: &Writer) {
+        use forkbox_protocol::AgentMsg as A;
+        match msg {
+            A::TunnelOpen { tunnel, host, port } => {
+                let (net, w) = (self.clone(), w.clone());
+                tokio::spawn(async move { net.open(tunnel, host, port, w).await });
+            }
+            A::TunnelData { tunnel, data } => {
+                self.bytes_out
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let sent = lock(&self.open)
+                    .get(&tunnel)
+                    .map(|o| o.to_remote.send(Some(data)).is_ok());
+                if sent != Some(true) {
+                    let w = w.clone();
+                    tokio::spawn(async move { send(&w, &HostMsg::TunnelClose { tunnel }).await });
+                }
+            }
+            A::TunnelEof { tunnel } => {
+                if let Some(o) = lock(&self.open).get(&tunnel) {
+                    let _ = o.to_remote.send(None);
+                }
+            }
+            A::TunnelAck { tunnel, bytes } => {
+                if let Some(o) = lock(&self.open).get(&tunnel) {
+                    o.credit.add_permits(bytes as usize);
+                }
+            }
+            A::TunnelClose { tunnel } => self.forget(tunnel),
+            _ => {}
+        }
+    }
+
+    fn forget(&self, tunnel: u32) {
+        if let Some(o) = lock(&self.open).remove(&tunnel) {
+            o.credit.close();
+            for t in o.tasks {
+                t.abort();
+            }
+        }
+    }
+
+    /// Every tunnel ends (the VM is going away).
+    pub fn close_all(&self) {
+        let all: Vec<u32> = lock(&self.open).keys().copied().collect();
+        for t in all {
+            self.forget(t);
+        }
+    }
+
+    async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16, w: Writer) {
+        let policy = self.policy();
+        let addr = match resolve(&policy, &host, port).await {
+            Ok(a) => a,
+            Err(why) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                tracing::info!("tunnel to {host}:{port} refused: {why}");
+                send(
+                    &w,
+                    &HostMsg::TunnelReady {
+                        tunnel,
+                        error: Some(why),
+                    },
+                )
+                .await;
+                return;
+            }
+        };
+        let stream = match tokio::time::timeout(
+            Duration::from_secs(15),
+            tokio::net::TcpStream::connect(addr),
+        )
+        .await
+        {
+            Ok(Ok(s)) => s,
+            Ok(Err(e)) => {
+                let why = format!("{host}:{port} ({addr}): {e}");
+                send(
+                    &w,
+                    &HostMsg::TunnelReady {
+                        tunnel,
+                        error: Some(why),
+                    },
+                )
+                .await;
+                return;
+            }
+            Err(_) => {
+                let why = format!("{host}:{port} ({addr}): connection timed out");
+                send(
+                    &w,
+                    &HostMsg::TunnelReady {
+                        tunnel,
+                        error: Some(why),
+                    },
+                )
+                .await;
+                return;
+            }
+        };
+        let (mut rd, mut wr) = stream.into_split();
+        let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
+        let credit = Arc::new(Semaphore::new(TUNNEL_WINDOW as usize));
+        // Remote -> guest, within the agent's acknowledgements.
+        let down = {
+            let (w, credit, net) = (w.clone(), credit.clone(), self.clone());
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    let n = match rd.read(&mut buf).await {
+                        Ok(0) => {
+                            send(&w, &HostMsg::TunnelEof { tunnel }).await;
+                            return;
+                        }
+                        Ok(n) => n,
+                        Err(_) => {
+                            send(&w, &HostMsg::TunnelClose { tunnel }).await;
+                            return;
+                        }
+                    };
+                    match credit.acquire_many(n as u32).await {
+                        Ok(p) => p.forget(),
+                        Err(_) => return,
+                    }
+                    net.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+                    let data = buf[..n].to_vec();
+                    if !send(&w, &HostMsg::TunnelData { tunnel, data }).await {
+                        return;
+                    }
+                }
+            })
+        };
+        // Guest -> remote, acknowledged as written.
+        let up = {
+            let w = w.clone();
+            tokio::spawn(async move {
+                while let Some(m) = rx.recv().await {
+                    match m {
+                        Some(d) => {
+                            if wr.write_all(&d).await.is_err() {
+                                send(&w, &HostMsg::TunnelClose { tunnel }).await;
+                                return;
+                            }
+                            let bytes = d.len() as u32;
+                            send(&w, &HostMsg::TunnelAck { tunnel, bytes }).await;
+                        }
+                        None => {
+                            let _ = wr.shutdown().await;
+                            return;
+                        }
+                    }
+                }
+            })
+        };
+        lock(&self.open).insert(
+            tunnel,
+            Open {
+                to_remote: tx,
+                credit,
+                tasks: vec![down, up],
+            },
+        );
+        send(
+            &w,
+            &HostMsg::TunnelReady {
+                tunnel,
+                error: None,
+            },
+        )
+        .await;
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn allow(list: &[&str]) -> NetworkPolicy {
+        NetworkPolicy {
+            internet: false,
+            allow: list.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    #[test]
+    fn allow_lists_match_names_subdomains_and_ports() {
+        let p = allow(&[
+            "pypi.org",
+            "*.pythonhosted.org",
+            "10.1.2.3:8080",
+            "[fd00::1]:9000",
+        ]);
+        p.validate().unwrap();
+        assert!(p.permits_name("pypi.org", 443).is_ok());
+        assert!(p.permits_name("PyPI.org.", 80).is_ok());
+        assert!(p.permits_name("pypi.org", 22).is_err());
+        assert!(p.permits_name("evil-pypi.org", 443).is_err());
+        assert!(p.permits_name("files.pythonhosted.org", 443).is_ok());
+        assert!(p.permits_name("pythonhosted.org", 443).is_err());
+        assert!(p.permits_name("10.1.2.3", 8080).is_ok());
+        assert!(p.permits_name("10.1.2.3", 80).is_err());
+        assert!(p.permits_name("fd00::1", 9000).is_ok());
+        assert!(NetworkPolicy::default()
+            .permits_name("pypi.org", 443)
+            .is_err());
+        let any = NetworkPolicy {
+            internet: true,
+            allow: vec![],
+        };
+        assert!(any.permits_name("example.org", 22).is_ok());
+    }
+
+    #[test]
+    fn bad_policies_say_what_is_wrong() {
+        assert_eq!(
+            allow(&["pypi.org/simple"]).validate(),
+            Err(PolicyError::BadEntry("pypi.org/simple".into()))
+        );
+        assert!(allow(&["host:99999"]).validate().is_err());
+        assert!(allow(&[""]).validate().is_err());
+        let both = NetworkPolicy {
+            internet: true,
+            allow: vec!["pypi.org".into()],
+        };
+        assert_eq!(both.validate(), Err(PolicyError::Both));
+    }
+
+    #[test]
+    fn the_host_loopback_and_metadata_are_never_reachable() {
+        let own: Vec<IpAddr> = vec!["192.168.1.10".parse().unwrap()];
+        for ip in [
+            "127.0.0.1",
+            "127.8.9.1",
+            "::1",
+            "169.254.169.254",
+            "fe80::1",
+            "0.0.0.0",
+            "::",
+            "224.0.0.1",
+            "255.255.255.255",
+            "192.168.1.10",
+            "::ffff:127.0.0.1",
+            "::ffff:169.254.169.254",
+        ] {
+            assert!(never_reachable(ip.parse().unwrap(), &own), "{ip}");
+        }
+        for ip in [
+            "10.0.0.5",
+            "151.101.0.223",
+            "2a04:4e42::223",
+            "192.168.1.11",
+        ] {
+            assert!(!never_reachable(ip.parse().unwrap(), &own), "{ip}");
+        }
+    }
+
+    #[tokio::test]
+    async fn names_that_resolve_to_the_host_are_refused() {
+        let p = allow(&["localhost:8080", "127.0.0.1:8080"]);
+        let e = resolve(&p, "localhost", 8080).await.unwrap_err();
+        assert!(e.contains("may never reach"), "{e}");
+        let e = resolve(&p, "127.0.0.1", 8080).await.unwrap_err();
+        assert!(e.contains("may never reach"), "{e}");
+    }
+}
