@@ -42,6 +42,10 @@ pub struct MigrateArgs {
     /// A setup command run in the new image's sandbox before the snapshot (repeatable).
     #[arg(long = "setup")]
     setup: Vec<String>,
+    /// A host the setup commands may reach (repeatable), e.g. pypi.org and
+    /// files.pythonhosted.org; baseline and forks have no network.
+    #[arg(long = "setup-allow", value_name = "HOST")]
+    setup_allow: Vec<String>,
     #[arg(long)]
     json: bool,
 }
@@ -58,6 +62,8 @@ struct MigrationTable {
     runs: Option<u32>,
     #[serde(default)]
     setup: Vec<String>,
+    #[serde(default)]
+    setup_allow: Vec<String>,
     rate_cpu_second: Option<f64>,
     rate_gib_second: Option<f64>,
 }
@@ -115,6 +121,15 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| PathBuf::from("forkbox-migrate-out"));
     let mut setup = table.setup;
     setup.extend(a.setup);
+    let mut setup_allow = table.setup_allow;
+    setup_allow.extend(a.setup_allow);
+    let setup_network = forkbox_engine::net::NetworkPolicy {
+        internet: false,
+        allow: setup_allow,
+    };
+    if let Err(e) = setup_network.validate() {
+        return Ok(usage(format!("--setup-allow: {e}")));
+    }
     let cfg = MigrateConfig {
         from,
         to,
@@ -128,6 +143,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         out: out.clone(),
         runs: a.runs.or(table.runs).unwrap_or(2),
         setup,
+        setup_network,
         format: Format::Auto,
         test_timeout_secs: 3600,
         rate_cpu_second: table.rate_cpu_second.unwrap_or(0.000_014),

@@ -2,7 +2,7 @@
 //! through the run's private API with `forkbox sandbox exec`, and the built-in LLM porter
 //! against a local server that speaks the chat-completions protocol with scripted replies
 //! (tool calls, arguments that are not JSON, a premature "done", a reply that is not JSON, a
-//! model that never answers). Real VMs: the python-bookworm image on both sides, a baseline
+//! model that never answers), and a setup step that may reach only an allow-listed host. Real VMs: the python-bookworm image on both sides, a baseline
 //! (2 runs), a snapshot and four forks at once; about a minute under TCG on a warm test home.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -32,6 +32,8 @@ const TESTS: &str = "from calc import add, sub\n\n\ndef test_add():\n    assert 
 /// What the scripted model server saw: (authorization header, request body) per call.
 #[derive(Default)]
 struct Seen {
+    /// The registry-like server in the test's network namespace.
+    registry: String,
     calls: Vec<(String, Value)>,
     per_model: HashMap<String, usize>,
 }
@@ -61,7 +63,7 @@ async fn completions(
 ) -> axum::response::Response {
     use axum::response::IntoResponse;
     let model = body["model"].as_str().unwrap_or_default().to_string();
-    let n = {
+    let (n, registry) = {
         let mut s = seen.lock().unwrap();
         let auth = headers
             .get("authorization")
@@ -71,7 +73,7 @@ async fn completions(
         s.calls.push((auth, body.clone()));
         let n = s.per_model.entry(model.clone()).or_default();
         *n += 1;
-        *n
+        (*n, s.registry.clone())
     };
     let write = |content: &str| {
         serde_json::to_string(&json!({"path": "calc.py", "content": content})).unwrap()
@@ -90,7 +92,12 @@ async fn completions(
         ("fixer", 4) => {
             // The key must be nowhere in the guest: not in any process's environment or
             // command line, not in the files. (`ke[y]` matches the key, not this pattern.)
-            let check = r#"p='sk-forkbox-test-ke[y]'; n=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$p"); f=$(grep -rls "$p" /work /tmp /plan /root /etc /run 2>/dev/null | wc -l); echo "KEYCHECK $n $f""#;
+            let keycheck = r#"p='sk-forkbox-test-ke[y]'; n=$(cat /proc/[0-9]*/environ /proc/[0-9]*/cmdline 2>/dev/null | tr '\0' '\n' | grep -c "$p"); f=$(grep -rls "$p" /work /tmp /plan /root /etc /run 2>/dev/null | wc -l); echo "KEYCHECK $n $f""#;
+            // What the setup step fetched is in the fork; the fork itself has no network.
+            let netcheck = format!(
+                "cat /tmp/fetched.txt; echo; python3 -c \"import urllib.request; urllib.request.urlopen('http://{registry}/ok.txt', timeout=5)\" 2>/dev/null && echo FORK-REACHED || echo FORK-OFFLINE"
+            );
+            let check = format!("{keycheck}; {netcheck}");
             Json(tools(vec![
                 tool_call("c4", "write_file", &write(FIXED)),
                 tool_call(
@@ -126,7 +133,15 @@ fn host_and_llm_porters_drive_their_forks_from_outside() {
 
     // The scripted model server, on loopback.
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let seen: Shared = Default::default();
+    let web = tempfile::tempdir().unwrap();
+    std::fs::write(web.path().join("ok.txt"), "package index").unwrap();
+    let mut net = infra::TestNet::new();
+    let registry = format!("{}:8080", net.peer_ips[0]);
+    net.serve(&net.peer_ips[0].clone(), 8080, web.path());
+    let seen: Shared = Arc::new(Mutex::new(Seen {
+        registry: registry.clone(),
+        ..Default::default()
+    }));
     let app = Router::new()
         .route("/v1/chat/completions", post(completions))
         .with_state(seen.clone());
@@ -193,6 +208,11 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         .arg(plans.join("plans.toml"))
         .arg("--out")
         .arg(&out)
+        // A setup step with an allow-listed "registry"; baseline and forks stay offline.
+        .args(["--setup-allow", &registry, "--setup"])
+        .arg(format!(
+            "python3 -c \"import urllib.request; open('/tmp/fetched.txt', 'w').write(urllib.request.urlopen('http://{registry}/ok.txt').read().decode())\""
+        ))
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&o.stdout);
@@ -300,6 +320,8 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
     );
     let keycheck = tool_result(fixer[4], "c5").unwrap();
     assert!(keycheck.contains("KEYCHECK 0 0"), "{keycheck}");
+    assert!(keycheck.contains("package index"), "{keycheck}");
+    assert!(keycheck.contains("FORK-OFFLINE"), "{keycheck}");
     let tools: Vec<&str> = fixer[0]["tools"]
         .as_array()
         .unwrap()

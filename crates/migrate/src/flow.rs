@@ -34,6 +34,9 @@ pub struct MigrateConfig {
     pub runs: u32,
     /// Commands run in the new image's sandbox before the snapshot (e.g. `pip install -e .`).
     pub setup: Vec<String>,
+    /// The network the setup steps may use (e.g. an allow list with the package registry);
+    /// baseline runs and forks have none.
+    pub setup_network: forkbox_engine::net::NetworkPolicy,
     pub format: Format,
     pub test_timeout_secs: u64,
     /// Price of a vCPU-second and of a GiB-second of guest memory, for the cost estimate.
@@ -298,7 +301,14 @@ pub async fn migrate(
     // 2. Prepare on the new toolchain, then snapshot.
     let t = Instant::now();
     note(&format!("prepare: starting a sandbox of {}", cfg.to));
-    let new = Sandbox::create(paths, &image_cfg(&cfg.to)?).await?;
+    let new = Sandbox::create(
+        paths,
+        &SandboxConfig {
+            network: cfg.setup_network.clone(),
+            ..image_cfg(&cfg.to)?
+        },
+    )
+    .await?;
     let prepared = async {
         upload(&new, &cfg.code, WORKDIR).await?;
         upload(&new, &cfg.plans_dir, PLANDIR).await?;

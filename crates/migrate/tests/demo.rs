@@ -30,6 +30,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         out: out.path().to_path_buf(),
         runs: 2,
         setup: vec![],
+        setup_network: Default::default(),
         format: Format::Auto,
         test_timeout_secs: 600,
         rate_cpu_second: 0.0,
