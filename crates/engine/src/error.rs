@@ -98,6 +98,8 @@ impl ImageError {
 
 #[derive(Debug, thiserror::Error)]
 pub enum VmError {
+    #[error("could not confine QEMU: {detail} (FORKBOX_JAIL=off runs it unconfined)")]
+    Jail { detail: String },
     #[error("KVM was requested, but this host cannot run a standard guest under KVM ({reason}); use --accel tcg, or --accel auto to choose")]
     KvmUnavailable { reason: String },
     #[error("QEMU could not be started ({program}): {source}; {SETUP_HINT}")]

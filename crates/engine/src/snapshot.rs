@@ -574,6 +574,14 @@ fn active_disk(q: &mut Qmp) -> Result<PathBuf, VmError> {
 /// Writes `meta` into `tmp` and moves `tmp` to `dest` in one step; the snapshot exists whole or
 /// not at all.
 pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot, SnapshotError> {
+    // A jailed QEMU wrote these files under a uid of its own: they are root's from now on.
+    crate::vm::jail::reclaim(tmp).map_err(io(format!("take back {}", tmp.display())))?;
+    if crate::vm::jail::enabled() && tmp.join(MEM).exists() {
+        crate::vm::jail::share_ram_file(&tmp.join(MEM)).map_err(|e| SnapshotError::Io {
+            what: "share the RAM file with jailed QEMUs".into(),
+            source: std::io::Error::other(e.to_string()),
+        })?;
+    }
     let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
     for f in [tmp.join(MEM), disk] {
         if let Ok(file) = std::fs::File::open(&f) {

@@ -363,6 +363,88 @@ async fn each_qemu_is_confined_by_host_cgroup_limits() {
     assert!(!v2.exists());
 }
 
+/// Two restores. Each QEMU runs jailed: a uid of its own with no capabilities, no_new_privs,
+/// seccomp, its own mount/network/IPC/UTS namespaces, and a root holding only its files, all
+/// read-only but its run and disk directories (and its RAM file's directory, for QEMU 7.2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn each_qemu_runs_jailed_as_a_user_of_its_own() {
+    use forkbox_engine::vm::jail;
+    let (paths, cfg) = config();
+    let a = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let b = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let status = |pid: u32, key: &str| -> String {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with(&format!("{key}:")))
+            .unwrap()
+            .split_whitespace()
+            .nth(1)
+            .unwrap()
+            .to_string()
+    };
+    let (pa, pb) = (a.info().qemu_pid, b.info().qemu_pid);
+    let (ua, ub): (u32, u32) = (
+        status(pa, "Uid").parse().unwrap(),
+        status(pb, "Uid").parse().unwrap(),
+    );
+    assert!(ua >= jail::UID_BASE && ub >= jail::UID_BASE, "{ua} {ub}");
+    assert_ne!(ua, ub, "each QEMU has a uid of its own");
+    for pid in [pa, pb] {
+        assert_eq!(status(pid, "CapEff"), "0000000000000000");
+        assert_eq!(status(pid, "CapBnd").len(), 16);
+        assert_eq!(status(pid, "NoNewPrivs"), "1");
+        assert_eq!(status(pid, "Seccomp"), "2");
+        for ns in ["mnt", "net", "ipc", "uts"] {
+            let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
+            let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
+            assert_ne!(theirs, ours, "{ns} namespace");
+        }
+        // What it sees: no /proc, /sys, /etc beyond ld.so.cache, no other sandbox.
+        let root = std::path::PathBuf::from(format!("/proc/{pid}/root"));
+        for absent in ["proc", "sys", "etc/shadow", "etc/passwd", "root", "home"] {
+            assert!(
+                !root.join(absent).exists(),
+                "{absent} is visible in the jail"
+            );
+        }
+        let other = if pid == pa { b.info() } else { a.info() };
+        let other_run = paths.run().join(&other.id);
+        assert!(!root.join(other_run.strip_prefix("/").unwrap()).exists());
+        let images = paths.home().join("images");
+        let image_entries: Vec<_> = std::fs::read_dir(root.join(images.strip_prefix("/").unwrap()))
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(
+            image_entries.len(),
+            1,
+            "only its own image: {image_entries:?}"
+        );
+        // Every mount is read-only but the ones it writes.
+        let mounts = std::fs::read_to_string(format!("/proc/{pid}/mountinfo")).unwrap();
+        let me = if pid == pa { a.info() } else { b.info() };
+        let writable: Vec<String> = mounts
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                let opts = f.get(5)?;
+                (!opts.split(',').any(|o| o == "ro")).then(|| f.get(4).unwrap().to_string())
+            })
+            .collect();
+        for w in &writable {
+            let ok = w == "/dev/null"
+                || w == "/dev/urandom"
+                || w.contains(&me.id)
+                || w.contains("/templates/")
+                || w.contains("/snapshots/");
+            assert!(ok, "{w} is writable in the jail: {writable:?}");
+        }
+    }
+    a.destroy().await;
+    b.destroy().await;
+}
+
 /// One restore. With the network off (the default) the guest has no network device at all
 /// and no proxy: a listener on the host's loopback cannot be reached by any address the guest
 /// could try.

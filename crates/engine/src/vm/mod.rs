@@ -1,6 +1,7 @@
 //! QEMU `microvm` guests: the accelerator decision and the QEMU process.
 
 mod accel;
+pub mod jail;
 mod qemu;
 pub mod qmp;
 

@@ -348,6 +348,42 @@ impl VmConfig {
     }
 }
 
+/// The jail a VM's QEMU runs in (see [`super::jail`]); gives it the files it writes.
+fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
+    use super::jail;
+    let mut rw = Vec::new();
+    let disk_dir = cfg.disk.parent().unwrap_or(Path::new("/")).to_path_buf();
+    let mut ro = vec![cfg.kernel.clone(), cfg.initramfs.clone()];
+    ro.extend(jail::backing_chain(&cfg.disk));
+    let mut mine = vec![cfg.run_dir.clone(), disk_dir.clone()];
+    match &cfg.memory {
+        Memory::Anonymous => {}
+        Memory::SharedFile(f) => mine.push(f.parent().unwrap_or(Path::new("/")).to_path_buf()),
+        Memory::PrivateFile(f) => {
+            jail::share_ram_file(f)?;
+            rw.push(f.parent().unwrap_or(Path::new("/")).to_path_buf());
+        }
+    }
+    mine.sort();
+    mine.dedup();
+    let j = jail::Jail::new(&jail::Needs {
+        run_dir: &cfg.run_dir,
+        rw: mine
+            .iter()
+            .filter(|p| **p != cfg.run_dir)
+            .cloned()
+            .chain(rw)
+            .collect(),
+        ro,
+        kvm: cfg.accel == Accel::Kvm,
+        die_with_parent: cfg.die_with_parent,
+    })?;
+    for p in &mine {
+        jail::give(p, j.uid)?;
+    }
+    Ok(j)
+}
+
 impl Vm {
     pub fn spawn(cfg: &VmConfig) -> Result<Vm, VmError> {
         let program = crate::setup::which(QEMU).unwrap_or_else(|| PathBuf::from(QEMU));
@@ -363,7 +399,15 @@ impl Vm {
             .kill_on_drop(true)
             // Its own process group: Ctrl-C reaches the front-end, which then cleans up.
             .process_group(0);
-        if cfg.die_with_parent {
+        if super::jail::enabled() {
+            let jail = jail_for(cfg)?;
+            // SAFETY: `enter` runs in the child between fork and exec and makes only system
+            // calls on data prepared before the fork (see `Jail::enter`); it sets the
+            // parent-death signal itself, after changing credentials (which clears it).
+            unsafe {
+                cmd.pre_exec(move || jail.enter());
+            }
+        } else if cfg.die_with_parent {
             // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of
             // the parent; it runs in the child between fork and exec. The signal fires when the
             // *thread* that forked exits, so callers spawn from a thread that lives as long as

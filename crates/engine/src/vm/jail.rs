@@ -1,0 +1,391 @@
+//! QEMU's confinement, after Firecracker's jailer. Each QEMU starts, between fork and exec:
+//!
+//! - in new mount, IPC, UTS and network namespaces (it needs no network: a sandbox has no
+//!   network device, and its proxy's traffic goes through the agent channel, a Unix socket);
+//! - chrooted into a tmpfs (read-only once built) that holds only what this VM needs, each at
+//!   its host path: `/usr` and the merged-usr links read-only, `/etc/ld.so.cache`, three
+//!   device nodes (`null`, `urandom`, and `kvm` under KVM), the kernel and initramfs and the disk's
+//!   backing chain read-only, and read-write its run directory (sockets), its own disk
+//!   directory, and the directory of its RAM file. No `/proc`, no `/sys`, no other sandbox;
+//! - as a user of its own (a random uid in a range no account uses) with the group
+//!   `forkbox-vmm` (and `kvm` when it uses `/dev/kvm`), so it has no capabilities and can
+//!   neither signal nor trace another sandbox's QEMU nor read another's files;
+//! - with `no_new_privs`, then QEMU's own seccomp filter (`-sandbox on,...`) and, from the
+//!   host, its cgroup limits ([`crate::limits`]).
+//!
+//! Not done: a PID namespace. QEMU cannot start processes (seccomp `spawn=deny`), runs under a
+//! uid no other process has and sees no `/proc`; making it PID 1 of a namespace would need an
+//! extra process between forkbox and QEMU (whose PID forkbox records and adopts).
+//!
+//! QEMU 7.2 opens a RAM file it maps private read-write (`readonly=on` would map it read-only),
+//! so a snapshot's RAM file is group-writable by `forkbox-vmm` and mounted read-write into the
+//! jails of its copies. A QEMU taken over from inside its guest could write the RAM file of the
+//! snapshot it was restored from (and so the later copies of it); it sees no other.
+//! `FORKBOX_JAIL=off` runs QEMU unconfined, as forkbox's own user (for debugging).
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
+
+use crate::error::VmError;
+
+/// Uids given to QEMUs: `UID_BASE..UID_BASE + UID_RANGE`, far above any account's.
+pub const UID_BASE: u32 = 2_000_000_000;
+pub const UID_RANGE: u32 = 100_000_000;
+/// The group of every jailed QEMU (may open snapshots' RAM files).
+pub const GROUP: &str = "forkbox-vmm";
+
+/// Whether QEMUs are confined (the default; `FORKBOX_JAIL=off` turns it off).
+pub fn enabled() -> bool {
+    std::env::var("FORKBOX_JAIL").map_or(true, |v| v != "off")
+}
+
+fn group_id(name: &str) -> Option<u32> {
+    let text = std::fs::read_to_string("/etc/group").ok()?;
+    text.lines().find_map(|l| {
+        let mut f = l.split(':');
+        (f.next()? == name).then(|| f.nth(1)?.parse().ok())?
+    })
+}
+
+/// The `forkbox-vmm` group's id, creating the group (a system group) the first time.
+pub fn vmm_gid() -> Result<u32, VmError> {
+    static GID: OnceLock<Result<u32, String>> = OnceLock::new();
+    GID.get_or_init(|| {
+        if let Some(g) = group_id(GROUP) {
+            return Ok(g);
+        }
+        let out = std::process::Command::new("groupadd")
+            .args(["--system", GROUP])
+            .output()
+            .map_err(|e| format!("groupadd: {e}"))?;
+        // Another process may have made it meanwhile.
+        group_id(GROUP).ok_or_else(|| {
+            format!(
+                "groupadd --system {GROUP} failed: {}",
+                String::from_utf8_lossy(&out.stderr).trim()
+            )
+        })
+    })
+    .clone()
+    .map_err(|detail| VmError::Jail { detail })
+}
+
+fn cstr(p: &Path) -> Result<CString, VmError> {
+    CString::new(p.as_os_str().as_bytes()).map_err(|_| VmError::Jail {
+        detail: format!("{} has a NUL byte", p.display()),
+    })
+}
+
+/// One step of building the jail, prepared before fork so the child only makes system calls.
+enum Op {
+    Dir(CString),
+    File(CString),
+    Link {
+        target: CString,
+        at: CString,
+    },
+    Bind {
+        src: CString,
+        dst: CString,
+        ro: bool,
+    },
+}
+
+/// A jail, ready to be entered by a child between fork and exec.
+pub struct Jail {
+    root: CString,
+    ops: Vec<Op>,
+    pub uid: u32,
+    gid: u32,
+    groups: Vec<libc::gid_t>,
+    die_with_parent: bool,
+}
+
+/// What a VM needs inside its jail.
+pub struct Needs<'a> {
+    pub run_dir: &'a Path,
+    /// Read-write: its own disk directory, its RAM file's directory.
+    pub rw: Vec<PathBuf>,
+    /// Read-only: kernel, initramfs, the disk's backing chain.
+    pub ro: Vec<PathBuf>,
+    pub kvm: bool,
+    pub die_with_parent: bool,
+}
+
+fn random_uid() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = getrandom::getrandom(&mut b);
+    UID_BASE + u32::from_le_bytes(b) % UID_RANGE
+}
+
+impl Jail {
+    pub fn new(n: &Needs<'_>) -> Result<Jail, VmError> {
+        let root = n.run_dir.join("jail");
+        std::fs::create_dir_all(&root).map_err(|e| VmError::io("create the jail's root", e))?;
+        let gid = vmm_gid()?;
+        let uid = random_uid();
+        let mut ops = Vec::new();
+        let inside = |p: &Path| -> Result<CString, VmError> {
+            cstr(&root.join(p.strip_prefix("/").unwrap_or(p)))
+        };
+        let dirs_for = |p: &Path, ops: &mut Vec<Op>| -> Result<(), VmError> {
+            let mut acc = PathBuf::from("/");
+            for c in p.parent().into_iter().flat_map(|d| d.components().skip(1)) {
+                acc.push(c);
+                ops.push(Op::Dir(inside(&acc)?));
+            }
+            Ok(())
+        };
+        let bind = |src: &Path, ro: bool, ops: &mut Vec<Op>| -> Result<(), VmError> {
+            let meta = std::fs::symlink_metadata(src)
+                .map_err(|e| VmError::io(format!("find {} for the jail", src.display()), e))?;
+            dirs_for(src, ops)?;
+            if meta.file_type().is_symlink() {
+                let target = std::fs::read_link(src)
+                    .map_err(|e| VmError::io(format!("read link {}", src.display()), e))?;
+                ops.push(Op::Link {
+                    target: cstr(&target)?,
+                    at: inside(src)?,
+                });
+                return Ok(());
+            }
+            ops.push(if meta.is_dir() {
+                Op::Dir(inside(src)?)
+            } else {
+                Op::File(inside(src)?)
+            });
+            ops.push(Op::Bind {
+                src: cstr(src)?,
+                dst: inside(src)?,
+                ro,
+            });
+            Ok(())
+        };
+        for sys in [
+            "/usr",
+            "/lib",
+            "/lib64",
+            "/bin",
+            "/sbin",
+            "/etc/ld.so.cache",
+        ] {
+            if std::fs::symlink_metadata(sys).is_ok() {
+                bind(Path::new(sys), true, &mut ops)?;
+            }
+        }
+        let mut devices = vec!["/dev/null", "/dev/urandom"];
+        let mut groups = vec![gid];
+        if n.kvm {
+            devices.push("/dev/kvm");
+            if let Ok(m) = std::fs::metadata("/dev/kvm") {
+                groups.push(std::os::unix::fs::MetadataExt::gid(&m));
+            }
+        }
+        for d in devices {
+            bind(Path::new(d), false, &mut ops)?;
+        }
+        for p in &n.ro {
+            bind(p, true, &mut ops)?;
+        }
+        for p in n.rw.iter().map(PathBuf::as_path).chain([n.run_dir]) {
+            bind(p, false, &mut ops)?;
+        }
+        Ok(Jail {
+            root: cstr(&root)?,
+            ops,
+            uid,
+            gid,
+            groups,
+            die_with_parent: n.die_with_parent,
+        })
+    }
+
+    /// Enters the jail: called in the child between fork and exec.
+    ///
+    /// Only for a freshly forked child: it changes the calling process's namespaces, root,
+    /// mounts and credentials for good. It makes system calls only (no allocation).
+    pub fn enter(&self) -> std::io::Result<()> {
+        use std::io::Error;
+        // SAFETY: every pointer passed is a NUL-terminated string (a `CString` owned by `self`
+        // or a literal) or the group list owned by `self`, valid for the whole call; these
+        // calls read those and write no memory of this process.
+        unsafe {
+            let check = |r: libc::c_int| {
+                if r == 0 {
+                    Ok(())
+                } else {
+                    Err(Error::last_os_error())
+                }
+            };
+            check(libc::unshare(
+                libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET,
+            ))?;
+            let none = std::ptr::null();
+            // Nothing mounted here propagates back to the host.
+            check(libc::mount(
+                none,
+                c"/".as_ptr(),
+                none,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ))?;
+            check(libc::mount(
+                c"tmpfs".as_ptr(),
+                self.root.as_ptr(),
+                c"tmpfs".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                c"mode=0755,size=1m".as_ptr().cast(),
+            ))?;
+            for op in &self.ops {
+                match op {
+                    // A path may already exist (inside an earlier, read-only bind): that is fine.
+                    Op::Dir(p) => {
+                        if libc::mkdir(p.as_ptr(), 0o755) != 0
+                            && libc::access(p.as_ptr(), libc::F_OK) != 0
+                        {
+                            return Err(Error::last_os_error());
+                        }
+                    }
+                    Op::File(p) => {
+                        let fd = libc::open(
+                            p.as_ptr(),
+                            libc::O_CREAT | libc::O_RDONLY | libc::O_CLOEXEC,
+                            0o644,
+                        );
+                        if fd < 0 {
+                            return Err(Error::last_os_error());
+                        }
+                        libc::close(fd);
+                    }
+                    Op::Link { target, at } => {
+                        if libc::symlink(target.as_ptr(), at.as_ptr()) != 0
+                            && Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                        {
+                            return Err(Error::last_os_error());
+                        }
+                    }
+                    Op::Bind { src, dst, ro } => {
+                        check(libc::mount(
+                            src.as_ptr(),
+                            dst.as_ptr(),
+                            none,
+                            libc::MS_BIND,
+                            std::ptr::null(),
+                        ))?;
+                        let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID;
+                        if *ro {
+                            flags |= libc::MS_RDONLY | libc::MS_NODEV;
+                        }
+                        check(libc::mount(
+                            none,
+                            dst.as_ptr(),
+                            none,
+                            flags,
+                            std::ptr::null(),
+                        ))?;
+                    }
+                }
+            }
+            // The jail's own skeleton is read-only from here.
+            check(libc::mount(
+                none,
+                self.root.as_ptr(),
+                none,
+                libc::MS_REMOUNT
+                    | libc::MS_RDONLY
+                    | libc::MS_NOSUID
+                    | libc::MS_NODEV
+                    | libc::MS_NOEXEC,
+                std::ptr::null(),
+            ))?;
+            check(libc::chdir(self.root.as_ptr()))?;
+            check(libc::chroot(c".".as_ptr()))?;
+            check(libc::chdir(c"/".as_ptr()))?;
+            check(libc::setgroups(self.groups.len(), self.groups.as_ptr()))?;
+            check(libc::setresgid(self.gid, self.gid, self.gid))?;
+            check(libc::setresuid(self.uid, self.uid, self.uid))?;
+            check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+            // Changing credentials cleared any parent-death signal; set it now.
+            if self.die_with_parent {
+                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Makes `path` (and, for a directory, what is directly in it) the jailed QEMU's.
+pub fn give(path: &Path, uid: u32) -> Result<(), VmError> {
+    let gid = vmm_gid()?;
+    let own = |p: &Path| {
+        std::os::unix::fs::lchown(p, Some(uid), Some(gid))
+            .map_err(|e| VmError::io(format!("give {} to the VM's user", p.display()), e))
+    };
+    own(path)?;
+    if path.is_dir() {
+        for e in std::fs::read_dir(path).map_err(|e| VmError::io("list a VM directory", e))? {
+            let e = e.map_err(|e| VmError::io("list a VM directory", e))?;
+            if e.file_name() != "jail" {
+                own(&e.path())?;
+            }
+        }
+    }
+    Ok(())
+}
+
+/// A RAM file copies map private: root's, writable by the `forkbox-vmm` group (QEMU 7.2 opens
+/// it read-write), nobody else's.
+pub fn share_ram_file(path: &Path) -> Result<(), VmError> {
+    use std::os::unix::fs::PermissionsExt;
+    let gid = vmm_gid()?;
+    std::os::unix::fs::chown(path, Some(0), Some(gid))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)))
+        .map_err(|e| VmError::io(format!("set the owner of {}", path.display()), e))
+}
+
+/// Gives a finished snapshot's files back to root (a jailed QEMU wrote them).
+pub fn reclaim(dir: &Path) -> std::io::Result<()> {
+    std::os::unix::fs::lchown(dir, Some(0), Some(0))?;
+    for e in std::fs::read_dir(dir)? {
+        let p = e?.path();
+        std::os::unix::fs::lchown(&p, Some(0), Some(0))?;
+    }
+    Ok(())
+}
+
+/// The files a qcow2 disk reads through its backing chain (not the disk itself), from the
+/// qcow2 headers: each names its backing file at a fixed place. Ends at a raw file.
+pub fn backing_chain(disk: &Path) -> Vec<PathBuf> {
+    use std::io::{Read, Seek, SeekFrom};
+    let mut chain = Vec::new();
+    let mut cur = disk.to_path_buf();
+    while chain.len() < 64 {
+        let Ok(mut f) = std::fs::File::open(&cur) else {
+            break;
+        };
+        let mut h = [0u8; 20];
+        if f.read_exact(&mut h).is_err() || &h[..4] != b"QFI\xfb" {
+            break;
+        }
+        let off = u64::from_be_bytes(h[8..16].try_into().unwrap_or_default());
+        let len = u32::from_be_bytes(h[16..20].try_into().unwrap_or_default()) as usize;
+        if off == 0 || len == 0 || len > 4096 {
+            break;
+        }
+        let mut name = vec![0u8; len];
+        if f.seek(SeekFrom::Start(off)).is_err() || f.read_exact(&mut name).is_err() {
+            break;
+        }
+        let p = PathBuf::from(std::ffi::OsStr::from_bytes(&name));
+        let p = if p.is_absolute() {
+            p
+        } else {
+            cur.parent().unwrap_or(Path::new("/")).join(p)
+        };
+        chain.push(p.clone());
+        cur = p;
+    }
+    chain
+}
