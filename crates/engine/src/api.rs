@@ -218,6 +218,8 @@ pub enum EngineError {
     Snapshot(#[from] crate::snapshot::SnapshotError),
     #[error(transparent)]
     Sandbox(#[from] SandboxError),
+    #[error(transparent)]
+    State(#[from] crate::state::StateError),
 }
 
 /// Commands whose output a sandbox keeps at most (finished ones are dropped oldest first).
@@ -258,18 +260,28 @@ impl Sleeper {
 }
 
 impl Entry {
-    fn persist(&self) -> Result<(), EngineError> {
+    fn record(&self) -> Result<crate::runstate::DaemonRecord, EngineError> {
         let info = serde_json::to_value(self.sandbox.info())
             .map_err(|e| EngineError::BadRequest(e.to_string()))?;
-        self.sandbox
-            .set_daemon_record(Some(crate::runstate::DaemonRecord {
-                info,
-                labels: self.labels.clone(),
-                expires_unix: self.expires_unix,
-                ttl_action: self.ttl_action,
-                created_unix: self.created_unix,
-                network: self.sandbox.network(),
-            }))?;
+        Ok(crate::runstate::DaemonRecord {
+            info,
+            labels: self.labels.clone(),
+            expires_unix: self.expires_unix,
+            ttl_action: self.ttl_action,
+            created_unix: self.created_unix,
+            network: self.sandbox.network(),
+        })
+    }
+
+    /// Puts the sandbox in the daemon's state database (durable when this returns), then
+    /// marks its run record as the daemon's. Without a database (an in-process engine), the
+    /// sandbox lives only as long as this process.
+    fn persist(&self, db: Option<&crate::state::StateDb>) -> Result<(), EngineError> {
+        let Some(db) = db else {
+            return Ok(());
+        };
+        db.put(&self.sandbox.info().id, &self.record()?)?;
+        self.sandbox.set_daemon_owned(true)?;
         Ok(())
     }
 
@@ -294,6 +306,8 @@ pub struct Engine {
     metrics: crate::metrics::Metrics,
     pool: crate::pool::Pool,
     sleepers: tokio::sync::RwLock<HashMap<String, Sleeper>>,
+    /// The daemon's state database; none for an engine that lives only in its process.
+    db: Option<Arc<crate::state::StateDb>>,
 }
 
 fn now_unix() -> u64 {
@@ -317,7 +331,20 @@ impl Engine {
             metrics: Default::default(),
             pool: crate::pool::Pool::new(crate::pool::size_from_env()),
             sleepers: Default::default(),
+            db: None,
         }
+    }
+
+    /// The daemon's engine: what it reports created is in `state.db` in forkbox's home, and a
+    /// daemon started again takes it over (`adopt_all`).
+    pub fn durable(paths: Paths) -> Result<Engine, EngineError> {
+        std::fs::create_dir_all(paths.home())
+            .map_err(|e| EngineError::Sandbox(SandboxError::io("create forkbox's home", e)))?;
+        let db = crate::state::StateDb::open(&paths.home().join("state.db"))?;
+        Ok(Engine {
+            db: Some(Arc::new(db)),
+            ..Engine::new(paths)
+        })
     }
 
     /// An engine with no warm pool, serving sandboxes another owner made (`attach`): the
@@ -382,6 +409,11 @@ impl Engine {
     async fn removed(&self, entry: Entry) {
         let id = entry.sandbox.info().id.clone();
         entry.sandbox.destroy().await;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.remove(&id) {
+                tracing::warn!("{id}: deleted, but its record stays in the state database: {e}");
+            }
+        }
         self.metrics.sandboxes.dec();
         self.metrics.forget(&id);
         // A snapshot made only to fork a sandbox goes with its last copy.
@@ -587,7 +619,7 @@ impl Engine {
                     .get_mut(&id)
                     .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
                 e.expires_unix = Some(expires);
-                e.persist()?;
+                e.persist(self.db.as_deref())?;
                 Ok(Reply::Sandbox(e.view()))
             }
             Command::Snapshot { id, request } => {
@@ -839,7 +871,7 @@ impl Engine {
             from_pool,
             ttl_action,
         };
-        if let Err(e) = entry.persist() {
+        if let Err(e) = entry.persist(self.db.as_deref()) {
             entry.sandbox.destroy().await;
             return Err(e);
         }
@@ -856,10 +888,31 @@ impl Engine {
     /// are cleaned up. Returns the ids adopted.
     pub async fn adopt_all(&self) -> Vec<String> {
         let mut adopted = Vec::new();
-        for (dir, record) in crate::runstate::daemon_records(&self.paths) {
-            match Sandbox::adopt(&self.paths, &dir).await {
-                Some((sandbox, rec)) => {
-                    let id = sandbox.info().id.clone();
+        let Some(db) = &self.db else {
+            return adopted;
+        };
+        let marked = crate::runstate::daemon_records(&self.paths);
+        // Records a forkbox from before the state database kept in the run directory.
+        for (_, r) in &marked {
+            if let crate::runstate::DaemonMark::Legacy(rec) = &r.daemon {
+                if matches!(db.get(&r.id), Ok(None)) {
+                    if let Err(e) = db.put(&r.id, rec) {
+                        tracing::warn!("{}: could not import its record: {e}", r.id);
+                    }
+                }
+            }
+        }
+        let records = match db.all() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read the state database: {e}");
+                return adopted;
+            }
+        };
+        for (id, rec) in records {
+            let dir = self.paths.run().join(&id);
+            match Sandbox::adopt(&self.paths, &dir, &rec).await {
+                Some(sandbox) => {
                     if let Err(e) = sandbox.set_network(rec.network.clone()).await {
                         tracing::warn!(
                             "{id}: its network policy could not be applied ({e}); it stays off"
@@ -870,7 +923,7 @@ impl Engine {
                         next_command: Default::default(),
                         sandbox: Arc::new(sandbox),
                         labels: rec.labels,
-                        created_unix: record.created_unix,
+                        created_unix: rec.created_unix,
                         expires_unix: rec.expires_unix,
                         from_pool: false,
                         ttl_action: rec.ttl_action,
@@ -880,10 +933,20 @@ impl Engine {
                     adopted.push(id);
                 }
                 None => {
-                    tracing::warn!("{}: its VM is gone; removing its files", record.id);
+                    tracing::warn!("{id}: its VM is gone; removing its files");
                     crate::runstate::kill_qemus_of(&dir);
                     let _ = std::fs::remove_dir_all(&dir);
+                    let _ = db.remove(&id);
                 }
+            }
+        }
+        // A run directory marked as the daemon's with no record is one whose delete was
+        // interrupted: finish it.
+        for (dir, r) in marked {
+            if !self.sandboxes.read().await.contains_key(&r.id) {
+                tracing::warn!("{}: not in the state database; removing its files", r.id);
+                crate::runstate::kill_qemus_of(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
             }
         }
         // Hibernated sandboxes are snapshots carrying their record.
@@ -951,8 +1014,16 @@ impl Engine {
             }
         };
         let info = entry.sandbox.info().clone();
-        // Its VM goes; its disks stay (the snapshot's chain holds them).
+        // Its VM goes; its disks stay (the snapshot's chain holds them). From here its record
+        // is the snapshot's.
         entry.sandbox.destroy().await;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.remove(id) {
+                tracing::warn!(
+                    "{id}: hibernated, but its running record stays in the state database: {e}"
+                );
+            }
+        }
         self.metrics.sandboxes.dec();
         self.metrics.forget(id);
         let sleeper = Sleeper {

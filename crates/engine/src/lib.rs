@@ -33,6 +33,7 @@ pub mod runstate;
 pub mod sandbox;
 pub mod setup;
 pub mod snapshot;
+pub mod state;
 pub mod vm;
 
 pub use forkbox_protocol as protocol;

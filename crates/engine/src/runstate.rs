@@ -23,10 +23,46 @@ pub struct RunRecord {
     #[serde(default)]
     pub qemu_start: Option<u64>,
     pub created_unix: u64,
-    /// Set once the daemon has reported the sandbox created: such a sandbox is the daemon's to
-    /// re-adopt after a crash, and the sweep leaves it alone.
-    #[serde(default)]
-    pub daemon: Option<DaemonRecord>,
+    /// Set once the daemon has recorded the sandbox (in its state database, before reporting
+    /// it created): such a sandbox is the daemon's to re-adopt after a crash, and the sweep
+    /// leaves it alone.
+    #[serde(default, deserialize_with = "daemon_mark")]
+    pub daemon: DaemonMark,
+}
+
+/// Whether a run record is the daemon's.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[serde(into = "bool")]
+pub enum DaemonMark {
+    #[default]
+    No,
+    Yes,
+    /// Written by a forkbox before the state database: the record itself, to import.
+    Legacy(Box<DaemonRecord>),
+}
+
+impl DaemonMark {
+    pub fn is_some(&self) -> bool {
+        *self != DaemonMark::No
+    }
+}
+
+impl From<DaemonMark> for bool {
+    fn from(m: DaemonMark) -> bool {
+        m.is_some()
+    }
+}
+
+fn daemon_mark<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DaemonMark, D::Error> {
+    Ok(match Option::<serde_json::Value>::deserialize(d)? {
+        None | Some(serde_json::Value::Null) | Some(serde_json::Value::Bool(false)) => {
+            DaemonMark::No
+        }
+        Some(serde_json::Value::Bool(true)) => DaemonMark::Yes,
+        Some(v) => serde_json::from_value(v)
+            .map(|r| DaemonMark::Legacy(Box::new(r)))
+            .unwrap_or(DaemonMark::Yes),
+    })
 }
 
 /// What the daemon needs to take a sandbox over again.
@@ -79,7 +115,7 @@ impl RunDir {
             owner_start: process_start(me).unwrap_or(0),
             qemu_pid: None,
             qemu_start: None,
-            daemon: None,
+            daemon: DaemonMark::No,
             created_unix: std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map(|d| d.as_secs())

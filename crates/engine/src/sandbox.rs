@@ -523,14 +523,15 @@ impl Sandbox {
         self.run.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Records what the daemon needs to re-adopt this sandbox after a crash (written to disk,
-    /// synced, before it returns). With `None`, the sandbox is no longer the daemon's.
-    pub fn set_daemon_record(
-        &self,
-        record: Option<crate::runstate::DaemonRecord>,
-    ) -> Result<(), SandboxError> {
+    /// Marks the sandbox as the daemon's (its record is in the daemon's state database), so
+    /// that no sweep removes it while the daemon is down; written and synced before it returns.
+    pub fn set_daemon_owned(&self, owned: bool) -> Result<(), SandboxError> {
         let mut run = self.run_dir();
-        run.record.daemon = record;
+        run.record.daemon = if owned {
+            crate::runstate::DaemonMark::Yes
+        } else {
+            crate::runstate::DaemonMark::No
+        };
         run.save()
             .map_err(|e| SandboxError::io(format!("record sandbox {}", self.info.id), e))
     }
@@ -540,9 +541,9 @@ impl Sandbox {
     pub async fn adopt(
         paths: &Paths,
         dir: &std::path::Path,
-    ) -> Option<(Sandbox, crate::runstate::DaemonRecord)> {
+        record: &crate::runstate::DaemonRecord,
+    ) -> Option<Sandbox> {
         let run = RunDir::adopt(dir)?;
-        let record = run.record.daemon.clone()?;
         let info: SandboxInfo = serde_json::from_value(record.info.clone()).ok()?;
         let image = ImageStore::new(paths)
             .resolve(&run.record.image.parse().ok()?)
@@ -573,7 +574,7 @@ impl Sandbox {
                 return None;
             }
         };
-        Some((Sandbox::assemble(info, image, vm, client, run), record))
+        Some(Sandbox::assemble(info, image, vm, client, run))
     }
 
     /// Stops the VM and removes everything the sandbox had on the host. Idempotent.

@@ -54,7 +54,7 @@ impl IntoResponse for ApiError {
             EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
                 StatusCode::BAD_REQUEST
             }
-            EngineError::Sandbox(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            EngineError::Sandbox(_) | EngineError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (
             status,
@@ -478,7 +478,7 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
     }
     // Sandboxes of a daemon that died are taken over before any request is served (their TTLs
     // apply at the first sweep); what other owners left half-made is removed.
-    let engine = Arc::new(Engine::new(paths.clone()));
+    let engine = Arc::new(Engine::durable(paths.clone()).map_err(std::io::Error::other)?);
     for id in engine.adopt_all().await {
         tracing::info!("{id}: re-adopted");
     }
