@@ -32,13 +32,21 @@ pub enum StateError {
 }
 
 /// Schema migrations, applied in order; `PRAGMA user_version` says how many ran.
-const MIGRATIONS: &[&str] = &["CREATE TABLE sandboxes (
+const MIGRATIONS: &[&str] = &[
+    "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY NOT NULL,
         created_unix INTEGER NOT NULL,
         expires_unix INTEGER,
         record TEXT NOT NULL
     ) STRICT;
-    CREATE INDEX sandboxes_expiry ON sandboxes (expires_unix);"];
+    CREATE INDEX sandboxes_expiry ON sandboxes (expires_unix);",
+    // 2: bearer tokens for the TCP listener (their SHA-256 only).
+    "CREATE TABLE tokens (
+        name TEXT NOT NULL,
+        sha256 TEXT NOT NULL UNIQUE,
+        created_unix INTEGER NOT NULL
+    ) STRICT;",
+];
 
 pub struct StateDb {
     conn: Mutex<Connection>,
@@ -53,6 +61,12 @@ impl StateDb {
             source,
         };
         let mut conn = Connection::open(path).map_err(db)?;
+        // Token hashes and sandbox records are root's business only (SQLite gives its -wal and
+        // -shm files the database's mode).
+        {
+            use std::os::unix::fs::PermissionsExt;
+            let _ = std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600));
+        }
         conn.busy_timeout(std::time::Duration::from_secs(5))
             .map_err(db)?;
         conn.pragma_update(None, "journal_mode", "WAL")
@@ -124,6 +138,30 @@ impl StateDb {
             .optional()
             .map_err(|e| self.err(e))?;
         Ok(text.map(|t| serde_json::from_str(&t)).transpose()?)
+    }
+
+    /// Stores a token's hash under a name.
+    pub fn add_token(&self, name: &str, sha256: &str, created_unix: u64) -> Result<(), StateError> {
+        self.conn()
+            .execute(
+                "INSERT INTO tokens (name, sha256, created_unix) VALUES (?1, ?2, ?3)
+                 ON CONFLICT (sha256) DO NOTHING",
+                params![name, sha256, created_unix as i64],
+            )
+            .map_err(|e| self.err(e))?;
+        Ok(())
+    }
+
+    /// The hashes of every stored token.
+    pub fn token_hashes(&self) -> Result<Vec<String>, StateError> {
+        let conn = self.conn();
+        let mut st = conn
+            .prepare("SELECT sha256 FROM tokens")
+            .map_err(|e| self.err(e))?;
+        let rows = st
+            .query_map([], |r| r.get::<_, String>(0))
+            .map_err(|e| self.err(e))?;
+        rows.collect::<Result<Vec<_>, _>>().map_err(|e| self.err(e))
     }
 
     /// Every sandbox recorded, oldest first. A row that cannot be read is skipped with a

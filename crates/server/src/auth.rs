@@ -1,7 +1,8 @@
 //! Bearer tokens for the TCP listener. The Unix socket needs none: its mode (0600) is the check.
 //!
-//! Only a token's SHA-256 is stored (`tokens.json` in forkbox's home, mode 0600); a request's
-//! token is hashed and compared with every stored hash in constant time.
+//! Only a token's SHA-256 is stored (the `tokens` table of the daemon's `state.db`, mode 0600);
+//! a request's token is hashed and compared with every stored hash in constant time. Tokens a
+//! forkbox kept in `tokens.json` before are imported once.
 
 use std::path::PathBuf;
 
@@ -10,7 +11,8 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use forkbox_engine::paths::{write_atomic, Paths};
+use forkbox_engine::paths::Paths;
+use forkbox_engine::state::StateDb;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use subtle::ConstantTimeEq;
@@ -22,15 +24,25 @@ pub struct TokenRecord {
     pub created_unix: u64,
 }
 
-pub fn tokens_path(paths: &Paths) -> PathBuf {
+/// Where tokens were kept before `state.db`.
+pub fn legacy_tokens_path(paths: &Paths) -> PathBuf {
     paths.home().join("tokens.json")
 }
 
-fn load(paths: &Paths) -> Vec<TokenRecord> {
-    std::fs::read(tokens_path(paths))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The state database, with any `tokens.json` of an earlier forkbox imported.
+fn open(paths: &Paths) -> std::io::Result<StateDb> {
+    std::fs::create_dir_all(paths.home())?;
+    let db = StateDb::open(&paths.home().join("state.db")).map_err(std::io::Error::other)?;
+    let legacy = legacy_tokens_path(paths);
+    if let Ok(bytes) = std::fs::read(&legacy) {
+        let old: Vec<TokenRecord> = serde_json::from_slice(&bytes).unwrap_or_default();
+        for t in old {
+            db.add_token(&t.name, &t.sha256, t.created_unix)
+                .map_err(std::io::Error::other)?;
+        }
+        std::fs::rename(&legacy, legacy.with_extension("json.imported"))?;
+    }
+    Ok(db)
 }
 
 fn digest(token: &str) -> [u8; 32] {
@@ -46,29 +58,27 @@ pub fn create(paths: &Paths, name: &str) -> std::io::Result<String> {
     let mut raw = [0u8; 32];
     getrandom::getrandom(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
     let token = format!("fbx_{}", hex(&raw));
-    let mut all = load(paths);
-    all.push(TokenRecord {
-        name: name.to_string(),
-        sha256: hex(&digest(&token)),
-        created_unix: std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_secs())
-            .unwrap_or(0),
-    });
-    let json = serde_json::to_vec_pretty(&all).map_err(std::io::Error::other)?;
-    write_atomic(&tokens_path(paths), &json)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(tokens_path(paths), std::fs::Permissions::from_mode(0o600))?;
+    let created = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    open(paths)?
+        .add_token(name, &hex(&digest(&token)), created)
+        .map_err(std::io::Error::other)?;
     Ok(token)
 }
 
 /// Whether `token` is one of the stored ones. Every stored hash is compared, in constant time.
 pub fn valid(paths: &Paths, token: &str) -> bool {
     let d = hex(&digest(token));
-    load(paths)
+    let Ok(hashes) = open(paths).and_then(|db| db.token_hashes().map_err(std::io::Error::other))
+    else {
+        return false;
+    };
+    hashes
         .iter()
-        .fold(subtle::Choice::from(0), |acc, t| {
-            acc | t.sha256.as_bytes().ct_eq(d.as_bytes())
+        .fold(subtle::Choice::from(0), |acc, h| {
+            acc | h.as_bytes().ct_eq(d.as_bytes())
         })
         .into()
 }
@@ -107,8 +117,31 @@ mod tests {
         assert!(valid(&paths, &t) && valid(&paths, &u));
         assert!(!valid(&paths, &t[..t.len() - 1]));
         assert!(!valid(&paths, ""));
-        let stored = std::fs::read_to_string(tokens_path(&paths)).unwrap();
-        assert!(!stored.contains(&t), "the token itself must not be stored");
+        let stored = std::fs::read(paths.home().join("state.db")).unwrap();
+        assert!(
+            !String::from_utf8_lossy(&stored).contains(&t),
+            "the token itself must not be stored"
+        );
         let _ = std::fs::remove_dir_all(&home);
+    }
+
+    #[test]
+    fn tokens_of_an_earlier_forkbox_are_imported() {
+        let home = tempfile::tempdir().unwrap();
+        let paths = Paths::new(home.path());
+        let token = "fbx_old";
+        let old = vec![TokenRecord {
+            name: "old".into(),
+            sha256: hex(&digest(token)),
+            created_unix: 1,
+        }];
+        std::fs::write(
+            legacy_tokens_path(&paths),
+            serde_json::to_vec(&old).unwrap(),
+        )
+        .unwrap();
+        assert!(valid(&paths, token));
+        assert!(!legacy_tokens_path(&paths).exists());
+        assert!(valid(&paths, token), "still valid once imported");
     }
 }
