@@ -250,14 +250,19 @@ fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>
         .unwrap();
     assert_eq!(line, "ready\n");
     let cli = child.id();
-    // This CLI's QEMU: its child, whose command line names the sandbox's run directory.
+    // This CLI's QEMU: the child of its jail's holder (or its own child, unjailed), whose
+    // command line names the sandbox's run directory.
+    let parent = |pid: u32| -> Option<u32> {
+        std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .ok()?
+            .lines()
+            .find_map(|l| l.strip_prefix("PPid:\t")?.parse().ok())
+    };
     let qemus: Vec<u32> = infra::qemus_of(paths)
         .into_iter()
         .filter(|q| {
-            std::fs::read_to_string(format!("/proc/{q}/status"))
-                .unwrap_or_default()
-                .lines()
-                .any(|l| l == format!("PPid:\t{cli}"))
+            let p = parent(*q);
+            p == Some(cli) || p.and_then(parent) == Some(cli)
         })
         .collect();
     assert_eq!(qemus.len(), 1, "one QEMU per run");

@@ -364,7 +364,7 @@ async fn each_qemu_is_confined_by_host_cgroup_limits() {
 }
 
 /// Two restores. Each QEMU runs jailed: a uid of its own with no capabilities, no_new_privs,
-/// seccomp, its own mount/network/IPC/UTS namespaces, and a root holding only its files, all
+/// seccomp, PID 1 of its own PID namespace, its own mount/network/IPC/UTS namespaces, and a root holding only its files, all
 /// read-only but its run and disk directories (and its RAM file's directory, for QEMU 7.2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_qemu_runs_jailed_as_a_user_of_its_own() {
@@ -395,7 +395,25 @@ async fn each_qemu_runs_jailed_as_a_user_of_its_own() {
         assert_eq!(status(pid, "CapBnd").len(), 16);
         assert_eq!(status(pid, "NoNewPrivs"), "1");
         assert_eq!(status(pid, "Seccomp"), "2");
-        for ns in ["mnt", "net", "ipc", "uts"] {
+        // PID 1 of its own PID namespace, under a holder that waits for it.
+        let nspid = std::fs::read_to_string(format!("/proc/{pid}/status"))
+            .unwrap()
+            .lines()
+            .find(|l| l.starts_with("NSpid:"))
+            .unwrap()
+            .split_whitespace()
+            .skip(1)
+            .map(String::from)
+            .collect::<Vec<_>>();
+        assert_eq!(nspid, [pid.to_string(), "1".to_string()]);
+        let holder = status(pid, "PPid");
+        let comm = std::fs::read_to_string(format!("/proc/{holder}/comm")).unwrap();
+        assert_eq!(comm.trim(), "forkbox-holder");
+        assert_eq!(
+            status(holder.parse().unwrap(), "CapEff"),
+            "0000000000000000"
+        );
+        for ns in ["mnt", "net", "ipc", "uts", "pid_for_children"] {
             let theirs = std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).unwrap();
             let ours = std::fs::read_link(format!("/proc/self/ns/{ns}")).unwrap();
             assert_ne!(theirs, ours, "{ns} namespace");

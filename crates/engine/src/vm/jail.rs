@@ -1,7 +1,11 @@
 //! QEMU's confinement, after Firecracker's jailer. Each QEMU starts, between fork and exec:
 //!
-//! - in new mount, IPC, UTS and network namespaces (it needs no network: a sandbox has no
-//!   network device, and its proxy's traffic goes through the agent channel, a Unix socket);
+//! - in its cgroups (joined before anything else, see [`crate::limits`]);
+//! - in new PID, mount, IPC, UTS and network namespaces (it needs no network: a sandbox has no
+//!   network device, and its proxy's traffic goes through the agent channel, a Unix socket).
+//!   QEMU is PID 1 of its namespace; the process forkbox started stays outside as its
+//!   *holder*: it does nothing but wait for QEMU and exit with its status, and QEMU dies with it
+//!   (parent-death signal), so killing either ends both;
 //! - chrooted into a tmpfs (read-only once built) that holds only what this VM needs, each at
 //!   its host path: `/usr` and the merged-usr links read-only, `/etc/ld.so.cache`, three
 //!   device nodes (`null`, `urandom`, and `kvm` under KVM), the kernel and initramfs and the disk's
@@ -12,10 +16,6 @@
 //!   neither signal nor trace another sandbox's QEMU nor read another's files;
 //! - with `no_new_privs`, then QEMU's own seccomp filter (`-sandbox on,...`) and, from the
 //!   host, its cgroup limits ([`crate::limits`]).
-//!
-//! Not done: a PID namespace. QEMU cannot start processes (seccomp `spawn=deny`), runs under a
-//! uid no other process has and sees no `/proc`; making it PID 1 of a namespace would need an
-//! extra process between forkbox and QEMU (whose PID forkbox records and adopts).
 //!
 //! QEMU 7.2 opens a RAM file it maps private read-write (`readonly=on` would map it read-only),
 //! so a snapshot's RAM file is group-writable by `forkbox-vmm` and mounted read-write into the
@@ -101,6 +101,8 @@ pub struct Jail {
     gid: u32,
     groups: Vec<libc::gid_t>,
     die_with_parent: bool,
+    /// `cgroup.procs` files to join first.
+    procs: Vec<CString>,
 }
 
 /// What a VM needs inside its jail.
@@ -112,6 +114,8 @@ pub struct Needs<'a> {
     pub ro: Vec<PathBuf>,
     pub kvm: bool,
     pub die_with_parent: bool,
+    /// The `cgroup.procs` files of its cgroups.
+    pub cgroups: Vec<PathBuf>,
 }
 
 fn random_uid() -> u32 {
@@ -199,6 +203,11 @@ impl Jail {
             gid,
             groups,
             die_with_parent: n.die_with_parent,
+            procs: n
+                .cgroups
+                .iter()
+                .map(|p| cstr(p))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -219,8 +228,24 @@ impl Jail {
                     Err(Error::last_os_error())
                 }
             };
+            // Into its cgroups first: QEMU, forked below, starts inside them.
+            for p in &self.procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(Error::last_os_error());
+                }
+                let n = libc::write(fd, c"0".as_ptr().cast(), 1);
+                libc::close(fd);
+                if n != 1 {
+                    return Err(Error::last_os_error());
+                }
+            }
             check(libc::unshare(
-                libc::CLONE_NEWNS | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET,
+                libc::CLONE_NEWNS
+                    | libc::CLONE_NEWIPC
+                    | libc::CLONE_NEWUTS
+                    | libc::CLONE_NEWNET
+                    | libc::CLONE_NEWPID,
             ))?;
             let none = std::ptr::null();
             // Nothing mounted here propagates back to the host.
@@ -311,8 +336,41 @@ impl Jail {
             if self.die_with_parent {
                 check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
             }
+            // QEMU must be a child to be PID 1 of the new namespace.
+            let qemu = libc::fork();
+            if qemu < 0 {
+                return Err(Error::last_os_error());
+            }
+            if qemu == 0 {
+                // QEMU dies with its holder.
+                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+                return Ok(());
+            }
+            // The holder: no descriptors (among them the pipe through which the starting
+            // process learns that exec happened), just waiting.
+            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+                for fd in 3..1024 {
+                    libc::close(fd);
+                }
+            }
+            libc::prctl(libc::PR_SET_NAME, c"forkbox-holder".as_ptr());
+            let mut status = 0;
+            loop {
+                let r = libc::waitpid(qemu, &mut status, 0);
+                if r == qemu {
+                    break;
+                }
+                if r < 0 && *libc::__errno_location() != libc::EINTR {
+                    libc::_exit(127);
+                }
+            }
+            let code = if libc::WIFEXITED(status) {
+                libc::WEXITSTATUS(status)
+            } else {
+                128 + libc::WTERMSIG(status)
+            };
+            libc::_exit(code);
         }
-        Ok(())
     }
 }
 

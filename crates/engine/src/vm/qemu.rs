@@ -348,8 +348,26 @@ impl VmConfig {
     }
 }
 
+/// The QEMU a jail's holder started (its only child), waiting briefly for the fork.
+fn qemu_of_holder(holder: u32) -> Option<u32> {
+    let path = format!("/proc/{holder}/task/{holder}/children");
+    for _ in 0..2000 {
+        match std::fs::read_to_string(&path) {
+            Ok(s) => {
+                if let Some(pid) = s.split_whitespace().next().and_then(|p| p.parse().ok()) {
+                    return Some(pid);
+                }
+            }
+            // The holder is gone: QEMU failed at once.
+            Err(_) => return None,
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    None
+}
+
 /// The jail a VM's QEMU runs in (see [`super::jail`]); gives it the files it writes.
-fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
+fn jail_for(cfg: &VmConfig, cgroups: Vec<PathBuf>) -> Result<super::jail::Jail, VmError> {
     use super::jail;
     let mut rw = Vec::new();
     let disk_dir = cfg.disk.parent().unwrap_or(Path::new("/")).to_path_buf();
@@ -377,6 +395,7 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
         ro,
         kvm: cfg.accel == Accel::Kvm,
         die_with_parent: cfg.die_with_parent,
+        cgroups,
     })?;
     for p in &mine {
         jail::give(p, j.uid)?;
@@ -399,8 +418,19 @@ impl Vm {
             .kill_on_drop(true)
             // Its own process group: Ctrl-C reaches the front-end, which then cleans up.
             .process_group(0);
-        if super::jail::enabled() {
-            let jail = jail_for(cfg)?;
+        let cgroup = cgroup_name(cfg);
+        let limits = crate::limits::Limits::for_vm(cfg.cpus, cfg.memory_mib);
+        let jailed = super::jail::enabled();
+        if jailed {
+            // The jailed QEMU joins its cgroups itself, before it starts.
+            let cgroups = match crate::limits::prepare(&cgroup, limits) {
+                Ok((procs, _)) => procs,
+                Err(e) => {
+                    tracing::warn!("no host limits for this VM's QEMU: {e}");
+                    Vec::new()
+                }
+            };
+            let jail = jail_for(cfg, cgroups)?;
             // SAFETY: `enter` runs in the child between fork and exec and makes only system
             // calls on data prepared before the fork (see `Jail::enter`); it sets the
             // parent-death signal itself, after changing credentials (which clears it).
@@ -425,16 +455,19 @@ impl Vm {
             program: program.display().to_string(),
             source,
         })?;
-        let pid = child.id().unwrap_or(0);
-        let cgroup = cgroup_name(cfg);
-        match crate::limits::apply(
-            &cgroup,
-            pid,
-            crate::limits::Limits::for_vm(cfg.cpus, cfg.memory_mib),
-        ) {
-            Ok(_) => {}
-            Err(e) => tracing::warn!("no host limits for this VM's QEMU: {e}"),
-        }
+        let pid = match (jailed, child.id()) {
+            // The child is QEMU's holder; QEMU is its only child.
+            (true, Some(holder)) => qemu_of_holder(holder).ok_or_else(|| VmError::Jail {
+                detail: format!("QEMU did not start under its holder (PID {holder})"),
+            })?,
+            (_, pid) => {
+                let pid = pid.unwrap_or(0);
+                if let Err(e) = crate::limits::apply(&cgroup, pid, limits) {
+                    tracing::warn!("no host limits for this VM's QEMU: {e}");
+                }
+                pid
+            }
+        };
         let console = Console::capture(cfg.console_socket(), cfg.console_log());
         Ok(Vm {
             child: Some(child),
@@ -503,8 +536,19 @@ impl Vm {
     async fn kill_process(&mut self) {
         match self.child.as_mut() {
             Some(c) => {
-                let _ = c.start_kill();
-                let _ = c.wait().await;
+                // QEMU first (a jailed QEMU's holder exits once it has reaped it), then the
+                // process started (the holder, or QEMU itself).
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(self.pid as i32),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+                if tokio::time::timeout(Duration::from_secs(5), c.wait())
+                    .await
+                    .is_err()
+                {
+                    let _ = c.start_kill();
+                    let _ = c.wait().await;
+                }
             }
             None => {
                 let _ = nix::sys::signal::kill(
