@@ -8,6 +8,12 @@ echo "== building the static guest agent" >&2
 scripts/build.sh agent >/dev/null
 echo "== installing host packages (forkbox setup)" >&2
 cargo run --quiet --locked -p forkbox-cli -- setup
+# The network tests serve HTTP from a network namespace they make (iproute2, python3).
+if ! command -v ip >/dev/null || ! command -v python3 >/dev/null; then
+  echo "== installing iproute2 and python3 for the network tests" >&2
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 python3 >&2
+fi
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --workspace --no-fail-fast
