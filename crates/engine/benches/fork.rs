@@ -144,6 +144,20 @@ fn main() {
         row("create from template + first exec `true`", first_exec);
         println!("  ratios: cold boot / template create {:.1}x;  template create / floor {:.2}x", cold / warm, warm / floor);
 
+        // What the jail costs: the same creates with QEMU unconfined (nothing else runs now,
+        // so flipping the variable races with no reader).
+        std::env::set_var("FORKBOX_JAIL", "off");
+        let mut bare = Vec::new();
+        for _ in 0..(n / 2).max(5) {
+            let t = Instant::now();
+            let sb = Sandbox::create(&paths, &cfg).await.expect("create unjailed");
+            bare.push(ms(t.elapsed()));
+            sb.destroy().await;
+        }
+        std::env::remove_var("FORKBOX_JAIL");
+        let bare = row("create from template, QEMU unjailed (comparison)", bare);
+        println!("  jail overhead: jailed / unjailed create {:.2}x ({:+.1} ms)", warm / bare, warm - bare);
+
         // The daemon's path: the engine API with its warm pool (2 ready sandboxes per
         // configuration, refilled in the background). Each round: create, exec, delete, then a
         // pause as an agent would take between sandboxes, which is when the pool refills.
