@@ -260,6 +260,26 @@ impl Sleeper {
 }
 
 impl Entry {
+    fn new(
+        sandbox: Arc<Sandbox>,
+        labels: BTreeMap<String, String>,
+        created_unix: u64,
+        expires_unix: Option<u64>,
+        from_pool: bool,
+        ttl_action: TtlAction,
+    ) -> Entry {
+        Entry {
+            commands: Default::default(),
+            next_command: Default::default(),
+            sandbox,
+            labels,
+            created_unix,
+            expires_unix,
+            from_pool,
+            ttl_action,
+        }
+    }
+
     fn record(&self) -> Result<crate::runstate::DaemonRecord, EngineError> {
         let info = serde_json::to_value(self.sandbox.info())
             .map_err(|e| EngineError::BadRequest(e.to_string()))?;
@@ -363,16 +383,7 @@ impl Engine {
         sandbox: Arc<Sandbox>,
         labels: BTreeMap<String, String>,
     ) -> SandboxView {
-        let entry = Entry {
-            commands: Default::default(),
-            next_command: Default::default(),
-            sandbox,
-            labels,
-            created_unix: now_unix(),
-            expires_unix: None,
-            from_pool: false,
-            ttl_action: TtlAction::Delete,
-        };
+        let entry = Entry::new(sandbox, labels, now_unix(), None, false, TtlAction::Delete);
         let view = entry.view();
         self.sandboxes
             .write()
@@ -861,16 +872,14 @@ impl Engine {
         from_pool: bool,
         ttl_action: TtlAction,
     ) -> Result<SandboxView, EngineError> {
-        let entry = Entry {
-            commands: Default::default(),
-            next_command: Default::default(),
+        let entry = Entry::new(
             sandbox,
             labels,
-            created_unix: now_unix(),
+            now_unix(),
             expires_unix,
             from_pool,
             ttl_action,
-        };
+        );
         if let Err(e) = entry.persist(self.db.as_deref()) {
             entry.sandbox.destroy().await;
             return Err(e);
@@ -918,16 +927,14 @@ impl Engine {
                             "{id}: its network policy could not be applied ({e}); it stays off"
                         );
                     }
-                    let entry = Entry {
-                        commands: Default::default(),
-                        next_command: Default::default(),
-                        sandbox: Arc::new(sandbox),
-                        labels: rec.labels,
-                        created_unix: rec.created_unix,
-                        expires_unix: rec.expires_unix,
-                        from_pool: false,
-                        ttl_action: rec.ttl_action,
-                    };
+                    let entry = Entry::new(
+                        Arc::new(sandbox),
+                        rec.labels,
+                        rec.created_unix,
+                        rec.expires_unix,
+                        false,
+                        rec.ttl_action,
+                    );
                     self.sandboxes.write().await.insert(id.clone(), entry);
                     self.added();
                     adopted.push(id);

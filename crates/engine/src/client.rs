@@ -203,11 +203,10 @@ impl AgentClient {
         }
     }
 
-    /// Makes a restored copy its own machine (see [`HostMsg::Refresh`]); returns once the
-    /// guest has applied it.
-    pub async fn refresh(&self, refresh: forkbox_protocol::Refresh) -> Result<(), AgentError> {
+    /// Sends the request `msg(id)` makes and waits for the agent's `Done` (or its error).
+    async fn until_done(&self, msg: impl FnOnce(u32) -> HostMsg) -> Result<(), AgentError> {
         let (id, mut rx) = self.route();
-        let sent = self.send(&HostMsg::Refresh { id, refresh }).await;
+        let sent = self.send(&msg(id)).await;
         let r = match sent {
             Ok(()) => rx.recv().await,
             Err(e) => {
@@ -226,6 +225,12 @@ impl AgentClient {
         }
     }
 
+    /// Makes a restored copy its own machine (see [`HostMsg::Refresh`]); returns once the
+    /// guest has applied it.
+    pub async fn refresh(&self, refresh: forkbox_protocol::Refresh) -> Result<(), AgentError> {
+        self.until_done(|id| HostMsg::Refresh { id, refresh }).await
+    }
+
     /// Applies a network policy: the host opens tunnels by it from now on, and the guest's
     /// proxy is started if the policy lets anything through.
     pub async fn set_network(&self, policy: crate::net::NetworkPolicy) -> Result<(), AgentError> {
@@ -234,29 +239,11 @@ impl AgentClient {
         if !on {
             return Ok(());
         }
-        let (id, mut rx) = self.route();
-        let sent = self
-            .send(&HostMsg::NetUp {
-                id,
-                port: crate::net::PROXY_PORT,
-            })
-            .await;
-        let r = match sent {
-            Ok(()) => rx.recv().await,
-            Err(e) => {
-                self.unroute(id);
-                return Err(e);
-            }
-        };
-        self.unroute(id);
-        match r {
-            Some(AgentMsg::Done { .. }) => Ok(()),
-            Some(AgentMsg::Error { kind, message, .. }) => {
-                Err(AgentError::Refused { kind, message })
-            }
-            Some(other) => Err(AgentError::Unexpected(format!("{other:?}"))),
-            None => Err(AgentError::Disconnected),
-        }
+        self.until_done(|id| HostMsg::NetUp {
+            id,
+            port: crate::net::PROXY_PORT,
+        })
+        .await
     }
 
     /// Starts a command; read its events from the returned [`Execution`].

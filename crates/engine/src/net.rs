@@ -298,21 +298,23 @@ impl HostNet {
     }
 
     async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16, w: Writer) {
+        let refuse = |why: String| async {
+            send(
+                &w,
+                &HostMsg::TunnelReady {
+                    tunnel,
+                    error: Some(why),
+                },
+            )
+            .await;
+        };
         let policy = self.policy();
         let addr = match resolve(&policy, &host, port).await {
             Ok(a) => a,
             Err(why) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
                 tracing::info!("tunnel to {host}:{port} refused: {why}");
-                send(
-                    &w,
-                    &HostMsg::TunnelReady {
-                        tunnel,
-                        error: Some(why),
-                    },
-                )
-                .await;
-                return;
+                return refuse(why).await;
             }
         };
         let stream = match tokio::time::timeout(
@@ -322,30 +324,8 @@ impl HostNet {
         .await
         {
             Ok(Ok(s)) => s,
-            Ok(Err(e)) => {
-                let why = format!("{host}:{port} ({addr}): {e}");
-                send(
-                    &w,
-                    &HostMsg::TunnelReady {
-                        tunnel,
-                        error: Some(why),
-                    },
-                )
-                .await;
-                return;
-            }
-            Err(_) => {
-                let why = format!("{host}:{port} ({addr}): connection timed out");
-                send(
-                    &w,
-                    &HostMsg::TunnelReady {
-                        tunnel,
-                        error: Some(why),
-                    },
-                )
-                .await;
-                return;
-            }
+            Ok(Err(e)) => return refuse(format!("{host}:{port} ({addr}): {e}")).await,
+            Err(_) => return refuse(format!("{host}:{port} ({addr}): connection timed out")).await,
         };
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();

@@ -131,7 +131,8 @@ pub struct MigrateReport {
     pub accelerator: String,
 }
 
-fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
+/// `sh -c SCRIPT` in the code's directory, with a timeout.
+pub(crate) fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
     ExecSpec {
         program: Program::Shell(script.into()),
         cwd: Some(WORKDIR.into()),

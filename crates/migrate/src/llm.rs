@@ -11,11 +11,10 @@
 use std::time::Duration;
 
 use forkbox_engine::sandbox::Sandbox;
-use forkbox_protocol::{ExecSpec, Program};
 use serde_json::{json, Value};
 
 use crate::decide::Baseline;
-use crate::flow::{MigrateConfig, WORKDIR};
+use crate::flow::{sh, MigrateConfig, WORKDIR};
 use crate::plans::LlmPorter;
 use crate::reports::Outcome;
 
@@ -145,16 +144,6 @@ fn abs(path: &str) -> String {
         path.to_string()
     } else {
         format!("{WORKDIR}/{path}")
-    }
-}
-
-fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
-    ExecSpec {
-        program: Program::Shell(script.into()),
-        cwd: Some(WORKDIR.into()),
-        env: vec![],
-        timeout_ms: Some(timeout_secs * 1000),
-        stdin: false,
     }
 }
 
