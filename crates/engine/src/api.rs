@@ -412,8 +412,12 @@ impl Engine {
     /// Samples every sandbox's VM for CPU and memory accounting; `interval_s` since the last.
     pub async fn sample(&self, interval_s: f64) {
         for (id, e) in self.sandboxes.read().await.iter() {
-            self.metrics
-                .sample(id, e.sandbox.info().qemu_pid, interval_s);
+            self.metrics.sample(
+                id,
+                e.sandbox.info().qemu_pid,
+                interval_s,
+                e.sandbox.client().net.counts(),
+            );
         }
     }
 

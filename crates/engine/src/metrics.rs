@@ -15,6 +15,21 @@ pub struct SandboxLabel {
     pub sandbox: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct NetLabel {
+    pub sandbox: String,
+    /// `out` (guest to remote) or `in`.
+    pub direction: String,
+}
+
+/// What a sandbox's proxy tunnels carried and how many the host refused, so far.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct NetCounts {
+    pub bytes_out: u64,
+    pub bytes_in: u64,
+    pub refused: u64,
+}
+
 pub struct Metrics {
     registry: Registry,
     pub sandboxes: Gauge,
@@ -24,6 +39,8 @@ pub struct Metrics {
     pub bytes_downloaded: Counter,
     pub cpu_seconds: Family<SandboxLabel, Gauge<f64, AtomicU64>>,
     pub memory_mib_seconds: Family<SandboxLabel, Counter<f64, AtomicU64>>,
+    pub network_bytes: Family<NetLabel, Gauge>,
+    pub network_refused: Family<SandboxLabel, Gauge>,
 }
 
 impl Default for Metrics {
@@ -35,7 +52,19 @@ impl Default for Metrics {
         let bytes_downloaded = Counter::default();
         let cpu_seconds = Family::<SandboxLabel, Gauge<f64, AtomicU64>>::default();
         let memory_mib_seconds = Family::<SandboxLabel, Counter<f64, AtomicU64>>::default();
+        let network_bytes = Family::<NetLabel, Gauge>::default();
+        let network_refused = Family::<SandboxLabel, Gauge>::default();
         let mut registry = Registry::with_prefix("forkbox");
+        registry.register(
+            "sandbox_network_bytes",
+            "Bytes a sandbox's proxy tunnels carried (out: to remote hosts, in: back)",
+            network_bytes.clone(),
+        );
+        registry.register(
+            "sandbox_network_refused",
+            "Connections of a sandbox the host refused by its network policy",
+            network_refused.clone(),
+        );
         registry.register(
             "sandboxes_running",
             "Sandboxes the daemon runs",
@@ -80,6 +109,8 @@ impl Default for Metrics {
             bytes_downloaded,
             cpu_seconds,
             memory_mib_seconds,
+            network_bytes,
+            network_refused,
         }
     }
 }
@@ -92,11 +123,24 @@ impl Metrics {
         out
     }
 
-    /// Samples one VM process: sets its CPU-seconds, adds `interval_s` of its resident memory.
-    pub fn sample(&self, sandbox: &str, pid: u32, interval_s: f64) {
+    /// Samples one VM process: sets its CPU-seconds, adds `interval_s` of its resident memory,
+    /// and sets what its network tunnels carried.
+    pub fn sample(&self, sandbox: &str, pid: u32, interval_s: f64, net: NetCounts) {
         let label = SandboxLabel {
             sandbox: sandbox.to_string(),
         };
+        for (direction, bytes) in [("out", net.bytes_out), ("in", net.bytes_in)] {
+            let l = NetLabel {
+                sandbox: sandbox.to_string(),
+                direction: direction.into(),
+            };
+            self.network_bytes
+                .get_or_create(&l)
+                .set(i64::try_from(bytes).unwrap_or(i64::MAX));
+        }
+        self.network_refused
+            .get_or_create(&label)
+            .set(i64::try_from(net.refused).unwrap_or(i64::MAX));
         if let Some(cpu) = process_cpu_seconds(pid) {
             self.cpu_seconds.get_or_create(&label).set(cpu);
         }
@@ -113,6 +157,13 @@ impl Metrics {
         };
         self.cpu_seconds.remove(&label);
         self.memory_mib_seconds.remove(&label);
+        self.network_refused.remove(&label);
+        for direction in ["out", "in"] {
+            self.network_bytes.remove(&NetLabel {
+                sandbox: sandbox.to_string(),
+                direction: direction.into(),
+            });
+        }
     }
 }
 
@@ -151,10 +202,27 @@ mod tests {
     #[test]
     fn own_process_is_sampled_and_encoded() {
         let m = Metrics::default();
-        m.sample("sb-self", std::process::id(), 1.0);
+        m.sample(
+            "sb-self",
+            std::process::id(),
+            1.0,
+            NetCounts {
+                bytes_out: 7,
+                bytes_in: 9,
+                refused: 1,
+            },
+        );
         m.bytes_uploaded.inc_by(42);
         let text = m.encode();
         assert!(text.contains("forkbox_uploaded_bytes_total 42"), "{text}");
+        assert!(
+            text.contains("forkbox_sandbox_network_bytes{sandbox=\"sb-self\",direction=\"in\"} 9"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forkbox_sandbox_network_refused{sandbox=\"sb-self\"} 1"),
+            "{text}"
+        );
         assert!(
             text.contains("forkbox_sandbox_cpu_seconds{sandbox=\"sb-self\"}"),
             "{text}"

@@ -235,6 +235,15 @@ impl Default for HostNet {
 }
 
 impl HostNet {
+    /// What the tunnels carried and how many were refused, so far.
+    pub fn counts(&self) -> crate::metrics::NetCounts {
+        crate::metrics::NetCounts {
+            bytes_out: self.bytes_out.load(Ordering::Relaxed),
+            bytes_in: self.bytes_in.load(Ordering::Relaxed),
+            refused: self.refused.load(Ordering::Relaxed),
+        }
+    }
+
     pub fn set_policy(&self, p: NetworkPolicy) {
         *self.policy.write().unwrap_or_else(|p| p.into_inner()) = p;
     }

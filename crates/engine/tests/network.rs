@@ -115,6 +115,8 @@ async fn with_an_allow_list_only_the_allowed_host_answers() {
         local.accept().is_err(),
         "nothing reached the host's loopback"
     );
+    // The host counted what it refused: the other host, the other port, loopback twice.
+    assert_eq!(sb.client().net.counts().refused, 4);
     let seen = std::fs::read_to_string(&allowed_log).unwrap();
     assert_eq!(seen.matches("GET /ok.txt").count(), 1, "{seen}");
     assert_eq!(
@@ -247,6 +249,22 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
             out.trim(),
             format!("ok http://{host}:8080/ok.txt for forks")
         );
+    }
+    // The metrics carry each copy's traffic.
+    engine.sample(1.0).await;
+    let text = engine.metrics().encode();
+    for copy in &f.sandboxes {
+        let line = format!(
+            "forkbox_sandbox_network_bytes{{sandbox=\"{}\",direction=\"in\"}} ",
+            copy.info.id
+        );
+        let bytes: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(&line))
+            .unwrap_or_else(|| panic!("{line} in {text}"))
+            .parse()
+            .unwrap();
+        assert!(bytes > 0, "{text}");
     }
     engine.shutdown().await;
 }
