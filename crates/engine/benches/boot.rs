@@ -131,6 +131,37 @@ fn main() {
         println!("upload of a 200 MB folder (incompressible)   {:>8.1} s   {:>6.1} MB/s ({} bytes on the wire)", secs, 200.0 / secs, sent);
         sb.destroy().await;
 
+        // Download through the network proxy: 50 MB over HTTP from a server in a network
+        // namespace this bench makes (never the internet), by a guest program (Python's urllib,
+        // as pip does, through HTTP_PROXY), against the same download by the host.
+        let (net_secs, host_secs) = {
+            let mut net = infra::TestNet::new();
+            let ip = net.peer_ips[0].clone();
+            let web = tmp.join("web");
+            std::fs::create_dir_all(&web).unwrap();
+            let blob = std::fs::read(dir.join("blob")).unwrap();
+            std::fs::write(web.join("blob"), &blob[..50_000_000]).unwrap();
+            net.serve(&ip, 8080, &web);
+            let fetch = format!(
+                "import time, urllib.request\nt = time.time()\nd = urllib.request.urlopen('http://{ip}:8080/blob', timeout=600).read()\nassert len(d) == 50_000_000\nprint(time.time() - t)"
+            );
+            let host = std::process::Command::new("python3").args(["-c", &fetch]).output().expect("host python3");
+            let host_secs: f64 = String::from_utf8_lossy(&host.stdout).trim().parse().expect("host download");
+            let ncfg = SandboxConfig {
+                network: forkbox_engine::net::NetworkPolicy { internet: false, allow: vec![format!("{ip}:8080")] },
+                ..cfg.clone()
+            };
+            let sb = Sandbox::create(&paths, &ncfg).await.expect("create with network");
+            let out = sb
+                .run(ExecSpec { program: Program::Argv(vec!["python3".into(), "-c".into(), fetch]), cwd: None, env: vec![], timeout_ms: Some(900_000), stdin: false })
+                .await
+                .expect("download in the guest");
+            assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));
+            sb.destroy().await;
+            (out.stdout_text().trim().parse::<f64>().expect("guest download"), host_secs)
+        };
+        println!("download of 50 MB through the proxy (guest)  {:>8.1} s   {:>6.1} MB/s; the host from the same server: {:.2} s, {:.0} MB/s", net_secs, 50.0 / net_secs, host_secs, 50.0 / host_secs);
+
         println!();
         println!("ratios (same run):");
         println!("  cold boot / QEMU floor            {:>7.1}x", cold_p50 / floor_p50);
@@ -139,6 +170,7 @@ fn main() {
             println!("  `run -- true` / template create   {:>7.2}x  (CLI start, first exec and teardown on top of the restore)", r / warm_p50);
         }
         println!("  cold boot / exec round trip       {:>7.0}x  (why a warm sandbox or a template matters)", cold_p50 / rtt_p50);
+        println!("  proxy download / host download    {:>7.1}x  (guest Python under the accelerator above, proxy, tunnel)", net_secs / host_secs);
     });
     let _ = std::fs::remove_dir_all(&tmp);
 }
