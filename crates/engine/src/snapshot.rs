@@ -575,6 +575,9 @@ fn active_disk(q: &mut Qmp) -> Result<PathBuf, VmError> {
 /// not at all.
 pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot, SnapshotError> {
     // A jailed QEMU wrote these files under a uid of its own: they are root's from now on.
+    // (The jail's mount point, when the snapshot's directory was also the VM's run directory,
+    // is an empty directory with no use any more.)
+    let _ = std::fs::remove_dir(tmp.join("jail"));
     crate::vm::jail::reclaim(tmp).map_err(io(format!("take back {}", tmp.display())))?;
     if crate::vm::jail::enabled() && tmp.join(MEM).exists() {
         crate::vm::jail::share_ram_file(&tmp.join(MEM)).map_err(|e| SnapshotError::Io {

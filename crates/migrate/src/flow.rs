@@ -341,22 +341,22 @@ pub async fn migrate(
     ));
 
     // Host porters reach their forks through an API of this run's own, on a private socket.
-    let api_dir = tempfile::Builder::new()
-        .prefix("forkbox-migrate-")
-        .tempdir()
-        .map_err(MigrateError::Report)?;
     let needs_api = cfg
         .plans
         .iter()
         .any(|p| matches!(p.porter.kind(), Some(PorterKind::Host(_))));
-    let (api, server) = if needs_api {
+    let (api, server, api_dir) = if needs_api {
+        let dir = tempfile::Builder::new()
+            .prefix("forkbox-migrate-")
+            .tempdir()
+            .map_err(MigrateError::Report)?;
         let engine = Arc::new(forkbox_engine::api::Engine::private(paths.clone()));
-        let socket = api_dir.path().join("api.sock");
+        let socket = dir.path().join("api.sock");
         let server =
             forkbox_server::spawn_private(engine.clone(), &socket).map_err(MigrateError::Report)?;
-        (Some((engine, socket)), Some(server))
+        (Some((engine, socket)), Some(server), Some(dir))
     } else {
-        (None, None)
+        (None, None, None)
     };
 
     // 3-5. Fork, port, verify: one task per plan.
