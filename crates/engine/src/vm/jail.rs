@@ -1,11 +1,11 @@
 //! QEMU's confinement, after Firecracker's jailer. Each QEMU starts, between fork and exec:
 //!
-//! - in its cgroups (joined before anything else, see [`crate::limits`]);
 //! - in new PID, mount, IPC, UTS and network namespaces (it needs no network: a sandbox has no
 //!   network device, and its proxy's traffic goes through the agent channel, a Unix socket).
 //!   QEMU is PID 1 of its namespace; the process forkbox started stays outside as its
 //!   *holder*: it does nothing but wait for QEMU and exit with its status, and QEMU dies with it
-//!   (parent-death signal), so killing either ends both;
+//!   (parent-death signal), so killing either ends both; forkbox moves QEMU into its cgroups
+//!   while it initialises ([`crate::limits`]);
 //! - chrooted into a tmpfs (read-only once built) that holds only what this VM needs, each at
 //!   its host path: `/usr` and the merged-usr links read-only, `/etc/ld.so.cache`, three
 //!   device nodes (`null`, `urandom`, and `kvm` under KVM), the kernel and initramfs and the disk's
@@ -101,8 +101,6 @@ pub struct Jail {
     gid: u32,
     groups: Vec<libc::gid_t>,
     die_with_parent: bool,
-    /// `cgroup.procs` files to join first.
-    procs: Vec<CString>,
 }
 
 /// What a VM needs inside its jail.
@@ -114,8 +112,6 @@ pub struct Needs<'a> {
     pub ro: Vec<PathBuf>,
     pub kvm: bool,
     pub die_with_parent: bool,
-    /// The `cgroup.procs` files of its cgroups.
-    pub cgroups: Vec<PathBuf>,
 }
 
 /// Whether QEMU drops to a uid of its own (`FORKBOX_JAIL_UID=on`). Off by default: under it
@@ -211,11 +207,6 @@ impl Jail {
             gid,
             groups,
             die_with_parent: n.die_with_parent,
-            procs: n
-                .cgroups
-                .iter()
-                .map(|p| cstr(p))
-                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -236,18 +227,6 @@ impl Jail {
                     Err(Error::last_os_error())
                 }
             };
-            // Into its cgroups first: QEMU, forked below, starts inside them.
-            for p in &self.procs {
-                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(Error::last_os_error());
-                }
-                let n = libc::write(fd, c"0".as_ptr().cast(), 1);
-                libc::close(fd);
-                if n != 1 {
-                    return Err(Error::last_os_error());
-                }
-            }
             check(libc::unshare(
                 libc::CLONE_NEWNS
                     | libc::CLONE_NEWIPC

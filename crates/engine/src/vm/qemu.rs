@@ -367,7 +367,7 @@ fn qemu_of_holder(holder: u32) -> Option<u32> {
 }
 
 /// The jail a VM's QEMU runs in (see [`super::jail`]); gives it the files it writes.
-fn jail_for(cfg: &VmConfig, cgroups: Vec<PathBuf>) -> Result<super::jail::Jail, VmError> {
+fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
     use super::jail;
     let mut rw = Vec::new();
     let disk_dir = cfg.disk.parent().unwrap_or(Path::new("/")).to_path_buf();
@@ -395,7 +395,6 @@ fn jail_for(cfg: &VmConfig, cgroups: Vec<PathBuf>) -> Result<super::jail::Jail, 
         ro,
         kvm: cfg.accel == Accel::Kvm,
         die_with_parent: cfg.die_with_parent,
-        cgroups,
     })?;
     for p in &mine {
         jail::give(p, j.uid)?;
@@ -422,15 +421,7 @@ impl Vm {
         let limits = crate::limits::Limits::for_vm(cfg.cpus, cfg.memory_mib);
         let jailed = super::jail::enabled();
         if jailed {
-            // The jailed QEMU joins its cgroups itself, before it starts.
-            let cgroups = match crate::limits::prepare(&cgroup, limits) {
-                Ok((procs, _)) => procs,
-                Err(e) => {
-                    tracing::warn!("no host limits for this VM's QEMU: {e}");
-                    Vec::new()
-                }
-            };
-            let jail = jail_for(cfg, cgroups)?;
+            let jail = jail_for(cfg)?;
             // SAFETY: `enter` runs in the child between fork and exec and makes only system
             // calls on data prepared before the fork (see `Jail::enter`); it sets the
             // parent-death signal itself, after changing credentials (which clears it).
@@ -460,14 +451,13 @@ impl Vm {
             (true, Some(holder)) => qemu_of_holder(holder).ok_or_else(|| VmError::Jail {
                 detail: format!("QEMU did not start under its holder (PID {holder})"),
             })?,
-            (_, pid) => {
-                let pid = pid.unwrap_or(0);
-                if let Err(e) = crate::limits::apply(&cgroup, pid, limits) {
-                    tracing::warn!("no host limits for this VM's QEMU: {e}");
-                }
-                pid
-            }
+            (_, pid) => pid.unwrap_or(0),
         };
+        // Into its cgroups while it initialises (before any guest code runs under TCG; a
+        // move into a cgroup v1 memory controller costs ~20 ms here, which this overlaps).
+        if let Err(e) = crate::limits::apply(&cgroup, pid, limits) {
+            tracing::warn!("no host limits for this VM's QEMU: {e}");
+        }
         let console = Console::capture(cfg.console_socket(), cfg.console_log());
         Ok(Vm {
             child: Some(child),
