@@ -226,8 +226,9 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
 
     let report: Value =
         serde_json::from_slice(&std::fs::read(out.join("report.json")).unwrap()).unwrap();
-    let verdict = |p: &str| {
-        report["verdicts"]
+    // The entry of `list` ("verdicts" or "plans") for plan `p`.
+    let entry = |list: &str, p: &str| {
+        report[list]
             .as_array()
             .unwrap()
             .iter()
@@ -235,15 +236,8 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
             .unwrap()
             .clone()
     };
-    let plan = |p: &str| {
-        report["plans"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .find(|v| v["plan"] == p)
-            .unwrap()
-            .clone()
-    };
+    let verdict = |p: &str| entry("verdicts", p);
+    let plan = |p: &str| entry("plans", p);
     for accepted in ["host", "llm-fix"] {
         let v = verdict(accepted);
         assert_eq!(v["accepted"], true, "{v}\n{}", plan(accepted));

@@ -63,16 +63,6 @@ fn write(dir: &Path, file: &str, value: &str) -> Result<(), String> {
 /// Puts `pid` (all its threads) in the cgroup of sandbox `id` with `limits`. Returns a
 /// description of what was applied, or why nothing could be.
 pub fn apply(id: &str, pid: u32, limits: Limits) -> Result<String, String> {
-    let (procs, what) = prepare(id, limits)?;
-    for p in procs {
-        fs::write(&p, pid.to_string()).map_err(|e| format!("{}: {e}", p.display()))?;
-    }
-    Ok(what)
-}
-
-/// Creates sandbox `id`'s cgroups with `limits`; returns the `cgroup.procs` files a process
-/// joins them through (a jailed QEMU joins them itself, before it starts) and what they are.
-pub fn prepare(id: &str, limits: Limits) -> Result<(Vec<PathBuf>, String), String> {
     if v2_has_controllers() {
         let parent = Path::new(ROOT).join("forkbox");
         fs::create_dir_all(&parent).map_err(|e| format!("{}: {e}", parent.display()))?;
@@ -87,12 +77,9 @@ pub fn prepare(id: &str, limits: Limits) -> Result<(Vec<PathBuf>, String), Strin
         write(&dir, "memory.max", &limits.memory_bytes.to_string())?;
         write(&dir, "pids.max", &limits.tasks.to_string())?;
         write(&dir, "cpu.max", &format!("{} 100000", limits.cpu_quota_us))?;
-        return Ok((
-            vec![dir.join("cgroup.procs")],
-            "cgroup v2 (memory, pids, cpu)".into(),
-        ));
+        write(&dir, "cgroup.procs", &pid.to_string())?;
+        return Ok("cgroup v2 (memory, pids, cpu)".into());
     }
-    let mut procs = Vec::new();
     for dir in dirs(id) {
         fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         let ctrl = dir
@@ -114,9 +101,9 @@ pub fn prepare(id: &str, limits: Limits) -> Result<(Vec<PathBuf>, String), Strin
             }
             _ => {}
         }
-        procs.push(dir.join("cgroup.procs"));
+        write(&dir, "cgroup.procs", &pid.to_string())?;
     }
-    Ok((procs, "cgroup v1 (memory, pids, cpu)".into()))
+    Ok("cgroup v1 (memory, pids, cpu)".into())
 }
 
 /// Removes the (now empty) cgroups of sandbox `id`.
