@@ -32,7 +32,7 @@ use serde_json::json;
 use crate::error::{SandboxError, VmError};
 use crate::paths::{write_atomic, Paths};
 use crate::vm::qmp::Qmp;
-use crate::vm::{AccelDecision, Memory, Vm, VmConfig};
+use crate::vm::{ram_tail_kib, AccelDecision, Memory, Vm, VmConfig};
 
 pub const MEM: &str = "mem";
 pub const VMSTATE: &str = "vmstate";
@@ -56,6 +56,11 @@ pub struct SnapshotMeta {
     pub accel: AccelDecision,
     pub cpus: u32,
     pub memory_mib: u32,
+    /// KiB of RAM the guest has past `memory_mib` (see [`crate::vm::TCG_RAM_TAIL_KIB`]); a
+    /// copy must be given exactly the RAM its snapshot was saved with. Absent (0) in snapshots
+    /// of versions before it.
+    #[serde(default)]
+    pub ram_tail_kib: u32,
     pub max_procs: u32,
     pub qemu_version: String,
     /// The snapshot (or template) the saved sandbox was a copy of; its disk backs this one's.
@@ -120,6 +125,17 @@ impl Snapshot {
                 why: format!(
                     "it was saved by {} and this host runs {ours}",
                     self.meta.qemu_version
+                ),
+            });
+        }
+        let tail = ram_tail_kib(self.meta.accel.accel);
+        if self.meta.ram_tail_kib != tail {
+            return Err(SnapshotError::Incompatible {
+                name: self.meta.name.clone(),
+                why: format!(
+                    "its guest has {} KiB of RAM past {} MiB and this forkbox gives {tail} KiB \
+                     (snapshots saved under TCG before this layout could miss pages); save it again",
+                    self.meta.ram_tail_kib, self.meta.memory_mib
                 ),
             });
         }
@@ -628,6 +644,7 @@ pub fn template_key(
             .unwrap_or_default(),
         qemu_version(),
         accel.accel.to_string(),
+        format!("ram+{}K", ram_tail_kib(accel.accel)),
     ] {
         h.update(part.as_bytes());
         h.update([0]);
@@ -659,6 +676,7 @@ pub(crate) fn new_meta(
         accel,
         cpus: cfg.cpus,
         memory_mib: cfg.memory_mib,
+        ram_tail_kib: ram_tail_kib(cfg.accel),
         max_procs: cfg.max_procs,
         qemu_version: qemu_version(),
         parent,

@@ -197,3 +197,81 @@ async fn forks_carry_processes_and_diverge() {
     store.remove(&name2, &[]).unwrap();
     store.remove(&name, &[]).unwrap();
 }
+
+/// A live snapshot of a sandbox that keeps writing memory holds exactly the RAM of the paused
+/// source, page for page: the source stays paused after the save (`stay_paused`), QEMU dumps
+/// its guest memory, and the two are compared. QEMU 7.2 under TCG lost the last writes to 9-25
+/// pages in a third to half of such saves when the RAM size was a multiple of 256 KiB (see
+/// `forkbox_engine::vm::TCG_RAM_TAIL_KIB`); eight saves, all exact. ~60 s under TCG.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_snapshot_of_a_busy_sandbox_is_exact() {
+    use std::io::Read;
+    let (paths, cfg) = config();
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+    // 10 MB/s of fresh random data into tmpfs, and a counter.
+    sh(
+        &sb,
+        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
+         head -c 1000000 /dev/urandom > /tmp/junk; sleep 0.1; done' >/dev/null 2>&1 </dev/null &",
+    )
+    .await;
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let run = paths.run().join(&sb.info().id);
+    let store = SnapshotStore::new(&paths);
+    let mut report = Vec::new();
+    for round in 0..8 {
+        let name = unique("t-exact");
+        let snap = sb.snapshot(&paths, &name, true).await.expect("snapshot");
+        let size = std::fs::metadata(snap.mem()).unwrap().len();
+        let dump = run.join("guest-ram.dump");
+        let mut q = forkbox_engine::vm::qmp::Qmp::connect(
+            &run.join("qmp.sock"),
+            std::time::Duration::from_secs(10),
+        )
+        .unwrap();
+        let status = q.status().unwrap();
+        assert!(status == "postmigrate" || status == "paused", "{status}");
+        q.execute(
+            "pmemsave",
+            serde_json::json!({"val": 0, "size": size, "filename": dump.display().to_string()}),
+        )
+        .unwrap();
+        let (mut a, mut b) = (
+            std::io::BufReader::new(std::fs::File::open(&dump).unwrap()),
+            std::io::BufReader::new(std::fs::File::open(snap.mem()).unwrap()),
+        );
+        let (mut pa, mut pb) = (vec![0u8; 4096], vec![0u8; 4096]);
+        let mut differing = Vec::new();
+        for page in 0..size / 4096 {
+            a.read_exact(&mut pa).unwrap();
+            b.read_exact(&mut pb).unwrap();
+            // The BIOS ROM overlays RAM there: the dump reads the ROM.
+            let addr = page * 4096;
+            if pa != pb && !(0xa0000..0x100000).contains(&addr) {
+                differing.push(format!("{addr:#x}"));
+            }
+        }
+        std::fs::remove_file(&dump).unwrap();
+        q.execute("cont", serde_json::json!({})).unwrap();
+        drop(q);
+        store.remove(&name, &[]).unwrap();
+        eprintln!(
+            "save {round}: pause {:?} ms, {} pages differ",
+            snap.meta.pause_ms,
+            differing.len()
+        );
+        if !differing.is_empty() {
+            report.push(format!("save {round}: {differing:?}"));
+        }
+    }
+    // The source still runs after being resumed.
+    let t1: u64 = sh(&sb, "cat /tmp/tick").await.trim().parse().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let t2: u64 = sh(&sb, "cat /tmp/tick").await.trim().parse().unwrap();
+    sb.destroy().await;
+    assert!(t2 > t1, "the source did not resume: {t1} -> {t2}");
+    assert!(
+        report.is_empty(),
+        "pages of the snapshot differ from the paused source: {report:?}"
+    );
+}
