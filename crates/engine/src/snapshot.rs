@@ -703,3 +703,36 @@ impl From<SnapshotError> for SandboxError {
         SandboxError::Snapshot(e)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// A snapshot.json as written before the RAM tail existed (no `ram_tail_kib`), for a TCG
+    /// guest: read as 0, and refused in words; the same with the tail is restorable.
+    #[test]
+    fn a_tcg_snapshot_without_the_ram_tail_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [MEM, VMSTATE, DISK, "vmlinuz"] {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let old = json!({
+            "name": "old", "kind": "snapshot", "image": "python-bookworm@1",
+            "kernel": dir.path().join("vmlinuz"), "initramfs": dir.path().join("vmlinuz"),
+            "accel": {"accel": "tcg", "reason": "test"}, "cpus": 2, "memory_mib": 1024,
+            "max_procs": 512, "qemu_version": qemu_version(), "parent": null,
+            "from_sandbox": null, "created_unix": 0, "pause_ms": null, "took_ms": 0,
+            "memory_bytes": 0
+        });
+        std::fs::write(dir.path().join(META), old.to_string()).unwrap();
+        let snap = Snapshot::load(dir.path()).expect("an old snapshot.json still reads");
+        assert_eq!(snap.meta.ram_tail_kib, 0);
+        let err = snap.check_restorable().unwrap_err().to_string();
+        assert!(err.contains("save it again") && err.contains("old"), "{err}");
+
+        let mut snap = snap;
+        snap.meta.ram_tail_kib = crate::vm::TCG_RAM_TAIL_KIB;
+        snap.check_restorable().unwrap();
+    }
+}

@@ -363,8 +363,8 @@ async fn each_qemu_is_confined_by_host_cgroup_limits() {
     assert!(!v2.exists());
 }
 
-/// Two restores. Each QEMU runs jailed: no_new_privs, seccomp (and, with FORKBOX_JAIL_UID=on,
-/// a uid of its own without capabilities), PID 1 of its own PID namespace, its own mount/network/IPC/UTS namespaces, and a root holding only its files, all
+/// Two restores. Each QEMU runs jailed: no_new_privs, seccomp, a uid of its own without
+/// capabilities (unless FORKBOX_JAIL_UID=off), PID 1 of its own PID namespace, its own mount/network/IPC/UTS namespaces, and a root holding only its files, all
 /// read-only but its run and disk directories (and its RAM file's directory, for QEMU 7.2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_qemu_runs_jailed() {
@@ -392,12 +392,14 @@ async fn each_qemu_runs_jailed() {
         assert!(ua >= jail::UID_BASE && ub >= jail::UID_BASE, "{ua} {ub}");
         assert_ne!(ua, ub, "each QEMU has a uid of its own");
     } else {
-        // Off by default (see `jail::own_uid`): QEMU keeps uid 0 inside its jail.
+        // FORKBOX_JAIL_UID=off (debugging): QEMU keeps uid 0 inside its jail.
         assert_eq!((ua, ub), (0, 0));
     }
     for pid in [pa, pb] {
         if jail::own_uid() {
-            assert_eq!(status(pid, "CapEff"), "0000000000000000");
+            for caps in ["CapEff", "CapPrm", "CapInh", "CapAmb"] {
+                assert_eq!(status(pid, caps), "0000000000000000", "{caps}");
+            }
         }
         assert_eq!(status(pid, "NoNewPrivs"), "1");
         assert_eq!(status(pid, "Seccomp"), "2");

@@ -11,9 +11,9 @@
 //!   device nodes (`null`, `urandom`, and `kvm` under KVM), the kernel and initramfs and the disk's
 //!   backing chain read-only, and read-write its run directory (sockets), its own disk
 //!   directory, and the directory of its RAM file. No `/proc`, no `/sys`, no other sandbox;
-//! - with `FORKBOX_JAIL_UID=on` only, as a user of its own (a random uid in a range no account
-//!   uses) with the group `forkbox-vmm` (and `kvm` under KVM), without capabilities. Off by
-//!   default, see [`own_uid`]: QEMU then keeps uid 0, inside the namespaces and the chroot;
+//! - as a user of its own (a random uid in a range no account uses) with the group
+//!   `forkbox-vmm` (and `kvm` under KVM), without capabilities (`FORKBOX_JAIL_UID=off` keeps
+//!   uid 0, for debugging);
 //! - with `no_new_privs`, then QEMU's own seccomp filter (`-sandbox on,...`) and, from the
 //!   host, its cgroup limits ([`crate::limits`]).
 //!
@@ -114,12 +114,9 @@ pub struct Needs<'a> {
     pub die_with_parent: bool,
 }
 
-/// Whether QEMU drops to a uid of its own (`FORKBOX_JAIL_UID=on`). Off by default: under it
-/// (and equally as uid 0 with every capability dropped), copies forked from a busy running
-/// sandbox came back with corrupt guest memory here, about one in ten in a stress loop, while
-/// 78 of 78 were sound with QEMU keeping uid 0. The cause is not found yet.
+/// Whether QEMU drops to a uid of its own: yes unless `FORKBOX_JAIL_UID=off` (debugging).
 pub fn own_uid() -> bool {
-    std::env::var("FORKBOX_JAIL_UID").is_ok_and(|v| v == "on" || v == "1")
+    !std::env::var("FORKBOX_JAIL_UID").is_ok_and(|v| v == "off" || v == "0")
 }
 
 fn random_uid() -> u32 {
