@@ -184,6 +184,11 @@ pub enum SandboxError {
     DiskTooSmall { asked_mib: u64, minimum_mib: u64 },
     #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed; the sandbox was stopped")]
     Unresponsive { secs: u64 },
+    #[error("the host's file system holding {} is full ({free_mib} MiB free): the sandbox is paused where it stood, nothing lost, and resumes by itself once {} MiB are free there; free space on the host (old snapshots: `forkbox snapshot rm`)", dir.display(), crate::diskwatch::RESUME_FREE_BYTES >> 20)]
+    HostDiskFull {
+        dir: std::path::PathBuf,
+        free_mib: u64,
+    },
     #[error("{what}: {source}")]
     Io {
         what: String,

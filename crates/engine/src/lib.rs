@@ -20,6 +20,7 @@ pub mod api;
 pub mod client;
 pub mod commands;
 mod cpio;
+pub mod diskwatch;
 pub mod error;
 pub mod files;
 pub mod image;

@@ -101,6 +101,7 @@ pub struct Sandbox {
     client: AgentClient,
     run: std::sync::Mutex<RunDir>,
     destroyed: std::sync::atomic::AtomicBool,
+    disk: crate::diskwatch::DiskWatch,
 }
 
 fn new_id() -> String {
@@ -455,7 +456,9 @@ impl Sandbox {
         client: AgentClient,
         run: RunDir,
     ) -> Sandbox {
+        let disk = crate::diskwatch::DiskWatch::spawn(run.dir.join("events.sock"), run.disk_dir());
         Sandbox {
+            disk,
             info,
             image,
             console: vm.console.clone(),
@@ -474,6 +477,18 @@ impl Sandbox {
         &self.client
     }
 
+    /// Refuses, in words, while the sandbox is paused by a full host disk (see
+    /// [`crate::diskwatch`]): a command would wait for the space to come back.
+    pub fn check_disk(&self) -> Result<(), SandboxError> {
+        match self.disk.held() {
+            None => Ok(()),
+            Some(dir) => Err(SandboxError::HostDiskFull {
+                free_mib: crate::diskwatch::free_bytes(&dir) >> 20,
+                dir,
+            }),
+        }
+    }
+
     /// The last `lines` lines of the guest's console.
     pub fn console_tail(&self, lines: usize) -> String {
         self.console.tail(lines)
@@ -483,6 +498,7 @@ impl Sandbox {
     /// timeout is also watched from the host: should the guest not report it killed within a
     /// grace period after the timeout, the sandbox is treated as broken.
     pub async fn exec(&self, mut spec: ExecSpec) -> Result<SandboxExecution, SandboxError> {
+        self.check_disk()?;
         let mut env = env_pairs(&self.image.meta.env);
         if !self.client.net.policy().is_off() {
             let proxy = format!("http://127.0.0.1:{}", crate::net::PROXY_PORT);

@@ -729,7 +729,10 @@ mod tests {
         let snap = Snapshot::load(dir.path()).expect("an old snapshot.json still reads");
         assert_eq!(snap.meta.ram_tail_kib, 0);
         let err = snap.check_restorable().unwrap_err().to_string();
-        assert!(err.contains("save it again") && err.contains("old"), "{err}");
+        assert!(
+            err.contains("save it again") && err.contains("old"),
+            "{err}"
+        );
 
         let mut snap = snap;
         snap.meta.ram_tail_kib = crate::vm::TCG_RAM_TAIL_KIB;

@@ -613,3 +613,91 @@ async fn uploads_keep_links_as_links_and_carry_a_gigabyte_file() {
     assert!(!text.contains("root:"), "no host file content crossed");
     sb.destroy().await;
 }
+
+/// A full host disk: the sandbox's disk directory sits on a 96 MiB tmpfs and the guest copies
+/// 160 MB to its (much larger) disk. QEMU pauses the guest on the host's ENOSPC; new commands
+/// are refused in words instead of hanging; once the tmpfs is grown the sandbox resumes by
+/// itself and the copy finishes intact. Its own home (a template is made there: ~10 s), ~60 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
+    let (shared, cfg) = config();
+    let home = tempfile::tempdir_in("/var/tmp").unwrap();
+    for d in ["kernels", "images", "cache"] {
+        std::os::unix::fs::symlink(shared.home().join(d), home.path().join(d)).unwrap();
+    }
+    let disks = home.path().join("disks");
+    std::fs::create_dir_all(&disks).unwrap();
+    let mount = |opts: &str| {
+        let s = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", opts, "tmpfs"])
+            .arg(&disks)
+            .status()
+            .unwrap();
+        assert!(s.success(), "mount {opts}");
+    };
+    mount("size=96m");
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(disks.clone());
+    let paths = forkbox_engine::paths::Paths::new(home.path());
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+    let out = run(
+        &sb,
+        "head -c 160000000 /dev/urandom > /dev/shm/src && \
+         setsid sh -c 'cp /dev/shm/src /root/big && sync && cmp /dev/shm/src /root/big && echo same > /root/done' \
+         >/dev/null 2>&1 </dev/null &",
+    )
+    .await;
+    assert_eq!(out.code(), 0);
+    assert!(
+        infra::wait_until(Duration::from_secs(120), || sb.check_disk().is_err()),
+        "the sandbox was never held by the full disk"
+    );
+    let started = std::time::Instant::now();
+    let err = sb
+        .run(infra::sh("true", Some(10_000)))
+        .await
+        .expect_err("a command while the disk is full");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "refused at once"
+    );
+    assert!(matches!(err, SandboxError::HostDiskFull { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("is full")
+            && msg.contains("nothing lost")
+            && msg.contains(&disks.display().to_string()),
+        "{msg}"
+    );
+    // Space comes back: the sandbox resumes by itself and the copy completes intact.
+    let s = std::process::Command::new("mount")
+        .args(["-o", "remount,size=600m"])
+        .arg(&disks)
+        .status()
+        .unwrap();
+    assert!(s.success());
+    assert!(
+        infra::wait_until(Duration::from_secs(10), || sb.check_disk().is_ok()),
+        "the sandbox did not resume once space was freed"
+    );
+    let mut done = String::new();
+    for _ in 0..120 {
+        done = run(&sb, "cat /root/done 2>/dev/null || true")
+            .await
+            .stdout_text();
+        if !done.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    assert_eq!(done, "same\n", "the copy did not complete intact");
+    sb.destroy().await;
+}

@@ -54,6 +54,9 @@ impl IntoResponse for ApiError {
             EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
                 StatusCode::BAD_REQUEST
             }
+            EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => {
+                StatusCode::INSUFFICIENT_STORAGE
+            }
             EngineError::Sandbox(_) | EngineError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
         };
         (
@@ -220,6 +223,8 @@ async fn put_archive(
 ) -> Api {
     use futures_util::StreamExt;
     let sb = e.sandbox(&id).await.map_err(ApiError)?;
+    sb.check_disk()
+        .map_err(|err| ApiError(EngineError::Sandbox(err)))?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
     let feed = tokio::spawn(async move {
         let mut stream = body.into_data_stream();

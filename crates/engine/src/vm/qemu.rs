@@ -61,6 +61,10 @@ impl VmConfig {
     pub fn console_socket(&self) -> PathBuf {
         self.run_dir.join("console.sock")
     }
+    /// The QMP monitor the disk watcher listens on (the other, `qmp.sock`, is for commands).
+    pub fn events_socket(&self) -> PathBuf {
+        self.run_dir.join("events.sock")
+    }
 }
 
 /// Kernel command line of every guest.
@@ -193,9 +197,19 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         ),
         "-serial".into(),
         "chardev:console".into(),
+        // A second QMP monitor, only for the disk watcher's events (crate::diskwatch).
+        "-chardev".into(),
+        format!(
+            "socket,id=events,path={},server=on,wait=off",
+            p(&cfg.events_socket())
+        ),
+        "-mon".into(),
+        "chardev=events,mode=control".into(),
         "-drive".into(),
         format!(
-            "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap",
+            // A full host disk stops the guest and keeps the failed write for `cont`
+            // (crate::diskwatch); a read error reaches the guest.
+            "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap,werror=enospc,rerror=report",
             p(&cfg.disk)
         ),
         "-device".into(),
