@@ -161,6 +161,9 @@ pub enum SandboxCmd {
         /// Only sandboxes with this label K=V.
         #[arg(long)]
         label: Option<String>,
+        /// Only sandboxes in this state: running, disk_full, hibernated.
+        #[arg(long)]
+        state: Option<String>,
         #[arg(long)]
         json: bool,
     },
@@ -569,10 +572,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SandboxCmd::Ls { label, json } => {
+            SandboxCmd::Ls { label, state, json } => {
                 let mut req = c.http.get(c.url("/sandboxes"));
                 if let Some(l) = &label {
                     req = req.query(&[("label", l)]);
+                }
+                if let Some(s) = &state {
+                    req = req.query(&[("state", s)]);
                 }
                 let all: Vec<SandboxView> = c.call(req).await?;
                 if json {
@@ -584,6 +590,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     for v in all {
                         let state = match v.state {
                             forkbox_engine::api::SandboxState::Running => "running",
+                            forkbox_engine::api::SandboxState::DiskFull => "disk-full",
                             forkbox_engine::api::SandboxState::Hibernated => "hibernated",
                         };
                         println!(

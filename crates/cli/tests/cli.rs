@@ -1195,6 +1195,18 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
         "{}",
         text(&out.stdout)
     );
+    // Filtered by state.
+    let out = run(&paths, &["sandbox", "ls", "--state", "hibernated"]);
+    assert!(text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+    let out = run(&paths, &["sandbox", "ls", "--state", "running"]);
+    assert!(!text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+    let out = run(&paths, &["sandbox", "ls", "--state", "asleep"]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("not one of running, disk_full, hibernated"),
+        "{}",
+        text(&out.stderr)
+    );
 
     let out = run(&paths, &["sandbox", "resume", &id]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -117,7 +117,8 @@ pub struct SandboxView {
     /// time, already reseeded and named) rather than being restored for this request.
     #[serde(default)]
     pub from_pool: bool,
-    /// `running` or `hibernated` (saved to disk, no VM, resumed by `resume`).
+    /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
+    /// itself once space is freed) or `hibernated` (saved to disk, no VM, resumed by `resume`).
     pub state: SandboxState,
     #[serde(default)]
     pub ttl_action: TtlAction,
@@ -129,6 +130,7 @@ pub struct SandboxView {
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     Running,
+    DiskFull,
     Hibernated,
 }
 
@@ -152,6 +154,7 @@ pub enum Command {
     },
     List {
         label: Option<(String, String)>,
+        state: Option<SandboxState>,
     },
     Exec {
         id: String,
@@ -312,7 +315,11 @@ impl Entry {
             created_unix: self.created_unix,
             expires_unix: self.expires_unix,
             from_pool: self.from_pool,
-            state: SandboxState::Running,
+            state: if self.sandbox.check_disk().is_err() {
+                SandboxState::DiskFull
+            } else {
+                SandboxState::Running
+            },
             ttl_action: self.ttl_action,
             network: self.sandbox.network(),
         }
@@ -579,7 +586,7 @@ impl Engine {
             }
             Command::Hibernate { id } => self.hibernate(&id).await.map(Reply::Sandbox),
             Command::Resume { id } => self.resume(&id).await.map(Reply::Sandbox),
-            Command::List { label } => {
+            Command::List { label, state } => {
                 let map = self.sandboxes.read().await;
                 let mut all: Vec<SandboxView> = map
                     .values()
@@ -602,6 +609,7 @@ impl Engine {
                         })
                         .map(Sleeper::view),
                 );
+                all.retain(|v| state.is_none_or(|s| v.state == s));
                 all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
                 Ok(Reply::Sandboxes(all))
             }

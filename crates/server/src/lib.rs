@@ -121,7 +121,17 @@ async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, Stri
             }
         },
     };
-    run(&e, Command::List { label }, StatusCode::OK).await
+    let state = match q.get("state") {
+        None => None,
+        Some(s) => Some(
+            serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
+                ApiError(EngineError::BadRequest(format!(
+                    "state filter {s:?} is not one of running, disk_full, hibernated"
+                )))
+            })?,
+        ),
+    };
+    run(&e, Command::List { label, state }, StatusCode::OK).await
 }
 
 async fn get_one(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
