@@ -1232,3 +1232,89 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     assert!(!paths.disks().join(&id).exists(), "its disks are removed");
     stop_daemon(&paths);
 }
+
+/// One restore. A full host disk, through the daemon and across its SIGKILL: the sandbox's disk
+/// directory is a 96 MiB tmpfs and the guest copies 160 MB to its (much larger) disk. QEMU
+/// pauses the guest on the host's ENOSPC; the sandbox is listed `disk_full` and a command is
+/// refused at once with the reason; a new daemon (the old one killed) sees it the same; once
+/// the tmpfs grows it resumes by itself and the copy finishes intact. ~40 s.
+#[test]
+fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
+    let paths = infra::isolated_home("disk-full");
+    stop_daemon(&paths);
+    let disks = paths.disks();
+    let _ = std::process::Command::new("umount")
+        .arg("-l")
+        .arg(&disks)
+        .status();
+    let _ = std::fs::remove_dir_all(&disks);
+    std::fs::create_dir_all(&disks).unwrap();
+    let mount = |opts: &[&str]| {
+        let s = std::process::Command::new("mount")
+            .args(opts)
+            .arg(&disks)
+            .status()
+            .unwrap();
+        assert!(s.success(), "mount {opts:?}");
+    };
+    mount(&["-t", "tmpfs", "-o", "size=96m", "tmpfs"]);
+    struct Unmount(std::path::PathBuf);
+    impl Drop for Unmount {
+        fn drop(&mut self) {
+            let _ = std::process::Command::new("umount")
+                .arg("-l")
+                .arg(&self.0)
+                .status();
+        }
+    }
+    let _unmount = Unmount(disks.clone());
+    let id = text(&run(&paths, &["sandbox", "create"]).stdout)
+        .trim()
+        .to_string();
+    assert!(id.starts_with("sb-"), "{id}");
+    let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
+        "head -c 160000000 /dev/urandom > /dev/shm/src && setsid sh -c 'cp /dev/shm/src /root/big && sync && cmp /dev/shm/src /root/big && echo same > /root/done' >/dev/null 2>&1 </dev/null &"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let listed =
+        |state: &str| text(&run(&paths, &["sandbox", "ls", "--state", state]).stdout).contains(&id);
+    assert!(
+        infra::wait_until(Duration::from_secs(120), || listed("disk_full")),
+        "the sandbox was never listed disk_full"
+    );
+    let started = std::time::Instant::now();
+    let out = run(&paths, &["sandbox", "exec", &id, "--", "true"]);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "refused at once"
+    );
+    assert!(!out.status.success());
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("is full")
+            && err.contains("nothing lost")
+            && err.contains(&disks.display().to_string()),
+        "{err}"
+    );
+    // A daemon killed and replaced meanwhile sees the sandbox held too.
+    kill_daemon_hard(&paths);
+    assert!(listed("disk_full"), "a new daemon lost the disk_full state");
+    // Space comes back: the sandbox resumes by itself and the copy completes intact.
+    mount(&["-o", "remount,size=600m"]);
+    assert!(
+        infra::wait_until(Duration::from_secs(15), || listed("running")),
+        "the sandbox did not resume once space was freed"
+    );
+    let done = (0..120)
+        .find_map(|_| {
+            let out = run(&paths, &["sandbox", "exec", &id, "--", "cat", "/root/done"]);
+            if out.status.success() {
+                return Some(text(&out.stdout));
+            }
+            std::thread::sleep(Duration::from_secs(1));
+            None
+        })
+        .unwrap_or_default();
+    assert_eq!(done, "same\n", "the copy did not complete intact");
+    assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
+    stop_daemon(&paths);
+}

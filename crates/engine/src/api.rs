@@ -934,13 +934,23 @@ impl Engine {
             let dir = self.paths.run().join(&id);
             match Sandbox::adopt(&self.paths, &dir, &rec).await {
                 Some(sandbox) => {
-                    if let Err(e) = sandbox.set_network(rec.network.clone()).await {
-                        tracing::warn!(
-                            "{id}: its network policy could not be applied ({e}); it stays off"
-                        );
+                    let sandbox = Arc::new(sandbox);
+                    let (sb, policy, who) = (sandbox.clone(), rec.network.clone(), id.clone());
+                    let apply = async move {
+                        if let Err(e) = sb.set_network(policy).await {
+                            tracing::warn!(
+                                "{who}: its network policy could not be applied ({e}); it stays off"
+                            );
+                        }
+                    };
+                    // A guest stopped by a full disk answers once it runs again.
+                    if sandbox.check_disk().is_err() {
+                        tokio::spawn(apply);
+                    } else {
+                        apply.await;
                     }
                     let entry = Entry::new(
-                        Arc::new(sandbox),
+                        sandbox,
                         rec.labels,
                         rec.created_unix,
                         rec.expires_unix,

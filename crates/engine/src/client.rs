@@ -159,6 +159,39 @@ impl AgentClient {
         })
     }
 
+    /// Connects to the agent of a guest that cannot answer yet (stopped by a full host disk,
+    /// see [`crate::diskwatch`]): sends the hello once and returns at once; the guest reads
+    /// it when it runs again, and its answer is skipped like that of a re-sent hello.
+    pub async fn connect_stopped(socket: &Path) -> Result<AgentClient, AgentError> {
+        let stream = UnixStream::connect(socket)
+            .await
+            .map_err(io("connect to the agent's socket"))?;
+        let (rd, mut wr) = stream.into_split();
+        let hello = Hello::ours(HelloInfo {
+            software: env!("CARGO_PKG_VERSION").into(),
+            ..Default::default()
+        })
+        .to_frame()?;
+        wr.write_all(&hello).await.map_err(io("send hello"))?;
+        let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
+        let writer = Arc::new(tokio::sync::Mutex::new(wr));
+        let net = Arc::new(crate::net::HostNet::default());
+        tokio::spawn(read_loop(
+            rd,
+            FrameDecoder::new(),
+            routes.clone(),
+            net.clone(),
+            writer.clone(),
+        ));
+        Ok(AgentClient {
+            writer,
+            routes,
+            next_id: Arc::new(AtomicU32::new(1)),
+            hello: HelloInfo::default(),
+            net,
+        })
+    }
+
     /// A request id whose replies come to the returned receiver (for multi-message transfers).
     pub(crate) fn route_for_transfer(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
         self.route()

@@ -31,7 +31,7 @@ impl DiskWatch {
         self.held.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    fn set(&self, v: Option<PathBuf>) {
+    pub(crate) fn set(&self, v: Option<PathBuf>) {
         *self.held.lock().unwrap_or_else(|p| p.into_inner()) = v;
     }
 
@@ -54,7 +54,9 @@ impl DiskWatch {
         let stream = UnixStream::connect(events).await?;
         let (rd, mut wr) = stream.into_split();
         let mut lines = BufReader::new(rd).lines();
-        wr.write_all(b"{\"execute\":\"qmp_capabilities\"}\n")
+        // A guest already stopped for a full disk (this daemon adopted it after a restart)
+        // shows as `io-error`, with no event to come.
+        wr.write_all(b"{\"execute\":\"qmp_capabilities\"}\n{\"execute\":\"query-status\"}\n")
             .await?;
         let mut tick = tokio::time::interval(Duration::from_secs(1));
         loop {
@@ -62,6 +64,9 @@ impl DiskWatch {
                 line = lines.next_line() => {
                     let Some(line) = line? else { return Ok(()) };
                     let Ok(v) = serde_json::from_str::<serde_json::Value>(&line) else { continue };
+                    if v["return"]["status"] == "io-error" {
+                        self.set(Some(disk_dir.to_path_buf()));
+                    }
                     match v["event"].as_str() {
                         Some("BLOCK_IO_ERROR") if v["data"]["nospace"] == true => {
                             if self.held().is_none() {

@@ -578,6 +578,26 @@ impl Sandbox {
             incoming: false,
         };
         let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
+        // A guest stopped by a full host disk cannot answer its agent until space is back: it
+        // is adopted as it is (its disk watcher resumes it), never taken for dead.
+        let qmp = cfg.qmp_socket();
+        let status = tokio::task::spawn_blocking(move || {
+            crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(5)).and_then(|mut q| q.status())
+        })
+        .await;
+        if let Ok(Ok(s)) = &status {
+            if s == "io-error" {
+                match AgentClient::connect_stopped(&cfg.agent_socket()).await {
+                    Ok(client) => {
+                        let held = run.disk_dir();
+                        let sb = Sandbox::assemble(info, image, vm, client, run);
+                        sb.disk.set(Some(held));
+                        return Some(sb);
+                    }
+                    Err(e) => tracing::warn!("{}: its agent's socket: {e}", info.id),
+                }
+            }
+        }
         let client = match tokio::time::timeout(
             Duration::from_secs(15),
             AgentClient::connect(&cfg.agent_socket()),
