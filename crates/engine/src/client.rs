@@ -100,6 +100,15 @@ fn io(what: &str) -> impl FnOnce(std::io::Error) -> AgentError + '_ {
     }
 }
 
+/// The host's hello frame.
+fn our_hello() -> Result<Vec<u8>, AgentError> {
+    Ok(Hello::ours(HelloInfo {
+        software: env!("CARGO_PKG_VERSION").into(),
+        ..Default::default()
+    })
+    .to_frame()?)
+}
+
 impl AgentClient {
     /// Connects to the agent's socket and greets it. Waits (without limit: callers bound it)
     /// for the guest to boot and answer; re-sends the hello until it does.
@@ -111,11 +120,7 @@ impl AgentClient {
             }
         };
         let (mut rd, mut wr) = stream.into_split();
-        let hello = Hello::ours(HelloInfo {
-            software: env!("CARGO_PKG_VERSION").into(),
-            ..Default::default()
-        })
-        .to_frame()?;
+        let hello = our_hello()?;
         let mut dec = FrameDecoder::new();
         let mut buf = vec![0u8; 64 * 1024];
         let info = 'outer: loop {
@@ -140,23 +145,7 @@ impl AgentClient {
                 }
             }
         };
-        let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
-        let writer = Arc::new(tokio::sync::Mutex::new(wr));
-        let net = Arc::new(crate::net::HostNet::default());
-        tokio::spawn(read_loop(
-            rd,
-            dec,
-            routes.clone(),
-            net.clone(),
-            writer.clone(),
-        ));
-        Ok(AgentClient {
-            writer,
-            routes,
-            next_id: Arc::new(AtomicU32::new(1)),
-            hello: info,
-            net,
-        })
+        Ok(AgentClient::serve(rd, wr, dec, info))
     }
 
     /// Connects to the agent of a guest that cannot answer yet (stopped by a full host disk,
@@ -167,29 +156,41 @@ impl AgentClient {
             .await
             .map_err(io("connect to the agent's socket"))?;
         let (rd, mut wr) = stream.into_split();
-        let hello = Hello::ours(HelloInfo {
-            software: env!("CARGO_PKG_VERSION").into(),
-            ..Default::default()
-        })
-        .to_frame()?;
-        wr.write_all(&hello).await.map_err(io("send hello"))?;
+        wr.write_all(&our_hello()?)
+            .await
+            .map_err(io("send hello"))?;
+        Ok(AgentClient::serve(
+            rd,
+            wr,
+            FrameDecoder::new(),
+            HelloInfo::default(),
+        ))
+    }
+
+    /// The client over a connection whose hello is sent: its read loop runs from now on.
+    fn serve(
+        rd: OwnedReadHalf,
+        wr: OwnedWriteHalf,
+        dec: FrameDecoder,
+        hello: HelloInfo,
+    ) -> AgentClient {
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
         let writer = Arc::new(tokio::sync::Mutex::new(wr));
         let net = Arc::new(crate::net::HostNet::default());
         tokio::spawn(read_loop(
             rd,
-            FrameDecoder::new(),
+            dec,
             routes.clone(),
             net.clone(),
             writer.clone(),
         ));
-        Ok(AgentClient {
+        AgentClient {
             writer,
             routes,
             next_id: Arc::new(AtomicU32::new(1)),
-            hello: HelloInfo::default(),
+            hello,
             net,
-        })
+        }
     }
 
     /// A request id whose replies come to the returned receiver (for multi-message transfers).
