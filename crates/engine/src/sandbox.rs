@@ -456,7 +456,8 @@ impl Sandbox {
         client: AgentClient,
         run: RunDir,
     ) -> Sandbox {
-        let disk = crate::diskwatch::DiskWatch::spawn(run.dir.join("events.sock"), run.disk_dir());
+        let disk =
+            crate::diskwatch::DiskWatch::spawn(run.dir.join(vm::EVENTS_SOCKET), run.disk_dir());
         Sandbox {
             disk,
             info,
@@ -805,6 +806,7 @@ pub async fn ensure_template(
         for f in [
             "agent.sock",
             "qmp.sock",
+            vm::EVENTS_SOCKET,
             "console.sock",
             "console.log",
             "qemu.stderr",

@@ -8,5 +8,5 @@ pub mod qmp;
 pub use accel::{decide, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
 pub use qemu::{
     console_tail, create_overlay, kernel_cmdline, qemu_args, ram_tail_kib, Console, Memory, Vm,
-    VmConfig, CONSOLE_CAP, QEMU, TCG_RAM_TAIL_KIB,
+    VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, TCG_RAM_TAIL_KIB,
 };

@@ -63,9 +63,12 @@ impl VmConfig {
     }
     /// The QMP monitor the disk watcher listens on (the other, `qmp.sock`, is for commands).
     pub fn events_socket(&self) -> PathBuf {
-        self.run_dir.join("events.sock")
+        self.run_dir.join(EVENTS_SOCKET)
     }
 }
+
+/// The name, in a VM's run directory, of the QMP monitor that carries only events.
+pub const EVENTS_SOCKET: &str = "events.sock";
 
 /// Kernel command line of every guest.
 ///
