@@ -1295,6 +1295,23 @@ fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
             && err.contains(&disks.display().to_string()),
         "{err}"
     );
+    let dl = tempfile::tempdir().unwrap();
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "download",
+            &id,
+            "/etc/hostname",
+            &dl.path().display().to_string(),
+        ],
+    );
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is full"),
+        "{}",
+        text(&out.stderr)
+    );
     // A daemon killed and replaced meanwhile sees the sandbox held too.
     kill_daemon_hard(&paths);
     assert!(listed("disk_full"), "a new daemon lost the disk_full state");
