@@ -752,9 +752,11 @@ impl Engine {
     }
 
     /// A live sandbox, for the streaming transfers (archives) that carry bodies and so are not
-    /// commands.
+    /// commands; refused in words, like an exec, while a full host disk holds it.
     pub async fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EngineError> {
-        Ok(self.get(id).await?.0)
+        let sb = self.get(id).await?.0;
+        sb.check_disk()?;
+        Ok(sb)
     }
 
     async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {

@@ -224,17 +224,6 @@ fn transfer_error(e: forkbox_engine::files::TransferError) -> Response {
         .into_response()
 }
 
-/// The sandbox, refused in words while a full host disk holds it (its guest cannot answer).
-async fn answering(
-    e: &Engine,
-    id: &str,
-) -> Result<std::sync::Arc<forkbox_engine::sandbox::Sandbox>, ApiError> {
-    let sb = e.sandbox(id).await.map_err(ApiError)?;
-    sb.check_disk()
-        .map_err(|err| ApiError(EngineError::Sandbox(err)))?;
-    Ok(sb)
-}
-
 /// Unpacks the request body (tar.zst) into `path` in the sandbox.
 async fn put_archive(
     State(e): State<Arc<Engine>>,
@@ -243,7 +232,7 @@ async fn put_archive(
     body: axum::body::Body,
 ) -> Api {
     use futures_util::StreamExt;
-    let sb = answering(&e, &id).await?;
+    let sb = e.sandbox(&id).await.map_err(ApiError)?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
     let feed = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
@@ -270,7 +259,7 @@ async fn get_archive(
     UrlPath(id): UrlPath<String>,
     Query(q): Query<ArchiveQuery>,
 ) -> Api {
-    let sb = answering(&e, &id).await?;
+    let sb = e.sandbox(&id).await.map_err(ApiError)?;
     let rx = match forkbox_engine::files::get_archive(sb.client(), &q.path).await {
         Ok(rx) => rx,
         Err(err) => return Ok(transfer_error(err)),
