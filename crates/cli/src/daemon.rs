@@ -2,6 +2,7 @@
 
 use forkbox_engine::snapshot::SnapshotMeta;
 use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
 use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
@@ -343,10 +344,14 @@ async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response>
 /// Starts `forkbox serve` in the background and waits for it to answer.
 async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
     std::fs::create_dir_all(paths.home())?;
-    let log_path = paths.home().join("daemon.log");
+    // The daemon writes its log itself (`daemon.log`, size-capped); what else it prints (an
+    // error at start, a panic) goes here, anew at each start.
+    let log_path = paths.home().join("daemon.out");
     let log = std::fs::OpenOptions::new()
         .create(true)
-        .append(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
         .open(&log_path)?;
     let exe = std::env::current_exe()?;
     let mut cmd = std::process::Command::new(exe);
@@ -364,14 +369,14 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
         }
         if let Ok(Some(st)) = child.try_wait() {
             bail!(
-                "the forkbox daemon exited at start ({st}); see {}",
+                "the forkbox daemon exited at start ({st}); see {} and daemon.log beside it",
                 log_path.display()
             );
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     bail!(
-        "the forkbox daemon did not start listening within 10 s; see {}",
+        "the forkbox daemon did not start listening within 10 s; see {} and daemon.log beside it",
         log_path.display()
     )
 }

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod daemon;
+mod logfile;
 mod migrate;
 mod run;
 
@@ -118,23 +119,15 @@ enum ImageCmd {
 }
 
 fn main() -> ExitCode {
+    // Nothing this process inherited reaches a child (a QEMU least of all); the daemon, which
+    // lives long and starts every QEMU, drops it altogether.
+    let inherited = forkbox_engine::fds::seal_inherited();
     let cli = Cli::parse();
-    // The daemon logs what it does by default; the other commands only when asked.
-    let default_filter = if matches!(cli.command, Cmd::Serve { .. }) {
-        Some("info")
-    } else {
-        None
-    };
-    if let Some(filter) = std::env::var("FORKBOX_LOG")
-        .ok()
-        .or(default_filter.map(String::from))
-    {
-        tracing_subscriber::fmt()
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::io::stderr)
-            .init();
+    let serving = matches!(cli.command, Cmd::Serve { .. });
+    if serving {
+        forkbox_engine::fds::close_inherited();
     }
-    match dispatch(cli) {
+    match start(cli, serving, inherited) {
         Ok(code) => code,
         Err(e) => {
             let mut msg = format!("forkbox: error: {e}");
@@ -147,6 +140,47 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logging, forkbox's home, then the command. The daemon logs what it does by default, into
+/// `daemon.log` (size-capped, see [`logfile`]); the other commands only when asked, to stderr.
+fn start(cli: Cli, serving: bool, inherited: usize) -> anyhow::Result<ExitCode> {
+    let paths = Paths::from_env();
+    let filter = std::env::var("FORKBOX_LOG").ok();
+    if serving {
+        let note = paths.secure_home()?;
+        let log = logfile::LogFile::open(&paths.home().join("daemon.log"), logfile::DEFAULT_CAP)
+            .with_context(|| format!("open the daemon's log in {}", paths.home().display()))?;
+        tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::new(
+                filter.as_deref().unwrap_or("info"),
+            ))
+            .with_writer(log)
+            .with_ansi(false)
+            .init();
+        if let Some(note) = note {
+            tracing::warn!("{note}");
+        }
+        if inherited > 0 {
+            tracing::info!(
+                "closed {inherited} descriptor(s) inherited from whoever started the daemon"
+            );
+        }
+    } else {
+        if let Some(filter) = filter {
+            tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .init();
+        }
+        // `info` only reads; every other command may write sandboxes' data into the home.
+        if !matches!(cli.command, Cmd::Info { .. }) {
+            if let Some(note) = paths.secure_home()? {
+                eprintln!("forkbox: {note}");
+            }
+        }
+    }
+    dispatch(cli, paths)
+}
+
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     let mut out = std::io::stdout().lock();
     serde_json::to_writer_pretty(&mut out, v)?;
@@ -154,8 +188,7 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn dispatch(cli: Cli) -> anyhow::Result<ExitCode> {
-    let paths = Paths::from_env();
+fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
     match cli.command {
         Cmd::Setup { json } => {
             let steps = setup::setup(&paths, &mut |line| eprintln!("forkbox setup: {line}"))?;

@@ -22,6 +22,7 @@ pub mod commands;
 mod cpio;
 pub mod diskwatch;
 pub mod error;
+pub mod fds;
 pub mod files;
 pub mod image;
 pub mod kernel;

@@ -106,15 +106,28 @@ pub fn apply(id: &str, pid: u32, limits: Limits) -> Result<String, String> {
     Ok("cgroup v1 (memory, pids, cpu)".into())
 }
 
-/// Removes the (now empty) cgroups of sandbox `id`.
-pub fn remove(id: &str) {
-    for dir in dirs(id) {
-        let _ = fs::remove_dir(dir);
-    }
+/// Removes the (now empty) cgroups of sandbox `id`; false while one still holds a process.
+pub fn remove(id: &str) -> bool {
+    dirs(id)
+        .into_iter()
+        .all(|dir| fs::remove_dir(&dir).is_ok() || !dir.exists())
 }
 
-/// Removes the empty cgroups of sandboxes that are gone.
-pub fn sweep() {
+/// Removes the cgroups of sandbox `id` once its QEMU is gone: a killed process leaves its
+/// cgroup a moment after its parent saw it exit, so this tries again for up to a second.
+pub async fn remove_when_empty(id: &str) {
+    for _ in 0..40 {
+        if remove(id) {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+    tracing::warn!("{id}: its cgroups still hold a process; the next sweep removes them");
+}
+
+/// Removes the empty cgroups of sandboxes that are gone; returns their names.
+pub fn sweep() -> Vec<String> {
+    let mut removed = Vec::new();
     let parents: Vec<PathBuf> = if v2_has_controllers() {
         vec![Path::new(ROOT).join("forkbox")]
     } else {
@@ -126,9 +139,14 @@ pub fn sweep() {
     for p in parents {
         for e in fs::read_dir(p).into_iter().flatten().flatten() {
             // rmdir fails on a cgroup that still has processes: those are left alone.
-            let _ = fs::remove_dir(e.path());
+            if fs::remove_dir(e.path()).is_ok() {
+                removed.push(e.file_name().to_string_lossy().into_owned());
+            }
         }
     }
+    removed.sort();
+    removed.dedup();
+    removed
 }
 
 /// The cgroup paths a process is in, one line per hierarchy (from /proc/PID/cgroup).

@@ -46,6 +46,38 @@ impl Paths {
     pub fn home(&self) -> &Path {
         &self.home
     }
+
+    /// Makes forkbox's home (created if missing) readable by its owner only: it holds every
+    /// sandbox's disk, memory and logs. A home that was made looser is tightened; the returned
+    /// sentence says so, for the caller to show. A home owned by another user is refused.
+    pub fn secure_home(&self) -> std::io::Result<Option<String>> {
+        use std::os::unix::fs::{MetadataExt, PermissionsExt};
+        std::fs::create_dir_all(&self.home)?;
+        let meta = std::fs::metadata(&self.home)?;
+        let me = nix::unistd::geteuid().as_raw();
+        if meta.uid() != me {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::PermissionDenied,
+                format!(
+                    "forkbox's home {} belongs to uid {}, not to this user (uid {me}); give it \
+                     back (chown {me} {}) or choose another with FORKBOX_HOME",
+                    self.home.display(),
+                    meta.uid(),
+                    self.home.display()
+                ),
+            ));
+        }
+        let mode = meta.mode() & 0o7777;
+        if mode & 0o077 == 0 {
+            return Ok(None);
+        }
+        std::fs::set_permissions(&self.home, std::fs::Permissions::from_mode(0o700))?;
+        Ok(Some(format!(
+            "forkbox's home {} was mode {mode:04o}, so other local users could read sandboxes' \
+             disks and memory; it is now 0700",
+            self.home.display()
+        )))
+    }
     pub fn kernels(&self) -> PathBuf {
         self.home.join("kernels")
     }

@@ -223,8 +223,53 @@ pub fn kill_qemus_of(dir: &Path) {
     }
 }
 
-/// Kills and removes sandboxes whose owner died. Returns the ids cleaned.
-pub fn sweep(paths: &Paths) -> Vec<String> {
+/// What a sweep removed.
+#[derive(Debug, Default)]
+pub struct Swept {
+    /// Sandboxes whose owner died.
+    pub sandboxes: Vec<String>,
+    /// Half-made snapshots and templates of operations that were killed.
+    pub unfinished: Vec<std::path::PathBuf>,
+    /// Cgroups of QEMUs that are gone.
+    pub cgroups: Vec<String>,
+}
+
+impl Swept {
+    /// One sentence per kind of leftover, for a log.
+    pub fn lines(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        if !self.sandboxes.is_empty() {
+            out.push(format!(
+                "removed {} sandbox(es) whose owner died: {}",
+                self.sandboxes.len(),
+                self.sandboxes.join(", ")
+            ));
+        }
+        if !self.unfinished.is_empty() {
+            let names: Vec<String> = self
+                .unfinished
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect();
+            out.push(format!(
+                "removed {} unfinished snapshot(s) of killed operations: {}",
+                names.len(),
+                names.join(", ")
+            ));
+        }
+        if !self.cgroups.is_empty() {
+            out.push(format!(
+                "removed {} cgroup(s) of QEMUs that are gone: {}",
+                self.cgroups.len(),
+                self.cgroups.join(", ")
+            ));
+        }
+        out
+    }
+}
+
+/// Kills and removes sandboxes whose owner died, and what killed operations left.
+pub fn sweep(paths: &Paths) -> Swept {
     let mut cleaned = Vec::new();
     for e in fs::read_dir(paths.run()).into_iter().flatten().flatten() {
         let dir = e.path();
@@ -255,7 +300,11 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
             }
         }
     }
-    crate::limits::sweep();
+    let unfinished = [paths.snapshots(), paths.templates()]
+        .iter()
+        .flat_map(|root| crate::snapshot::SnapshotStore::sweep_dir(root))
+        .collect();
+    let cgroups = crate::limits::sweep();
     // Disk overlays of sandboxes that are gone and that no snapshot needs.
     crate::snapshot::release_disk_dirs(
         paths.home(),
@@ -265,7 +314,11 @@ pub fn sweep(paths: &Paths) -> Vec<String> {
             .flatten()
             .map(|e| e.file_name().to_string_lossy().into_owned()),
     );
-    cleaned
+    Swept {
+        sandboxes: cleaned,
+        unfinished,
+        cgroups,
+    }
 }
 
 #[cfg(test)]
@@ -287,7 +340,7 @@ mod tests {
         dead.save().unwrap();
         let dead_dir = dead.dir.clone();
         std::mem::forget(dead); // as if its owner had been killed
-        assert_eq!(sweep(&paths), vec!["sb-dead".to_string()]);
+        assert_eq!(sweep(&paths).sandboxes, vec!["sb-dead".to_string()]);
         assert!(rd.dir.exists());
         assert!(!dead_dir.exists());
         let dir = rd.dir.clone();

@@ -276,12 +276,14 @@ impl SnapshotStore {
     }
 
     /// Removes what an interrupted save or delete left behind.
-    pub fn sweep(&self) {
+    pub fn sweep(&self) -> Vec<PathBuf> {
         SnapshotStore::sweep_dir(&self.root)
     }
 
-    /// Removes `.tmp-*` and `.deleting-*` entries of processes that are gone from `root`.
-    pub fn sweep_dir(root: &Path) {
+    /// Removes `.tmp-*` and `.deleting-*` entries of processes that are gone from `root`;
+    /// returns what it removed.
+    pub fn sweep_dir(root: &Path) -> Vec<PathBuf> {
+        let mut removed = Vec::new();
         for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             if let Some(rest) = n.strip_prefix(".tmp-").or(n.strip_prefix(".deleting-")) {
@@ -289,10 +291,13 @@ impl SnapshotStore {
                 let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
                 if !alive {
                     crate::runstate::kill_qemus_of(&e.path());
-                    let _ = std::fs::remove_dir_all(e.path());
+                    if std::fs::remove_dir_all(e.path()).is_ok() {
+                        removed.push(e.path());
+                    }
                 }
             }
         }
+        removed
     }
 }
 

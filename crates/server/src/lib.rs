@@ -495,7 +495,9 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
     for id in engine.adopt_all().await {
         tracing::info!("{id}: re-adopted");
     }
-    forkbox_engine::runstate::sweep(&paths);
+    for line in forkbox_engine::runstate::sweep(&paths).lines() {
+        tracing::info!("start-up sweep: {line}");
+    }
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     forkbox_engine::paths::write_atomic(

@@ -30,6 +30,7 @@ pub fn home() -> Paths {
         .map(PathBuf::from)
         .unwrap_or_else(|| "/var/tmp/forkbox-test".into());
     let paths = Paths::new(dir);
+    paths.secure_home().expect("make the test home private");
     with_lock(&paths, || {
         if forkbox_engine::kernel::Kernel::newest(&paths).is_err() {
             eprintln!(

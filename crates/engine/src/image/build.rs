@@ -277,6 +277,16 @@ fn build_in(
     .arg(&root)
     .arg(&r.mirror);
     run_logged(&mut cmd, "install packages", &r.name, log)?;
+    // mmdebstrap leaves the build host's resolver configuration in the root: it names this
+    // host's network and is of no use in a sandbox, which has no resolver (its proxy's names
+    // are resolved by the host).
+    let resolv = root.join("etc/resolv.conf");
+    let _ = fs::remove_file(&resolv);
+    fs::write(
+        &resolv,
+        "# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
+    )
+    .map_err(|e| ImageError::io("write the image's /etc/resolv.conf", e))?;
 
     log(BuildEvent::Step {
         n: 2,

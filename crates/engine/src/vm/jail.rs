@@ -330,6 +330,16 @@ impl Jail {
             if qemu == 0 {
                 // QEMU dies with its holder.
                 check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+                // QEMU gets standard input, output and error and nothing else: whatever this
+                // process held without close-on-exec (inherited by whoever started forkbox, or
+                // opened by a program that uses the engine) closes at exec. What QEMU creates
+                // (sockets, snapshot files) is no one else's.
+                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 1u32 << 2) != 0 {
+                    for fd in 3..4096 {
+                        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+                    }
+                }
+                libc::umask(0o007);
                 return Ok(());
             }
             // The holder: no descriptors (among them the pipe through which the starting

@@ -538,7 +538,7 @@ impl Vm {
     /// Waits for QEMU to exit; returns its status and what it printed on stderr.
     pub async fn wait_exit(&mut self) -> (String, String) {
         let r = self.wait_exit_inner().await;
-        crate::limits::remove(&self.cgroup);
+        crate::limits::remove_when_empty(&self.cgroup).await;
         r
     }
 
@@ -567,7 +567,7 @@ impl Vm {
     /// Stops the VM at once. The guest's disk is disposable, so nothing is flushed.
     pub async fn kill(&mut self) {
         self.kill_process().await;
-        crate::limits::remove(&self.cgroup);
+        crate::limits::remove_when_empty(&self.cgroup).await;
     }
 
     async fn kill_process(&mut self) {
