@@ -162,7 +162,7 @@ pub enum SandboxCmd {
         /// Only sandboxes with this label K=V.
         #[arg(long)]
         label: Option<String>,
-        /// Only sandboxes in this state: running, disk_full, hibernated.
+        /// Only sandboxes in this state: running, disk_full, hibernated, failed.
         #[arg(long)]
         state: Option<String>,
         #[arg(long)]
@@ -597,6 +597,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                             forkbox_engine::api::SandboxState::Running => "running",
                             forkbox_engine::api::SandboxState::DiskFull => "disk-full",
                             forkbox_engine::api::SandboxState::Hibernated => "hibernated",
+                            forkbox_engine::api::SandboxState::Failed => "failed",
                         };
                         println!(
                             "{:<16} {:<11} {:<24} {:<6} {:>5} {:>5} MiB",

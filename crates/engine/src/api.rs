@@ -118,8 +118,12 @@ pub struct SandboxView {
     #[serde(default)]
     pub from_pool: bool,
     /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
-    /// itself once space is freed) or `hibernated` (saved to disk, no VM, resumed by `resume`).
+    /// itself once space is freed), `hibernated` (saved to disk, no VM, resumed by `resume`)
+    /// or `failed` (its guest broke the agent protocol; `failure` says how; delete it).
     pub state: SandboxState,
+    /// Why the sandbox failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
     #[serde(default)]
     pub ttl_action: TtlAction,
     #[serde(default)]
@@ -132,6 +136,7 @@ pub enum SandboxState {
     Running,
     DiskFull,
     Hibernated,
+    Failed,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -256,6 +261,7 @@ impl Sleeper {
             expires_unix: self.record.expires_unix,
             from_pool: false,
             state: SandboxState::Hibernated,
+            failure: None,
             ttl_action: self.record.ttl_action,
             network: self.record.network.clone(),
         }
@@ -315,11 +321,14 @@ impl Entry {
             created_unix: self.created_unix,
             expires_unix: self.expires_unix,
             from_pool: self.from_pool,
-            state: if self.sandbox.check_disk().is_err() {
+            state: if self.sandbox.client().failure().is_some() {
+                SandboxState::Failed
+            } else if self.sandbox.check_usable().is_err() {
                 SandboxState::DiskFull
             } else {
                 SandboxState::Running
             },
+            failure: self.sandbox.client().failure(),
             ttl_action: self.ttl_action,
             network: self.sandbox.network(),
         }
@@ -755,7 +764,7 @@ impl Engine {
     /// commands; refused in words, like an exec, while a full host disk holds it.
     pub async fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EngineError> {
         let sb = self.get(id).await?.0;
-        sb.check_disk()?;
+        sb.check_usable()?;
         Ok(sb)
     }
 
@@ -946,7 +955,7 @@ impl Engine {
                         }
                     };
                     // A guest stopped by a full disk answers once it runs again.
-                    if sandbox.check_disk().is_err() {
+                    if sandbox.check_disk_held() {
                         tokio::spawn(apply);
                     } else {
                         apply.await;

@@ -18,6 +18,8 @@ use tokio::sync::mpsc;
 use crate::error::AgentError;
 
 type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<AgentMsg>>>>;
+/// Why the host stopped talking to a guest, once it did.
+type Failure = Arc<Mutex<Option<String>>>;
 
 #[derive(Clone)]
 pub struct AgentClient {
@@ -28,6 +30,7 @@ pub struct AgentClient {
     pub hello: HelloInfo,
     /// The guest proxy's tunnels and the policy that opens them.
     pub net: Arc<crate::net::HostNet>,
+    failure: Failure,
 }
 
 /// One event of a running command.
@@ -176,13 +179,15 @@ impl AgentClient {
     ) -> AgentClient {
         let routes: Routes = Arc::new(Mutex::new(HashMap::new()));
         let writer = Arc::new(tokio::sync::Mutex::new(wr));
-        let net = Arc::new(crate::net::HostNet::default());
+        let net = Arc::new(crate::net::HostNet::new(writer.clone()));
+        let failure = Failure::default();
         tokio::spawn(read_loop(
             rd,
             dec,
             routes.clone(),
             net.clone(),
             writer.clone(),
+            failure.clone(),
         ));
         AgentClient {
             writer,
@@ -190,7 +195,15 @@ impl AgentClient {
             next_id: Arc::new(AtomicU32::new(1)),
             hello,
             net,
+            failure,
         }
+    }
+
+    /// Why the host stopped talking to this guest (it sent a malformed frame, or broke the
+    /// tunnel protocol too often), if it did. Requests then fail at once instead of waiting
+    /// for answers nobody reads.
+    pub fn failure(&self) -> Option<String> {
+        lock(&self.failure).clone()
     }
 
     /// A request id whose replies come to the returned receiver (for multi-message transfers).
@@ -214,10 +227,16 @@ impl AgentClient {
             .map_err(|_| AgentError::Disconnected)
     }
 
+    /// A request id and where its replies arrive. Once the connection is failed, the
+    /// receiver is closed at once (callers see the agent gone, and [`Self::failure`] says why).
     fn route(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = mpsc::channel(64);
-        lock(&self.routes).insert(id, tx);
+        let routes = lock(&self.routes);
+        if lock(&self.failure).is_none() {
+            let mut routes = routes;
+            routes.insert(id, tx);
+        }
         (id, rx)
     }
 
@@ -367,49 +386,76 @@ async fn read_loop(
     routes: Routes,
     net: Arc<crate::net::HostNet>,
     writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
+    failure: Failure,
 ) {
+    let broken = read_frames(&mut rd, &mut dec, &routes, &net).await;
+    if let Some(why) = broken {
+        // Bounded: `why` quotes nothing the guest chose beyond a decoder's message.
+        tracing::warn!(
+            "{}: the guest agent broke the protocol ({why}); the host stops talking to it and marks the sandbox failed",
+            net.name()
+        );
+        mark_failed(
+            &routes,
+            &failure,
+            format!("its guest broke the agent protocol ({why})"),
+        );
+        let _ = writer.lock().await.shutdown().await;
+    }
+    // Dropping every sender tells each waiting request that the agent is gone.
+    lock(&routes).clear();
+    net.close_all();
+}
+
+/// Records why the connection failed, under the routes' lock so that no request is routed
+/// after it (see [`AgentClient::route`]), and fails the requests waiting.
+fn mark_failed(routes: &Routes, failure: &Failure, why: String) {
+    let mut r = lock(routes);
+    *lock(failure) = Some(why);
+    r.clear();
+}
+
+/// Reads frames and hands them on until the connection ends (`None`) or the guest breaks
+/// the protocol (why).
+async fn read_frames(
+    rd: &mut OwnedReadHalf,
+    dec: &mut FrameDecoder,
+    routes: &Routes,
+    net: &Arc<crate::net::HostNet>,
+) -> Option<String> {
     let mut buf = vec![0u8; 256 * 1024];
-    'read: loop {
+    loop {
         // Frames already buffered (read together with the hello) go first.
         loop {
             let payload = match dec.next_frame() {
                 Ok(Some(p)) => p,
                 Ok(None) => break,
-                Err(e) => {
-                    tracing::warn!("bad frame from the guest agent: {e}; closing the connection");
-                    break 'read;
-                }
+                Err(e) => return Some(format!("a bad frame: {e}")),
             };
             if payload.starts_with(&MAGIC) {
                 continue; // an answer to a re-sent hello
             }
             let msg = match decode::<AgentMsg>(&payload) {
                 Ok(m) => m,
-                Err(e) => {
-                    tracing::warn!(
-                        "undecodable message from the guest agent: {e}; closing the connection"
-                    );
-                    break 'read;
-                }
+                Err(e) => return Some(format!("an undecodable message: {e}")),
             };
             if msg.tunnel().is_some() {
-                net.on_agent(msg, &writer);
+                if let Err(why) = net.on_agent(msg) {
+                    return Some(why);
+                }
                 continue;
             }
-            let tx = lock(&routes).get(&msg.id()).cloned();
+            let tx = lock(routes).get(&msg.id()).cloned();
             if let Some(tx) = tx {
                 // Waiting here slows the guest down (backpressure) rather than buffering without bound.
                 let _ = tx.send(msg).await;
             }
         }
         match rd.read(&mut buf).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) | Err(_) => return None,
             Ok(n) => dec.push(&buf[..n]),
         }
     }
-    // Dropping every sender tells each waiting request that the agent is gone.
-    lock(&routes).clear();
-    net.close_all();
 }
 
 /// A running command.
@@ -471,6 +517,11 @@ impl Execution {
 
     pub async fn close_stdin(&self) -> Result<(), AgentError> {
         self.client.send(&HostMsg::StdinClose { id: self.id }).await
+    }
+
+    /// Why the host stopped talking to this guest, if it did.
+    pub fn failure(&self) -> Option<String> {
+        self.client.failure()
     }
 
     pub async fn signal(&self, signal: i32) -> Result<(), AgentError> {

@@ -145,6 +145,10 @@ impl VmError {
 pub enum AgentError {
     #[error("the connection to the guest agent was lost (the VM stopped or crashed)")]
     Disconnected,
+    /// The host stopped talking to this guest: it broke the protocol (see
+    /// [`crate::client::AgentClient::failure`]).
+    #[error("the sandbox failed: {0}; nothing more can run in it, delete it")]
+    Failed(String),
     #[error(transparent)]
     Protocol(#[from] forkbox_protocol::ProtocolError),
     #[error("the guest agent refused the request: {message}")]
@@ -182,7 +186,7 @@ pub enum SandboxError {
     Network(#[from] crate::net::PolicyError),
     #[error("a disk of {asked_mib} MiB is smaller than the image's ({minimum_mib} MiB); ask for at least that")]
     DiskTooSmall { asked_mib: u64, minimum_mib: u64 },
-    #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed; the sandbox was stopped")]
+    #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed: the guest is overloaded (a fork bomb, memory pressure) or its agent is stuck. The sandbox still runs; see `forkbox sandbox ls` and delete it if it does not recover")]
     Unresponsive { secs: u64 },
     #[error("the host's file system holding {} is full ({free_mib} MiB free): the sandbox is paused where it stood, nothing lost, and resumes by itself once {} MiB are free there; free space on the host (old snapshots: `forkbox snapshot rm`)", dir.display(), crate::diskwatch::RESUME_FREE_BYTES >> 20)]
     HostDiskFull {

@@ -24,6 +24,7 @@ pub mod diskwatch;
 pub mod error;
 pub mod fds;
 pub mod files;
+pub mod guestlog;
 pub mod image;
 pub mod kernel;
 pub mod limits;

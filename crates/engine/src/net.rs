@@ -9,8 +9,8 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
 use forkbox_protocol::{encode_frame, HostMsg, TUNNEL_WINDOW};
@@ -193,17 +193,51 @@ pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<So
     ))
 }
 
+/// Tunnels a guest may have open at once; more are refused (not a violation: a program may
+/// open many connections).
+pub const MAX_TUNNELS: usize = 128;
+/// Tunnels being resolved and connected at once; more are refused.
+pub const MAX_PENDING_OPENS: usize = 16;
+/// Protocol violations (data past the window or before a tunnel is ready, acknowledgements of
+/// bytes never sent, a tunnel opened twice, replies left unread) a guest may commit; the next
+/// one ends the host's connection to it and the sandbox is marked failed.
+pub const MAX_VIOLATIONS: u32 = 8;
+/// Longest host name a tunnel may ask for (DNS's own limit).
+pub const MAX_HOST_LEN: usize = 253;
+/// Frames queued for the guest; a guest that lets it fill while it floods the host with
+/// requests is committing a violation.
+const OUTBOX: usize = 1024;
+
 /// One tunnel's host side.
 struct Open {
+    /// Guest → remote. Unbounded as a channel, bounded in bytes: `unacked` may never pass
+    /// [`TUNNEL_WINDOW`].
     to_remote: mpsc::UnboundedSender<Option<Vec<u8>>>,
+    /// Bytes the guest sent that are not yet written to the remote.
+    unacked: Arc<AtomicUsize>,
+    /// Remote → guest: bytes the host may still send before the guest acknowledges some.
     credit: Arc<Semaphore>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
 }
 
-/// The tunnels of one sandbox's agent connection, and the policy that opens them.
+enum Slot {
+    /// Being resolved and connected.
+    Pending,
+    Open(Open),
+}
+
+/// The tunnels of one sandbox's agent connection, and the policy that opens them. Everything
+/// a guest sends here is bounded before it costs the host: tunnels open and pending, bytes in
+/// flight per tunnel (the window, enforced), frames queued back, log lines.
 pub struct HostNet {
     policy: RwLock<NetworkPolicy>,
-    open: Mutex<HashMap<u32, Open>>,
+    open: Mutex<HashMap<u32, Slot>>,
+    pending: Arc<Semaphore>,
+    outbox: mpsc::Sender<HostMsg>,
+    violations: AtomicU32,
+    /// The sandbox's id, for log lines.
+    name: OnceLock<String>,
+    log: crate::guestlog::RateLimit,
     pub bytes_out: AtomicU64,
     pub bytes_in: AtomicU64,
     pub refused: AtomicU64,
@@ -211,30 +245,48 @@ pub struct HostNet {
 
 type Writer = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
 
-async fn send(w: &Writer, msg: &HostMsg) -> bool {
-    let Ok(frame) = encode_frame(msg) else {
-        return false;
-    };
-    w.lock().await.write_all(&frame).await.is_ok()
-}
-
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-impl Default for HostNet {
-    fn default() -> Self {
+impl HostNet {
+    /// The tunnels of the agent connection whose write half is `w`: frames for the guest go
+    /// through one bounded queue into it.
+    pub fn new(w: Writer) -> HostNet {
+        let (outbox, mut rx) = mpsc::channel::<HostMsg>(OUTBOX);
+        tokio::spawn(async move {
+            while let Some(msg) = rx.recv().await {
+                let Ok(frame) = encode_frame(&msg) else {
+                    continue;
+                };
+                if w.lock().await.write_all(&frame).await.is_err() {
+                    return;
+                }
+            }
+        });
         HostNet {
             policy: RwLock::new(NetworkPolicy::default()),
             open: Mutex::new(HashMap::new()),
+            pending: Arc::new(Semaphore::new(MAX_PENDING_OPENS)),
+            outbox,
+            violations: AtomicU32::new(0),
+            name: OnceLock::new(),
+            log: Default::default(),
             bytes_out: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             refused: AtomicU64::new(0),
         }
     }
-}
 
-impl HostNet {
+    /// Names the sandbox in this connection's log lines.
+    pub fn set_name(&self, name: &str) {
+        let _ = self.name.set(name.to_string());
+    }
+
+    pub(crate) fn name(&self) -> &str {
+        self.name.get().map_or("sandbox", String::as_str)
+    }
+
     /// What the tunnels carried and how many were refused, so far.
     pub fn counts(&self) -> crate::metrics::NetCounts {
         crate::metrics::NetCounts {
@@ -242,6 +294,11 @@ impl HostNet {
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
         }
+    }
+
+    /// Tunnels open or being opened now.
+    pub fn tunnels(&self) -> usize {
+        lock(&self.open).len()
     }
 
     pub fn set_policy(&self, p: NetworkPolicy) {
@@ -255,42 +312,160 @@ impl HostNet {
             .clone()
     }
 
-    /// Handles one tunnel message from the agent.
-    pub fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg, w: &Writer) {
-        use forkbox_protocol::AgentMsg as A;
-        match msg {
-            A::TunnelOpen { tunnel, host, port } => {
-                let (net, w) = (self.clone(), w.clone());
-                tokio::spawn(async move { net.open(tunnel, host, port, w).await });
+    /// Counts a violation; past [`MAX_VIOLATIONS`], the reason the connection must end.
+    fn violation(&self, what: String) -> Result<(), String> {
+        let n = self.violations.fetch_add(1, Ordering::Relaxed) + 1;
+        crate::guest_info!(
+            self.log,
+            "{}: the guest broke the tunnel protocol ({n} of {MAX_VIOLATIONS} allowed): {what}",
+            self.name()
+        );
+        if n > MAX_VIOLATIONS {
+            return Err(format!(
+                "the guest broke the tunnel protocol more than {MAX_VIOLATIONS} times (last: {what})"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Queues a frame for the guest without waiting: a full queue means the guest does not
+    /// read what the host answers while it keeps sending requests.
+    fn reply(&self, msg: HostMsg) -> Result<(), String> {
+        match self.outbox.try_send(msg) {
+            Err(mpsc::error::TrySendError::Full(_)) => {
+                self.violation("it does not read the host's replies".into())
             }
-            A::TunnelData { tunnel, data } => {
-                self.bytes_out
-                    .fetch_add(data.len() as u64, Ordering::Relaxed);
-                let sent = lock(&self.open)
-                    .get(&tunnel)
-                    .map(|o| o.to_remote.send(Some(data)).is_ok());
-                if sent != Some(true) {
-                    let w = w.clone();
-                    tokio::spawn(async move { send(&w, &HostMsg::TunnelClose { tunnel }).await });
-                }
-            }
-            A::TunnelEof { tunnel } => {
-                if let Some(o) = lock(&self.open).get(&tunnel) {
-                    let _ = o.to_remote.send(None);
-                }
-            }
-            A::TunnelAck { tunnel, bytes } => {
-                if let Some(o) = lock(&self.open).get(&tunnel) {
-                    o.credit.add_permits(bytes as usize);
-                }
-            }
-            A::TunnelClose { tunnel } => self.forget(tunnel),
-            _ => {}
+            _ => Ok(()),
         }
     }
 
+    /// Handles one tunnel message from the agent; an error is why the host must stop talking
+    /// to this guest.
+    pub fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg) -> Result<(), String> {
+        use forkbox_protocol::AgentMsg as A;
+        match msg {
+            A::TunnelOpen { tunnel, host, port } => self.request(tunnel, host, port),
+            A::TunnelData { tunnel, data } => {
+                self.bytes_out
+                    .fetch_add(data.len() as u64, Ordering::Relaxed);
+                let verdict = match lock(&self.open).get(&tunnel) {
+                    None => return Ok(()), // closed meanwhile
+                    Some(Slot::Pending) => Err("data on a tunnel that is not ready"),
+                    Some(Slot::Open(o)) => {
+                        let n = data.len();
+                        if o.unacked.load(Ordering::Relaxed) + n > TUNNEL_WINDOW as usize {
+                            Err("data past the flow-control window")
+                        } else {
+                            o.unacked.fetch_add(n, Ordering::Relaxed);
+                            Ok(o.to_remote.send(Some(data)).is_ok())
+                        }
+                    }
+                };
+                match verdict {
+                    Ok(true) => Ok(()),
+                    // The remote side is gone.
+                    Ok(false) => self.close(tunnel),
+                    Err(why) => {
+                        self.close(tunnel)?;
+                        self.violation(format!("tunnel {tunnel}: {why}"))
+                    }
+                }
+            }
+            A::TunnelEof { tunnel } => {
+                if let Some(Slot::Open(o)) = lock(&self.open).get(&tunnel) {
+                    let _ = o.to_remote.send(None);
+                }
+                Ok(())
+            }
+            A::TunnelAck { tunnel, bytes } => {
+                let over = match lock(&self.open).get(&tunnel) {
+                    Some(Slot::Open(o)) => {
+                        let ok =
+                            o.credit.available_permits() + bytes as usize <= TUNNEL_WINDOW as usize;
+                        if ok {
+                            o.credit.add_permits(bytes as usize);
+                        }
+                        !ok
+                    }
+                    _ => false,
+                };
+                if over {
+                    self.close(tunnel)?;
+                    return self.violation(format!(
+                        "tunnel {tunnel}: acknowledged bytes it was never sent"
+                    ));
+                }
+                Ok(())
+            }
+            A::TunnelClose { tunnel } => {
+                self.forget(tunnel);
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// A tunnel request: refused at once when over a bound, else resolved and connected in a
+    /// task of its own.
+    fn request(self: &Arc<Self>, tunnel: u32, host: String, port: u16) -> Result<(), String> {
+        let refusal = {
+            let mut open = lock(&self.open);
+            if open.contains_key(&tunnel) {
+                drop(open);
+                return self.violation(format!("tunnel {tunnel} opened twice"));
+            }
+            if host.len() > MAX_HOST_LEN {
+                Some(format!(
+                    "a host name of {} bytes (the longest a name can be is {MAX_HOST_LEN})",
+                    host.len()
+                ))
+            } else if open.len() >= MAX_TUNNELS {
+                Some(format!(
+                    "{MAX_TUNNELS} tunnels are open already; close some first"
+                ))
+            } else {
+                match self.pending.clone().try_acquire_owned() {
+                    Ok(permit) => {
+                        open.insert(tunnel, Slot::Pending);
+                        let net = self.clone();
+                        tokio::spawn(async move {
+                            net.open(tunnel, host, port).await;
+                            drop(permit);
+                        });
+                        return Ok(());
+                    }
+                    Err(_) => Some(format!(
+                        "{MAX_PENDING_OPENS} connections are being opened already; retry"
+                    )),
+                }
+            }
+        };
+        match refusal {
+            None => Ok(()),
+            Some(why) => {
+                self.refused.fetch_add(1, Ordering::Relaxed);
+                crate::guest_info!(
+                    self.log,
+                    "{}: tunnel to {}:{port} refused: {why}",
+                    self.name(),
+                    crate::guestlog::quote(&host)
+                );
+                self.reply(HostMsg::TunnelReady {
+                    tunnel,
+                    error: Some(why),
+                })
+            }
+        }
+    }
+
+    /// Ends a tunnel from this side: forgets it and tells the guest.
+    fn close(&self, tunnel: u32) -> Result<(), String> {
+        self.forget(tunnel);
+        self.reply(HostMsg::TunnelClose { tunnel })
+    }
+
     fn forget(&self, tunnel: u32) {
-        if let Some(o) = lock(&self.open).remove(&tunnel) {
+        if let Some(Slot::Open(o)) = lock(&self.open).remove(&tunnel) {
             o.credit.close();
             for t in o.tasks {
                 t.abort();
@@ -306,23 +481,31 @@ impl HostNet {
         }
     }
 
-    async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16, w: Writer) {
+    async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16) {
         let refuse = |why: String| async {
-            send(
-                &w,
-                &HostMsg::TunnelReady {
+            if matches!(lock(&self.open).get(&tunnel), Some(Slot::Pending)) {
+                lock(&self.open).remove(&tunnel);
+            }
+            let _ = self
+                .outbox
+                .send(HostMsg::TunnelReady {
                     tunnel,
                     error: Some(why),
-                },
-            )
-            .await;
+                })
+                .await;
         };
         let policy = self.policy();
         let addr = match resolve(&policy, &host, port).await {
             Ok(a) => a,
             Err(why) => {
                 self.refused.fetch_add(1, Ordering::Relaxed);
-                tracing::info!("tunnel to {host}:{port} refused: {why}");
+                crate::guest_info!(
+                    self.log,
+                    "{}: tunnel to {}:{port} refused: {}",
+                    self.name(),
+                    crate::guestlog::quote(&host),
+                    crate::guestlog::quote(&why)
+                );
                 return refuse(why).await;
             }
         };
@@ -339,20 +522,46 @@ impl HostNet {
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let credit = Arc::new(Semaphore::new(TUNNEL_WINDOW as usize));
+        let unacked = Arc::new(AtomicUsize::new(0));
+        {
+            let mut open = lock(&self.open);
+            // The guest may have closed it meanwhile.
+            let Some(slot) = open.get_mut(&tunnel) else {
+                return;
+            };
+            *slot = Slot::Open(Open {
+                to_remote: tx,
+                unacked: unacked.clone(),
+                credit: credit.clone(),
+                tasks: Vec::new(),
+            });
+        }
+        // Ready goes into the queue before any data of this tunnel can.
+        if self
+            .outbox
+            .send(HostMsg::TunnelReady {
+                tunnel,
+                error: None,
+            })
+            .await
+            .is_err()
+        {
+            return;
+        }
         // Remote -> guest, within the agent's acknowledgements.
         let down = {
-            let (w, credit, net) = (w.clone(), credit.clone(), self.clone());
+            let net = self.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
                 loop {
                     let n = match rd.read(&mut buf).await {
                         Ok(0) => {
-                            send(&w, &HostMsg::TunnelEof { tunnel }).await;
+                            let _ = net.outbox.send(HostMsg::TunnelEof { tunnel }).await;
                             return;
                         }
                         Ok(n) => n,
                         Err(_) => {
-                            send(&w, &HostMsg::TunnelClose { tunnel }).await;
+                            let _ = net.outbox.send(HostMsg::TunnelClose { tunnel }).await;
                             return;
                         }
                     };
@@ -362,7 +571,12 @@ impl HostNet {
                     }
                     net.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
                     let data = buf[..n].to_vec();
-                    if !send(&w, &HostMsg::TunnelData { tunnel, data }).await {
+                    if net
+                        .outbox
+                        .send(HostMsg::TunnelData { tunnel, data })
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -370,17 +584,18 @@ impl HostNet {
         };
         // Guest -> remote, acknowledged as written.
         let up = {
-            let w = w.clone();
+            let net = self.clone();
             tokio::spawn(async move {
                 while let Some(m) = rx.recv().await {
                     match m {
                         Some(d) => {
                             if wr.write_all(&d).await.is_err() {
-                                send(&w, &HostMsg::TunnelClose { tunnel }).await;
+                                let _ = net.outbox.send(HostMsg::TunnelClose { tunnel }).await;
                                 return;
                             }
+                            unacked.fetch_sub(d.len(), Ordering::Relaxed);
                             let bytes = d.len() as u32;
-                            send(&w, &HostMsg::TunnelAck { tunnel, bytes }).await;
+                            let _ = net.outbox.send(HostMsg::TunnelAck { tunnel, bytes }).await;
                         }
                         None => {
                             let _ = wr.shutdown().await;
@@ -390,22 +605,13 @@ impl HostNet {
                 }
             })
         };
-        lock(&self.open).insert(
-            tunnel,
-            Open {
-                to_remote: tx,
-                credit,
-                tasks: vec![down, up],
-            },
-        );
-        send(
-            &w,
-            &HostMsg::TunnelReady {
-                tunnel,
-                error: None,
-            },
-        )
-        .await;
+        match lock(&self.open).get_mut(&tunnel) {
+            Some(Slot::Open(o)) => o.tasks.extend([down, up]),
+            _ => {
+                down.abort();
+                up.abort();
+            }
+        }
     }
 }
 

@@ -342,7 +342,7 @@ impl Sandbox {
         policy.validate()?;
         match self.client.set_network(policy).await {
             Ok(()) => Ok(()),
-            Err(e) => Err(died(e, &self.console).await),
+            Err(e) => Err(died(e, &self.console, self.client.failure()).await),
         }
     }
 
@@ -458,6 +458,7 @@ impl Sandbox {
     ) -> Sandbox {
         let disk =
             crate::diskwatch::DiskWatch::spawn(run.dir.join(vm::EVENTS_SOCKET), run.disk_dir());
+        client.net.set_name(&info.id);
         Sandbox {
             disk,
             info,
@@ -478,9 +479,13 @@ impl Sandbox {
         &self.client
     }
 
-    /// Refuses, in words, while the sandbox is paused by a full host disk (see
-    /// [`crate::diskwatch`]): a command would wait for the space to come back.
-    pub fn check_disk(&self) -> Result<(), SandboxError> {
+    /// Refuses, in words, once the host has stopped talking to the guest (it broke the agent
+    /// protocol: see [`AgentClient::failure`]), and while the sandbox is paused by a full host
+    /// disk (see [`crate::diskwatch`]): a command would wait for the space to come back.
+    pub fn check_usable(&self) -> Result<(), SandboxError> {
+        if let Some(why) = self.client.failure() {
+            return Err(SandboxError::Agent(AgentError::Failed(why)));
+        }
         match self.disk.held() {
             None => Ok(()),
             Some(dir) => Err(SandboxError::HostDiskFull {
@@ -488,6 +493,11 @@ impl Sandbox {
                 dir,
             }),
         }
+    }
+
+    /// Whether a full host disk holds the sandbox now.
+    pub fn check_disk_held(&self) -> bool {
+        self.disk.held().is_some()
     }
 
     /// The last `lines` lines of the guest's console.
@@ -499,7 +509,7 @@ impl Sandbox {
     /// timeout is also watched from the host: should the guest not report it killed within a
     /// grace period after the timeout, the sandbox is treated as broken.
     pub async fn exec(&self, mut spec: ExecSpec) -> Result<SandboxExecution, SandboxError> {
-        self.check_disk()?;
+        self.check_usable()?;
         let mut env = env_pairs(&self.image.meta.env);
         if !self.client.net.policy().is_off() {
             let proxy = format!("http://127.0.0.1:{}", crate::net::PROXY_PORT);
@@ -518,7 +528,7 @@ impl Sandbox {
         let timeout_secs = spec.timeout_ms.unwrap_or(0) / 1000;
         let inner = match self.client.exec(spec).await {
             Ok(i) => i,
-            Err(e) => return Err(died(e, &self.console).await),
+            Err(e) => return Err(died(e, &self.console, self.client.failure()).await),
         };
         Ok(SandboxExecution {
             inner,
@@ -853,7 +863,10 @@ fn fresh_identity(id: &str, max_procs: u32) -> forkbox_protocol::Refresh {
     }
 }
 
-async fn died(e: AgentError, console: &vm::Console) -> SandboxError {
+async fn died(e: AgentError, console: &vm::Console, failure: Option<String>) -> SandboxError {
+    if let Some(why) = failure {
+        return SandboxError::Agent(AgentError::Failed(why));
+    }
     match e {
         AgentError::Disconnected => SandboxError::Died {
             error: e,
@@ -902,14 +915,14 @@ impl SandboxExecution {
         };
         match ev {
             Ok(ev) => Ok(ev),
-            Err(e) => Err(died(e, &self.console).await),
+            Err(e) => Err(died(e, &self.console, self.inner.failure()).await),
         }
     }
 
     async fn checked(&self, r: Result<(), AgentError>) -> Result<(), SandboxError> {
         match r {
             Ok(()) => Ok(()),
-            Err(e) => Err(died(e, &self.console).await),
+            Err(e) => Err(died(e, &self.console, self.inner.failure()).await),
         }
     }
 

@@ -18,7 +18,7 @@ use axum::{Json, Router};
 use forkbox_engine::api::{
     Command, CreateRequest, Engine, EngineError, ExecRequest, ForkRequest, SnapshotRequest,
 };
-use forkbox_engine::error::{ImageError, SandboxError};
+use forkbox_engine::error::{AgentError, ImageError, SandboxError};
 use forkbox_engine::paths::Paths;
 
 /// Where the daemon listens.
@@ -53,6 +53,9 @@ impl IntoResponse for ApiError {
             }
             EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
                 StatusCode::BAD_REQUEST
+            }
+            EngineError::Sandbox(SandboxError::Agent(AgentError::Failed(_))) => {
+                StatusCode::CONFLICT
             }
             EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => {
                 StatusCode::INSUFFICIENT_STORAGE
@@ -126,7 +129,7 @@ async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, Stri
         Some(s) => Some(
             serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
                 ApiError(EngineError::BadRequest(format!(
-                    "state filter {s:?} is not one of running, disk_full, hibernated"
+                    "state filter {s:?} is not one of running, disk_full, hibernated, failed"
                 )))
             })?,
         ),
