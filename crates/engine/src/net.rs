@@ -136,14 +136,43 @@ impl NetworkPolicy {
     }
 }
 
+/// Cloud metadata and platform services outside the link-local ranges: Alibaba Cloud's
+/// 100.100.100.200, Azure's wire server 168.63.129.16, AWS's IPv6 metadata fd00:ec2::254 and
+/// its DNS fd00:ec2::253, Oracle Cloud's 192.0.0.192. (169.254.169.254 and fe80::/10, where
+/// AWS, GCP, Azure, DigitalOcean and OpenStack answer, are link-local and refused as such.)
+pub const METADATA: &[IpAddr] = &[
+    IpAddr::V4(std::net::Ipv4Addr::new(100, 100, 100, 200)),
+    IpAddr::V4(std::net::Ipv4Addr::new(168, 63, 129, 16)),
+    IpAddr::V4(std::net::Ipv4Addr::new(192, 0, 0, 192)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x254)),
+    IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0xec2, 0, 0, 0, 0, 0, 0x253)),
+];
+
 /// Addresses a sandbox may never reach, whatever its policy: the host's own, loopback,
-/// link-local (with 169.254.169.254), multicast, unspecified, broadcast.
+/// link-local (with 169.254.169.254), cloud metadata ([`METADATA`]), multicast, unspecified,
+/// broadcast; an IPv4 address written as IPv6 (mapped or NAT64 `64:ff9b::/96`) counts as itself.
 pub fn never_reachable(ip: IpAddr, host_addrs: &[IpAddr]) -> bool {
     let ip = match ip {
-        IpAddr::V6(v6) => v6.to_ipv4_mapped().map_or(ip, IpAddr::V4),
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => {
+                let s = v6.segments();
+                if s[..6] == [0x64, 0xff9b, 0, 0, 0, 0] {
+                    let o = v6.octets();
+                    IpAddr::V4(std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15]))
+                } else {
+                    ip
+                }
+            }
+        },
         v4 => v4,
     };
-    if host_addrs.contains(&ip) || ip.is_loopback() || ip.is_unspecified() || ip.is_multicast() {
+    if host_addrs.contains(&ip)
+        || METADATA.contains(&ip)
+        || ip.is_loopback()
+        || ip.is_unspecified()
+        || ip.is_multicast()
+    {
         return true;
     }
     match ip {
@@ -188,7 +217,7 @@ pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<So
         }
     }
     Err(format!(
-        "{host} resolves only to addresses a sandbox may never reach (the host itself, loopback, link-local/metadata): {}",
+        "{host} resolves only to addresses a sandbox may never reach (the host itself, loopback, link-local, cloud metadata): {}",
         refused.join(", ")
     ))
 }
@@ -686,6 +715,14 @@ mod tests {
             "192.168.1.10",
             "::ffff:127.0.0.1",
             "::ffff:169.254.169.254",
+            "100.100.100.200",
+            "168.63.129.16",
+            "192.0.0.192",
+            "fd00:ec2::254",
+            "fd00:ec2::253",
+            "::ffff:100.100.100.200",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b::7f00:1",
         ] {
             assert!(never_reachable(ip.parse().unwrap(), &own), "{ip}");
         }

@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod listen;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -473,9 +474,11 @@ pub fn spawn_private(
     let listener = tokio::net::UnixListener::bind(socket)?;
     std::fs::set_permissions(socket, std::fs::Permissions::from_mode(0o600))?;
     let app = router(engine);
-    Ok(tokio::spawn(async move {
-        let _ = axum::serve(listener, app).await;
-    }))
+    Ok(tokio::spawn(listen::serve(
+        listener,
+        app,
+        std::future::pending(),
+    )))
 }
 
 /// Serves the API on the Unix socket (and, with `tcp`, on that address for bearer tokens)
@@ -535,19 +538,13 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
                 auth::require_token,
             ));
             let mut rx = stop_rx.clone();
-            Some(tokio::spawn(async move {
-                let _ = axum::serve(l, app)
-                    .with_graceful_shutdown(async move {
-                        let _ = rx.wait_for(|s| *s).await;
-                    })
-                    .await;
-            }))
+            Some(tokio::spawn(listen::serve(l, app, async move {
+                let _ = rx.wait_for(|s| *s).await;
+            })))
         }
         None => None,
     };
-    let result = axum::serve(listener, app)
-        .with_graceful_shutdown(shutdown_signal())
-        .await;
+    listen::serve(listener, app, shutdown_signal()).await;
     let _ = stop_tx.send(true);
     if let Some(t) = tcp_task {
         let _ = t.await;
@@ -557,7 +554,7 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
     engine.shutdown().await;
     let _ = std::fs::remove_file(&socket);
     let _ = std::fs::remove_file(pid_path(&paths));
-    result
+    Ok(())
 }
 
 async fn shutdown_signal() {
