@@ -71,6 +71,16 @@ enum Cmd {
         #[command(subcommand)]
         command: daemon::SnapshotCmd,
     },
+    /// Check how well this host confines sandboxes (KVM or TCG, cgroups, seccomp, the home's
+    /// permissions, the jail's uids, QEMU's known issues) and say what to fix. Exit 1 when a
+    /// check fails.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+        /// Accelerator to check: auto, kvm or tcg.
+        #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
+        accel: AccelChoice,
+    },
     /// Show forkbox's paths, guest kernels, images and the accelerator this host gets.
     Info {
         #[arg(long)]
@@ -171,8 +181,9 @@ fn start(cli: Cli, serving: bool, inherited: usize) -> anyhow::Result<ExitCode> 
                 .with_writer(std::io::stderr)
                 .init();
         }
-        // `info` only reads; every other command may write sandboxes' data into the home.
-        if !matches!(cli.command, Cmd::Info { .. }) {
+        // `info` and `doctor` only read; every other command may write sandboxes' data into
+        // the home.
+        if !matches!(cli.command, Cmd::Info { .. } | Cmd::Doctor { .. }) {
             if let Some(note) = paths.secure_home()? {
                 eprintln!("forkbox: {note}");
             }
@@ -220,6 +231,7 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
         Cmd::Migrate(args) => migrate::migrate(&paths, args),
         Cmd::Info { json, accel } => info(&paths, json, accel),
+        Cmd::Doctor { json, accel } => doctor(&paths, json, accel),
     }
 }
 
@@ -336,6 +348,58 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
     }
 }
 
+/// The accelerator this host gets, once a guest kernel and the agent are there to probe with.
+fn accel_decision(
+    paths: &Paths,
+    accel: AccelChoice,
+) -> anyhow::Result<Option<forkbox_engine::vm::AccelDecision>> {
+    let (Ok(k), Ok((_, bytes))) = (
+        forkbox_engine::kernel::Kernel::newest(paths),
+        forkbox_engine::agent_bin::locate(),
+    ) else {
+        return Ok(None);
+    };
+    let initramfs = forkbox_engine::kernel::initramfs(paths, &k, &bytes)?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    Ok(Some(
+        rt.block_on(forkbox_engine::vm::decide(
+            paths,
+            accel,
+            &k.vmlinuz(),
+            &initramfs,
+        ))
+        .context("choose accelerator")?,
+    ))
+}
+
+fn doctor(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCode> {
+    use forkbox_engine::doctor::Status;
+    let decision = accel_decision(paths, accel)?;
+    let checks = forkbox_engine::doctor::checks(paths, decision.as_ref());
+    if json {
+        print_json(&checks)?;
+    } else {
+        for c in &checks {
+            let mark = match c.status {
+                Status::Ok => "ok  ",
+                Status::Warn => "warn",
+                Status::Fail => "FAIL",
+            };
+            println!("{mark} {:<12} {}", c.name, c.found);
+            if let Some(fix) = &c.fix {
+                println!("     {:<12} fix: {fix}", "");
+            }
+        }
+    }
+    Ok(if checks.iter().any(|c| c.status == Status::Fail) {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
 fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCode> {
     let kernels: Vec<String> = forkbox_engine::kernel::Kernel::installed(paths)
         .into_iter()
@@ -345,25 +409,7 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
     let agent = forkbox_engine::agent_bin::locate()
         .map(|(p, _)| p.display().to_string())
         .map_err(|e| e.to_string());
-    let decision = match (forkbox_engine::kernel::Kernel::newest(paths), &agent) {
-        (Ok(k), Ok(_)) => {
-            let (_, bytes) = forkbox_engine::agent_bin::locate()?;
-            let initramfs = forkbox_engine::kernel::initramfs(paths, &k, &bytes)?;
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()?;
-            Some(
-                rt.block_on(forkbox_engine::vm::decide(
-                    paths,
-                    accel,
-                    &k.vmlinuz(),
-                    &initramfs,
-                ))
-                .context("choose accelerator")?,
-            )
-        }
-        _ => None,
-    };
+    let decision = accel_decision(paths, accel)?;
     let images: Vec<String> = ImageStore::new(paths)
         .list()
         .iter()

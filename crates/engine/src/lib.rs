@@ -21,6 +21,7 @@ pub mod client;
 pub mod commands;
 mod cpio;
 pub mod diskwatch;
+pub mod doctor;
 pub mod error;
 pub mod fds;
 pub mod files;
