@@ -144,7 +144,28 @@ pub const IDENTITY_FILES: [(&str, &str); 2] = [
     ("/etc/machine-id", "/run/forkbox-machine-id"),
 ];
 
+/// The kernel's boot id is fixed at boot, so every copy of a snapshot would report its
+/// template's: `/proc/sys/kernel/random/boot_id` is a bind mount of this file, which
+/// [`crate::refresh`] gives a new id in each copy.
+pub const BOOT_ID_FILE: &str = "/run/forkbox-boot-id";
+const BOOT_ID: &str = "/proc/sys/kernel/random/boot_id";
+
 fn identity_files() {
+    let r = fs::read_to_string(BOOT_ID)
+        .and_then(|id| fs::write(BOOT_ID_FILE, id))
+        .and_then(|()| {
+            mount(
+                Some(BOOT_ID_FILE),
+                BOOT_ID,
+                None::<&str>,
+                MsFlags::MS_BIND,
+                None::<&str>,
+            )
+            .map_err(io::Error::from)
+        });
+    if let Err(e) = r {
+        eprintln!("forkbox-agent: cannot bind {BOOT_ID_FILE} over {BOOT_ID}: {e}");
+    }
     for (etc, run) in IDENTITY_FILES {
         let initial = if etc.ends_with("hostname") {
             "forkbox\n"

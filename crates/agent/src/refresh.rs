@@ -25,6 +25,23 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
     if !r.machine_id.is_empty() {
         fs::write(machine_id_file, format!("{}\n", r.machine_id))?;
     }
+    // A boot id of its own, drawn after the reseed above.
+    let mut b = [0u8; 16];
+    io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut b)?;
+    b[6] = (b[6] & 0x0f) | 0x40;
+    b[8] = (b[8] & 0x3f) | 0x80;
+    let hex: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    fs::write(
+        crate::boot::BOOT_ID_FILE,
+        format!(
+            "{}-{}-{}-{}-{}\n",
+            &hex[..8],
+            &hex[8..12],
+            &hex[12..16],
+            &hex[16..20],
+            &hex[20..]
+        ),
+    )?;
     if r.grow_root_to > 0 {
         grow_root(r.grow_root_to)?;
     }

@@ -102,10 +102,90 @@ pub async fn require_token(State(paths): State<Paths>, req: Request, next: Next)
     }
 }
 
+/// Whether a `Host` header names this daemon: an IP literal, `localhost`, or a name listed
+/// in `FORKBOX_ALLOWED_HOSTS` (comma-separated). Anything else is a name some other party
+/// controls pointing at this daemon: a DNS-rebinding page in a browser, say.
+pub fn host_allowed(host: &str, allowed: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(rest) => {
+            return rest
+                .split(']')
+                .next()
+                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(h, _)| h),
+    };
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name.parse::<std::net::Ipv4Addr>().is_ok()
+        || name == "localhost"
+        || allowed
+            .split(',')
+            .map(|a| a.trim().trim_end_matches('.').to_ascii_lowercase())
+            .any(|a| !a.is_empty() && a == name)
+}
+
+/// Refuses what only a web browser sends on the TCP listener: a request with an `Origin`
+/// (no CORS grant is ever made, so a page may not read or drive the API), or with a `Host`
+/// that is not this daemon's (DNS rebinding; see [`host_allowed`]).
+pub async fn refuse_browsers(req: Request, next: Next) -> Response {
+    let refuse = |status: StatusCode, msg: String| {
+        (status, Json(serde_json::json!({ "error": msg }))).into_response()
+    };
+    if let Some(origin) = req.headers().get(header::ORIGIN) {
+        let origin = String::from_utf8_lossy(origin.as_bytes());
+        return refuse(
+            StatusCode::FORBIDDEN,
+            format!(
+                "requests from web pages are refused (this one came from {}); forkbox's API is for programs, which send no Origin",
+                forkbox_engine::guestlog::quote(&origin)
+            ),
+        );
+    }
+    let host = req
+        .headers()
+        .get(header::HOST)
+        .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
+        .unwrap_or_default();
+    let allowed = std::env::var("FORKBOX_ALLOWED_HOSTS").unwrap_or_default();
+    if !host.is_empty() && !host_allowed(&host, &allowed) {
+        return refuse(
+            StatusCode::MISDIRECTED_REQUEST,
+            format!(
+                "Host {} is not a name of this daemon; use its IP address or localhost, or list the name in FORKBOX_ALLOWED_HOSTS where the daemon runs",
+                forkbox_engine::guestlog::quote(&host)
+            ),
+        );
+    }
+    next.run(req).await
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn only_addresses_localhost_and_listed_names_are_hosts_of_the_daemon() {
+        for ok in [
+            "127.0.0.1:7070",
+            "10.0.0.5",
+            "[::1]:7070",
+            "localhost:7070",
+            "LOCALHOST.",
+            "build.internal:7070",
+        ] {
+            assert!(host_allowed(ok, "build.internal"), "{ok}");
+        }
+        for bad in [
+            "evil.example:7070",
+            "127.0.0.1.evil.example",
+            "localhost.evil.example",
+            "[evil]",
+            "build.internal.evil:1",
+        ] {
+            assert!(!host_allowed(bad, "build.internal"), "{bad}");
+        }
+    }
 
     #[test]
     fn created_tokens_are_valid_and_others_are_not() {

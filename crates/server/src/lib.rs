@@ -533,10 +533,12 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
                 "forkbox daemon listening on {} (bearer tokens required)",
                 l.local_addr()?
             );
-            let app = router(engine.clone()).layer(axum::middleware::from_fn_with_state(
-                paths.clone(),
-                auth::require_token,
-            ));
+            let app = router(engine.clone())
+                .layer(axum::middleware::from_fn_with_state(
+                    paths.clone(),
+                    auth::require_token,
+                ))
+                .layer(axum::middleware::from_fn(auth::refuse_browsers));
             let mut rx = stop_rx.clone();
             Some(tokio::spawn(listen::serve(l, app, async move {
                 let _ = rx.wait_for(|s| *s).await;
