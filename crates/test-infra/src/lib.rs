@@ -262,6 +262,36 @@ impl TestNet {
     }
 }
 
+impl TestNet {
+    /// A listener on `addr`:`port` inside the namespace that accepts connections and never
+    /// reads from them: a remote that makes every sender buffer.
+    pub fn tarpit(&mut self, addr: &str, port: u16) {
+        let script = format!(
+            "import socket, time\ns = socket.socket()\ns.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)\ns.bind(('{addr}', {port}))\ns.listen(512)\nkept = []\nwhile True:\n    c, _ = s.accept()\n    kept.append(c)\n"
+        );
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.name, "python3", "-c", &script])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start a test tarpit");
+        self.servers.push(child);
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                std::process::Command::new("ip")
+                    .args(["netns", "exec", &self.name, "python3", "-c"])
+                    .arg(format!(
+                        "import socket; socket.create_connection(('{addr}', {port}), 1)"
+                    ))
+                    .stderr(std::process::Stdio::null())
+                    .status()
+                    .is_ok_and(|s| s.success())
+            }),
+            "the tarpit on {addr}:{port} did not come up"
+        );
+    }
+}
+
 impl Default for TestNet {
     fn default() -> Self {
         TestNet::new()
