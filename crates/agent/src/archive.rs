@@ -95,7 +95,19 @@ fn unpack(source: impl Read, dest: &Path) -> io::Result<()> {
     let mut archive = tar::Archive::new(decoder);
     archive.set_preserve_permissions(true);
     archive.set_overwrite(true);
-    archive.unpack(dest)
+    archive.unpack(dest).map_err(with_causes)
+}
+
+/// The error with what caused it (the tar crate's message names the entry; its cause, such
+/// as "No space left on device", is what the user must read).
+fn with_causes(e: io::Error) -> io::Error {
+    let mut msg = e.to_string();
+    let mut cause = std::error::Error::source(&e);
+    while let Some(c) = cause {
+        msg = format!("{msg}: {c}");
+        cause = c.source();
+    }
+    io::Error::new(e.kind(), msg)
 }
 
 /// Sends `FileData` chunks as the compressor writes them.

@@ -221,11 +221,18 @@ struct ArchiveQuery {
 }
 
 fn transfer_error(e: forkbox_engine::files::TransferError) -> Response {
-    (
-        StatusCode::INTERNAL_SERVER_ERROR,
-        Json(serde_json::json!({ "error": e.to_string() })),
-    )
-        .into_response()
+    use forkbox_engine::files::TransferError as T;
+    let status = match &e {
+        // The guest's own disk is full (an upload bigger than its room): the client's to fix.
+        T::Agent(AgentError::Refused { message, .. })
+            if message.contains("No space left on device") =>
+        {
+            StatusCode::INSUFFICIENT_STORAGE
+        }
+        T::Agent(AgentError::Failed(_)) => StatusCode::CONFLICT,
+        _ => StatusCode::INTERNAL_SERVER_ERROR,
+    };
+    (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
 }
 
 /// Unpacks the request body (tar.zst) into `path` in the sandbox.

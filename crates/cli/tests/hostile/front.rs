@@ -52,7 +52,7 @@ fn tcp_daemon(name: &str) -> Tcp {
         Duration::from_secs(10),
         || { std::net::TcpStream::connect(&addr).is_ok() }
     ));
-    let token = text(&d.cli(&["token", "create", "hostile"]).stdout)
+    let token = text(&d.cli(&["token", "create", "--name", "hostile"]).stdout)
         .trim()
         .to_string();
     assert!(token.starts_with("fbx_"), "{token}");
