@@ -96,7 +96,7 @@ mod tests {
         assert!(!q.contains('\n'), "{q}");
         assert!(q.contains("\\n"), "{q}");
         assert!(q.len() < 200, "{}", q.len());
-        assert!(q.ends_with("(1048593 bytes)"), "{q}");
+        assert!(q.ends_with("(1048597 bytes)"), "{q}");
         assert_eq!(quote("pypi.org"), "\"pypi.org\"");
     }
 
