@@ -1335,3 +1335,35 @@ fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
     assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
     stop_daemon(&paths);
 }
+
+/// No VM. `forkbox doctor` names every check, fails on a home other users can read, and says
+/// the command that fixes it; it does not change the home itself.
+#[test]
+fn doctor_reports_a_loose_home_and_how_to_fix_it() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let home = dir.path().join("home");
+    std::fs::create_dir(&home).unwrap();
+    std::fs::set_permissions(&home, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let paths = forkbox_engine::paths::Paths::new(&home);
+    let out = run(&paths, &["doctor", "--json"]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    let checks: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap();
+    let names: Vec<&str> = checks.iter().map(|c| c["name"].as_str().unwrap()).collect();
+    for want in [
+        "accelerator",
+        "home",
+        "cgroups",
+        "seccomp",
+        "jail",
+        "qemu",
+        "daemon log",
+    ] {
+        assert!(names.contains(&want), "{names:?}");
+    }
+    let home_check = checks.iter().find(|c| c["name"] == "home").unwrap();
+    assert_eq!(home_check["status"], "fail");
+    assert!(home_check["fix"].as_str().unwrap().starts_with("chmod 700"));
+    let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode, 0o755, "doctor changed the home");
+}
