@@ -89,6 +89,9 @@ pub fn isolated_home(name: &str) -> Paths {
     let dir = shared.home().join("homes").join(name);
     std::fs::create_dir_all(&dir).expect("create isolated home");
     for sub in ["kernels", "images", "cache", "templates"] {
+        // The shared directory must exist before it is linked: a dangling link makes the
+        // first write through it fail (EEXIST from create_dir_all).
+        std::fs::create_dir_all(shared.home().join(sub)).expect("create shared fixtures");
         let link = dir.join(sub);
         if link.symlink_metadata().is_err() {
             std::os::unix::fs::symlink(shared.home().join(sub), &link)
