@@ -378,7 +378,9 @@ impl HostNet {
                 self.bytes_out
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 let verdict = match lock(&self.open).get(&tunnel) {
-                    None => return Ok(()), // closed meanwhile
+                    // Closed meanwhile, or open in the snapshot this copy came from: the agent
+                    // learns it is gone.
+                    None => return self.reply(HostMsg::TunnelClose { tunnel }),
                     Some(Slot::Pending) => Err("data on a tunnel that is not ready"),
                     Some(Slot::Open(o)) => {
                         let n = data.len();

@@ -246,7 +246,13 @@ impl TestNet {
             .spawn()
             .expect("start a test HTTP server");
         self.servers.push(child);
-        let target = format!("{addr}:{port}");
+        // The readiness probe only connects: http.server logs nothing for it.
+        self.wait_listening(addr, port, "test server");
+        log
+    }
+
+    /// Waits until something in the namespace accepts connections on `addr`:`port`.
+    fn wait_listening(&self, addr: &str, port: u16, what: &str) {
         assert!(
             wait_until(Duration::from_secs(10), || {
                 std::process::Command::new("ip")
@@ -258,14 +264,10 @@ impl TestNet {
                     .status()
                     .is_ok_and(|s| s.success())
             }),
-            "the test server on {target} did not come up"
+            "the {what} on {addr}:{port} did not come up"
         );
-        // The readiness probe only connects: http.server logs nothing for it.
-        log
     }
-}
 
-impl TestNet {
     /// A listener on `addr`:`port` inside the namespace that accepts connections and never
     /// reads from them: a remote that makes every sender buffer.
     pub fn tarpit(&mut self, addr: &str, port: u16) {
@@ -279,19 +281,7 @@ impl TestNet {
             .spawn()
             .expect("start a test tarpit");
         self.servers.push(child);
-        assert!(
-            wait_until(Duration::from_secs(10), || {
-                std::process::Command::new("ip")
-                    .args(["netns", "exec", &self.name, "python3", "-c"])
-                    .arg(format!(
-                        "import socket; socket.create_connection(('{addr}', {port}), 1)"
-                    ))
-                    .stderr(std::process::Stdio::null())
-                    .status()
-                    .is_ok_and(|s| s.success())
-            }),
-            "the tarpit on {addr}:{port} did not come up"
-        );
+        self.wait_listening(addr, port, "tarpit");
     }
 }
 

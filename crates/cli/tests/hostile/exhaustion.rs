@@ -256,17 +256,7 @@ sys.stdin.read()
 #[test]
 fn twenty_thousand_idle_connections_starve_nobody() {
     use std::io::BufRead;
-    let paths = Daemon::home("idle-flood");
-    let port = 17000 + (std::process::id() % 2000) as u16;
-    let addr = format!("127.0.0.1:{port}");
-    let mut c = Daemon::cmd(&paths);
-    c.args(["serve", "--listen", &addr])
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null());
-    let d = Daemon::spawn(paths, c);
-    let token = text(&d.cli(&["token", "create", "--name", "hostile"]).stdout)
-        .trim()
-        .to_string();
+    let crate::front::Tcp { d, addr, token } = crate::front::tcp_daemon("idle-flood");
     let t = Instant::now();
     let mut floods: Vec<std::process::Child> = (0..2)
         .map(|_| {

@@ -32,16 +32,17 @@ fn raw(addr: &str, method: &str, path: &str, headers: &[(&str, &str)]) -> String
     reply
 }
 
-struct Tcp {
-    d: Daemon,
-    addr: String,
-    token: String,
+/// A daemon that also listens on TCP, with a token for it.
+pub struct Tcp {
+    pub d: Daemon,
+    pub addr: String,
+    pub token: String,
 }
 
-fn tcp_daemon(name: &str) -> Tcp {
+pub fn tcp_daemon(name: &str) -> Tcp {
     let paths = Daemon::home(name);
-    // A port per test process, away from the usual ones.
-    let port = 20000 + (std::process::id() % 20000) as u16;
+    // A port per test process, below the ephemeral range (32768 up) that connections use.
+    let port = 20000 + (std::process::id() % 12000) as u16;
     let addr = format!("127.0.0.1:{port}");
     let mut c = Daemon::cmd(&paths);
     c.args(["serve", "--listen", &addr])
