@@ -910,7 +910,7 @@ fn http_status(addr: &str, auth: Option<&str>) -> String {
         .unwrap_or_default();
     write!(
         s,
-        "GET /v1/sandboxes HTTP/1.1\r\nHost: forkbox\r\n{auth}Connection: close\r\n\r\n"
+        "GET /v1/sandboxes HTTP/1.1\r\nHost: {addr}\r\n{auth}Connection: close\r\n\r\n"
     )
     .unwrap();
     let mut resp = String::new();

@@ -231,8 +231,9 @@ fn allow_list_tricks_are_refused() {
     assert!(pass[0].contains(" 200 "), "{pass:?}");
 }
 
-/// A sandbox with the network off. Promise: no device but loopback, no proxy, no resolver,
-/// UDP and TCP to anywhere unreachable, and a host listener sees nothing.
+/// A sandbox with the network off. Promise: no device but loopback, no proxy, no resolver
+/// (nor the build host's in `/etc/resolv.conf`), UDP and TCP to anywhere unreachable, and a
+/// host listener sees nothing.
 #[test]
 fn with_the_network_off_nothing_leaves_the_guest() {
     let net = infra::TestNet::new();
@@ -256,12 +257,15 @@ try:
     socket.getaddrinfo('example.org', 80); print('resolved')
 except OSError as e:
     print('no resolver')
+print('nameservers', [l for l in open('/etc/resolv.conf') if l.startswith('nameserver')])
 "#,
         ip = net.host_ip,
         port = w.port()
     );
     let out = d.py(&id, &code);
     assert!(out.starts_with("['lo']"), "{out}");
+    // The image names no resolver of the host that built it.
+    assert!(out.contains("nameservers []"), "{out}");
     assert!(
         !out.contains("tcp open") && !out.contains("udp sent") && !out.contains("resolved"),
         "{out}"

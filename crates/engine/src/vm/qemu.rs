@@ -250,6 +250,13 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
 /// Creates a copy-on-write qcow2 overlay over `base`: an image's raw root disk, or the frozen
 /// qcow2 disk of a template or snapshot.
 pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> {
+    // The overlay records its backing file's real path: one reached through a link (a home
+    // that links another's images) would break, and would give a jail the wrong path to bind,
+    // once the link is gone.
+    let base = &std::fs::canonicalize(base).map_err(|e| VmError::Overlay {
+        image: base.display().to_string(),
+        detail: format!("cannot resolve its path: {e}"),
+    })?;
     let base_format = if base.extension().is_some_and(|e| e == "qcow2") {
         "qcow2"
     } else {
