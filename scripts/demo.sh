@@ -7,11 +7,14 @@ cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "demo: cargo (Rust) is needed to build forkbox" >&2; exit 1; }
 echo "== building forkbox" >&2
 forkbox=$(scripts/build.sh)
+# On the PATH as a link, so it still finds its guest agent beside the build.
+ln -sf "$forkbox" /usr/local/bin/forkbox
 echo "== forkbox setup" >&2
 "$forkbox" setup
-echo "== building the images: Python 3.9 (bullseye) and 3.13 (trixie); skipped when up to date" >&2
+echo "== building the images: Python 3.9 (bullseye), 3.13 (trixie), and 3.11 (bookworm, the default of forkbox run); skipped when up to date" >&2
 "$forkbox" image build --if-changed -f images/python-bullseye.toml
 "$forkbox" image build --if-changed -f images/python-trixie.toml
+"$forkbox" image build --if-changed -f images/python-bookworm.toml
 "$forkbox" image ls
 echo "== forkbox migrate: examples/legacykit, Python 3.9 -> 3.13, plans in examples/plans" >&2
 set +e
