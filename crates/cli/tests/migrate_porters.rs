@@ -203,7 +203,11 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         .args(["migrate", "--from", &image, "--to", &image])
         .arg("--code")
         .arg(&code)
-        .args(["--test", "python3 -m pytest -q -rA -p no:cacheprovider"])
+        // The suite also writes into the tree (a file, bytecode): no patch may carry that.
+        .args([
+            "--test",
+            "python3 -m pytest -q -rA -p no:cacheprovider; echo suite > written-by-the-suite.txt; python3 -m compileall -q .",
+        ])
         .arg("--plans")
         .arg(plans.join("plans.toml"))
         .arg("--out")
@@ -260,6 +264,18 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         "{llm_patch}"
     );
     assert!(!llm_patch.contains("a * b"), "{llm_patch}");
+    for e in std::fs::read_dir(&out).unwrap().flatten() {
+        if e.path().extension().is_some_and(|x| x == "patch") {
+            let p = std::fs::read_to_string(e.path()).unwrap();
+            for written in ["written-by-the-suite", "__pycache__", ".pyc"] {
+                assert!(
+                    !p.contains(written),
+                    "{}: {written}\n{p}",
+                    e.path().display()
+                );
+            }
+        }
+    }
     assert_eq!(report["winner"], "llm-fix", "the smallest diff wins");
     assert_eq!(plan("llm-fix")["porter_steps"], 5);
     assert!(out.join("llm-fix.llm.json").is_file());

@@ -1,6 +1,12 @@
-//! The acceptance rule. A port is accepted only if no test that passed on the old toolchain
-//! fails now (tests whose baseline outcome changed between runs are flaky and never count);
-//! accepted ports are ranked by the size of their diff, then by test time.
+//! The acceptance rule, in one place. A test is *lost* when it passed on the old toolchain
+//! (in every baseline run: one whose outcome changed between runs is flaky and never counts)
+//! and now failed, errored, or is missing from the run (a test that is gone counts as failed,
+//! whatever the reason: a collection error, a deleted file, a suite that no longer runs). An
+//! `xfail` test is not a pass, so it cannot be lost; one that starts passing (non-strict
+//! `xpass`) is no loss either; a skipped test never counts. A collection error reported
+//! for a file (`tests/x.py`) gives its error to every baseline test of that file. A port
+//! is accepted only if it loses no test; accepted ports are ranked by the size of their
+//! diff, then by test time.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -51,6 +57,22 @@ impl Baseline {
             .cloned()
             .collect()
     }
+
+    /// `now` with each file-level collection error given to the baseline's tests of that
+    /// file that `now` does not name (pytest reports `ERROR tests/x.py` and no test of it).
+    pub fn attribute_file_errors(&self, now: &Results) -> Results {
+        let mut out = now.clone();
+        for (file, _) in now
+            .iter()
+            .filter(|(id, o)| **o == Outcome::Error && crate::reports::is_test_file(id))
+        {
+            let prefix = format!("{file}::");
+            for id in self.results.keys().filter(|id| id.starts_with(&prefix)) {
+                out.entry(id.clone()).or_insert(Outcome::Error);
+            }
+        }
+        out
+    }
 }
 
 /// What became of one plan.
@@ -60,6 +82,11 @@ pub struct Attempt {
     /// Why the plan could not be judged (the porter failed, the tests did not run, the report
     /// was unreadable, a timeout...), if so.
     pub failure: Option<String>,
+    /// Whether the test command ran after the port: then every baseline test it did not
+    /// report passing is lost, even when no result could be read (a suite that no longer
+    /// collects loses every test).
+    #[serde(default)]
+    pub tests_ran: bool,
     pub results: Results,
     /// Lines added plus lines removed.
     pub diff_lines: u64,
@@ -84,24 +111,40 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
     let mut verdicts: Vec<Verdict> = attempts
         .iter()
         .map(|a| {
+            let results = baseline.attribute_file_errors(&a.results);
             if let Some(f) = &a.failure {
+                // Not judged by its tests (the porter failed), or judged with none readable.
+                let lost = if a.tests_ran {
+                    baseline.lost(&results)
+                } else {
+                    vec![]
+                };
+                let reason = if lost.is_empty() {
+                    f.clone()
+                } else {
+                    format!(
+                        "{f}; {} test(s) that passed before do not pass now: {}",
+                        lost.len(),
+                        preview(&lost)
+                    )
+                };
                 return Verdict {
                     plan: a.plan.clone(),
                     accepted: false,
-                    reason: f.clone(),
-                    lost: vec![],
+                    reason,
+                    lost,
                     fixed: vec![],
                     rank: None,
                 };
             }
-            let lost = baseline.lost(&a.results);
+            let lost = baseline.lost(&results);
             let fixed: Vec<String> = baseline
                 .results
                 .iter()
                 .filter(|(id, o)| {
                     matches!(o, Outcome::Failed | Outcome::Error) && !baseline.flaky.contains(*id)
                 })
-                .filter(|(id, _)| a.results.get(*id) == Some(&Outcome::Passed))
+                .filter(|(id, _)| results.get(*id) == Some(&Outcome::Passed))
                 .map(|(id, _)| id.clone())
                 .collect();
             let accepted = lost.is_empty();
@@ -174,6 +217,7 @@ mod tests {
         Attempt {
             plan: plan.into(),
             failure: None,
+            tests_ran: true,
             results: r,
             diff_lines: diff,
             test_ms: 100,
@@ -235,11 +279,52 @@ mod tests {
         crashed.failure = Some("the test command printed no results (exit 139)".into());
         let mut slow = attempt("slow", Results::new(), 0);
         slow.failure = Some("the porter timed out after 600 s".into());
+        slow.tests_ran = false;
         let mut bad = attempt("bad", Results::new(), 0);
         bad.failure = Some("the porter exited with 2".into());
+        bad.tests_ran = false;
         let v = decide(&b, &[crashed, slow, bad]);
         assert!(v.iter().all(|v| !v.accepted && v.rank.is_none()));
         assert_eq!(v[1].reason, "the porter timed out after 600 s");
+        // The tests ran and printed nothing readable: every baseline pass is lost.
+        assert_eq!(v[0].lost, vec!["a"]);
+        assert!(v[2].lost.is_empty(), "not judged by tests: {:?}", v[2]);
+    }
+
+    #[test]
+    fn a_suite_that_no_longer_collects_loses_every_test_of_the_broken_file() {
+        let b = Baseline::from_runs(&[res(&[
+            ("tests/a.py::t1", Passed),
+            ("tests/a.py::t2", Passed),
+            ("tests/b.py::t3", Passed),
+        ])]);
+        let now = res(&[("tests/a.py", Error), ("tests/b.py::t3", Passed)]);
+        let v = decide(&b, &[attempt("p", now.clone(), 1)]);
+        assert_eq!(v[0].lost, vec!["tests/a.py::t1", "tests/a.py::t2"]);
+        let given = b.attribute_file_errors(&now);
+        assert_eq!(given["tests/a.py::t1"], Error);
+    }
+
+    #[test]
+    fn xfail_is_no_pass_and_an_xpass_is_no_loss() {
+        let b = Baseline::from_runs(&[res(&[
+            ("known_bug", Xfailed),
+            ("ok", Passed),
+            ("skipped", Skipped),
+        ])]);
+        assert_eq!(b.passed().count(), 1, "xfail and skip are not passes");
+        let v = decide(
+            &b,
+            &[attempt(
+                "p",
+                res(&[("known_bug", Xpassed), ("ok", Passed), ("skipped", Failed)]),
+                1,
+            )],
+        );
+        assert!(v[0].accepted, "{v:?}");
+        // A pass that becomes an expected failure is lost.
+        let v = decide(&b, &[attempt("q", res(&[("ok", Xfailed)]), 1)]);
+        assert_eq!(v[0].lost, vec!["ok"]);
     }
 
     #[test]

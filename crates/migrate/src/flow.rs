@@ -77,6 +77,10 @@ pub enum Event<'a> {
 
 pub type Progress = dyn Fn(Event<'_>) + Send + Sync;
 
+/// Files no patch carries: bytecode and tool caches, installed packages.
+const IGNORED: &str = "'__pycache__/' '*.py[cod]' '.pytest_cache/' '.mypy_cache/' '.ruff_cache/' '*.egg-info/' '.tox/' '.nox/' 'node_modules/' '.eggs/'";
+const COMMIT: &str = "git -c user.name=forkbox -c user.email=forkbox@localhost commit -q";
+
 #[derive(Debug, Clone, Serialize)]
 pub struct PlanRun {
     pub plan: String,
@@ -99,6 +103,8 @@ pub struct PlanRun {
     /// The plan's patch, relative to the output directory.
     pub patch_file: Option<String>,
     pub failure: Option<String>,
+    /// Whether the test command ran after the port (see [`decide::Attempt::tests_ran`]).
+    pub tests_ran: bool,
     pub cpu_seconds: f64,
     pub memory_gib_seconds: f64,
     pub cost: f64,
@@ -162,9 +168,53 @@ async fn upload(sb: &Sandbox, src: &Path, dest: &str) -> Result<(), MigrateError
         })
 }
 
+/// Before a test run in a fork: the tree as it is (the porter's work so far) goes into the
+/// index, so that [`AFTER_TESTS`] can put it back.
+const BEFORE_TESTS: &str = "[ ! -d .git ] || git add -A";
+/// After a test run: what the suite changed or created in the tree is undone (ignored files,
+/// caches, stay ignored), so no patch ever carries it and every run starts from the same tree.
+const AFTER_TESTS: &str = "[ ! -d .git ] || { git checkout -q -- . && git clean -fdq; }";
+
 /// Runs the test command and reads its results from what it prints; `on_tests` hears how
-/// many tests the output has reported so far while it runs.
+/// many tests the output has reported so far while it runs. What the suite writes into the
+/// tree is undone afterwards.
 pub(crate) async fn run_tests(
+    sb: &Sandbox,
+    cfg: &MigrateConfig,
+    on_tests: &(dyn Fn(usize) + Send + Sync),
+) -> (Result<Results, String>, Option<i32>, u64) {
+    if let Err(e) = sb.run(sh(BEFORE_TESTS, 600)).await {
+        return (
+            Err(format!(
+                "the tree could not be recorded before the tests: {e}"
+            )),
+            None,
+            0,
+        );
+    }
+    let result = run_suite(sb, cfg, on_tests).await;
+    match sb.run(sh(AFTER_TESTS, 600)).await {
+        Ok(o) if o.code() == 0 => result,
+        Ok(o) => (
+            Err(format!(
+                "what the tests wrote into the tree could not be undone (exit {}): {}",
+                o.code(),
+                tail(&[o.stdout.as_slice(), o.stderr.as_slice()].concat(), 4)
+            )),
+            result.1,
+            result.2,
+        ),
+        Err(e) => (
+            Err(format!(
+                "what the tests wrote into the tree could not be undone: {e}"
+            )),
+            result.1,
+            result.2,
+        ),
+    }
+}
+
+async fn run_suite(
     sb: &Sandbox,
     cfg: &MigrateConfig,
     on_tests: &(dyn Fn(usize) + Send + Sync),
@@ -279,14 +329,9 @@ pub async fn migrate(
                 message,
             })?;
             note(&format!(
-                "baseline: run {i}/{}: {} passed, {} not (exit {}, {} ms)",
+                "baseline: run {i}/{}: {} (exit {}, {} ms)",
                 cfg.runs.max(1),
-                r.values()
-                    .filter(|o| **o == reports::Outcome::Passed)
-                    .count(),
-                r.values()
-                    .filter(|o| **o != reports::Outcome::Passed)
-                    .count(),
+                reports::Counts::of(&r),
                 code.unwrap_or(-1),
                 took
             ));
@@ -313,10 +358,13 @@ pub async fn migrate(
     let prepared = async {
         upload(&new, &cfg.code, WORKDIR).await?;
         upload(&new, &cfg.plans_dir, PLANDIR).await?;
-        let mut steps = vec![
-            "git init -q && git add -A && git -c user.name=forkbox -c user.email=forkbox@localhost commit -q -m baseline".to_string(),
-        ];
+        // Caches and build output never belong to a plan's patch; what the setup steps
+        // write is committed with the code, so a patch holds the porter's change alone.
+        let mut steps = vec![format!(
+            "git init -q && printf '%s\\n' {IGNORED} >> .git/info/exclude && git add -A && {COMMIT} -m baseline"
+        )];
         steps.extend(cfg.setup.iter().cloned());
+        steps.push(format!("git add -A && {COMMIT} --allow-empty -m prepared"));
         for step in &steps {
             let out = new.run(sh(step, 3600)).await?;
             if out.code() != 0 {
@@ -440,6 +488,7 @@ pub async fn migrate(
         .map(|p| Attempt {
             plan: p.plan.clone(),
             failure: p.failure.clone(),
+            tests_ran: p.tests_ran,
             results: p.results.clone(),
             diff_lines: p.diff_lines,
             test_ms: p.test_ms,
@@ -619,6 +668,7 @@ async fn port_and_verify(
         results: Results::new(),
         diff_stat: String::new(),
         diff_lines: 0,
+        tests_ran: false,
         patch_file: None,
         failure: None,
         cpu_seconds: 0.0,
@@ -739,17 +789,11 @@ async fn port_and_verify(
     run.porter_ms = port_ms;
     let t = Instant::now();
     if run.failure.is_none() {
-        phase("testing", 0);
-        let (results, code, took) = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
-        run.test_exit = code;
-        run.test_ms = took;
-        match results {
-            Ok(r) => run.results = r,
-            Err(e) => run.failure = Some(e),
-        }
-        // The diff, through a file: any size.
-        phase("diff", run.results.len());
-        let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached > /tmp/forkbox.diff";
+        // The patch is the porter's change, taken before the tests run: whatever the suite
+        // writes into the tree never enters it. Binary files the porter made come in a form
+        // `git apply` takes.
+        phase("diff", 0);
+        let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached --binary > /tmp/forkbox.diff";
         match sb.run(sh(diff_cmd, 600)).await {
             Ok(o) if o.code() == 0 => {
                 let stat = sb
@@ -770,16 +814,19 @@ async fn port_and_verify(
                     run.patch_file = Some(file);
                 }
             }
-            Ok(o) => {
-                if run.failure.is_none() {
-                    run.failure = Some(format!("`git diff` failed with {}", o.code()));
-                }
-            }
-            Err(e) => {
-                if run.failure.is_none() {
-                    run.failure = Some(format!("`git diff` could not run: {e}"));
-                }
-            }
+            Ok(o) => run.failure = Some(format!("`git diff` failed with {}", o.code())),
+            Err(e) => run.failure = Some(format!("`git diff` could not run: {e}")),
+        }
+    }
+    if run.failure.is_none() {
+        phase("testing", 0);
+        let (results, code, took) = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
+        run.tests_ran = true;
+        run.test_exit = code;
+        run.test_ms = took;
+        match results {
+            Ok(r) => run.results = r,
+            Err(e) => run.failure = Some(e),
         }
     }
     phase(

@@ -14,10 +14,66 @@ pub enum Outcome {
     Failed,
     Error,
     Skipped,
+    /// Failed as it was marked to (pytest `xfail`): not a pass.
+    Xfailed,
+    /// Passed though marked to fail (a non-strict `xfail`; a strict one is reported failed).
+    Xpassed,
 }
 
 /// Test id -> outcome. A test named twice keeps its worst outcome.
 pub type Results = BTreeMap<String, Outcome>;
+
+/// How many tests had each outcome, said in the words and order of pytest's summary line
+/// (`2373 passed, 1 failed, 4 skipped, 1 xfailed`), so forkbox's figures read like the
+/// runner's own.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Counts {
+    pub failed: usize,
+    pub passed: usize,
+    pub skipped: usize,
+    pub xfailed: usize,
+    pub xpassed: usize,
+    pub error: usize,
+}
+
+impl Counts {
+    pub fn of(r: &Results) -> Counts {
+        let mut c = Counts::default();
+        for o in r.values() {
+            match o {
+                Outcome::Passed => c.passed += 1,
+                Outcome::Failed => c.failed += 1,
+                Outcome::Error => c.error += 1,
+                Outcome::Skipped => c.skipped += 1,
+                Outcome::Xfailed => c.xfailed += 1,
+                Outcome::Xpassed => c.xpassed += 1,
+            }
+        }
+        c
+    }
+}
+
+impl std::fmt::Display for Counts {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = [
+            (self.failed, "failed"),
+            (self.passed, "passed"),
+            (self.skipped, "skipped"),
+            (self.xfailed, "xfailed"),
+            (self.xpassed, "xpassed"),
+            (self.error, if self.error == 1 { "error" } else { "errors" }),
+        ]
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, w)| format!("{n} {w}"))
+        .collect();
+        if parts.is_empty() {
+            f.write_str("no tests")
+        } else {
+            f.write_str(&parts.join(", "))
+        }
+    }
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -42,8 +98,10 @@ pub enum ReportError {
 fn add(r: &mut Results, id: String, o: Outcome) {
     let worst = |a: Outcome, b: Outcome| {
         let rank = |o| match o {
-            Outcome::Error => 3,
-            Outcome::Failed => 2,
+            Outcome::Error => 5,
+            Outcome::Failed => 4,
+            Outcome::Xfailed => 3,
+            Outcome::Xpassed => 2,
             Outcome::Passed => 1,
             Outcome::Skipped => 0,
         };
@@ -57,7 +115,9 @@ fn add(r: &mut Results, id: String, o: Outcome) {
 }
 
 /// pytest with `-rA`: the "short test summary info" lines `PASSED tests/x.py::t`, `FAILED
-/// tests/x.py::t - AssertionError`, `ERROR ...`, `SKIPPED [1] tests/x.py:3: reason`.
+/// tests/x.py::t - AssertionError`, `ERROR ...`, `XFAIL ...`, `XPASS ...`, `SKIPPED [1]
+/// tests/x.py:3: reason`. A collection error (`ERROR tests/x.py - ImportError`) is kept under
+/// the file's path; [`crate::decide`] gives it to every test of that file.
 pub fn pytest_ra(text: &str) -> Results {
     let mut r = Results::new();
     for line in text.lines() {
@@ -67,8 +127,10 @@ pub fn pytest_ra(text: &str) -> Results {
             None => continue,
         };
         let outcome = match word {
-            "PASSED" | "XFAIL" => Outcome::Passed,
-            "FAILED" | "XPASS" => Outcome::Failed,
+            "PASSED" => Outcome::Passed,
+            "FAILED" => Outcome::Failed,
+            "XFAIL" => Outcome::Xfailed,
+            "XPASS" => Outcome::Xpassed,
             "ERROR" => Outcome::Error,
             "SKIPPED" => Outcome::Skipped,
             _ => continue,
@@ -83,13 +145,35 @@ pub fn pytest_ra(text: &str) -> Results {
                 None => continue,
             }
         } else {
-            rest.split(" - ").next().unwrap_or(rest).trim().to_string()
+            node_id(rest).to_string()
         };
-        if id.contains("::") || outcome == Outcome::Skipped {
+        let collection_error = outcome == Outcome::Error && is_test_file(&id);
+        if id.contains("::") || outcome == Outcome::Skipped || collection_error {
             add(&mut r, id, outcome);
         }
     }
     r
+}
+
+/// The node id at the start of a summary line's rest: up to the first space outside the
+/// parameter brackets (`tests/x.py::t[a b] - reason` gives `tests/x.py::t[a b]`; an XPASS
+/// line has its reason after a plain space).
+fn node_id(rest: &str) -> &str {
+    let mut depth = 0i32;
+    for (i, c) in rest.char_indices() {
+        match c {
+            '[' => depth += 1,
+            ']' => depth -= 1,
+            ' ' if depth <= 0 => return &rest[..i],
+            _ => {}
+        }
+    }
+    rest.trim()
+}
+
+/// Whether `id` names a file of tests rather than a test (`tests/test_x.py`).
+pub fn is_test_file(id: &str) -> bool {
+    !id.contains("::") && !id.contains(' ') && id.ends_with(".py")
 }
 
 /// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>`.
@@ -299,7 +383,11 @@ tests/test_a.py:5: AssertionError
 =========================== short test summary info ============================
 PASSED tests/test_a.py::test_one
 PASSED tests/test_a.py::test_param[1.2-1.10--1]
+PASSED tests/test_a.py::test_space[a b - c]
 SKIPPED [1] tests/test_a.py:9: not on this platform
+XFAIL tests/test_a.py::test_known - bug 12
+XPASS tests/test_a.py::test_fixed[x] reason: bug 13
+ERROR tests/test_c.py - ModuleNotFoundError: No module named 'gone'
 FAILED tests/test_a.py::test_two - assert 1 == 2
 ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 ============== 1 failed, 2 passed, 1 skipped, 1 error in 0.12s ===============
@@ -316,7 +404,16 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
         assert_eq!(r["tests/test_a.py::test_two"], Outcome::Failed);
         assert_eq!(r["tests/test_b.py::test_conn"], Outcome::Error);
         assert_eq!(r["tests/test_a.py:9"], Outcome::Skipped);
-        assert_eq!(r.len(), 5);
+        assert_eq!(r["tests/test_a.py::test_space[a b - c]"], Outcome::Passed);
+        assert_eq!(r["tests/test_a.py::test_known"], Outcome::Xfailed);
+        assert_eq!(r["tests/test_a.py::test_fixed[x]"], Outcome::Xpassed);
+        // A collection error stays, under its file.
+        assert_eq!(r["tests/test_c.py"], Outcome::Error);
+        assert_eq!(r.len(), 9);
+        assert_eq!(
+            Counts::of(&r).to_string(),
+            "1 failed, 3 passed, 1 skipped, 1 xfailed, 1 xpassed, 2 errors"
+        );
     }
 
     #[test]
