@@ -46,6 +46,9 @@ pub struct MigrateArgs {
     /// files.pythonhosted.org; baseline and forks have no network.
     #[arg(long = "setup-allow", value_name = "HOST")]
     setup_allow: Vec<String>,
+    /// Reject plans that change test files (without it they are listed in the report).
+    #[arg(long)]
+    protect_tests: bool,
     #[arg(long)]
     json: bool,
 }
@@ -66,6 +69,8 @@ struct MigrationTable {
     setup_allow: Vec<String>,
     rate_cpu_second: Option<f64>,
     rate_gib_second: Option<f64>,
+    #[serde(default)]
+    protect_tests: bool,
 }
 
 #[derive(serde::Deserialize)]
@@ -150,6 +155,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         rate_gib_second: table.rate_gib_second.unwrap_or(0.000_002),
         llm: forkbox_migrate::llm::LlmEndpoint::from_env(),
         cli: std::env::current_exe().ok(),
+        protect_tests: a.protect_tests || table.protect_tests,
     };
     let uses_llm = cfg.plans.iter().any(|p| {
         matches!(

@@ -189,6 +189,11 @@ porter = { llm = { model = "garbage" } }
 name = "llm-slow"
 instructions = "Fix sub."
 porter = { llm = { model = "slow", request_timeout_secs = 2 } }
+
+[[plan]]
+name = "weaken"
+instructions = "Fix sub, and make its test pass whatever happens."
+porter = { command = "sed -i 's/return a + b  # sub/return a - b  # sub/' calc.py && sed -i 's/assert sub(5, 3) == 2/pass/' test_calc.py" }
 "#,
     )
     .unwrap();
@@ -277,6 +282,23 @@ porter = { llm = { model = "slow", request_timeout_secs = 2 } }
         }
     }
     assert_eq!(report["winner"], "llm-fix", "the smallest diff wins");
+    // A plan that edits the tests loses nothing, and is said to have edited them.
+    let weaken = verdict("weaken");
+    assert_eq!(weaken["accepted"], true, "{weaken}");
+    assert_eq!(
+        weaken["test_changes"]["changed"],
+        json!(["test_calc.py"]),
+        "{weaken}"
+    );
+    assert_eq!(weaken["test_changes"]["assertions_removed"], 1, "{weaken}");
+    assert!(
+        weaken["reason"]
+            .as_str()
+            .unwrap()
+            .contains("changes test files"),
+        "{weaken}"
+    );
+    assert_eq!(verdict("llm-fix")["test_changes"]["changed"], json!([]));
     assert_eq!(plan("llm-fix")["porter_steps"], 5);
     assert!(out.join("llm-fix.llm.json").is_file());
 

@@ -91,6 +91,9 @@ pub struct Attempt {
     /// Lines added plus lines removed.
     pub diff_lines: u64,
     pub test_ms: u64,
+    /// What its patch does to test files.
+    #[serde(default)]
+    pub test_changes: crate::integrity::TestChanges,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -105,9 +108,15 @@ pub struct Verdict {
     pub fixed: Vec<String>,
     /// Rank among accepted plans, 1 = the winner.
     pub rank: Option<usize>,
+    /// Test files its patch changes (deletes, assertions it removes): "no test lost" proves
+    /// less when the tests changed.
+    #[serde(default)]
+    pub test_changes: crate::integrity::TestChanges,
 }
 
-pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
+/// The verdict on each attempt; with `protect_tests`, a plan whose patch changes test files
+/// is rejected whatever its tests say.
+pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) -> Vec<Verdict> {
     let mut verdicts: Vec<Verdict> = attempts
         .iter()
         .map(|a| {
@@ -135,6 +144,7 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
                     lost,
                     fixed: vec![],
                     rank: None,
+                    test_changes: a.test_changes.clone(),
                 };
             }
             let lost = baseline.lost(&results);
@@ -147,8 +157,18 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
                 .filter(|(id, _)| results.get(*id) == Some(&Outcome::Passed))
                 .map(|(id, _)| id.clone())
                 .collect();
-            let accepted = lost.is_empty();
-            let reason = if accepted {
+            let tests = &a.test_changes;
+            let accepted = lost.is_empty() && !(protect_tests && !tests.is_empty());
+            let reason = if lost.is_empty() && !accepted {
+                format!("{} (tests are protected)", tests.describe())
+            } else if accepted && !tests.is_empty() {
+                format!(
+                    "no test lost, but it {}; {} fixed; diff of {} lines",
+                    tests.describe(),
+                    fixed.len(),
+                    a.diff_lines
+                )
+            } else if accepted {
                 format!(
                     "no test lost; {} fixed; diff of {} lines",
                     fixed.len(),
@@ -168,6 +188,7 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt]) -> Vec<Verdict> {
                 lost,
                 fixed,
                 rank: None,
+                test_changes: tests.clone(),
             }
         })
         .collect();
@@ -213,6 +234,40 @@ mod tests {
         v.iter().map(|(k, o)| (k.to_string(), *o)).collect()
     }
 
+    fn decide_open(b: &Baseline, a: &[Attempt]) -> Vec<Verdict> {
+        decide(b, a, false)
+    }
+
+    #[test]
+    fn changed_tests_are_reported_and_rejected_when_protected() {
+        let b = Baseline::from_runs(&[res(&[("tests/t.py::a", Passed)])]);
+        let mut p = attempt("p", res(&[("tests/t.py::a", Passed)]), 2);
+        p.test_changes = crate::integrity::TestChanges {
+            changed: vec!["tests/t.py".into()],
+            deleted: vec![],
+            assertions_removed: 1,
+        };
+        let open = decide(&b, std::slice::from_ref(&p), false);
+        assert!(open[0].accepted);
+        assert!(
+            open[0].reason.contains("changes test files: tests/t.py"),
+            "{}",
+            open[0].reason
+        );
+        assert!(
+            open[0].reason.contains("removes 1 assertion"),
+            "{}",
+            open[0].reason
+        );
+        let protected = decide(&b, &[p], true);
+        assert!(!protected[0].accepted);
+        assert!(
+            protected[0].reason.contains("tests are protected"),
+            "{}",
+            protected[0].reason
+        );
+    }
+
     fn attempt(plan: &str, r: Results, diff: u64) -> Attempt {
         Attempt {
             plan: plan.into(),
@@ -221,6 +276,7 @@ mod tests {
             results: r,
             diff_lines: diff,
             test_ms: 100,
+            test_changes: Default::default(),
         }
     }
 
@@ -231,7 +287,7 @@ mod tests {
             res(&[("a", Passed), ("flake", Failed), ("c", Failed)]),
         ]);
         assert_eq!(b.flaky.iter().collect::<Vec<_>>(), vec!["flake"]);
-        let v = decide(
+        let v = decide_open(
             &b,
             &[attempt(
                 "p",
@@ -251,7 +307,7 @@ mod tests {
             ("c", Failed),
             ("d", Error),
         ])]);
-        let v = decide(
+        let v = decide_open(
             &b,
             &[attempt(
                 "p",
@@ -268,7 +324,7 @@ mod tests {
     #[test]
     fn a_test_missing_afterwards_is_lost() {
         let b = Baseline::from_runs(&[res(&[("a", Passed), ("b", Passed)])]);
-        let v = decide(&b, &[attempt("p", res(&[("a", Passed)]), 1)]);
+        let v = decide_open(&b, &[attempt("p", res(&[("a", Passed)]), 1)]);
         assert_eq!(v[0].lost, vec!["b"]);
     }
 
@@ -283,7 +339,7 @@ mod tests {
         let mut bad = attempt("bad", Results::new(), 0);
         bad.failure = Some("the porter exited with 2".into());
         bad.tests_ran = false;
-        let v = decide(&b, &[crashed, slow, bad]);
+        let v = decide_open(&b, &[crashed, slow, bad]);
         assert!(v.iter().all(|v| !v.accepted && v.rank.is_none()));
         assert_eq!(v[1].reason, "the porter timed out after 600 s");
         // The tests ran and printed nothing readable: every baseline pass is lost.
@@ -299,7 +355,7 @@ mod tests {
             ("tests/b.py::t3", Passed),
         ])]);
         let now = res(&[("tests/a.py", Error), ("tests/b.py::t3", Passed)]);
-        let v = decide(&b, &[attempt("p", now.clone(), 1)]);
+        let v = decide_open(&b, &[attempt("p", now.clone(), 1)]);
         assert_eq!(v[0].lost, vec!["tests/a.py::t1", "tests/a.py::t2"]);
         let given = b.attribute_file_errors(&now);
         assert_eq!(given["tests/a.py::t1"], Error);
@@ -313,7 +369,7 @@ mod tests {
             ("skipped", Skipped),
         ])]);
         assert_eq!(b.passed().count(), 1, "xfail and skip are not passes");
-        let v = decide(
+        let v = decide_open(
             &b,
             &[attempt(
                 "p",
@@ -323,7 +379,7 @@ mod tests {
         );
         assert!(v[0].accepted, "{v:?}");
         // A pass that becomes an expected failure is lost.
-        let v = decide(&b, &[attempt("q", res(&[("ok", Xfailed)]), 1)]);
+        let v = decide_open(&b, &[attempt("q", res(&[("ok", Xfailed)]), 1)]);
         assert_eq!(v[0].lost, vec!["ok"]);
     }
 
@@ -335,7 +391,7 @@ mod tests {
         let small = attempt("small", res(&[("a", Passed)]), 10);
         let mut tie_slow = attempt("tie-slow", res(&[("a", Passed)]), 10);
         tie_slow.test_ms = 500;
-        let v = decide(&b, &[big, small, tie_slow]);
+        let v = decide_open(&b, &[big, small, tie_slow]);
         let rank = |p: &str| v.iter().find(|x| x.plan == p).unwrap().rank;
         assert_eq!(
             (rank("small"), rank("tie-slow"), rank("big")),

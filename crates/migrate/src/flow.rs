@@ -46,6 +46,8 @@ pub struct MigrateConfig {
     pub llm: Option<LlmEndpoint>,
     /// The `forkbox` command line, put on `host` porters' PATH (and in `$FORKBOX_CLI`).
     pub cli: Option<PathBuf>,
+    /// Reject plans whose patch changes test files (they are listed either way).
+    pub protect_tests: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -105,6 +107,8 @@ pub struct PlanRun {
     pub failure: Option<String>,
     /// Whether the test command ran after the port (see [`decide::Attempt::tests_ran`]).
     pub tests_ran: bool,
+    /// What the patch does to test files.
+    pub test_changes: crate::integrity::TestChanges,
     pub cpu_seconds: f64,
     pub memory_gib_seconds: f64,
     pub cost: f64,
@@ -489,12 +493,13 @@ pub async fn migrate(
             plan: p.plan.clone(),
             failure: p.failure.clone(),
             tests_ran: p.tests_ran,
+            test_changes: p.test_changes.clone(),
             results: p.results.clone(),
             diff_lines: p.diff_lines,
             test_ms: p.test_ms,
         })
         .collect();
-    let verdicts = decide::decide(&baseline, &attempts);
+    let verdicts = decide::decide(&baseline, &attempts, cfg.protect_tests);
     for v in &verdicts {
         progress(Event::Fork {
             plan: &v.plan,
@@ -669,6 +674,7 @@ async fn port_and_verify(
         diff_stat: String::new(),
         diff_lines: 0,
         tests_ran: false,
+        test_changes: Default::default(),
         patch_file: None,
         failure: None,
         cpu_seconds: 0.0,
@@ -809,6 +815,7 @@ async fn port_and_verify(
                 run.diff_stat = String::from_utf8_lossy(&stat).into_owned();
                 let text = String::from_utf8_lossy(&diff).into_owned();
                 run.diff_lines = decide::diff_lines(&text);
+                run.test_changes = crate::integrity::of_diff(&text);
                 let file = format!("{}.patch", plan.name);
                 if std::fs::write(out_dir.join(&file), diff).is_ok() {
                     run.patch_file = Some(file);

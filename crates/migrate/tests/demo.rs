@@ -37,6 +37,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         rate_gib_second: 0.0,
         llm: None,
         cli: None,
+        protect_tests: false,
     };
     let report = migrate(
         &paths,
