@@ -158,7 +158,8 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
                 .map(|(id, _)| id.clone())
                 .collect();
             let tests = &a.test_changes;
-            let accepted = lost.is_empty() && !(protect_tests && !tests.is_empty());
+            let tests_allowed = !protect_tests || tests.is_empty();
+            let accepted = lost.is_empty() && tests_allowed;
             let reason = if lost.is_empty() && !accepted {
                 format!("{} (tests are protected)", tests.describe())
             } else if accepted && !tests.is_empty() {
