@@ -107,6 +107,8 @@ pub struct PlanRun {
     pub failure: Option<String>,
     /// Whether the test command ran after the port (see [`decide::Attempt::tests_ran`]).
     pub tests_ran: bool,
+    /// Where its results were read from.
+    pub results_source: String,
     /// What the patch does to test files.
     pub test_changes: crate::integrity::TestChanges,
     pub cpu_seconds: f64,
@@ -133,6 +135,9 @@ pub struct MigrateReport {
     pub test: String,
     pub baseline: Baseline,
     pub baseline_runs: u32,
+    /// Where the baseline's results were read from (pytest's JUnit report, or the text the
+    /// command printed, in which format).
+    pub results_source: String,
     pub plans: Vec<PlanRun>,
     pub verdicts: Vec<decide::Verdict>,
     pub winner: Option<String>,
@@ -173,59 +178,83 @@ async fn upload(sb: &Sandbox, src: &Path, dest: &str) -> Result<(), MigrateError
 }
 
 /// Before a test run in a fork: the tree as it is (the porter's work so far) goes into the
-/// index, so that [`AFTER_TESTS`] can put it back.
-const BEFORE_TESTS: &str = "[ ! -d .git ] || git add -A";
+/// index, so that [`AFTER_TESTS`] can put it back; the last run's JUnit report goes.
+const BEFORE_TESTS: &str = "rm -f /tmp/forkbox-junit.xml; [ ! -d .git ] || git add -A";
 /// After a test run: what the suite changed or created in the tree is undone (ignored files,
 /// caches, stay ignored), so no patch ever carries it and every run starts from the same tree.
 const AFTER_TESTS: &str = "[ ! -d .git ] || { git checkout -q -- . && git clean -fdq; }";
+/// pytest also writes a JUnit report (xunit1 names each test's file), read in preference to
+/// its text: a skipped test then has its own id, and an xfail is told apart.
+const PYTEST_ADDOPTS: &str = "--junitxml=/tmp/forkbox-junit.xml -o junit_family=xunit1";
+const JUNIT: &str = "/tmp/forkbox-junit.xml";
 
-/// Runs the test command and reads its results from what it prints; `on_tests` hears how
-/// many tests the output has reported so far while it runs. What the suite writes into the
-/// tree is undone afterwards.
+/// One run of the test command.
+pub(crate) struct TestRun {
+    pub results: Result<Results, String>,
+    pub exit: Option<i32>,
+    pub ms: u64,
+    /// Where the results were read from.
+    pub source: String,
+}
+
+impl TestRun {
+    fn failed(why: String, exit: Option<i32>, ms: u64) -> TestRun {
+        TestRun {
+            results: Err(why),
+            exit,
+            ms,
+            source: String::new(),
+        }
+    }
+}
+
+/// Runs the test command and reads its results (pytest's JUnit report when it wrote one,
+/// else what the command printed); `on_tests` hears how many tests the output has reported
+/// so far while it runs. What the suite writes into the tree is undone afterwards.
 pub(crate) async fn run_tests(
     sb: &Sandbox,
     cfg: &MigrateConfig,
     on_tests: &(dyn Fn(usize) + Send + Sync),
-) -> (Result<Results, String>, Option<i32>, u64) {
+) -> TestRun {
     if let Err(e) = sb.run(sh(BEFORE_TESTS, 600)).await {
-        return (
-            Err(format!(
-                "the tree could not be recorded before the tests: {e}"
-            )),
+        return TestRun::failed(
+            format!("the tree could not be recorded before the tests: {e}"),
             None,
             0,
         );
     }
-    let result = run_suite(sb, cfg, on_tests).await;
-    match sb.run(sh(AFTER_TESTS, 600)).await {
-        Ok(o) if o.code() == 0 => result,
-        Ok(o) => (
-            Err(format!(
-                "what the tests wrote into the tree could not be undone (exit {}): {}",
-                o.code(),
-                tail(&[o.stdout.as_slice(), o.stderr.as_slice()].concat(), 4)
-            )),
-            result.1,
-            result.2,
-        ),
-        Err(e) => (
-            Err(format!(
-                "what the tests wrote into the tree could not be undone: {e}"
-            )),
-            result.1,
-            result.2,
-        ),
+    let mut run = run_suite(sb, cfg, on_tests).await;
+    let undone = match sb.run(sh(AFTER_TESTS, 600)).await {
+        Ok(o) if o.code() == 0 => Ok(()),
+        Ok(o) => Err(format!(
+            "what the tests wrote into the tree could not be undone (exit {}): {}",
+            o.code(),
+            tail(&[o.stdout.as_slice(), o.stderr.as_slice()].concat(), 4)
+        )),
+        Err(e) => Err(format!(
+            "what the tests wrote into the tree could not be undone: {e}"
+        )),
+    };
+    if let Err(e) = undone {
+        run.results = Err(e);
     }
+    run
 }
 
 async fn run_suite(
     sb: &Sandbox,
     cfg: &MigrateConfig,
     on_tests: &(dyn Fn(usize) + Send + Sync),
-) -> (Result<Results, String>, Option<i32>, u64) {
+) -> TestRun {
     let t = Instant::now();
+    let pytest_report = matches!(cfg.format, Format::Auto | Format::PytestRa);
+    let mut spec = sh(&cfg.test, cfg.test_timeout_secs);
+    if pytest_report {
+        spec.env
+            .push(("PYTEST_ADDOPTS".into(), PYTEST_ADDOPTS.into()));
+    }
     let streamed = async {
-        let mut ex = sb.exec(sh(&cfg.test, cfg.test_timeout_secs)).await?;
+        let mut ex = sb.exec(spec).await?;
         let mut out = forkbox_engine::client::Output::default();
         let (mut seen, mut line) = (0usize, Vec::new());
         loop {
@@ -252,23 +281,32 @@ async fn run_suite(
     let out = match streamed.await {
         Ok(o) => o,
         Err(e) => {
-            return (
-                Err(format!("the test command could not run: {e}")),
-                None,
-                ms(t),
-            )
+            return TestRun::failed(format!("the test command could not run: {e}"), None, ms(t))
         }
     };
     let took = ms(t);
     if out.timed_out {
-        return (
-            Err(format!(
+        return TestRun::failed(
+            format!(
                 "the test command timed out after {} s",
                 cfg.test_timeout_secs
-            )),
+            ),
             Some(out.code()),
             took,
         );
+    }
+    if pytest_report {
+        let junit = sb.client().read_file(JUNIT).await.unwrap_or_default();
+        if let Ok(r) = reports::pytest_junit(&String::from_utf8_lossy(&junit)) {
+            if !r.is_empty() {
+                return TestRun {
+                    results: Ok(r),
+                    exit: Some(out.code()),
+                    ms: took,
+                    source: "pytest's JUnit XML report (xunit1)".into(),
+                };
+            }
+        }
     }
     let text = String::from_utf8_lossy(&out.stdout);
     let parsed = reports::parse(cfg.format, &text).map_err(|e| {
@@ -278,7 +316,12 @@ async fn run_suite(
             tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
         )
     });
-    (parsed, Some(out.code()), took)
+    TestRun {
+        results: parsed,
+        exit: Some(out.code()),
+        ms: took,
+        source: format!("the test command's output ({:?})", cfg.format),
+    }
 }
 
 /// CPU-seconds and GiB-seconds of memory a sandbox's QEMU used so far.
@@ -314,6 +357,7 @@ pub async fn migrate(
 ) -> Result<MigrateReport, MigrateError> {
     let started = Instant::now();
     let mut test_suite_ms = 0;
+    let mut results_source = String::new();
     let note = |s: &str| progress(Event::Note(s));
     std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
 
@@ -326,19 +370,21 @@ pub async fn migrate(
         upload(&old, &cfg.code, WORKDIR).await?;
         let mut runs = Vec::new();
         for i in 1..=cfg.runs.max(1) {
-            let (r, code, took) = run_tests(&old, cfg, &|_| {}).await;
-            test_suite_ms += took;
-            let r = r.map_err(|message| MigrateError::Baseline {
+            let run = run_tests(&old, cfg, &|_| {}).await;
+            test_suite_ms += run.ms;
+            let r = run.results.map_err(|message| MigrateError::Baseline {
                 image: cfg.from.clone(),
                 message,
             })?;
             note(&format!(
-                "baseline: run {i}/{}: {} (exit {}, {} ms)",
+                "baseline: run {i}/{}: {} (exit {}, {} ms; read from {})",
                 cfg.runs.max(1),
                 reports::Counts::of(&r),
-                code.unwrap_or(-1),
-                took
+                run.exit.unwrap_or(-1),
+                run.ms,
+                run.source
             ));
+            results_source = run.source;
             runs.push(r);
         }
         Ok::<_, MigrateError>(Baseline::from_runs(&runs))
@@ -532,6 +578,7 @@ pub async fn migrate(
         test: cfg.test.clone(),
         baseline,
         baseline_runs: cfg.runs.max(1),
+        results_source,
         plans,
         verdicts,
         winner,
@@ -674,6 +721,7 @@ async fn port_and_verify(
         diff_stat: String::new(),
         diff_lines: 0,
         tests_ran: false,
+        results_source: String::new(),
         test_changes: Default::default(),
         patch_file: None,
         failure: None,
@@ -827,11 +875,12 @@ async fn port_and_verify(
     }
     if run.failure.is_none() {
         phase("testing", 0);
-        let (results, code, took) = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
+        let tested = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
         run.tests_ran = true;
-        run.test_exit = code;
-        run.test_ms = took;
-        match results {
+        run.test_exit = tested.exit;
+        run.test_ms = tested.ms;
+        run.results_source = tested.source;
+        match tested.results {
             Ok(r) => run.results = r,
             Err(e) => run.failure = Some(e),
         }

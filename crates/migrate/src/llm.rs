@@ -149,7 +149,12 @@ fn abs(path: &str) -> String {
 
 /// Tests that passed before and not now, or why the run could not be read; and a summary.
 async fn check(t: &Task<'_>) -> (Option<Vec<String>>, String) {
-    let (results, code, took) = crate::flow::run_tests(t.sandbox, t.cfg, t.on_tests).await;
+    let crate::flow::TestRun {
+        results,
+        exit: code,
+        ms: took,
+        ..
+    } = crate::flow::run_tests(t.sandbox, t.cfg, t.on_tests).await;
     match results {
         Ok(r) => {
             let lost = t.baseline.lost(&r);

@@ -46,12 +46,13 @@ body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-colla
 .ok{{color:#176f2c;font-weight:bold}} .no{{color:#b00020;font-weight:bold}} pre{{background:#f6f8fa;padding:8px;overflow:auto}}
 .add{{color:#176f2c}} .del{{color:#b00020}} .hunk{{color:#6f42c1}} .bar{{height:14px;background:#4a7fd4;display:inline-block}}
 </style></head><body><h1>Migration {from} → {to}</h1>
-<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky).</p>",
+<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky; results read from {source}).</p>",
         from = esc(&r.from),
         to = esc(&r.to),
         test = esc(&r.test),
         accel = esc(&r.accelerator),
         counts = crate::reports::Counts::of(&r.baseline.results),
+        source = esc(&r.results_source),
         bp = passed(&r.baseline.results),
         bt = r.baseline.results.len(),
         runs = r.baseline_runs,

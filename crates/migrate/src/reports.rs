@@ -176,6 +176,49 @@ pub fn is_test_file(id: &str) -> bool {
     !id.contains("::") && !id.contains(' ') && id.ends_with(".py")
 }
 
+/// pytest's own JUnit XML (`junit_family=xunit1`, which names each test's `file`), read into
+/// pytest node ids (`tests/test_a.py::TestX::test_one[1]`): the ids `-rA` prints, but with a
+/// skipped test under its own id (the `-rA` summary names only its location) and an xfail
+/// told apart (`<skipped type="pytest.xfail">`). A collection error is kept under its file.
+pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
+    let doc = roxmltree::Document::parse(text).map_err(|e| ReportError::Xml(e.to_string()))?;
+    let mut r = Results::new();
+    for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
+        let name = case.attribute("name").unwrap_or("");
+        let class = case.attribute("classname").unwrap_or("");
+        let outcome = case
+            .children()
+            .find_map(|c| match (c.tag_name().name(), c.attribute("type")) {
+                ("failure", _) => Some(Outcome::Failed),
+                ("error", _) => Some(Outcome::Error),
+                ("skipped", Some("pytest.xfail")) => Some(Outcome::Xfailed),
+                ("skipped", _) => Some(Outcome::Skipped),
+                _ => None,
+            })
+            .unwrap_or(Outcome::Passed);
+        let id = match case.attribute("file") {
+            Some(file) if !class.is_empty() => {
+                let module = file.trim_end_matches(".py").replace('/', ".");
+                match class.strip_prefix(&module) {
+                    Some("") => format!("{file}::{name}"),
+                    Some(rest) if rest.starts_with('.') => {
+                        format!("{file}::{}::{name}", rest[1..].replace('.', "::"))
+                    }
+                    // The class path does not start at the file's (another rootdir).
+                    _ => format!("{file}::{name}"),
+                }
+            }
+            // A collection error: `classname=""`, `name="tests.test_c"`.
+            _ if class.is_empty() && outcome == Outcome::Error => {
+                format!("{}.py", name.replace('.', "/"))
+            }
+            _ => format!("{class}::{name}"),
+        };
+        add(&mut r, id, outcome);
+    }
+    Ok(r)
+}
+
 /// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>`.
 pub fn junit(text: &str) -> Result<Results, ReportError> {
     let doc = roxmltree::Document::parse(text).map_err(|e| ReportError::Xml(e.to_string()))?;
@@ -413,6 +456,29 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
         assert_eq!(
             Counts::of(&r).to_string(),
             "1 failed, 3 passed, 1 skipped, 1 xfailed, 1 xpassed, 2 errors"
+        );
+    }
+
+    #[test]
+    fn pytest_junit_gives_node_ids_skips_by_id_and_xfails() {
+        let xml = r#"<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
+<testcase classname="tests.test_a" name="test_one" file="tests/test_a.py" line="3" time="0.001" />
+<testcase classname="tests.test_a.TestX" name="test_p[a b-1]" file="tests/test_a.py" line="9" time="0.001" />
+<testcase classname="tests.test_a" name="test_skip" file="tests/test_a.py" line="12" time="0"><skipped type="pytest.skip" message="no">tests/test_a.py:12: no</skipped></testcase>
+<testcase classname="tests.test_a" name="test_known" file="tests/test_a.py" line="15" time="0"><skipped type="pytest.xfail" message="bug" /></testcase>
+<testcase classname="tests.test_a" name="test_two" file="tests/test_a.py" line="18" time="0"><failure message="assert 1 == 2">x</failure></testcase>
+<testcase classname="" name="tests.test_c" time="0"><error message="collection failure">ImportError</error></testcase>
+</testsuite></testsuites>"#;
+        let r = pytest_junit(xml).unwrap();
+        assert_eq!(r["tests/test_a.py::test_one"], Outcome::Passed);
+        assert_eq!(r["tests/test_a.py::TestX::test_p[a b-1]"], Outcome::Passed);
+        assert_eq!(r["tests/test_a.py::test_skip"], Outcome::Skipped);
+        assert_eq!(r["tests/test_a.py::test_known"], Outcome::Xfailed);
+        assert_eq!(r["tests/test_a.py::test_two"], Outcome::Failed);
+        assert_eq!(r["tests/test_c.py"], Outcome::Error);
+        assert_eq!(
+            Counts::of(&r).to_string(),
+            "1 failed, 2 passed, 1 skipped, 1 xfailed, 1 error"
         );
     }
 
