@@ -16,6 +16,7 @@ python3 - "$out/report.json" "$(( (end - start) / 1000000 ))" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1])); wall = int(sys.argv[2]); p = r["phases"]
 print(f"forkbox migrate demo ({r['from']} -> {r['to']}, {len(r['plans'])} plans, accelerator {r['accelerator'].split()[0]})")
+print("  (baseline and prepare run side by side, so their shares may add up past 100 %)")
 for k in ["baseline_ms", "prepare_ms", "fork_ms", "port_ms", "verify_ms"]:
     print(f"  {k[:-3]:<10} {p[k]:>8} ms  {100 * p[k] / p['total_ms']:5.1f} %")
 print(f"  total      {p['total_ms']:>8} ms (CLI wall {wall} ms)")

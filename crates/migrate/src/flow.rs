@@ -341,62 +341,81 @@ fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
     (ticks / hz, gib * alive.as_secs_f64())
 }
 
-/// What every plan's task shares.
-struct Shared {
-    cfg: MigrateConfig,
+/// The baseline's outcome, with what the report says about it.
+struct BaselineRun {
     baseline: Baseline,
-    progress: Arc<Progress>,
-    /// The private API host porters drive their forks through, and its address.
-    api: Option<(Arc<forkbox_engine::api::Engine>, PathBuf)>,
+    accelerator: String,
+    /// Time inside the test suite, summed over the runs.
+    suite_ms: u64,
+    /// Where the results were read from.
+    source: String,
+    ms: u64,
 }
 
-pub async fn migrate(
+/// Runs the test suite `runs` times on the old toolchain, each run in a sandbox of its own and
+/// all at once (the guest is single-threaded Python: side by side they use the cores a single
+/// run leaves idle), and marks the tests whose outcome differed as flaky.
+async fn run_baseline(
     paths: &Paths,
     cfg: &MigrateConfig,
-    progress: Arc<Progress>,
-) -> Result<MigrateReport, MigrateError> {
-    let started = Instant::now();
-    let mut test_suite_ms = 0;
-    let mut results_source = String::new();
-    let note = |s: &str| progress(Event::Note(s));
-    std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
-
-    // 1. Baseline on the old toolchain.
+    note: &(dyn Fn(&str) + Sync),
+) -> Result<BaselineRun, MigrateError> {
     let t = Instant::now();
-    note(&format!("baseline: starting a sandbox of {}", cfg.from));
-    let old = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
-    let accelerator = format!("{} ({})", old.info().accel.accel, old.info().accel.reason);
-    let baseline = async {
-        upload(&old, &cfg.code, WORKDIR).await?;
-        let mut runs = Vec::new();
-        for i in 1..=cfg.runs.max(1) {
-            let run = run_tests(&old, cfg, &|_| {}).await;
-            test_suite_ms += run.ms;
-            let r = run.results.map_err(|message| MigrateError::Baseline {
-                image: cfg.from.clone(),
-                message,
-            })?;
-            note(&format!(
-                "baseline: run {i}/{}: {} (exit {}, {} ms; read from {})",
-                cfg.runs.max(1),
-                reports::Counts::of(&r),
-                run.exit.unwrap_or(-1),
-                run.ms,
-                run.source
-            ));
-            results_source = run.source;
-            runs.push(r);
+    let n = cfg.runs.max(1);
+    note(&format!(
+        "baseline: {n} run(s) side by side on {}",
+        cfg.from
+    ));
+    let one = |i: u32| async move {
+        let sb = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
+        let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
+        let run = async {
+            upload(&sb, &cfg.code, WORKDIR).await?;
+            Ok::<_, MigrateError>(run_tests(&sb, cfg, &|_| {}).await)
         }
-        Ok::<_, MigrateError>(Baseline::from_runs(&runs))
+        .await;
+        sb.destroy().await;
+        let run = run?;
+        let r = run.results.map_err(|message| MigrateError::Baseline {
+            image: cfg.from.clone(),
+            message,
+        })?;
+        note(&format!(
+            "baseline: run {i}/{n}: {} (exit {}, {} ms; read from {})",
+            reports::Counts::of(&r),
+            run.exit.unwrap_or(-1),
+            run.ms,
+            run.source
+        ));
+        Ok::<_, MigrateError>((r, run.ms, run.source, accelerator))
+    };
+    let runs = futures_util::future::join_all((1..=n).map(one)).await;
+    let mut results = Vec::new();
+    let (mut suite_ms, mut source, mut accelerator) = (0, String::new(), String::new());
+    for run in runs {
+        let (r, ms, src, accel) = run?;
+        results.push(r);
+        suite_ms += ms;
+        source = src;
+        accelerator = accel;
     }
-    .await;
-    old.destroy().await;
-    let baseline = baseline?;
-    let baseline_ms = ms(t);
+    Ok(BaselineRun {
+        baseline: Baseline::from_runs(&results),
+        accelerator,
+        suite_ms,
+        source,
+        ms: ms(t),
+    })
+}
 
-    // 2. Prepare on the new toolchain, then snapshot.
+/// Prepares the code on the new toolchain (upload, a baseline commit, the setup steps, a
+/// "prepared" commit) and snapshots it; the snapshot and how long it took.
+async fn prepare(
+    paths: &Paths,
+    cfg: &MigrateConfig,
+    started: Instant,
+) -> Result<(forkbox_engine::snapshot::Snapshot, u64), MigrateError> {
     let t = Instant::now();
-    note(&format!("prepare: starting a sandbox of {}", cfg.to));
     let new = Sandbox::create(
         paths,
         &SandboxConfig {
@@ -430,8 +449,50 @@ pub async fn migrate(
     }
     .await;
     new.destroy().await;
-    let snap = prepared?;
-    let prepare_ms = ms(t);
+    Ok((prepared?, ms(t)))
+}
+
+/// What every plan's task shares.
+struct Shared {
+    cfg: MigrateConfig,
+    baseline: Baseline,
+    progress: Arc<Progress>,
+    /// The private API host porters drive their forks through, and its address.
+    api: Option<(Arc<forkbox_engine::api::Engine>, PathBuf)>,
+}
+
+pub async fn migrate(
+    paths: &Paths,
+    cfg: &MigrateConfig,
+    progress: Arc<Progress>,
+) -> Result<MigrateReport, MigrateError> {
+    let started = Instant::now();
+    let note = |s: &str| progress(Event::Note(s));
+    std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
+
+    // 1-2. The baseline on the old toolchain and the preparation on the new one, side by side
+    // (neither needs the other; the ports need both).
+    let (baseline, prepared) = tokio::join!(
+        run_baseline(paths, cfg, &note),
+        prepare(paths, cfg, started)
+    );
+    // Whichever failed, the other's work is not left behind.
+    let (baseline, (snap, prepare_ms)) = match (baseline, prepared) {
+        (Ok(b), Ok(p)) => (b, p),
+        (Err(e), Ok((snap, _))) => {
+            let _ =
+                forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap.meta.name, &[]);
+            return Err(e);
+        }
+        (_, Err(e)) => return Err(e),
+    };
+    let BaselineRun {
+        baseline,
+        accelerator,
+        suite_ms: mut test_suite_ms,
+        source: results_source,
+        ms: baseline_ms,
+    } = baseline;
     note(&format!(
         "prepare: snapshot {} ({} ms pause)",
         snap.meta.name,

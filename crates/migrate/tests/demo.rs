@@ -57,9 +57,17 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
     assert!(passed >= 40, "{passed} tests passed on the old toolchain");
     assert_eq!(passed, report.baseline.results.len());
     // pytest's JUnit report is read in preference to its text, and its ids are node ids.
-    assert!(report.results_source.contains("JUnit"), "{}", report.results_source);
     assert!(
-        report.baseline.results.keys().all(|id| id.contains(".py::")),
+        report.results_source.contains("JUnit"),
+        "{}",
+        report.results_source
+    );
+    assert!(
+        report
+            .baseline
+            .results
+            .keys()
+            .all(|id| id.contains(".py::")),
         "{:?}",
         report.baseline.results.keys().take(3).collect::<Vec<_>>()
     );
