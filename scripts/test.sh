@@ -15,6 +15,9 @@ if ! command -v ip >/dev/null || ! command -v python3 >/dev/null; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 python3 >&2
 fi
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
+# The corpus test (crates/migrate/tests/corpus.rs) runs real PyPI projects natively and through
+# forkbox migrate; FORKBOX_CORPUS=0 leaves it out (it needs PyPI and a Debian mirror).
+export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
 if cargo nextest --version >/dev/null 2>&1; then
   cargo nextest run --locked --workspace --no-fail-fast
 else

@@ -1,0 +1,267 @@
+//! The corpus: real projects nobody here wrote, from PyPI, each run natively in a Debian
+//! bookworm chroot and through `forkbox migrate` (bookworm to bookworm, one plan that changes
+//! nothing), both with the same Python 3.11 and pytest. Promises checked per project:
+//! forkbox's baseline passes exactly the tests the native run passes (test for test); the
+//! native run's outcome counts, as forkbox reads them, equal pytest's own summary line; and a
+//! plan that changes nothing is accepted with no test lost.
+//!
+//! Needs PyPI (`pip download`) and a Debian mirror (`mmdebstrap`, once per test home). Runs
+//! only with `FORKBOX_CORPUS=1`: about a minute per project under TCG. Prints `FIGURE` lines:
+//! the native suite time, forkbox's baseline and whole-migration times, and their ratios.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use forkbox_migrate::reports::{self, Counts, Format, Outcome, Results};
+use forkbox_migrate::{migrate, MigrateConfig};
+use forkbox_test_infra as infra;
+
+/// The test command, the same natively and in the sandboxes (`src` layouts import too).
+const TEST: &str = "PYTHONPATH=src:. python3 -m pytest -q -rA -p no:cacheprovider";
+
+fn enabled() -> bool {
+    std::env::var("FORKBOX_CORPUS").is_ok_and(|v| v == "1")
+}
+
+fn corpus_dir(paths: &forkbox_engine::paths::Paths) -> PathBuf {
+    let d = paths.home().join("corpus");
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn locked<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
+    let file = std::fs::File::create(dir.join(".lock")).unwrap();
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    f()
+}
+
+/// The bookworm chroot with Python and pytest the native runs use (made once).
+fn chroot(dir: &Path) -> PathBuf {
+    let root = dir.join("bookworm");
+    locked(dir, || {
+        if !root.join("usr/bin/python3").exists() {
+            let tmp = dir.join("bookworm.tmp");
+            let _ = std::fs::remove_dir_all(&tmp);
+            let st = Command::new("mmdebstrap")
+                .args([
+                    "--variant=minbase",
+                    "--include=python3,python3-pytest",
+                    "bookworm",
+                ])
+                .arg(&tmp)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mmdebstrap failed");
+            std::fs::rename(&tmp, &root).unwrap();
+        }
+    });
+    root
+}
+
+/// The project's sdist, unpacked into a fresh directory (downloaded once into the cache).
+fn project(dir: &Path, spec: &str) -> (tempfile::TempDir, PathBuf) {
+    let cache = dir.join("sdists");
+    std::fs::create_dir_all(&cache).unwrap();
+    let (name, version) = spec.split_once("==").unwrap();
+    let file = cache.join(format!("{name}-{version}.tar.gz"));
+    locked(dir, || {
+        if !file.exists() {
+            let st = Command::new("python3")
+                .args([
+                    "-m",
+                    "pip",
+                    "download",
+                    "-q",
+                    "--no-deps",
+                    "--no-binary",
+                    ":all:",
+                ])
+                .arg("--dest")
+                .arg(&cache)
+                .arg(spec)
+                .status()
+                .unwrap();
+            assert!(st.success() && file.exists(), "pip download {spec}");
+        }
+    });
+    let work = tempfile::tempdir().unwrap();
+    let st = Command::new("tar")
+        .arg("xzf")
+        .arg(&file)
+        .arg("-C")
+        .arg(work.path())
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let root = work.path().join(format!("{name}-{version}"));
+    assert!(root.is_dir(), "{}", root.display());
+    (work, root)
+}
+
+/// pytest's own summary (`1 failed, 30 passed, 2 skipped`), warnings and deselections left out.
+fn pytest_summary(out: &str) -> String {
+    let line = out
+        .lines()
+        .rev()
+        .find(|l| l.contains(" in ") && (l.contains("passed") || l.contains("failed")))
+        .unwrap_or("");
+    let body = line.trim_matches(|c| c == '=' || c == ' ');
+    let body = body.rsplit_once(" in ").map_or(body, |(b, _)| b);
+    body.split(", ")
+        .filter(|p| !p.contains("warning") && !p.contains("deselected"))
+        .map(|p| p.replace("error", "error").trim().to_string())
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The suite run natively in the chroot: its results (read as forkbox reads them), pytest's
+/// summary line, and how long it took.
+fn native(chroot: &Path, code: &Path) -> (Results, String, u64) {
+    let inside = chroot.join("src");
+    let _ = std::fs::remove_dir_all(&inside);
+    let st = Command::new("cp")
+        .arg("-a")
+        .arg(code)
+        .arg(&inside)
+        .status()
+        .unwrap();
+    assert!(st.success());
+    let t = Instant::now();
+    let out = Command::new("chroot")
+        .arg(chroot)
+        .args(["sh", "-c"])
+        .arg(format!(
+            "cd /src && PYTHONDONTWRITEBYTECODE=1 {TEST} --junitxml=/tmp/native.xml -o junit_family=xunit1"
+        ))
+        .output()
+        .unwrap();
+    let took = t.elapsed().as_millis() as u64;
+    let xml = std::fs::read_to_string(chroot.join("tmp/native.xml")).unwrap();
+    let results = reports::pytest_junit(&xml).unwrap();
+    (
+        results,
+        pytest_summary(&String::from_utf8_lossy(&out.stdout)),
+        took,
+    )
+}
+
+fn passed(r: &Results) -> std::collections::BTreeSet<&String> {
+    r.iter()
+        .filter(|(_, o)| **o == Outcome::Passed)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+async fn check(spec: &str) {
+    if !enabled() {
+        eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 to run it)");
+        return;
+    }
+    let paths = infra::home();
+    let image = infra::image(&paths, "python-bookworm");
+    let dir = corpus_dir(&paths);
+    let chroot = chroot(&dir);
+    let (_keep, code) = project(&dir, spec);
+
+    let (native, summary, native_ms) = native(&chroot, &code);
+    assert!(!native.is_empty(), "{spec}: no tests ran natively");
+    assert_eq!(
+        Counts::of(&native).to_string(),
+        summary,
+        "{spec}: forkbox's reading of the native run against pytest's own summary"
+    );
+
+    let plans = tempfile::tempdir().unwrap();
+    std::fs::write(
+        plans.path().join("plans.toml"),
+        "[[plan]]\nname = \"unchanged\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n",
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let cfg = MigrateConfig {
+        from: image.to_string(),
+        to: image.to_string(),
+        code: code.clone(),
+        test: TEST.into(),
+        plans: forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
+        plans_dir: plans.path().to_path_buf(),
+        out: out.path().to_path_buf(),
+        runs: 2,
+        setup: vec![],
+        setup_network: Default::default(),
+        format: Format::Auto,
+        test_timeout_secs: 1800,
+        rate_cpu_second: 0.0,
+        rate_gib_second: 0.0,
+        llm: None,
+        cli: None,
+        protect_tests: false,
+    };
+    let t = Instant::now();
+    let report = migrate(
+        &paths,
+        &cfg,
+        std::sync::Arc::new(|_: forkbox_migrate::Event<'_>| {}),
+    )
+    .await
+    .unwrap();
+    let total_ms = t.elapsed().as_millis() as u64;
+    let ours = &report.baseline.results;
+    let (a, b) = (passed(&native), passed(ours));
+    let only_native: Vec<_> = a.difference(&b).take(5).collect();
+    let only_ours: Vec<_> = b.difference(&a).take(5).collect();
+    assert!(
+        only_native.is_empty() && only_ours.is_empty(),
+        "{spec}: pass sets differ; only native: {only_native:?}; only forkbox: {only_ours:?}"
+    );
+    let v = &report.verdicts[0];
+    assert!(v.accepted && v.lost.is_empty(), "{spec}: {v:?}");
+    println!(
+        "FIGURE corpus {spec}: {} natively ({summary}) in {native_ms} ms; forkbox baseline {} ms ({:.1}x native), whole migration {total_ms} ms ({:.1}x)",
+        a.len(),
+        report.phases.baseline_ms,
+        report.phases.baseline_ms as f64 / native_ms.max(1) as f64,
+        total_ms as f64 / native_ms.max(1) as f64,
+    );
+}
+
+/// A single-module project with one test file at its root.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn six() {
+    check("six==1.16.0").await;
+}
+
+/// A package with a `tests/` directory of unittest cases and data files.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idna() {
+    check("idna==3.7").await;
+}
+
+/// A large unittest suite (about a thousand tests).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_itertools() {
+    check("more-itertools==10.2.0").await;
+}
+
+/// Tests inside the package (`toolz/tests`), pytest style.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn toolz() {
+    check("toolz==0.12.1").await;
+}
+
+/// pytest-style tests with parametrised compliance cases.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jmespath() {
+    check("jmespath==1.0.1").await;
+}
+
+/// A checker whose tests live in `pyflakes/test`, with skips and expected failures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pyflakes() {
+    check("pyflakes==3.2.0").await;
+}
