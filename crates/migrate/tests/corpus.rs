@@ -114,7 +114,7 @@ fn pytest_summary(out: &str) -> String {
     let body = body.rsplit_once(" in ").map_or(body, |(b, _)| b);
     body.split(", ")
         .filter(|p| !p.contains("warning") && !p.contains("deselected"))
-        .map(|p| p.replace("error", "error").trim().to_string())
+        .map(|p| p.trim().to_string())
         .collect::<Vec<_>>()
         .join(", ")
 }
