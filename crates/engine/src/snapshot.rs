@@ -534,7 +534,7 @@ pub fn save_running(
         src.execute("migrate-continue", json!({"state": "pre-switchover"}))?;
         src.wait_migration(&["completed"], Duration::from_secs(60))?;
         if !stay_paused {
-            src.execute("cont", json!({}))?;
+            resume(&mut src)?;
         }
         Ok(frozen)
     })();
@@ -543,7 +543,7 @@ pub fn save_running(
         Err(e) => {
             let _ = src.execute("migrate_cancel", json!({}));
             if !stay_paused {
-                let _ = src.execute("cont", json!({}));
+                let _ = resume(&mut src);
             }
             return Err(e);
         }
@@ -575,6 +575,24 @@ pub fn save_running(
         .map_err(|e| VmError::io("sync the device state", e))?;
     let _ = rcv.execute("quit", json!({}));
     Ok((frozen, SaveTiming { pause_ms }))
+}
+
+/// Resumes a VM whose outgoing migration just ended. QEMU reports the migration completed a
+/// moment before it leaves the finish-migrate run state, and refuses `cont` in between
+/// ("Migration is not finalized yet"; seen on a busy host): so it asks again, for up to 5 s.
+fn resume(q: &mut Qmp) -> Result<(), VmError> {
+    let start = Instant::now();
+    loop {
+        match q.execute("cont", json!({})) {
+            Err(VmError::Qmp { message, .. })
+                if message.contains("not finalized")
+                    && start.elapsed() < Duration::from_secs(5) =>
+            {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            r => return r.map(|_| ()),
+        }
+    }
 }
 
 /// The file the VM's root disk writes to now.
