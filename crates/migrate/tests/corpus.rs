@@ -122,7 +122,10 @@ fn pytest_summary(out: &str) -> String {
 /// The suite run natively in the chroot: its results (read as forkbox reads them), pytest's
 /// summary line, and how long it took.
 fn native(chroot: &Path, code: &Path) -> (Results, String, u64) {
-    let inside = chroot.join("src");
+    // A directory and a report of its own: the tests run two at a time in one chroot.
+    let name = code.file_name().unwrap().to_string_lossy().into_owned();
+    let inside = chroot.join("src").join(&name);
+    std::fs::create_dir_all(chroot.join("src")).unwrap();
     let _ = std::fs::remove_dir_all(&inside);
     let st = Command::new("cp")
         .arg("-a")
@@ -136,12 +139,12 @@ fn native(chroot: &Path, code: &Path) -> (Results, String, u64) {
         .arg(chroot)
         .args(["sh", "-c"])
         .arg(format!(
-            "cd /src && PYTHONDONTWRITEBYTECODE=1 {TEST} --junitxml=/tmp/native.xml -o junit_family=xunit1"
+            "cd /src/{name} && PYTHONDONTWRITEBYTECODE=1 {TEST} --junitxml=/tmp/{name}.xml -o junit_family=xunit1"
         ))
         .output()
         .unwrap();
     let took = t.elapsed().as_millis() as u64;
-    let xml = std::fs::read_to_string(chroot.join("tmp/native.xml")).unwrap();
+    let xml = std::fs::read_to_string(chroot.join(format!("tmp/{name}.xml"))).unwrap();
     let results = reports::pytest_junit(&xml).unwrap();
     (
         results,
