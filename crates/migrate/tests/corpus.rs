@@ -19,7 +19,8 @@ use forkbox_migrate::reports::{self, Counts, Format, Outcome, Results};
 use forkbox_migrate::{migrate, MigrateConfig};
 use forkbox_test_infra as infra;
 
-/// The test command, the same natively and in the sandboxes (`src` layouts import too).
+/// The test command, the same natively and in the sandboxes (`src` layouts import too; the
+/// native run also pins pytest's rootdir to the project, which other projects sit beside).
 const TEST: &str = "PYTHONPATH=src:. python3 -m pytest -q -rA -p no:cacheprovider";
 
 fn enabled() -> bool {
@@ -124,9 +125,9 @@ fn pytest_summary(out: &str) -> String {
 fn native(chroot: &Path, code: &Path) -> (Results, String, u64) {
     // A directory and a report of its own: the tests run two at a time in one chroot.
     let name = code.file_name().unwrap().to_string_lossy().into_owned();
-    let inside = chroot.join("src").join(&name);
-    std::fs::create_dir_all(chroot.join("src")).unwrap();
+    let inside = chroot.join("projects").join(&name);
     let _ = std::fs::remove_dir_all(&inside);
+    std::fs::create_dir_all(chroot.join("projects")).unwrap();
     let st = Command::new("cp")
         .arg("-a")
         .arg(code)
@@ -139,7 +140,7 @@ fn native(chroot: &Path, code: &Path) -> (Results, String, u64) {
         .arg(chroot)
         .args(["sh", "-c"])
         .arg(format!(
-            "cd /src/{name} && PYTHONDONTWRITEBYTECODE=1 {TEST} --junitxml=/tmp/{name}.xml -o junit_family=xunit1"
+            "cd /projects/{name} && PYTHONDONTWRITEBYTECODE=1 {TEST} --rootdir=. --junitxml=/tmp/{name}.xml -o junit_family=xunit1"
         ))
         .output()
         .unwrap();
