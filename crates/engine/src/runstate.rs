@@ -205,6 +205,7 @@ pub fn live(paths: &Paths) -> Vec<(String, String)> {
 /// Kills every QEMU process whose command line names this sandbox directory's agent socket.
 pub fn kill_qemus_of(dir: &Path) {
     let needle = dir.join("agent.sock").display().to_string();
+    let mut killed = Vec::new();
     for e in fs::read_dir("/proc").into_iter().flatten().flatten() {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
@@ -219,7 +220,23 @@ pub fn kill_qemus_of(dir: &Path) {
                 nix::unistd::Pid::from_raw(pid),
                 nix::sys::signal::Signal::SIGKILL,
             );
+            killed.push(pid);
         }
+    }
+    if killed.is_empty() {
+        return;
+    }
+    // Once they are gone their cgroups can go too (a cgroup holding a dying process cannot).
+    let start = std::time::Instant::now();
+    while killed
+        .iter()
+        .any(|p| Path::new(&format!("/proc/{p}")).exists())
+        && start.elapsed() < std::time::Duration::from_secs(3)
+    {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    if let Some(name) = dir.file_name() {
+        crate::limits::remove(name.to_string_lossy().trim_start_matches('.'));
     }
 }
 

@@ -143,23 +143,21 @@ impl Daemon {
 
     /// `sh -c script` that must succeed; its stdout.
     pub fn ok(&self, id: &str, script: &str) -> String {
-        let out = self.sh(id, script);
-        assert!(
-            out.status.success(),
-            "{script}: exit {:?}\n{}{}",
-            out.status.code(),
-            text(&out.stdout),
-            text(&out.stderr)
-        );
-        text(&out.stdout)
+        self.succeed(&["sandbox", "exec", id, "--", "sh", "-c", script])
     }
 
-    /// Python `code` in sandbox `id` (as root); its stdout, or a failure.
+    /// Python `code` in sandbox `id` (as root) that must succeed; its stdout.
     pub fn py(&self, id: &str, code: &str) -> String {
-        let out = self.cli(&["sandbox", "exec", id, "--", "python3", "-c", code]);
+        self.succeed(&["sandbox", "exec", id, "--", "python3", "-c", code])
+    }
+
+    /// `forkbox ARGS` that must succeed; its stdout.
+    fn succeed(&self, args: &[&str]) -> String {
+        let out = self.cli(args);
         assert!(
             out.status.success(),
-            "python: exit {:?}\n{}{}",
+            "{}: exit {:?}\n{}{}",
+            args.last().unwrap_or(&""),
             out.status.code(),
             text(&out.stdout),
             text(&out.stderr)
