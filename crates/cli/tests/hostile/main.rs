@@ -68,7 +68,7 @@ impl Daemon {
             let _ = std::fs::remove_dir_all(&p);
             let _ = std::fs::remove_file(&p);
         }
-        for f in ["daemon.log", "daemon.log.1", "daemon.out"] {
+        for f in ["daemon.log", "daemon.log.1", "daemon.out", "daemon.pid"] {
             let _ = std::fs::remove_file(paths.home().join(f));
         }
         paths
@@ -97,9 +97,14 @@ impl Daemon {
     pub fn spawn(paths: Paths, mut c: Command) -> Daemon {
         let child = c.spawn().expect("start forkbox serve");
         let socket = forkbox_server::socket_path(&paths);
+        // Up when it answers and its PID file names it (the file is written after the bind:
+        // reading it earlier could name a daemon of an earlier run).
+        let pid_file = forkbox_server::pid_path(&paths);
+        let me = child.id().to_string();
         assert!(
             infra::wait_until(Duration::from_secs(60), || {
                 std::os::unix::net::UnixStream::connect(&socket).is_ok()
+                    && std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim() == me)
             }),
             "the daemon did not come up; see {}",
             paths.home().join("daemon.log").display()
@@ -227,7 +232,10 @@ impl Daemon {
 
     /// Sends SIGKILL to the daemon and waits for it to be gone.
     pub fn kill9(&mut self) {
-        let pid = self.pid();
+        let pid = self
+            .child
+            .as_ref()
+            .map_or_else(|| self.pid(), std::process::Child::id);
         let _ = nix::sys::signal::kill(
             nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
