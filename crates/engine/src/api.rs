@@ -315,20 +315,21 @@ impl Entry {
     }
 
     fn view(&self) -> SandboxView {
+        let failure = self.sandbox.client().failure();
         SandboxView {
             info: self.sandbox.info().clone(),
             labels: self.labels.clone(),
             created_unix: self.created_unix,
             expires_unix: self.expires_unix,
             from_pool: self.from_pool,
-            state: if self.sandbox.client().failure().is_some() {
+            state: if failure.is_some() {
                 SandboxState::Failed
-            } else if self.sandbox.check_usable().is_err() {
+            } else if self.sandbox.check_disk_held() {
                 SandboxState::DiskFull
             } else {
                 SandboxState::Running
             },
-            failure: self.sandbox.client().failure(),
+            failure,
             ttl_action: self.ttl_action,
             network: self.sandbox.network(),
         }

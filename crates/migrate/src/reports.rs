@@ -176,16 +176,20 @@ pub fn is_test_file(id: &str) -> bool {
     !id.contains("::") && !id.contains(' ') && id.ends_with(".py")
 }
 
-/// pytest's own JUnit XML (`junit_family=xunit1`, which names each test's `file`), read into
-/// pytest node ids (`tests/test_a.py::TestX::test_one[1]`): the ids `-rA` prints, but with a
-/// skipped test under its own id (the `-rA` summary names only its location) and an xfail
-/// told apart (`<skipped type="pytest.xfail">`). A collection error is kept under its file.
-pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
+/// One `<testcase>` of a JUnit XML report.
+struct Case<'a> {
+    name: &'a str,
+    class: &'a str,
+    file: Option<&'a str>,
+    /// From its `<failure>`, `<error>` or `<skipped>` child; a skip of type `pytest.xfail` is
+    /// an xfail.
+    outcome: Outcome,
+}
+
+/// Every `<testcase>` of a JUnit XML report, handed to `f`.
+fn junit_cases(text: &str, mut f: impl FnMut(Case<'_>)) -> Result<(), ReportError> {
     let doc = roxmltree::Document::parse(text).map_err(|e| ReportError::Xml(e.to_string()))?;
-    let mut r = Results::new();
     for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
-        let name = case.attribute("name").unwrap_or("");
-        let class = case.attribute("classname").unwrap_or("");
         let outcome = case
             .children()
             .find_map(|c| match (c.tag_name().name(), c.attribute("type")) {
@@ -196,52 +200,78 @@ pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
                 _ => None,
             })
             .unwrap_or(Outcome::Passed);
-        let id = match case.attribute("file") {
-            Some(file) if !class.is_empty() => {
-                let module = file.trim_end_matches(".py").replace('/', ".");
-                match class.strip_prefix(&module) {
-                    Some("") => format!("{file}::{name}"),
-                    Some(rest) if rest.starts_with('.') => {
-                        format!("{file}::{}::{name}", rest[1..].replace('.', "::"))
-                    }
-                    // The class path does not start at the file's (another rootdir).
-                    _ => format!("{file}::{name}"),
-                }
-            }
-            // A collection error: `classname=""`, `name="tests.test_c"`.
-            _ if class.is_empty() && outcome == Outcome::Error => {
-                format!("{}.py", name.replace('.', "/"))
-            }
-            _ => format!("{class}::{name}"),
-        };
-        add(&mut r, id, outcome);
+        f(Case {
+            name: case.attribute("name").unwrap_or(""),
+            class: case.attribute("classname").unwrap_or(""),
+            file: case.attribute("file"),
+            outcome,
+        });
     }
+    Ok(())
+}
+
+/// pytest's own JUnit XML (`junit_family=xunit1`, which names each test's `file`), read into
+/// pytest node ids (`tests/test_a.py::TestX::test_one[1]`): the ids `-rA` prints, but with a
+/// skipped test under its own id (the `-rA` summary names only its location) and an xfail
+/// told apart (`<skipped type="pytest.xfail">`). A collection error is kept under its file.
+pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
+    let mut r = Results::new();
+    junit_cases(
+        text,
+        |Case {
+             name,
+             class,
+             file,
+             outcome,
+         }| {
+            let id = match file {
+                Some(file) if !class.is_empty() => {
+                    let module = file.trim_end_matches(".py").replace('/', ".");
+                    match class.strip_prefix(&module) {
+                        Some("") => format!("{file}::{name}"),
+                        Some(rest) if rest.starts_with('.') => {
+                            format!("{file}::{}::{name}", rest[1..].replace('.', "::"))
+                        }
+                        // The class path does not start at the file's (another rootdir).
+                        _ => format!("{file}::{name}"),
+                    }
+                }
+                // A collection error: `classname=""`, `name="tests.test_c"`.
+                _ if class.is_empty() && outcome == Outcome::Error => {
+                    format!("{}.py", name.replace('.', "/"))
+                }
+                _ => format!("{class}::{name}"),
+            };
+            add(&mut r, id, outcome);
+        },
+    )?;
     Ok(r)
 }
 
-/// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>`.
+/// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>` (any
+/// skip, an xfail too: only pytest's own report is read for those, by [`pytest_junit`]).
 pub fn junit(text: &str) -> Result<Results, ReportError> {
-    let doc = roxmltree::Document::parse(text).map_err(|e| ReportError::Xml(e.to_string()))?;
     let mut r = Results::new();
-    for case in doc.descendants().filter(|n| n.has_tag_name("testcase")) {
-        let name = case.attribute("name").unwrap_or("");
-        let class = case.attribute("classname").unwrap_or("");
-        let id = if class.is_empty() {
-            name.to_string()
-        } else {
-            format!("{class}::{name}")
-        };
-        let outcome = case
-            .children()
-            .find_map(|c| match c.tag_name().name() {
-                "failure" => Some(Outcome::Failed),
-                "error" => Some(Outcome::Error),
-                "skipped" => Some(Outcome::Skipped),
-                _ => None,
-            })
-            .unwrap_or(Outcome::Passed);
-        add(&mut r, id, outcome);
-    }
+    junit_cases(
+        text,
+        |Case {
+             name,
+             class,
+             outcome,
+             ..
+         }| {
+            let id = if class.is_empty() {
+                name.to_string()
+            } else {
+                format!("{class}::{name}")
+            };
+            let outcome = match outcome {
+                Outcome::Xfailed => Outcome::Skipped,
+                o => o,
+            };
+            add(&mut r, id, outcome);
+        },
+    )?;
     Ok(r)
 }
 
