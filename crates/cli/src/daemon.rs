@@ -492,6 +492,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     cwd,
                     env: env.into_iter().collect(),
                     timeout_secs: timeout,
+                    timeout_ms: None,
                 };
                 if detach {
                     let v: serde_json::Value = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/commands"))).json(&req)).await?;

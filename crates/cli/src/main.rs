@@ -12,6 +12,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::{Parser, Subcommand};
+use forkbox_engine::api::ImageView;
 use forkbox_engine::image::{self, BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
@@ -235,27 +236,8 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
     }
 }
 
-#[derive(serde::Serialize)]
-struct ImageRow {
-    reference: String,
-    suite: String,
-    kernel: String,
-    content_mib: u64,
-    disk_mib: u64,
-    created_unix: u64,
-    path: String,
-}
-
-fn image_row(i: &image::Image) -> ImageRow {
-    ImageRow {
-        reference: i.reference(),
-        suite: i.meta.suite.clone(),
-        kernel: i.meta.kernel.clone(),
-        content_mib: i.meta.content_bytes >> 20,
-        disk_mib: i.meta.disk_bytes >> 20,
-        created_unix: i.meta.created_unix,
-        path: i.dir.display().to_string(),
-    }
+fn image_row(i: &image::Image) -> ImageView {
+    ImageView::from(i)
 }
 
 fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
@@ -267,11 +249,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
         } => {
             let (recipe, text) = Recipe::load(&file)?;
             if if_changed {
-                let newest = ImageStore::new(paths).resolve(&ImageRef {
-                    name: recipe.name.clone(),
-                    version: None,
-                });
-                if let Some(img) = newest.ok().filter(|i| i.meta.recipe == recipe) {
+                if let Some(img) = forkbox_engine::api::up_to_date(paths, &recipe) {
                     if json {
                         print_json(&image_row(&img))?;
                     } else {
@@ -311,7 +289,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         ImageCmd::Ls { json } => {
-            let rows: Vec<ImageRow> = ImageStore::new(paths)
+            let rows: Vec<ImageView> = ImageStore::new(paths)
                 .list()
                 .iter()
                 .map(image_row)
@@ -353,25 +331,11 @@ fn accel_decision(
     paths: &Paths,
     accel: AccelChoice,
 ) -> anyhow::Result<Option<forkbox_engine::vm::AccelDecision>> {
-    let (Ok(k), Ok((_, bytes))) = (
-        forkbox_engine::kernel::Kernel::newest(paths),
-        forkbox_engine::agent_bin::locate(),
-    ) else {
-        return Ok(None);
-    };
-    let initramfs = forkbox_engine::kernel::initramfs(paths, &k, &bytes)?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    Ok(Some(
-        rt.block_on(forkbox_engine::vm::decide(
-            paths,
-            accel,
-            &k.vmlinuz(),
-            &initramfs,
-        ))
-        .context("choose accelerator")?,
-    ))
+    rt.block_on(forkbox_engine::vm::host_decision(paths, accel))
+        .context("choose accelerator")
 }
 
 fn doctor(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCode> {

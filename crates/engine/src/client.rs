@@ -21,6 +21,9 @@ type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<AgentMsg>>>>;
 /// Why the host stopped talking to a guest, once it did.
 type Failure = Arc<Mutex<Option<String>>>;
 
+/// Most bytes [`AgentClient::read_file`] returns.
+pub const MAX_READ_FILE: usize = 64 << 20;
+
 #[derive(Clone)]
 pub struct AgentClient {
     writer: Arc<tokio::sync::Mutex<OwnedWriteHalf>>,
@@ -356,6 +359,8 @@ impl AgentClient {
         result
     }
 
+    /// Reads one file of the guest, refusing it past [`MAX_READ_FILE`] bytes (a guest's
+    /// `/dev/zero` must not fill the host's memory; larger files go as archives).
     pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, AgentError> {
         let (id, mut rx) = self.route();
         self.send(&HostMsg::ReadFile {
@@ -366,7 +371,18 @@ impl AgentClient {
         let mut data = Vec::new();
         let result = loop {
             match rx.recv().await {
-                Some(AgentMsg::FileData { data: d, .. }) => data.extend_from_slice(&d),
+                Some(AgentMsg::FileData { data: d, .. }) => {
+                    if data.len() + d.len() > MAX_READ_FILE {
+                        break Err(AgentError::Refused {
+                            kind: forkbox_protocol::ErrorKind::InvalidRequest,
+                            message: format!(
+                                "{path} is larger than {} MiB; download it as an archive",
+                                MAX_READ_FILE >> 20
+                            ),
+                        });
+                    }
+                    data.extend_from_slice(&d)
+                }
                 Some(AgentMsg::Done { .. }) => break Ok(data),
                 Some(AgentMsg::Error { kind, message, .. }) => {
                     break Err(AgentError::Refused { kind, message })

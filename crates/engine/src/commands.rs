@@ -27,7 +27,7 @@ pub struct Chunk {
     pub data: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Serialize, Default)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
 pub struct ExitInfo {
     pub exit_code: i32,
     pub signal: Option<i32>,

@@ -158,7 +158,7 @@ impl Snapshot {
 
 #[derive(Debug, thiserror::Error)]
 pub enum SnapshotError {
-    #[error("no snapshot {0}; list them with `forkbox snapshot ls`")]
+    #[error("no snapshot {0}")]
     NotFound(String),
     #[error("a snapshot named {0} exists already")]
     Exists(String),

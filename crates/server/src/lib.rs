@@ -17,9 +17,9 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use forkbox_engine::api::{
-    Command, CreateRequest, Engine, EngineError, ExecRequest, ForkRequest, SnapshotRequest,
+    BuildProgress, BuildRequest, Command, CommandEvent, CreateRequest, Engine, EngineError,
+    ExecRequest, ForkRequest, GuestPath, Reply, SnapshotRequest,
 };
-use forkbox_engine::error::{AgentError, ImageError, SandboxError};
 use forkbox_engine::paths::Paths;
 
 /// Where the daemon listens.
@@ -34,35 +34,11 @@ pub fn pid_path(paths: &Paths) -> PathBuf {
 
 struct ApiError(EngineError);
 
+/// Every error an HTTP client sees: the engine's status for it and `{"error": message}`.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status = match &self.0 {
-            EngineError::NoSuchSandbox(_) | EngineError::NoSuchCommand(..) => StatusCode::NOT_FOUND,
-            EngineError::BadRequest(_) => StatusCode::BAD_REQUEST,
-            EngineError::Hibernated(_) | EngineError::NotHibernated(_) => StatusCode::CONFLICT,
-            EngineError::Sandbox(SandboxError::Image(
-                ImageError::NotFound { .. } | ImageError::BadReference(_),
-            )) => StatusCode::BAD_REQUEST,
-            EngineError::Sandbox(SandboxError::Snapshot(e)) | EngineError::Snapshot(e) => {
-                use forkbox_engine::snapshot::SnapshotError as S;
-                match e {
-                    S::NotFound(_) => StatusCode::NOT_FOUND,
-                    S::Exists(_) | S::InUse { .. } => StatusCode::CONFLICT,
-                    S::BadName(_) | S::Incompatible { .. } => StatusCode::BAD_REQUEST,
-                    S::Io { .. } => StatusCode::INTERNAL_SERVER_ERROR,
-                }
-            }
-            EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
-                StatusCode::BAD_REQUEST
-            }
-            EngineError::Sandbox(SandboxError::Agent(AgentError::Failed(_))) => {
-                StatusCode::CONFLICT
-            }
-            EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => {
-                StatusCode::INSUFFICIENT_STORAGE
-            }
-            EngineError::Sandbox(_) | EngineError::State(_) => StatusCode::INTERNAL_SERVER_ERROR,
-        };
+        let status =
+            StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (
             status,
             Json(serde_json::json!({ "error": self.0.to_string() })),
@@ -71,22 +47,54 @@ impl IntoResponse for ApiError {
     }
 }
 
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> ApiError {
+        ApiError(e)
+    }
+}
+
 type Api = Result<Response, ApiError>;
 
-async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
-    // The command runs to its end even if the client goes away meanwhile: a create or fork
-    // that was under way still registers its sandboxes (they are then listed), rather than
-    // being dropped halfway.
+/// Runs `cmd` to its end even if the client goes away meanwhile: a create or fork that was
+/// under way still registers its sandboxes (they are then listed), rather than being dropped
+/// halfway.
+async fn handle(engine: &Arc<Engine>, cmd: Command) -> Result<Reply, ApiError> {
     let engine = engine.clone();
-    let reply = tokio::spawn(async move { engine.handle(cmd).await })
+    Ok(tokio::spawn(async move { engine.handle(cmd).await })
         .await
         .map_err(|e| {
             ApiError(EngineError::BadRequest(format!(
                 "the request's task failed: {e}"
             )))
-        })?
-        .map_err(ApiError)?;
-    Ok((ok, Json(reply)).into_response())
+        })??)
+}
+
+/// The one place a reply becomes a response: JSON with `ok`, a file's bytes as they are.
+async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
+    Ok(match handle(engine, cmd).await? {
+        Reply::File(bytes) => (
+            ok,
+            [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
+        reply => (ok, Json(reply)).into_response(),
+    })
+}
+
+/// Newline-delimited JSON from a channel of events.
+fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<T>) -> Response {
+    let lines =
+        tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), |ev| {
+            let mut line = serde_json::to_string(&ev).unwrap_or_default();
+            line.push('\n');
+            Ok::<_, std::convert::Infallible>(line)
+        });
+    (
+        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
+        axum::body::Body::from_stream(lines),
+    )
+        .into_response()
 }
 
 /// The API's description, kept beside the handlers and checked against them by a test.
@@ -165,7 +173,7 @@ async fn exec(
     if !q.stream {
         return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
     }
-    let cid = e.start_command(&id, request).await.map_err(ApiError)?;
+    let cid = e.start_command(&id, request).await?;
     attach(e, id, cid).await
 }
 
@@ -174,12 +182,15 @@ async fn exec(
 /// `exit` (or `error`). Reattaching replays everything kept.
 async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
     use base64::Engine as _;
-    let log = e.command(&id, &cid).await.map_err(ApiError)?;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Result<String, std::convert::Infallible>>(16);
+    let log = e.command(&id, &cid).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<CommandEvent>(16);
     tokio::spawn(async move {
         let b64 = base64::engine::general_purpose::STANDARD;
-        let first = serde_json::json!({ "type": "command", "command_id": cid });
-        if tx.send(Ok(format!("{first}\n"))).await.is_err() {
+        if tx
+            .send(CommandEvent::Command { command_id: cid })
+            .await
+            .is_err()
+        {
             return;
         }
         let mut next = 0;
@@ -188,51 +199,31 @@ async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
             let snap = log.snapshot(next);
             next = snap.next;
             for c in snap.chunks {
-                let line = serde_json::json!({ "type": c.stream, "data_b64": b64.encode(&c.data) });
-                if tx.send(Ok(format!("{line}\n"))).await.is_err() {
+                let data_b64 = b64.encode(&c.data);
+                let ev = match c.stream {
+                    forkbox_engine::commands::Stream::Stdout => CommandEvent::Stdout { data_b64 },
+                    forkbox_engine::commands::Stream::Stderr => CommandEvent::Stderr { data_b64 },
+                };
+                if tx.send(ev).await.is_err() {
                     return; // the client left; the command goes on
                 }
             }
             if let Some(exit) = snap.exit {
-                let line = match &exit.error {
-                    Some(m) => serde_json::json!({ "type": "error", "message": m }),
-                    None => {
-                        let mut v = serde_json::to_value(&exit).unwrap_or_default();
-                        v["type"] = "exit".into();
-                        v
-                    }
+                let ev = match exit.error.clone() {
+                    Some(message) => CommandEvent::Error { message },
+                    None => CommandEvent::Exit(exit),
                 };
-                let _ = tx.send(Ok(format!("{line}\n"))).await;
+                let _ = tx.send(ev).await;
                 return;
             }
         }
     });
-    let body = axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
-    Ok((
-        [(axum::http::header::CONTENT_TYPE, "application/x-ndjson")],
-        body,
-    )
-        .into_response())
+    Ok(ndjson(rx))
 }
 
 #[derive(serde::Deserialize)]
 struct ArchiveQuery {
     path: String,
-}
-
-fn transfer_error(e: forkbox_engine::files::TransferError) -> Response {
-    use forkbox_engine::files::TransferError as T;
-    let status = match &e {
-        // The guest's own disk is full (an upload bigger than its room): the client's to fix.
-        T::Agent(AgentError::Refused { message, .. })
-            if message.contains("No space left on device") =>
-        {
-            StatusCode::INSUFFICIENT_STORAGE
-        }
-        T::Agent(AgentError::Failed(_)) => StatusCode::CONFLICT,
-        _ => StatusCode::INTERNAL_SERVER_ERROR,
-    };
-    (status, Json(serde_json::json!({ "error": e.to_string() }))).into_response()
 }
 
 /// Unpacks the request body (tar.zst) into `path` in the sandbox.
@@ -243,7 +234,7 @@ async fn put_archive(
     body: axum::body::Body,
 ) -> Api {
     use futures_util::StreamExt;
-    let sb = e.sandbox(&id).await.map_err(ApiError)?;
+    let sb = e.sandbox(&id).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
     let feed = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
@@ -260,7 +251,7 @@ async fn put_archive(
             e.metrics().bytes_uploaded.inc_by(bytes);
             Ok(Json(serde_json::json!({ "bytes": bytes })).into_response())
         }
-        Err(err) => Ok(transfer_error(err)),
+        Err(err) => Err(ApiError(err.into())),
     }
 }
 
@@ -270,11 +261,10 @@ async fn get_archive(
     UrlPath(id): UrlPath<String>,
     Query(q): Query<ArchiveQuery>,
 ) -> Api {
-    let sb = e.sandbox(&id).await.map_err(ApiError)?;
-    let rx = match forkbox_engine::files::get_archive(sb.client(), &q.path).await {
-        Ok(rx) => rx,
-        Err(err) => return Ok(transfer_error(err)),
-    };
+    let sb = e.sandbox(&id).await?;
+    let rx = forkbox_engine::files::get_archive(sb.client(), &q.path)
+        .await
+        .map_err(EngineError::from)?;
     // An error from the guest ends the body early; the client then sees a broken transfer.
     let counted = e.clone();
     let stream = tokio_stream::StreamExt::map(
@@ -357,7 +347,7 @@ async fn start_command(
     UrlPath(id): UrlPath<String>,
     Json(request): Json<ExecRequest>,
 ) -> Api {
-    let cid = e.start_command(&id, request).await.map_err(ApiError)?;
+    let cid = e.start_command(&id, request).await?;
     Ok((
         StatusCode::ACCEPTED,
         Json(serde_json::json!({ "command_id": cid })),
@@ -386,11 +376,7 @@ async fn command_poll(
 ) -> Api {
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let snap = e
-        .command(&id, &cid)
-        .await
-        .map_err(ApiError)?
-        .snapshot(q.from);
+    let snap = e.command(&id, &cid).await?.snapshot(q.from);
     let chunks: Vec<serde_json::Value> = snap
         .chunks
         .iter()
@@ -417,12 +403,116 @@ async fn command_signal(
     UrlPath((id, cid)): UrlPath<(String, String)>,
     Json(r): Json<SignalRequest>,
 ) -> Api {
-    e.command(&id, &cid)
-        .await
-        .map_err(ApiError)?
-        .signal(r.signal)
-        .await;
+    e.command(&id, &cid).await?.signal(r.signal).await;
     Ok(StatusCode::ACCEPTED.into_response())
+}
+
+async fn info(State(e): State<Arc<Engine>>) -> Api {
+    run(&e, Command::Info, StatusCode::OK).await
+}
+
+async fn list_images(State(e): State<Arc<Engine>>) -> Api {
+    run(&e, Command::ListImages, StatusCode::OK).await
+}
+
+fn image_ref(r: &str) -> Result<forkbox_engine::image::ImageRef, ApiError> {
+    r.parse()
+        .map_err(|e: forkbox_engine::error::ImageError| ApiError(e.into()))
+}
+
+async fn get_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
+    let reference = image_ref(&r)?;
+    run(&e, Command::GetImage { reference }, StatusCode::OK).await
+}
+
+async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
+    let reference = image_ref(&r)?;
+    run(&e, Command::RemoveImage { reference }, StatusCode::OK).await
+}
+
+/// Builds an image; the answer is newline-delimited JSON [`BuildProgress`] events, the last of
+/// which is `done`, `up_to_date` or `error`. A bad recipe is refused before anything starts.
+/// The build goes on if the client leaves.
+async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequest>) -> Api {
+    request.recipe()?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
+    tokio::spawn(async move {
+        let result = e
+            .handle(Command::BuildImage {
+                request,
+                events: Some(tx.clone()),
+            })
+            .await;
+        if let Err(err) = result {
+            let _ = tx
+                .send(BuildProgress::Error {
+                    status: err.http_status(),
+                    message: err.to_string(),
+                })
+                .await;
+        }
+    });
+    Ok(ndjson(rx))
+}
+
+#[derive(serde::Deserialize)]
+struct FileQuery {
+    path: String,
+    /// Octal permission bits for a written file (default 644).
+    mode: Option<String>,
+}
+
+fn guest_path(q: &FileQuery) -> Result<GuestPath, ApiError> {
+    Ok(GuestPath::parse(&q.path)?)
+}
+
+/// One file's bytes.
+async fn read_file(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<FileQuery>,
+) -> Api {
+    let path = guest_path(&q)?;
+    run(&e, Command::ReadFile { id, path }, StatusCode::OK).await
+}
+
+/// Writes the body to one file (parents made as needed), replacing it.
+async fn write_file(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<FileQuery>,
+    body: axum::body::Bytes,
+) -> Api {
+    let path = guest_path(&q)?;
+    let mode = match &q.mode {
+        None => 0o644,
+        Some(m) => u32::from_str_radix(m, 8).map_err(|_| {
+            ApiError(EngineError::BadRequest(format!(
+                "mode {m:?} is not octal permission bits such as 644"
+            )))
+        })?,
+    };
+    let data = body.to_vec();
+    run(
+        &e,
+        Command::WriteFile {
+            id,
+            path,
+            data,
+            mode,
+        },
+        StatusCode::OK,
+    )
+    .await
+}
+
+async fn list_dir(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Query(q): Query<FileQuery>,
+) -> Api {
+    let path = guest_path(&q)?;
+    run(&e, Command::ListDir { id, path }, StatusCode::OK).await
 }
 
 async fn metrics(State(e): State<Arc<Engine>>) -> Response {
@@ -441,6 +531,21 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route("/metrics", get(metrics))
         .route("/v1/health", get(health))
         .route("/v1/openapi.json", get(openapi))
+        .route("/v1/info", get(info))
+        .route("/v1/images", get(list_images).post(build_image))
+        .route(
+            "/v1/images/{reference}",
+            get(get_image).delete(remove_image),
+        )
+        .route(
+            "/v1/sandboxes/{id}/files",
+            get(read_file)
+                .put(write_file)
+                .layer(axum::extract::DefaultBodyLimit::max(
+                    forkbox_engine::api::MAX_FILE_BYTES,
+                )),
+        )
+        .route("/v1/sandboxes/{id}/dir", get(list_dir))
         .route("/v1/sandboxes", post(create).get(list))
         .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
         .route("/v1/sandboxes/{id}/exec", post(exec))

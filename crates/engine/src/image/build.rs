@@ -29,9 +29,29 @@ fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// Where a build's root holds the host's CA bundle while the build runs.
+const BUILD_CA: &str = "/forkbox-build-ca.crt";
+
+/// The host's CA bundle, if it has one where Debian, Fedora or `SSL_CERT_FILE` put it.
+fn host_ca_bundle() -> Option<PathBuf> {
+    std::env::var_os("SSL_CERT_FILE")
+        .map(PathBuf::from)
+        .into_iter()
+        .chain([
+            PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
+        ])
+        .find(|p| p.is_file())
+}
+
 /// The script run inside the new root after the packages are installed.
 pub(crate) fn customize_script(r: &Recipe) -> String {
     let mut s = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
+    // The host's trust store, for the build's downloads only (a host behind a TLS-inspecting
+    // proxy builds as it downloads); it is removed before the image is written.
+    s += &format!(
+        "if [ -f {BUILD_CA} ]; then for v in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE GIT_SSL_CAINFO NODE_EXTRA_CA_CERTS npm_config_cafile; do export \"$v={BUILD_CA}\"; done; fi\n"
+    );
     for (k, v) in &r.env {
         s += &format!("export {k}={}\n", sh_quote(v));
     }
@@ -57,6 +77,8 @@ pub(crate) fn customize_script(r: &Recipe) -> String {
             sh_quote(&format!("forkbox: run: {step}"))
         );
     }
+    // `python` as well as `python3`, so `python -m pytest` runs as written.
+    s += "if [ -x /usr/bin/python3 ] && [ ! -e /usr/bin/python ]; then ln -s python3 /usr/bin/python; fi\n";
     s += "echo forkbox > /etc/hostname\nprintf '127.0.0.1 localhost\\n127.0.1.1 forkbox\\n::1 localhost\\n' > /etc/hosts\n";
     s += "rm -rf /var/lib/apt/lists/* /var/cache/apt/*.bin /root/.cache\n";
     s
@@ -168,10 +190,30 @@ pub fn build(
                 .into(),
         });
     }
-    let mmdebstrap = require("mmdebstrap")?;
     let mkfs = require("mkfs.ext4")?;
     let kernel = Kernel::newest(paths)?;
     let store = ImageStore::new(paths);
+    // A recipe on another image is pinned to the version it was built on, takes that image's
+    // suite and environment (its own entries win) and starts from its files.
+    let (recipe, from) = match &recipe.base {
+        Some(base) => {
+            let img = store.resolve(&base.parse()?)?;
+            let mut pinned = recipe.clone();
+            pinned.base = Some(img.reference());
+            pinned.suite = String::new();
+            (pinned, Some(img))
+        }
+        None => (recipe.clone(), None),
+    };
+    let recipe = &recipe;
+    let recipe_text = match &from {
+        Some(_) => recipe.to_toml(),
+        None => recipe_text.to_string(),
+    };
+    let source = match &from {
+        Some(img) => Source::Image(img.clone(), require("debugfs")?, require("unshare")?),
+        None => Source::Debian(require("mmdebstrap")?),
+    };
     let name_dir = paths.images().join(&recipe.name);
     fs::create_dir_all(&name_dir)
         .map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
@@ -185,7 +227,7 @@ pub fn build(
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)
         .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
-    let result = build_in(&work, &mmdebstrap, &mkfs, recipe, log);
+    let result = build_in(&work, &source, &mkfs, recipe, log);
     let (content_bytes, disk_bytes) = match result {
         Ok(sizes) => sizes,
         Err(e) => {
@@ -200,7 +242,9 @@ pub fn build(
         format: IMAGE_FORMAT,
         name: recipe.name.clone(),
         version,
-        suite: recipe.suite.clone(),
+        suite: from
+            .as_ref()
+            .map_or_else(|| recipe.suite.clone(), |i| i.meta.suite.clone()),
         kernel: kernel.release.clone(),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -208,7 +252,14 @@ pub fn build(
             .unwrap_or(0),
         content_bytes,
         disk_bytes,
-        env: recipe.env.clone(),
+        env: {
+            let mut env = from
+                .as_ref()
+                .map(|i| i.meta.env.clone())
+                .unwrap_or_default();
+            env.extend(recipe.env.clone());
+            env
+        },
         recipe: recipe.clone(),
         build_seconds: started.elapsed().as_secs_f64(),
     };
@@ -227,9 +278,17 @@ pub fn build(
     })
 }
 
+/// Where a build's root comes from.
+enum Source {
+    /// A fresh Debian root from mmdebstrap (the program's path).
+    Debian(PathBuf),
+    /// The files of another image (with debugfs and unshare's paths).
+    Image(super::Image, PathBuf, PathBuf),
+}
+
 fn build_in(
     work: &Path,
-    mmdebstrap: &Path,
+    source: &Source,
     mkfs: &Path,
     r: &Recipe,
     log: &mut dyn FnMut(BuildEvent),
@@ -248,17 +307,29 @@ fn build_in(
     let script = work.join("customize.sh");
     write_atomic(&script, customize_script(r).as_bytes())
         .map_err(|e| ImageError::io("write build script", e))?;
+    let what = format!(
+        "{} apt, {} pip, {} npm package(s) and {} run step(s)",
+        include.len(),
+        r.pip.len(),
+        r.npm.len(),
+        r.run.len()
+    );
+    let mmdebstrap = match source {
+        Source::Debian(p) => p,
+        Source::Image(img, debugfs, unshare) => {
+            log(BuildEvent::Step {
+                n: 1,
+                total,
+                what: format!("{} with {what}", img.reference()),
+            });
+            on_image(img, debugfs, unshare, &root, &script, &include, r, log)?;
+            return finish(work, &root, mkfs, r, total, log);
+        }
+    };
     log(BuildEvent::Step {
         n: 1,
         total,
-        what: format!(
-            "Debian {} root with {} apt, {} pip, {} npm package(s) and {} run step(s)",
-            r.suite,
-            include.len(),
-            r.pip.len(),
-            r.npm.len(),
-            r.run.len()
-        ),
+        what: format!("Debian {} root with {what}", r.suite),
     });
     let mut cmd = Command::new(mmdebstrap);
     cmd.arg("--variant=minbase")
@@ -267,16 +338,90 @@ fn build_in(
     if !include.is_empty() {
         cmd.arg(format!("--include={}", include.join(",")));
     }
+    if let Some(ca) = host_ca_bundle() {
+        cmd.arg(format!(
+            "--customize-hook=upload {} {BUILD_CA}",
+            ca.display()
+        ));
+    }
     cmd.arg(format!(
         "--customize-hook=upload {} /forkbox-customize.sh",
         script.display()
     ))
     .arg("--customize-hook=chroot \"$1\" /bin/sh /forkbox-customize.sh")
-    .arg("--customize-hook=rm -f \"$1/forkbox-customize.sh\"")
+    .arg(format!(
+        "--customize-hook=rm -f \"$1/forkbox-customize.sh\" \"$1{BUILD_CA}\""
+    ))
     .arg(&r.suite)
     .arg(&root)
     .arg(&r.mirror);
     run_logged(&mut cmd, "install packages", &r.name, log)?;
+    finish(work, &root, mkfs, r, total, log)
+}
+
+/// Unpacks `img`'s files into `root` and runs the recipe there (apt first), in a chroot with
+/// the host's network and resolver, in a mount namespace of its own so that nothing stays
+/// mounted when it ends.
+#[allow(clippy::too_many_arguments)]
+fn on_image(
+    img: &super::Image,
+    debugfs: &Path,
+    unshare: &Path,
+    root: &Path,
+    script: &Path,
+    include: &[String],
+    r: &Recipe,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), ImageError> {
+    fs::create_dir_all(root).map_err(|e| ImageError::io("create the build root", e))?;
+    let mut cmd = Command::new(debugfs);
+    cmd.arg("-R")
+        .arg(format!("rdump / {}", root.display()))
+        .arg(img.rootfs());
+    run_logged(&mut cmd, "unpack the base image", &r.name, log)?;
+    let resolv = root.join("etc/resolv.conf");
+    let _ = fs::remove_file(&resolv);
+    fs::copy("/etc/resolv.conf", &resolv)
+        .map_err(|e| ImageError::io("give the build the host's /etc/resolv.conf", e))?;
+    let mut steps = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
+    if !include.is_empty() {
+        steps += &format!(
+            "echo 'forkbox: apt-get install {0}'\napt-get update -q\napt-get install -y -q --no-install-recommends {0}\n",
+            include.join(" ")
+        );
+    }
+    steps += "exec /bin/sh /forkbox-customize.sh\n";
+    fs::copy(script, root.join("forkbox-customize.sh"))
+        .map_err(|e| ImageError::io("copy the build script into the root", e))?;
+    let ca = root.join(BUILD_CA.trim_start_matches('/'));
+    if let Some(host) = host_ca_bundle() {
+        fs::copy(host, &ca).map_err(|e| ImageError::io("copy the host's CA bundle", e))?;
+    }
+    write_atomic(&root.join("forkbox-steps.sh"), steps.as_bytes())
+        .map_err(|e| ImageError::io("write the build steps", e))?;
+    let mut cmd = Command::new(unshare);
+    cmd.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-eu", "-c"])
+        .arg(
+            "mount -t proc proc \"$1/proc\"; mount --rbind /dev \"$1/dev\"; mount -t tmpfs tmpfs \"$1/tmp\"; exec chroot \"$1\" /bin/sh /forkbox-steps.sh",
+        )
+        .arg("sh")
+        .arg(root);
+    let result = run_logged(&mut cmd, "install packages", &r.name, log);
+    let _ = fs::remove_file(root.join("forkbox-steps.sh"));
+    let _ = fs::remove_file(root.join("forkbox-customize.sh"));
+    let _ = fs::remove_file(&ca);
+    result
+}
+
+/// Writes the root into the image's ext4 disk; the sizes of its files and of the disk.
+fn finish(
+    work: &Path,
+    root: &Path,
+    mkfs: &Path,
+    r: &Recipe,
+    total: u32,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(u64, u64), ImageError> {
     // mmdebstrap leaves the build host's resolver configuration in the root: it names this
     // host's network and is of no use in a sandbox, which has no resolver (its proxy's names
     // are resolved by the host).
@@ -293,7 +438,7 @@ fn build_in(
         total,
         what: "writing the ext4 root disk".into(),
     });
-    let content = dir_bytes(&root);
+    let content = dir_bytes(root);
     // Room for ext4's own metadata on top of the files, then the free space the recipe asks for.
     let disk =
         (content + content / 4 + (64 << 20) + (r.disk_free_mib << 20)).div_ceil(1 << 20) << 20;
@@ -314,7 +459,7 @@ fn build_in(
         "root_owner=0:0",
         "-d",
     ])
-    .arg(&root)
+    .arg(root)
     .arg(&rootfs);
     run_logged(&mut cmd, "write ext4 root disk", &r.name, log)?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))

@@ -9,5 +9,5 @@ mod recipe;
 mod store;
 
 pub use build::{build, env_pairs, BuildEvent};
-pub use recipe::Recipe;
+pub use recipe::{Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};

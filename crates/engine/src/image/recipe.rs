@@ -20,8 +20,13 @@ pub const DEFAULT_MIRROR: &str = "http://deb.debian.org/debian";
 pub struct Recipe {
     /// Image name: letters, digits, `-`, `_`, `.`.
     pub name: String,
-    /// Debian suite: bullseye, bookworm or trixie.
+    /// Debian suite: bullseye, bookworm or trixie. Taken from the base image when `base` is set.
+    #[serde(default)]
     pub suite: String,
+    /// Another forkbox image (NAME or NAME@N) to build on instead of a fresh Debian root; the
+    /// build pins it to NAME@N.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
     /// Debian mirror used during the build.
     #[serde(default = "default_mirror")]
     pub mirror: String,
@@ -40,6 +45,30 @@ pub struct Recipe {
     /// Free space, in MiB, the root disk has beyond the installed files.
     #[serde(default = "default_free")]
     pub disk_free_mib: u64,
+}
+
+/// The suite a recipe without a base uses.
+pub const DEFAULT_SUITE: &str = "bookworm";
+
+/// The recipe shape the API and the SDKs take: the image's name is given beside it.
+/// `base` is a Debian suite (bullseye, bookworm, trixie) or another forkbox image (NAME or
+/// NAME@N); without it, Debian bookworm.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Seed {
+    pub base: Option<String>,
+    #[serde(default)]
+    pub apt: Vec<String>,
+    #[serde(default)]
+    pub pip: Vec<String>,
+    #[serde(default)]
+    pub npm: Vec<String>,
+    #[serde(default)]
+    pub run: Vec<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    pub disk_free_mib: Option<u64>,
+    pub mirror: Option<String>,
 }
 
 fn default_mirror() -> String {
@@ -72,6 +101,35 @@ impl Recipe {
         Ok((recipe, text))
     }
 
+    /// The recipe a [`Seed`] describes, checked.
+    pub fn from_seed(name: &str, seed: Seed) -> Result<Recipe, String> {
+        let base = seed.base.unwrap_or_else(|| DEFAULT_SUITE.to_string());
+        let (suite, base) = if SUITES.iter().any(|(s, _)| *s == base) {
+            (base, None)
+        } else {
+            (String::new(), Some(base))
+        };
+        let r = Recipe {
+            name: name.to_string(),
+            suite,
+            base,
+            mirror: seed.mirror.unwrap_or_else(default_mirror),
+            apt: seed.apt,
+            pip: seed.pip,
+            npm: seed.npm,
+            run: seed.run,
+            env: seed.env,
+            disk_free_mib: seed.disk_free_mib.unwrap_or_else(default_free),
+        };
+        r.validate()?;
+        Ok(r)
+    }
+
+    /// The recipe as TOML, as it is stored beside an image built from it.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
     pub fn parse(text: &str) -> Result<Recipe, String> {
         let r: Recipe = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
         r.validate()?;
@@ -85,7 +143,20 @@ impl Recipe {
                 self.name
             ));
         }
-        if !SUITES.iter().any(|(s, _)| *s == self.suite) {
+        if let Some(base) = &self.base {
+            if base.parse::<super::ImageRef>().is_err() {
+                let suites: Vec<&str> = SUITES.iter().map(|(s, _)| *s).collect();
+                return Err(format!(
+                    "base {base:?} is neither a Debian suite ({}) nor a forkbox image (NAME or NAME@N)",
+                    suites.join(", ")
+                ));
+            }
+            if !self.suite.is_empty() {
+                return Err(
+                    "give `suite` or `base`, not both (an image's suite is its own)".into(),
+                );
+            }
+        } else if !SUITES.iter().any(|(s, _)| *s == self.suite) {
             let known: Vec<String> = SUITES
                 .iter()
                 .map(|(s, py)| format!("{s} (Python {py})"))
@@ -149,6 +220,47 @@ mod tests {
     fn unknown_suite_lists_supported_ones() {
         let e = Recipe::parse("name = \"py\"\nsuite = \"buster\"\n").unwrap_err();
         assert!(e.contains("bullseye") && e.contains("trixie"), "{e}");
+    }
+
+    #[test]
+    fn seeds_take_a_suite_an_image_or_the_default() {
+        let r = Recipe::from_seed("x", Seed::default()).unwrap();
+        assert_eq!((r.suite.as_str(), r.base), (DEFAULT_SUITE, None));
+        let r = Recipe::from_seed(
+            "x",
+            Seed {
+                base: Some("trixie".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(r.suite, "trixie");
+        let r = Recipe::from_seed(
+            "x",
+            Seed {
+                base: Some("legacy@2".into()),
+                pip: vec!["six".into()],
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert_eq!(
+            (r.suite.as_str(), r.base.as_deref()),
+            ("", Some("legacy@2"))
+        );
+        let back = Recipe::parse(&r.to_toml()).unwrap();
+        assert_eq!(back, r);
+        let e = Recipe::from_seed(
+            "x",
+            Seed {
+                base: Some("not an image".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap_err();
+        assert!(e.contains("neither a Debian suite"), "{e}");
+        let e: Result<Seed, _> = serde_json::from_str(r#"{"bsae": "bookworm"}"#);
+        assert!(e.unwrap_err().to_string().contains("bsae"));
     }
 
     #[test]

@@ -94,6 +94,22 @@ fn host_fingerprint() -> String {
     format!("{release}|{qemu}|{cpu}")
 }
 
+/// The accelerator this host gives sandboxes, once a guest kernel and the agent are there to
+/// probe with (`None` before).
+pub async fn host_decision(
+    paths: &Paths,
+    choice: AccelChoice,
+) -> Result<Option<AccelDecision>, crate::error::SandboxError> {
+    let (Ok(k), Ok((_, bytes))) = (
+        crate::kernel::Kernel::newest(paths),
+        crate::agent_bin::locate(),
+    ) else {
+        return Ok(None);
+    };
+    let initramfs = crate::kernel::initramfs(paths, &k, &bytes)?;
+    Ok(Some(decide(paths, choice, &k.vmlinuz(), &initramfs).await?))
+}
+
 /// Decides the accelerator. `kernel` and `initramfs` are those the sandbox will boot.
 pub async fn decide(
     paths: &Paths,

@@ -5,7 +5,7 @@ pub mod jail;
 mod qemu;
 pub mod qmp;
 
-pub use accel::{decide, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
+pub use accel::{decide, host_decision, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
 pub use qemu::{
     console_tail, create_overlay, kernel_cmdline, qemu_args, ram_tail_kib, Console, Memory, Vm,
     VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, TCG_RAM_TAIL_KIB,

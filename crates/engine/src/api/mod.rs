@@ -5,151 +5,24 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use forkbox_protocol::{ExecSpec, ExitStatus, Program};
-use serde::{Deserialize, Serialize};
+use forkbox_protocol::ExitStatus;
+use serde::Serialize;
 
 use crate::error::SandboxError;
 use crate::image::ImageRef;
 use crate::paths::Paths;
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
-use crate::vm::AccelChoice;
 
-/// Output a plain exec returns, per stream; the rest is cut and `*_truncated` set.
-pub const OUTPUT_CAP: usize = 64 * 1024;
-/// Longest timeout a command may ask for.
-pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
+mod error;
+mod lifecycle;
+mod reply;
+mod request;
+mod store_ops;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct CreateRequest {
-    /// NAME or NAME@N; the default image when absent.
-    pub image: Option<String>,
-    pub cpus: Option<u32>,
-    pub memory_mib: Option<u32>,
-    pub accel: Option<AccelChoice>,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    /// Delete the sandbox this many seconds from now (stored as an absolute deadline).
-    pub ttl_seconds: Option<u64>,
-    /// Most processes the sandbox's commands may have together.
-    pub max_processes: Option<u32>,
-    /// Start from this snapshot instead of the image's template (a fork of count 1). The
-    /// image, vCPUs and memory are the snapshot's.
-    pub snapshot: Option<String>,
-    /// What the TTL does when it passes: delete (default) or hibernate.
-    pub ttl_action: Option<TtlAction>,
-    /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
-    pub disk_gib: Option<u32>,
-    /// What it may reach: off (no network) when absent; `{"internet": true}` or
-    /// `{"allow": ["pypi.org", "*.pythonhosted.org"]}` through the host-side proxy.
-    pub network: Option<crate::net::NetworkPolicy>,
-}
-
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TtlAction {
-    #[default]
-    Delete,
-    Hibernate,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct SnapshotRequest {
-    /// A name for the snapshot; one is made up when absent.
-    pub name: Option<String>,
-    /// Leave the sandbox paused after saving it (default: it keeps running).
-    #[serde(default)]
-    pub stay_paused: bool,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ForkRequest {
-    /// How many copies, 1 to 10.
-    pub count: u32,
-    #[serde(default)]
-    pub labels: BTreeMap<String, String>,
-    pub ttl_seconds: Option<u64>,
-    pub max_processes: Option<u32>,
-    /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
-    /// fork of a snapshot has none.
-    pub network: Option<crate::net::NetworkPolicy>,
-}
-
-/// Most copies one fork call makes.
-pub const MAX_FORK: u32 = 10;
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ForkResult {
-    /// The snapshot the copies were made from (made by this call when forking a sandbox).
-    pub snapshot: String,
-    /// How long the source sandbox was paused, when one was saved.
-    pub pause_ms: Option<f64>,
-    pub sandboxes: Vec<SandboxView>,
-    /// Copies that could not be made, with why; the others are unaffected.
-    pub failed: Vec<String>,
-    pub duration_ms: u64,
-}
-
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct ExecRequest {
-    /// Run this argv directly...
-    pub argv: Option<Vec<String>>,
-    /// ...or this string with `/bin/sh -c`.
-    pub shell: Option<String>,
-    pub cwd: Option<String>,
-    #[serde(default)]
-    pub env: BTreeMap<String, String>,
-    pub timeout_secs: Option<u64>,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct SandboxView {
-    #[serde(flatten)]
-    pub info: SandboxInfo,
-    pub labels: BTreeMap<String, String>,
-    pub created_unix: u64,
-    /// When the daemon deletes it, if it has a TTL.
-    pub expires_unix: Option<u64>,
-    /// Whether it came ready-made from the warm pool (restored from the template ahead of
-    /// time, already reseeded and named) rather than being restored for this request.
-    #[serde(default)]
-    pub from_pool: bool,
-    /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
-    /// itself once space is freed), `hibernated` (saved to disk, no VM, resumed by `resume`)
-    /// or `failed` (its guest broke the agent protocol; `failure` says how; delete it).
-    pub state: SandboxState,
-    /// Why the sandbox failed, when it did.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub failure: Option<String>,
-    #[serde(default)]
-    pub ttl_action: TtlAction,
-    #[serde(default)]
-    pub network: crate::net::NetworkPolicy,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxState {
-    Running,
-    DiskFull,
-    Hibernated,
-    Failed,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-pub struct ExecResult {
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub stdout: String,
-    pub stderr: String,
-    pub stdout_truncated: bool,
-    pub stderr_truncated: bool,
-    pub duration_ms: u64,
-}
+pub use error::EngineError;
+pub use reply::*;
+pub use request::*;
+pub use store_ops::up_to_date;
 
 #[derive(Debug, Clone)]
 pub enum Command {
@@ -196,6 +69,33 @@ pub enum Command {
     DeleteSnapshot {
         name: String,
     },
+    ListImages,
+    GetImage {
+        reference: ImageRef,
+    },
+    RemoveImage {
+        reference: ImageRef,
+    },
+    /// Progress goes to `events` when given.
+    BuildImage {
+        request: BuildRequest,
+        events: Option<tokio::sync::mpsc::Sender<BuildProgress>>,
+    },
+    ReadFile {
+        id: String,
+        path: GuestPath,
+    },
+    WriteFile {
+        id: String,
+        path: GuestPath,
+        data: Vec<u8>,
+        mode: u32,
+    },
+    ListDir {
+        id: String,
+        path: GuestPath,
+    },
+    Info,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -204,30 +104,19 @@ pub enum Reply {
     Sandbox(SandboxView),
     Sandboxes(Vec<SandboxView>),
     Exec(ExecResult),
-    Deleted { deleted: String },
+    Deleted {
+        deleted: String,
+    },
     Snapshot(crate::snapshot::SnapshotMeta),
     Snapshots(Vec<crate::snapshot::SnapshotMeta>),
     Forked(ForkResult),
-}
-
-#[derive(Debug, thiserror::Error)]
-pub enum EngineError {
-    #[error("no sandbox {0}; list them with `forkbox sandbox ls`")]
-    NoSuchSandbox(String),
-    #[error("sandbox {0} is hibernated; resume it first (`forkbox sandbox resume {0}`)")]
-    Hibernated(String),
-    #[error("sandbox {0} is running, not hibernated")]
-    NotHibernated(String),
-    #[error("sandbox {0} has no command {1}")]
-    NoSuchCommand(String, String),
-    #[error("bad request: {0}")]
-    BadRequest(String),
-    #[error(transparent)]
-    Snapshot(#[from] crate::snapshot::SnapshotError),
-    #[error(transparent)]
-    Sandbox(#[from] SandboxError),
-    #[error(transparent)]
-    State(#[from] crate::state::StateError),
+    Image(ImageView),
+    Images(Vec<ImageView>),
+    /// A file's bytes (front ends send them as they are, not as JSON).
+    File(Vec<u8>),
+    Written(Written),
+    Dir(DirListing),
+    Info(InfoView),
 }
 
 /// Commands whose output a sandbox keeps at most (finished ones are dropped oldest first).
@@ -683,6 +572,26 @@ impl Engine {
                 crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
                 Ok(Reply::Deleted { deleted: name })
             }
+            Command::ListImages => Ok(Reply::Images(self.list_images())),
+            Command::GetImage { reference } => self.get_image(&reference).map(Reply::Image),
+            Command::RemoveImage { reference } => {
+                self.remove_image(&reference).await.map(Reply::Image)
+            }
+            Command::BuildImage { request, events } => {
+                self.build_image(request, events).await.map(Reply::Image)
+            }
+            Command::ReadFile { id, path } => self.read_file(&id, &path).await.map(Reply::File),
+            Command::WriteFile {
+                id,
+                path,
+                data,
+                mode,
+            } => self
+                .write_file(&id, &path, &data, mode)
+                .await
+                .map(Reply::Written),
+            Command::ListDir { id, path } => self.list_dir(&id, &path).await.map(Reply::Dir),
+            Command::Info => Ok(Reply::Info(self.info().await)),
             Command::Delete { id } => {
                 if let Some(s) = self.sleepers.write().await.remove(&id) {
                     crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
@@ -916,272 +825,6 @@ impl Engine {
         self.added();
         Ok(view)
     }
-
-    /// Takes over the sandboxes a daemon that died had reported created; those whose VM is gone
-    /// are cleaned up. Returns the ids adopted.
-    pub async fn adopt_all(&self) -> Vec<String> {
-        let mut adopted = Vec::new();
-        let Some(db) = &self.db else {
-            return adopted;
-        };
-        let marked = crate::runstate::daemon_records(&self.paths);
-        // Records a forkbox from before the state database kept in the run directory.
-        for (_, r) in &marked {
-            if let crate::runstate::DaemonMark::Legacy(rec) = &r.daemon {
-                if matches!(db.get(&r.id), Ok(None)) {
-                    if let Err(e) = db.put(&r.id, rec) {
-                        tracing::warn!("{}: could not import its record: {e}", r.id);
-                    }
-                }
-            }
-        }
-        let records = match db.all() {
-            Ok(r) => r,
-            Err(e) => {
-                tracing::error!("cannot read the state database: {e}");
-                return adopted;
-            }
-        };
-        for (id, rec) in records {
-            let dir = self.paths.run().join(&id);
-            match Sandbox::adopt(&self.paths, &dir, &rec).await {
-                Some(sandbox) => {
-                    let sandbox = Arc::new(sandbox);
-                    let (sb, policy, who) = (sandbox.clone(), rec.network.clone(), id.clone());
-                    let apply = async move {
-                        if let Err(e) = sb.set_network(policy).await {
-                            tracing::warn!(
-                                "{who}: its network policy could not be applied ({e}); it stays off"
-                            );
-                        }
-                    };
-                    // A guest stopped by a full disk answers once it runs again.
-                    if sandbox.check_disk_held() {
-                        tokio::spawn(apply);
-                    } else {
-                        apply.await;
-                    }
-                    let entry = Entry::new(
-                        sandbox,
-                        rec.labels,
-                        rec.created_unix,
-                        rec.expires_unix,
-                        false,
-                        rec.ttl_action,
-                    );
-                    self.sandboxes.write().await.insert(id.clone(), entry);
-                    self.added();
-                    adopted.push(id);
-                }
-                None => {
-                    tracing::warn!("{id}: its VM is gone; removing its files");
-                    crate::runstate::kill_qemus_of(&dir);
-                    let _ = std::fs::remove_dir_all(&dir);
-                    let _ = db.remove(&id);
-                }
-            }
-        }
-        // A run directory marked as the daemon's with no record is one whose delete was
-        // interrupted: finish it.
-        for (dir, r) in marked {
-            if !self.sandboxes.read().await.contains_key(&r.id) {
-                tracing::warn!("{}: not in the state database; removing its files", r.id);
-                crate::runstate::kill_qemus_of(&dir);
-                let _ = std::fs::remove_dir_all(&dir);
-            }
-        }
-        // Hibernated sandboxes are snapshots carrying their record.
-        for snap in crate::snapshot::SnapshotStore::new(&self.paths).list() {
-            if let Some(record) = snap.meta.hibernated.clone() {
-                let Ok(info) = serde_json::from_value::<SandboxInfo>(record.info.clone()) else {
-                    continue;
-                };
-                let id = info.id.clone();
-                if self.sandboxes.read().await.contains_key(&id) {
-                    continue;
-                }
-                self.sleepers.write().await.insert(
-                    id.clone(),
-                    Sleeper {
-                        info,
-                        created_unix: record.created_unix,
-                        record,
-                        snapshot: snap.meta.name.clone(),
-                    },
-                );
-                adopted.push(id);
-            }
-        }
-        adopted
-    }
-
-    /// Saves a running sandbox to disk under the same id and stops its VM.
-    async fn hibernate(&self, id: &str) -> Result<SandboxView, EngineError> {
-        let entry = self.sandboxes.write().await.remove(id);
-        let Some(entry) = entry else {
-            if self.sleepers.read().await.contains_key(id) {
-                return Err(EngineError::Hibernated(id.to_string()));
-            }
-            return Err(EngineError::NoSuchSandbox(id.to_string()));
-        };
-        let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix());
-        let record = crate::runstate::DaemonRecord {
-            info: serde_json::to_value(entry.sandbox.info())
-                .map_err(|e| EngineError::BadRequest(e.to_string()))?,
-            labels: entry.labels.clone(),
-            // A TTL that hibernated the sandbox is spent.
-            expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
-            ttl_action: entry.ttl_action,
-            created_unix: entry.created_unix,
-            network: entry.sandbox.network(),
-        };
-        let saved = async {
-            let mut snap = entry.sandbox.snapshot(&self.paths, &name, true).await?;
-            snap.meta.hibernated = Some(record.clone());
-            crate::snapshot::rewrite_meta(&snap)?;
-            Ok::<_, EngineError>(snap)
-        }
-        .await;
-        let snap = match saved {
-            Ok(s) => s,
-            Err(e) => {
-                // Still running (the save resumes it on failure): put it back.
-                self.sandboxes.write().await.insert(id.to_string(), entry);
-                if let Ok(s) = crate::snapshot::SnapshotStore::new(&self.paths).get(&name) {
-                    let _ =
-                        crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.meta.name, &[]);
-                }
-                return Err(e);
-            }
-        };
-        let info = entry.sandbox.info().clone();
-        // Its VM goes; its disks stay (the snapshot's chain holds them). From here its record
-        // is the snapshot's.
-        entry.sandbox.destroy().await;
-        if let Some(db) = &self.db {
-            if let Err(e) = db.remove(id) {
-                tracing::warn!(
-                    "{id}: hibernated, but its running record stays in the state database: {e}"
-                );
-            }
-        }
-        self.metrics.sandboxes.dec();
-        self.metrics.forget(id);
-        let sleeper = Sleeper {
-            info,
-            created_unix: record.created_unix,
-            record,
-            snapshot: snap.meta.name.clone(),
-        };
-        let view = sleeper.view();
-        self.sleepers.write().await.insert(id.to_string(), sleeper);
-        Ok(view)
-    }
-
-    /// Brings a hibernated sandbox back, with its processes, under its id.
-    async fn resume(&self, id: &str) -> Result<SandboxView, EngineError> {
-        let sleeper = match self.sleepers.write().await.remove(id) {
-            Some(s) => s,
-            None if self.sandboxes.read().await.contains_key(id) => {
-                return Err(EngineError::NotHibernated(id.to_string()))
-            }
-            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
-        };
-        let store = crate::snapshot::SnapshotStore::new(&self.paths);
-        let restored = async {
-            let mut snap = store.get(&sleeper.snapshot)?;
-            let cfg = SandboxConfig {
-                max_procs: sleeper.info.max_procs.max(16),
-                die_with_parent: false,
-                ..SandboxConfig::default()
-            };
-            let origin = format!("snapshot:{}", snap.meta.name);
-            let sb = Sandbox::restore(
-                &self.paths,
-                &snap,
-                origin,
-                &cfg,
-                std::time::Instant::now(),
-                Some(id.to_string()),
-            )
-            .await?;
-            // From here the sandbox is a running copy of the snapshot, which goes with it.
-            snap.meta.hibernated = None;
-            crate::snapshot::rewrite_meta(&snap)?;
-            Ok::<_, EngineError>(sb)
-        }
-        .await;
-        let sb = match restored {
-            Ok(sb) => sb,
-            Err(e) => {
-                self.sleepers.write().await.insert(id.to_string(), sleeper);
-                return Err(e);
-            }
-        };
-        if let Err(e) = sb.set_network(sleeper.record.network.clone()).await {
-            sb.destroy().await;
-            return Err(e.into());
-        }
-        self.register(
-            Arc::new(sb),
-            sleeper.record.labels,
-            sleeper.record.expires_unix,
-            false,
-            sleeper.record.ttl_action,
-        )
-        .await
-    }
-
-    /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this
-    /// periodically.
-    pub async fn expire(&self) -> Vec<String> {
-        let now = now_unix();
-        let expired: Vec<Entry> = {
-            let mut map = self.sandboxes.write().await;
-            let ids: Vec<String> = map
-                .iter()
-                .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
-                .filter(|(_, e)| e.ttl_action == TtlAction::Delete)
-                .map(|(id, _)| id.clone())
-                .collect();
-            ids.iter().filter_map(|id| map.remove(id)).collect()
-        };
-        let sleepy: Vec<String> = self
-            .sandboxes
-            .read()
-            .await
-            .iter()
-            .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
-            .filter(|(_, e)| e.ttl_action == TtlAction::Hibernate)
-            .map(|(id, _)| id.clone())
-            .collect();
-        for id in sleepy {
-            if let Err(e) = self.hibernate(&id).await {
-                tracing::warn!("{id}: its TTL passed but it could not be hibernated: {e}");
-            }
-        }
-        let mut ids = Vec::new();
-        for e in expired {
-            ids.push(e.sandbox.info().id.clone());
-            self.removed(e).await;
-        }
-        ids
-    }
-
-    /// Stops every sandbox (on daemon shutdown).
-    pub async fn shutdown(&self) {
-        self.pool.drain().await;
-        let all: Vec<Entry> = self
-            .sandboxes
-            .write()
-            .await
-            .drain()
-            .map(|(_, e)| e)
-            .collect();
-        for e in all {
-            self.removed(e).await;
-        }
-    }
 }
 
 /// Names of snapshots made only to fork a sandbox; deleted with their last copy.
@@ -1201,33 +844,6 @@ fn deadline(ttl_seconds: u64) -> Result<u64, EngineError> {
         )));
     }
     Ok(now_unix() + ttl_seconds)
-}
-
-/// Checks an exec request and turns it into the protocol's command.
-pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
-    let program = match (r.argv, r.shell) {
-        (Some(a), None) if !a.is_empty() => Program::Argv(a),
-        (None, Some(s)) => Program::Shell(s),
-        _ => {
-            return Err(EngineError::BadRequest(
-                "give exactly one of `argv` (non-empty) and `shell`".into(),
-            ))
-        }
-    };
-    if let Some(t) = r.timeout_secs {
-        if t == 0 || t > MAX_TIMEOUT_SECS {
-            return Err(EngineError::BadRequest(format!(
-                "timeout_secs {t} is not between 1 and {MAX_TIMEOUT_SECS}"
-            )));
-        }
-    }
-    Ok(ExecSpec {
-        program,
-        cwd: r.cwd,
-        env: r.env.into_iter().collect(),
-        timeout_ms: r.timeout_secs.map(|s| s * 1000),
-        stdin: false,
-    })
 }
 
 #[cfg(test)]

@@ -1,0 +1,274 @@
+//! A sandbox's life beyond one request: taken over after a daemon restart, hibernated and
+//! resumed, expired at its TTL, stopped with the daemon.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl Engine {
+    /// Takes over the sandboxes a daemon that died had reported created; those whose VM is gone
+    /// are cleaned up. Returns the ids adopted.
+    pub async fn adopt_all(&self) -> Vec<String> {
+        let mut adopted = Vec::new();
+        let Some(db) = &self.db else {
+            return adopted;
+        };
+        let marked = crate::runstate::daemon_records(&self.paths);
+        // Records a forkbox from before the state database kept in the run directory.
+        for (_, r) in &marked {
+            if let crate::runstate::DaemonMark::Legacy(rec) = &r.daemon {
+                if matches!(db.get(&r.id), Ok(None)) {
+                    if let Err(e) = db.put(&r.id, rec) {
+                        tracing::warn!("{}: could not import its record: {e}", r.id);
+                    }
+                }
+            }
+        }
+        let records = match db.all() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::error!("cannot read the state database: {e}");
+                return adopted;
+            }
+        };
+        for (id, rec) in records {
+            let dir = self.paths.run().join(&id);
+            match Sandbox::adopt(&self.paths, &dir, &rec).await {
+                Some(sandbox) => {
+                    let sandbox = Arc::new(sandbox);
+                    let (sb, policy, who) = (sandbox.clone(), rec.network.clone(), id.clone());
+                    let apply = async move {
+                        if let Err(e) = sb.set_network(policy).await {
+                            tracing::warn!(
+                                "{who}: its network policy could not be applied ({e}); it stays off"
+                            );
+                        }
+                    };
+                    // A guest stopped by a full disk answers once it runs again.
+                    if sandbox.check_disk_held() {
+                        tokio::spawn(apply);
+                    } else {
+                        apply.await;
+                    }
+                    let entry = Entry::new(
+                        sandbox,
+                        rec.labels,
+                        rec.created_unix,
+                        rec.expires_unix,
+                        false,
+                        rec.ttl_action,
+                    );
+                    self.sandboxes.write().await.insert(id.clone(), entry);
+                    self.added();
+                    adopted.push(id);
+                }
+                None => {
+                    tracing::warn!("{id}: its VM is gone; removing its files");
+                    crate::runstate::kill_qemus_of(&dir);
+                    let _ = std::fs::remove_dir_all(&dir);
+                    let _ = db.remove(&id);
+                }
+            }
+        }
+        // A run directory marked as the daemon's with no record is one whose delete was
+        // interrupted: finish it.
+        for (dir, r) in marked {
+            if !self.sandboxes.read().await.contains_key(&r.id) {
+                tracing::warn!("{}: not in the state database; removing its files", r.id);
+                crate::runstate::kill_qemus_of(&dir);
+                let _ = std::fs::remove_dir_all(&dir);
+            }
+        }
+        // Hibernated sandboxes are snapshots carrying their record.
+        for snap in crate::snapshot::SnapshotStore::new(&self.paths).list() {
+            if let Some(record) = snap.meta.hibernated.clone() {
+                let Ok(info) = serde_json::from_value::<SandboxInfo>(record.info.clone()) else {
+                    continue;
+                };
+                let id = info.id.clone();
+                if self.sandboxes.read().await.contains_key(&id) {
+                    continue;
+                }
+                self.sleepers.write().await.insert(
+                    id.clone(),
+                    Sleeper {
+                        info,
+                        created_unix: record.created_unix,
+                        record,
+                        snapshot: snap.meta.name.clone(),
+                    },
+                );
+                adopted.push(id);
+            }
+        }
+        adopted
+    }
+
+    /// Saves a running sandbox to disk under the same id and stops its VM.
+    pub(super) async fn hibernate(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let entry = self.sandboxes.write().await.remove(id);
+        let Some(entry) = entry else {
+            if self.sleepers.read().await.contains_key(id) {
+                return Err(EngineError::Hibernated(id.to_string()));
+            }
+            return Err(EngineError::NoSuchSandbox(id.to_string()));
+        };
+        let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix());
+        let record = crate::runstate::DaemonRecord {
+            info: serde_json::to_value(entry.sandbox.info())
+                .map_err(|e| EngineError::BadRequest(e.to_string()))?,
+            labels: entry.labels.clone(),
+            // A TTL that hibernated the sandbox is spent.
+            expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
+            ttl_action: entry.ttl_action,
+            created_unix: entry.created_unix,
+            network: entry.sandbox.network(),
+        };
+        let saved = async {
+            let mut snap = entry.sandbox.snapshot(&self.paths, &name, true).await?;
+            snap.meta.hibernated = Some(record.clone());
+            crate::snapshot::rewrite_meta(&snap)?;
+            Ok::<_, EngineError>(snap)
+        }
+        .await;
+        let snap = match saved {
+            Ok(s) => s,
+            Err(e) => {
+                // Still running (the save resumes it on failure): put it back.
+                self.sandboxes.write().await.insert(id.to_string(), entry);
+                if let Ok(s) = crate::snapshot::SnapshotStore::new(&self.paths).get(&name) {
+                    let _ =
+                        crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.meta.name, &[]);
+                }
+                return Err(e);
+            }
+        };
+        let info = entry.sandbox.info().clone();
+        // Its VM goes; its disks stay (the snapshot's chain holds them). From here its record
+        // is the snapshot's.
+        entry.sandbox.destroy().await;
+        if let Some(db) = &self.db {
+            if let Err(e) = db.remove(id) {
+                tracing::warn!(
+                    "{id}: hibernated, but its running record stays in the state database: {e}"
+                );
+            }
+        }
+        self.metrics.sandboxes.dec();
+        self.metrics.forget(id);
+        let sleeper = Sleeper {
+            info,
+            created_unix: record.created_unix,
+            record,
+            snapshot: snap.meta.name.clone(),
+        };
+        let view = sleeper.view();
+        self.sleepers.write().await.insert(id.to_string(), sleeper);
+        Ok(view)
+    }
+
+    /// Brings a hibernated sandbox back, with its processes, under its id.
+    pub(super) async fn resume(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let sleeper = match self.sleepers.write().await.remove(id) {
+            Some(s) => s,
+            None if self.sandboxes.read().await.contains_key(id) => {
+                return Err(EngineError::NotHibernated(id.to_string()))
+            }
+            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
+        };
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let restored = async {
+            let mut snap = store.get(&sleeper.snapshot)?;
+            let cfg = SandboxConfig {
+                max_procs: sleeper.info.max_procs.max(16),
+                die_with_parent: false,
+                ..SandboxConfig::default()
+            };
+            let origin = format!("snapshot:{}", snap.meta.name);
+            let sb = Sandbox::restore(
+                &self.paths,
+                &snap,
+                origin,
+                &cfg,
+                std::time::Instant::now(),
+                Some(id.to_string()),
+            )
+            .await?;
+            // From here the sandbox is a running copy of the snapshot, which goes with it.
+            snap.meta.hibernated = None;
+            crate::snapshot::rewrite_meta(&snap)?;
+            Ok::<_, EngineError>(sb)
+        }
+        .await;
+        let sb = match restored {
+            Ok(sb) => sb,
+            Err(e) => {
+                self.sleepers.write().await.insert(id.to_string(), sleeper);
+                return Err(e);
+            }
+        };
+        if let Err(e) = sb.set_network(sleeper.record.network.clone()).await {
+            sb.destroy().await;
+            return Err(e.into());
+        }
+        self.register(
+            Arc::new(sb),
+            sleeper.record.labels,
+            sleeper.record.expires_unix,
+            false,
+            sleeper.record.ttl_action,
+        )
+        .await
+    }
+
+    /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this
+    /// periodically.
+    pub async fn expire(&self) -> Vec<String> {
+        let now = now_unix();
+        let expired: Vec<Entry> = {
+            let mut map = self.sandboxes.write().await;
+            let ids: Vec<String> = map
+                .iter()
+                .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
+                .filter(|(_, e)| e.ttl_action == TtlAction::Delete)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.iter().filter_map(|id| map.remove(id)).collect()
+        };
+        let sleepy: Vec<String> = self
+            .sandboxes
+            .read()
+            .await
+            .iter()
+            .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
+            .filter(|(_, e)| e.ttl_action == TtlAction::Hibernate)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for id in sleepy {
+            if let Err(e) = self.hibernate(&id).await {
+                tracing::warn!("{id}: its TTL passed but it could not be hibernated: {e}");
+            }
+        }
+        let mut ids = Vec::new();
+        for e in expired {
+            ids.push(e.sandbox.info().id.clone());
+            self.removed(e).await;
+        }
+        ids
+    }
+
+    /// Stops every sandbox (on daemon shutdown).
+    pub async fn shutdown(&self) {
+        self.pool.drain().await;
+        let all: Vec<Entry> = self
+            .sandboxes
+            .write()
+            .await
+            .drain()
+            .map(|(_, e)| e)
+            .collect();
+        for e in all {
+            self.removed(e).await;
+        }
+    }
+}

@@ -1,0 +1,171 @@
+//! What the engine answers.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::TtlAction;
+use crate::sandbox::SandboxInfo;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct SandboxView {
+    #[serde(flatten)]
+    pub info: SandboxInfo,
+    pub labels: BTreeMap<String, String>,
+    pub created_unix: u64,
+    /// When the daemon deletes it, if it has a TTL.
+    pub expires_unix: Option<u64>,
+    /// Whether it came ready-made from the warm pool (restored from the template ahead of
+    /// time, already reseeded and named) rather than being restored for this request.
+    #[serde(default)]
+    pub from_pool: bool,
+    /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
+    /// itself once space is freed), `hibernated` (saved to disk, no VM, resumed by `resume`)
+    /// or `failed` (its guest broke the agent protocol; `failure` says how; delete it).
+    pub state: SandboxState,
+    /// Why the sandbox failed, when it did.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    #[serde(default)]
+    pub ttl_action: TtlAction,
+    #[serde(default)]
+    pub network: crate::net::NetworkPolicy,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SandboxState {
+    Running,
+    DiskFull,
+    Hibernated,
+    Failed,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ExecResult {
+    pub exit_code: i32,
+    pub signal: Option<i32>,
+    pub timed_out: bool,
+    pub stdout: String,
+    pub stderr: String,
+    pub stdout_truncated: bool,
+    pub stderr_truncated: bool,
+    pub duration_ms: u64,
+}
+
+/// An image, as every front end shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ImageView {
+    /// `NAME@N`.
+    pub reference: String,
+    pub name: String,
+    pub version: u32,
+    /// The Debian suite it is built on.
+    pub suite: String,
+    /// The image it was built on, when it was (`NAME@N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub base: Option<String>,
+    pub kernel: String,
+    pub content_mib: u64,
+    pub disk_mib: u64,
+    pub created_unix: u64,
+    pub build_seconds: f64,
+    /// Environment every command in a sandbox of this image gets.
+    pub env: BTreeMap<String, String>,
+}
+
+impl From<&crate::image::Image> for ImageView {
+    fn from(i: &crate::image::Image) -> ImageView {
+        ImageView {
+            reference: i.reference(),
+            name: i.meta.name.clone(),
+            version: i.meta.version,
+            suite: i.meta.suite.clone(),
+            base: i.meta.recipe.base.clone(),
+            kernel: i.meta.kernel.clone(),
+            content_mib: i.meta.content_bytes >> 20,
+            disk_mib: i.meta.disk_bytes >> 20,
+            created_unix: i.meta.created_unix,
+            build_seconds: i.meta.build_seconds,
+            env: i.meta.env.clone(),
+        }
+    }
+}
+
+/// Progress of an image build, streamed as newline-delimited JSON (`type` tells which).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum BuildProgress {
+    /// A step starts: `n` of `total`.
+    Step { n: u32, total: u32, what: String },
+    /// A line of the running step's output.
+    Log { line: String },
+    /// The newest version of the name already came from this recipe (`if_changed`).
+    UpToDate { image: ImageView },
+    /// Built.
+    Done { image: ImageView },
+    /// The build failed; nothing was kept.
+    Error { message: String, status: u16 },
+}
+
+/// One event of a streamed command, as newline-delimited JSON (`type` tells which): first
+/// `command`, then output chunks, then `exit` or `error`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum CommandEvent {
+    Command { command_id: String },
+    Stdout { data_b64: String },
+    Stderr { data_b64: String },
+    Exit(crate::commands::ExitInfo),
+    Error { message: String },
+}
+
+/// What `path` holds, one entry per name (not recursive).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirListing {
+    pub path: String,
+    pub entries: Vec<DirEntry>,
+    /// Set when the directory held more than [`super::MAX_DIR_ENTRIES`] names; the rest are
+    /// left out.
+    pub truncated: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DirEntry {
+    pub name: String,
+    /// `file`, `dir`, `symlink` or `other`.
+    pub kind: EntryKind,
+    pub size: u64,
+    /// Permission bits, e.g. 0o644 = 420.
+    pub mode: u32,
+    pub modified_unix: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum EntryKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+/// One file written.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Written {
+    pub path: String,
+    pub bytes: u64,
+}
+
+/// The daemon and its host.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct InfoView {
+    pub version: String,
+    pub protocol_version: u32,
+    pub home: String,
+    /// The accelerator sandboxes get here (`kvm` or `tcg`) and why; absent before set-up.
+    pub accel: Option<crate::vm::AccelDecision>,
+    pub kernels: Vec<String>,
+    pub images: Vec<String>,
+    pub sandboxes: usize,
+}

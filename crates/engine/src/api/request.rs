@@ -1,0 +1,199 @@
+//! What a front end asks the engine for: each request is parsed into its type here, once, and
+//! checked where it is turned into what the engine runs.
+
+use std::collections::BTreeMap;
+
+use forkbox_protocol::{ExecSpec, Program};
+use serde::{Deserialize, Serialize};
+
+use super::{EngineError, SandboxView};
+use crate::vm::AccelChoice;
+
+/// Output a plain exec returns, per stream; the rest is cut and `*_truncated` set.
+pub const OUTPUT_CAP: usize = 64 * 1024;
+/// Longest timeout a command may ask for.
+pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// NAME or NAME@N; the default image when absent.
+    pub image: Option<String>,
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+    pub accel: Option<AccelChoice>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Delete the sandbox this many seconds from now (stored as an absolute deadline).
+    pub ttl_seconds: Option<u64>,
+    /// Most processes the sandbox's commands may have together.
+    pub max_processes: Option<u32>,
+    /// Start from this snapshot instead of the image's template (a fork of count 1). The
+    /// image, vCPUs and memory are the snapshot's.
+    pub snapshot: Option<String>,
+    /// What the TTL does when it passes: delete (default) or hibernate.
+    pub ttl_action: Option<TtlAction>,
+    /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
+    pub disk_gib: Option<u32>,
+    /// What it may reach: off (no network) when absent; `{"internet": true}` or
+    /// `{"allow": ["pypi.org", "*.pythonhosted.org"]}` through the host-side proxy.
+    pub network: Option<crate::net::NetworkPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    #[default]
+    Delete,
+    Hibernate,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name for the snapshot; one is made up when absent.
+    pub name: Option<String>,
+    /// Leave the sandbox paused after saving it (default: it keeps running).
+    #[serde(default)]
+    pub stay_paused: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many copies, 1 to 10.
+    pub count: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub ttl_seconds: Option<u64>,
+    pub max_processes: Option<u32>,
+    /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
+    /// fork of a snapshot has none.
+    pub network: Option<crate::net::NetworkPolicy>,
+}
+
+/// Most copies one fork call makes.
+pub const MAX_FORK: u32 = 10;
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ForkResult {
+    /// The snapshot the copies were made from (made by this call when forking a sandbox).
+    pub snapshot: String,
+    /// How long the source sandbox was paused, when one was saved.
+    pub pause_ms: Option<f64>,
+    pub sandboxes: Vec<SandboxView>,
+    /// Copies that could not be made, with why; the others are unaffected.
+    pub failed: Vec<String>,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Run this argv directly...
+    pub argv: Option<Vec<String>>,
+    /// ...or this string with `/bin/sh -c`.
+    pub shell: Option<String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill the command after this many seconds (at most 24 h)...
+    pub timeout_secs: Option<u64>,
+    /// ...or milliseconds; not both.
+    pub timeout_ms: Option<u64>,
+}
+
+/// Checks an exec request and turns it into the protocol's command.
+pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
+    let program = match (r.argv, r.shell) {
+        (Some(a), None) if !a.is_empty() => Program::Argv(a),
+        (None, Some(s)) => Program::Shell(s),
+        _ => {
+            return Err(EngineError::BadRequest(
+                "give exactly one of `argv` (non-empty) and `shell`".into(),
+            ))
+        }
+    };
+    let timeout_ms = match (r.timeout_secs, r.timeout_ms) {
+        (Some(_), Some(_)) => {
+            return Err(EngineError::BadRequest(
+                "give `timeout_secs` or `timeout_ms`, not both".into(),
+            ))
+        }
+        (Some(s), None) => Some(s.saturating_mul(1000)),
+        (None, ms) => ms,
+    };
+    if let Some(t) = timeout_ms {
+        if t == 0 || t > MAX_TIMEOUT_SECS * 1000 {
+            return Err(EngineError::BadRequest(format!(
+                "timeout {t} ms is not between 1 ms and {MAX_TIMEOUT_SECS} s (24 h)"
+            )));
+        }
+    }
+    Ok(ExecSpec {
+        program,
+        cwd: r.cwd,
+        env: r.env.into_iter().collect(),
+        timeout_ms,
+        stdin: false,
+    })
+}
+
+/// Builds an image: the next version of `name`, from a recipe in the seed shape.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRequest {
+    pub name: String,
+    #[serde(default)]
+    pub recipe: crate::image::Seed,
+    /// Build only if the newest version of `name` came from a different recipe.
+    #[serde(default)]
+    pub if_changed: bool,
+}
+
+impl BuildRequest {
+    /// The recipe this request describes, checked.
+    pub fn recipe(&self) -> Result<crate::image::Recipe, EngineError> {
+        crate::image::Recipe::from_seed(&self.name, self.recipe.clone())
+            .map_err(|m| EngineError::BadRequest(format!("recipe for {:?}: {m}", self.name)))
+    }
+}
+
+/// Most bytes one file read or write carries; larger trees go as archives.
+pub const MAX_FILE_BYTES: usize = crate::client::MAX_READ_FILE;
+/// Most entries a directory listing returns.
+pub const MAX_DIR_ENTRIES: usize = 10_000;
+
+/// A path in a sandbox, checked once: absolute (a relative one is taken from `/root`, where
+/// commands start), no NUL, at most 4096 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPath(String);
+
+impl GuestPath {
+    pub fn parse(p: &str) -> Result<GuestPath, EngineError> {
+        if p.is_empty() {
+            return Err(EngineError::BadRequest("the path is empty".into()));
+        }
+        if p.contains('\0') || p.len() > 4096 {
+            return Err(EngineError::BadRequest(format!(
+                "path {:?} has a NUL byte or is over 4096 bytes",
+                p.chars().take(64).collect::<String>()
+            )));
+        }
+        Ok(GuestPath(if p.starts_with('/') {
+            p.to_string()
+        } else {
+            format!("/root/{p}")
+        }))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for GuestPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
