@@ -119,6 +119,89 @@ pub fn pack(src: &Path) -> Result<Packing, TransferError> {
     Ok((rx, packer))
 }
 
+/// The first bytes of a gzip stream.
+pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
+
+/// Re-encodes a gzip stream of chunks as zstd (what the guest unpacks), on a blocking thread,
+/// for clients whose platform has gzip only (Node, Python's standard library). A stream that
+/// is not gzip ends the output early, and the guest then refuses the truncated archive.
+pub fn gzip_to_zstd(rx: mpsc::Receiver<Vec<u8>>) -> mpsc::Receiver<Vec<u8>> {
+    let (tx, out) = mpsc::channel::<Vec<u8>>(8);
+    tokio::task::spawn_blocking(move || -> io::Result<()> {
+        let mut gz = flate2::read::MultiGzDecoder::new(ChannelReader {
+            rx,
+            buf: Vec::new(),
+            pos: 0,
+        });
+        let writer = ChannelWriter {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+        };
+        let mut enc = zstd::Encoder::new(writer, 1)?;
+        io::copy(&mut gz, &mut enc)?;
+        enc.finish()?.flush()
+    });
+    out
+}
+
+/// Re-encodes a zstd stream of chunks from the guest as gzip, on a blocking thread; an error
+/// from the guest or a broken stream ends it early (the client then sees a broken transfer).
+pub fn zstd_to_gzip(
+    mut rx: mpsc::Receiver<Result<Vec<u8>, AgentError>>,
+) -> mpsc::Receiver<Result<Vec<u8>, AgentError>> {
+    let (plain_tx, plain_rx) = mpsc::channel::<Vec<u8>>(8);
+    let (tx, out) = mpsc::channel::<Result<Vec<u8>, AgentError>>(8);
+    let errors = tx.clone();
+    tokio::spawn(async move {
+        while let Some(item) = rx.recv().await {
+            match item {
+                Ok(c) => {
+                    if plain_tx.send(c).await.is_err() {
+                        return;
+                    }
+                }
+                Err(e) => {
+                    let _ = errors.send(Err(e)).await;
+                    return;
+                }
+            }
+        }
+    });
+    tokio::task::spawn_blocking(move || -> io::Result<()> {
+        let mut dec = zstd::Decoder::new(ChannelReader {
+            rx: plain_rx,
+            buf: Vec::new(),
+            pos: 0,
+        })?;
+        let (ctx, mut crx) = mpsc::channel::<Vec<u8>>(8);
+        let fwd = tx.clone();
+        let forward = std::thread::spawn(move || {
+            while let Some(c) = crx.blocking_recv() {
+                if fwd.blocking_send(Ok(c)).is_err() {
+                    return;
+                }
+            }
+        });
+        let mut enc = flate2::write::GzEncoder::new(
+            ChannelWriter {
+                tx: ctx,
+                buf: Vec::with_capacity(CHUNK),
+            },
+            flate2::Compression::fast(),
+        );
+        let copied = io::copy(&mut dec, &mut enc).and_then(|_| enc.finish()?.flush());
+        let _ = forward.join();
+        if let Err(e) = &copied {
+            let _ = tx.blocking_send(Err(AgentError::Io {
+                what: "re-encode the archive as gzip".into(),
+                source: io::Error::new(e.kind(), e.to_string()),
+            }));
+        }
+        copied
+    });
+    out
+}
+
 /// Streams a tar.zst archive into the sandbox directory `dest` (created if missing).
 /// Returns the compressed bytes sent.
 pub async fn put_archive(

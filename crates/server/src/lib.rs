@@ -224,9 +224,22 @@ async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
 #[derive(serde::Deserialize)]
 struct ArchiveQuery {
     path: String,
+    /// `tar.zst` (the default) or `tar.gz`.
+    #[serde(default)]
+    format: ArchiveFormat,
 }
 
-/// Unpacks the request body (tar.zst) into `path` in the sandbox.
+#[derive(serde::Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+enum ArchiveFormat {
+    #[default]
+    #[serde(rename = "tar.zst")]
+    TarZst,
+    #[serde(rename = "tar.gz")]
+    TarGz,
+}
+
+/// Unpacks the request body (tar.zst, or tar.gz with `format=tar.gz`) into `path` in the
+/// sandbox.
 async fn put_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -244,6 +257,10 @@ async fn put_archive(
             }
         }
     });
+    let rx = match q.format {
+        ArchiveFormat::TarZst => rx,
+        ArchiveFormat::TarGz => forkbox_engine::files::gzip_to_zstd(rx),
+    };
     let result = forkbox_engine::files::put_archive(sb.client(), &q.path, rx).await;
     feed.abort();
     match result {
@@ -255,7 +272,7 @@ async fn put_archive(
     }
 }
 
-/// Streams `path` from the sandbox as tar.zst.
+/// Streams `path` from the sandbox as tar.zst (or tar.gz with `format=tar.gz`).
 async fn get_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -265,6 +282,10 @@ async fn get_archive(
     let rx = forkbox_engine::files::get_archive(sb.client(), &q.path)
         .await
         .map_err(EngineError::from)?;
+    let rx = match q.format {
+        ArchiveFormat::TarZst => rx,
+        ArchiveFormat::TarGz => forkbox_engine::files::zstd_to_gzip(rx),
+    };
     // An error from the guest ends the body early; the client then sees a broken transfer.
     let counted = e.clone();
     let stream = tokio_stream::StreamExt::map(

@@ -1,0 +1,60 @@
+"""forkbox: disposable microVM sandboxes with snapshot and fork, for agents.
+
+Sync::
+
+    from forkbox import Sandbox
+    with Sandbox.create() as sbx:
+        print(sbx.exec("python3 -V").stdout)
+
+Async: ``AsyncRuntime``, ``AsyncSandbox``. Where the daemon is: ``$FORKBOX_API``
+(``unix:/path`` or ``http://host:port`` with ``$FORKBOX_TOKEN``), else this host's socket.
+"""
+
+from ._async import (
+    AsyncDetachedCommand,
+    AsyncFiles,
+    AsyncRuntime,
+    AsyncSandbox,
+    AsyncSnapshot,
+)
+from ._common import DirEntry, ExecResult, Image, OutputEvent
+from ._sync import DetachedCommand, ExecStream, Files, Runtime, Sandbox, Snapshot
+from .errors import (
+    AuthError,
+    BadRequest,
+    BuildError,
+    Conflict,
+    DaemonNotRunning,
+    ExecTimeout,
+    ForkboxError,
+    InsufficientStorage,
+    NotFound,
+)
+
+__all__ = [
+    "AsyncDetachedCommand",
+    "AsyncFiles",
+    "AsyncRuntime",
+    "AsyncSandbox",
+    "AsyncSnapshot",
+    "AuthError",
+    "BadRequest",
+    "BuildError",
+    "Conflict",
+    "DaemonNotRunning",
+    "DetachedCommand",
+    "DirEntry",
+    "ExecResult",
+    "ExecStream",
+    "ExecTimeout",
+    "Files",
+    "ForkboxError",
+    "Image",
+    "InsufficientStorage",
+    "NotFound",
+    "OutputEvent",
+    "Runtime",
+    "Sandbox",
+    "Snapshot",
+]
+__version__ = "0.1.0"
