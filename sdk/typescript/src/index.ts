@@ -1,0 +1,513 @@
+// forkbox: disposable microVM sandboxes with snapshot and fork, for agents.
+//
+//   const runtime = new Runtime();
+//   await using sbx = await runtime.sandboxes.create({ image: "python-bookworm" });
+//   const { exitCode, stdout } = await sbx.exec("python3 -V");
+
+import { StringDecoder } from "node:string_decoder";
+
+import {
+  BuildError,
+  ExecTimeoutError,
+  ForkboxError,
+  NotFoundError,
+} from "./errors.js";
+import { ConnectOptions, Transport } from "./http.js";
+import { packDir } from "./tar.js";
+
+export * from "./errors.js";
+export type { ConnectOptions } from "./http.js";
+
+// Node 18.18+ and 20.4+ define it; older runtimes get one so `await using` still works.
+(Symbol as { asyncDispose?: symbol }).asyncDispose ??= Symbol.for("Symbol.asyncDispose");
+
+/** A shell string (run with `/bin/sh -c`) or an argv array (run directly). */
+export type Cmd = string | string[];
+
+/** `{ internet: true }` or `{ allow: ["pypi.org", "*.pythonhosted.org"] }`; none by default. */
+export interface NetworkPolicy {
+  internet?: boolean;
+  allow?: string[];
+}
+
+/** A recipe: `base` is a Debian suite (bullseye, bookworm, trixie) or a forkbox image
+ * (NAME or NAME@N); Debian bookworm without it. */
+export interface Recipe {
+  base?: string;
+  apt?: string[];
+  pip?: string[];
+  npm?: string[];
+  run?: string[];
+  env?: Record<string, string>;
+  disk_free_mib?: number;
+  mirror?: string;
+}
+
+export interface Image {
+  reference: string;
+  name: string;
+  version: number;
+  suite: string;
+  base?: string;
+  kernel: string;
+  content_mib: number;
+  disk_mib: number;
+  created_unix: number;
+  build_seconds: number;
+  env: Record<string, string>;
+}
+
+/** A build's progress: a step starting, or a line of its output. */
+export type BuildProgress =
+  | { type: "step"; n: number; total: number; what: string }
+  | { type: "log"; line: string };
+
+/** How a command ended and what it printed: 64 KiB per stream for a plain exec (the
+ * `*Truncated` flags say when more was cut), everything when streamed. */
+export interface ExecResult {
+  exitCode: number;
+  stdout: string;
+  stderr: string;
+  signal: number | null;
+  timedOut: boolean;
+  stdoutTruncated: boolean;
+  stderrTruncated: boolean;
+  durationMs: number;
+}
+
+export interface ExecOptions {
+  cwd?: string;
+  env?: Record<string, string>;
+  /** Kill the command after this long (at most 24 h); the call then throws ExecTimeoutError. */
+  timeoutMs?: number;
+  /** Streams output as it is printed (the result then keeps all of it). */
+  onStdout?: (text: string) => void;
+  onStderr?: (text: string) => void;
+}
+
+export interface CreateOptions {
+  /** NAME or NAME@N; the default image when absent. */
+  image?: string;
+  /** Start from this snapshot instead. */
+  snapshot?: string;
+  ttlSeconds?: number;
+  /** Kept (hibernated) when the TTL passes, and not deleted by `await using`. */
+  persistent?: boolean;
+  network?: NetworkPolicy;
+  labels?: Record<string, string>;
+  cpus?: number;
+  memoryMib?: number;
+  diskGib?: number;
+}
+
+export interface ForkOptions {
+  /** 1 to 10 copies. */
+  count?: number;
+  ttlSeconds?: number;
+  network?: NetworkPolicy;
+  labels?: Record<string, string>;
+}
+
+export interface DirEntry {
+  name: string;
+  kind: "file" | "dir" | "symlink" | "other";
+  size: number;
+  mode: number;
+  modified_unix: number;
+}
+
+/** What the daemon says of a sandbox. */
+export interface SandboxInfo {
+  id: string;
+  image: string;
+  state: "running" | "disk_full" | "hibernated" | "failed";
+  failure?: string;
+  labels: Record<string, string>;
+  ttl_action: "delete" | "hibernate";
+  [key: string]: unknown;
+}
+
+interface WireExit {
+  exit_code: number;
+  signal: number | null;
+  timed_out: boolean;
+  duration_ms: number;
+  stdout?: string;
+  stderr?: string;
+  stdout_truncated?: boolean;
+  stderr_truncated?: boolean;
+}
+
+type WireEvent =
+  | { type: "command"; command_id: string }
+  | { type: "stdout" | "stderr"; data_b64: string }
+  | ({ type: "exit" } & WireExit)
+  | { type: "error"; message: string };
+
+function execBody(cmd: Cmd, o: ExecOptions): Record<string, unknown> {
+  const body: Record<string, unknown> = {};
+  if (typeof cmd === "string") body.shell = cmd;
+  else if (Array.isArray(cmd) && cmd.length > 0) body.argv = cmd;
+  else throw new TypeError("cmd must be a shell string or a non-empty array of strings");
+  if (o.cwd !== undefined) body.cwd = o.cwd;
+  if (o.env) body.env = o.env;
+  if (o.timeoutMs !== undefined) body.timeout_ms = Math.round(o.timeoutMs);
+  return body;
+}
+
+function toResult(w: WireExit, stdout?: string, stderr?: string): ExecResult {
+  return {
+    exitCode: w.exit_code,
+    stdout: stdout ?? w.stdout ?? "",
+    stderr: stderr ?? w.stderr ?? "",
+    signal: w.signal ?? null,
+    timedOut: !!w.timed_out,
+    stdoutTruncated: !!w.stdout_truncated,
+    stderrTruncated: !!w.stderr_truncated,
+    durationMs: w.duration_ms,
+  };
+}
+
+function checked(r: ExecResult, timeoutMs?: number): ExecResult {
+  if (r.timedOut) {
+    throw new ExecTimeoutError(`the command ran past its timeout of ${timeoutMs} ms and was killed`, r);
+  }
+  return r;
+}
+
+function network(n?: NetworkPolicy): NetworkPolicy | undefined {
+  if (!n || (!n.internet && !(n.allow ?? []).length)) return undefined;
+  return { internet: !!n.internet, allow: n.allow ?? [] };
+}
+
+/** Reads a command's event stream into callbacks and a result. */
+async function collect(events: AsyncGenerator<WireEvent>, o: ExecOptions): Promise<ExecResult> {
+  const dec = { stdout: new StringDecoder("utf8"), stderr: new StringDecoder("utf8") };
+  const text = { stdout: [] as string[], stderr: [] as string[] };
+  const on = { stdout: o.onStdout, stderr: o.onStderr };
+  for await (const ev of events) {
+    if (ev.type === "stdout" || ev.type === "stderr") {
+      const t = dec[ev.type].write(Buffer.from(ev.data_b64, "base64"));
+      text[ev.type].push(t);
+      if (t) on[ev.type]?.(t);
+    } else if (ev.type === "exit") {
+      text.stdout.push(dec.stdout.end());
+      text.stderr.push(dec.stderr.end());
+      return checked(toResult(ev, text.stdout.join(""), text.stderr.join("")), o.timeoutMs);
+    } else if (ev.type === "error") {
+      throw new ForkboxError(ev.message);
+    }
+  }
+  throw new ForkboxError("the command's event stream ended before the command did");
+}
+
+/** A connection to a forkbox daemon. */
+export class Runtime {
+  /** @internal */ readonly t: Transport;
+  readonly images: Images;
+  readonly sandboxes: Sandboxes;
+  readonly snapshots: Snapshots;
+
+  constructor(opts: ConnectOptions = {}) {
+    this.t = new Transport(opts);
+    this.images = new Images(this);
+    this.sandboxes = new Sandboxes(this);
+    this.snapshots = new Snapshots(this);
+  }
+
+  /** The daemon: version, home, the accelerator sandboxes get (kvm or tcg) and why. */
+  info(): Promise<Record<string, unknown>> {
+    return this.t.json("GET", "/info");
+  }
+
+  /** Closes idle connections so the process can exit at once. */
+  close(): void {
+    this.t.close();
+  }
+}
+
+export class Images {
+  constructor(private readonly rt: Runtime) {}
+
+  /** Builds the next version of `name` from `recipe`; `ifChanged` reuses the newest version
+   * when it came from the same recipe. */
+  async build(o: {
+    name: string;
+    recipe?: Recipe;
+    ifChanged?: boolean;
+    onProgress?: (ev: BuildProgress) => void;
+  }): Promise<Image> {
+    const body = { name: o.name, recipe: o.recipe ?? {}, if_changed: !!o.ifChanged };
+    type Ev = BuildProgress | { type: "done" | "up_to_date"; image: Image } | { type: "error"; message: string; status: number };
+    for await (const ev of this.rt.t.events<Ev>("POST", "/images", { json: body })) {
+      if (ev.type === "step" || ev.type === "log") o.onProgress?.(ev);
+      else if (ev.type === "error") throw new BuildError(ev.message, ev.status);
+      else return ev.image;
+    }
+    throw new BuildError(`the build of ${o.name} ended without a result`);
+  }
+
+  list(): Promise<Image[]> {
+    return this.rt.t.json("GET", "/images");
+  }
+
+  get(reference: string): Promise<Image> {
+    return this.rt.t.json("GET", `/images/${encodeURIComponent(reference)}`);
+  }
+
+  remove(reference: string): Promise<Image> {
+    return this.rt.t.json("DELETE", `/images/${encodeURIComponent(reference)}`);
+  }
+}
+
+export class Sandboxes {
+  constructor(private readonly rt: Runtime) {}
+
+  /** A new running sandbox. No network unless `network` says so. */
+  async create(o: CreateOptions = {}): Promise<Sandbox> {
+    const body: Record<string, unknown> = { labels: o.labels ?? {} };
+    if (o.image !== undefined) body.image = o.image;
+    if (o.snapshot !== undefined) body.snapshot = o.snapshot;
+    if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
+    if (o.cpus !== undefined) body.cpus = o.cpus;
+    if (o.memoryMib !== undefined) body.memory_mib = o.memoryMib;
+    if (o.diskGib !== undefined) body.disk_gib = o.diskGib;
+    const net = network(o.network);
+    if (net) body.network = net;
+    if (o.persistent) body.ttl_action = "hibernate";
+    return new Sandbox(this.rt, await this.rt.t.json<SandboxInfo>("POST", "/sandboxes", { json: body }));
+  }
+
+  async get(id: string): Promise<Sandbox> {
+    return new Sandbox(this.rt, await this.rt.t.json<SandboxInfo>("GET", `/sandboxes/${id}`));
+  }
+
+  async list(filter: { label?: string; state?: string } = {}): Promise<Sandbox[]> {
+    const query: Record<string, string> = {};
+    if (filter.label) query.label = filter.label;
+    if (filter.state) query.state = filter.state;
+    const all = await this.rt.t.json<SandboxInfo[]>("GET", "/sandboxes", { query });
+    return all.map((v) => new Sandbox(this.rt, v));
+  }
+}
+
+export class Snapshots {
+  constructor(private readonly rt: Runtime) {}
+
+  async list(): Promise<Snapshot[]> {
+    const all = await this.rt.t.json<Array<{ name: string }>>("GET", "/snapshots");
+    return all.map((m) => new Snapshot(this.rt, m));
+  }
+
+  async get(name: string): Promise<Snapshot> {
+    return new Snapshot(this.rt, await this.rt.t.json("GET", `/snapshots/${name}`));
+  }
+}
+
+function forkBody(o: ForkOptions): Record<string, unknown> {
+  const count = o.count ?? 1;
+  if (!Number.isInteger(count) || count < 1 || count > 10) {
+    throw new RangeError(`count ${count} is not between 1 and 10`);
+  }
+  const body: Record<string, unknown> = { count, labels: o.labels ?? {} };
+  if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
+  if (o.network) body.network = network(o.network) ?? { internet: false, allow: [] };
+  return body;
+}
+
+async function forked(rt: Runtime, route: string, o: ForkOptions): Promise<Sandbox[]> {
+  const reply = await rt.t.json<{ sandboxes: SandboxInfo[]; failed: string[] }>("POST", route, {
+    json: forkBody(o),
+  });
+  const made = reply.sandboxes.map((v) => new Sandbox(rt, v));
+  if (reply.failed.length) {
+    await Promise.all(made.map((s) => s.stop()));
+    throw new ForkboxError(`fork failed: ${reply.failed.join("; ")}`);
+  }
+  return made;
+}
+
+/** A saved sandbox (files, memory, processes); fork it into new sandboxes. */
+export class Snapshot {
+  readonly name: string;
+  constructor(
+    private readonly rt: Runtime,
+    readonly meta: { name: string; [k: string]: unknown },
+  ) {
+    this.name = meta.name;
+  }
+
+  /** Running sandboxes made from this snapshot. */
+  fork(o: ForkOptions = {}): Promise<Sandbox[]> {
+    return forked(this.rt, `/snapshots/${this.name}/fork`, o);
+  }
+
+  async delete(): Promise<void> {
+    await this.rt.t.json("DELETE", `/snapshots/${this.name}`);
+  }
+}
+
+/** A running sandbox. `await using` deletes it when the scope ends, unless persistent. */
+export class Sandbox {
+  readonly id: string;
+  info: SandboxInfo;
+  readonly files: Files;
+
+  constructor(
+    private readonly rt: Runtime,
+    info: SandboxInfo,
+  ) {
+    this.id = info.id;
+    this.info = info;
+    this.files = new Files(rt, info.id);
+  }
+
+  get persistent(): boolean {
+    return this.info.ttl_action === "hibernate";
+  }
+
+  async refresh(): Promise<SandboxInfo> {
+    this.info = await this.rt.t.json<SandboxInfo>("GET", `/sandboxes/${this.id}`);
+    return this.info;
+  }
+
+  /** Runs `cmd` and waits for it. */
+  async exec(cmd: Cmd, o: ExecOptions = {}): Promise<ExecResult> {
+    const body = execBody(cmd, o);
+    const route = `/sandboxes/${this.id}/exec`;
+    if (!o.onStdout && !o.onStderr) {
+      return checked(toResult(await this.rt.t.json<WireExit>("POST", route, { json: body })), o.timeoutMs);
+    }
+    return collect(this.rt.t.events<WireEvent>("POST", route, { json: body, query: { stream: "true" } }), o);
+  }
+
+  /** Starts `cmd` in the background; `wait()` for it later. */
+  async start(cmd: Cmd, o: Omit<ExecOptions, "onStdout" | "onStderr"> = {}): Promise<DetachedCommand> {
+    const reply = await this.rt.t.json<{ command_id: string }>("POST", `/sandboxes/${this.id}/commands`, {
+      json: execBody(cmd, o),
+    });
+    return new DetachedCommand(this.rt, this.id, reply.command_id, o.timeoutMs);
+  }
+
+  /** Saves the sandbox (files, memory, processes); it keeps running. */
+  async snapshot(o: { name?: string; stayPaused?: boolean } = {}): Promise<Snapshot> {
+    const body: Record<string, unknown> = { stay_paused: !!o.stayPaused };
+    if (o.name) body.name = o.name;
+    return new Snapshot(this.rt, await this.rt.t.json("POST", `/sandboxes/${this.id}/snapshot`, { json: body }));
+  }
+
+  /** `count` (1-10) running copies of this sandbox as it is now; it keeps running. */
+  fork(o: ForkOptions = {}): Promise<Sandbox[]> {
+    return forked(this.rt, `/sandboxes/${this.id}/fork`, o);
+  }
+
+  /** Saves the sandbox to disk and stops its VM; `resume()` brings it back. */
+  async hibernate(): Promise<void> {
+    this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/hibernate`);
+  }
+
+  async resume(): Promise<void> {
+    this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/resume`);
+  }
+
+  async setTtl(ttlSeconds: number): Promise<void> {
+    this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/ttl`, { json: { ttl_seconds: ttlSeconds } });
+  }
+
+  /** Deletes the sandbox and its VM; one already gone is no error. */
+  async stop(): Promise<void> {
+    try {
+      await this.rt.t.json("DELETE", `/sandboxes/${this.id}`);
+    } catch (e) {
+      if (!(e instanceof NotFoundError)) throw e;
+    }
+  }
+
+  async [Symbol.asyncDispose](): Promise<void> {
+    if (!this.persistent) await this.stop();
+  }
+}
+
+/** A command started with `Sandbox.start`. */
+export class DetachedCommand {
+  constructor(
+    private readonly rt: Runtime,
+    readonly sandboxId: string,
+    readonly id: string,
+    private readonly timeoutMs?: number,
+  ) {}
+
+  private get route(): string {
+    return `/sandboxes/${this.sandboxId}/commands/${this.id}`;
+  }
+
+  /** Waits for the command to end; its output from the start (as much as is kept). */
+  wait(o: Pick<ExecOptions, "onStdout" | "onStderr"> = {}): Promise<ExecResult> {
+    return collect(this.rt.t.events<WireEvent>("GET", this.route + "/events"), {
+      ...o,
+      timeoutMs: this.timeoutMs,
+    });
+  }
+
+  /** Whether it has ended. */
+  async done(): Promise<boolean> {
+    const reply = await this.rt.t.json<{ exit: unknown }>("GET", this.route);
+    return reply.exit !== null && reply.exit !== undefined;
+  }
+
+  async kill(signal = 15): Promise<void> {
+    const res = await this.rt.t.request("POST", this.route + "/signal", { json: { signal } });
+    res.resume();
+  }
+}
+
+/** Files of a sandbox. Relative guest paths are taken from `/root`. */
+export class Files {
+  constructor(
+    private readonly rt: Runtime,
+    private readonly id: string,
+  ) {}
+
+  readBytes(path: string): Promise<Buffer> {
+    return this.rt.t.bytes("GET", `/sandboxes/${this.id}/files`, { path });
+  }
+
+  async readText(path: string): Promise<string> {
+    return (await this.readBytes(path)).toString("utf8");
+  }
+
+  async writeBytes(path: string, data: Buffer | Uint8Array, mode = 0o644): Promise<number> {
+    const reply = await this.rt.t.json<{ bytes: number }>("PUT", `/sandboxes/${this.id}/files`, {
+      query: { path, mode: mode.toString(8) },
+      body: Buffer.from(data),
+    });
+    return reply.bytes;
+  }
+
+  writeText(path: string, text: string, mode = 0o644): Promise<number> {
+    return this.writeBytes(path, Buffer.from(text, "utf8"), mode);
+  }
+
+  async list(path: string): Promise<DirEntry[]> {
+    const reply = await this.rt.t.json<{ entries: DirEntry[] }>("GET", `/sandboxes/${this.id}/dir`, {
+      query: { path },
+    });
+    return reply.entries;
+  }
+
+  /** Copies the host directory `dir` into `dest` (made if missing) as one compressed archive;
+   * the bytes sent. */
+  async upload(dir: string, dest: string): Promise<number> {
+    let body: Buffer;
+    try {
+      body = await packDir(dir);
+    } catch (e) {
+      throw new ForkboxError((e as Error).message);
+    }
+    const reply = await this.rt.t.json<{ bytes: number }>("PUT", `/sandboxes/${this.id}/archive`, {
+      query: { path: dest, format: "tar.gz" },
+      body,
+    });
+    return reply.bytes;
+  }
+}
