@@ -305,3 +305,58 @@ impl Drop for TestNet {
             .status();
     }
 }
+
+/// Runs `cmd` and panics with its output when it fails.
+fn must(cmd: &mut std::process::Command, what: &str) {
+    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    assert!(
+        out.status.success(),
+        "{what} failed ({}):\n{}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The Python of a virtual environment (in the test home) with the Python SDK installed from
+/// `sdk/python` and pytest, both from PyPI; made once per machine and SDK version.
+pub fn sdk_python() -> PathBuf {
+    let paths = home();
+    let venv = paths.home().join("sdk-venv");
+    let python = venv.join("bin/python");
+    let sdk = repo_root().join("sdk/python");
+    with_lock(&paths, || {
+        if !python.exists() {
+            must(
+                std::process::Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv),
+                "python3 -m venv",
+            );
+        }
+        // Reinstalled each run (seconds): the tests must see this checkout's SDK.
+        must(
+            std::process::Command::new(&python)
+                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                .arg(format!("{}[test]", sdk.display())),
+            "pip install ./sdk/python[test]",
+        );
+    });
+    python
+}
+
+/// `npm ci` (which builds the SDK through its `prepare` script) in `dir` of the repository,
+/// once per run of the lock; the directory.
+pub fn npm_ready(dir: &str) -> PathBuf {
+    let paths = home();
+    let dir = repo_root().join(dir);
+    with_lock(&paths, || {
+        must(
+            std::process::Command::new("npm")
+                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&dir),
+            &format!("npm ci in {}", dir.display()),
+        );
+    });
+    dir
+}

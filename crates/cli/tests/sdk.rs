@@ -1,0 +1,155 @@
+//! The Python and TypeScript SDKs and their examples, against a real daemon of this build and
+//! real VMs. Each test starts a daemon in a home of its own (sharing the test home's images)
+//! with a TCP listener and a token, then runs the SDK's own test suite or an example with
+//! `FORKBOX_API` pointing at it. Costs (TCG): a few boots and restores each; the Python suite
+//! builds one small image on the default one (~10 s).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use forkbox_engine::paths::Paths;
+use forkbox_test_infra as infra;
+
+struct Daemon {
+    paths: Paths,
+    child: std::process::Child,
+    tcp: String,
+    token: String,
+}
+
+impl Daemon {
+    fn start(name: &str) -> Daemon {
+        let paths = infra::isolated_home(name);
+        let forkbox = |paths: &Paths| {
+            let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
+            c.env("FORKBOX_HOME", paths.home())
+                .env_remove("FORKBOX_API")
+                .env_remove("FORKBOX_ACCEL")
+                .env("FORKBOX_POOL_SIZE", "0");
+            c
+        };
+        // A daemon an earlier run left behind may be an older build.
+        if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(&paths))
+            .ok()
+            .and_then(|p| p.trim().parse::<i32>().ok())
+        {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+            infra::wait_until(Duration::from_secs(30), || {
+                !Path::new(&format!("/proc/{pid}")).exists()
+            });
+        }
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let tcp = format!("127.0.0.1:{port}");
+        let out = forkbox(&paths)
+            .args(["token", "create", "--name", "sdk-tests"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
+        let child = forkbox(&paths)
+            .args(["serve", "--listen", &tcp])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let socket = forkbox_server::socket_path(&paths);
+        assert!(
+            infra::wait_until(Duration::from_secs(60), || {
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
+                    && std::net::TcpStream::connect(&tcp).is_ok()
+            }),
+            "the daemon did not start listening"
+        );
+        Daemon {
+            paths,
+            child,
+            tcp: format!("http://{tcp}"),
+            token,
+        }
+    }
+
+    /// `program` with the daemon's address, token and home in its environment.
+    fn client(&self, program: &Path) -> Command {
+        let mut c = Command::new(program);
+        c.env(
+            "FORKBOX_API",
+            format!("unix:{}", forkbox_server::socket_path(&self.paths).display()),
+        )
+        .env("FORKBOX_TEST_TCP", &self.tcp)
+        .env("FORKBOX_TEST_TOKEN", &self.token)
+        .env_remove("FORKBOX_TOKEN")
+        .current_dir(infra::repo_root())
+        .stdin(Stdio::null());
+        c
+    }
+
+    /// Runs `cmd`, prints its output, fails the test when it fails.
+    fn check(&self, cmd: &mut Command, what: &str) -> String {
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        println!("{stdout}");
+        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "{what} failed: {}", out.status);
+        stdout
+    }
+
+    /// No sandbox is left when a run ends well.
+    fn assert_nothing_left(&self) {
+        let left: Vec<String> = infra::run_entries(&self.paths)
+            .into_iter()
+            .filter(|e| e.starts_with("sb-"))
+            .collect();
+        assert!(left.is_empty(), "sandboxes left behind: {left:?}");
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let _ = self.child.wait();
+    }
+}
+
+/// The Python SDK's suite (sdk/python/tests): every call and its errors, cleanup by context
+/// manager, 10 concurrent async execs, an image built from a seed.
+#[test]
+fn python_sdk_against_a_real_daemon() {
+    let python = infra::sdk_python();
+    let d = Daemon::start("sdk-python");
+    let out = d.check(
+        d.client(&python)
+            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "sdk/python/tests"]),
+        "the Python SDK's tests",
+    );
+    assert!(out.contains(" passed"), "{out}");
+    d.assert_nothing_left();
+}
+
+/// The TypeScript SDK's suite (sdk/typescript/test), on its build from `npm ci`.
+#[test]
+fn typescript_sdk_against_a_real_daemon() {
+    let dir = infra::npm_ready("sdk/typescript");
+    let d = Daemon::start("sdk-typescript");
+    let out = d.check(
+        d.client(Path::new("node"))
+            .args(["--test", "--test-reporter=spec"])
+            .arg(dir.join("test")),
+        "the TypeScript SDK's tests",
+    );
+    assert!(out.contains("pass"), "{out}");
+    d.assert_nothing_left();
+}
