@@ -153,3 +153,50 @@ fn typescript_sdk_against_a_real_daemon() {
     assert!(out.contains("pass"), "{out}");
     d.assert_nothing_left();
 }
+
+/// examples/sdk/baseline_fork.py: a prepared baseline, snapshot, hibernate, three variants in
+/// forks that are gone with their `with` blocks, the passing diffs kept, the snapshot forks
+/// again.
+#[test]
+fn python_example_baseline_fork() {
+    let python = infra::sdk_python();
+    let shared = infra::home();
+    infra::image(&shared, "python-trixie");
+    let d = Daemon::start("sdk-example-fork");
+    let out = d.check(
+        d.client(&python).arg("examples/sdk/baseline_fork.py"),
+        "examples/sdk/baseline_fork.py",
+    );
+    assert!(out.contains("forks left: 0"), "{out}");
+    assert!(out.contains("kept minimal") && out.contains("kept modernize"), "{out}");
+    assert!(!out.contains("kept wrong"), "{out}");
+    d.assert_nothing_left();
+}
+
+/// examples/sdk/accept.py and accept.ts: the accept-by-comparison recipe on legacykit, from
+/// both SDKs against one daemon (the second reuses the images the first built).
+#[test]
+fn accept_by_comparison_examples_in_python_and_typescript() {
+    let python = infra::sdk_python();
+    infra::npm_ready("sdk/typescript");
+    let examples = infra::npm_ready("examples/sdk");
+    let d = Daemon::start("sdk-example-accept");
+    let expect = "accepted, smallest diff first: minimal, modernize";
+    let out = d.check(
+        d.client(&python).arg("examples/sdk/accept.py"),
+        "examples/sdk/accept.py",
+    );
+    assert!(out.contains(expect), "{out}");
+    d.check(
+        Command::new("npm")
+            .args(["run", "--silent", "build"])
+            .current_dir(&examples),
+        "tsc in examples/sdk",
+    );
+    let out = d.check(
+        d.client(Path::new("node")).arg(examples.join("dist/accept.js")),
+        "examples/sdk/accept.ts",
+    );
+    assert!(out.contains(expect), "{out}");
+    d.assert_nothing_left();
+}
