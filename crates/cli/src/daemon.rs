@@ -252,6 +252,23 @@ pub fn serve(paths: Paths, listen: Option<std::net::SocketAddr>) -> anyhow::Resu
     Ok(ExitCode::SUCCESS)
 }
 
+/// `forkbox serve --detach`: a daemon for this home, started in the background unless one
+/// already answers; prints its socket.
+pub fn serve_detached(paths: &Paths) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    let socket = forkbox_server::socket_path(paths);
+    rt.block_on(async {
+        if !forkbox_server::is_running(&socket).await {
+            start_daemon(paths).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    println!("{}", socket.display());
+    Ok(ExitCode::SUCCESS)
+}
+
 struct Client {
     http: reqwest::Client,
     /// `http://forkbox/v1` over a Unix socket, or a TCP daemon's `/v1`.

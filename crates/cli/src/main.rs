@@ -53,6 +53,10 @@ enum Cmd {
         /// from `forkbox token create`.
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Start the daemon in the background (unless one runs) and return once it listens:
+        /// what the SDKs run when they find no daemon.
+        #[arg(long, conflicts_with = "listen")]
+        detach: bool,
     },
     /// Bearer tokens for the daemon's TCP listener.
     Token {
@@ -134,7 +138,7 @@ fn main() -> ExitCode {
     // lives long and starts every QEMU, drops it altogether.
     let inherited = forkbox_engine::fds::seal_inherited();
     let cli = Cli::parse();
-    let serving = matches!(cli.command, Cmd::Serve { .. });
+    let serving = matches!(cli.command, Cmd::Serve { detach: false, .. });
     if serving {
         forkbox_engine::fds::close_inherited();
     }
@@ -216,7 +220,8 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         }
         Cmd::Image { command } => image_cmd(&paths, command),
         Cmd::Run(args) => run::run(&paths, args),
-        Cmd::Serve { listen } => daemon::serve(paths, listen),
+        Cmd::Serve { detach: true, .. } => daemon::serve_detached(&paths),
+        Cmd::Serve { listen, .. } => daemon::serve(paths, listen),
         Cmd::Token {
             command: TokenCmd::Create { name, json },
         } => {

@@ -200,3 +200,71 @@ fn accept_by_comparison_examples_in_python_and_typescript() {
     assert!(out.contains(expect), "{out}");
     d.assert_nothing_left();
 }
+
+fn stop_daemon_of(paths: &Paths) {
+    if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(paths))
+        .ok()
+        .and_then(|p| p.trim().parse::<i32>().ok())
+    {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        infra::wait_until(Duration::from_secs(30), || {
+            !Path::new(&format!("/proc/{pid}")).exists()
+        });
+    }
+}
+
+/// With no address given and no daemon running, both SDKs start this host's daemon with
+/// `forkbox serve --detach` (found on PATH), as the CLI's sandbox commands do. No VM.
+#[test]
+fn sdks_start_the_local_daemon_when_none_runs() {
+    let python = infra::sdk_python();
+    let ts = infra::npm_ready("sdk/typescript");
+    let paths = infra::isolated_home("sdk-autostart");
+    let bin = Path::new(env!("CARGO_BIN_EXE_forkbox")).parent().unwrap();
+    let path = format!("{}:{}", bin.display(), std::env::var("PATH").unwrap());
+    let socket = forkbox_server::socket_path(&paths);
+    let run = |cmd: &mut Command| {
+        let out = cmd
+            .env("FORKBOX_HOME", paths.home())
+            .env("PATH", &path)
+            .env("FORKBOX_POOL_SIZE", "0")
+            .env_remove("FORKBOX_API")
+            .env_remove("FORKBOX_TOKEN")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{text}\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        text
+    };
+    for client in ["python", "node"] {
+        stop_daemon_of(&paths);
+        assert!(std::os::unix::net::UnixStream::connect(&socket).is_err());
+        let out = match client {
+            "python" => run(Command::new(&python).args([
+                "-c",
+                "import forkbox; print(forkbox.Runtime().info()['home'])",
+            ])),
+            _ => run(Command::new("node").args([
+                "--input-type=module",
+                "-e",
+                &format!(
+                    "import {{ Runtime }} from '{}/dist/index.js'; const r = new Runtime(); console.log((await r.info()).home); r.close();",
+                    ts.display()
+                ),
+            ])),
+        };
+        assert_eq!(out.trim(), paths.home().display().to_string(), "{client}");
+        assert!(
+            std::os::unix::net::UnixStream::connect(&socket).is_ok(),
+            "{client}: no daemon left running"
+        );
+    }
+    stop_daemon_of(&paths);
+}

@@ -1,6 +1,8 @@
 // Talking to the daemon: HTTP/1.1 over its Unix socket (or TCP with a bearer token), with
 // Node's own `http`. No other runtime dependency.
 
+import { execFile } from "node:child_process";
+import * as fs from "node:fs";
 import * as http from "node:http";
 import * as https from "node:https";
 import * as os from "node:os";
@@ -33,6 +35,10 @@ export class Transport {
   readonly base: URL;
   private readonly token?: string;
   private readonly agent: http.Agent;
+  // This host's own daemon (no address given) is started with `forkbox serve --detach` when it
+  // does not answer, as the CLI's sandbox commands do; once.
+  private readonly autostart: boolean;
+  private starting?: Promise<void>;
 
   constructor(opts: ConnectOptions = {}) {
     let api = opts.api ?? process.env.FORKBOX_API ?? "";
@@ -49,6 +55,7 @@ export class Transport {
       this.socket = api || defaultSocket();
       this.base = new URL("http://forkbox/v1");
     }
+    this.autostart = !api;
     this.agent =
       this.base.protocol === "https:"
         ? new https.Agent({ keepAlive: true })
@@ -71,8 +78,46 @@ export class Transport {
     return new DaemonNotRunningError(`no forkbox API answers at ${this.base} (${cause.message})`);
   }
 
+  private startDaemon(cause: Error): Promise<void> {
+    const exe = (process.env.PATH ?? "")
+      .split(":")
+      .map((d) => path.join(d || ".", "forkbox"))
+      .find((p) => fs.existsSync(p));
+    if (!this.autostart || !exe) return Promise.reject(this.notRunning(cause));
+    return new Promise((resolve, reject) => {
+      execFile(exe, ["serve", "--detach"], { timeout: 120_000 }, (err, _out, stderr) => {
+        if (!err) return resolve();
+        reject(
+          new DaemonNotRunningError(
+            `no forkbox daemon answered on ${this.socket}, and \`forkbox serve --detach\` failed: ${String(stderr).trim() || err.message}`,
+          ),
+        );
+      });
+    });
+  }
+
   /** Sends a request; resolves with the response once its head arrives (status < 400). */
-  request(
+  async request(
+    method: string,
+    route: string,
+    opts: { query?: Record<string, string>; json?: unknown; body?: Buffer } = {},
+  ): Promise<http.IncomingMessage> {
+    try {
+      return await this.send(method, route, opts);
+    } catch (e) {
+      if (!(e instanceof NotAnswering)) throw e;
+      if (this.starting) throw this.notRunning(e.cause);
+      this.starting = this.startDaemon(e.cause);
+      await this.starting;
+      try {
+        return await this.send(method, route, opts);
+      } catch (again) {
+        throw again instanceof NotAnswering ? this.notRunning(again.cause) : again;
+      }
+    }
+  }
+
+  private send(
     method: string,
     route: string,
     opts: { query?: Record<string, string>; json?: unknown; body?: Buffer } = {},
@@ -112,7 +157,7 @@ export class Transport {
       );
       req.on("error", (e: NodeJS.ErrnoException) => {
         if (["ENOENT", "ECONNREFUSED", "EACCES"].includes(e.code ?? "")) {
-          reject(this.notRunning(e));
+          reject(new NotAnswering(e));
         } else {
           reject(new ForkboxError(`the request to the daemon failed: ${e.message}`));
         }
@@ -159,4 +204,11 @@ export async function readAll(res: http.IncomingMessage): Promise<Buffer> {
   const parts: Buffer[] = [];
   for await (const c of res) parts.push(c as Buffer);
   return Buffer.concat(parts);
+}
+
+/** Nothing listens where the daemon should. */
+class NotAnswering extends Error {
+  constructor(readonly cause: Error) {
+    super(cause.message);
+  }
 }

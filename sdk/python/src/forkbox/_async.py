@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import tempfile
 from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
@@ -30,6 +31,8 @@ class AsyncRuntime:
             timeout=_TIMEOUT,
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=16),
         )
+        self._started = False  # the daemon was started by this runtime
+        self._alive = False  # a request got through
         self.images = AsyncImages(self)
         self.sandboxes = AsyncSandboxes(self)
         self.snapshots = AsyncSnapshots(self)
@@ -48,11 +51,19 @@ class AsyncRuntime:
 
     async def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
-            r = await self._http.request(method, path, **kw)
+            try:
+                r = await self._http.request(method, path, **kw)
+            except httpx.ConnectError as e:
+                if self._started:
+                    raise
+                self._started = True
+                await asyncio.to_thread(self.endpoint.start_daemon, e)
+                r = await self._http.request(method, path, **kw)
         except httpx.ConnectError as e:
             raise self.endpoint.not_running(e) from None
         except httpx.RemoteProtocolError as e:
             raise ForkboxError(f"the daemon closed the connection: {e}") from None
+        self._alive = True
         if r.status_code >= 400:
             raise c.error_of(r.status_code, r.content)
         return r
@@ -61,6 +72,8 @@ class AsyncRuntime:
         return (await self._send(method, path, **kw)).json()
 
     async def _lines(self, method: str, path: str, **kw: Any) -> AsyncIterator[str]:
+        if not self._alive and self.endpoint.autostart:
+            await self._send("GET", "/health")
         try:
             async with self._http.stream(method, path, **kw) as r:
                 if r.status_code >= 400:

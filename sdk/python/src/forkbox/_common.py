@@ -36,6 +36,9 @@ class Endpoint:
     socket: Optional[str]
     base_url: str
     token: Optional[str]
+    # This host's own daemon (no address given): started with `forkbox serve --detach` when
+    # it does not answer, as the CLI's sandbox commands do.
+    autostart: bool = False
 
     @staticmethod
     def resolve(api: Optional[str] = None, token: Optional[str] = None) -> "Endpoint":
@@ -51,7 +54,26 @@ class Endpoint:
             raise ForkboxError(
                 f"FORKBOX_API={api!r}: give unix:/path/to/socket or http://host:port"
             )
-        return Endpoint(api or default_socket(), "http://forkbox/v1", token)
+        return Endpoint(api or default_socket(), "http://forkbox/v1", token, autostart=not api)
+
+    def start_daemon(self, cause: BaseException) -> None:
+        """Starts this host's daemon with the CLI; raises ``DaemonNotRunning`` if it cannot."""
+        import shutil
+        import subprocess
+
+        exe = shutil.which("forkbox")
+        if not self.autostart or exe is None:
+            raise self.not_running(cause)
+        done = subprocess.run(
+            [exe, "serve", "--detach"], capture_output=True, text=True, timeout=120
+        )
+        if done.returncode != 0:
+            from .errors import DaemonNotRunning
+
+            raise DaemonNotRunning(
+                f"no forkbox daemon answered on {self.socket}, and `forkbox serve --detach` "
+                f"failed: {done.stderr.strip()}"
+            )
 
     def headers(self) -> Dict[str, str]:
         return {"authorization": f"Bearer {self.token}"} if self.token else {}

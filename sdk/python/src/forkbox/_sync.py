@@ -30,6 +30,8 @@ class Runtime:
             headers=self.endpoint.headers(),
             timeout=_TIMEOUT,
         )
+        self._started = False  # the daemon was started by this runtime
+        self._alive = False  # a request got through
         self.images = Images(self)
         self.sandboxes = Sandboxes(self)
         self.snapshots = Snapshots(self)
@@ -49,13 +51,25 @@ class Runtime:
 
     # -- plumbing --------------------------------------------------------------------------
 
+    def _connect_failed(self, e: httpx.ConnectError) -> None:
+        """Starts this host's daemon once, or raises ``DaemonNotRunning``."""
+        if self._started:
+            raise self.endpoint.not_running(e) from None
+        self._started = True
+        self.endpoint.start_daemon(e)
+
     def _send(self, method: str, path: str, **kw: Any) -> httpx.Response:
         try:
-            r = self._http.request(method, path, **kw)
-        except (httpx.ConnectError, httpx.RemoteProtocolError) as e:
-            if isinstance(e, httpx.ConnectError):
-                raise self.endpoint.not_running(e) from None
+            try:
+                r = self._http.request(method, path, **kw)
+            except httpx.ConnectError as e:
+                self._connect_failed(e)
+                r = self._http.request(method, path, **kw)
+        except httpx.ConnectError as e:
+            raise self.endpoint.not_running(e) from None
+        except httpx.RemoteProtocolError as e:
             raise ForkboxError(f"the daemon closed the connection: {e}") from None
+        self._alive = True
         if r.status_code >= 400:
             raise c.error_of(r.status_code, r.content)
         return r
@@ -64,6 +78,8 @@ class Runtime:
         return self._send(method, path, **kw).json()
 
     def _lines(self, method: str, path: str, **kw: Any) -> Iterator[str]:
+        if not self._alive and self.endpoint.autostart:
+            self._send("GET", "/health")
         try:
             with self._http.stream(method, path, **kw) as r:
                 if r.status_code >= 400:
