@@ -8,12 +8,24 @@ echo "== building the static guest agent" >&2
 scripts/build.sh agent >/dev/null
 echo "== installing host packages (forkbox setup)" >&2
 cargo run --quiet --locked -p forkbox-cli -- setup
-# The network tests serve HTTP from a network namespace they make (iproute2, python3).
-if ! command -v ip >/dev/null || ! command -v python3 >/dev/null; then
-  echo "== installing iproute2 and python3 for the network tests" >&2
+# The SDK tests (crates/cli/tests/sdk.rs) make a Python venv from PyPI and run `npm ci` from
+# npm's registry; they need Node 18+ with npm and Python's venv module (Debian's packages).
+# The network tests serve HTTP from a network namespace they make (iproute2, python3). All of it
+# in one apt transaction, and Node with its npm only when there is no Node at all (a Node from
+# elsewhere carries its own npm, and Debian's npm would replace that Node).
+need=()
+command -v ip >/dev/null || need+=(iproute2)
+command -v python3 >/dev/null || need+=(python3)
+command -v node >/dev/null || need+=(nodejs npm)
+python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+if [ "${#need[@]}" -gt 0 ]; then
+  echo "== installing ${need[*]} for the network and SDK tests" >&2
   apt-get update -q >&2
-  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends iproute2 python3 >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
+command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no npm; install the npm that goes with it" >&2; exit 1; }
+node -e 'process.exit(+process.versions.node.split(".")[0] < 18)' \
+  || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 # The corpus test (crates/migrate/tests/corpus.rs) runs real PyPI projects natively and through
 # forkbox migrate; FORKBOX_CORPUS=0 leaves it out (it needs PyPI and a Debian mirror).
