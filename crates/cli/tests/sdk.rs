@@ -84,7 +84,10 @@ impl Daemon {
         let mut c = Command::new(program);
         c.env(
             "FORKBOX_API",
-            format!("unix:{}", forkbox_server::socket_path(&self.paths).display()),
+            format!(
+                "unix:{}",
+                forkbox_server::socket_path(&self.paths).display()
+            ),
         )
         .env("FORKBOX_TEST_TCP", &self.tcp)
         .env("FORKBOX_TEST_TOKEN", &self.token)
@@ -131,8 +134,14 @@ fn python_sdk_against_a_real_daemon() {
     let python = infra::sdk_python();
     let d = Daemon::start("sdk-python");
     let out = d.check(
-        d.client(&python)
-            .args(["-m", "pytest", "-q", "-p", "no:cacheprovider", "sdk/python/tests"]),
+        d.client(&python).args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "sdk/python/tests",
+        ]),
         "the Python SDK's tests",
     );
     assert!(out.contains(" passed"), "{out}");
@@ -168,7 +177,10 @@ fn python_example_baseline_fork() {
         "examples/sdk/baseline_fork.py",
     );
     assert!(out.contains("forks left: 0"), "{out}");
-    assert!(out.contains("kept minimal") && out.contains("kept modernize"), "{out}");
+    assert!(
+        out.contains("kept minimal") && out.contains("kept modernize"),
+        "{out}"
+    );
     assert!(!out.contains("kept wrong"), "{out}");
     d.assert_nothing_left();
 }
@@ -194,7 +206,8 @@ fn accept_by_comparison_examples_in_python_and_typescript() {
         "tsc in examples/sdk",
     );
     let out = d.check(
-        d.client(Path::new("node")).arg(examples.join("dist/accept.js")),
+        d.client(Path::new("node"))
+            .arg(examples.join("dist/accept.js")),
         "examples/sdk/accept.ts",
     );
     assert!(out.contains(expect), "{out}");

@@ -13,7 +13,7 @@ use crate::sandbox::SandboxExecution;
 /// Output a command keeps for readers; past it, further output is counted but dropped.
 pub const LOG_CAP: usize = 64 << 20;
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Stream {
     Stdout,
@@ -27,7 +27,7 @@ pub struct Chunk {
     pub data: Vec<u8>,
 }
 
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Default)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, utoipa::ToSchema)]
 pub struct ExitInfo {
     pub exit_code: i32,
     pub signal: Option<i32>,

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, Semaphore};
 pub const PROXY_PORT: u16 = 3128;
 
 /// What a sandbox may reach. Off (the default) is no network at all.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct NetworkPolicy {
     /// Any host on the internet (never the host itself, loopback, link-local or metadata).

@@ -66,8 +66,9 @@ fn daemon_mark<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DaemonMark, D::
 }
 
 /// What the daemon needs to take a sandbox over again.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
 pub struct DaemonRecord {
+    #[schema(value_type = Object)]
     pub info: serde_json::Value,
     pub labels: std::collections::BTreeMap<String, String>,
     pub expires_unix: Option<u64>,

@@ -60,7 +60,7 @@ impl Default for SandboxConfig {
 }
 
 /// What a sandbox is, for people and for `--json`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
 pub struct SandboxInfo {
     pub id: String,
     pub image: String,
@@ -78,8 +78,10 @@ pub struct SandboxInfo {
     #[serde(default)]
     pub max_procs: u32,
     #[serde(default)]
+    #[schema(value_type = String)]
     pub kernel: std::path::PathBuf,
     #[serde(default)]
+    #[schema(value_type = String)]
     pub initramfs: std::path::PathBuf,
     /// The `disks/<id>/` directories its disk chain goes through, its own last.
     #[serde(default)]

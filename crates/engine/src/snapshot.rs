@@ -39,19 +39,21 @@ pub const VMSTATE: &str = "vmstate";
 pub const DISK: &str = "disk.qcow2";
 pub const META: &str = "snapshot.json";
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SnapshotKind {
     Template,
     Snapshot,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
 pub struct SnapshotMeta {
     pub name: String,
     pub kind: SnapshotKind,
     pub image: String,
+    #[schema(value_type = String)]
     pub kernel: PathBuf,
+    #[schema(value_type = String)]
     pub initramfs: PathBuf,
     pub accel: AccelDecision,
     pub cpus: u32,
@@ -76,6 +78,7 @@ pub struct SnapshotMeta {
     /// The frozen disk, when it is not `disk.qcow2` in the snapshot's directory (snapshots of
     /// sandboxes: a file under `disks/<sandbox>/`).
     #[serde(default)]
+    #[schema(value_type = Option<String>)]
     pub disk: Option<PathBuf>,
     /// The `disks/<sandbox>/` directories this snapshot's disk chain goes through; they are
     /// kept while it exists.

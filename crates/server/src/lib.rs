@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod doc;
 pub mod listen;
 
 use std::collections::HashMap;
@@ -16,11 +17,16 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+#[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    BuildProgress, BuildRequest, Command, CommandEvent, CreateRequest, Engine, EngineError,
-    ExecRequest, ForkRequest, GuestPath, Reply, SnapshotRequest,
+    BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted, CreateRequest,
+    Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult,
+    GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView, SnapshotRequest,
+    Written,
 };
 use forkbox_engine::paths::Paths;
+#[allow(unused_imports)]
+use forkbox_engine::snapshot::SnapshotMeta;
 
 /// Where the daemon listens.
 pub fn socket_path(paths: &Paths) -> PathBuf {
@@ -34,6 +40,13 @@ pub fn pid_path(paths: &Paths) -> PathBuf {
 
 struct ApiError(EngineError);
 
+/// The body of every error answer.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong, for people: the same words every front end shows.
+    pub error: String,
+}
+
 /// Every error an HTTP client sees: the engine's status for it and `{"error": message}`.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -41,7 +54,9 @@ impl IntoResponse for ApiError {
             StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (
             status,
-            Json(serde_json::json!({ "error": self.0.to_string() })),
+            Json(ErrorBody {
+                error: self.0.to_string(),
+            }),
         )
             .into_response()
     }
@@ -97,30 +112,39 @@ fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<
         .into_response()
 }
 
-/// The API's description, kept beside the handlers and checked against them by a test.
-pub const OPENAPI: &str = include_str!("openapi.json");
-
+#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "this document")))]
 async fn openapi() -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
-        OPENAPI,
+        doc::json(),
     )
         .into_response()
 }
 
+/// The daemon answers.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Health {
+    ok: bool,
+    version: &'static str,
+    protocol_version: u32,
+}
+
+#[utoipa::path(get, path = "/v1/health", responses((status = 200, description = "the daemon answers", body = Health)))]
 async fn health() -> Response {
-    Json(serde_json::json!({
-        "ok": true,
-        "version": env!("CARGO_PKG_VERSION"),
-        "protocol_version": forkbox_protocol::PROTOCOL_VERSION,
-    }))
+    Json(Health {
+        ok: true,
+        version: env!("CARGO_PKG_VERSION"),
+        protocol_version: forkbox_protocol::PROTOCOL_VERSION,
+    })
     .into_response()
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateRequest, responses((status = 201, body = SandboxView), (status = 400, body = ErrorBody), (status = 404, description = "no such image or snapshot", body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn create(State(e): State<Arc<Engine>>, Json(r): Json<CreateRequest>) -> Api {
     run(&e, Command::Create(r), StatusCode::CREATED).await
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query, description = "K=V"), ("state" = Option<SandboxState>, Query)), responses((status = 200, body = Vec<SandboxView>), (status = 400, body = ErrorBody)))]
 async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, String>>) -> Api {
     let label = match q.get("label") {
         None => None,
@@ -146,10 +170,12 @@ async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, Stri
     run(&e, Command::List { label, state }, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody)))]
 async fn get_one(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
     run(&e, Command::Get { id }, StatusCode::OK).await
 }
 
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = Deleted), (status = 404, body = ErrorBody)))]
 async fn delete(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
     run(&e, Command::Delete { id }, StatusCode::OK).await
 }
@@ -164,6 +190,7 @@ struct ExecQuery {
 /// JSON events as they happen, `{"type":"stdout"|"stderr","data_b64":...}` then
 /// `{"type":"exit",...}` (or `{"type":"error","message":...}`). A client that goes away does not
 /// stop the command.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", params(("id" = String, Path), ("stream" = Option<bool>, Query, description = "NDJSON CommandEvent lines as they happen")), request_body = ExecRequest, responses((status = 200, description = "the result (output capped at 64 KiB per stream), or with stream=true NDJSON CommandEvent lines", content((ExecResult = "application/json"), (CommandEvent = "application/x-ndjson"))), (status = 400, description = "bad request", body = ErrorBody), (status = 404, description = "no such sandbox", body = ErrorBody), (status = 409, description = "hibernated or failed", body = ErrorBody)))]
 async fn exec(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -221,15 +248,17 @@ async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
     Ok(ndjson(rx))
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct ArchiveQuery {
+    /// The directory (upload) or the file or directory (download) in the sandbox.
     path: String,
     /// `tar.zst` (the default) or `tar.gz`.
     #[serde(default)]
     format: ArchiveFormat,
 }
 
-#[derive(serde::Deserialize, Default, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Deserialize, Default, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
 enum ArchiveFormat {
     #[default]
     #[serde(rename = "tar.zst")]
@@ -238,8 +267,15 @@ enum ArchiveFormat {
     TarGz,
 }
 
+/// An archive unpacked: the compressed bytes it took.
+#[derive(serde::Serialize, utoipa::ToSchema)]
+struct Unpacked {
+    bytes: u64,
+}
+
 /// Unpacks the request body (tar.zst, or tar.gz with `format=tar.gz`) into `path` in the
 /// sandbox.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/archive", params(("id" = String, Path), ArchiveQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "tar.zst, or tar.gz with format=tar.gz"), responses((status = 200, body = Unpacked), (status = 404, body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn put_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -266,13 +302,14 @@ async fn put_archive(
     match result {
         Ok(bytes) => {
             e.metrics().bytes_uploaded.inc_by(bytes);
-            Ok(Json(serde_json::json!({ "bytes": bytes })).into_response())
+            Ok(Json(Unpacked { bytes }).into_response())
         }
         Err(err) => Err(ApiError(err.into())),
     }
 }
 
 /// Streams `path` from the sandbox as tar.zst (or tar.gz with `format=tar.gz`).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/archive", params(("id" = String, Path), ArchiveQuery), responses((status = 200, description = "tar.zst (or tar.gz) stream", body = Vec<u8>, content_type = "application/octet-stream"), (status = 404, body = ErrorBody)))]
 async fn get_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -303,6 +340,7 @@ async fn get_archive(
     Ok(axum::body::Body::from_stream(stream).into_response())
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", params(("id" = String, Path)), request_body(content = Option<SnapshotRequest>), responses((status = 201, body = SnapshotMeta), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn snapshot(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -312,7 +350,8 @@ async fn snapshot(
     run(&e, Command::Snapshot { id, request }, StatusCode::CREATED).await
 }
 
-/// Forks a sandbox (saving it first) or a snapshot into `count` new sandboxes.
+/// Forks a sandbox (saving it first) into `count` new sandboxes.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/fork", params(("id" = String, Path)), request_body = ForkRequest, responses((status = 201, description = "the copies (saved first)", body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn fork(
     State(e): State<Arc<Engine>>,
     UrlPath(source): UrlPath<String>,
@@ -321,32 +360,48 @@ async fn fork(
     run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
 }
 
+/// Forks a snapshot into `count` new sandboxes.
+#[utoipa::path(post, path = "/v1/snapshots/{id}/fork", params(("id" = String, Path, description = "the snapshot")), request_body = ForkRequest, responses((status = 201, body = ForkResult), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn fork_snapshot(
+    State(e): State<Arc<Engine>>,
+    UrlPath(source): UrlPath<String>,
+    Json(request): Json<ForkRequest>,
+) -> Api {
+    run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn hibernate(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
     run(&e, Command::Hibernate { id }, StatusCode::OK).await
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn resume(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
     run(&e, Command::Resume { id }, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/v1/snapshots", responses((status = 200, body = Vec<SnapshotMeta>)))]
 async fn list_snapshots(State(e): State<Arc<Engine>>) -> Api {
     run(&e, Command::ListSnapshots, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/v1/snapshots/{id}", params(("id" = String, Path, description = "the snapshot")), responses((status = 200, body = SnapshotMeta), (status = 404, body = ErrorBody)))]
 async fn get_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
     run(&e, Command::GetSnapshot { name }, StatusCode::OK).await
 }
 
+#[utoipa::path(delete, path = "/v1/snapshots/{id}", params(("id" = String, Path, description = "the snapshot")), responses((status = 200, body = Deleted), (status = 404, body = ErrorBody), (status = 409, description = "copies depend on it", body = ErrorBody)))]
 async fn delete_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
     run(&e, Command::DeleteSnapshot { name }, StatusCode::OK).await
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TtlRequest {
     ttl_seconds: u64,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ttl", params(("id" = String, Path)), request_body = TtlRequest, responses((status = 200, body = SandboxView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn set_ttl(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -363,6 +418,7 @@ async fn set_ttl(
     .await
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands", params(("id" = String, Path)), request_body = ExecRequest, responses((status = 202, body = CommandStarted), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn start_command(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -371,11 +427,12 @@ async fn start_command(
     let cid = e.start_command(&id, request).await?;
     Ok((
         StatusCode::ACCEPTED,
-        Json(serde_json::json!({ "command_id": cid })),
+        Json(CommandStarted { command_id: cid }),
     )
         .into_response())
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/events", params(("id" = String, Path), ("cid" = String, Path)), responses((status = 200, description = "NDJSON CommandEvent lines from the start, following the command to its end", body = CommandEvent, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
 async fn command_events(
     State(e): State<Arc<Engine>>,
     UrlPath((id, cid)): UrlPath<(String, String)>,
@@ -390,6 +447,7 @@ struct PollQuery {
 }
 
 /// Output past chunk `from`, and the exit if the command ended.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", params(("id" = String, Path), ("cid" = String, Path), ("from" = Option<usize>, Query)), responses((status = 200, body = CommandPoll), (status = 404, body = ErrorBody)))]
 async fn command_poll(
     State(e): State<Arc<Engine>>,
     UrlPath((id, cid)): UrlPath<(String, String)>,
@@ -398,27 +456,31 @@ async fn command_poll(
     use base64::Engine as _;
     let b64 = base64::engine::general_purpose::STANDARD;
     let snap = e.command(&id, &cid).await?.snapshot(q.from);
-    let chunks: Vec<serde_json::Value> = snap
+    let chunks = snap
         .chunks
         .iter()
-        .map(|c| serde_json::json!({ "stream": c.stream, "data_b64": b64.encode(&c.data) }))
+        .map(|c| PolledChunk {
+            stream: c.stream,
+            data_b64: b64.encode(&c.data),
+        })
         .collect();
-    Ok(Json(serde_json::json!({
-        "command_id": cid,
-        "chunks": chunks,
-        "next": snap.next,
-        "dropped_bytes": snap.dropped_bytes,
-        "exit": snap.exit,
-    }))
+    Ok(Json(CommandPoll {
+        command_id: cid,
+        chunks,
+        next: snap.next,
+        dropped_bytes: snap.dropped_bytes,
+        exit: snap.exit,
+    })
     .into_response())
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct SignalRequest {
     signal: i32,
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/signal", params(("id" = String, Path), ("cid" = String, Path)), request_body = SignalRequest, responses((status = 202, description = "sent"), (status = 404, body = ErrorBody)))]
 async fn command_signal(
     State(e): State<Arc<Engine>>,
     UrlPath((id, cid)): UrlPath<(String, String)>,
@@ -428,10 +490,12 @@ async fn command_signal(
     Ok(StatusCode::ACCEPTED.into_response())
 }
 
+#[utoipa::path(get, path = "/v1/info", responses((status = 200, body = InfoView)))]
 async fn info(State(e): State<Arc<Engine>>) -> Api {
     run(&e, Command::Info, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/v1/images", responses((status = 200, body = Vec<ImageView>)))]
 async fn list_images(State(e): State<Arc<Engine>>) -> Api {
     run(&e, Command::ListImages, StatusCode::OK).await
 }
@@ -441,11 +505,13 @@ fn image_ref(r: &str) -> Result<forkbox_engine::image::ImageRef, ApiError> {
         .map_err(|e: forkbox_engine::error::ImageError| ApiError(e.into()))
 }
 
+#[utoipa::path(get, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME (the newest) or NAME@N")), responses((status = 200, body = ImageView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn get_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
     let reference = image_ref(&r)?;
     run(&e, Command::GetImage { reference }, StatusCode::OK).await
 }
 
+#[utoipa::path(delete, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME@N")), responses((status = 200, description = "the removed image", body = ImageView), (status = 404, body = ErrorBody), (status = 409, description = "in use", body = ErrorBody)))]
 async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
     let reference = image_ref(&r)?;
     run(&e, Command::RemoveImage { reference }, StatusCode::OK).await
@@ -454,6 +520,7 @@ async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>)
 /// Builds an image; the answer is newline-delimited JSON [`BuildProgress`] events, the last of
 /// which is `done`, `up_to_date` or `error`. A bad recipe is refused before anything starts.
 /// The build goes on if the client leaves.
+#[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody), (status = 422, description = "the body does not parse", body = String)))]
 async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequest>) -> Api {
     request.recipe()?;
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
@@ -476,8 +543,10 @@ async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequ
     Ok(ndjson(rx))
 }
 
-#[derive(serde::Deserialize)]
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
 struct FileQuery {
+    /// Absolute, or relative to `/root`.
     path: String,
     /// Octal permission bits for a written file (default 644).
     mode: Option<String>,
@@ -488,6 +557,7 @@ fn guest_path(q: &FileQuery) -> Result<GuestPath, ApiError> {
 }
 
 /// One file's bytes.
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery), responses((status = 200, description = "the bytes (at most 64 MiB)", body = Vec<u8>, content_type = "application/octet-stream"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn read_file(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -498,6 +568,7 @@ async fn read_file(
 }
 
 /// Writes the body to one file (parents made as needed), replacing it.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/files", params(("id" = String, Path), FileQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, body = Written), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn write_file(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -527,6 +598,7 @@ async fn write_file(
     .await
 }
 
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/dir", params(("id" = String, Path), FileQuery), responses((status = 200, body = DirListing), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn list_dir(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
@@ -536,6 +608,7 @@ async fn list_dir(
     run(&e, Command::ListDir { id, path }, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus/OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn metrics(State(e): State<Arc<Engine>>) -> Response {
     (
         [(
@@ -580,7 +653,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
             "/v1/snapshots/{id}",
             get(get_snapshot).delete(delete_snapshot),
         )
-        .route("/v1/snapshots/{id}/fork", post(fork))
+        .route("/v1/snapshots/{id}/fork", post(fork_snapshot))
         .route("/v1/sandboxes/{id}/commands", post(start_command))
         .route("/v1/sandboxes/{id}/commands/{cid}", get(command_poll))
         .route(

@@ -1,5 +1,6 @@
-//! The OpenAPI document and the router agree: every documented operation reaches a handler, and
-//! every route the router has is documented. No VM is started (requests name no real sandbox).
+//! The OpenAPI document (generated from the handlers and the engine's types) and the router
+//! agree: every documented operation reaches a handler, every route is documented, and real
+//! answers from a real engine match their schemas (that test boots VMs).
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::sync::Arc;
@@ -11,7 +12,7 @@ use forkbox_engine::paths::Paths;
 use tower::ServiceExt;
 
 fn doc() -> serde_json::Value {
-    serde_json::from_str(forkbox_server::OPENAPI).unwrap()
+    serde_json::from_str(&forkbox_server::doc::json()).unwrap()
 }
 
 #[tokio::test]
@@ -84,4 +85,363 @@ fn every_route_is_documented() {
         paths.len(),
         "openapi.json documents paths the router does not have"
     );
+}
+
+/// Validates real answers against the document: each status must be documented for its
+/// operation, and a JSON body (or each line of an NDJSON one) must match its schema.
+struct Checker {
+    doc: serde_json::Value,
+    app: axum::Router,
+    checked: Vec<String>,
+}
+
+impl Checker {
+    fn schema_for(&self, path: &str, method: &str, status: u16) -> Option<serde_json::Value> {
+        self.schema_of(path, method, status, None)
+    }
+
+    /// The schema of an answer, by its content type when the operation has several.
+    fn schema_of(
+        &self,
+        path: &str,
+        method: &str,
+        status: u16,
+        content_type: Option<&str>,
+    ) -> Option<serde_json::Value> {
+        let op = &self.doc["paths"][path][method];
+        assert!(op.is_object(), "{method} {path} is not documented");
+        let resp = &op["responses"][status.to_string()];
+        assert!(
+            resp.is_object(),
+            "{method} {path} answered {status}, which is not documented"
+        );
+        let content = resp["content"].as_object()?;
+        let media = match content_type {
+            Some(t) if content.len() > 1 => content
+                .iter()
+                .find(|(k, _)| t.starts_with(k.as_str()))
+                .map(|(_, m)| m)
+                .unwrap_or_else(|| panic!("{method} {path}: {t} is not documented")),
+            _ => content.iter().next()?.1,
+        };
+        Some(media["schema"].clone())
+    }
+
+    fn validate(&self, schema: &serde_json::Value, value: &serde_json::Value, what: &str) {
+        let mut root = schema.as_object().cloned().unwrap_or_default();
+        root.insert("components".into(), self.doc["components"].clone());
+        let root = serde_json::Value::Object(root);
+        let v = jsonschema::options()
+            .with_draft(jsonschema::Draft::Draft202012)
+            .build(&root)
+            .unwrap_or_else(|e| panic!("{what}: the schema does not compile: {e}"));
+        let errors: Vec<String> = v.iter_errors(value).map(|e| e.to_string()).collect();
+        assert!(
+            errors.is_empty(),
+            "{what}: {value} does not match its schema: {errors:?}"
+        );
+    }
+
+    /// Sends a request to the router and checks the answer; the JSON body (the last NDJSON
+    /// line of a stream).
+    async fn call(
+        &mut self,
+        method: &str,
+        uri: &str,
+        doc_path: &str,
+        body: Option<serde_json::Value>,
+    ) -> (u16, serde_json::Value) {
+        let mut req = Request::builder().method(method).uri(uri);
+        let body = match body {
+            Some(b) => {
+                req = req.header("content-type", "application/json");
+                Body::from(b.to_string())
+            }
+            None => Body::empty(),
+        };
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(body).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status().as_u16();
+        let content_type = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_string();
+        let ndjson = content_type.contains("ndjson");
+        let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+            .await
+            .unwrap();
+        let what = format!("{method} {uri} -> {status}");
+        let schema = self.schema_of(
+            doc_path,
+            &method.to_lowercase(),
+            status,
+            Some(&content_type),
+        );
+        let mut last = serde_json::Value::Null;
+        let values: Vec<serde_json::Value> = if ndjson {
+            String::from_utf8_lossy(&bytes)
+                .lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(|l| serde_json::from_str(l).unwrap())
+                .collect()
+        } else if bytes.is_empty() {
+            vec![]
+        } else {
+            vec![serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null)]
+        };
+        if let Some(schema) = &schema {
+            for v in &values {
+                self.validate(schema, v, &what);
+                last = v.clone();
+            }
+        }
+        self.checked.push(what);
+        (status, last)
+    }
+}
+
+/// Real answers from the daemon's router on a real engine (VMs booted under the test home's
+/// images) match the generated document: one sandbox, its exec (plain and streamed), a
+/// background command, files, a snapshot and its fork, hibernate and resume, an image build,
+/// and the errors on the way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_answers_match_their_schemas() {
+    let paths = forkbox_test_infra::isolated_home("openapi-real");
+    let engine = Arc::new(Engine::new(paths));
+    let mut c = Checker {
+        doc: doc(),
+        app: forkbox_server::router(engine.clone()),
+        checked: vec![],
+    };
+    use serde_json::json;
+    c.call("GET", "/v1/health", "/v1/health", None).await;
+    c.call("GET", "/v1/info", "/v1/info", None).await;
+    c.call("GET", "/v1/images", "/v1/images", None).await;
+    let img = "/v1/images/{reference}";
+    c.call("GET", "/v1/images/python-bookworm", img, None).await;
+    assert_eq!(c.call("GET", "/v1/images/nope", img, None).await.0, 404);
+    assert_eq!(c.call("GET", "/v1/images/a@b", img, None).await.0, 400);
+    let build =
+        json!({"name": "openapi-test", "recipe": {"base": "python-bookworm"}, "if_changed": true});
+    let (_, last) = c
+        .call("POST", "/v1/images", "/v1/images", Some(build))
+        .await;
+    assert!(
+        matches!(last["type"].as_str(), Some("done" | "up_to_date")),
+        "{last}"
+    );
+    let (s, sb) = c
+        .call(
+            "POST",
+            "/v1/sandboxes",
+            "/v1/sandboxes",
+            Some(json!({"ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(s, 201, "{sb}");
+    let id = sb["id"].as_str().unwrap().to_string();
+    let one = "/v1/sandboxes/{id}";
+    c.call("GET", "/v1/sandboxes", "/v1/sandboxes", None).await;
+    c.call("GET", &format!("/v1/sandboxes/{id}"), one, None)
+        .await;
+    assert_eq!(
+        c.call("GET", "/v1/sandboxes/sb-none", one, None).await.0,
+        404
+    );
+    let exec = "/v1/sandboxes/{id}/exec";
+    let (_, r) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec"),
+            exec,
+            Some(json!({"shell": "echo hi"})),
+        )
+        .await;
+    assert_eq!(r["stdout"], "hi\n");
+    let (_, last) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exec?stream=true"),
+            exec,
+            Some(json!({"argv": ["sh", "-c", "echo a; echo b >&2"]})),
+        )
+        .await;
+    assert_eq!(last["type"], "exit");
+    let (_, started) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/commands"),
+            "/v1/sandboxes/{id}/commands",
+            Some(json!({"shell": "echo bg"})),
+        )
+        .await;
+    let cid = started["command_id"].as_str().unwrap().to_string();
+    c.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/commands/{cid}/events"),
+        "/v1/sandboxes/{id}/commands/{cid}/events",
+        None,
+    )
+    .await;
+    c.call(
+        "GET",
+        &format!("/v1/sandboxes/{id}/commands/{cid}"),
+        "/v1/sandboxes/{id}/commands/{cid}",
+        None,
+    )
+    .await;
+    let files = "/v1/sandboxes/{id}/files";
+    let req = Request::builder()
+        .method("PUT")
+        .uri(format!("/v1/sandboxes/{id}/files?path=/tmp/x/y.txt"))
+        .body(Body::from("data"))
+        .unwrap();
+    let resp = c.app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body: serde_json::Value = serde_json::from_slice(
+        &axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
+    let schema = c.schema_for(files, "put", 200).unwrap();
+    c.validate(&schema, &body, "PUT files");
+    assert_eq!(
+        c.call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/files?path=/nope"),
+            files,
+            None
+        )
+        .await
+        .0,
+        404
+    );
+    let (_, dir) = c
+        .call(
+            "GET",
+            &format!("/v1/sandboxes/{id}/dir?path=/tmp/x"),
+            "/v1/sandboxes/{id}/dir",
+            None,
+        )
+        .await;
+    assert_eq!(dir["entries"][0]["name"], "y.txt");
+    c.call(
+        "POST",
+        &format!("/v1/sandboxes/{id}/ttl"),
+        "/v1/sandboxes/{id}/ttl",
+        Some(json!({"ttl_seconds": 900})),
+    )
+    .await;
+    let (s, snap) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/snapshot"),
+            "/v1/sandboxes/{id}/snapshot",
+            Some(json!({})),
+        )
+        .await;
+    assert_eq!(s, 201, "{snap}");
+    let name = snap["name"].as_str().unwrap().to_string();
+    c.call("GET", "/v1/snapshots", "/v1/snapshots", None).await;
+    c.call(
+        "GET",
+        &format!("/v1/snapshots/{name}"),
+        "/v1/snapshots/{id}",
+        None,
+    )
+    .await;
+    let (s, forked) = c
+        .call(
+            "POST",
+            &format!("/v1/snapshots/{name}/fork"),
+            "/v1/snapshots/{id}/fork",
+            Some(json!({"count": 1})),
+        )
+        .await;
+    assert_eq!(s, 201, "{forked}");
+    let copy = forked["sandboxes"][0]["id"].as_str().unwrap().to_string();
+    c.call(
+        "POST",
+        &format!("/v1/sandboxes/{copy}/hibernate"),
+        "/v1/sandboxes/{id}/hibernate",
+        None,
+    )
+    .await;
+    assert_eq!(
+        c.call(
+            "POST",
+            &format!("/v1/sandboxes/{copy}/exec"),
+            exec,
+            Some(json!({"shell": "true"}))
+        )
+        .await
+        .0,
+        409
+    );
+    c.call(
+        "POST",
+        &format!("/v1/sandboxes/{copy}/resume"),
+        "/v1/sandboxes/{id}/resume",
+        None,
+    )
+    .await;
+    c.call("DELETE", &format!("/v1/sandboxes/{copy}"), one, None)
+        .await;
+    c.call(
+        "DELETE",
+        &format!("/v1/snapshots/{name}"),
+        "/v1/snapshots/{id}",
+        None,
+    )
+    .await;
+    let (s, forked) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{id}/fork"),
+            "/v1/sandboxes/{id}/fork",
+            Some(json!({"count": 1, "ttl_seconds": 600})),
+        )
+        .await;
+    assert_eq!(s, 201, "{forked}");
+    let copy = forked["sandboxes"][0]["id"].as_str().unwrap().to_string();
+    let (_, started) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{copy}/commands"),
+            "/v1/sandboxes/{id}/commands",
+            Some(json!({"argv": ["sleep", "600"]})),
+        )
+        .await;
+    let cid = started["command_id"].as_str().unwrap();
+    let (s, _) = c
+        .call(
+            "POST",
+            &format!("/v1/sandboxes/{copy}/commands/{cid}/signal"),
+            "/v1/sandboxes/{id}/commands/{cid}/signal",
+            Some(json!({"signal": 9})),
+        )
+        .await;
+    assert_eq!(s, 202);
+    c.call("DELETE", &format!("/v1/sandboxes/{copy}"), one, None)
+        .await;
+    c.call("DELETE", &format!("/v1/sandboxes/{id}"), one, None)
+        .await;
+    println!(
+        "checked {} answers:\n  {}",
+        c.checked.len(),
+        c.checked.join("\n  ")
+    );
+    assert!(
+        c.checked.len() >= 33,
+        "only {} answers checked",
+        c.checked.len()
+    );
+    engine.shutdown().await;
 }

@@ -308,7 +308,9 @@ impl Drop for TestNet {
 
 /// Runs `cmd` and panics with its output when it fails.
 fn must(cmd: &mut std::process::Command, what: &str) {
-    let out = cmd.output().unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
+    let out = cmd
+        .output()
+        .unwrap_or_else(|e| panic!("{what}: cannot start: {e}"));
     assert!(
         out.status.success(),
         "{what} failed ({}):\n{}\n{}",

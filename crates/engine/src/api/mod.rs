@@ -104,9 +104,7 @@ pub enum Reply {
     Sandbox(SandboxView),
     Sandboxes(Vec<SandboxView>),
     Exec(ExecResult),
-    Deleted {
-        deleted: String,
-    },
+    Deleted(Deleted),
     Snapshot(crate::snapshot::SnapshotMeta),
     Snapshots(Vec<crate::snapshot::SnapshotMeta>),
     Forked(ForkResult),
@@ -570,7 +568,7 @@ impl Engine {
                     }
                 }
                 crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
-                Ok(Reply::Deleted { deleted: name })
+                Ok(Reply::Deleted(Deleted { deleted: name }))
             }
             Command::ListImages => Ok(Reply::Images(self.list_images())),
             Command::GetImage { reference } => self.get_image(&reference).map(Reply::Image),
@@ -595,7 +593,7 @@ impl Engine {
             Command::Delete { id } => {
                 if let Some(s) = self.sleepers.write().await.remove(&id) {
                     crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
-                    return Ok(Reply::Deleted { deleted: id });
+                    return Ok(Reply::Deleted(Deleted { deleted: id }));
                 }
                 let entry = self
                     .sandboxes
@@ -604,7 +602,7 @@ impl Engine {
                     .remove(&id)
                     .ok_or(EngineError::NoSuchSandbox(id.clone()))?;
                 self.removed(entry).await;
-                Ok(Reply::Deleted { deleted: id })
+                Ok(Reply::Deleted(Deleted { deleted: id }))
             }
         }
     }

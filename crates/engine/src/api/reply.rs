@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::TtlAction;
 use crate::sandbox::SandboxInfo;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SandboxView {
     #[serde(flatten)]
     pub info: SandboxInfo,
@@ -32,7 +32,7 @@ pub struct SandboxView {
     pub network: crate::net::NetworkPolicy,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum SandboxState {
     Running,
@@ -41,7 +41,7 @@ pub enum SandboxState {
     Failed,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ExecResult {
     pub exit_code: i32,
     pub signal: Option<i32>,
@@ -54,7 +54,7 @@ pub struct ExecResult {
 }
 
 /// An image, as every front end shows it.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ImageView {
     /// `NAME@N`.
     pub reference: String,
@@ -93,7 +93,7 @@ impl From<&crate::image::Image> for ImageView {
 }
 
 /// Progress of an image build, streamed as newline-delimited JSON (`type` tells which).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum BuildProgress {
     /// A step starts: `n` of `total`.
@@ -110,7 +110,7 @@ pub enum BuildProgress {
 
 /// One event of a streamed command, as newline-delimited JSON (`type` tells which): first
 /// `command`, then output chunks, then `exit` or `error`.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CommandEvent {
     Command { command_id: String },
@@ -121,7 +121,7 @@ pub enum CommandEvent {
 }
 
 /// What `path` holds, one entry per name (not recursive).
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DirListing {
     pub path: String,
     pub entries: Vec<DirEntry>,
@@ -130,7 +130,7 @@ pub struct DirListing {
     pub truncated: bool,
 }
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct DirEntry {
     pub name: String,
     /// `file`, `dir`, `symlink` or `other`.
@@ -141,7 +141,7 @@ pub struct DirEntry {
     pub modified_unix: f64,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum EntryKind {
     File,
@@ -151,14 +151,14 @@ pub enum EntryKind {
 }
 
 /// One file written.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Written {
     pub path: String,
     pub bytes: u64,
 }
 
 /// The daemon and its host.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InfoView {
     pub version: String,
     pub protocol_version: u32,
@@ -168,4 +168,35 @@ pub struct InfoView {
     pub kernels: Vec<String>,
     pub images: Vec<String>,
     pub sandboxes: usize,
+}
+
+/// What a delete removed.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Deleted {
+    pub deleted: String,
+}
+
+/// A command's output past chunk `from` (`GET .../commands/{cid}?from=N`), and its exit once
+/// it ended.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommandPoll {
+    pub command_id: String,
+    pub chunks: Vec<PolledChunk>,
+    /// Pass as `from` next time.
+    pub next: usize,
+    /// Output dropped because the command printed more than is kept.
+    pub dropped_bytes: u64,
+    pub exit: Option<crate::commands::ExitInfo>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct PolledChunk {
+    pub stream: crate::commands::Stream,
+    pub data_b64: String,
+}
+
+/// A command started in the background.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct CommandStarted {
+    pub command_id: String,
 }

@@ -14,7 +14,7 @@ pub const OUTPUT_CAP: usize = 64 * 1024;
 /// Longest timeout a command may ask for.
 pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct CreateRequest {
     /// NAME or NAME@N; the default image when absent.
@@ -40,7 +40,7 @@ pub struct CreateRequest {
     pub network: Option<crate::net::NetworkPolicy>,
 }
 
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum TtlAction {
     #[default]
@@ -48,7 +48,7 @@ pub enum TtlAction {
     Hibernate,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     /// A name for the snapshot; one is made up when absent.
@@ -58,7 +58,7 @@ pub struct SnapshotRequest {
     pub stay_paused: bool,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ForkRequest {
     /// How many copies, 1 to 10.
@@ -75,7 +75,7 @@ pub struct ForkRequest {
 /// Most copies one fork call makes.
 pub const MAX_FORK: u32 = 10;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ForkResult {
     /// The snapshot the copies were made from (made by this call when forking a sandbox).
     pub snapshot: String,
@@ -87,7 +87,7 @@ pub struct ForkResult {
     pub duration_ms: u64,
 }
 
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecRequest {
     /// Run this argv directly...
@@ -140,7 +140,7 @@ pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
 }
 
 /// Builds an image: the next version of `name`, from a recipe in the seed shape.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct BuildRequest {
     pub name: String,

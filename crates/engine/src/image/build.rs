@@ -211,7 +211,11 @@ pub fn build(
         None => recipe_text.to_string(),
     };
     let source = match &from {
-        Some(img) => Source::Image(img.clone(), require("debugfs")?, require("unshare")?),
+        Some(img) => Source::Image(
+            Box::new(img.clone()),
+            require("debugfs")?,
+            require("unshare")?,
+        ),
         None => Source::Debian(require("mmdebstrap")?),
     };
     let name_dir = paths.images().join(&recipe.name);
@@ -283,7 +287,7 @@ enum Source {
     /// A fresh Debian root from mmdebstrap (the program's path).
     Debian(PathBuf),
     /// The files of another image (with debugfs and unshare's paths).
-    Image(super::Image, PathBuf, PathBuf),
+    Image(Box<super::Image>, PathBuf, PathBuf),
 }
 
 fn build_in(

@@ -23,7 +23,7 @@ use crate::paths::{write_atomic, Paths};
 /// cloud kernel to init in well under a second.
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(6);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum Accel {
     Kvm,
@@ -39,7 +39,7 @@ impl std::fmt::Display for Accel {
     }
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum AccelChoice {
     #[default]
@@ -61,7 +61,7 @@ impl std::str::FromStr for AccelChoice {
 }
 
 /// The accelerator a sandbox runs on, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct AccelDecision {
     pub accel: Accel,
     pub reason: String,

@@ -1,0 +1,63 @@
+//! The API's OpenAPI document, generated from the handlers' annotations and the engine's
+//! request and reply types (`utoipa`), served at `/v1/openapi.json`. Tests check it against
+//! the router and real answers against its schemas.
+
+use utoipa::OpenApi;
+
+use super::*;
+
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "forkbox",
+        description = "Disposable microVM sandboxes with snapshot and fork. On the daemon's Unix \
+            socket (mode 0600) without credentials; on its TCP listener with `Authorization: \
+            Bearer TOKEN` (`forkbox token create`). Errors are `{\"error\": message}` with the \
+            status the engine gives them. Streams are newline-delimited JSON, one event a line."
+    ),
+    paths(
+        health,
+        openapi,
+        metrics,
+        info,
+        list_images,
+        build_image,
+        get_image,
+        remove_image,
+        create,
+        list,
+        get_one,
+        delete,
+        exec,
+        set_ttl,
+        snapshot,
+        fork,
+        hibernate,
+        resume,
+        start_command,
+        command_poll,
+        command_events,
+        command_signal,
+        put_archive,
+        get_archive,
+        read_file,
+        write_file,
+        list_dir,
+        list_snapshots,
+        get_snapshot,
+        delete_snapshot,
+        fork_snapshot,
+    ),
+    components(schemas(ErrorBody, BuildProgress, CommandEvent, ArchiveFormat))
+)]
+struct Api;
+
+/// The document.
+pub fn document() -> utoipa::openapi::OpenApi {
+    Api::openapi()
+}
+
+/// The document as JSON.
+pub fn json() -> String {
+    document().to_pretty_json().unwrap_or_default()
+}
