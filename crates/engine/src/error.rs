@@ -70,7 +70,7 @@ pub enum ImageError {
         reference: String,
         sandboxes: String,
     },
-    #[error("image {name} is broken: {message}; remove it with `forkbox image rm {name}` and build it again")]
+    #[error("image {name} is broken: {message}; remove it and build it again")]
     Corrupt { name: String, message: String },
     #[error("building image {name} failed at step '{step}': {message}")]
     BuildFailed {
@@ -186,9 +186,9 @@ pub enum SandboxError {
     Network(#[from] crate::net::PolicyError),
     #[error("a disk of {asked_mib} MiB is smaller than the image's ({minimum_mib} MiB); ask for at least that")]
     DiskTooSmall { asked_mib: u64, minimum_mib: u64 },
-    #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed: the guest is overloaded (a fork bomb, memory pressure) or its agent is stuck. The sandbox still runs; see `forkbox sandbox ls` and delete it if it does not recover")]
+    #[error("the command did not finish within its timeout of {secs} s plus a grace period, and the guest agent did not report it killed: the guest is overloaded (a fork bomb, memory pressure) or its agent is stuck. The sandbox still runs; delete it if it does not recover")]
     Unresponsive { secs: u64 },
-    #[error("the host's file system holding {} is full ({free_mib} MiB free): the sandbox is paused where it stood, nothing lost, and resumes by itself once {} MiB are free there; free space on the host (old snapshots: `forkbox snapshot rm`)", dir.display(), crate::diskwatch::RESUME_FREE_BYTES >> 20)]
+    #[error("the host's file system holding {} is full ({free_mib} MiB free): the sandbox is paused where it stood, nothing lost, and resumes by itself once {} MiB are free there; free space on the host (deleting old snapshots frees the most)", dir.display(), crate::diskwatch::RESUME_FREE_BYTES >> 20)]
     HostDiskFull {
         dir: std::path::PathBuf,
         free_mib: u64,

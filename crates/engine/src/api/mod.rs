@@ -406,7 +406,7 @@ impl Engine {
                 Ok(s) => (s, None),
                 Err(crate::snapshot::SnapshotError::NotFound(_)) | Err(crate::snapshot::SnapshotError::BadName(_)) => {
                     return Err(EngineError::BadRequest(format!(
-                        "{source} is neither a sandbox nor a snapshot; see `forkbox sandbox ls` and `forkbox snapshot ls`"
+                        "{source} is neither a sandbox nor a snapshot"
                     )))
                 }
                 Err(e) => return Err(e.into()),
