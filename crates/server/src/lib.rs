@@ -19,10 +19,10 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 #[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted, CreateRequest,
-    Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult,
-    GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView, SnapshotRequest,
-    Written,
+    ArchiveFormat, BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted,
+    CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
+    ForkResult, GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView,
+    SnapshotRequest, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -93,6 +93,17 @@ async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
             bytes,
         )
             .into_response(),
+        Reply::Metrics(text) => (
+            ok,
+            [(
+                axum::http::header::CONTENT_TYPE,
+                "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            )],
+            text,
+        )
+            .into_response(),
+        Reply::Signalled => ok.into_response(),
+        Reply::Log(_) | Reply::Archive(_) => return Err(unexpected()),
         reply => (ok, Json(reply)).into_response(),
     })
 }
@@ -200,8 +211,25 @@ async fn exec(
     if !q.stream {
         return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
     }
-    let cid = e.start_command(&id, request).await?;
-    attach(e, id, cid).await
+    let Reply::CommandStarted(started) = handle(
+        &e,
+        Command::StartCommand {
+            id: id.clone(),
+            request,
+        },
+    )
+    .await?
+    else {
+        return Err(unexpected());
+    };
+    attach(e, id, started.command_id).await
+}
+
+/// A reply of another kind than its command gives: a bug in this adapter.
+fn unexpected() -> ApiError {
+    ApiError(EngineError::BadRequest(
+        "the engine answered with an unexpected kind of reply".into(),
+    ))
 }
 
 /// NDJSON events of a command from its start, following it until it ends: first
@@ -209,7 +237,17 @@ async fn exec(
 /// `exit` (or `error`). Reattaching replays everything kept.
 async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
     use base64::Engine as _;
-    let log = e.command(&id, &cid).await?;
+    let Reply::Log(log) = handle(
+        &e,
+        Command::AttachCommand {
+            id,
+            command_id: cid.clone(),
+        },
+    )
+    .await?
+    else {
+        return Err(unexpected());
+    };
     let (tx, rx) = tokio::sync::mpsc::channel::<CommandEvent>(16);
     tokio::spawn(async move {
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -258,21 +296,6 @@ struct ArchiveQuery {
     format: ArchiveFormat,
 }
 
-#[derive(serde::Deserialize, Default, Clone, Copy, PartialEq, Eq, utoipa::ToSchema)]
-enum ArchiveFormat {
-    #[default]
-    #[serde(rename = "tar.zst")]
-    TarZst,
-    #[serde(rename = "tar.gz")]
-    TarGz,
-}
-
-/// An archive unpacked: the compressed bytes it took.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-struct Unpacked {
-    bytes: u64,
-}
-
 /// Unpacks the request body (tar.zst, or tar.gz with `format=tar.gz`) into `path` in the
 /// sandbox.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/archive", params(("id" = String, Path), ArchiveQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "tar.zst, or tar.gz with format=tar.gz"), responses((status = 200, body = Unpacked), (status = 404, body = ErrorBody), (status = 507, body = ErrorBody)))]
@@ -283,7 +306,6 @@ async fn put_archive(
     body: axum::body::Body,
 ) -> Api {
     use futures_util::StreamExt;
-    let sb = e.sandbox(&id).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
     let feed = tokio::spawn(async move {
         let mut stream = body.into_data_stream();
@@ -293,19 +315,15 @@ async fn put_archive(
             }
         }
     });
-    let rx = match q.format {
-        ArchiveFormat::TarZst => rx,
-        ArchiveFormat::TarGz => forkbox_engine::files::gzip_to_zstd(rx),
+    let cmd = Command::PutArchive {
+        id,
+        path: q.path,
+        format: q.format,
+        chunks: rx,
     };
-    let result = forkbox_engine::files::put_archive(sb.client(), &q.path, rx).await;
+    let result = run(&e, cmd, StatusCode::OK).await;
     feed.abort();
-    match result {
-        Ok(bytes) => {
-            e.metrics().bytes_uploaded.inc_by(bytes);
-            Ok(Json(Unpacked { bytes }).into_response())
-        }
-        Err(err) => Err(ApiError(err.into())),
-    }
+    result
 }
 
 /// Streams `path` from the sandbox as tar.zst (or tar.gz with `format=tar.gz`).
@@ -315,29 +333,19 @@ async fn get_archive(
     UrlPath(id): UrlPath<String>,
     Query(q): Query<ArchiveQuery>,
 ) -> Api {
-    let sb = e.sandbox(&id).await?;
-    let rx = forkbox_engine::files::get_archive(sb.client(), &q.path)
-        .await
-        .map_err(EngineError::from)?;
-    let rx = match q.format {
-        ArchiveFormat::TarZst => rx,
-        ArchiveFormat::TarGz => forkbox_engine::files::zstd_to_gzip(rx),
+    let cmd = Command::GetArchive {
+        id,
+        path: q.path,
+        format: q.format,
+    };
+    let Reply::Archive(rx) = handle(&e, cmd).await? else {
+        return Err(unexpected());
     };
     // An error from the guest ends the body early; the client then sees a broken transfer.
-    let counted = e.clone();
-    let stream = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        move |item| {
-            if let Ok(chunk) = &item {
-                counted
-                    .metrics()
-                    .bytes_downloaded
-                    .inc_by(chunk.len() as u64);
-            }
-            item
-        },
-    );
-    Ok(axum::body::Body::from_stream(stream).into_response())
+    Ok(
+        axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .into_response(),
+    )
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", params(("id" = String, Path)), request_body(content = Option<SnapshotRequest>), responses((status = 201, body = SnapshotMeta), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
@@ -424,12 +432,12 @@ async fn start_command(
     UrlPath(id): UrlPath<String>,
     Json(request): Json<ExecRequest>,
 ) -> Api {
-    let cid = e.start_command(&id, request).await?;
-    Ok((
+    run(
+        &e,
+        Command::StartCommand { id, request },
         StatusCode::ACCEPTED,
-        Json(CommandStarted { command_id: cid }),
     )
-        .into_response())
+    .await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/events", params(("id" = String, Path), ("cid" = String, Path)), responses((status = 200, description = "NDJSON CommandEvent lines from the start, following the command to its end", body = CommandEvent, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
@@ -450,28 +458,15 @@ struct PollQuery {
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}", params(("id" = String, Path), ("cid" = String, Path), ("from" = Option<usize>, Query)), responses((status = 200, body = CommandPoll), (status = 404, body = ErrorBody)))]
 async fn command_poll(
     State(e): State<Arc<Engine>>,
-    UrlPath((id, cid)): UrlPath<(String, String)>,
+    UrlPath((id, command_id)): UrlPath<(String, String)>,
     Query(q): Query<PollQuery>,
 ) -> Api {
-    use base64::Engine as _;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let snap = e.command(&id, &cid).await?.snapshot(q.from);
-    let chunks = snap
-        .chunks
-        .iter()
-        .map(|c| PolledChunk {
-            stream: c.stream,
-            data_b64: b64.encode(&c.data),
-        })
-        .collect();
-    Ok(Json(CommandPoll {
-        command_id: cid,
-        chunks,
-        next: snap.next,
-        dropped_bytes: snap.dropped_bytes,
-        exit: snap.exit,
-    })
-    .into_response())
+    let cmd = Command::PollCommand {
+        id,
+        command_id,
+        from: q.from,
+    };
+    run(&e, cmd, StatusCode::OK).await
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -483,11 +478,15 @@ struct SignalRequest {
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/signal", params(("id" = String, Path), ("cid" = String, Path)), request_body = SignalRequest, responses((status = 202, description = "sent"), (status = 404, body = ErrorBody)))]
 async fn command_signal(
     State(e): State<Arc<Engine>>,
-    UrlPath((id, cid)): UrlPath<(String, String)>,
+    UrlPath((id, command_id)): UrlPath<(String, String)>,
     Json(r): Json<SignalRequest>,
 ) -> Api {
-    e.command(&id, &cid).await?.signal(r.signal).await;
-    Ok(StatusCode::ACCEPTED.into_response())
+    let cmd = Command::SignalCommand {
+        id,
+        command_id,
+        signal: r.signal,
+    };
+    run(&e, cmd, StatusCode::ACCEPTED).await
 }
 
 #[utoipa::path(get, path = "/v1/info", responses((status = 200, body = InfoView)))]
@@ -609,15 +608,8 @@ async fn list_dir(
 }
 
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus/OpenMetrics text", content_type = "application/openmetrics-text")))]
-async fn metrics(State(e): State<Arc<Engine>>) -> Response {
-    (
-        [(
-            axum::http::header::CONTENT_TYPE,
-            "application/openmetrics-text; version=1.0.0; charset=utf-8",
-        )],
-        e.metrics().encode(),
-    )
-        .into_response()
+async fn metrics(State(e): State<Arc<Engine>>) -> Api {
+    run(&e, Command::Metrics, StatusCode::OK).await
 }
 
 pub fn router(engine: Arc<Engine>) -> Router {

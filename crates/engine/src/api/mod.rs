@@ -24,7 +24,9 @@ pub use reply::*;
 pub use request::*;
 pub use store_ops::up_to_date;
 
-#[derive(Debug, Clone)]
+/// One operation of the engine. Every front end (the HTTP server, the CLI's one-shot `run`
+/// through its private engine, later the MCP server) asks for work only through these.
+#[derive(Debug)]
 pub enum Command {
     Create(CreateRequest),
     Get {
@@ -96,9 +98,45 @@ pub enum Command {
         path: GuestPath,
     },
     Info,
+    /// Starts a command that outlives the request; its output is kept (see `KEEP_COMMANDS`).
+    StartCommand {
+        id: String,
+        request: ExecRequest,
+    },
+    /// A started command's output past chunk `from`, and its exit once it ended.
+    PollCommand {
+        id: String,
+        command_id: String,
+        from: usize,
+    },
+    /// The log of a started command, to follow from its start ([`Reply::Log`]).
+    AttachCommand {
+        id: String,
+        command_id: String,
+    },
+    SignalCommand {
+        id: String,
+        command_id: String,
+        signal: i32,
+    },
+    /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
+    PutArchive {
+        id: String,
+        path: String,
+        format: ArchiveFormat,
+        chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    },
+    /// `path` in the sandbox as an archive ([`Reply::Archive`]).
+    GetArchive {
+        id: String,
+        path: String,
+        format: ArchiveFormat,
+    },
+    /// The metrics in the OpenMetrics text format.
+    Metrics,
 }
 
-#[derive(Debug, Clone, Serialize)]
+#[derive(Serialize)]
 #[serde(untagged)]
 pub enum Reply {
     Sandbox(SandboxView),
@@ -115,6 +153,21 @@ pub enum Reply {
     Written(Written),
     Dir(DirListing),
     Info(InfoView),
+    CommandStarted(CommandStarted),
+    CommandPoll(CommandPoll),
+    /// A command's log, followed by the front end (not a body).
+    #[serde(skip)]
+    Log(Arc<crate::commands::CommandLog>),
+    /// A signal was sent.
+    #[serde(skip)]
+    Signalled,
+    Unpacked(Unpacked),
+    /// An archive's chunks as they come; an error ends it early (not a body).
+    #[serde(skip)]
+    Archive(tokio::sync::mpsc::Receiver<Result<Vec<u8>, crate::error::AgentError>>),
+    /// OpenMetrics text (not JSON).
+    #[serde(skip)]
+    Metrics(String),
 }
 
 /// Commands whose output a sandbox keeps at most (finished ones are dropped oldest first).
@@ -404,7 +457,8 @@ impl Engine {
         } else {
             match store.get(source) {
                 Ok(s) => (s, None),
-                Err(crate::snapshot::SnapshotError::NotFound(_)) | Err(crate::snapshot::SnapshotError::BadName(_)) => {
+                Err(crate::snapshot::SnapshotError::NotFound(_))
+                | Err(crate::snapshot::SnapshotError::BadName(_)) => {
                     return Err(EngineError::BadRequest(format!(
                         "{source} is neither a sandbox nor a snapshot"
                     )))
@@ -590,6 +644,57 @@ impl Engine {
                 .map(Reply::Written),
             Command::ListDir { id, path } => self.list_dir(&id, &path).await.map(Reply::Dir),
             Command::Info => Ok(Reply::Info(self.info().await)),
+            Command::StartCommand { id, request } => Ok(Reply::CommandStarted(CommandStarted {
+                command_id: self.start_command(&id, request).await?,
+            })),
+            Command::PollCommand {
+                id,
+                command_id,
+                from,
+            } => {
+                use base64::Engine as _;
+                let snap = self.command(&id, &command_id).await?.snapshot(from);
+                let b64 = base64::engine::general_purpose::STANDARD;
+                Ok(Reply::CommandPoll(CommandPoll {
+                    command_id,
+                    chunks: snap
+                        .chunks
+                        .iter()
+                        .map(|c| PolledChunk {
+                            stream: c.stream,
+                            data_b64: b64.encode(&c.data),
+                        })
+                        .collect(),
+                    next: snap.next,
+                    dropped_bytes: snap.dropped_bytes,
+                    exit: snap.exit,
+                }))
+            }
+            Command::AttachCommand { id, command_id } => {
+                Ok(Reply::Log(self.command(&id, &command_id).await?))
+            }
+            Command::SignalCommand {
+                id,
+                command_id,
+                signal,
+            } => {
+                self.command(&id, &command_id).await?.signal(signal).await;
+                Ok(Reply::Signalled)
+            }
+            Command::PutArchive {
+                id,
+                path,
+                format,
+                chunks,
+            } => self
+                .put_archive(&id, &path, format, chunks)
+                .await
+                .map(Reply::Unpacked),
+            Command::GetArchive { id, path, format } => self
+                .get_archive(&id, &path, format)
+                .await
+                .map(Reply::Archive),
+            Command::Metrics => Ok(Reply::Metrics(self.metrics.encode())),
             Command::Delete { id } => {
                 if let Some(s) = self.sleepers.write().await.remove(&id) {
                     crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
@@ -608,7 +713,7 @@ impl Engine {
     }
 
     /// Starts a command that outlives this call; read it with [`Engine::command`].
-    pub async fn start_command(
+    async fn start_command(
         &self,
         id: &str,
         request: ExecRequest,
@@ -653,7 +758,7 @@ impl Engine {
     }
 
     /// A command started with [`Engine::start_command`].
-    pub async fn command(
+    async fn command(
         &self,
         id: &str,
         command_id: &str,

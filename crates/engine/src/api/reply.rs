@@ -200,3 +200,9 @@ pub struct PolledChunk {
 pub struct CommandStarted {
     pub command_id: String,
 }
+
+/// An archive unpacked: the compressed bytes it took.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Unpacked {
+    pub bytes: u64,
+}

@@ -197,3 +197,15 @@ impl std::fmt::Display for GuestPath {
         f.write_str(&self.0)
     }
 }
+
+/// How an archive of a tree is compressed on the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum ArchiveFormat {
+    /// tar compressed with zstd: what the guest reads and writes.
+    #[default]
+    #[serde(rename = "tar.zst")]
+    TarZst,
+    /// tar compressed with gzip, re-encoded on the host (for clients with gzip only).
+    #[serde(rename = "tar.gz")]
+    TarGz,
+}

@@ -178,6 +178,51 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
         })
     }
 
+    pub(super) async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        format: ArchiveFormat,
+        chunks: mpsc::Receiver<Vec<u8>>,
+    ) -> Result<Unpacked, EngineError> {
+        let sb = self.sandbox(id).await?;
+        let chunks = match format {
+            ArchiveFormat::TarZst => chunks,
+            ArchiveFormat::TarGz => crate::files::gzip_to_zstd(chunks),
+        };
+        let bytes = crate::files::put_archive(sb.client(), path, chunks).await?;
+        self.metrics.bytes_uploaded.inc_by(bytes);
+        Ok(Unpacked { bytes })
+    }
+
+    /// The archive's chunks, counted as they go.
+    pub(super) async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+        format: ArchiveFormat,
+    ) -> Result<mpsc::Receiver<Result<Vec<u8>, crate::error::AgentError>>, EngineError> {
+        let sb = self.sandbox(id).await?;
+        let rx = crate::files::get_archive(sb.client(), path).await?;
+        let mut rx = match format {
+            ArchiveFormat::TarZst => rx,
+            ArchiveFormat::TarGz => crate::files::zstd_to_gzip(rx),
+        };
+        let (tx, out) = mpsc::channel(8);
+        let counter = self.metrics.bytes_downloaded.clone();
+        tokio::spawn(async move {
+            while let Some(item) = rx.recv().await {
+                if let Ok(chunk) = &item {
+                    counter.inc_by(chunk.len() as u64);
+                }
+                if tx.send(item).await.is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(out)
+    }
+
     pub(super) async fn info(&self) -> InfoView {
         let accel = crate::vm::host_decision(&self.paths, crate::vm::AccelChoice::Auto)
             .await
