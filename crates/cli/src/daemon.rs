@@ -7,7 +7,11 @@ use std::process::{ExitCode, Stdio};
 use std::time::Duration;
 
 use anyhow::{bail, Context};
-use forkbox_engine::api::{CreateRequest, ExecRequest, ExecResult, SandboxView};
+use forkbox_client::{Client, Endpoint, Events};
+use forkbox_engine::api::{
+    ArchiveFormat, CommandEvent, CreateRequest, ExecRequest, ForkRequest, SandboxState,
+    SandboxView, SnapshotRequest, TtlAction,
+};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
 
@@ -163,8 +167,8 @@ pub enum SandboxCmd {
         #[arg(long)]
         label: Option<String>,
         /// Only sandboxes in this state: running, disk_full, hibernated, failed.
-        #[arg(long)]
-        state: Option<String>,
+        #[arg(long, value_parser = parse_state)]
+        state: Option<SandboxState>,
         #[arg(long)]
         json: bool,
     },
@@ -202,10 +206,10 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let c = Client::connect(paths).await?;
+        let c = connect(paths).await?;
         match cmd {
             SnapshotCmd::Ls { json } => {
-                let all: Vec<SnapshotMeta> = c.call(c.http.get(c.url("/snapshots"))).await?;
+                let all: Vec<SnapshotMeta> = c.list_snapshots().await?;
                 if json {
                     crate::print_json(&all)?;
                 } else if all.is_empty() {
@@ -229,9 +233,7 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
                 Ok(ExitCode::SUCCESS)
             }
             SnapshotCmd::Rm { name, json } => {
-                let v: serde_json::Value = c
-                    .call(c.http.delete(c.url(&format!("/snapshots/{name}"))))
-                    .await?;
+                let v = c.delete_snapshot(&name).await?;
                 if json {
                     crate::print_json(&v)?;
                 } else {
@@ -269,93 +271,30 @@ pub fn serve_detached(paths: &Paths) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-struct Client {
-    http: reqwest::Client,
-    /// `http://forkbox/v1` over a Unix socket, or a TCP daemon's `/v1`.
-    base: String,
-}
-
-impl Client {
-    /// The daemon of this forkbox home (started if none runs), or the API `FORKBOX_API` names:
-    /// `unix:/path/to.sock` (a private API such as the one `forkbox migrate` gives host
-    /// porters), or `http://host:port` with the bearer token in `FORKBOX_TOKEN`.
-    async fn connect(paths: &Paths) -> anyhow::Result<Client> {
-        let api = std::env::var("FORKBOX_API").unwrap_or_default();
-        if api.starts_with("http://") || api.starts_with("https://") {
-            let mut headers = reqwest::header::HeaderMap::new();
-            if let Ok(token) = std::env::var("FORKBOX_TOKEN") {
-                let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
-                    .context("FORKBOX_TOKEN is not a valid header value")?;
-                v.set_sensitive(true);
-                headers.insert(reqwest::header::AUTHORIZATION, v);
+/// The daemon of this forkbox home (started if none runs), or the API `FORKBOX_API` names:
+/// `unix:/path/to.sock` (a private API such as the one `forkbox migrate` gives host porters),
+/// or `http://host:port` with the bearer token in `FORKBOX_TOKEN`.
+async fn connect(paths: &Paths) -> anyhow::Result<Client> {
+    let endpoint = match Endpoint::from_env()? {
+        Some(Endpoint::Unix(socket)) => {
+            if !forkbox_server::is_running(&socket).await {
+                bail!(
+                    "no forkbox API answers on {} (from FORKBOX_API)",
+                    socket.display()
+                );
             }
-            let http = reqwest::Client::builder()
-                .default_headers(headers)
-                .build()?;
-            return Ok(Client {
-                http,
-                base: format!("{}/v1", api.trim_end_matches('/')),
-            });
+            Endpoint::Unix(socket)
         }
-        let socket = match api
-            .strip_prefix("unix:")
-            .or(Some(api.as_str()).filter(|a| a.starts_with('/')))
-        {
-            Some(path) => {
-                let socket = std::path::PathBuf::from(path);
-                if !forkbox_server::is_running(&socket).await {
-                    bail!("no forkbox API answers on {path} (from FORKBOX_API)");
-                }
-                socket
+        Some(http) => http,
+        None => {
+            let socket = forkbox_server::socket_path(paths);
+            if !forkbox_server::is_running(&socket).await {
+                start_daemon(paths).await?;
             }
-            None if !api.is_empty() => {
-                bail!("FORKBOX_API={api:?}: give unix:/path/to/socket or http://host:port")
-            }
-            None => {
-                let socket = forkbox_server::socket_path(paths);
-                if !forkbox_server::is_running(&socket).await {
-                    start_daemon(paths).await?;
-                }
-                socket
-            }
-        };
-        let http = reqwest::Client::builder().unix_socket(socket).build()?;
-        Ok(Client {
-            http,
-            base: "http://forkbox/v1".into(),
-        })
-    }
-
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
-    }
-
-    async fn call<T: serde::de::DeserializeOwned>(
-        &self,
-        req: reqwest::RequestBuilder,
-    ) -> anyhow::Result<T> {
-        let resp = send(req).await?;
-        let body = resp.bytes().await?;
-        serde_json::from_slice(&body).context("unreadable answer from the forkbox daemon")
-    }
-}
-
-/// Sends a request; an answer other than success becomes an error with the daemon's words.
-async fn send(req: reqwest::RequestBuilder) -> anyhow::Result<reqwest::Response> {
-    let resp = req
-        .send()
-        .await
-        .context("the forkbox daemon did not answer")?;
-    if resp.status().is_success() {
-        return Ok(resp);
-    }
-    let status = resp.status();
-    let body = resp.bytes().await.unwrap_or_default();
-    let msg = serde_json::from_slice::<serde_json::Value>(&body)
-        .ok()
-        .and_then(|v| v["error"].as_str().map(String::from))
-        .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body)));
-    bail!("{msg}")
+            Endpoint::Unix(socket)
+        }
+    };
+    Ok(Client::new(endpoint)?)
 }
 
 /// Starts `forkbox serve` in the background and waits for it to answer.
@@ -398,55 +337,30 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
     )
 }
 
-/// Runs a command through the daemon's streaming exec, writing its output as it comes.
-async fn stream_exec(c: &Client, id: &str, req: &ExecRequest) -> anyhow::Result<ExitCode> {
-    let resp = c
-        .http
-        .post(c.url(&format!("/sandboxes/{id}/exec")))
-        .query(&[("stream", "true")])
-        .json(req);
-    follow(send(resp).await?).await
-}
-
-/// Writes a command's NDJSON events (stdout, stderr) as they come; returns its exit code.
-/// `resp` is a successful answer (see [`send`]).
-async fn follow(resp: reqwest::Response) -> anyhow::Result<ExitCode> {
+/// Writes a command's events (stdout, stderr) as they come; returns its exit code.
+async fn follow(mut events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
     use base64::Engine as _;
-    use futures_util::StreamExt;
     let b64 = base64::engine::general_purpose::STANDARD;
-    let mut body = resp.bytes_stream();
-    let mut pending: Vec<u8> = Vec::new();
-    while let Some(chunk) = body.next().await {
-        pending.extend_from_slice(&chunk.context("the stream from the daemon broke")?);
-        while let Some(nl) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=nl).collect();
-            let ev: serde_json::Value =
-                serde_json::from_slice(&line).context("unreadable event from the daemon")?;
-            let data = || {
-                b64.decode(ev["data_b64"].as_str().unwrap_or_default())
-                    .unwrap_or_default()
-            };
-            match ev["type"].as_str() {
-                Some("stdout") => {
-                    let mut o = std::io::stdout().lock();
-                    o.write_all(&data())?;
-                    o.flush()?;
-                }
-                Some("stderr") => {
-                    let mut e = std::io::stderr().lock();
-                    e.write_all(&data())?;
-                    e.flush()?;
-                }
-                Some("exit") => {
-                    if ev["timed_out"] == true {
-                        eprintln!("forkbox: the command timed out; it and every process it started were killed");
-                    }
-                    let code = ev["exit_code"].as_i64().unwrap_or(-1);
-                    return Ok(ExitCode::from(code.clamp(0, 255) as u8));
-                }
-                Some("error") => bail!("{}", ev["message"].as_str().unwrap_or("exec failed")),
-                _ => {}
+    while let Some(ev) = events.next().await? {
+        match ev {
+            CommandEvent::Stdout { data_b64 } => {
+                let mut o = std::io::stdout().lock();
+                o.write_all(&b64.decode(data_b64).unwrap_or_default())?;
+                o.flush()?;
             }
+            CommandEvent::Stderr { data_b64 } => {
+                let mut e = std::io::stderr().lock();
+                e.write_all(&b64.decode(data_b64).unwrap_or_default())?;
+                e.flush()?;
+            }
+            CommandEvent::Exit(exit) => {
+                if exit.timed_out {
+                    eprintln!("forkbox: the command timed out; it and every process it started were killed");
+                }
+                return Ok(ExitCode::from(exit.exit_code.clamp(0, 255) as u8));
+            }
+            CommandEvent::Error { message } => bail!("{message}"),
+            CommandEvent::Command { .. } => {}
         }
     }
     bail!("the daemon's stream ended before the command did")
@@ -457,27 +371,21 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     rt.block_on(async {
-        let c = Client::connect(paths).await?;
+        let c = connect(paths).await?;
         match cmd {
-            SandboxCmd::Hibernate { id, json } => {
-                let v: SandboxView = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/hibernate")))).await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("hibernated {id}");
-                }
-                Ok(ExitCode::SUCCESS)
-            }
-            SandboxCmd::Resume { id, json } => {
-                let v: SandboxView = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/resume")))).await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("resumed {id} in {} ms", v.info.boot_ms);
-                }
-                Ok(ExitCode::SUCCESS)
-            }
-            SandboxCmd::Create { image, cpus, memory, accel, labels, ttl, snapshot, ttl_action, disk_gib, net, json } => {
+            SandboxCmd::Create {
+                image,
+                cpus,
+                memory,
+                accel,
+                labels,
+                ttl,
+                snapshot,
+                ttl_action,
+                disk_gib,
+                net,
+                json,
+            } => {
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -490,149 +398,86 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     disk_gib,
                     network: net.policy(),
                     ttl_action: ttl_action.map(|t| match t {
-                        TtlArg::Delete => forkbox_engine::api::TtlAction::Delete,
-                        TtlArg::Hibernate => forkbox_engine::api::TtlAction::Hibernate,
+                        TtlArg::Delete => TtlAction::Delete,
+                        TtlArg::Hibernate => TtlAction::Hibernate,
                     }),
                 };
-                let v: SandboxView = c.call(c.http.post(c.url("/sandboxes")).json(&req)).await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("{}", v.info.id);
-                }
-                Ok(ExitCode::SUCCESS)
+                let v = c.create(&req).await?;
+                show(json, &v, || println!("{}", v.info.id))
             }
-            SandboxCmd::Exec { id, cwd, env, timeout, json, detach, command } => {
+            SandboxCmd::Hibernate { id, json } => {
+                let v = c.hibernate(&id).await?;
+                show(json, &v, || println!("hibernated {id}"))
+            }
+            SandboxCmd::Resume { id, json } => {
+                let v = c.resume(&id).await?;
+                show(json, &v, || {
+                    println!("resumed {id} in {} ms", v.info.boot_ms)
+                })
+            }
+            SandboxCmd::Exec {
+                id,
+                cwd,
+                env,
+                timeout,
+                json,
+                detach,
+                command,
+            } => {
                 let req = ExecRequest {
                     argv: Some(command),
-                    shell: None,
                     cwd,
                     env: env.into_iter().collect(),
                     timeout_secs: timeout,
-                    timeout_ms: None,
+                    ..Default::default()
                 };
-                if detach {
-                    let v: serde_json::Value = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/commands"))).json(&req)).await?;
-                    println!("{}", v["command_id"].as_str().unwrap_or_default());
-                    return Ok(ExitCode::SUCCESS);
-                }
-                if json {
-                    let r: ExecResult = c.call(c.http.post(c.url(&format!("/sandboxes/{id}/exec"))).json(&req)).await?;
-                    crate::print_json(&r)?;
-                    return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
-                }
-                stream_exec(&c, &id, &req).await
+                exec(&c, &id, &req, detach, json).await
             }
             SandboxCmd::Attach { id, command_id } => {
-                let resp = c
-                    .http
-                    .get(c.url(&format!("/sandboxes/{id}/commands/{command_id}/events")));
-                follow(send(resp).await?).await
+                follow(c.attach(&id, &command_id).await?).await
             }
-            SandboxCmd::Kill { id, command_id, signal } => {
-                let resp = c
-                    .http
-                    .post(c.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
-                    .json(&serde_json::json!({ "signal": signal }));
-                send(resp).await?;
+            SandboxCmd::Kill {
+                id,
+                command_id,
+                signal,
+            } => {
+                c.signal(&id, &command_id, signal).await?;
                 Ok(ExitCode::SUCCESS)
             }
             SandboxCmd::Ttl { id, seconds, json } => {
-                let v: SandboxView = c
-                    .call(c.http.post(c.url(&format!("/sandboxes/{id}/ttl"))).json(&serde_json::json!({ "ttl_seconds": seconds })))
-                    .await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("{id} expires at unix time {}", v.expires_unix.unwrap_or(0));
-                }
-                Ok(ExitCode::SUCCESS)
+                let v = c.set_ttl(&id, seconds).await?;
+                show(json, &v, || {
+                    println!("{id} expires at unix time {}", v.expires_unix.unwrap_or(0))
+                })
             }
-            SandboxCmd::Upload { id, host_dir, guest_dir, json } => {
-                let (rx, packer) = forkbox_engine::files::pack(&host_dir)?;
-                let stream = tokio_stream::StreamExt::map(tokio_stream::wrappers::ReceiverStream::new(rx), Ok::<_, std::io::Error>);
-                let req = c
-                    .http
-                    .put(c.url(&format!("/sandboxes/{id}/archive")))
-                    .query(&[("path", &guest_dir)])
-                    .body(reqwest::Body::wrap_stream(stream));
-                let v: serde_json::Value = c.call(req).await?;
-                packer.await?.with_context(|| format!("could not pack {}", host_dir.display()))?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("uploaded {} to {id}:{guest_dir} ({} bytes compressed)", host_dir.display(), v["bytes"]);
-                }
-                Ok(ExitCode::SUCCESS)
-            }
-            SandboxCmd::Download { id, guest_path, host_dir, json } => {
-                use futures_util::StreamExt;
-                let resp = c
-                    .http
-                    .get(c.url(&format!("/sandboxes/{id}/archive")))
-                    .query(&[("path", &guest_path)]);
-                let resp = send(resp).await?;
-                let (tx, rx) = tokio::sync::mpsc::channel(8);
-                let feed = tokio::spawn(async move {
-                    let mut body = resp.bytes_stream();
-                    while let Some(item) = body.next().await {
-                        let item = item.map(|b| b.to_vec()).map_err(|e| forkbox_engine::files::TransferError::Io {
-                            what: "download from the daemon (the sandbox may have refused the path)".into(),
-                            source: std::io::Error::other(e),
-                        });
-                        if tx.send(item).await.is_err() {
-                            break;
-                        }
-                    }
-                });
-                let files = forkbox_engine::files::unpack_into(rx, &host_dir).await;
-                feed.abort();
-                let files = files?;
-                if json {
-                    crate::print_json(&serde_json::json!({ "files": files, "dest": host_dir }))?;
-                } else {
-                    println!("downloaded {id}:{guest_path} to {} ({files} files)", host_dir.display());
-                }
-                Ok(ExitCode::SUCCESS)
-            }
+            SandboxCmd::Upload {
+                id,
+                host_dir,
+                guest_dir,
+                json,
+            } => upload(&c, &id, &host_dir, &guest_dir, json).await,
+            SandboxCmd::Download {
+                id,
+                guest_path,
+                host_dir,
+                json,
+            } => download(&c, &id, &guest_path, &host_dir, json).await,
             SandboxCmd::Ls { label, state, json } => {
-                let mut req = c.http.get(c.url("/sandboxes"));
-                if let Some(l) = &label {
-                    req = req.query(&[("label", l)]);
-                }
-                if let Some(s) = &state {
-                    req = req.query(&[("state", s)]);
-                }
-                let all: Vec<SandboxView> = c.call(req).await?;
-                if json {
-                    crate::print_json(&all)?;
-                } else if all.is_empty() {
-                    println!("no sandboxes");
-                } else {
-                    println!("{:<16} {:<11} {:<24} {:<6} {:>5} {:>8}", "ID", "STATE", "IMAGE", "ACCEL", "CPUS", "MEMORY");
-                    for v in all {
-                        let state = match v.state {
-                            forkbox_engine::api::SandboxState::Running => "running",
-                            forkbox_engine::api::SandboxState::DiskFull => "disk-full",
-                            forkbox_engine::api::SandboxState::Hibernated => "hibernated",
-                            forkbox_engine::api::SandboxState::Failed => "failed",
-                        };
-                        println!(
-                            "{:<16} {:<11} {:<24} {:<6} {:>5} {:>5} MiB",
-                            v.info.id, state, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
-                        );
-                    }
-                }
-                Ok(ExitCode::SUCCESS)
+                let all = c.list(label.as_deref(), state).await?;
+                show(json, &all, || print_sandboxes(&all))
             }
-            SandboxCmd::Snapshot { id, name, paused, json } => {
-                let req = forkbox_engine::api::SnapshotRequest { name, stay_paused: paused };
-                let m: SnapshotMeta = c
-                    .call(c.http.post(c.url(&format!("/sandboxes/{id}/snapshot"))).json(&req))
-                    .await?;
-                if json {
-                    crate::print_json(&m)?;
-                } else {
+            SandboxCmd::Snapshot {
+                id,
+                name,
+                paused,
+                json,
+            } => {
+                let req = SnapshotRequest {
+                    name,
+                    stay_paused: paused,
+                };
+                let m = c.snapshot(&id, &req).await?;
+                show(json, &m, || {
                     println!("{}", m.name);
                     eprintln!(
                         "saved in {} ms; the sandbox was paused {:.1} ms; {} MiB of RAM",
@@ -640,24 +485,25 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                         m.pause_ms.unwrap_or(f64::NAN),
                         m.memory_bytes >> 20
                     );
-                }
-                Ok(ExitCode::SUCCESS)
+                })
             }
-            SandboxCmd::Fork { source, count, labels, ttl, net, json } => {
-                let req = forkbox_engine::api::ForkRequest {
+            SandboxCmd::Fork {
+                source,
+                count,
+                labels,
+                ttl,
+                net,
+                json,
+            } => {
+                let req = ForkRequest {
                     count,
                     labels: labels.into_iter().collect(),
                     ttl_seconds: ttl,
                     max_processes: None,
                     network: net.policy(),
                 };
-                let path = if source.starts_with("sb-") { "sandboxes" } else { "snapshots" };
-                let r: forkbox_engine::api::ForkResult = c
-                    .call(c.http.post(c.url(&format!("/{path}/{source}/fork"))).json(&req))
-                    .await?;
-                if json {
-                    crate::print_json(&r)?;
-                } else {
+                let r = c.fork(&source, &req).await?;
+                show(json, &r, || {
                     for v in &r.sandboxes {
                         println!("{}", v.info.id);
                     }
@@ -670,18 +516,142 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                         r.snapshot,
                         r.duration_ms
                     );
-                }
-                Ok(if r.failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::from(1) })
+                })?;
+                Ok(if r.failed.is_empty() {
+                    ExitCode::SUCCESS
+                } else {
+                    ExitCode::from(1)
+                })
             }
             SandboxCmd::Rm { id, json } => {
-                let v: serde_json::Value = c.call(c.http.delete(c.url(&format!("/sandboxes/{id}")))).await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("removed {id}");
-                }
-                Ok(ExitCode::SUCCESS)
+                let v = c.delete(&id).await?;
+                show(json, &v, || println!("removed {id}"))
             }
         }
     })
+}
+
+/// `v` as JSON, or as `text` prints it for people.
+fn show(json: bool, v: &impl serde::Serialize, text: impl FnOnce()) -> anyhow::Result<ExitCode> {
+    if json {
+        crate::print_json(v)?;
+    } else {
+        text();
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Runs a command: detached (prints its id), plain (`--json`: one result) or streamed.
+async fn exec(
+    c: &Client,
+    id: &str,
+    req: &ExecRequest,
+    detach: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if detach {
+        println!("{}", c.start_command(id, req).await?.command_id);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if json {
+        let r = c.exec(id, req).await?;
+        crate::print_json(&r)?;
+        return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
+    }
+    follow(c.exec_events(id, req).await?).await
+}
+
+async fn upload(
+    c: &Client,
+    id: &str,
+    host_dir: &std::path::Path,
+    guest_dir: &str,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (rx, packer) = forkbox_engine::files::pack(host_dir)?;
+    let stream = tokio_stream::StreamExt::map(
+        tokio_stream::wrappers::ReceiverStream::new(rx),
+        Ok::<_, std::io::Error>,
+    );
+    let body = reqwest::Body::wrap_stream(stream);
+    let v = c
+        .put_archive(id, guest_dir, ArchiveFormat::TarZst, body)
+        .await?;
+    packer
+        .await?
+        .with_context(|| format!("could not pack {}", host_dir.display()))?;
+    show(json, &v, || {
+        println!(
+            "uploaded {} to {id}:{guest_dir} ({} bytes compressed)",
+            host_dir.display(),
+            v.bytes
+        )
+    })
+}
+
+async fn download(
+    c: &Client,
+    id: &str,
+    guest_path: &str,
+    host_dir: &std::path::Path,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    use futures_util::StreamExt;
+    let mut body = Box::pin(c.get_archive(id, guest_path, ArchiveFormat::TarZst).await?);
+    let (tx, rx) = tokio::sync::mpsc::channel(8);
+    let feed = async move {
+        while let Some(item) = body.next().await {
+            let item =
+                item.map(|b| b.to_vec())
+                    .map_err(|e| forkbox_engine::files::TransferError::Io {
+                        what: "download from the daemon (the sandbox may have refused the path)"
+                            .into(),
+                        source: std::io::Error::other(e),
+                    });
+            if tx.send(item).await.is_err() {
+                break;
+            }
+        }
+    };
+    let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, host_dir), feed);
+    let files = files?;
+    show(
+        json,
+        &serde_json::json!({ "files": files, "dest": host_dir }),
+        || {
+            println!(
+                "downloaded {id}:{guest_path} to {} ({files} files)",
+                host_dir.display()
+            )
+        },
+    )
+}
+
+fn print_sandboxes(all: &[SandboxView]) {
+    if all.is_empty() {
+        println!("no sandboxes");
+        return;
+    }
+    println!(
+        "{:<16} {:<11} {:<24} {:<6} {:>5} {:>8}",
+        "ID", "STATE", "IMAGE", "ACCEL", "CPUS", "MEMORY"
+    );
+    for v in all {
+        let state = match v.state {
+            SandboxState::Running => "running",
+            SandboxState::DiskFull => "disk-full",
+            SandboxState::Hibernated => "hibernated",
+            SandboxState::Failed => "failed",
+        };
+        println!(
+            "{:<16} {:<11} {:<24} {:<6} {:>5} {:>5} MiB",
+            v.info.id, state, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
+        );
+    }
+}
+
+/// A `--state` value, parsed once.
+pub fn parse_state(s: &str) -> Result<SandboxState, String> {
+    serde_json::from_value(serde_json::Value::String(s.replace('-', "_")))
+        .map_err(|_| format!("{s:?} is not one of running, disk_full, hibernated, failed"))
 }

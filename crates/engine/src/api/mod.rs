@@ -713,11 +713,7 @@ impl Engine {
     }
 
     /// Starts a command that outlives this call; read it with [`Engine::command`].
-    async fn start_command(
-        &self,
-        id: &str,
-        request: ExecRequest,
-    ) -> Result<String, EngineError> {
+    async fn start_command(&self, id: &str, request: ExecRequest) -> Result<String, EngineError> {
         let spec = exec_spec(request)?;
         let map = self.sandboxes.read().await;
         let e = match map.get(id) {

@@ -1,0 +1,531 @@
+//! An async client of forkbox's HTTP API: every operation of the daemon as a typed call, over
+//! its Unix socket or over TCP with a bearer token. `FORKBOX_API` (`unix:/path` or
+//! `http://host:port`) and `FORKBOX_TOKEN` name them the way every forkbox front end reads them.
+//! The request and reply types are the engine's own (`forkbox_engine::api`).
+#![forbid(unsafe_code)]
+
+use std::path::PathBuf;
+
+use forkbox_engine::api::{
+    ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
+    CreateRequest, Deleted, DirListing, ExecRequest, ExecResult, ForkRequest, ForkResult,
+    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, Unpacked, Written,
+};
+use forkbox_engine::snapshot::SnapshotMeta;
+use futures_util::{Stream, StreamExt};
+use serde::de::DeserializeOwned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The daemon refused the request; `message` is its own words.
+    #[error("{message}")]
+    Api { status: u16, message: String },
+    #[error("no forkbox API answers {at}: {cause}")]
+    NotAnswering { at: String, cause: String },
+    #[error("FORKBOX_API={0:?}: give unix:/path/to/socket or http://host:port")]
+    BadEndpoint(String),
+    #[error("FORKBOX_TOKEN is not a valid header value")]
+    BadToken,
+    #[error("the connection to the forkbox daemon broke: {0}")]
+    Transport(String),
+    #[error("unreadable answer from the forkbox daemon: {0}")]
+    Decode(String),
+}
+
+impl ClientError {
+    /// The HTTP status of a refusal.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            ClientError::Api { status, .. } => Some(*status),
+            _ => None,
+        }
+    }
+}
+
+/// Where the API is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Unix(PathBuf),
+    Http { url: String, token: Option<String> },
+}
+
+impl Endpoint {
+    /// The API `FORKBOX_API` names (with `FORKBOX_TOKEN` for TCP); `None` when it is unset,
+    /// which means this host's own daemon.
+    pub fn from_env() -> Result<Option<Endpoint>, ClientError> {
+        let api = std::env::var("FORKBOX_API").unwrap_or_default();
+        Endpoint::parse(&api, std::env::var("FORKBOX_TOKEN").ok())
+    }
+
+    pub fn parse(api: &str, token: Option<String>) -> Result<Option<Endpoint>, ClientError> {
+        if api.is_empty() {
+            return Ok(None);
+        }
+        if api.starts_with("http://") || api.starts_with("https://") {
+            return Ok(Some(Endpoint::Http {
+                url: api.trim_end_matches('/').to_string(),
+                token,
+            }));
+        }
+        match api
+            .strip_prefix("unix:")
+            .or(Some(api).filter(|a| a.starts_with('/')))
+        {
+            Some(path) => Ok(Some(Endpoint::Unix(path.into()))),
+            None => Err(ClientError::BadEndpoint(api.to_string())),
+        }
+    }
+
+    fn describe(&self) -> String {
+        match self {
+            Endpoint::Unix(p) => format!("on {}", p.display()),
+            Endpoint::Http { url, .. } => format!("at {url}"),
+        }
+    }
+}
+
+/// A connection to one forkbox API.
+#[derive(Clone)]
+pub struct Client {
+    http: reqwest::Client,
+    base: String,
+    endpoint: Endpoint,
+}
+
+fn transport(e: reqwest::Error) -> ClientError {
+    ClientError::Transport(e.to_string())
+}
+
+impl Client {
+    pub fn new(endpoint: Endpoint) -> Result<Client, ClientError> {
+        let (http, base) = match &endpoint {
+            Endpoint::Unix(socket) => (
+                reqwest::Client::builder()
+                    .unix_socket(socket.clone())
+                    .build()
+                    .map_err(transport)?,
+                "http://forkbox/v1".to_string(),
+            ),
+            Endpoint::Http { url, token } => {
+                let mut headers = reqwest::header::HeaderMap::new();
+                if let Some(token) = token {
+                    let mut v = reqwest::header::HeaderValue::from_str(&format!("Bearer {token}"))
+                        .map_err(|_| ClientError::BadToken)?;
+                    v.set_sensitive(true);
+                    headers.insert(reqwest::header::AUTHORIZATION, v);
+                }
+                (
+                    reqwest::Client::builder()
+                        .default_headers(headers)
+                        .build()
+                        .map_err(transport)?,
+                    format!("{url}/v1"),
+                )
+            }
+        };
+        Ok(Client {
+            http,
+            base,
+            endpoint,
+        })
+    }
+
+    pub fn endpoint(&self) -> &Endpoint {
+        &self.endpoint
+    }
+
+    fn url(&self, path: &str) -> String {
+        format!("{}{path}", self.base)
+    }
+
+    /// Sends a request; an answer other than success becomes [`ClientError::Api`].
+    async fn send(&self, req: reqwest::RequestBuilder) -> Result<reqwest::Response, ClientError> {
+        let resp = req.send().await.map_err(|e| {
+            if e.is_connect() {
+                ClientError::NotAnswering {
+                    at: self.endpoint.describe(),
+                    cause: e.to_string(),
+                }
+            } else {
+                transport(e)
+            }
+        })?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(resp);
+        }
+        let body = resp.bytes().await.map_err(transport)?;
+        let message = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|v| v["error"].as_str().map(str::to_string))
+            .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body).trim()));
+        Err(ClientError::Api {
+            status: status.as_u16(),
+            message,
+        })
+    }
+
+    async fn json<T: DeserializeOwned>(
+        &self,
+        req: reqwest::RequestBuilder,
+    ) -> Result<T, ClientError> {
+        let body = self.send(req).await?.bytes().await.map_err(transport)?;
+        serde_json::from_slice(&body).map_err(|e| ClientError::Decode(e.to_string()))
+    }
+
+    /// True when the API answers.
+    pub async fn health(&self) -> bool {
+        self.send(self.http.get(self.url("/health"))).await.is_ok()
+    }
+
+    pub async fn info(&self) -> Result<InfoView, ClientError> {
+        self.json(self.http.get(self.url("/info"))).await
+    }
+
+    pub async fn metrics(&self) -> Result<String, ClientError> {
+        let req = self
+            .http
+            .get(self.base.trim_end_matches("/v1").to_string() + "/metrics");
+        self.send(req).await?.text().await.map_err(transport)
+    }
+
+    // -- sandboxes ---------------------------------------------------------------------------
+
+    pub async fn create(&self, req: &CreateRequest) -> Result<SandboxView, ClientError> {
+        self.json(self.http.post(self.url("/sandboxes")).json(req))
+            .await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<SandboxView, ClientError> {
+        self.json(self.http.get(self.url(&format!("/sandboxes/{id}"))))
+            .await
+    }
+
+    /// Sandboxes with the label `K=V` and in the state given, or all.
+    pub async fn list(
+        &self,
+        label: Option<&str>,
+        state: Option<SandboxState>,
+    ) -> Result<Vec<SandboxView>, ClientError> {
+        let mut req = self.http.get(self.url("/sandboxes"));
+        if let Some(l) = label {
+            req = req.query(&[("label", l)]);
+        }
+        if let Some(s) = state {
+            let s = serde_json::to_value(s).map_err(|e| ClientError::Decode(e.to_string()))?;
+            req = req.query(&[("state", s.as_str().unwrap_or_default())]);
+        }
+        self.json(req).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<Deleted, ClientError> {
+        self.json(self.http.delete(self.url(&format!("/sandboxes/{id}"))))
+            .await
+    }
+
+    /// Runs a command and waits; output capped at 64 KiB per stream.
+    pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult, ClientError> {
+        self.json(
+            self.http
+                .post(self.url(&format!("/sandboxes/{id}/exec")))
+                .json(req),
+        )
+        .await
+    }
+
+    /// Runs a command; its events as they happen (command, output chunks, then exit or error).
+    pub async fn exec_events(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<Events<CommandEvent>, ClientError> {
+        let req = self
+            .http
+            .post(self.url(&format!("/sandboxes/{id}/exec")))
+            .query(&[("stream", "true")])
+            .json(req);
+        Ok(Events::new(self.send(req).await?))
+    }
+
+    /// Starts a command that outlives this call.
+    pub async fn start_command(
+        &self,
+        id: &str,
+        req: &ExecRequest,
+    ) -> Result<CommandStarted, ClientError> {
+        self.json(
+            self.http
+                .post(self.url(&format!("/sandboxes/{id}/commands")))
+                .json(req),
+        )
+        .await
+    }
+
+    /// A started command's events from its start, following it to its end.
+    pub async fn attach(
+        &self,
+        id: &str,
+        command_id: &str,
+    ) -> Result<Events<CommandEvent>, ClientError> {
+        let req = self
+            .http
+            .get(self.url(&format!("/sandboxes/{id}/commands/{command_id}/events")));
+        Ok(Events::new(self.send(req).await?))
+    }
+
+    pub async fn poll(
+        &self,
+        id: &str,
+        command_id: &str,
+        from: usize,
+    ) -> Result<CommandPoll, ClientError> {
+        let req = self
+            .http
+            .get(self.url(&format!("/sandboxes/{id}/commands/{command_id}")))
+            .query(&[("from", from)]);
+        self.json(req).await
+    }
+
+    pub async fn signal(&self, id: &str, command_id: &str, signal: i32) -> Result<(), ClientError> {
+        let req = self
+            .http
+            .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
+            .json(&serde_json::json!({ "signal": signal }));
+        self.send(req).await.map(drop)
+    }
+
+    pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, ClientError> {
+        let req = self
+            .http
+            .post(self.url(&format!("/sandboxes/{id}/ttl")))
+            .json(&serde_json::json!({ "ttl_seconds": ttl_seconds }));
+        self.json(req).await
+    }
+
+    pub async fn snapshot(
+        &self,
+        id: &str,
+        req: &SnapshotRequest,
+    ) -> Result<SnapshotMeta, ClientError> {
+        self.json(
+            self.http
+                .post(self.url(&format!("/sandboxes/{id}/snapshot")))
+                .json(req),
+        )
+        .await
+    }
+
+    /// Copies of a sandbox (saved first; ids start with `sb-`) or of a snapshot.
+    pub async fn fork(&self, source: &str, req: &ForkRequest) -> Result<ForkResult, ClientError> {
+        let kind = if source.starts_with("sb-") {
+            "sandboxes"
+        } else {
+            "snapshots"
+        };
+        self.json(
+            self.http
+                .post(self.url(&format!("/{kind}/{source}/fork")))
+                .json(req),
+        )
+        .await
+    }
+
+    pub async fn hibernate(&self, id: &str) -> Result<SandboxView, ClientError> {
+        self.json(
+            self.http
+                .post(self.url(&format!("/sandboxes/{id}/hibernate"))),
+        )
+        .await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<SandboxView, ClientError> {
+        self.json(self.http.post(self.url(&format!("/sandboxes/{id}/resume"))))
+            .await
+    }
+
+    // -- files -------------------------------------------------------------------------------
+
+    pub async fn read_file(&self, id: &str, path: &str) -> Result<bytes::Bytes, ClientError> {
+        let req = self
+            .http
+            .get(self.url(&format!("/sandboxes/{id}/files")))
+            .query(&[("path", path)]);
+        self.send(req).await?.bytes().await.map_err(transport)
+    }
+
+    pub async fn write_file(
+        &self,
+        id: &str,
+        path: &str,
+        data: Vec<u8>,
+        mode: u32,
+    ) -> Result<Written, ClientError> {
+        let req = self
+            .http
+            .put(self.url(&format!("/sandboxes/{id}/files")))
+            .query(&[("path", path), ("mode", &format!("{mode:o}"))])
+            .body(data);
+        self.json(req).await
+    }
+
+    pub async fn list_dir(&self, id: &str, path: &str) -> Result<DirListing, ClientError> {
+        let req = self
+            .http
+            .get(self.url(&format!("/sandboxes/{id}/dir")))
+            .query(&[("path", path)]);
+        self.json(req).await
+    }
+
+    /// Unpacks an archive streamed from `body` into `path` in the sandbox.
+    pub async fn put_archive(
+        &self,
+        id: &str,
+        path: &str,
+        format: ArchiveFormat,
+        body: reqwest::Body,
+    ) -> Result<Unpacked, ClientError> {
+        let req = self
+            .http
+            .put(self.url(&format!("/sandboxes/{id}/archive")))
+            .query(&[("path", path), ("format", format_name(format))])
+            .body(body);
+        self.json(req).await
+    }
+
+    /// `path` in the sandbox as an archive, chunk by chunk; an error the guest meets ends the
+    /// stream with an error.
+    pub async fn get_archive(
+        &self,
+        id: &str,
+        path: &str,
+        format: ArchiveFormat,
+    ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>>, ClientError> {
+        let req = self
+            .http
+            .get(self.url(&format!("/sandboxes/{id}/archive")))
+            .query(&[("path", path), ("format", format_name(format))]);
+        Ok(self
+            .send(req)
+            .await?
+            .bytes_stream()
+            .map(|r| r.map_err(transport)))
+    }
+
+    // -- snapshots and images ---------------------------------------------------------------
+
+    pub async fn list_snapshots(&self) -> Result<Vec<SnapshotMeta>, ClientError> {
+        self.json(self.http.get(self.url("/snapshots"))).await
+    }
+
+    pub async fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, ClientError> {
+        self.json(self.http.get(self.url(&format!("/snapshots/{name}"))))
+            .await
+    }
+
+    pub async fn delete_snapshot(&self, name: &str) -> Result<Deleted, ClientError> {
+        self.json(self.http.delete(self.url(&format!("/snapshots/{name}"))))
+            .await
+    }
+
+    pub async fn list_images(&self) -> Result<Vec<ImageView>, ClientError> {
+        self.json(self.http.get(self.url("/images"))).await
+    }
+
+    pub async fn get_image(&self, reference: &str) -> Result<ImageView, ClientError> {
+        self.json(self.http.get(self.url(&format!("/images/{reference}"))))
+            .await
+    }
+
+    pub async fn remove_image(&self, reference: &str) -> Result<ImageView, ClientError> {
+        self.json(self.http.delete(self.url(&format!("/images/{reference}"))))
+            .await
+    }
+
+    /// Builds an image; its progress, ending with `done`, `up_to_date` or `error`.
+    pub async fn build_image(
+        &self,
+        req: &BuildRequest,
+    ) -> Result<Events<BuildProgress>, ClientError> {
+        let req = self.http.post(self.url("/images")).json(req);
+        Ok(Events::new(self.send(req).await?))
+    }
+}
+
+fn format_name(f: ArchiveFormat) -> &'static str {
+    match f {
+        ArchiveFormat::TarZst => "tar.zst",
+        ArchiveFormat::TarGz => "tar.gz",
+    }
+}
+
+/// The events of a newline-delimited JSON answer, one at a time.
+pub struct Events<T> {
+    body: std::pin::Pin<Box<dyn Stream<Item = reqwest::Result<bytes::Bytes>> + Send>>,
+    pending: Vec<u8>,
+    _t: std::marker::PhantomData<T>,
+}
+
+impl<T: DeserializeOwned> Events<T> {
+    fn new(resp: reqwest::Response) -> Events<T> {
+        Events {
+            body: Box::pin(resp.bytes_stream()),
+            pending: Vec::new(),
+            _t: std::marker::PhantomData,
+        }
+    }
+
+    /// The next event; `None` when the answer ends.
+    pub async fn next(&mut self) -> Result<Option<T>, ClientError> {
+        loop {
+            if let Some(nl) = self.pending.iter().position(|b| *b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=nl).collect();
+                if line.iter().all(u8::is_ascii_whitespace) {
+                    continue;
+                }
+                return serde_json::from_slice(&line)
+                    .map(Some)
+                    .map_err(|e| ClientError::Decode(e.to_string()));
+            }
+            match self.body.next().await {
+                Some(chunk) => self.pending.extend_from_slice(&chunk.map_err(transport)?),
+                None if self.pending.iter().all(u8::is_ascii_whitespace) => return Ok(None),
+                None => {
+                    let rest = std::mem::take(&mut self.pending);
+                    return serde_json::from_slice(&rest)
+                        .map(Some)
+                        .map_err(|e| ClientError::Decode(e.to_string()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn endpoints_parse_as_every_front_end_reads_them() {
+        assert_eq!(Endpoint::parse("", None).unwrap(), None);
+        assert_eq!(
+            Endpoint::parse("unix:/run/f.sock", None).unwrap(),
+            Some(Endpoint::Unix("/run/f.sock".into()))
+        );
+        assert_eq!(
+            Endpoint::parse("/run/f.sock", None).unwrap(),
+            Some(Endpoint::Unix("/run/f.sock".into()))
+        );
+        assert_eq!(
+            Endpoint::parse("http://127.0.0.1:7070/", Some("t".into())).unwrap(),
+            Some(Endpoint::Http {
+                url: "http://127.0.0.1:7070".into(),
+                token: Some("t".into())
+            })
+        );
+        assert!(matches!(
+            Endpoint::parse("localhost:7070", None),
+            Err(ClientError::BadEndpoint(_))
+        ));
+    }
+}
