@@ -5,7 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use forkbox_protocol::ExitStatus;
 use serde::Serialize;
 
 use crate::error::SandboxError;
@@ -13,6 +12,7 @@ use crate::image::ImageRef;
 use crate::paths::Paths;
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
 
+mod commands;
 mod error;
 mod lifecycle;
 mod reply;
@@ -294,12 +294,6 @@ fn now_unix() -> u64 {
         .unwrap_or(0)
 }
 
-fn cut(mut v: Vec<u8>) -> (String, bool) {
-    let truncated = v.len() > OUTPUT_CAP;
-    v.truncate(OUTPUT_CAP);
-    (String::from_utf8_lossy(&v).into_owned(), truncated)
-}
-
 impl Engine {
     pub fn new(paths: Paths) -> Engine {
         Engine {
@@ -537,55 +531,8 @@ impl Engine {
             }
             Command::Hibernate { id } => self.hibernate(&id).await.map(Reply::Sandbox),
             Command::Resume { id } => self.resume(&id).await.map(Reply::Sandbox),
-            Command::List { label, state } => {
-                let map = self.sandboxes.read().await;
-                let mut all: Vec<SandboxView> = map
-                    .values()
-                    .filter(|e| {
-                        label
-                            .as_ref()
-                            .is_none_or(|(k, v)| e.labels.get(k) == Some(v))
-                    })
-                    .map(Entry::view)
-                    .collect();
-                all.extend(
-                    self.sleepers
-                        .read()
-                        .await
-                        .values()
-                        .filter(|s| {
-                            label
-                                .as_ref()
-                                .is_none_or(|(k, v)| s.record.labels.get(k) == Some(v))
-                        })
-                        .map(Sleeper::view),
-                );
-                all.retain(|v| state.is_none_or(|s| v.state == s));
-                all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
-                Ok(Reply::Sandboxes(all))
-            }
-            Command::Exec { id, request } => {
-                let (sb, _) = self.get(&id).await?;
-                let spec = exec_spec(request)?;
-                let started = std::time::Instant::now();
-                let out = sb.run(spec).await?;
-                self.metrics
-                    .exec_seconds
-                    .observe(started.elapsed().as_secs_f64());
-                let (stdout, stdout_truncated) = cut(out.stdout);
-                let (stderr, stderr_truncated) = cut(out.stderr);
-                let status = out.status.unwrap_or(ExitStatus::Code(-1));
-                Ok(Reply::Exec(ExecResult {
-                    exit_code: status.as_shell_code(),
-                    signal: status.signal(),
-                    timed_out: out.timed_out,
-                    stdout,
-                    stderr,
-                    stdout_truncated,
-                    stderr_truncated,
-                    duration_ms: out.duration_ms,
-                }))
-            }
+            Command::List { label, state } => Ok(Reply::Sandboxes(self.list(label, state).await)),
+            Command::Exec { id, request } => self.exec(&id, request).await.map(Reply::Exec),
             Command::SetTtl { id, ttl_seconds } => {
                 let expires = deadline(ttl_seconds)?;
                 let mut map = self.sandboxes.write().await;
@@ -651,25 +598,7 @@ impl Engine {
                 id,
                 command_id,
                 from,
-            } => {
-                use base64::Engine as _;
-                let snap = self.command(&id, &command_id).await?.snapshot(from);
-                let b64 = base64::engine::general_purpose::STANDARD;
-                Ok(Reply::CommandPoll(CommandPoll {
-                    command_id,
-                    chunks: snap
-                        .chunks
-                        .iter()
-                        .map(|c| PolledChunk {
-                            stream: c.stream,
-                            data_b64: b64.encode(&c.data),
-                        })
-                        .collect(),
-                    next: snap.next,
-                    dropped_bytes: snap.dropped_bytes,
-                    exit: snap.exit,
-                }))
-            }
+            } => Ok(Reply::CommandPoll(self.poll(&id, command_id, from).await?)),
             Command::AttachCommand { id, command_id } => {
                 Ok(Reply::Log(self.command(&id, &command_id).await?))
             }
@@ -712,69 +641,42 @@ impl Engine {
         }
     }
 
-    /// Starts a command that outlives this call; read it with [`Engine::command`].
-    async fn start_command(&self, id: &str, request: ExecRequest) -> Result<String, EngineError> {
-        let spec = exec_spec(request)?;
-        let map = self.sandboxes.read().await;
-        let e = match map.get(id) {
-            Some(e) => e,
-            None if self.sleepers.read().await.contains_key(id) => {
-                return Err(EngineError::Hibernated(id.to_string()))
-            }
-            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
-        };
-        let ex = e.sandbox.exec(spec).await?;
-        let log = crate::commands::CommandLog::start(ex);
-        let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
-        let n = e
-            .next_command
-            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
-            + 1;
-        let cid = format!("cmd-{n}");
-        cmds.insert(cid.clone(), log);
-        // Keep the output of the most recent finished commands only, so a long-lived sandbox
-        // does not grow the daemon without bound.
-        if cmds.len() > KEEP_COMMANDS {
-            let mut finished: Vec<(u64, String)> = cmds
-                .iter()
-                .filter(|(_, l)| l.finished())
-                .filter_map(|(k, _)| {
-                    k.strip_prefix("cmd-")
-                        .and_then(|n| n.parse().ok())
-                        .map(|n| (n, k.clone()))
-                })
-                .collect();
-            finished.sort();
-            let excess = cmds.len() - KEEP_COMMANDS;
-            for (_, k) in finished.into_iter().take(excess) {
-                cmds.remove(&k);
-            }
-        }
-        Ok(cid)
-    }
-
-    /// A command started with [`Engine::start_command`].
-    async fn command(
-        &self,
-        id: &str,
-        command_id: &str,
-    ) -> Result<Arc<crate::commands::CommandLog>, EngineError> {
-        let map = self.sandboxes.read().await;
-        let e = map
-            .get(id)
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
-        let cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
-        cmds.get(command_id)
-            .cloned()
-            .ok_or_else(|| EngineError::NoSuchCommand(id.to_string(), command_id.to_string()))
-    }
-
     /// A live sandbox, for the streaming transfers (archives) that carry bodies and so are not
     /// commands; refused in words, like an exec, while a full host disk holds it.
     pub async fn sandbox(&self, id: &str) -> Result<Arc<Sandbox>, EngineError> {
         let sb = self.get(id).await?.0;
         sb.check_usable()?;
         Ok(sb)
+    }
+
+    /// Sandboxes (hibernated ones too) with the label and in the state given, oldest first.
+    async fn list(
+        &self,
+        label: Option<(String, String)>,
+        state: Option<SandboxState>,
+    ) -> Vec<SandboxView> {
+        let labelled = |labels: &BTreeMap<String, String>| {
+            label.as_ref().is_none_or(|(k, v)| labels.get(k) == Some(v))
+        };
+        let mut all: Vec<SandboxView> = self
+            .sandboxes
+            .read()
+            .await
+            .values()
+            .filter(|e| labelled(&e.labels))
+            .map(Entry::view)
+            .collect();
+        all.extend(
+            self.sleepers
+                .read()
+                .await
+                .values()
+                .filter(|s| labelled(&s.record.labels))
+                .map(Sleeper::view),
+        );
+        all.retain(|v| state.is_none_or(|s| v.state == s));
+        all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
+        all
     }
 
     async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {
@@ -984,10 +886,10 @@ mod tests {
 
     #[test]
     fn output_is_cut_at_the_cap() {
-        let (s, t) = cut(vec![b'a'; OUTPUT_CAP + 1]);
+        let (s, t) = commands::cut(vec![b'a'; OUTPUT_CAP + 1]);
         assert!(t);
         assert_eq!(s.len(), OUTPUT_CAP);
-        let (s, t) = cut(b"ok".to_vec());
+        let (s, t) = commands::cut(b"ok".to_vec());
         assert_eq!((s.as_str(), t), ("ok", false));
     }
 }

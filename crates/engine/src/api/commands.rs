@@ -1,0 +1,132 @@
+//! Commands that outlive their request (started, polled, attached to, signalled) and the
+//! plain exec that waits: a sandbox keeps the output of its most recent ones.
+
+use std::sync::Arc;
+
+use forkbox_protocol::ExitStatus;
+
+use super::*;
+
+impl Engine {
+    /// Runs a command and waits for it; output cut at [`OUTPUT_CAP`] per stream.
+    pub(super) async fn exec(
+        &self,
+        id: &str,
+        request: ExecRequest,
+    ) -> Result<ExecResult, EngineError> {
+        let (sb, _) = self.get(id).await?;
+        let spec = exec_spec(request)?;
+        let started = std::time::Instant::now();
+        let out = sb.run(spec).await?;
+        self.metrics
+            .exec_seconds
+            .observe(started.elapsed().as_secs_f64());
+        let (stdout, stdout_truncated) = cut(out.stdout);
+        let (stderr, stderr_truncated) = cut(out.stderr);
+        let status = out.status.unwrap_or(ExitStatus::Code(-1));
+        Ok(ExecResult {
+            exit_code: status.as_shell_code(),
+            signal: status.signal(),
+            timed_out: out.timed_out,
+            stdout,
+            stderr,
+            stdout_truncated,
+            stderr_truncated,
+            duration_ms: out.duration_ms,
+        })
+    }
+
+    /// Starts a command that outlives this call; read it with [`Engine::command`].
+    pub(super) async fn start_command(
+        &self,
+        id: &str,
+        request: ExecRequest,
+    ) -> Result<String, EngineError> {
+        let spec = exec_spec(request)?;
+        let map = self.sandboxes.read().await;
+        let e = match map.get(id) {
+            Some(e) => e,
+            None if self.sleepers.read().await.contains_key(id) => {
+                return Err(EngineError::Hibernated(id.to_string()))
+            }
+            None => return Err(EngineError::NoSuchSandbox(id.to_string())),
+        };
+        let ex = e.sandbox.exec(spec).await?;
+        let log = crate::commands::CommandLog::start(ex);
+        let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
+        let n = e
+            .next_command
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            + 1;
+        let cid = format!("cmd-{n}");
+        cmds.insert(cid.clone(), log);
+        // Keep the output of the most recent finished commands only, so a long-lived sandbox
+        // does not grow the daemon without bound.
+        if cmds.len() > KEEP_COMMANDS {
+            let mut finished: Vec<(u64, String)> = cmds
+                .iter()
+                .filter(|(_, l)| l.finished())
+                .filter_map(|(k, _)| {
+                    k.strip_prefix("cmd-")
+                        .and_then(|n| n.parse().ok())
+                        .map(|n| (n, k.clone()))
+                })
+                .collect();
+            finished.sort();
+            let excess = cmds.len() - KEEP_COMMANDS;
+            for (_, k) in finished.into_iter().take(excess) {
+                cmds.remove(&k);
+            }
+        }
+        Ok(cid)
+    }
+
+    /// A command started with [`Engine::start_command`].
+    pub(super) async fn command(
+        &self,
+        id: &str,
+        command_id: &str,
+    ) -> Result<Arc<crate::commands::CommandLog>, EngineError> {
+        let map = self.sandboxes.read().await;
+        let e = map
+            .get(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
+        cmds.get(command_id)
+            .cloned()
+            .ok_or_else(|| EngineError::NoSuchCommand(id.to_string(), command_id.to_string()))
+    }
+
+    /// A started command's output past chunk `from`, and its exit once it ended.
+    pub(super) async fn poll(
+        &self,
+        id: &str,
+        command_id: String,
+        from: usize,
+    ) -> Result<CommandPoll, EngineError> {
+        use base64::Engine as _;
+        let snap = self.command(id, &command_id).await?.snapshot(from);
+        let b64 = base64::engine::general_purpose::STANDARD;
+        Ok(CommandPoll {
+            command_id,
+            chunks: snap
+                .chunks
+                .iter()
+                .map(|c| PolledChunk {
+                    stream: c.stream,
+                    data_b64: b64.encode(&c.data),
+                })
+                .collect(),
+            next: snap.next,
+            dropped_bytes: snap.dropped_bytes,
+            exit: snap.exit,
+        })
+    }
+}
+
+/// Output as text, cut at [`OUTPUT_CAP`]; whether it was cut.
+pub(super) fn cut(mut v: Vec<u8>) -> (String, bool) {
+    let truncated = v.len() > OUTPUT_CAP;
+    v.truncate(OUTPUT_CAP);
+    (String::from_utf8_lossy(&v).into_owned(), truncated)
+}
