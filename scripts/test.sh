@@ -24,7 +24,7 @@ if [ "${#need[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
 command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no npm; install the npm that goes with it" >&2; exit 1; }
-node -e 'process.exit(+process.versions.node.split(".")[0] < 18)' \
+node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' \
   || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 # The corpus test (crates/migrate/tests/corpus.rs) runs real PyPI projects natively and through

@@ -417,12 +417,7 @@ impl Engine {
     }
 
     async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
-        if !(1..=MAX_FORK).contains(&r.count) {
-            return Err(EngineError::BadRequest(format!(
-                "count {} is not between 1 and {MAX_FORK}",
-                r.count
-            )));
-        }
+        within("count", r.count, 1..=MAX_FORK)?;
         let started = std::time::Instant::now();
         let store = crate::snapshot::SnapshotStore::new(&self.paths);
         let source_network = self
@@ -699,37 +694,17 @@ impl Engine {
                 .map_err(|e| EngineError::Sandbox(e.into()))?;
         }
         if let Some(c) = r.cpus {
-            if !(1..=64).contains(&c) {
-                return Err(EngineError::BadRequest(format!(
-                    "cpus {c} is not between 1 and 64"
-                )));
-            }
-            cfg.cpus = c;
+            cfg.cpus = within("cpus", c, 1..=64)?;
         }
         if let Some(m) = r.memory_mib {
-            if !(128..=65536).contains(&m) {
-                return Err(EngineError::BadRequest(format!(
-                    "memory_mib {m} is not between 128 and 65536"
-                )));
-            }
-            cfg.memory_mib = m;
+            cfg.memory_mib = within("memory_mib", m, 128..=65536)?;
         }
         cfg.accel = r.accel.unwrap_or_default();
         if let Some(p) = r.max_processes {
-            if !(16..=1_000_000).contains(&p) {
-                return Err(EngineError::BadRequest(format!(
-                    "max_processes {p} is not between 16 and 1000000"
-                )));
-            }
-            cfg.max_procs = p;
+            cfg.max_procs = within("max_processes", p, 16..=1_000_000)?;
         }
         if let Some(g) = r.disk_gib {
-            if !(1..=2048).contains(&g) {
-                return Err(EngineError::BadRequest(format!(
-                    "disk_gib {g} is not between 1 and 2048"
-                )));
-            }
-            cfg.disk_mib = Some(g as u64 * 1024);
+            cfg.disk_mib = Some(within("disk_gib", g, 1..=2048)? as u64 * 1024);
         }
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = false;

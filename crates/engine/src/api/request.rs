@@ -209,3 +209,23 @@ pub enum ArchiveFormat {
     #[serde(rename = "tar.gz")]
     TarGz,
 }
+
+/// `value` when it lies in `range`, else a bad request naming `what` and the bounds.
+pub(super) fn within<T>(
+    what: &str,
+    value: T,
+    range: std::ops::RangeInclusive<T>,
+) -> Result<T, EngineError>
+where
+    T: PartialOrd + std::fmt::Display + Copy,
+{
+    if range.contains(&value) {
+        Ok(value)
+    } else {
+        Err(EngineError::BadRequest(format!(
+            "{what} {value} is not between {} and {}",
+            range.start(),
+            range.end()
+        )))
+    }
+}
