@@ -320,8 +320,48 @@ fn must(cmd: &mut std::process::Command, what: &str) {
     );
 }
 
+/// A fingerprint of the files under `dir` (names, sizes, modification times), skipping
+/// `skip` names: whether a prepared toolchain still matches its sources.
+fn fingerprint(dir: &Path, skip: &[&str]) -> String {
+    let mut rows = Vec::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if skip.contains(&name.as_str()) {
+                continue;
+            }
+            let Ok(m) = e.metadata() else { continue };
+            if m.is_dir() {
+                stack.push(e.path());
+            } else {
+                let mtime = m
+                    .modified()
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_nanos());
+                rows.push(format!("{} {} {mtime}", e.path().display(), m.len()));
+            }
+        }
+    }
+    rows.sort();
+    rows.join("\n")
+}
+
+/// Runs `prepare` unless `marker` records the same fingerprint of `sources`; records it after.
+/// Tests running at once share what is prepared, and none rebuilds it under another's feet.
+fn prepared(marker: &Path, sources: &Path, skip: &[&str], prepare: impl FnOnce()) {
+    let now = fingerprint(sources, skip);
+    if std::fs::read_to_string(marker).is_ok_and(|m| m == now) {
+        return;
+    }
+    prepare();
+    std::fs::write(marker, now).expect("record the prepared toolchain");
+}
+
 /// The Python of a virtual environment (in the test home) with the Python SDK installed from
-/// `sdk/python` and pytest, both from PyPI; made once per machine and SDK version.
+/// `sdk/python` and pytest, both from PyPI; made once per machine and reinstalled when the
+/// SDK's files change.
 pub fn sdk_python() -> PathBuf {
     let paths = home();
     let venv = paths.home().join("sdk-venv");
@@ -329,6 +369,7 @@ pub fn sdk_python() -> PathBuf {
     let sdk = repo_root().join("sdk/python");
     with_lock(&paths, || {
         if !python.exists() {
+            let _ = std::fs::remove_file(venv.join(".forkbox-sdk"));
             must(
                 std::process::Command::new("python3")
                     .args(["-m", "venv"])
@@ -336,29 +377,46 @@ pub fn sdk_python() -> PathBuf {
                 "python3 -m venv",
             );
         }
-        // Reinstalled each run (seconds): the tests must see this checkout's SDK.
-        must(
-            std::process::Command::new(&python)
-                .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
-                .arg(format!("{}[test]", sdk.display())),
-            "pip install ./sdk/python[test]",
+        prepared(
+            &venv.join(".forkbox-sdk"),
+            &sdk,
+            &["__pycache__", "build", "forkbox.egg-info"],
+            || {
+                must(
+                    std::process::Command::new(&python)
+                        .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                        .arg(format!("{}[test]", sdk.display())),
+                    "pip install ./sdk/python[test]",
+                )
+            },
         );
     });
     python
 }
 
 /// `npm ci` (which builds the SDK through its `prepare` script) in `dir` of the repository,
-/// once per run of the lock; the directory.
+/// again only when its files change; the directory.
 pub fn npm_ready(dir: &str) -> PathBuf {
     let paths = home();
     let dir = repo_root().join(dir);
     with_lock(&paths, || {
-        must(
-            std::process::Command::new("npm")
-                .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
-                .current_dir(&dir),
-            &format!("npm ci in {}", dir.display()),
-        );
+        let marker = paths
+            .home()
+            .join(format!(".npm-{}", dir.display().to_string().replace('/', "_")));
+        // What `npm ci` makes must still be there (a clean checkout has neither).
+        let built = dir.join("node_modules").exists()
+            && (!dir.join("src").exists() || dir.join("dist/index.js").exists());
+        if !built {
+            let _ = std::fs::remove_file(&marker);
+        }
+        prepared(&marker, &dir, &["node_modules", "dist"], || {
+            must(
+                std::process::Command::new("npm")
+                    .args(["ci", "--no-audit", "--no-fund", "--loglevel=error"])
+                    .current_dir(&dir),
+                &format!("npm ci in {}", dir.display()),
+            )
+        });
     });
     dir
 }
