@@ -245,12 +245,40 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
     })
 }
 
-pub fn serve(paths: Paths, listen: Option<std::net::SocketAddr>) -> anyhow::Result<ExitCode> {
+pub fn serve(
+    paths: Paths,
+    listen: Option<std::net::SocketAddr>,
+    mcp_roots: Vec<std::path::PathBuf>,
+) -> anyhow::Result<ExitCode> {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;
-    rt.block_on(forkbox_server::serve(paths, listen))
+    // MCP over Streamable HTTP at /mcp: each session talks to this daemon through its socket.
+    let mcp = forkbox_mcp::http_service(
+        forkbox_server::socket_path(&paths),
+        forkbox_mcp::Options {
+            roots: mcp_roots,
+            all: false,
+        },
+    );
+    let extra = axum::Router::new().nest_service("/mcp", mcp);
+    rt.block_on(forkbox_server::serve(paths, listen, Some(extra)))
         .context("the forkbox daemon failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forkbox mcp`: one MCP session over stdin/stdout against this home's daemon (started if
+/// none runs) or `FORKBOX_API`; nothing but the protocol goes to stdout.
+pub fn mcp(paths: &Paths, roots: Vec<std::path::PathBuf>, all: bool) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = connect(paths).await?;
+        forkbox_mcp::serve_stdio(client, forkbox_mcp::Options { roots, all })
+            .await
+            .map_err(anyhow::Error::msg)
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 

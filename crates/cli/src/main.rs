@@ -57,6 +57,23 @@ enum Cmd {
         /// what the SDKs run when they find no daemon.
         #[arg(long, conflicts_with = "listen")]
         detach: bool,
+        /// A host directory MCP sessions at /mcp may upload from and download into
+        /// (repeatable; none by default).
+        #[arg(long = "mcp-root", value_name = "DIR")]
+        mcp_roots: Vec<PathBuf>,
+    },
+    /// Serve forkbox to a coding agent as an MCP server over stdin/stdout (tools: sandbox_create,
+    /// exec, read/write/edit_file, list_dir, upload, download, git_diff, snapshot, fork,
+    /// hibernate, resume, destroy, list_sandboxes, run_tests). The session's sandboxes are
+    /// deleted when it ends unless created persistent.
+    Mcp {
+        /// A host directory the session may upload from and download into (repeatable; none
+        /// by default).
+        #[arg(long = "root", value_name = "DIR")]
+        roots: Vec<PathBuf>,
+        /// See and act on every sandbox of the daemon, not only the session's own.
+        #[arg(long)]
+        all: bool,
     },
     /// Bearer tokens for the daemon's TCP listener.
     Token {
@@ -221,7 +238,10 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Image { command } => image_cmd(&paths, command),
         Cmd::Run(args) => run::run(&paths, args),
         Cmd::Serve { detach: true, .. } => daemon::serve_detached(&paths),
-        Cmd::Serve { listen, .. } => daemon::serve(paths, listen),
+        Cmd::Serve {
+            listen, mcp_roots, ..
+        } => daemon::serve(paths, listen, mcp_roots),
+        Cmd::Mcp { roots, all } => daemon::mcp(&paths, roots, all),
         Cmd::Token {
             command: TokenCmd::Create { name, json },
         } => {

@@ -22,6 +22,11 @@ struct Daemon {
 
 impl Daemon {
     fn start(name: &str) -> Daemon {
+        Daemon::start_with(name, &[])
+    }
+
+    /// A daemon with these extra `forkbox serve` arguments.
+    fn start_with(name: &str, extra: &[&str]) -> Daemon {
         let paths = infra::isolated_home(name);
         let forkbox = |paths: &Paths| {
             let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
@@ -58,6 +63,7 @@ impl Daemon {
         let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
         let child = forkbox(&paths)
             .args(["serve", "--listen", &tcp])
+            .args(extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -280,4 +286,75 @@ fn sdks_start_the_local_daemon_when_none_runs() {
         );
     }
     stop_daemon_of(&paths);
+}
+
+/// A directory holding a copy of examples/legacykit: the one host directory the MCP tests
+/// allow (`--root`), and where downloads land.
+fn mcp_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(infra::repo_root().join("examples/legacykit"))
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    root
+}
+
+/// Waits for the daemon to hold no sandbox (an MCP session's end deletes its own).
+fn wait_nothing_left(d: &Daemon) {
+    infra::wait_until(Duration::from_secs(60), || {
+        !infra::run_entries(&d.paths)
+            .iter()
+            .any(|e| e.starts_with("sb-"))
+    });
+    d.assert_nothing_left();
+}
+
+/// `forkbox mcp` over stdio, driven by the official Python MCP client: the tools and their
+/// schemas; create, exec (output tail kept), upload, write/read/edit a file (a non-unique edit
+/// refused), git_diff, run_tests naming the lost test against a saved baseline, snapshot,
+/// fork 3, destroy, download; an upload outside the allowed root and another session's
+/// sandbox refused; the session's end deletes what it made.
+#[test]
+fn mcp_over_stdio_with_the_official_python_client() {
+    let python = infra::mcp_python();
+    let d = Daemon::start("mcp-stdio");
+    let root = mcp_root();
+    let out = d.check(
+        d.client(&python)
+            .arg(infra::repo_root().join("crates/mcp/tests/mcp_client.py"))
+            .arg("stdio")
+            .arg(env!("CARGO_BIN_EXE_forkbox"))
+            .arg(root.path()),
+        "the MCP client over stdio",
+    );
+    assert!(out.contains("stdio session made"), "{out}");
+    wait_nothing_left(&d);
+}
+
+/// The daemon's /mcp over Streamable HTTP on its TCP listener: a bad token refused, the same
+/// scenario with the right one, and 5 concurrent sessions that each see only their own
+/// sandbox; ended sessions delete what they made.
+#[test]
+fn mcp_over_streamable_http_on_the_daemon() {
+    let python = infra::mcp_python();
+    let root = mcp_root();
+    let d = Daemon::start_with(
+        "mcp-http",
+        &["--mcp-root", &root.path().display().to_string()],
+    );
+    let out = d.check(
+        d.client(&python)
+            .arg(infra::repo_root().join("crates/mcp/tests/mcp_client.py"))
+            .arg("http")
+            .arg(format!("{}/mcp", d.tcp))
+            .arg(&d.token)
+            .arg(root.path()),
+        "the MCP client over Streamable HTTP",
+    );
+    assert!(out.contains("bad token refused"), "{out}");
+    assert!(out.contains("5 concurrent sessions"), "{out}");
+    wait_nothing_left(&d);
 }

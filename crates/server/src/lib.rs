@@ -680,8 +680,13 @@ pub fn spawn_private(
 }
 
 /// Serves the API on the Unix socket (and, with `tcp`, on that address for bearer tokens)
-/// until SIGINT or SIGTERM, then stops every sandbox.
-pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::Result<()> {
+/// until SIGINT or SIGTERM, then stops every sandbox. `extra` routes (the MCP endpoint, which
+/// lives in a crate of its own) are served beside the API, behind the same authentication.
+pub async fn serve(
+    paths: Paths,
+    tcp: Option<std::net::SocketAddr>,
+    extra: Option<Router>,
+) -> std::io::Result<()> {
     let socket = socket_path(&paths);
     std::fs::create_dir_all(paths.home())?;
     if socket.exists() {
@@ -710,7 +715,11 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
     )?;
 
     tracing::info!("forkbox daemon listening on {}", socket.display());
-    let app = router(engine.clone());
+    let with_extra = |r: Router| match &extra {
+        Some(x) => r.merge(x.clone()),
+        None => r,
+    };
+    let app = with_extra(router(engine.clone()));
     // TTLs are absolute deadlines; a sweep enforces them each second, and samples every VM's
     // CPU and memory for the metrics.
     let sweeper = engine.clone();
@@ -731,7 +740,7 @@ pub async fn serve(paths: Paths, tcp: Option<std::net::SocketAddr>) -> std::io::
                 "forkbox daemon listening on {} (bearer tokens required)",
                 l.local_addr()?
             );
-            let app = router(engine.clone())
+            let app = with_extra(router(engine.clone()))
                 .layer(axum::middleware::from_fn_with_state(
                     paths.clone(),
                     auth::require_token,

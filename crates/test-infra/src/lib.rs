@@ -400,9 +400,10 @@ pub fn npm_ready(dir: &str) -> PathBuf {
     let paths = home();
     let dir = repo_root().join(dir);
     with_lock(&paths, || {
-        let marker = paths
-            .home()
-            .join(format!(".npm-{}", dir.display().to_string().replace('/', "_")));
+        let marker = paths.home().join(format!(
+            ".npm-{}",
+            dir.display().to_string().replace('/', "_")
+        ));
         // What `npm ci` makes must still be there (a clean checkout has neither).
         let built = dir.join("node_modules").exists()
             && (!dir.join("src").exists() || dir.join("dist/index.js").exists());
@@ -419,4 +420,38 @@ pub fn npm_ready(dir: &str) -> PathBuf {
         });
     });
     dir
+}
+
+/// The Python of a virtual environment (in the test home) with the official MCP client
+/// (`mcp` from PyPI); made once per machine.
+pub fn mcp_python() -> PathBuf {
+    let paths = home();
+    let venv = paths.home().join("mcp-venv");
+    let python = venv.join("bin/python");
+    with_lock(&paths, || {
+        let has = std::process::Command::new(&python)
+            .args(["-c", "import mcp, httpx2"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !has {
+            must(
+                std::process::Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv),
+                "python3 -m venv",
+            );
+            must(
+                std::process::Command::new(&python).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "mcp",
+                ]),
+                "pip install mcp",
+            );
+        }
+    });
+    python
 }

@@ -1,0 +1,824 @@
+//! forkbox as an MCP server: sandboxes as tools for coding agents. One more thin front end:
+//! every tool is a call of the daemon's API through `forkbox-client`. `forkbox mcp` serves it
+//! over stdio; the daemon serves it over Streamable HTTP at `/mcp` (see [`http_service`]).
+//!
+//! A session sees and touches only the sandboxes it created (unless started with `all`), and
+//! deletes them when it ends unless they were created `persistent`. Host paths (upload,
+//! download) are allowed only under the roots given at start.
+#![forbid(unsafe_code)]
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use forkbox_client::{Client, ClientError};
+use forkbox_engine::api::{
+    ArchiveFormat, CommandEvent, CreateRequest, ExecRequest, ForkRequest, SnapshotRequest,
+    TtlAction,
+};
+use forkbox_engine::net::NetworkPolicy;
+use forkbox_reports::reports::{self, Format, Outcome, Results};
+use rmcp::handler::server::router::tool::ToolRouter;
+use rmcp::handler::server::wrapper::Parameters;
+use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
+use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler};
+use serde::Deserialize;
+
+/// Output an `exec` returns per stream; the tail is kept.
+pub const EXEC_TAIL: usize = 32 * 1024;
+
+/// How a session is allowed to act.
+#[derive(Debug, Clone, Default)]
+pub struct Options {
+    /// Host directories `upload` may read from and `download` may write into.
+    pub roots: Vec<PathBuf>,
+    /// See every sandbox of the daemon, not only this session's.
+    pub all: bool,
+}
+
+/// One MCP session's state: its sandboxes (id → persistent) and saved test reports.
+struct Session {
+    client: Client,
+    options: Options,
+    created: Mutex<HashMap<String, bool>>,
+    reports: Mutex<HashMap<String, Results>>,
+}
+
+impl Session {
+    fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+        m.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The sandboxes to delete when the session ends.
+    fn disposable(&self) -> Vec<String> {
+        Self::lock(&self.created)
+            .iter()
+            .filter(|(_, persistent)| !**persistent)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    fn check_visible(&self, id: &str) -> Result<(), String> {
+        if self.options.all || Self::lock(&self.created).contains_key(id) {
+            Ok(())
+        } else {
+            Err(format!(
+                "sandbox {id} was not created in this session; a session works only on its own sandboxes (start the server with --all to reach every one)"
+            ))
+        }
+    }
+
+    /// `p` resolved, when it lies under one of the allowed roots.
+    fn host_path(&self, p: &str, must_exist: bool) -> Result<PathBuf, String> {
+        let path = Path::new(p);
+        if !path.is_absolute() {
+            return Err(format!("{p} is not an absolute host path"));
+        }
+        let resolved = if must_exist {
+            path.canonicalize()
+                .map_err(|e| format!("{p} cannot be read: {e}"))?
+        } else {
+            let parent = path
+                .parent()
+                .ok_or_else(|| format!("{p} has no parent directory"))?
+                .canonicalize()
+                .map_err(|e| format!("the directory of {p} cannot be read: {e}"))?;
+            parent.join(path.file_name().unwrap_or_default())
+        };
+        let roots: Vec<PathBuf> = self
+            .options
+            .roots
+            .iter()
+            .filter_map(|r| r.canonicalize().ok())
+            .collect();
+        if roots.iter().any(|r| resolved.starts_with(r)) {
+            Ok(resolved)
+        } else if roots.is_empty() {
+            Err("no host directory is allowed: start the MCP server with --root DIR to allow upload and download under DIR".into())
+        } else {
+            Err(format!(
+                "{} is outside the allowed host directories ({})",
+                resolved.display(),
+                roots
+                    .iter()
+                    .map(|r| r.display().to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        }
+    }
+}
+
+impl Drop for Session {
+    /// A session that ends (its transport closed, its HTTP session expired) deletes what it
+    /// created, unless persistent.
+    fn drop(&mut self) {
+        let ids = self.disposable();
+        if ids.is_empty() {
+            return;
+        }
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let client = self.client.clone();
+            rt.spawn(async move {
+                for id in ids {
+                    let _ = client.delete(&id).await;
+                }
+            });
+        }
+    }
+}
+
+/// The MCP server of one session.
+#[derive(Clone)]
+pub struct ForkboxMcp {
+    session: Arc<Session>,
+    #[allow(dead_code)] // read by the tool_handler macro
+    tool_router: ToolRouter<ForkboxMcp>,
+}
+
+type ToolResult = Result<CallToolResult, rmcp::ErrorData>;
+
+fn ok(v: impl serde::Serialize) -> ToolResult {
+    Ok(CallToolResult::success(vec![ContentBlock::text(
+        serde_json::to_string_pretty(&v).unwrap_or_default(),
+    )]))
+}
+
+fn text(t: impl Into<String>) -> ToolResult {
+    Ok(CallToolResult::success(vec![ContentBlock::text(t)]))
+}
+
+/// A refusal or failure as a tool error with the daemon's words (the session goes on).
+fn failed(message: impl std::fmt::Display) -> ToolResult {
+    Ok(CallToolResult::error(vec![ContentBlock::text(
+        message.to_string(),
+    )]))
+}
+
+macro_rules! try_tool {
+    ($e:expr) => {
+        match $e {
+            Ok(v) => v,
+            Err(e) => return failed(e),
+        }
+    };
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct CreateArgs {
+    /// Image NAME or NAME@N (e.g. "python-bookworm"); the default image when absent.
+    pub image: Option<String>,
+    /// Delete the sandbox this many seconds from now (default 3600).
+    pub ttl_seconds: Option<u64>,
+    /// Reach the whole internet through forkbox's proxy. No network at all by default.
+    pub internet: Option<bool>,
+    /// Reach only these hosts (e.g. ["pypi.org", "*.pythonhosted.org"]).
+    pub allow: Option<Vec<String>>,
+    /// Keep the sandbox when this session ends (it is hibernated when its TTL passes).
+    pub persistent: Option<bool>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SandboxArgs {
+    /// The sandbox id (sb-...).
+    pub sandbox: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ExecArgs {
+    pub sandbox: String,
+    /// A shell command line, run with /bin/sh -c.
+    pub command: String,
+    /// Working directory in the sandbox (default /root).
+    pub cwd: Option<String>,
+    /// Kill it after this many seconds (default 600, at most 86400).
+    pub timeout_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct PathArgs {
+    pub sandbox: String,
+    /// A path in the sandbox: absolute, or relative to /root.
+    pub path: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct WriteArgs {
+    pub sandbox: String,
+    pub path: String,
+    /// The file's whole new text.
+    pub content: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct EditArgs {
+    pub sandbox: String,
+    pub path: String,
+    /// Exact text to replace; it must occur exactly once in the file.
+    pub old: String,
+    /// What replaces it.
+    pub new: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct UploadArgs {
+    pub sandbox: String,
+    /// An absolute host directory under an allowed root.
+    pub host_dir: String,
+    /// Where it goes in the sandbox (made if missing).
+    pub guest_dir: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct DownloadArgs {
+    pub sandbox: String,
+    /// A file or directory in the sandbox.
+    pub guest_path: String,
+    /// A host directory that does not exist yet, under an allowed root.
+    pub host_dir: String,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct DiffArgs {
+    pub sandbox: String,
+    /// The git work tree (default /work).
+    pub cwd: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SnapshotArgs {
+    pub sandbox: String,
+    /// A name for the snapshot; one is made up when absent.
+    pub name: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct ForkArgs {
+    /// A sandbox id of this session, or a snapshot name.
+    pub source: String,
+    /// How many copies, 1 to 10.
+    pub count: u32,
+    /// TTL of the copies in seconds (default 3600).
+    pub ttl_seconds: Option<u64>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct RunTestsArgs {
+    pub sandbox: String,
+    /// The test command (default: python3 -m pytest -q -rA -p no:cacheprovider). Its output
+    /// is read by forkbox's parsers: pytest -rA, JUnit XML, go test -json, cargo, TAP.
+    pub command: Option<String>,
+    /// Working directory (default /work).
+    pub cwd: Option<String>,
+    /// Compare with the report saved earlier under this name: which tests that passed there
+    /// do not pass now (lost), and which pass now that did not (fixed).
+    pub baseline: Option<String>,
+    /// Save this run's results under this name, for a later baseline.
+    pub save_as: Option<String>,
+    pub timeout_seconds: Option<u64>,
+}
+
+/// What the tests did.
+#[derive(Debug, serde::Serialize)]
+struct TestSummary {
+    exit_code: i32,
+    counts: BTreeMap<&'static str, usize>,
+    failed: Vec<String>,
+    errors: Vec<String>,
+    /// Passed in the baseline, not now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    lost: Option<Vec<String>>,
+    /// Did not pass in the baseline, pass now.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    fixed: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    note: Option<String>,
+}
+
+/// Keeps the last `cap` bytes of a stream.
+#[derive(Default)]
+struct Tail {
+    data: Vec<u8>,
+    dropped: usize,
+}
+
+impl Tail {
+    fn push(&mut self, b: &[u8], cap: usize) {
+        self.data.extend_from_slice(b);
+        if self.data.len() > cap {
+            let cut = self.data.len() - cap;
+            self.dropped += cut;
+            self.data.drain(..cut);
+        }
+    }
+
+    fn text(&self, what: &str) -> String {
+        let body = String::from_utf8_lossy(&self.data).into_owned();
+        if self.dropped > 0 {
+            format!(
+                "[forkbox: the first {} bytes of {what} were cut; the last {} are kept]\n{body}",
+                self.dropped,
+                self.data.len()
+            )
+        } else {
+            body
+        }
+    }
+}
+
+#[tool_router]
+impl ForkboxMcp {
+    pub fn new(client: Client, options: Options) -> ForkboxMcp {
+        ForkboxMcp {
+            session: Arc::new(Session {
+                client,
+                options,
+                created: Mutex::new(HashMap::new()),
+                reports: Mutex::new(HashMap::new()),
+            }),
+            tool_router: Self::tool_router(),
+        }
+    }
+
+    /// Deletes this session's non-persistent sandboxes now (the stdio server calls it when its
+    /// client goes away).
+    pub async fn end(&self) {
+        for id in self.session.disposable() {
+            let _ = self.session.client.delete(&id).await;
+            Session::lock(&self.session.created).remove(&id);
+        }
+    }
+
+    fn c(&self) -> &Client {
+        &self.session.client
+    }
+
+    /// Runs a shell command and waits: exit code and the tails of stdout and stderr.
+    async fn run(
+        &self,
+        sandbox: &str,
+        command: String,
+        cwd: Option<String>,
+        timeout_seconds: Option<u64>,
+    ) -> Result<(i32, bool, Tail, Tail), ClientError> {
+        use base64::Engine as _;
+        let b64 = base64::engine::general_purpose::STANDARD;
+        let req = ExecRequest {
+            shell: Some(command),
+            cwd,
+            timeout_secs: Some(timeout_seconds.unwrap_or(600)),
+            ..Default::default()
+        };
+        let mut events = self.c().exec_events(sandbox, &req).await?;
+        let (mut out, mut err) = (Tail::default(), Tail::default());
+        while let Some(ev) = events.next().await? {
+            match ev {
+                CommandEvent::Stdout { data_b64 } => {
+                    out.push(&b64.decode(data_b64).unwrap_or_default(), EXEC_TAIL)
+                }
+                CommandEvent::Stderr { data_b64 } => {
+                    err.push(&b64.decode(data_b64).unwrap_or_default(), EXEC_TAIL)
+                }
+                CommandEvent::Exit(e) => return Ok((e.exit_code, e.timed_out, out, err)),
+                CommandEvent::Error { message } => {
+                    return Err(ClientError::Api {
+                        status: 500,
+                        message,
+                    })
+                }
+                CommandEvent::Command { .. } => {}
+            }
+        }
+        Err(ClientError::Transport(
+            "the command's stream ended before the command did".into(),
+        ))
+    }
+
+    #[tool(
+        description = "Create a sandbox: a disposable microVM with its own kernel, no network unless asked. Returns its id (sb-...) and what it runs on. It is deleted when this session ends unless persistent."
+    )]
+    async fn sandbox_create(&self, Parameters(a): Parameters<CreateArgs>) -> ToolResult {
+        let network = (a.internet.unwrap_or(false)
+            || a.allow.as_ref().is_some_and(|l| !l.is_empty()))
+        .then(|| NetworkPolicy {
+            internet: a.internet.unwrap_or(false),
+            allow: a.allow.unwrap_or_default(),
+        });
+        let persistent = a.persistent.unwrap_or(false);
+        let req = CreateRequest {
+            image: a.image,
+            ttl_seconds: Some(a.ttl_seconds.unwrap_or(3600)),
+            network,
+            ttl_action: persistent.then_some(TtlAction::Hibernate),
+            ..Default::default()
+        };
+        let v = try_tool!(self.c().create(&req).await);
+        Session::lock(&self.session.created).insert(v.info.id.clone(), persistent);
+        ok(serde_json::json!({
+            "sandbox": v.info.id,
+            "image": v.info.image,
+            "accel": v.info.accel,
+            "network": v.network,
+            "expires_unix": v.expires_unix,
+            "persistent": persistent,
+        }))
+    }
+
+    #[tool(
+        description = "Run a shell command in a sandbox and wait for it. Returns exit_code, stdout and stderr (each cut to its last 32 KiB, with a note when cut)."
+    )]
+    async fn exec(&self, Parameters(a): Parameters<ExecArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let (code, timed_out, out, err) = try_tool!(
+            self.run(&a.sandbox, a.command, a.cwd, a.timeout_seconds)
+                .await
+        );
+        ok(serde_json::json!({
+            "exit_code": code,
+            "timed_out": timed_out,
+            "stdout": out.text("stdout"),
+            "stderr": err.text("stderr"),
+        }))
+    }
+
+    #[tool(description = "Read a text file in a sandbox (at most 64 MiB).")]
+    async fn read_file(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let bytes = try_tool!(self.c().read_file(&a.sandbox, &a.path).await);
+        text(String::from_utf8_lossy(&bytes).into_owned())
+    }
+
+    #[tool(
+        description = "Write a text file in a sandbox, replacing it (parent directories are made)."
+    )]
+    async fn write_file(&self, Parameters(a): Parameters<WriteArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let w = try_tool!(
+            self.c()
+                .write_file(&a.sandbox, &a.path, a.content.into_bytes(), 0o644)
+                .await
+        );
+        ok(w)
+    }
+
+    #[tool(
+        description = "Edit a file in a sandbox: replace the exact text `old` with `new`. Refused when `old` does not occur exactly once."
+    )]
+    async fn edit_file(&self, Parameters(a): Parameters<EditArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let bytes = try_tool!(self.c().read_file(&a.sandbox, &a.path).await);
+        let body = String::from_utf8_lossy(&bytes).into_owned();
+        match body.matches(&a.old).count() {
+            1 => {}
+            0 => return failed(format!("the text to replace does not occur in {}", a.path)),
+            n => return failed(format!(
+                "the text to replace occurs {n} times in {}; give more context so it occurs once",
+                a.path
+            )),
+        }
+        let edited = body.replacen(&a.old, &a.new, 1);
+        try_tool!(
+            self.c()
+                .write_file(&a.sandbox, &a.path, edited.into_bytes(), 0o644)
+                .await
+        );
+        text(format!("edited {}", a.path))
+    }
+
+    #[tool(description = "List a directory in a sandbox (one level): names, kinds and sizes.")]
+    async fn list_dir(&self, Parameters(a): Parameters<PathArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        ok(try_tool!(self.c().list_dir(&a.sandbox, &a.path).await))
+    }
+
+    #[tool(
+        description = "Copy a host directory (under a root the user allowed) into a sandbox as one compressed archive."
+    )]
+    async fn upload(&self, Parameters(a): Parameters<UploadArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let dir = try_tool!(self.session.host_path(&a.host_dir, true));
+        let (rx, packer) = try_tool!(forkbox_engine::files::pack(&dir));
+        let body = reqwest::Body::wrap_stream(tokio_stream::StreamExt::map(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+            Ok::<_, std::io::Error>,
+        ));
+        let sent = try_tool!(
+            self.c()
+                .put_archive(&a.sandbox, &a.guest_dir, ArchiveFormat::TarZst, body)
+                .await
+        );
+        try_tool!(try_tool!(packer.await));
+        text(format!(
+            "uploaded {} to {}:{} ({} bytes compressed)",
+            dir.display(),
+            a.sandbox,
+            a.guest_dir,
+            sent.bytes
+        ))
+    }
+
+    #[tool(
+        description = "Copy a file or directory out of a sandbox into a new host directory (under a root the user allowed). Links and special files are refused."
+    )]
+    async fn download(&self, Parameters(a): Parameters<DownloadArgs>) -> ToolResult {
+        use futures_util::StreamExt;
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let dest = try_tool!(self.session.host_path(&a.host_dir, false));
+        let mut body = Box::pin(try_tool!(
+            self.c()
+                .get_archive(&a.sandbox, &a.guest_path, ArchiveFormat::TarZst)
+                .await
+        ));
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let feed = async move {
+            while let Some(item) = body.next().await {
+                let item = item.map(|b| b.to_vec()).map_err(|e| {
+                    forkbox_engine::files::TransferError::Io {
+                        what: "download from the daemon".into(),
+                        source: std::io::Error::other(e),
+                    }
+                });
+                if tx.send(item).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, &dest), feed);
+        let files = try_tool!(files);
+        text(format!("downloaded {files} file(s) to {}", dest.display()))
+    }
+
+    #[tool(
+        description = "The git diff of a work tree in a sandbox (default /work), untracked files listed."
+    )]
+    async fn git_diff(&self, Parameters(a): Parameters<DiffArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let cwd = a.cwd.unwrap_or_else(|| "/work".into());
+        let (code, _, out, err) = try_tool!(
+            self.run(
+                &a.sandbox,
+                "git diff && git ls-files --others --exclude-standard | sed 's/^/untracked: /'"
+                    .into(),
+                Some(cwd),
+                Some(120)
+            )
+            .await
+        );
+        if code != 0 {
+            return failed(format!("git diff failed ({code}): {}", err.text("stderr")));
+        }
+        text(out.text("the diff"))
+    }
+
+    #[tool(
+        description = "Save a sandbox (files, memory, running processes) as a snapshot; it keeps running."
+    )]
+    async fn snapshot(&self, Parameters(a): Parameters<SnapshotArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let m = try_tool!(
+            self.c()
+                .snapshot(
+                    &a.sandbox,
+                    &SnapshotRequest {
+                        name: a.name,
+                        stay_paused: false
+                    }
+                )
+                .await
+        );
+        ok(serde_json::json!({ "snapshot": m.name, "pause_ms": m.pause_ms }))
+    }
+
+    #[tool(
+        description = "Fork a sandbox of this session (saved first) or a snapshot into 1-10 running copies, copy-on-write: files, memory and processes. The copies belong to this session."
+    )]
+    async fn fork(&self, Parameters(a): Parameters<ForkArgs>) -> ToolResult {
+        // A sandbox must be the session's own; a snapshot may be any (a prepared baseline).
+        if is_sandbox_id(&a.source) {
+            try_tool!(self.session.check_visible(&a.source));
+        }
+        let req = ForkRequest {
+            count: a.count,
+            ttl_seconds: Some(a.ttl_seconds.unwrap_or(3600)),
+            ..Default::default()
+        };
+        let r = try_tool!(self.c().fork(&a.source, &req).await);
+        let ids: Vec<String> = r.sandboxes.iter().map(|v| v.info.id.clone()).collect();
+        {
+            let mut created = Session::lock(&self.session.created);
+            for id in &ids {
+                created.insert(id.clone(), false);
+            }
+        }
+        ok(serde_json::json!({
+            "sandboxes": ids,
+            "snapshot": r.snapshot,
+            "failed": r.failed,
+            "duration_ms": r.duration_ms,
+        }))
+    }
+
+    #[tool(
+        description = "Hibernate a sandbox: save it to disk and stop its VM. resume brings it back with its processes."
+    )]
+    async fn hibernate(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let v = try_tool!(self.c().hibernate(&a.sandbox).await);
+        ok(serde_json::json!({ "sandbox": v.info.id, "state": v.state }))
+    }
+
+    #[tool(description = "Resume a hibernated sandbox.")]
+    async fn resume(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let v = try_tool!(self.c().resume(&a.sandbox).await);
+        ok(serde_json::json!({ "sandbox": v.info.id, "state": v.state }))
+    }
+
+    #[tool(description = "Delete a sandbox and its VM.")]
+    async fn destroy(&self, Parameters(a): Parameters<SandboxArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        try_tool!(self.c().delete(&a.sandbox).await);
+        Session::lock(&self.session.created).remove(&a.sandbox);
+        text(format!("destroyed {}", a.sandbox))
+    }
+
+    #[tool(
+        description = "List the sandboxes of this session (or all, if the server was started with --all)."
+    )]
+    async fn list_sandboxes(&self) -> ToolResult {
+        let all = try_tool!(self.c().list(None, None).await);
+        let created = Session::lock(&self.session.created).clone();
+        let rows: Vec<serde_json::Value> = all
+            .into_iter()
+            .filter(|v| self.session.options.all || created.contains_key(&v.info.id))
+            .map(|v| {
+                serde_json::json!({
+                    "sandbox": v.info.id,
+                    "image": v.info.image,
+                    "state": v.state,
+                    "expires_unix": v.expires_unix,
+                    "persistent": created.get(&v.info.id).copied().unwrap_or(false),
+                })
+            })
+            .collect();
+        ok(rows)
+    }
+
+    #[tool(
+        description = "Run a test suite in a sandbox and read its results by test name (pytest -rA, JUnit XML, go test -json, cargo, TAP). With `baseline` (a name given to an earlier run's save_as), also says which tests were lost (passed there, not now) and fixed."
+    )]
+    async fn run_tests(&self, Parameters(a): Parameters<RunTestsArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let command = a
+            .command
+            .unwrap_or_else(|| "python3 -m pytest -q -rA -p no:cacheprovider".into());
+        let (code, _, out, err) = try_tool!(
+            self.run(
+                &a.sandbox,
+                command,
+                Some(a.cwd.unwrap_or_else(|| "/work".into())),
+                Some(a.timeout_seconds.unwrap_or(1800))
+            )
+            .await
+        );
+        let output = format!("{}\n{}", out.text("stdout"), err.text("stderr"));
+        let results = match reports::parse(Format::Auto, &output) {
+            Ok(r) => r,
+            Err(e) => {
+                return failed(format!(
+                    "{e}; exit code {code}; the output ends with:\n{}",
+                    output
+                        .lines()
+                        .rev()
+                        .take(20)
+                        .collect::<Vec<_>>()
+                        .into_iter()
+                        .rev()
+                        .collect::<Vec<_>>()
+                        .join("\n")
+                ))
+            }
+        };
+        let mut counts: BTreeMap<&'static str, usize> = BTreeMap::new();
+        for o in results.values() {
+            *counts.entry(outcome_name(*o)).or_default() += 1;
+        }
+        let named = |want: Outcome| -> Vec<String> {
+            results
+                .iter()
+                .filter(|(_, o)| **o == want)
+                .map(|(t, _)| t.clone())
+                .take(200)
+                .collect()
+        };
+        let mut summary = TestSummary {
+            exit_code: code,
+            counts,
+            failed: named(Outcome::Failed),
+            errors: named(Outcome::Error),
+            lost: None,
+            fixed: None,
+            note: None,
+        };
+        if let Some(name) = &a.baseline {
+            let reports = Session::lock(&self.session.reports);
+            let Some(before) = reports.get(name) else {
+                return failed(format!(
+                    "no saved report {name:?}; run run_tests with save_as first"
+                ));
+            };
+            let passes = |r: &Results, t: &str| r.get(t) == Some(&Outcome::Passed);
+            summary.lost = Some(
+                before
+                    .keys()
+                    .filter(|t| passes(before, t) && !passes(&results, t))
+                    .cloned()
+                    .collect(),
+            );
+            summary.fixed = Some(
+                results
+                    .keys()
+                    .filter(|t| passes(&results, t) && !passes(before, t))
+                    .cloned()
+                    .collect(),
+            );
+        }
+        if let Some(name) = a.save_as {
+            Session::lock(&self.session.reports).insert(name.clone(), results);
+            summary.note = Some(format!("saved as {name:?}"));
+        }
+        ok(summary)
+    }
+}
+
+/// `sb-` and ten hex digits: a sandbox's id (a snapshot of one adds `-suffix`).
+fn is_sandbox_id(s: &str) -> bool {
+    s.strip_prefix("sb-")
+        .is_some_and(|h| h.len() == 10 && h.chars().all(|c| c.is_ascii_hexdigit()))
+}
+
+fn outcome_name(o: Outcome) -> &'static str {
+    match o {
+        Outcome::Passed => "passed",
+        Outcome::Failed => "failed",
+        Outcome::Error => "error",
+        Outcome::Skipped => "skipped",
+        Outcome::Xfailed => "xfailed",
+        Outcome::Xpassed => "xpassed",
+    }
+}
+
+#[tool_handler]
+impl ServerHandler for ForkboxMcp {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("forkbox", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "forkbox runs untrusted installs, builds and tests in disposable microVM sandboxes. \
+                 Create a sandbox, upload or write the code, exec commands, run_tests; snapshot \
+                 and fork to try several changes side by side; accept a change only if run_tests \
+                 against the baseline reports no lost test. Sandboxes have no network unless \
+                 created with internet or allow.",
+            )
+    }
+}
+
+/// Serves one session over stdin/stdout until the client closes it, then deletes the
+/// session's non-persistent sandboxes.
+pub async fn serve_stdio(client: Client, options: Options) -> Result<(), String> {
+    use rmcp::ServiceExt;
+    let server = ForkboxMcp::new(client, options);
+    let running = server
+        .clone()
+        .serve(rmcp::transport::stdio())
+        .await
+        .map_err(|e| format!("the MCP session did not start: {e}"))?;
+    let ended = running.waiting().await;
+    server.end().await;
+    ended
+        .map(drop)
+        .map_err(|e| format!("the MCP session failed: {e}"))
+}
+
+/// The Streamable HTTP service for the daemon's `/mcp`: one [`ForkboxMcp`] per MCP session,
+/// each talking to the daemon on `socket`.
+pub fn http_service(
+    socket: PathBuf,
+    options: Options,
+) -> rmcp::transport::streamable_http_server::StreamableHttpService<
+    ForkboxMcp,
+    rmcp::transport::streamable_http_server::session::local::LocalSessionManager,
+> {
+    use rmcp::transport::streamable_http_server::{
+        session::local::LocalSessionManager, StreamableHttpServerConfig, StreamableHttpService,
+    };
+    StreamableHttpService::new(
+        move || {
+            let client = Client::new(forkbox_client::Endpoint::Unix(socket.clone()))
+                .map_err(std::io::Error::other)?;
+            Ok(ForkboxMcp::new(client, options.clone()))
+        },
+        Arc::new(LocalSessionManager::default()),
+        StreamableHttpServerConfig::default(),
+    )
+}

@@ -1,0 +1,138 @@
+"""Drives forkbox's MCP server with the official Python MCP client (PyPI `mcp`), over stdio
+(`forkbox mcp`) or Streamable HTTP (the daemon's /mcp). Run by crates/cli/tests/sdk.rs.
+
+    python mcp_client.py stdio FORKBOX_BIN ROOT
+    python mcp_client.py http URL TOKEN ROOT
+"""
+
+import asyncio
+import json
+import os
+import sys
+
+import httpx2
+from mcp import ClientSession, StdioServerParameters
+from mcp.client.stdio import stdio_client
+from mcp.client.streamable_http import streamable_http_client
+
+TOOLS = {
+    "sandbox_create", "exec", "read_file", "write_file", "edit_file", "list_dir", "upload",
+    "download", "git_diff", "snapshot", "fork", "hibernate", "resume", "destroy",
+    "list_sandboxes", "run_tests",
+}
+
+
+async def call(s, name, **args):
+    r = await s.call_tool(name, args)
+    text = "".join(getattr(c, "text", "") for c in r.content)
+    return bool(r.is_error), text
+
+
+async def ok(s, name, **args):
+    err, text = await call(s, name, **args)
+    assert not err, f"{name} failed: {text}"
+    return text
+
+
+async def scenario(s, root):
+    tools = (await s.list_tools()).tools
+    names = {t.name for t in tools}
+    assert TOOLS <= names, TOOLS - names
+    for t in tools:
+        assert t.description and t.input_schema.get("type") == "object", t.name
+    sid = json.loads(await ok(s, "sandbox_create", ttl_seconds=900))["sandbox"]
+    r = json.loads(await ok(s, "exec", sandbox=sid, command="echo out; echo err >&2; exit 3"))
+    assert (r["exit_code"], r["stdout"], r["stderr"]) == (3, "out\n", "err\n"), r
+    r = json.loads(await ok(s, "exec", sandbox=sid, command="head -c 100000 /dev/zero | tr '\\0' x"))
+    assert r["stdout"].startswith("[forkbox: the first") and r["stdout"].endswith("x" * 100), r["stdout"][:120]
+
+    await ok(s, "upload", sandbox=sid, host_dir=os.path.join(root, "legacykit"), guest_dir="/work")
+    await ok(s, "exec", sandbox=sid, cwd="/work",
+             command="git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base")
+    await ok(s, "write_file", sandbox=sid, path="/work/tests/test_probe.py",
+             content="def test_probe():\n    assert 1 + 1 == 2\n")
+    assert "assert 1 + 1" in await ok(s, "read_file", sandbox=sid, path="/work/tests/test_probe.py")
+    entries = json.loads(await ok(s, "list_dir", sandbox=sid, path="/work/tests"))["entries"]
+    assert "test_probe.py" in [e["name"] for e in entries]
+    await ok(s, "exec", sandbox=sid, cwd="/work",
+             command="git add -A && git -c user.name=t -c user.email=t@t commit -qm probe")
+    before = json.loads(await ok(s, "run_tests", sandbox=sid, save_as="before"))
+    assert before["counts"].get("passed", 0) > 10, before
+    await ok(s, "edit_file", sandbox=sid, path="/work/tests/test_probe.py", old="1 + 1 == 2", new="1 + 1 == 3")
+    err, text = await call(s, "edit_file", sandbox=sid, path="/work/tests/test_probe.py", old="1", new="2")
+    assert err and "occurs" in text, text
+    await ok(s, "write_file", sandbox=sid, path="/work/NOTES", content="new\n")
+    diff = await ok(s, "git_diff", sandbox=sid)
+    assert "+    assert 1 + 1 == 3" in diff and "untracked: NOTES" in diff, diff
+    after = json.loads(await ok(s, "run_tests", sandbox=sid, baseline="before"))
+    assert after["lost"] == ["tests/test_probe.py::test_probe"], after
+    assert "tests/test_probe.py::test_probe" in after["failed"], after
+
+    snap = json.loads(await ok(s, "snapshot", sandbox=sid))["snapshot"]
+    copies = json.loads(await ok(s, "fork", source=snap, count=3))["sandboxes"]
+    assert len(copies) == 3, copies
+    r = json.loads(await ok(s, "exec", sandbox=copies[0], command="cat /work/tests/test_probe.py"))
+    assert "1 + 1 == 3" in r["stdout"], r
+    listed = {x["sandbox"] for x in json.loads(await ok(s, "list_sandboxes"))}
+    assert listed == {sid, *copies}, listed
+    await ok(s, "destroy", sandbox=copies[2])
+
+    err, text = await call(s, "upload", sandbox=sid, host_dir="/etc", guest_dir="/x")
+    assert err and "outside the allowed host directories" in text, text
+    err, text = await call(s, "exec", sandbox="sb-0000000000", command="true")
+    assert err and "not created in this session" in text, text
+    err, text = await call(s, "sandbox_create", image="no-such-image")
+    assert err and "no image no-such-image" in text, text
+    down = os.path.join(root, f"down-{os.getpid()}-{sid}")
+    await ok(s, "download", sandbox=sid, guest_path="/work/tests", host_dir=down)
+    assert os.path.exists(os.path.join(down, "tests", "test_probe.py")) or os.path.exists(
+        os.path.join(down, "test_probe.py")), os.listdir(down)
+    return {sid, *copies[:2]}
+
+
+async def own_only(url, token, n):
+    """One of several concurrent sessions: it sees only the sandbox it made."""
+    async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=600) as http:
+        async with streamable_http_client(url, http_client=http) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                sid = json.loads(await ok(s, "sandbox_create", ttl_seconds=900))["sandbox"]
+                listed = [x["sandbox"] for x in json.loads(await ok(s, "list_sandboxes"))]
+                assert listed == [sid], (n, listed)
+                return sid
+
+
+async def main():
+    mode = sys.argv[1]
+    if mode == "stdio":
+        exe, root = sys.argv[2], sys.argv[3]
+        params = StdioServerParameters(command=exe, args=["mcp", "--root", root], env=dict(os.environ))
+        async with stdio_client(params) as (r, w):
+            async with ClientSession(r, w) as s:
+                await s.initialize()
+                made = await scenario(s, root)
+        print("stdio session made", " ".join(sorted(made)))
+    else:
+        url, token, root = sys.argv[2], sys.argv[3], sys.argv[4]
+        try:
+            async with httpx2.AsyncClient(headers={"Authorization": "Bearer fbx_wrong"}) as http:
+                async with streamable_http_client(url, http_client=http) as (r, w):
+                    async with ClientSession(r, w) as s:
+                        await asyncio.wait_for(s.initialize(), 30)
+            raise SystemExit("a bad token was accepted")
+        except SystemExit:
+            raise
+        except BaseException as e:  # the transport refuses: 401
+            print("bad token refused:", type(e).__name__)
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=600) as http:
+            async with streamable_http_client(url, http_client=http) as (r, w):
+                async with ClientSession(r, w) as s:
+                    await s.initialize()
+                    made = await scenario(s, root)
+        print("http session made", " ".join(sorted(made)))
+        ids = await asyncio.gather(*(own_only(url, token, n) for n in range(5)))
+        assert len(set(ids)) == 5, ids
+        print("5 concurrent sessions each saw only their own sandbox")
+
+
+asyncio.run(main())
