@@ -295,6 +295,7 @@ fn mcp_root() -> tempfile::TempDir {
     let out = Command::new("cp")
         .arg("-r")
         .arg(infra::repo_root().join("examples/legacykit"))
+        .arg(infra::repo_root().join("examples/plans"))
         .arg(root.path())
         .output()
         .unwrap();
@@ -316,10 +317,16 @@ fn wait_nothing_left(d: &Daemon) {
 /// schemas; create, exec (output tail kept), upload, write/read/edit a file (a non-unique edit
 /// refused), git_diff, run_tests naming the lost test against a saved baseline, snapshot,
 /// fork 3, destroy, download; an upload outside the allowed root and another session's
-/// sandbox refused; the session's end deletes what it made.
+/// sandbox refused; resources and the port prompt; then examples/legacykit ported from
+/// Python 3.9 to 3.13 through the tools alone (baseline on the old image, three forks of the
+/// new one, run_tests against the baseline: minimal and modernize accepted, wrong rejected);
+/// the session's end deletes what it made.
 #[test]
 fn mcp_over_stdio_with_the_official_python_client() {
     let python = infra::mcp_python();
+    let shared = infra::home();
+    infra::image(&shared, "python-bullseye");
+    infra::image(&shared, "python-trixie");
     let d = Daemon::start("mcp-stdio");
     let root = mcp_root();
     let out = d.check(

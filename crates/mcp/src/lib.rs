@@ -471,10 +471,12 @@ impl ForkboxMcp {
         match body.matches(&a.old).count() {
             1 => {}
             0 => return failed(format!("the text to replace does not occur in {}", a.path)),
-            n => return failed(format!(
+            n => {
+                return failed(format!(
                 "the text to replace occurs {n} times in {}; give more context so it occurs once",
                 a.path
-            )),
+            ))
+            }
         }
         let edited = body.replacen(&a.old, &a.new, 1);
         try_tool!(
@@ -768,18 +770,158 @@ fn outcome_name(o: Outcome) -> &'static str {
     }
 }
 
+/// The prompt for a migration by comparison.
+pub const PORT_PROMPT: &str = "port";
+
+fn port_prompt_text(from: &str, to: &str, code: &str, test: &str) -> String {
+    format!(
+        "Port the project in {code} from image {from} to image {to}, with forkbox's tools, \
+         accepting a port only if no test that passed before fails now.\n\
+         1. sandbox_create with image {from}; upload {code} to /work; run_tests (command: {test}) \
+         with save_as \"before\". These are the tests that must keep passing.\n\
+         2. sandbox_create with image {to}; upload {code} to /work; exec `git init -q && git add -A \
+         && git -c user.name=agent -c user.email=agent@localhost commit -qm before` in /work; \
+         snapshot it.\n\
+         3. fork the snapshot into up to 3 copies and try a different port in each (edit_file, \
+         write_file, exec).\n\
+         4. In each copy, run_tests (command: {test}) with baseline \"before\". Reject a copy \
+         whose `lost` list is not empty.\n\
+         5. Of the copies that lost nothing, prefer the smallest git_diff; report it and destroy \
+         the others."
+    )
+}
+
 #[tool_handler]
 impl ServerHandler for ForkboxMcp {
+    async fn list_resources(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, rmcp::ErrorData> {
+        let mut items = vec![
+            rmcp::model::Resource::new("forkbox://sandboxes", "sandboxes")
+                .with_description("The sandboxes this session can use, as JSON")
+                .with_mime_type("application/json"),
+        ];
+        let created = Session::lock(&self.session.created).clone();
+        for id in created.keys() {
+            items.push(
+                rmcp::model::Resource::new(format!("forkbox://sandboxes/{id}"), id.clone())
+                    .with_description("One sandbox: image, accelerator, state, network, TTL")
+                    .with_mime_type("application/json"),
+            );
+        }
+        Ok(rmcp::model::ListResourcesResult::with_all_items(items))
+    }
+
+    async fn read_resource(
+        &self,
+        request: rmcp::model::ReadResourceRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, rmcp::ErrorData> {
+        let uri = request.uri.clone();
+        let not_found = |why: String| rmcp::ErrorData::resource_not_found(why, None);
+        let body = if uri == "forkbox://sandboxes" {
+            let all = self
+                .c()
+                .list(None, None)
+                .await
+                .map_err(|e| not_found(e.to_string()))?;
+            let created = Session::lock(&self.session.created).clone();
+            let mine: Vec<_> = all
+                .into_iter()
+                .filter(|v| self.session.options.all || created.contains_key(&v.info.id))
+                .collect();
+            serde_json::to_string_pretty(&mine).unwrap_or_default()
+        } else if let Some(id) = uri.strip_prefix("forkbox://sandboxes/") {
+            self.session.check_visible(id).map_err(not_found)?;
+            let v = self
+                .c()
+                .get(id)
+                .await
+                .map_err(|e| not_found(e.to_string()))?;
+            serde_json::to_string_pretty(&v).unwrap_or_default()
+        } else {
+            return Err(not_found(format!("no resource {uri}")));
+        };
+        Ok(
+            rmcp::model::ReadResourceResult::new(vec![rmcp::model::ResourceContents::text(
+                body, uri,
+            )])
+            .into(),
+        )
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<rmcp::model::PaginatedRequestParams>,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, rmcp::ErrorData> {
+        let arg = |n: &str, d: &str, required: bool| {
+            let mut a = rmcp::model::PromptArgument::new(n).with_description(d);
+            a.required = Some(required);
+            a
+        };
+        Ok(rmcp::model::ListPromptsResult::with_all_items(vec![
+            rmcp::model::Prompt::new(
+                PORT_PROMPT,
+                Some("Port a project from one image to another, accepting only ports that lose no test"),
+                Some(vec![
+                    arg("from", "the old toolchain's image (e.g. python-bullseye)", true),
+                    arg("to", "the new toolchain's image (e.g. python-trixie)", true),
+                    arg("code", "the project's host directory (under an allowed root)", true),
+                    arg("test", "the test command (default: python3 -m pytest -q -rA)", false),
+                ]),
+            ),
+        ]))
+    }
+
+    async fn get_prompt(
+        &self,
+        request: rmcp::model::GetPromptRequestParams,
+        _context: rmcp::service::RequestContext<rmcp::RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, rmcp::ErrorData> {
+        if request.name != PORT_PROMPT {
+            return Err(rmcp::ErrorData::invalid_params(
+                format!("no prompt {:?}; there is {PORT_PROMPT:?}", request.name),
+                None,
+            ));
+        }
+        let args = request.arguments.clone().unwrap_or_default();
+        let get = |k: &str| args.get(k).and_then(|v| v.as_str()).map(str::to_string);
+        let (Some(from), Some(to), Some(code)) = (get("from"), get("to"), get("code")) else {
+            return Err(rmcp::ErrorData::invalid_params(
+                "the port prompt needs from, to and code",
+                None,
+            ));
+        };
+        let test = get("test").unwrap_or_else(|| "python3 -m pytest -q -rA".into());
+        Ok(
+            rmcp::model::GetPromptResult::new(vec![rmcp::model::PromptMessage::new_text(
+                rmcp::model::Role::User,
+                port_prompt_text(&from, &to, &code, &test),
+            )])
+            .with_description("Port by comparison with forkbox")
+            .into(),
+        )
+    }
+
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
-            .with_server_info(Implementation::new("forkbox", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "forkbox runs untrusted installs, builds and tests in disposable microVM sandboxes. \
+        ServerConfig::new(
+            ServerCapabilities::builder()
+                .enable_tools()
+                .enable_resources()
+                .enable_prompts()
+                .build(),
+        )
+        .with_server_info(Implementation::new("forkbox", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "forkbox runs untrusted installs, builds and tests in disposable microVM sandboxes. \
                  Create a sandbox, upload or write the code, exec commands, run_tests; snapshot \
                  and fork to try several changes side by side; accept a change only if run_tests \
                  against the baseline reports no lost test. Sandboxes have no network unless \
                  created with internet or allow.",
-            )
+        )
     }
 }
 

@@ -90,6 +90,43 @@ async def scenario(s, root):
     return {sid, *copies[:2]}
 
 
+async def resources_and_prompt(s, made):
+    listed = {r.uri for r in (await s.list_resources()).resources}
+    assert "forkbox://sandboxes" in listed and all(f"forkbox://sandboxes/{m}" in listed for m in made), listed
+    one = sorted(made)[0]
+    body = (await s.read_resource(f"forkbox://sandboxes/{one}")).contents[0].text
+    assert json.loads(body)["id"] == one, body
+    prompts = {p.name for p in (await s.list_prompts()).prompts}
+    assert "port" in prompts, prompts
+    text = (await s.get_prompt("port", {"from": "python-bullseye", "to": "python-trixie", "code": "/src"})).messages[0].content.text
+    assert "baseline" in text and "python-trixie" in text, text
+
+
+async def port(s, root):
+    """examples/legacykit from Python 3.9 to 3.13 through MCP alone, accepting by comparison."""
+    test = "python3 -m pytest -q -rA -p no:cacheprovider"
+    old = json.loads(await ok(s, "sandbox_create", image="python-bullseye"))["sandbox"]
+    await ok(s, "upload", sandbox=old, host_dir=os.path.join(root, "legacykit"), guest_dir="/work")
+    before = json.loads(await ok(s, "run_tests", sandbox=old, command=test, save_as="legacy"))
+    assert before["counts"]["passed"] == 47, before
+    new = json.loads(await ok(s, "sandbox_create", image="python-trixie"))["sandbox"]
+    await ok(s, "upload", sandbox=new, host_dir=os.path.join(root, "legacykit"), guest_dir="/work")
+    await ok(s, "upload", sandbox=new, host_dir=os.path.join(root, "plans"), guest_dir="/plan")
+    await ok(s, "exec", sandbox=new, cwd="/work",
+             command="git init -q && git add -A && git -c user.name=a -c user.email=a@a commit -qm before")
+    snap = json.loads(await ok(s, "snapshot", sandbox=new))["snapshot"]
+    copies = json.loads(await ok(s, "fork", source=snap, count=3))["sandboxes"]
+    verdicts = {}
+    for plan, copy in zip(["minimal", "modernize", "wrong"], copies):
+        await ok(s, "exec", sandbox=copy, cwd="/work", command=f"python3 /plan/port.py {plan}")
+        r = json.loads(await ok(s, "run_tests", sandbox=copy, command=test, baseline="legacy"))
+        diff = await ok(s, "git_diff", sandbox=copy)
+        verdicts[plan] = (len(r["lost"]), len(diff.splitlines()))
+    accepted = sorted((lines, plan) for plan, (lost, lines) in verdicts.items() if lost == 0)
+    print("port verdicts:", verdicts, "accepted:", [p for _, p in accepted])
+    assert [p for _, p in accepted] == ["minimal", "modernize"], verdicts
+
+
 async def own_only(url, token, n):
     """One of several concurrent sessions: it sees only the sandbox it made."""
     async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=600) as http:
@@ -111,6 +148,8 @@ async def main():
             async with ClientSession(r, w) as s:
                 await s.initialize()
                 made = await scenario(s, root)
+                await resources_and_prompt(s, made)
+                await port(s, root)
         print("stdio session made", " ".join(sorted(made)))
     else:
         url, token, root = sys.argv[2], sys.argv[3], sys.argv[4]
