@@ -295,6 +295,38 @@ struct TestSummary {
     note: Option<String>,
 }
 
+/// Where a tool call's progress goes: the client and the token it gave.
+pub struct Progress {
+    peer: rmcp::Peer<rmcp::RoleServer>,
+    token: rmcp::model::ProgressToken,
+}
+
+impl Progress {
+    fn of(
+        meta: &rmcp::model::RequestMetaObject,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+    ) -> Option<Progress> {
+        meta.get_progress_token()
+            .map(|token| Progress { peer, token })
+    }
+
+    async fn report(&self, seconds: f64, out: &Tail) {
+        let last = String::from_utf8_lossy(&out.data)
+            .lines()
+            .rev()
+            .find(|l| !l.trim().is_empty())
+            .map(|l| l.chars().take(200).collect::<String>())
+            .unwrap_or_default();
+        let _ = self
+            .peer
+            .notify_progress(
+                rmcp::model::ProgressNotificationParam::new(self.token.clone(), seconds)
+                    .with_message(format!("running for {seconds:.0} s; last output: {last}")),
+            )
+            .await;
+    }
+}
+
 /// Keeps the last `cap` bytes of a stream.
 #[derive(Default)]
 struct Tail {
@@ -353,13 +385,15 @@ impl ForkboxMcp {
         &self.session.client
     }
 
-    /// Runs a shell command and waits: exit code and the tails of stdout and stderr.
+    /// Runs a shell command and waits: exit code and the tails of stdout and stderr. With
+    /// `progress`, the client hears every 2 s how long it has run and its last line of output.
     async fn run(
         &self,
         sandbox: &str,
         command: String,
         cwd: Option<String>,
         timeout_seconds: Option<u64>,
+        progress: Option<Progress>,
     ) -> Result<(i32, bool, Tail, Tail), ClientError> {
         use base64::Engine as _;
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -371,7 +405,20 @@ impl ForkboxMcp {
         };
         let mut events = self.c().exec_events(sandbox, &req).await?;
         let (mut out, mut err) = (Tail::default(), Tail::default());
-        while let Some(ev) = events.next().await? {
+        let started = std::time::Instant::now();
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(2));
+        tick.tick().await;
+        loop {
+            let ev = tokio::select! {
+                ev = events.next() => ev?,
+                _ = tick.tick(), if progress.is_some() => {
+                    if let Some(p) = &progress {
+                        p.report(started.elapsed().as_secs_f64(), &out).await;
+                    }
+                    continue;
+                }
+            };
+            let Some(ev) = ev else { break };
             match ev {
                 CommandEvent::Stdout { data_b64 } => {
                     out.push(&b64.decode(data_b64).unwrap_or_default(), EXEC_TAIL)
@@ -425,12 +472,18 @@ impl ForkboxMcp {
     }
 
     #[tool(
-        description = "Run a shell command in a sandbox and wait for it. Returns exit_code, stdout and stderr (each cut to its last 32 KiB, with a note when cut)."
+        description = "Run a shell command in a sandbox and wait for it. Returns exit_code, stdout and stderr (each cut to its last 32 KiB, with a note when cut). Reports progress every 2 s when the call asks for it."
     )]
-    async fn exec(&self, Parameters(a): Parameters<ExecArgs>) -> ToolResult {
+    async fn exec(
+        &self,
+        meta: rmcp::model::RequestMetaObject,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+        Parameters(a): Parameters<ExecArgs>,
+    ) -> ToolResult {
         try_tool!(self.session.check_visible(&a.sandbox));
+        let progress = Progress::of(&meta, peer);
         let (code, timed_out, out, err) = try_tool!(
-            self.run(&a.sandbox, a.command, a.cwd, a.timeout_seconds)
+            self.run(&a.sandbox, a.command, a.cwd, a.timeout_seconds, progress)
                 .await
         );
         ok(serde_json::json!({
@@ -562,7 +615,8 @@ impl ForkboxMcp {
                 "git diff && git ls-files --others --exclude-standard | sed 's/^/untracked: /'"
                     .into(),
                 Some(cwd),
-                Some(120)
+                Some(120),
+                None
             )
             .await
         );
@@ -669,8 +723,14 @@ impl ForkboxMcp {
     #[tool(
         description = "Run a test suite in a sandbox and read its results by test name (pytest -rA, JUnit XML, go test -json, cargo, TAP). With `baseline` (a name given to an earlier run's save_as), also says which tests were lost (passed there, not now) and fixed."
     )]
-    async fn run_tests(&self, Parameters(a): Parameters<RunTestsArgs>) -> ToolResult {
+    async fn run_tests(
+        &self,
+        meta: rmcp::model::RequestMetaObject,
+        peer: rmcp::Peer<rmcp::RoleServer>,
+        Parameters(a): Parameters<RunTestsArgs>,
+    ) -> ToolResult {
         try_tool!(self.session.check_visible(&a.sandbox));
+        let progress = Progress::of(&meta, peer);
         let command = a
             .command
             .unwrap_or_else(|| "python3 -m pytest -q -rA -p no:cacheprovider".into());
@@ -679,7 +739,8 @@ impl ForkboxMcp {
                 &a.sandbox,
                 command,
                 Some(a.cwd.unwrap_or_else(|| "/work".into())),
-                Some(a.timeout_seconds.unwrap_or(1800))
+                Some(a.timeout_seconds.unwrap_or(1800)),
+                progress
             )
             .await
         );

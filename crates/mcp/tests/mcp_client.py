@@ -46,6 +46,15 @@ async def scenario(s, root):
     r = json.loads(await ok(s, "exec", sandbox=sid, command="head -c 100000 /dev/zero | tr '\\0' x"))
     assert r["stdout"].startswith("[forkbox: the first") and r["stdout"].endswith("x" * 100), r["stdout"][:120]
 
+    seen = []
+
+    async def on_progress(progress, total, message):
+        seen.append(message)
+
+    r = await s.call_tool("exec", {"sandbox": sid, "command": "echo step-one; sleep 5; echo done"},
+                          progress_callback=on_progress)
+    assert not r.is_error and seen and "last output: step-one" in seen[-1], seen
+
     await ok(s, "upload", sandbox=sid, host_dir=os.path.join(root, "legacykit"), guest_dir="/work")
     await ok(s, "exec", sandbox=sid, cwd="/work",
              command="git init -q && git add -A && git -c user.name=t -c user.email=t@t commit -qm base")
