@@ -37,18 +37,7 @@ impl Daemon {
             c
         };
         // A daemon an earlier run left behind may be an older build.
-        if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(&paths))
-            .ok()
-            .and_then(|p| p.trim().parse::<i32>().ok())
-        {
-            let _ = nix::sys::signal::kill(
-                nix::unistd::Pid::from_raw(pid),
-                nix::sys::signal::Signal::SIGTERM,
-            );
-            infra::wait_until(Duration::from_secs(30), || {
-                !Path::new(&format!("/proc/{pid}")).exists()
-            });
-        }
+        stop_daemon_of(&paths);
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -220,6 +209,7 @@ fn accept_by_comparison_examples_in_python_and_typescript() {
     d.assert_nothing_left();
 }
 
+/// Stops the daemon of `paths`, if one runs, and waits for it to be gone.
 fn stop_daemon_of(paths: &Paths) {
     if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(paths))
         .ok()
