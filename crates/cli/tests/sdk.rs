@@ -310,7 +310,7 @@ fn wait_nothing_left(d: &Daemon) {
 /// sandbox refused; resources and the port prompt; then examples/legacykit ported from
 /// Python 3.9 to 3.13 through the tools alone (baseline on the old image, three forks of the
 /// new one, run_tests against the baseline: minimal and modernize accepted, wrong rejected);
-/// the session's end deletes what it made.
+/// the session's end deletes what it made, except the sandbox created persistent.
 #[test]
 fn mcp_over_stdio_with_the_official_python_client() {
     let python = infra::mcp_python();
@@ -328,6 +328,30 @@ fn mcp_over_stdio_with_the_official_python_client() {
         "the MCP client over stdio",
     );
     assert!(out.contains("stdio session made"), "{out}");
+    // The session's end deleted all it made but the one created persistent.
+    let kept = out
+        .lines()
+        .find_map(|l| l.strip_prefix("persistent: "))
+        .unwrap()
+        .to_string();
+    let left = || -> Vec<String> {
+        infra::run_entries(&d.paths)
+            .into_iter()
+            .filter(|e| e.starts_with("sb-"))
+            .collect()
+    };
+    infra::wait_until(Duration::from_secs(60), || left() == vec![kept.clone()]);
+    assert_eq!(left(), vec![kept.clone()], "after the session");
+    let rm = Command::new(env!("CARGO_BIN_EXE_forkbox"))
+        .env("FORKBOX_HOME", d.paths.home())
+        .args(["sandbox", "rm", &kept])
+        .output()
+        .unwrap();
+    assert!(
+        rm.status.success(),
+        "{}",
+        String::from_utf8_lossy(&rm.stderr)
+    );
     wait_nothing_left(&d);
 }
 

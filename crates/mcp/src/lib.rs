@@ -374,10 +374,16 @@ impl ForkboxMcp {
 
     /// Deletes this session's non-persistent sandboxes now (the stdio server calls it when its
     /// client goes away).
+    /// All deletions are asked for at once: a client that kills the server soon after closing
+    /// it (the Python client allows 2 s) finds them under way, and the daemon finishes each
+    /// request it received even when its client is gone.
     pub async fn end(&self) {
-        for id in self.session.disposable() {
-            let _ = self.session.client.delete(&id).await;
-            Session::lock(&self.session.created).remove(&id);
+        let ids = self.session.disposable();
+        let client = &self.session.client;
+        futures_util::future::join_all(ids.iter().map(|id| client.delete(id))).await;
+        let mut created = Session::lock(&self.session.created);
+        for id in ids {
+            created.remove(&id);
         }
     }
 

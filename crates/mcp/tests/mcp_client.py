@@ -159,7 +159,10 @@ async def main():
                 made = await scenario(s, root)
                 await resources_and_prompt(s, made)
                 await port(s, root)
+                kept = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, persistent=True))
+                assert kept["persistent"] is True, kept
         print("stdio session made", " ".join(sorted(made)))
+        print("persistent:", kept["sandbox"])
     else:
         url, token, root = sys.argv[2], sys.argv[3], sys.argv[4]
         try:
