@@ -9,8 +9,8 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 use forkbox_client::{Client, Endpoint, Events};
 use forkbox_engine::api::{
-    ArchiveFormat, CommandEvent, CreateRequest, ExecRequest, ForkRequest, SandboxState,
-    SandboxView, SnapshotRequest, TtlAction,
+    CommandEvent, CreateRequest, ExecRequest, ForkRequest, SandboxState, SandboxView,
+    SnapshotRequest, TtlAction,
 };
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
@@ -596,18 +596,7 @@ async fn upload(
     guest_dir: &str,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let (rx, packer) = forkbox_engine::files::pack(host_dir)?;
-    let stream = tokio_stream::StreamExt::map(
-        tokio_stream::wrappers::ReceiverStream::new(rx),
-        Ok::<_, std::io::Error>,
-    );
-    let body = reqwest::Body::wrap_stream(stream);
-    let v = c
-        .put_archive(id, guest_dir, ArchiveFormat::TarZst, body)
-        .await?;
-    packer
-        .await?
-        .with_context(|| format!("could not pack {}", host_dir.display()))?;
+    let v = c.upload_dir(id, host_dir, guest_dir).await?;
     show(json, &v, || {
         println!(
             "uploaded {} to {id}:{guest_dir} ({} bytes compressed)",
@@ -624,25 +613,7 @@ async fn download(
     host_dir: &std::path::Path,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    use futures_util::StreamExt;
-    let mut body = Box::pin(c.get_archive(id, guest_path, ArchiveFormat::TarZst).await?);
-    let (tx, rx) = tokio::sync::mpsc::channel(8);
-    let feed = async move {
-        while let Some(item) = body.next().await {
-            let item =
-                item.map(|b| b.to_vec())
-                    .map_err(|e| forkbox_engine::files::TransferError::Io {
-                        what: "download from the daemon (the sandbox may have refused the path)"
-                            .into(),
-                        source: std::io::Error::other(e),
-                    });
-            if tx.send(item).await.is_err() {
-                break;
-            }
-        }
-    };
-    let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, host_dir), feed);
-    let files = files?;
+    let files = c.download_into(id, guest_path, host_dir).await?;
     show(
         json,
         &serde_json::json!({ "files": files, "dest": host_dir }),

@@ -42,6 +42,17 @@ impl ClientError {
     }
 }
 
+/// Why a tree could not be copied in or out.
+#[derive(Debug, thiserror::Error)]
+pub enum TransferFailed {
+    #[error(transparent)]
+    Client(#[from] ClientError),
+    #[error(transparent)]
+    Host(#[from] forkbox_engine::files::TransferError),
+    #[error("could not pack {}: {why}", dir.display())]
+    Pack { dir: PathBuf, why: String },
+}
+
 /// Where the API is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Endpoint {
@@ -409,6 +420,63 @@ impl Client {
             .await?
             .bytes_stream()
             .map(|r| r.map_err(transport)))
+    }
+
+    /// Copies the host directory `host_dir` into `guest_dir` in the sandbox as one tar.zst
+    /// stream (symlinks stay links); the compressed bytes sent.
+    pub async fn upload_dir(
+        &self,
+        id: &str,
+        host_dir: &std::path::Path,
+        guest_dir: &str,
+    ) -> Result<Unpacked, TransferFailed> {
+        let (rx, packer) = forkbox_engine::files::pack(host_dir)?;
+        let body = reqwest::Body::wrap_stream(
+            tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>),
+        );
+        let sent = self
+            .put_archive(id, guest_dir, ArchiveFormat::TarZst, body)
+            .await?;
+        packer
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+            .map_err(|why| TransferFailed::Pack {
+                dir: host_dir.to_path_buf(),
+                why,
+            })?;
+        Ok(sent)
+    }
+
+    /// Copies `guest_path` out of the sandbox into the new host directory `host_dir`, with the
+    /// engine's checked unpacking (plain files and directories only); the files written.
+    pub async fn download_into(
+        &self,
+        id: &str,
+        guest_path: &str,
+        host_dir: &std::path::Path,
+    ) -> Result<u64, TransferFailed> {
+        let mut body = Box::pin(
+            self.get_archive(id, guest_path, ArchiveFormat::TarZst)
+                .await?,
+        );
+        let (tx, rx) = tokio::sync::mpsc::channel(8);
+        let feed = async move {
+            while let Some(item) = body.next().await {
+                let item = item.map(|b| b.to_vec()).map_err(|e| {
+                    forkbox_engine::files::TransferError::Io {
+                        what: "download from the daemon (the sandbox may have refused the path)"
+                            .into(),
+                        source: std::io::Error::other(e),
+                    }
+                });
+                if tx.send(item).await.is_err() {
+                    break;
+                }
+            }
+        };
+        let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, host_dir), feed);
+        Ok(files?)
     }
 
     // -- snapshots and images ---------------------------------------------------------------

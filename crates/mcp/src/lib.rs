@@ -13,8 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use forkbox_client::{Client, ClientError};
 use forkbox_engine::api::{
-    ArchiveFormat, CommandEvent, CreateRequest, ExecRequest, ForkRequest, SnapshotRequest,
-    TtlAction,
+    CommandEvent, CreateRequest, ExecRequest, ForkRequest, SnapshotRequest, TtlAction,
 };
 use forkbox_engine::net::NetworkPolicy;
 use forkbox_reports::reports::{self, Format, Outcome, Results};
@@ -558,17 +557,7 @@ impl ForkboxMcp {
     async fn upload(&self, Parameters(a): Parameters<UploadArgs>) -> ToolResult {
         try_tool!(self.session.check_visible(&a.sandbox));
         let dir = try_tool!(self.session.host_path(&a.host_dir, true));
-        let (rx, packer) = try_tool!(forkbox_engine::files::pack(&dir));
-        let body = reqwest::Body::wrap_stream(tokio_stream::StreamExt::map(
-            tokio_stream::wrappers::ReceiverStream::new(rx),
-            Ok::<_, std::io::Error>,
-        ));
-        let sent = try_tool!(
-            self.c()
-                .put_archive(&a.sandbox, &a.guest_dir, ArchiveFormat::TarZst, body)
-                .await
-        );
-        try_tool!(try_tool!(packer.await));
+        let sent = try_tool!(self.c().upload_dir(&a.sandbox, &dir, &a.guest_dir).await);
         text(format!(
             "uploaded {} to {}:{} ({} bytes compressed)",
             dir.display(),
@@ -582,30 +571,13 @@ impl ForkboxMcp {
         description = "Copy a file or directory out of a sandbox into a new host directory (under a root the user allowed). Links and special files are refused."
     )]
     async fn download(&self, Parameters(a): Parameters<DownloadArgs>) -> ToolResult {
-        use futures_util::StreamExt;
         try_tool!(self.session.check_visible(&a.sandbox));
         let dest = try_tool!(self.session.host_path(&a.host_dir, false));
-        let mut body = Box::pin(try_tool!(
+        let files = try_tool!(
             self.c()
-                .get_archive(&a.sandbox, &a.guest_path, ArchiveFormat::TarZst)
+                .download_into(&a.sandbox, &a.guest_path, &dest)
                 .await
-        ));
-        let (tx, rx) = tokio::sync::mpsc::channel(8);
-        let feed = async move {
-            while let Some(item) = body.next().await {
-                let item = item.map(|b| b.to_vec()).map_err(|e| {
-                    forkbox_engine::files::TransferError::Io {
-                        what: "download from the daemon".into(),
-                        source: std::io::Error::other(e),
-                    }
-                });
-                if tx.send(item).await.is_err() {
-                    break;
-                }
-            }
-        };
-        let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, &dest), feed);
-        let files = try_tool!(files);
+        );
         text(format!("downloaded {files} file(s) to {}", dest.display()))
     }
 
