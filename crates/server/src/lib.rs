@@ -521,12 +521,14 @@ async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>)
 /// The build goes on if the client leaves.
 #[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody), (status = 422, description = "the body does not parse", body = String)))]
 async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequest>) -> Api {
-    request.recipe()?;
+    let recipe = request.recipe()?;
+    let if_changed = request.if_changed;
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
     tokio::spawn(async move {
         let result = e
             .handle(Command::BuildImage {
-                request,
+                recipe,
+                if_changed,
                 events: Some(tx.clone()),
             })
             .await;

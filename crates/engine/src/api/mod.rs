@@ -80,7 +80,10 @@ pub enum Command {
     },
     /// Progress goes to `events` when given.
     BuildImage {
-        request: BuildRequest,
+        /// Parsed and checked from the front end's request ([`BuildRequest::recipe`]).
+        recipe: crate::image::Recipe,
+        /// Build only if the newest version of the name came from a different recipe.
+        if_changed: bool,
         events: Option<tokio::sync::mpsc::Sender<BuildProgress>>,
     },
     ReadFile {
@@ -571,9 +574,14 @@ impl Engine {
             Command::RemoveImage { reference } => {
                 self.remove_image(&reference).await.map(Reply::Image)
             }
-            Command::BuildImage { request, events } => {
-                self.build_image(request, events).await.map(Reply::Image)
-            }
+            Command::BuildImage {
+                recipe,
+                if_changed,
+                events,
+            } => self
+                .build_image(recipe, if_changed, events)
+                .await
+                .map(Reply::Image),
             Command::ReadFile { id, path } => self.read_file(&id, &path).await.map(Reply::File),
             Command::WriteFile {
                 id,

@@ -38,11 +38,11 @@ impl Engine {
     /// could not be built.
     pub(super) async fn build_image(
         &self,
-        request: BuildRequest,
+        recipe: Recipe,
+        if_changed: bool,
         events: Option<mpsc::Sender<BuildProgress>>,
     ) -> Result<ImageView, EngineError> {
-        let recipe = request.recipe()?;
-        if request.if_changed {
+        if if_changed {
             if let Some(img) = up_to_date(&self.paths, &recipe) {
                 let view = ImageView::from(&img);
                 if let Some(tx) = &events {
