@@ -35,13 +35,25 @@ fn io_err(what: impl Into<String>) -> impl FnOnce(io::Error) -> TransferError {
     move |source| TransferError::Io { what, source }
 }
 
-/// Forwards written bytes as chunks over a channel (from a blocking thread).
-struct ChannelWriter {
-    tx: mpsc::Sender<Vec<u8>>,
+/// Forwards written bytes as chunks over a channel (from a blocking thread), each chunk made
+/// into the channel's item by `wrap`.
+struct ChannelWriter<T> {
+    tx: mpsc::Sender<T>,
     buf: Vec<u8>,
+    wrap: fn(Vec<u8>) -> T,
 }
 
-impl Write for ChannelWriter {
+impl<T> ChannelWriter<T> {
+    fn new(tx: mpsc::Sender<T>, wrap: fn(Vec<u8>) -> T) -> ChannelWriter<T> {
+        ChannelWriter {
+            tx,
+            buf: Vec::with_capacity(CHUNK),
+            wrap,
+        }
+    }
+}
+
+impl<T> Write for ChannelWriter<T> {
     fn write(&mut self, b: &[u8]) -> io::Result<usize> {
         self.buf.extend_from_slice(b);
         if self.buf.len() >= CHUNK {
@@ -53,7 +65,7 @@ impl Write for ChannelWriter {
         if !self.buf.is_empty() {
             let chunk = std::mem::replace(&mut self.buf, Vec::with_capacity(CHUNK));
             self.tx
-                .blocking_send(chunk)
+                .blocking_send((self.wrap)(chunk))
                 .map_err(|_| io::Error::new(io::ErrorKind::BrokenPipe, "transfer aborted"))?;
         }
         Ok(())
@@ -102,11 +114,7 @@ pub fn pack(src: &Path) -> Result<Packing, TransferError> {
     let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
     let root = src.to_path_buf();
     let packer = tokio::task::spawn_blocking(move || -> io::Result<()> {
-        let writer = ChannelWriter {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let mut enc = zstd::Encoder::new(writer, 3)?;
+        let mut enc = zstd::Encoder::new(ChannelWriter::new(tx, |c| c), 3)?;
         {
             let mut b = tar::Builder::new(&mut enc);
             b.follow_symlinks(false);
@@ -119,9 +127,6 @@ pub fn pack(src: &Path) -> Result<Packing, TransferError> {
     Ok((rx, packer))
 }
 
-/// The first bytes of a gzip stream.
-pub const GZIP_MAGIC: [u8; 2] = [0x1f, 0x8b];
-
 /// Re-encodes a gzip stream of chunks as zstd (what the guest unpacks), on a blocking thread,
 /// for clients whose platform has gzip only (Node, Python's standard library). A stream that
 /// is not gzip ends the output early, and the guest then refuses the truncated archive.
@@ -133,11 +138,7 @@ pub fn gzip_to_zstd(rx: mpsc::Receiver<Vec<u8>>) -> mpsc::Receiver<Vec<u8>> {
             buf: Vec::new(),
             pos: 0,
         });
-        let writer = ChannelWriter {
-            tx,
-            buf: Vec::with_capacity(CHUNK),
-        };
-        let mut enc = zstd::Encoder::new(writer, 1)?;
+        let mut enc = zstd::Encoder::new(ChannelWriter::new(tx, |c| c), 1)?;
         io::copy(&mut gz, &mut enc)?;
         enc.finish()?.flush()
     });
@@ -173,24 +174,11 @@ pub fn zstd_to_gzip(
             buf: Vec::new(),
             pos: 0,
         })?;
-        let (ctx, mut crx) = mpsc::channel::<Vec<u8>>(8);
-        let fwd = tx.clone();
-        let forward = std::thread::spawn(move || {
-            while let Some(c) = crx.blocking_recv() {
-                if fwd.blocking_send(Ok(c)).is_err() {
-                    return;
-                }
-            }
-        });
         let mut enc = flate2::write::GzEncoder::new(
-            ChannelWriter {
-                tx: ctx,
-                buf: Vec::with_capacity(CHUNK),
-            },
+            ChannelWriter::new(tx.clone(), Ok),
             flate2::Compression::fast(),
         );
         let copied = io::copy(&mut dec, &mut enc).and_then(|_| enc.finish()?.flush());
-        let _ = forward.join();
         if let Err(e) = &copied {
             let _ = tx.blocking_send(Err(AgentError::Io {
                 what: "re-encode the archive as gzip".into(),
