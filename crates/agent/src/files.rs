@@ -36,10 +36,19 @@ pub fn write(path: &str, mode: u32, append: bool, data: &[u8]) -> io::Result<()>
 pub fn read(id: u32, path: &str, out: &Outbox) {
     let result = (|| -> io::Result<()> {
         let mut f = fs::File::open(path)?;
-        if f.metadata()?.is_dir() {
+        let meta = f.metadata()?;
+        if meta.is_dir() {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 format!("{path} is a directory"),
+            ));
+        }
+        // A device or a pipe may never end (`/dev/zero`): the agent would go on sending what
+        // the host no longer reads, and a snapshot would carry that loop into every copy.
+        if !meta.is_file() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{path} is not a regular file"),
             ));
         }
         let mut buf = vec![0u8; CHUNK];

@@ -87,6 +87,13 @@ def test_files_round_trip(sbx, tmp_path):
         sbx.files.list("/nope")
     with pytest.raises(forkbox.BadRequest, match="directory"):
         sbx.files.read_bytes("/etc")
+    # A device that never ends is refused; a file past 64 MiB costs the host at most that.
+    with pytest.raises(forkbox.BadRequest, match="not a regular file"):
+        sbx.files.read_bytes("/dev/zero")
+    sbx.exec("head -c 70000000 /dev/zero > /tmp/big")
+    with pytest.raises(forkbox.BadRequest, match="larger than 64 MiB"):
+        sbx.files.read_bytes("/tmp/big")
+    sbx.exec("rm /tmp/big")
     with pytest.raises(forkbox.ForkboxError, match="not a directory on this host"):
         sbx.files.upload(str(tmp_path / "missing"), "/x")
 
