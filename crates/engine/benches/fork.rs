@@ -58,7 +58,10 @@ async fn fork(
 ) -> (f64, f64, f64, Vec<Sandbox>) {
     let name = format!("bench-{}-{count}", std::process::id());
     let t = Instant::now();
-    let snap = sb.snapshot(paths, &name, false).await.expect("snapshot");
+    let snap = sb
+        .snapshot(paths, &name, false, false)
+        .await
+        .expect("snapshot");
     let origin = format!("snapshot:{name}");
     let copies = futures_join(paths, &snap, &origin, cfg, count).await;
     let call = ms(t.elapsed());
@@ -207,7 +210,7 @@ fn main() {
         }
         // Copies of a snapshot that already exists: the restore alone.
         let name = format!("bench-{}-existing", std::process::id());
-        let snap = parent.snapshot(&paths, &name, false).await.expect("snapshot");
+        let snap = parent.snapshot(&paths, &name, false, false).await.expect("snapshot");
         for count in [1usize, 3, 10] {
             let t = Instant::now();
             let copies = futures_join(&paths, &snap, &format!("snapshot:{name}"), &cfg, count).await;
@@ -232,7 +235,7 @@ fn main() {
             ok(&sb, &format!("nohup python3 -c \"import time; b=bytearray(b'x')*({mb}*1000*1000); open('/tmp/filled','w').close(); time.sleep(1e6)\" >/dev/null 2>&1 & while [ ! -e /tmp/filled ]; do sleep 0.2; done")).await;
             let name = format!("bench-dirty-{}-{mb}", std::process::id());
             let t = Instant::now();
-            let snap = sb.snapshot(&paths, &name, false).await.expect("snapshot");
+            let snap = sb.snapshot(&paths, &name, false, false).await.expect("snapshot");
             println!("snapshot of a running 2 GiB sandbox with {label:<6} dirty: pause {:>6.1} ms, whole save {:>6.0} ms, RAM file {} MiB",
                 snap.meta.pause_ms.unwrap_or(f64::NAN), ms(t.elapsed()), snap.meta.memory_bytes >> 20);
             sb.destroy().await;

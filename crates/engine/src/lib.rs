@@ -33,6 +33,7 @@ pub mod metrics;
 pub mod net;
 pub mod paths;
 pub mod pool;
+pub mod ram;
 pub mod runstate;
 pub mod sandbox;
 pub mod setup;

@@ -17,6 +17,9 @@ use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
 
 pub const DEFAULT_MAX_PROCS: u32 = 4096;
 
+/// The RAM file of a cold-booted sandbox, in its run directory.
+const COLD_RAM: &str = "ram";
+
 /// How a sandbox is made.
 #[derive(Debug, Clone)]
 pub struct SandboxConfig {
@@ -153,9 +156,17 @@ impl Sandbox {
             run_dir: run.dir.clone(),
             die_with_parent: cfg.die_with_parent,
             max_procs: cfg.max_procs,
-            memory: vm::Memory::Anonymous,
-            incoming: false,
+            memory: vm::Memory::PrivateFile(run.dir.join(COLD_RAM)),
+            start: vm::Start::Boot,
         };
+        // An empty sparse file, mapped private: the guest's RAM is then the pages it writes,
+        // as in every restored copy, and is saved the same way.
+        let ram_bytes = u64::from(cfg.memory_mib) * (1 << 20)
+            + u64::from(vm::ram_tail_kib(kit.accel.accel)) * 1024;
+        if let Err(e) = crate::ram::zero_file(&run.dir.join(COLD_RAM), ram_bytes) {
+            run.remove();
+            return Err(SandboxError::io("create the guest's RAM file", e));
+        }
         let booted = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |vm| {
             run.record.qemu_pid = Some(vm.pid);
             run.record.qemu_start = crate::runstate::process_start(vm.pid);
@@ -355,11 +366,13 @@ impl Sandbox {
 
     /// Saves this running sandbox as an immutable snapshot (memory, processes, disk); it
     /// keeps running unless `stay_paused`. The pause it saw is in the snapshot's metadata.
+    /// `durable`: synced to the disk before it is published (see [`crate::snapshot::publish`]).
     pub async fn snapshot(
         &self,
         paths: &Paths,
         name: &str,
         stay_paused: bool,
+        durable: bool,
     ) -> Result<Snapshot, SandboxError> {
         use crate::snapshot::{self as snap, SnapshotError, SnapshotKind};
         if !snap::valid_name(name) {
@@ -374,45 +387,31 @@ impl Sandbox {
         // One save at a time per sandbox, and never while it is being destroyed.
         let _vm = self.vm.lock().await;
         let tmp = root.join(snap::tmp_name());
-        let recv_dir = tmp.join("r");
-        std::fs::create_dir_all(&recv_dir)
-            .map_err(|e| SandboxError::io(format!("create {}", recv_dir.display()), e))?;
-        let (run_dir, disk_dir) = {
+        std::fs::create_dir_all(&tmp)
+            .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;
+        let (qmp, devstate, new_overlay) = {
             let r = self.run_dir();
-            (r.dir.clone(), r.disk_dir())
+            (
+                r.dir.join("qmp.sock"),
+                r.dir.join("devstate.tmp"),
+                snap::next_disk(&r.disk_dir()),
+            )
         };
-        let recv_cfg = VmConfig {
-            accel: self.info.accel.accel,
-            cpus: self.info.cpus,
-            memory_mib: self.info.memory_mib,
-            kernel: self.info.kernel.clone(),
-            initramfs: self.info.initramfs.clone(),
-            disk: recv_dir.join("disk.qcow2"),
-            run_dir: recv_dir.clone(),
-            die_with_parent: true,
-            max_procs: self.info.max_procs,
-            memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
-            incoming: true,
-        };
-        let new_overlay = snap::next_disk(&disk_dir);
-        let saved = async {
-            vm::create_overlay(&self.image.rootfs(), &recv_cfg.disk).await?;
-            let mut receiver = Vm::spawn(&recv_cfg)?;
-            let (src, rcv, state) = (
-                run_dir.join("qmp.sock"),
-                recv_cfg.qmp_socket(),
-                tmp.join(snap::VMSTATE),
-            );
-            let r = tokio::task::spawn_blocking(move || {
-                snap::save_running(&src, &rcv, &state, &new_overlay, stay_paused)
-            })
-            .await
-            .map_err(|e| VmError::io("save the sandbox", std::io::Error::other(e)))
-            .and_then(|r| r);
-            snap::reap(&mut receiver, Duration::from_secs(5)).await;
-            r
-        }
-        .await;
+        let pid = self.info.qemu_pid;
+        let dir = tmp.clone();
+        let saved = tokio::task::spawn_blocking(move || {
+            let ram = crate::ram::GuestRam::of_qemu(pid)
+                .map_err(|e| VmError::io("find the VM's RAM", e))?;
+            let target = snap::SaveTarget {
+                dir: &dir,
+                devstate: &devstate,
+                new_overlay: &new_overlay,
+            };
+            snap::save_running(&qmp, &ram, &target, stay_paused)
+        })
+        .await
+        .map_err(|e| VmError::io("save the sandbox", std::io::Error::other(e)))
+        .and_then(|r| r);
         let (frozen, timing) = match saved {
             Ok(v) => v,
             Err(e) => {
@@ -420,27 +419,32 @@ impl Sandbox {
                 return Err(e.into());
             }
         };
+        tracing::debug!(
+            "snapshot {name}: {} MiB copied while paused {:.1} ms",
+            timing.paused_copy_bytes >> 20,
+            timing.pause_ms
+        );
         let finish = || -> Result<Snapshot, SnapshotError> {
-            let _ = std::fs::remove_dir_all(&recv_dir);
-            let mut cfg = recv_cfg.clone();
-            cfg.memory = vm::Memory::Anonymous;
-            let mut meta = snap::new_meta(
-                name.to_string(),
-                SnapshotKind::Snapshot,
-                &cfg,
-                self.info.image.clone(),
-                self.info.accel.clone(),
-                self.info.origin_snapshot().map(str::to_string),
-                Some(self.info.id.clone()),
-            );
-            meta.pause_ms = Some(timing.pause_ms);
+            let mut meta = snap::SnapshotMeta {
+                state: snap::StateFormat::Devices,
+                pause_ms: Some(timing.pause_ms),
+                memory_bytes: snap::allocated_bytes(&tmp.join(snap::MEM)),
+                // The frozen overlay stays where it is (under disks/), where the sandbox's new
+                // overlay and any later snapshot's find it; this snapshot keeps that directory.
+                disk: Some(frozen.clone()),
+                disk_dirs: self.info.disk_dirs.clone(),
+                ..snap::new_meta(
+                    name.to_string(),
+                    SnapshotKind::Snapshot,
+                    &self.shape(),
+                    self.info.image.clone(),
+                    self.info.accel.clone(),
+                    self.info.origin_snapshot().map(str::to_string),
+                    Some(self.info.id.clone()),
+                )
+            };
             meta.took_ms = started.elapsed().as_millis() as u64;
-            meta.memory_bytes = snap::allocated_bytes(&tmp.join(snap::MEM));
-            // The frozen overlay stays where it is (under disks/), where the sandbox's new
-            // overlay and any later snapshot's find it; this snapshot keeps that directory.
-            meta.disk = Some(frozen.clone());
-            meta.disk_dirs = self.info.disk_dirs.clone();
-            snap::publish(&tmp, &dest, &meta)
+            snap::publish(&tmp, &dest, &meta, durable)
         };
         match finish() {
             Ok(s) => Ok(s),
@@ -448,6 +452,23 @@ impl Sandbox {
                 let _ = std::fs::remove_dir_all(&tmp);
                 Err(e.into())
             }
+        }
+    }
+
+    /// What a VM of this sandbox's shape is (kernel, sizes, accelerator), for its snapshots.
+    fn shape(&self) -> VmConfig {
+        VmConfig {
+            accel: self.info.accel.accel,
+            cpus: self.info.cpus,
+            memory_mib: self.info.memory_mib,
+            kernel: self.info.kernel.clone(),
+            initramfs: self.info.initramfs.clone(),
+            disk: Default::default(),
+            run_dir: Default::default(),
+            die_with_parent: false,
+            max_procs: self.info.max_procs,
+            memory: vm::Memory::Anonymous,
+            start: vm::Start::Boot,
         }
     }
 
@@ -588,7 +609,7 @@ impl Sandbox {
             die_with_parent: false,
             max_procs: 0,
             memory: vm::Memory::Anonymous,
-            incoming: false,
+            start: vm::Start::Boot,
         };
         let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
         // A guest stopped by a full host disk cannot answer its agent until space is back: it
@@ -800,7 +821,7 @@ pub async fn ensure_template(
         die_with_parent: true,
         max_procs: cfg.max_procs,
         memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
-        incoming: false,
+        start: vm::Start::Boot,
     };
     let built = async {
         let (mut vm, client) = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |_| Ok(())).await?;
@@ -836,7 +857,7 @@ pub async fn ensure_template(
         );
         meta.took_ms = started.elapsed().as_millis() as u64;
         meta.memory_bytes = snap::allocated_bytes(&tmp.join(snap::MEM));
-        Ok(snap::publish(&tmp, &dest, &meta)?)
+        Ok(snap::publish(&tmp, &dest, &meta, true)?)
     });
     drop(lock);
     if published.is_err() {

@@ -16,11 +16,15 @@
 //! *Templates* are snapshots made right after an image's first boot, one per (image, vCPUs,
 //! memory, agent+kernel, QEMU, accelerator): `create` restores one instead of booting.
 //!
-//! Saving a *running* sandbox: its RAM is a private mapping (or anonymous), so QEMU cannot skip
-//! it. The sandbox is live-migrated into a receiver QEMU whose RAM is a new shared file; the
-//! sandbox keeps running during the copy and is paused only for the last dirty pages, its disk
-//! is switched to a new overlay at that instant (the old one freezes and becomes the
-//! snapshot's disk), and the receiver then saves its device state.
+//! Saving a *running* sandbox: its RAM is a private mapping of a file (its template's or
+//! snapshot's `mem`), so its memory is that file plus the pages it has written since
+//! ([`crate::ram`]). The save copies the file (its data only, in the kernel), copies the
+//! written pages over it while the sandbox runs, then pauses it, writes its device state
+//! (`xen-save-devices-state`: no RAM), switches its disk to a new overlay (the old one freezes
+//! and becomes the snapshot's disk), copies the written pages once more (the first pass made
+//! their room, so this is a plain memory copy) and lets it run. The pause grows with the
+//! pages the sandbox wrote, never with its RAM size, and each generation of forks starts from
+//! its own file, so a fork of a fork costs what the last one changed.
 
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -32,7 +36,7 @@ use serde_json::json;
 use crate::error::{SandboxError, VmError};
 use crate::paths::{write_atomic, Paths};
 use crate::vm::qmp::Qmp;
-use crate::vm::{ram_tail_kib, AccelDecision, Memory, Vm, VmConfig};
+use crate::vm::{ram_tail_kib, AccelDecision, Memory, Start, Vm, VmConfig};
 
 pub const MEM: &str = "mem";
 pub const VMSTATE: &str = "vmstate";
@@ -44,6 +48,19 @@ pub const META: &str = "snapshot.json";
 pub enum SnapshotKind {
     Template,
     Snapshot,
+}
+
+/// What a snapshot's `vmstate` holds.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum StateFormat {
+    /// A migration stream without RAM (`x-ignore-shared`): templates, and snapshots saved by
+    /// versions before `devices`. Loaded with `migrate-incoming`.
+    #[default]
+    Migration,
+    /// QEMU's device state alone (`xen-save-devices-state`): snapshots of running sandboxes.
+    /// Loaded by a QEMU started for it (see [`crate::vm::Start::Devices`]).
+    Devices,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
@@ -65,6 +82,9 @@ pub struct SnapshotMeta {
     pub ram_tail_kib: u32,
     pub max_procs: u32,
     pub qemu_version: String,
+    /// How its device state is written (absent: a migration stream).
+    #[serde(default)]
+    pub state: StateFormat,
     /// The snapshot (or template) the saved sandbox was a copy of; its disk backs this one's.
     pub parent: Option<String>,
     pub from_sandbox: Option<String>,
@@ -400,7 +420,10 @@ pub fn restore_config(
         die_with_parent,
         max_procs: snap.meta.max_procs,
         memory: Memory::PrivateFile(snap.mem()),
-        incoming: true,
+        start: match snap.meta.state {
+            StateFormat::Migration => Start::Incoming,
+            StateFormat::Devices => Start::Devices,
+        },
     }
 }
 
@@ -418,8 +441,9 @@ pub fn virtual_size(path: &Path) -> std::io::Result<u64> {
     Ok(f.metadata()?.len())
 }
 
-/// Loads `vmstate` into a QEMU started with `-incoming defer` and lets it run; with `grow_to`,
-/// the root disk is then grown to that many bytes (the guest is told of the new size).
+/// Loads `vmstate` into a QEMU started with `-incoming defer` for it (see [`restore_config`])
+/// and lets it run; with `grow_to`, the root disk is then grown to that many bytes (the guest
+/// is told of the new size).
 pub fn load_state(qmp_socket: &Path, vmstate: &Path, grow_to: Option<u64>) -> Result<(), VmError> {
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.set_capabilities(&[("x-ignore-shared", true)])?;
@@ -470,119 +494,99 @@ pub fn save_shared(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
 /// What saving a running VM measured.
 #[derive(Debug, Clone, Copy)]
 pub struct SaveTiming {
-    /// From the VM's STOP to its RESUME, by QEMU's own clock.
+    /// From the VM's STOP to its RESUME, by QEMU's own clock (NaN when it stays paused).
     pub pause_ms: f64,
+    /// Bytes of written pages copied while it was paused.
+    pub paused_copy_bytes: u64,
 }
 
-/// Saves a running VM (`source_qmp`) into `receiver`, a VM started for this with
-/// `Memory::SharedFile` and `-incoming defer`; `new_overlay` is where the source goes on
-/// writing its disk, and the return value names the disk file that froze. The source keeps
-/// running unless `stay_paused`. On failure the source is resumed and nothing is frozen.
+/// Where a running VM is saved: `dir` gets `mem` and `vmstate`; `devstate` is a path in the
+/// VM's own run directory, where its (jailed) QEMU may write; `new_overlay` is where the VM goes
+/// on writing its disk.
+pub struct SaveTarget<'a> {
+    pub dir: &'a Path,
+    pub devstate: &'a Path,
+    pub new_overlay: &'a Path,
+}
+
+/// Saves the running VM whose QMP socket is `qmp_socket` and whose RAM is `ram` (see the
+/// module's notes); returns the disk file that froze. The VM keeps running unless
+/// `stay_paused` (then the written pages are copied once, paused). On failure the VM is resumed
+/// (unless `stay_paused`) and nothing is frozen.
 pub fn save_running(
-    source_qmp: &Path,
-    receiver_qmp: &Path,
-    vmstate: &Path,
-    new_overlay: &Path,
+    qmp_socket: &Path,
+    ram: &crate::ram::GuestRam,
+    to: &SaveTarget,
     stay_paused: bool,
 ) -> Result<(PathBuf, SaveTiming), VmError> {
-    let mut src = Qmp::connect(source_qmp, Duration::from_secs(10))?;
-    let mut rcv = Qmp::connect(receiver_qmp, Duration::from_secs(10))?;
+    let mem = to.dir.join(MEM);
+    crate::ram::copy_sparse(ram.file(), &mem, ram.len())
+        .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))?;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&mem)
+        .map_err(|e| VmError::io("open the new RAM file", e))?;
+    // SAFETY: a shared mapping of a file this function just made in a directory of its own;
+    // nothing else maps or changes it until it is published.
+    let mut dest = unsafe { memmap2::MmapMut::map_mut(&file) }
+        .map_err(|e| VmError::io("map the new RAM file", e))?;
+    let copy = |dest: &mut memmap2::MmapMut| -> Result<u64, VmError> {
+        let runs = ram
+            .written()
+            .map_err(|e| VmError::io("read the VM's page map", e))?;
+        ram.copy(&runs, dest)
+            .map_err(|e| VmError::io("copy the VM's written pages", e))
+    };
+    if !stay_paused {
+        copy(&mut dest)?;
+    }
+    let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
+    q.execute("stop", json!({}))?;
     let result = (|| {
-        let frozen = active_disk(&mut src)?;
-        rcv.set_capabilities(&[("x-ignore-shared", false)])?;
-        src.set_capabilities(&[
-            ("x-ignore-shared", false),
-            ("pause-before-switchover", true),
-        ])?;
-        src.execute(
-            "migrate-set-parameters",
-            json!({"max-bandwidth": 64u64 << 30, "downtime-limit": 20}),
+        let frozen = active_disk(&mut q)?;
+        q.execute(
+            "xen-save-devices-state",
+            json!({"filename": to.devstate.display().to_string(), "live": false}),
         )?;
-        let (a, b) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| VmError::io("make a migration channel", e))?;
-        rcv.pass_fd("in", std::os::fd::AsFd::as_fd(&b))?;
-        rcv.execute("migrate-incoming", json!({"uri": "fd:in"}))?;
-        src.pass_fd("out", std::os::fd::AsFd::as_fd(&a))?;
-        drop((a, b));
-        src.execute("migrate", json!({"uri": "fd:out"}))?;
-        // A guest that writes memory faster than it is copied never fits the 20 ms pause; on a
-        // busy host the copy is slow too. Allow a longer pause the longer the copy runs, so the
-        // save always ends (the pause actually taken is measured and reported).
-        let copying = Instant::now();
-        let mut allowed_ms = 20u64;
-        loop {
-            match src.wait_migration(&["pre-switchover"], Duration::from_secs(2)) {
-                Ok(_) => break,
-                Err(VmError::Qmp { message, .. }) if message.starts_with("still") => {
-                    if copying.elapsed() > Duration::from_secs(600) {
-                        return Err(VmError::Qmp {
-                            command: "migrate".into(),
-                            message: "the memory copy did not finish in 600 s".into(),
-                        });
-                    }
-                    allowed_ms = (allowed_ms * 4).min(10_000);
-                    src.execute(
-                        "migrate-set-parameters",
-                        json!({"downtime-limit": allowed_ms}),
-                    )?;
-                }
-                Err(e) => return Err(e),
-            }
-        }
-        // The source is now stopped; memory and disk are frozen at the same instant.
-        src.execute(
+        q.execute(
             "blockdev-snapshot-sync",
-            json!({"device": "root", "snapshot-file": new_overlay.display().to_string(), "format": "qcow2"}),
+            json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
-        src.execute("migrate-continue", json!({"state": "pre-switchover"}))?;
-        src.wait_migration(&["completed"], Duration::from_secs(60))?;
+        let copied = copy(&mut dest)?;
         if !stay_paused {
-            resume(&mut src)?;
+            resume(&mut q)?;
         }
-        Ok(frozen)
+        Ok((frozen, copied))
     })();
-    let frozen = match result {
-        Ok(f) => f,
+    let (frozen, paused_copy_bytes) = match result {
+        Ok(v) => v,
         Err(e) => {
-            let _ = src.execute("migrate_cancel", json!({}));
             if !stay_paused {
-                let _ = resume(&mut src);
+                let _ = resume(&mut q);
             }
+            let _ = std::fs::remove_file(to.devstate);
             return Err(e);
         }
     };
-    let pause_ms = match (src.last_event("STOP"), src.last_event("RESUME")) {
+    let pause_ms = match (q.last_event("STOP"), q.last_event("RESUME")) {
         (Some(s), Some(r)) if r >= s => (r - s) as f64 / 1000.0,
         _ => f64::NAN,
     };
-    let _ = src.set_capabilities(&[("pause-before-switchover", false)]);
-    // The receiver holds the RAM now (paused: it was started with -S); it writes the device
-    // state without it.
-    rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
-    let status = rcv.status()?;
-    if status == "running" {
-        return Err(VmError::Qmp {
-            command: "migrate-incoming".into(),
-            message:
-                "the receiver started running the guest; the snapshot would not match its disk"
-                    .into(),
-        });
-    }
-    rcv.set_capabilities(&[("x-ignore-shared", true)])?;
-    let f =
-        std::fs::File::create(vmstate).map_err(|e| VmError::io("create the device state", e))?;
-    rcv.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
-    rcv.execute("migrate", json!({"uri": "fd:state"}))?;
-    rcv.wait_migration(&["completed"], Duration::from_secs(60))?;
-    f.sync_all()
-        .map_err(|e| VmError::io("sync the device state", e))?;
-    let _ = rcv.execute("quit", json!({}));
-    Ok((frozen, SaveTiming { pause_ms }))
+    drop(dest);
+    std::fs::rename(to.devstate, to.dir.join(VMSTATE))
+        .map_err(|e| VmError::io("move the device state", e))?;
+    Ok((
+        frozen,
+        SaveTiming {
+            pause_ms,
+            paused_copy_bytes,
+        },
+    ))
 }
 
-/// Resumes a VM whose outgoing migration just ended. QEMU reports the migration completed a
-/// moment before it leaves the finish-migrate run state, and refuses `cont` in between
-/// ("Migration is not finalized yet"; seen on a busy host): so it asks again, for up to 5 s.
+/// Resumes a paused VM. QEMU refuses `cont` for a moment after some operations ("Migration is
+/// not finalized yet"; seen on a busy host): so it asks again, for up to 5 s.
 fn resume(q: &mut Qmp) -> Result<(), VmError> {
     let start = Instant::now();
     loop {
@@ -614,8 +618,14 @@ fn active_disk(q: &mut Qmp) -> Result<PathBuf, VmError> {
 }
 
 /// Writes `meta` into `tmp` and moves `tmp` to `dest` in one step; the snapshot exists whole or
-/// not at all.
-pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot, SnapshotError> {
+/// not at all. `durable`: its RAM and disk are synced to the disk first (a fork's snapshot, which
+/// lives only as long as its copies, skips that: they read it from the page cache).
+pub fn publish(
+    tmp: &Path,
+    dest: &Path,
+    meta: &SnapshotMeta,
+    durable: bool,
+) -> Result<Snapshot, SnapshotError> {
     // A jailed QEMU wrote these files under a uid of its own: they are root's from now on.
     // (The jail's mount point, when the snapshot's directory was also the VM's run directory,
     // is an empty directory with no use any more.)
@@ -628,7 +638,7 @@ pub fn publish(tmp: &Path, dest: &Path, meta: &SnapshotMeta) -> Result<Snapshot,
         })?;
     }
     let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
-    for f in [tmp.join(MEM), disk] {
+    for f in [tmp.join(MEM), disk].into_iter().filter(|_| durable) {
         if let Ok(file) = std::fs::File::open(&f) {
             file.sync_all()
                 .map_err(io(format!("sync {}", f.display())))?;
@@ -705,6 +715,7 @@ pub(crate) fn new_meta(
         ram_tail_kib: ram_tail_kib(cfg.accel),
         max_procs: cfg.max_procs,
         qemu_version: qemu_version(),
+        state: StateFormat::Migration,
         parent,
         from_sandbox,
         created_unix: now_unix(),

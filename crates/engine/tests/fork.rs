@@ -64,7 +64,7 @@ async fn forks_carry_processes_and_diverge() {
     std::thread::sleep(std::time::Duration::from_millis(800));
     let name = unique("t-fork");
     let snap = parent
-        .snapshot(&paths, &name, false)
+        .snapshot(&paths, &name, false, true)
         .await
         .expect("snapshot");
     eprintln!(
@@ -141,7 +141,7 @@ async fn forks_carry_processes_and_diverge() {
     // A fork of a fork.
     let name2 = unique("t-fork2");
     let snap2 = a
-        .snapshot(&paths, &name2, false)
+        .snapshot(&paths, &name2, false, true)
         .await
         .expect("snapshot of a fork");
     assert_eq!(snap2.meta.parent.as_deref(), Some(name.as_str()));
@@ -161,7 +161,7 @@ async fn forks_carry_processes_and_diverge() {
     sh(&c, "echo from-c > /root/only-c").await;
     let name3 = unique("t-fork3");
     let snap3 = c
-        .snapshot(&paths, &name3, false)
+        .snapshot(&paths, &name3, false, true)
         .await
         .expect("snapshot of a fork of a fork");
     let d = Sandbox::restore(
@@ -230,7 +230,10 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
     let mut report = Vec::new();
     for round in 0..8 {
         let name = unique("t-exact");
-        let snap = sb.snapshot(&paths, &name, true).await.expect("snapshot");
+        let snap = sb
+            .snapshot(&paths, &name, true, true)
+            .await
+            .expect("snapshot");
         let size = std::fs::metadata(snap.mem()).unwrap().len();
         let dump = run.join("guest-ram.dump");
         let mut q = forkbox_engine::vm::qmp::Qmp::connect(

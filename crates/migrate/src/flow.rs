@@ -445,7 +445,7 @@ async fn prepare(
             }
         }
         let name = format!("migrate-{}-{}", std::process::id(), started.elapsed().as_nanos() % 100_000);
-        Ok::<_, MigrateError>(new.snapshot(paths, &name, false).await?)
+        Ok::<_, MigrateError>(new.snapshot(paths, &name, false, false).await?)
     }
     .await;
     new.destroy().await;

@@ -125,7 +125,10 @@ impl Engine {
             network: entry.sandbox.network(),
         };
         let saved = async {
-            let mut snap = entry.sandbox.snapshot(&self.paths, &name, true).await?;
+            let mut snap = entry
+                .sandbox
+                .snapshot(&self.paths, &name, true, true)
+                .await?;
             snap.meta.hibernated = Some(record.clone());
             crate::snapshot::rewrite_meta(&snap)?;
             Ok::<_, EngineError>(snap)

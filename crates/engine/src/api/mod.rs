@@ -416,7 +416,7 @@ impl Engine {
             Some(n) => n,
             None => format!("{id}-{}", random_suffix()),
         };
-        Ok(sb.snapshot(&self.paths, &name, r.stay_paused).await?)
+        Ok(sb.snapshot(&self.paths, &name, r.stay_paused, true).await?)
     }
 
     async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
@@ -435,15 +435,10 @@ impl Engine {
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
         let (snap, pause_ms) = if is_sandbox {
-            let s = self
-                .snapshot(
-                    source,
-                    SnapshotRequest {
-                        name: Some(format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix())),
-                        stay_paused: false,
-                    },
-                )
-                .await?;
+            // Lives as long as its copies: not synced to the disk (see `snapshot::publish`).
+            let (sb, _) = self.get(source).await?;
+            let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix());
+            let s = sb.snapshot(&self.paths, &name, false, false).await?;
             let pause = s.meta.pause_ms;
             (s, pause)
         } else {

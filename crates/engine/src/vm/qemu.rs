@@ -30,21 +30,38 @@ pub struct VmConfig {
     pub max_procs: u32,
     /// Where guest RAM lives.
     pub memory: Memory,
-    /// Start paused, waiting for a device state to load (`-incoming defer`).
-    pub incoming: bool,
+    /// Boot, or start paused for a saved state.
+    pub start: Start,
+}
+
+/// How a VM starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// Boot the kernel.
+    Boot,
+    /// Paused, waiting for a migration stream (`-incoming defer -S`): templates.
+    Incoming,
+    /// Paused, waiting for a stream of device state alone, as `xen-save-devices-state` writes
+    /// it (snapshots of running sandboxes): it has neither the configuration section nor the
+    /// trailing description a migration has, so neither is expected
+    /// (`migration.send-configuration=off`, `suppress-vmdesc=on`). Loaded with
+    /// `migrate-incoming` like a migration (QEMU 7.2's `xen-load-devices-state` aborts outside
+    /// Xen).
+    Devices,
 }
 
 /// Where a VM's RAM lives. Every VM names its RAM object `ram`, so that device state saved by
 /// one can be loaded by another whatever their backing.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Memory {
-    /// Private anonymous memory (a plain cold boot).
+    /// Private anonymous memory (only in configurations that start no QEMU).
     Anonymous,
     /// A file mapped shared: what the guest writes lands in the file. Snapshots and templates
     /// are made this way, so saving them writes only device state (`x-ignore-shared`).
     SharedFile(PathBuf),
-    /// A snapshot's RAM file mapped private: the copy reads the snapshot's pages from the page
-    /// cache, shared with every other copy, and owns only the pages it writes.
+    /// A RAM file mapped private: a copy reads the snapshot's pages from the page cache,
+    /// shared with every other copy, and owns only the pages it writes (which is what saving
+    /// it copies, see [`crate::ram`]). A cold boot maps an empty sparse file.
     PrivateFile(PathBuf),
 }
 
@@ -140,9 +157,13 @@ fn ram_size_arg(accel: Accel, memory_mib: u32) -> String {
 /// the agent's virtio-serial port, an entropy source, QMP, and QEMU's seccomp sandbox.
 pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
     let p = |p: &Path| p.display().to_string();
+    let machine = "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on,memory-backend=ram";
     let mut a: Vec<String> = vec![
         "-M".into(),
-        "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on,memory-backend=ram".into(),
+        match cfg.start {
+            Start::Devices => format!("{machine},suppress-vmdesc=on"),
+            _ => machine.into(),
+        },
     ];
     let ram_size = ram_size_arg(cfg.accel, cfg.memory_mib);
     let size = format!("size={ram_size}");
@@ -238,11 +259,18 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-sandbox".into(),
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
     ]);
-    if cfg.incoming {
-        // `-S`: stay paused once the state is in, whatever the source's run state was. A
-        // receiver must never run the guest it holds (it would run on a stand-in disk and
-        // change the memory being saved); a copy is started by `cont` after its load.
-        a.extend(["-incoming".into(), "defer".into(), "-S".into()]);
+    // `-S`: stay paused once the state is in, whatever the source's run state was; a copy is
+    // started by `cont` after its load.
+    match cfg.start {
+        Start::Boot => {}
+        Start::Incoming => a.extend(["-incoming".into(), "defer".into(), "-S".into()]),
+        Start::Devices => a.extend([
+            "-global".into(),
+            "migration.send-configuration=off".into(),
+            "-incoming".into(),
+            "defer".into(),
+            "-S".into(),
+        ]),
     }
     a
 }
@@ -433,7 +461,10 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
         Memory::SharedFile(f) => mine.push(f.parent().unwrap_or(Path::new("/")).to_path_buf()),
         Memory::PrivateFile(f) => {
             jail::share_ram_file(f)?;
-            rw.push(f.parent().unwrap_or(Path::new("/")).to_path_buf());
+            let dir = f.parent().unwrap_or(Path::new("/")).to_path_buf();
+            if !mine.contains(&dir) {
+                rw.push(dir);
+            }
         }
     }
     mine.sort();
@@ -670,7 +701,7 @@ mod tests {
             die_with_parent: false,
             max_procs: 100,
             memory: Memory::Anonymous,
-            incoming: false,
+            start: Start::Boot,
         }
     }
 
@@ -713,10 +744,17 @@ mod tests {
     #[test]
     fn an_incoming_vm_stays_paused_after_its_load() {
         let mut c = cfg(Accel::Tcg);
-        assert!(!qemu_args(&c).iter().any(|a| a == "-incoming"));
-        c.incoming = true;
+        assert!(!qemu_args(&c).iter().any(|a| a == "-incoming" || a == "-S"));
+        c.start = Start::Incoming;
         let a = qemu_args(&c).join(" ");
         assert!(a.ends_with("-incoming defer -S"), "{a}");
+        c.start = Start::Devices;
+        let a = qemu_args(&c).join(" ");
+        assert!(
+            a.ends_with("-global migration.send-configuration=off -incoming defer -S")
+                && a.contains("memory-backend=ram,suppress-vmdesc=on"),
+            "{a}"
+        );
     }
 
     #[test]

@@ -1,0 +1,323 @@
+//! A running guest's RAM as its QEMU maps it, and the pages written since it was restored.
+//!
+//! Every VM maps its RAM file private (`memory-backend-file,share=off`): a snapshot's or a
+//! template's `mem`, or an empty sparse file for a cold boot. A page the guest (or QEMU) writes
+//! becomes the QEMU process's own anonymous page; every other page is still the file's. So the
+//! guest's memory at an instant is *the file plus the written pages*, and
+//! `/proc/PID/pagemap` says which pages those are: present and no longer file-backed (bit 61
+//! clear), or swapped out (bit 62; only anonymous pages of a private file mapping go to swap).
+//! Saving a sandbox copies that set and nothing else, so its cost follows what the guest
+//! changed, not the size of its RAM.
+
+use std::io;
+use std::ops::Range;
+use std::os::unix::fs::MetadataExt;
+use std::path::{Path, PathBuf};
+
+/// Bytes per page of the host (and of the pagemap's entries).
+const PAGE: u64 = 4096;
+const PRESENT: u64 = 1 << 63;
+const SWAPPED: u64 = 1 << 62;
+const FILE_OR_SHARED: u64 = 1 << 61;
+/// Most runs one `process_vm_readv` takes (the kernel's `IOV_MAX`).
+const IOV_MAX: usize = 1024;
+
+/// Where a RAM file is mapped in a process.
+#[derive(Debug, Clone)]
+pub struct GuestRam {
+    pid: u32,
+    start: u64,
+    len: u64,
+    file: PathBuf,
+}
+
+impl GuestRam {
+    /// The RAM of QEMU process `pid`: its `memory-backend-file` with `share=off`, from its
+    /// command line, found in its memory map.
+    pub fn of_qemu(pid: u32) -> io::Result<GuestRam> {
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline"))?;
+        let file = cmdline
+            .split(|b| *b == 0)
+            .map(String::from_utf8_lossy)
+            .filter(|a| a.starts_with("memory-backend-file,") && a.contains(",share=off"))
+            .find_map(|a| {
+                a.split(',')
+                    .find_map(|kv| kv.strip_prefix("mem-path=").map(PathBuf::from))
+            })
+            .ok_or_else(|| {
+                io::Error::other(
+                    "the VM's RAM is not a private file mapping (a VM started by an older forkbox)",
+                )
+            })?;
+        GuestRam::find(pid, &file)
+    }
+
+    /// The mapping of `file` (all of it, from offset 0) in process `pid`, matched by device and
+    /// inode (the path a jailed process's map shows is not the host's).
+    pub fn find(pid: u32, file: &Path) -> io::Result<GuestRam> {
+        let meta = std::fs::metadata(file)?;
+        let (major, minor) = (libc::major(meta.dev()), libc::minor(meta.dev()));
+        let maps = std::fs::read_to_string(format!("/proc/{pid}/maps"))?;
+        let mut parts: Vec<(u64, u64, u64)> = maps
+            .lines()
+            .filter_map(|line| {
+                let mut f = line.split_whitespace();
+                let (range, _perms, offset, dev, inode) =
+                    (f.next()?, f.next()?, f.next()?, f.next()?, f.next()?);
+                let (maj, min) = dev.split_once(':')?;
+                let same = u32::from_str_radix(maj, 16).ok()? == major
+                    && u32::from_str_radix(min, 16).ok()? == minor
+                    && inode.parse::<u64>().ok()? == meta.ino();
+                if !same {
+                    return None;
+                }
+                let (a, b) = range.split_once('-')?;
+                Some((
+                    u64::from_str_radix(a, 16).ok()?,
+                    u64::from_str_radix(b, 16).ok()?,
+                    u64::from_str_radix(offset, 16).ok()?,
+                ))
+            })
+            .collect();
+        parts.sort_unstable();
+        // One mapping, possibly split into several areas: contiguous, offsets following.
+        let whole = parts.first().is_some_and(|&(start, _, off)| {
+            off == 0
+                && parts
+                    .windows(2)
+                    .all(|w| w[0].1 == w[1].0 && w[1].2 == w[1].0 - start)
+                && parts.last().map(|p| p.1 - start) == Some(meta.len())
+        });
+        match parts.first() {
+            Some(&(start, _, _)) if whole => Ok(GuestRam {
+                pid,
+                start,
+                len: meta.len(),
+                file: file.to_path_buf(),
+            }),
+            _ => Err(io::Error::other(format!(
+                "process {pid} does not map all of {} once",
+                file.display()
+            ))),
+        }
+    }
+
+    /// The file the mapping reads its unwritten pages from.
+    pub fn file(&self) -> &Path {
+        &self.file
+    }
+
+    /// Bytes of RAM (the file's length).
+    pub fn len(&self) -> u64 {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// The pages written since the mapping was made, as byte ranges of the RAM (adjacent pages
+    /// merged), in order.
+    pub fn written(&self) -> io::Result<Vec<Range<u64>>> {
+        use std::os::unix::fs::FileExt;
+        let pagemap = std::fs::File::open(format!("/proc/{}/pagemap", self.pid))?;
+        let pages = self.len.div_ceil(PAGE);
+        let first = self.start / PAGE;
+        let mut runs: Vec<Range<u64>> = Vec::new();
+        let mut buf = vec![0u8; 64 * 1024 * 8];
+        let mut page = 0;
+        while page < pages {
+            let n = ((pages - page) as usize).min(buf.len() / 8);
+            let bytes = &mut buf[..n * 8];
+            pagemap.read_exact_at(bytes, (first + page) * 8)?;
+            for (i, e) in bytes.chunks_exact(8).enumerate() {
+                let mut entry = [0u8; 8];
+                entry.copy_from_slice(e);
+                let e = u64::from_ne_bytes(entry);
+                if written(e) {
+                    let at = (page + i as u64) * PAGE;
+                    match runs.last_mut() {
+                        Some(r) if r.end == at => r.end = (at + PAGE).min(self.len),
+                        _ => runs.push(at..(at + PAGE).min(self.len)),
+                    }
+                }
+            }
+            page += n as u64;
+        }
+        Ok(runs)
+    }
+
+    /// Copies the bytes of `runs` (from [`GuestRam::written`]) out of the process into the
+    /// same places of `dest` (a mapping of the new RAM file); returns the bytes copied.
+    pub fn copy(&self, runs: &[Range<u64>], dest: &mut [u8]) -> io::Result<u64> {
+        use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+        let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let mut copied = 0u64;
+        let mut rest: &mut [u8] = dest;
+        let mut at = 0u64;
+        for batch in runs.chunks(IOV_MAX) {
+            let mut local = Vec::with_capacity(batch.len());
+            let mut remote = Vec::with_capacity(batch.len());
+            let mut want = 0;
+            for r in batch {
+                if r.start < at || r.end > self.len {
+                    return Err(io::Error::other("page runs out of order or past the RAM"));
+                }
+                let tail = std::mem::take(&mut rest);
+                let (_, from) = tail.split_at_mut((r.start - at) as usize);
+                let (run, after) = from.split_at_mut((r.end - r.start) as usize);
+                rest = after;
+                at = r.end;
+                want += run.len();
+                remote.push(RemoteIoVec {
+                    base: (self.start + r.start) as usize,
+                    len: run.len(),
+                });
+                local.push(io::IoSliceMut::new(run));
+            }
+            let got = process_vm_readv(pid, &mut local, &remote)?;
+            if got != want {
+                return Err(io::Error::other(format!(
+                    "read {got} of {want} bytes of the guest's RAM"
+                )));
+            }
+            copied += got as u64;
+        }
+        Ok(copied)
+    }
+}
+
+fn written(entry: u64) -> bool {
+    entry & SWAPPED != 0 || (entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0)
+}
+
+/// Makes `to` a copy of `from` that is `len` bytes long, copying only `from`'s data (its
+/// holes stay holes), in the kernel.
+pub fn copy_sparse(from: &Path, to: &Path, len: u64) -> io::Result<()> {
+    use nix::unistd::{lseek, Whence};
+    use std::os::fd::AsRawFd;
+    let src = std::fs::File::open(from)?;
+    let dst = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(to)?;
+    dst.set_len(len)?;
+    let end = src.metadata()?.len().min(len) as i64;
+    let mut pos = 0i64;
+    while pos < end {
+        let data = match lseek(src.as_raw_fd(), pos, Whence::SeekData) {
+            Ok(d) => d,
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(src.as_raw_fd(), data, Whence::SeekHole)?.min(end);
+        let (mut off_in, mut off_out) = (data, data);
+        while off_in < hole {
+            let want = (hole - off_in) as usize;
+            let n = nix::fcntl::copy_file_range(
+                &src,
+                Some(&mut off_in),
+                &dst,
+                Some(&mut off_out),
+                want,
+            )?;
+            if n == 0 {
+                return Err(io::Error::other(format!(
+                    "{} ended while it was copied",
+                    from.display()
+                )));
+            }
+        }
+        pos = hole;
+    }
+    Ok(())
+}
+
+/// Makes a sparse file of `len` bytes (all zeros, nothing allocated): RAM for a cold boot.
+pub fn zero_file(path: &Path, len: u64) -> io::Result<()> {
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)?;
+    f.set_len(len)
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    /// This process maps a file private and writes three pages (two adjacent) and swaps
+    /// nothing: exactly those pages are found, and copying them over a copy of the file gives
+    /// the memory as this process sees it.
+    #[test]
+    fn written_pages_are_found_and_copied() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path().join("base");
+        let len = 64 * PAGE;
+        let mut content = vec![0u8; len as usize];
+        for (i, b) in content.iter_mut().enumerate() {
+            *b = (i / PAGE as usize) as u8;
+        }
+        // A hole in the middle: pages 20..40 are zeros and unallocated.
+        std::fs::write(&base, &content).unwrap();
+        {
+            let f = std::fs::OpenOptions::new().write(true).open(&base).unwrap();
+            nix::fcntl::fallocate(
+                std::os::fd::AsRawFd::as_raw_fd(&f),
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                (20 * PAGE) as i64,
+                (20 * PAGE) as i64,
+            )
+            .unwrap();
+        }
+        for b in &mut content[(20 * PAGE) as usize..(40 * PAGE) as usize] {
+            *b = 0;
+        }
+        let file = std::fs::File::open(&base).unwrap();
+        // SAFETY: a private mapping of a file this test owns and nobody else changes.
+        let mut map = unsafe { memmap2::MmapOptions::new().map_copy(&file) }.unwrap();
+        // Read everything once (present, file-backed), then write three pages.
+        let sum: u64 = map.iter().map(|b| *b as u64).sum();
+        assert!(sum > 0);
+        for (page, value) in [(3u64, 0xaa), (4, 0xbb), (30, 0xcc)] {
+            map[(page * PAGE) as usize + 7] = value;
+            content[(page * PAGE) as usize + 7] = value;
+        }
+        let ram = GuestRam::find(std::process::id(), &base).unwrap();
+        assert_eq!(ram.len(), len);
+        let runs = ram.written().unwrap();
+        assert_eq!(runs, vec![3 * PAGE..5 * PAGE, 30 * PAGE..31 * PAGE]);
+
+        let copy = dir.path().join("copy");
+        copy_sparse(&base, &copy, len).unwrap();
+        assert!(
+            crate::snapshot::allocated_bytes(&copy) < len,
+            "the hole was not kept"
+        );
+        let out = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&copy)
+            .unwrap();
+        // SAFETY: a shared mapping of a file this test just made and alone uses.
+        let mut dest = unsafe { memmap2::MmapMut::map_mut(&out) }.unwrap();
+        assert_eq!(ram.copy(&runs, &mut dest).unwrap(), 3 * PAGE);
+        drop(dest);
+        assert!(std::fs::read(&copy).unwrap() == content);
+        drop(map);
+    }
+
+    #[test]
+    fn a_file_not_mapped_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let f = dir.path().join("ram");
+        zero_file(&f, 16 * PAGE).unwrap();
+        assert_eq!(crate::snapshot::allocated_bytes(&f), 0);
+        let err = GuestRam::find(std::process::id(), &f).unwrap_err();
+        assert!(err.to_string().contains("does not map"), "{err}");
+        assert!(GuestRam::of_qemu(std::process::id()).is_err());
+    }
+}
