@@ -148,44 +148,103 @@ impl GuestRam {
     }
 
     /// Copies the bytes of `runs` (from [`GuestRam::written`]) out of the process into the
-    /// same places of `dest` (a mapping of the new RAM file); returns the bytes copied.
-    pub fn copy(&self, runs: &[Range<u64>], dest: &mut [u8]) -> io::Result<u64> {
+    /// same places of `dest` (the new RAM file), through a buffer of [`COPY_BUFFER`] bytes:
+    /// bulk reads and writes, no page faults; returns the bytes copied.
+    pub fn copy_to(&self, runs: &[Range<u64>], dest: &std::fs::File) -> io::Result<u64> {
         use nix::sys::uio::{process_vm_readv, RemoteIoVec};
+        use std::os::unix::fs::FileExt;
         let pid = nix::unistd::Pid::from_raw(self.pid as i32);
+        let mut buf = vec![0u8; COPY_BUFFER];
         let mut copied = 0u64;
-        let mut rest: &mut [u8] = dest;
-        let mut at = 0u64;
-        for batch in runs.chunks(IOV_MAX) {
-            let mut local = Vec::with_capacity(batch.len());
-            let mut remote = Vec::with_capacity(batch.len());
-            let mut want = 0;
-            for r in batch {
-                if r.start < at || r.end > self.len {
-                    return Err(io::Error::other("page runs out of order or past the RAM"));
+        // Pieces of runs, each at most the buffer, filling the buffer up to IOV_MAX pieces.
+        let mut pieces = runs.iter().flat_map(|r| {
+            (r.start..r.end)
+                .step_by(COPY_BUFFER)
+                .map(move |a| a..(a + COPY_BUFFER as u64).min(r.end))
+        });
+        let mut next = pieces.next();
+        while let Some(first) = next.take() {
+            let mut batch = vec![first];
+            let mut used = (batch[0].end - batch[0].start) as usize;
+            for p in pieces.by_ref() {
+                let n = (p.end - p.start) as usize;
+                if used + n > COPY_BUFFER || batch.len() == IOV_MAX {
+                    next = Some(p);
+                    break;
                 }
-                let tail = std::mem::take(&mut rest);
-                let (_, from) = tail.split_at_mut((r.start - at) as usize);
-                let (run, after) = from.split_at_mut((r.end - r.start) as usize);
-                rest = after;
-                at = r.end;
-                want += run.len();
-                remote.push(RemoteIoVec {
-                    base: (self.start + r.start) as usize,
-                    len: run.len(),
-                });
-                local.push(io::IoSliceMut::new(run));
+                used += n;
+                batch.push(p);
             }
-            let got = process_vm_readv(pid, &mut local, &remote)?;
-            if got != want {
+            if batch.iter().any(|p| p.end > self.len) {
+                return Err(io::Error::other("page runs past the RAM"));
+            }
+            let remote: Vec<RemoteIoVec> = batch
+                .iter()
+                .map(|p| RemoteIoVec {
+                    base: (self.start + p.start) as usize,
+                    len: (p.end - p.start) as usize,
+                })
+                .collect();
+            let got = process_vm_readv(pid, &mut [io::IoSliceMut::new(&mut buf[..used])], &remote)?;
+            if got != used {
                 return Err(io::Error::other(format!(
-                    "read {got} of {want} bytes of the guest's RAM"
+                    "read {got} of {used} bytes of the guest's RAM"
                 )));
             }
-            copied += got as u64;
+            let mut at = 0;
+            for p in &batch {
+                let n = (p.end - p.start) as usize;
+                dest.write_all_at(&buf[at..at + n], p.start)?;
+                at += n;
+            }
+            copied += used as u64;
         }
         Ok(copied)
     }
 }
+
+impl GuestRam {
+    /// [`GuestRam::copy_to`] on `threads` threads, each taking every `threads`-th piece of at
+    /// most [`COPY_BUFFER`] bytes (one thread copies ~5 GB/s here; a paused guest leaves the
+    /// cores free).
+    pub fn copy_parallel(
+        &self,
+        runs: &[Range<u64>],
+        dest: &std::fs::File,
+        threads: usize,
+    ) -> io::Result<u64> {
+        let pieces: Vec<Range<u64>> = runs
+            .iter()
+            .flat_map(|r| {
+                (r.start..r.end)
+                    .step_by(COPY_BUFFER)
+                    .map(move |a| a..(a + COPY_BUFFER as u64).min(r.end))
+            })
+            .collect();
+        if threads <= 1 || pieces.len() < 2 {
+            return self.copy_to(&pieces, dest);
+        }
+        let groups: Vec<Vec<Range<u64>>> = (0..threads)
+            .map(|t| pieces.iter().skip(t).step_by(threads).cloned().collect())
+            .collect();
+        std::thread::scope(|s| {
+            let handles: Vec<_> = groups
+                .iter()
+                .map(|g| s.spawn(move || self.copy_to(g, dest)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join()
+                        .unwrap_or_else(|_| Err(io::Error::other("a copying thread panicked")))
+                })
+                .sum()
+        })
+    }
+}
+
+/// Bytes [`GuestRam::copy_to`] moves at a time.
+pub const COPY_BUFFER: usize = 8 << 20;
 
 fn written(entry: u64) -> bool {
     entry & SWAPPED != 0 || (entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0)
@@ -297,15 +356,8 @@ mod tests {
             crate::snapshot::allocated_bytes(&copy) < len,
             "the hole was not kept"
         );
-        let out = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&copy)
-            .unwrap();
-        // SAFETY: a shared mapping of a file this test just made and alone uses.
-        let mut dest = unsafe { memmap2::MmapMut::map_mut(&out) }.unwrap();
-        assert_eq!(ram.copy(&runs, &mut dest).unwrap(), 3 * PAGE);
-        drop(dest);
+        let out = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
+        assert_eq!(ram.copy_parallel(&runs, &out, 2).unwrap(), 3 * PAGE);
         assert!(std::fs::read(&copy).unwrap() == content);
         drop(map);
     }

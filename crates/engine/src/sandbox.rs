@@ -620,6 +620,15 @@ impl Sandbox {
         })
         .await;
         if let Ok(Ok(s)) = &status {
+            // A daemon that died while it saved the sandbox left it paused: it runs again.
+            if s == "paused" {
+                let qmp = cfg.qmp_socket();
+                let _ = tokio::task::spawn_blocking(move || {
+                    crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(5))
+                        .and_then(|mut q| q.execute("cont", serde_json::json!({})))
+                })
+                .await;
+            }
             if s == "io-error" {
                 match AgentClient::connect_stopped(&cfg.agent_socket()).await {
                     Ok(client) => {

@@ -519,30 +519,36 @@ pub fn save_running(
     to: &SaveTarget,
     stay_paused: bool,
 ) -> Result<(PathBuf, SaveTiming), VmError> {
+    let started = Instant::now();
+    let mark = |what: &str| {
+        tracing::debug!(
+            "save: {what} at {:.1} ms",
+            started.elapsed().as_secs_f64() * 1000.0
+        )
+    };
     let mem = to.dir.join(MEM);
     crate::ram::copy_sparse(ram.file(), &mem, ram.len())
         .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))?;
     let file = std::fs::OpenOptions::new()
-        .read(true)
         .write(true)
         .open(&mem)
         .map_err(|e| VmError::io("open the new RAM file", e))?;
-    // SAFETY: a shared mapping of a file this function just made in a directory of its own;
-    // nothing else maps or changes it until it is published.
-    let mut dest = unsafe { memmap2::MmapMut::map_mut(&file) }
-        .map_err(|e| VmError::io("map the new RAM file", e))?;
-    let copy = |dest: &mut memmap2::MmapMut| -> Result<u64, VmError> {
+    let copy = || -> Result<u64, VmError> {
         let runs = ram
             .written()
             .map_err(|e| VmError::io("read the VM's page map", e))?;
-        ram.copy(&runs, dest)
+        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
+        ram.copy_parallel(&runs, &file, threads)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
+    mark("RAM file copied");
     if !stay_paused {
-        copy(&mut dest)?;
+        copy()?;
+        mark("written pages copied, running");
     }
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.execute("stop", json!({}))?;
+    mark("stopped");
     let result = (|| {
         let frozen = active_disk(&mut q)?;
         q.execute(
@@ -553,7 +559,9 @@ pub fn save_running(
             "blockdev-snapshot-sync",
             json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
-        let copied = copy(&mut dest)?;
+        mark("device state saved, disk frozen");
+        let copied = copy()?;
+        mark("written pages copied, paused");
         if !stay_paused {
             resume(&mut q)?;
         }
@@ -573,7 +581,6 @@ pub fn save_running(
         (Some(s), Some(r)) if r >= s => (r - s) as f64 / 1000.0,
         _ => f64::NAN,
     };
-    drop(dest);
     std::fs::rename(to.devstate, to.dir.join(VMSTATE))
         .map_err(|e| VmError::io("move the device state", e))?;
     Ok((

@@ -255,7 +255,7 @@ pub struct SnapshotArgs {
 pub struct ForkArgs {
     /// A sandbox id of this session, or a snapshot name.
     pub source: String,
-    /// How many copies, 1 to 10.
+    /// How many copies, 1 to 20.
     pub count: u32,
     /// TTL of the copies in seconds (default 3600).
     pub ttl_seconds: Option<u64>,
@@ -624,7 +624,7 @@ impl ForkboxMcp {
     }
 
     #[tool(
-        description = "Fork a sandbox of this session (saved first) or a snapshot into 1-10 running copies, copy-on-write: files, memory and processes. The copies belong to this session."
+        description = "Fork a sandbox of this session (saved first) or a snapshot into 1-20 running copies, copy-on-write: files, memory and processes. The copies belong to this session."
     )]
     async fn fork(&self, Parameters(a): Parameters<ForkArgs>) -> ToolResult {
         // A sandbox must be the session's own; a snapshot may be any (a prepared baseline).

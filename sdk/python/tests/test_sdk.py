@@ -116,7 +116,7 @@ def test_errors_carry_the_daemons_message(rt):
         s.exec("true")
     s.stop()  # already gone: no error
     with pytest.raises(ValueError):
-        s.fork(count=11)
+        s.fork(count=21)
 
 
 def test_a_daemon_that_is_not_running_is_named():

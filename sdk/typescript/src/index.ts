@@ -101,7 +101,7 @@ export interface CreateOptions {
 }
 
 export interface ForkOptions {
-  /** 1 to 10 copies. */
+  /** 1 to 20 copies. */
   count?: number;
   ttlSeconds?: number;
   network?: NetworkPolicy;
@@ -306,8 +306,8 @@ export class Snapshots {
 
 function forkBody(o: ForkOptions): Record<string, unknown> {
   const count = o.count ?? 1;
-  if (!Number.isInteger(count) || count < 1 || count > 10) {
-    throw new RangeError(`count ${count} is not between 1 and 10`);
+  if (!Number.isInteger(count) || count < 1 || count > 20) {
+    throw new RangeError(`count ${count} is not between 1 and 20`);
   }
   const body: Record<string, unknown> = { count, labels: o.labels ?? {} };
   if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
@@ -396,7 +396,7 @@ export class Sandbox {
     return new Snapshot(this.rt, await this.rt.t.json("POST", `/sandboxes/${this.id}/snapshot`, { json: body }));
   }
 
-  /** `count` (1-10) running copies of this sandbox as it is now; it keeps running. */
+  /** `count` (1-20) running copies of this sandbox as it is now; it keeps running. */
   fork(o: ForkOptions = {}): Promise<Sandbox[]> {
     return forked(this.rt, `/sandboxes/${this.id}/fork`, o);
   }

@@ -73,7 +73,7 @@ pub struct ForkRequest {
 }
 
 /// Most copies one fork call makes.
-pub const MAX_FORK: u32 = 10;
+pub const MAX_FORK: u32 = 20;
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct ForkResult {

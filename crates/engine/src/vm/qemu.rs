@@ -290,6 +290,21 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
     } else {
         "raw"
     };
+    // Bases never change (images, templates' and snapshots' frozen disks), and a new overlay
+    // of one is the same bytes every time: the first is made by qemu-img, the next copied
+    // (spawning qemu-img costs ~30 ms of CPU, which ten copies of a fork would pay at once).
+    let key = std::fs::metadata(base).ok().map(|m| {
+        use std::os::unix::fs::MetadataExt;
+        (base.clone(), m.len(), m.mtime(), m.mtime_nsec(), m.ino())
+    });
+    if let Some(bytes) = key.as_ref().and_then(overlay_cache::get) {
+        return tokio::fs::write(overlay, bytes.as_slice())
+            .await
+            .map_err(|e| VmError::Overlay {
+                image: base.display().to_string(),
+                detail: format!("write {}: {e}", overlay.display()),
+            });
+    }
     let qemu_img = crate::setup::require("qemu-img").map_err(|e| VmError::Overlay {
         image: base.display().to_string(),
         detail: e.to_string(),
@@ -321,7 +336,35 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
             detail: String::from_utf8_lossy(&out.stderr).trim().to_string(),
         });
     }
+    if let (Some(key), Ok(bytes)) = (key, tokio::fs::read(overlay).await) {
+        overlay_cache::put(key, bytes);
+    }
     Ok(())
+}
+
+/// New overlays by their base (see [`create_overlay`]); the most recent few.
+mod overlay_cache {
+    use std::path::PathBuf;
+    use std::sync::{Arc, Mutex};
+
+    /// A base's path, length, modification time (s, ns) and inode.
+    pub type Key = (PathBuf, u64, i64, i64, u64);
+    const KEEP: usize = 32;
+    static CACHE: Mutex<Vec<(Key, Arc<Vec<u8>>)>> = Mutex::new(Vec::new());
+
+    pub fn get(key: &Key) -> Option<Arc<Vec<u8>>> {
+        let cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.iter().find(|(k, _)| k == key).map(|(_, v)| v.clone())
+    }
+
+    pub fn put(key: Key, bytes: Vec<u8>) {
+        let mut cache = CACHE.lock().unwrap_or_else(|p| p.into_inner());
+        cache.retain(|(k, _)| *k != key);
+        if cache.len() >= KEEP {
+            cache.remove(0);
+        }
+        cache.push((key, Arc::new(bytes)));
+    }
 }
 
 /// A running QEMU process: one this process started, or one it adopted after a restart.

@@ -354,7 +354,7 @@ class Sandbox:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
     ) -> List["Sandbox"]:
-        """``count`` (1-10) running copies of this sandbox as it is now; it keeps running."""
+        """``count`` (1-20) running copies of this sandbox as it is now; it keeps running."""
         body = c.fork_body(count, ttl_seconds, network, labels)
         return _forked(self._rt, self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body))
 
