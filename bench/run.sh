@@ -4,13 +4,16 @@
 #   fork  - create from a template (median/p99 over BENCH_CREATES, default 50) against a cold
 #           boot and the floor, the daemon's warm pool, fork of a running 1 GiB sandbox into
 #           1/3/10 copies, snapshot pause at 100 MB and 1 GB dirty, PSS per idle fork
-# `bench/run.sh boot` or `bench/run.sh fork` runs one of them; no argument runs both.
+#   fork_running - fork of a running sandbox that wrote ~100 MB into 1/3/10/20 copies at 1 and
+#           4 GiB, three generations, PSS per idle copy, idle CPU and memory per sandbox with 10
+#           and BENCH_IDLE (default 100) alive
+# `bench/run.sh boot` (or fork, fork_running) runs one of them; no argument runs all three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FORKBOX_BIN="$(scripts/build.sh)"
 scripts/build.sh agent >/dev/null
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
-for b in ${1:-boot fork}; do
+for b in ${1:-boot fork fork_running}; do
     echo "== bench $b"
     cargo bench --quiet --locked -p forkbox-engine --bench "$b"
     echo

@@ -156,6 +156,9 @@ fn spawn_small<F: FnOnce() + Send + 'static>(f: F) -> std::io::Result<()> {
 
 const STACK: usize = 256 * 1024;
 
+/// How often an idle agent looks for children to reap that no command of its own started.
+const IDLE_REAP: Duration = Duration::from_secs(5);
+
 fn reaper(inner: &Inner) {
     loop {
         match waitid(Id::All, WaitPidFlag::WEXITED | WaitPidFlag::WNOWAIT) {
@@ -171,10 +174,14 @@ fn reaper(inner: &Inner) {
                 }
             }
             Err(nix::errno::Errno::ECHILD) => {
+                // Nothing to reap: sleep until a command starts (spawns happen under this
+                // lock, so one that started since `waitid` is in the map already). The long
+                // timeout only reaps what other threads' children leave behind; an idle guest
+                // should not wake for it (under emulation every wake-up costs host CPU).
                 let children = lock(&inner.children);
-                let _ = inner
-                    .spawned
-                    .wait_timeout(children, Duration::from_millis(200));
+                if children.is_empty() {
+                    let _ = inner.spawned.wait_timeout(children, IDLE_REAP);
+                }
             }
             Err(_) => {}
         }

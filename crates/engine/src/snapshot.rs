@@ -688,6 +688,8 @@ pub fn template_key(
         qemu_version(),
         accel.accel.to_string(),
         format!("ram+{}K", ram_tail_kib(accel.accel)),
+        // What the template's kernel booted with.
+        crate::vm::kernel_cmdline(accel.accel),
     ] {
         h.update(part.as_bytes());
         h.update([0]);

@@ -92,8 +92,15 @@ pub const EVENTS_SOCKET: &str = "events.sock";
 /// Besides the console and the root disk: `cryptomgr.notests` skips the crypto self-tests
 /// (~0.4 s of a TCG boot), `nokaslr` the kernel's relocation, `audit=0` the audit subsystem;
 /// measured here they take a TCG boot from ~3.8 s to ~3.1 s to userspace.
+///
+/// An idle guest should not wake at all (under emulation each wake-up costs host CPU):
+/// `nowatchdog` stops the soft-lockup watchdog (every CPU, every few seconds; a vCPU starved by
+/// a busy host would only make it report false lockups), and `tsc=reliable` the clocksource
+/// watchdog, which compared the TSC with jiffies twice a second and, with a vCPU starved by a
+/// busy host, can declare the TSC unstable and move the guest's clock onto ticks that are lost;
+/// `psi=0` the pressure-stall averaging (every 2 s).
 pub const KERNEL_CMDLINE: &str =
-    "console=ttyS0 quiet panic=-1 reboot=t 8250.nr_uarts=1 cryptomgr.notests nokaslr audit=0 forkbox.root=/dev/vda";
+    "console=ttyS0 quiet panic=-1 reboot=t 8250.nr_uarts=1 cryptomgr.notests nokaslr audit=0 nowatchdog tsc=reliable psi=0 forkbox.root=/dev/vda";
 
 /// The host's TSC frequency in kHz. Under TCG the guest's TSC is the host's, and a guest on
 /// `microvm` (no HPET, no PM timer) that must calibrate it against the PIT fails to, now and
