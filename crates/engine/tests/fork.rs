@@ -317,3 +317,63 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
         "pages of the snapshot differ from the paused source: {report:?}"
     );
 }
+
+/// Forks of a sandbox that writes 10 MB/s, again and again: every copy answers and carries the
+/// writer on, every round. FORKBOX_FORK_ROUNDS rounds of 3 copies (default 10; the closing
+/// runs use 40).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_forks_of_a_busy_sandbox_all_answer() {
+    let (paths, cfg) = config();
+    let rounds: usize = std::env::var("FORKBOX_FORK_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10);
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create");
+    sh(
+        &sb,
+        "setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
+         head -c 1000000 /dev/urandom > /tmp/junk-$((i % 20)); sleep 0.1; done' >/dev/null 2>&1 </dev/null &",
+    )
+    .await;
+    let store = SnapshotStore::new(&paths);
+    let mut pauses = Vec::new();
+    for round in 0..rounds {
+        let name = unique("t-stress");
+        let snap = sb
+            .snapshot(&paths, &name, false, false)
+            .await
+            .expect("snapshot");
+        pauses.push(snap.meta.pause_ms.unwrap_or(f64::NAN));
+        let copy = || {
+            Sandbox::restore(
+                &paths,
+                &snap,
+                format!("snapshot:{name}"),
+                &cfg,
+                Instant::now(),
+                None,
+            )
+        };
+        let (a, b, c) = tokio::join!(copy(), copy(), copy());
+        let copies = [a, b, c];
+        for c in copies {
+            let c = c.unwrap_or_else(|e| panic!("round {round}: a copy failed: {e}"));
+            let t1: u64 = sh(&c, "cat /tmp/tick").await.trim().parse().unwrap();
+            // The writer goes on in the copy.
+            let mut t2 = t1;
+            for _ in 0..50 {
+                t2 = sh(&c, "cat /tmp/tick").await.trim().parse().unwrap();
+                if t2 > t1 {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+            assert!(t2 > t1, "round {round}: the writer stopped in a copy");
+            c.destroy().await;
+        }
+        store.remove(&name, &[]).unwrap();
+    }
+    sh(&sb, "test -s /tmp/tick").await;
+    sb.destroy().await;
+    eprintln!("{rounds} rounds; pauses (ms): {pauses:.1?}");
+}
