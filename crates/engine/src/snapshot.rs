@@ -537,6 +537,7 @@ pub fn save_running(
         let runs = ram
             .written()
             .map_err(|e| VmError::io("read the VM's page map", e))?;
+        mark(&format!("{} runs of written pages listed", runs.len()));
         let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
         ram.copy_parallel(&runs, &file, threads)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
