@@ -17,36 +17,13 @@ use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{env_count, ms, qemu_floor, stats};
+use common::{env_count, ms, ok, pss_kib, qemu_floor, stats};
 
 fn row(name: &str, v: Vec<f64>) -> f64 {
     let n = v.len();
     let (p50, p99, min) = stats(v);
     println!("{name:<52} n={n:<3} median {p50:>8.1} ms  p99 {p99:>8.1} ms  min {min:>8.1} ms");
     p50
-}
-
-fn pss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Pss:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
-
-async fn ok(sb: &Sandbox, script: &str) {
-    let out = sb
-        .run(infra::sh(script, Some(600_000)))
-        .await
-        .expect("exec");
-    assert_eq!(
-        out.code(),
-        0,
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
 }
 
 /// Snapshot of `sb` then `count` copies at once: (wall of snapshot + copies, until all answered).

@@ -20,30 +20,7 @@ use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{env_count, ms, stats};
-
-async fn ok(sb: &Sandbox, script: &str) {
-    let out = sb
-        .run(infra::sh(script, Some(600_000)))
-        .await
-        .expect("exec");
-    assert_eq!(
-        out.code(),
-        0,
-        "{script}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-fn pss_kib(pid: u32) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with("Pss:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
-}
+use common::{env_count, ms, ok, pss_kib, stats};
 
 /// User + system ticks (1/100 s) a process has used.
 fn ticks(pid: u32) -> u64 {

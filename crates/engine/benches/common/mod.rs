@@ -57,3 +57,28 @@ pub async fn qemu_floor(dir: &std::path::Path) -> Duration {
     let _ = child.kill().await;
     d
 }
+
+/// Host memory a process accounts for: its proportional set size, in KiB.
+pub fn pss_kib(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with("Pss:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Runs a shell script in the sandbox and requires it to succeed.
+pub async fn ok(sb: &forkbox_engine::sandbox::Sandbox, script: &str) {
+    let out = sb
+        .run(forkbox_test_infra::sh(script, Some(600_000)))
+        .await
+        .expect("exec");
+    assert_eq!(
+        out.code(),
+        0,
+        "{script}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
