@@ -203,47 +203,6 @@ impl GuestRam {
     }
 }
 
-impl GuestRam {
-    /// [`GuestRam::copy_to`] on `threads` threads, each taking every `threads`-th piece of at
-    /// most [`COPY_BUFFER`] bytes: one thread reads the guest's pages while another writes
-    /// (writes to one file take its inode lock in turn: on this host two threads copied 100 MB in
-    /// the same ~45 ms as one; hosts with more memory bandwidth per core may gain).
-    pub fn copy_parallel(
-        &self,
-        runs: &[Range<u64>],
-        dest: &std::fs::File,
-        threads: usize,
-    ) -> io::Result<u64> {
-        let pieces: Vec<Range<u64>> = runs
-            .iter()
-            .flat_map(|r| {
-                (r.start..r.end)
-                    .step_by(COPY_BUFFER)
-                    .map(move |a| a..(a + COPY_BUFFER as u64).min(r.end))
-            })
-            .collect();
-        if threads <= 1 || pieces.len() < 2 {
-            return self.copy_to(&pieces, dest);
-        }
-        let groups: Vec<Vec<Range<u64>>> = (0..threads)
-            .map(|t| pieces.iter().skip(t).step_by(threads).cloned().collect())
-            .collect();
-        std::thread::scope(|s| {
-            let handles: Vec<_> = groups
-                .iter()
-                .map(|g| s.spawn(move || self.copy_to(g, dest)))
-                .collect();
-            handles
-                .into_iter()
-                .map(|h| {
-                    h.join()
-                        .unwrap_or_else(|_| Err(io::Error::other("a copying thread panicked")))
-                })
-                .sum()
-        })
-    }
-}
-
 /// Bytes [`GuestRam::copy_to`] moves at a time.
 pub const COPY_BUFFER: usize = 8 << 20;
 
@@ -358,7 +317,7 @@ mod tests {
             "the hole was not kept"
         );
         let out = std::fs::OpenOptions::new().write(true).open(&copy).unwrap();
-        assert_eq!(ram.copy_parallel(&runs, &out, 2).unwrap(), 3 * PAGE);
+        assert_eq!(ram.copy_to(&runs, &out).unwrap(), 3 * PAGE);
         assert!(std::fs::read(&copy).unwrap() == content);
         drop(map);
     }

@@ -161,8 +161,7 @@ impl Sandbox {
         };
         // An empty sparse file, mapped private: the guest's RAM is then the pages it writes,
         // as in every restored copy, and is saved the same way.
-        let ram_bytes = u64::from(cfg.memory_mib) * (1 << 20)
-            + u64::from(vm::ram_tail_kib(kit.accel.accel)) * 1024;
+        let ram_bytes = vm::ram_bytes(kit.accel.accel, cfg.memory_mib);
         if let Err(e) = crate::ram::zero_file(&run.dir.join(COLD_RAM), ram_bytes) {
             run.remove();
             return Err(SandboxError::io("create the guest's RAM file", e));
@@ -616,19 +615,16 @@ impl Sandbox {
         // is adopted as it is (its disk watcher resumes it), never taken for dead.
         let qmp = cfg.qmp_socket();
         let status = tokio::task::spawn_blocking(move || {
-            crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(5)).and_then(|mut q| q.status())
+            let mut q = crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(5))?;
+            let status = q.status()?;
+            // A daemon that died while it saved the sandbox left it paused: it runs again.
+            if status == "paused" {
+                let _ = q.execute("cont", serde_json::json!({}));
+            }
+            Ok::<_, VmError>(status)
         })
         .await;
         if let Ok(Ok(s)) = &status {
-            // A daemon that died while it saved the sandbox left it paused: it runs again.
-            if s == "paused" {
-                let qmp = cfg.qmp_socket();
-                let _ = tokio::task::spawn_blocking(move || {
-                    crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(5))
-                        .and_then(|mut q| q.execute("cont", serde_json::json!({})))
-                })
-                .await;
-            }
             if s == "io-error" {
                 match AgentClient::connect_stopped(&cfg.agent_socket()).await {
                     Ok(client) => {

@@ -538,8 +538,7 @@ pub fn save_running(
             .written()
             .map_err(|e| VmError::io("read the VM's page map", e))?;
         mark(&format!("{} runs of written pages listed", runs.len()));
-        let threads = std::thread::available_parallelism().map_or(1, |n| n.get().min(4));
-        ram.copy_parallel(&runs, &file, threads)
+        ram.copy_to(&runs, &file)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
     mark("RAM file copied");
@@ -646,10 +645,12 @@ pub fn publish(
         })?;
     }
     let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
-    for f in [tmp.join(MEM), disk].into_iter().filter(|_| durable) {
-        if let Ok(file) = std::fs::File::open(&f) {
-            file.sync_all()
-                .map_err(io(format!("sync {}", f.display())))?;
+    if durable {
+        for f in [tmp.join(MEM), disk] {
+            if let Ok(file) = std::fs::File::open(&f) {
+                file.sync_all()
+                    .map_err(io(format!("sync {}", f.display())))?;
+            }
         }
     }
     let json = serde_json::to_vec_pretty(meta).map_err(|e| SnapshotError::Io {

@@ -152,12 +152,14 @@ pub fn ram_tail_kib(accel: Accel) -> u32 {
     }
 }
 
+/// The guest's RAM size in bytes: `memory_mib` and the tail `accel` adds.
+pub fn ram_bytes(accel: Accel, memory_mib: u32) -> u64 {
+    (u64::from(memory_mib) * 1024 + u64::from(ram_tail_kib(accel))) * 1024
+}
+
 /// The guest's RAM size, as given to `-m` and to the memory backend.
 fn ram_size_arg(accel: Accel, memory_mib: u32) -> String {
-    format!(
-        "{}K",
-        u64::from(memory_mib) * 1024 + u64::from(ram_tail_kib(accel))
-    )
+    format!("{}K", ram_bytes(accel, memory_mib) / 1024)
 }
 
 /// QEMU's arguments for a VM: no default devices, no network device at all, the root disk,
