@@ -25,6 +25,16 @@ async fn sh(sb: &Sandbox, script: &str) -> String {
     out.stdout_text()
 }
 
+/// A copy of `snap`, as the daemon's fork makes one.
+async fn copy_of(
+    paths: &forkbox_engine::paths::Paths,
+    snap: &forkbox_engine::snapshot::Snapshot,
+    cfg: &SandboxConfig,
+) -> Result<Sandbox, forkbox_engine::error::SandboxError> {
+    let origin = format!("snapshot:{}", snap.meta.name);
+    Sandbox::restore(paths, snap, origin, cfg, Instant::now(), None).await
+}
+
 fn unique(prefix: &str) -> String {
     let mut b = [0u8; 4];
     getrandom::getrandom(&mut b).unwrap();
@@ -81,24 +91,7 @@ async fn forks_carry_processes_and_diverge() {
             .as_secs() as i64
     };
     let host_before_fork = unix_now();
-    let (a, b) = tokio::join!(
-        Sandbox::restore(
-            &paths,
-            &snap,
-            format!("snapshot:{name}"),
-            &cfg,
-            started,
-            None
-        ),
-        Sandbox::restore(
-            &paths,
-            &snap,
-            format!("snapshot:{name}"),
-            &cfg,
-            started,
-            None
-        ),
-    );
+    let (a, b) = tokio::join!(copy_of(&paths, &snap, &cfg), copy_of(&paths, &snap, &cfg),);
     let (a, b) = (a.expect("fork a"), b.expect("fork b"));
     eprintln!("two forks ready in {} ms", started.elapsed().as_millis());
 
@@ -144,16 +137,7 @@ async fn forks_carry_processes_and_diverge() {
         .await
         .expect("snapshot of a fork");
     assert_eq!(snap2.meta.parent.as_deref(), Some(name.as_str()));
-    let c = Sandbox::restore(
-        &paths,
-        &snap2,
-        format!("snapshot:{name2}"),
-        &cfg,
-        Instant::now(),
-        None,
-    )
-    .await
-    .expect("fork of a fork");
+    let c = copy_of(&paths, &snap2, &cfg).await.expect("fork of a fork");
     assert_eq!(sh(&c, "cat /root/only-a").await, "from-a\n");
     sh(&c, "test -s /tmp/count").await;
     // ... and a fork of that fork: three levels of disks and memory.
@@ -163,32 +147,18 @@ async fn forks_carry_processes_and_diverge() {
         .snapshot(&paths, &name3, false, true)
         .await
         .expect("snapshot of a fork of a fork");
-    let d = Sandbox::restore(
-        &paths,
-        &snap3,
-        format!("snapshot:{name3}"),
-        &cfg,
-        Instant::now(),
-        None,
-    )
-    .await
-    .expect("fork of a fork of a fork");
+    let d = copy_of(&paths, &snap3, &cfg)
+        .await
+        .expect("fork of a fork of a fork");
     assert_eq!(
         sh(&d, "cat /root/only-a /root/only-c").await,
         "from-a\nfrom-c\n"
     );
     sh(&d, "test -s /tmp/count").await;
     // The first snapshot is unchanged by anything its copies wrote.
-    let fresh = Sandbox::restore(
-        &paths,
-        &snap,
-        format!("snapshot:{name}"),
-        &cfg,
-        Instant::now(),
-        None,
-    )
-    .await
-    .expect("another copy of the first snapshot");
+    let fresh = copy_of(&paths, &snap, &cfg)
+        .await
+        .expect("another copy of the first snapshot");
     assert_eq!(
         sh(&fresh, "ls /root/only-a 2>/dev/null || echo absent").await,
         "absent\n"
@@ -293,16 +263,7 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
         assert!(t2 > t1, "the source did not resume: {t1} -> {t2}");
         // The next generation: a copy of the last save, still writing.
         let snap = last.unwrap();
-        let copy = Sandbox::restore(
-            &paths,
-            &snap,
-            format!("snapshot:{}", snap.meta.name),
-            &cfg,
-            Instant::now(),
-            None,
-        )
-        .await
-        .expect("copy");
+        let copy = copy_of(&paths, &snap, &cfg).await.expect("copy");
         kept.push(snap.meta.name.clone());
         generations.push(copy);
     }
@@ -344,16 +305,7 @@ async fn repeated_forks_of_a_busy_sandbox_all_answer() {
             .await
             .expect("snapshot");
         pauses.push(snap.meta.pause_ms.unwrap_or(f64::NAN));
-        let copy = || {
-            Sandbox::restore(
-                &paths,
-                &snap,
-                format!("snapshot:{name}"),
-                &cfg,
-                Instant::now(),
-                None,
-            )
-        };
+        let copy = || copy_of(&paths, &snap, &cfg);
         let (a, b, c) = tokio::join!(copy(), copy(), copy());
         let copies = [a, b, c];
         for c in copies {
