@@ -33,6 +33,16 @@ pub enum SetupError {
     NoAgent { looked: String },
     #[error("the guest agent at {path} is dynamically linked and cannot run as PID 1 in the guest; build it with scripts/build.sh", path = .path.display())]
     AgentNotStatic { path: PathBuf },
+    #[error(
+        "apt offers no version of {package}; check /etc/apt/sources.list and run `apt-get update`"
+    )]
+    NoPackage { package: String },
+    #[error("apt offers {packages} in no common version (QEMU's candidate is {version}); add the Debian release they come from to apt's sources, or install them by hand in one `apt-get install`")]
+    NoCommonVersion { packages: String, version: String },
+    #[error("installing forkbox's packages would remove {packages}, which forkbox does not own; nothing was changed; decide by hand with `{command}`")]
+    WouldRemove { packages: String, command: String },
+    #[error("{program} does not run after installing {package}; see `{program} --version` and `apt-get install --reinstall {package}`")]
+    DoesNotRun { program: String, package: String },
     #[error("{what}: {source}")]
     Io {
         what: String,

@@ -8,28 +8,48 @@ use crate::error::SetupError;
 use crate::kernel::Kernel;
 use crate::paths::Paths;
 
+/// One Debian package forkbox needs, the program it brings and why.
+pub struct Package {
+    pub name: &'static str,
+    pub program: &'static str,
+    /// Arguments that make the program print its version and exit 0.
+    pub version_args: &'static [&'static str],
+    pub why: &'static str,
+    /// Built from Debian's `qemu` source: such packages must share one version, or apt
+    /// removes one to install the other.
+    pub qemu: bool,
+}
+
 /// Host packages and why forkbox needs each.
-pub const PACKAGES: &[(&str, &str, &str)] = &[
-    (
-        "qemu-system-x86",
-        "qemu-system-x86_64",
-        "runs each sandbox as a microvm guest",
-    ),
-    (
-        "qemu-utils",
-        "qemu-img",
-        "creates each sandbox's copy-on-write disk overlay",
-    ),
-    (
-        "mmdebstrap",
-        "mmdebstrap",
-        "builds image root filesystems from Debian packages",
-    ),
-    (
-        "e2fsprogs",
-        "mkfs.ext4",
-        "turns an image's root into an ext4 disk image",
-    ),
+pub const PACKAGES: &[Package] = &[
+    Package {
+        name: "qemu-system-x86",
+        program: "qemu-system-x86_64",
+        version_args: &["--version"],
+        why: "runs each sandbox as a microvm guest",
+        qemu: true,
+    },
+    Package {
+        name: "qemu-utils",
+        program: "qemu-img",
+        version_args: &["--version"],
+        why: "creates each sandbox's copy-on-write disk overlay",
+        qemu: true,
+    },
+    Package {
+        name: "mmdebstrap",
+        program: "mmdebstrap",
+        version_args: &["--version"],
+        why: "builds image root filesystems from Debian packages",
+        qemu: false,
+    },
+    Package {
+        name: "e2fsprogs",
+        program: "mkfs.ext4",
+        version_args: &["-V"],
+        why: "turns an image's root into an ext4 disk image",
+        qemu: false,
+    },
 ];
 /// The kernel package whose dependency is the concrete kernel to unpack.
 pub const KERNEL_META_PACKAGE: &str = "linux-image-cloud-amd64";
@@ -83,34 +103,7 @@ pub fn setup(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Vec<SetupS
         return Err(SetupError::NoApt);
     }
     let mut steps = Vec::new();
-    let missing: Vec<&(&str, &str, &str)> = PACKAGES
-        .iter()
-        .filter(|(_, prog, _)| which(prog).is_none())
-        .collect();
-    let mut updated = false;
-    if !missing.is_empty() {
-        progress("updating the apt package lists");
-        run(Command::new("apt-get").arg("update").arg("-q"))?;
-        updated = true;
-        let names: Vec<&str> = missing.iter().map(|(p, _, _)| *p).collect();
-        progress(&format!("installing {}", names.join(", ")));
-        run(Command::new("apt-get")
-            .args(["install", "-y", "-q", "--no-install-recommends"])
-            .args(&names)
-            .env("DEBIAN_FRONTEND", "noninteractive"))?;
-    }
-    for (pkg, prog, why) in PACKAGES {
-        let action = if missing.iter().any(|(p, _, _)| p == pkg) {
-            "installed"
-        } else {
-            "already present"
-        };
-        steps.push(SetupStep {
-            item: format!("{pkg} ({prog})"),
-            why: why.to_string(),
-            action: action.into(),
-        });
-    }
+    let updated = install_packages(progress, &mut steps)?;
 
     let kernel_why =
         "the guest kernel every sandbox boots (unpacked into forkbox's home, not /boot)";
@@ -197,4 +190,193 @@ pub fn usable_device(path: &Path) -> bool {
         .write(true)
         .open(path)
         .is_ok()
+}
+
+/// The version dpkg has installed of `pkg`, if it is installed.
+fn installed_version(pkg: &str) -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f", "${db:Status-Abbrev}|${Version}", pkg])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (status, version) = text.split_once('|')?;
+    (out.status.success() && status.starts_with("ii")).then(|| version.trim().to_string())
+}
+
+/// Every version of `pkg` apt can install.
+fn available_versions(pkg: &str) -> Result<Vec<String>, SetupError> {
+    let out = run(Command::new("apt-cache").args(["madison", pkg]))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.split('|').nth(1))
+        .map(|v| v.trim().to_string())
+        .collect())
+}
+
+/// The version apt would install of `pkg`.
+fn candidate(pkg: &str) -> Result<Option<String>, SetupError> {
+    let out = run(Command::new("apt-cache").args(["policy", pkg]))?;
+    Ok(out
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Candidate:"))
+        .map(str::trim)
+        .find(|v| *v != "(none)")
+        .map(str::to_string))
+}
+
+/// True when the package's program runs and prints its version.
+fn runs(pkg: &Package) -> bool {
+    which(pkg.program).is_some_and(|path| {
+        Command::new(path)
+            .args(pkg.version_args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    })
+}
+
+/// The one version every QEMU package gets: one already installed when apt offers it for all
+/// of them (a newer QEMU someone installed is kept), else apt's candidate for QEMU itself.
+fn qemu_version(installed: &[Option<String>]) -> Result<String, SetupError> {
+    let qemu: Vec<&Package> = PACKAGES.iter().filter(|p| p.qemu).collect();
+    let mut offered = Vec::new();
+    for p in &qemu {
+        offered.push(available_versions(p.name)?);
+    }
+    let everywhere = |v: &String| offered.iter().all(|o| o.contains(v));
+    let kept = PACKAGES
+        .iter()
+        .zip(installed)
+        .filter(|(p, _)| p.qemu)
+        .filter_map(|(_, v)| v.as_ref())
+        .find(|v| everywhere(v));
+    if let Some(v) = kept {
+        return Ok(v.clone());
+    }
+    let first = qemu[0].name;
+    let v = candidate(first)?.ok_or_else(|| SetupError::NoPackage {
+        package: first.into(),
+    })?;
+    if !everywhere(&v) {
+        return Err(SetupError::NoCommonVersion {
+            packages: qemu.iter().map(|p| p.name).collect::<Vec<_>>().join(", "),
+            version: v,
+        });
+    }
+    Ok(v)
+}
+
+/// Installs forkbox's host packages in one apt transaction when a program is missing or
+/// does not run, or the QEMU packages' versions differ; checks afterwards that every program
+/// runs. Returns whether apt's package lists were updated.
+fn install_packages(
+    progress: &mut dyn FnMut(&str),
+    steps: &mut Vec<SetupStep>,
+) -> Result<bool, SetupError> {
+    let installed: Vec<Option<String>> =
+        PACKAGES.iter().map(|p| installed_version(p.name)).collect();
+    let qemu_versions: std::collections::BTreeSet<&String> = PACKAGES
+        .iter()
+        .zip(&installed)
+        .filter(|(p, _)| p.qemu)
+        .filter_map(|(_, v)| v.as_ref())
+        .collect();
+    let broken: Vec<&Package> = PACKAGES.iter().filter(|p| !runs(p)).collect();
+    if broken.is_empty() && qemu_versions.len() <= 1 {
+        for (p, v) in PACKAGES.iter().zip(&installed) {
+            steps.push(SetupStep {
+                item: format!("{} ({})", p.name, p.program),
+                why: p.why.into(),
+                action: match v {
+                    Some(v) => format!("already present ({v})"),
+                    None => "already present (not from apt)".into(),
+                },
+            });
+        }
+        return Ok(false);
+    }
+    for p in &broken {
+        progress(&format!(
+            "{} ({}) is missing or does not run",
+            p.name, p.program
+        ));
+    }
+    if qemu_versions.len() > 1 {
+        progress(&format!(
+            "the QEMU packages have different versions ({}); apt would remove one to change the other",
+            qemu_versions.iter().map(|v| v.as_str()).collect::<Vec<_>>().join(", ")
+        ));
+    }
+    progress("updating the apt package lists");
+    run(Command::new("apt-get").arg("update").arg("-q"))?;
+    let version = qemu_version(&installed)?;
+    let args: Vec<String> = PACKAGES
+        .iter()
+        .map(|p| match p.qemu {
+            true => format!("{}={version}", p.name),
+            false => p.name.to_string(),
+        })
+        .collect();
+    let apt = |simulate: bool| {
+        let mut cmd = Command::new("apt-get");
+        cmd.args([
+            "install",
+            "-y",
+            "-q",
+            "--no-install-recommends",
+            "--allow-downgrades",
+        ]);
+        if simulate {
+            cmd.arg("--simulate");
+        }
+        cmd.args(&args).env("DEBIAN_FRONTEND", "noninteractive");
+        cmd
+    };
+    let plan = run(&mut apt(true))?;
+    let removed: Vec<&str> = plan
+        .lines()
+        .filter_map(|l| l.strip_prefix("Remv "))
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    let foreign: Vec<&str> = removed
+        .iter()
+        .copied()
+        .filter(|p| !p.starts_with("qemu"))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(SetupError::WouldRemove {
+            packages: foreign.join(", "),
+            command: format!("apt-get install {}", args.join(" ")),
+        });
+    }
+    if !removed.is_empty() {
+        progress(&format!(
+            "apt replaces {} (QEMU packages of another version)",
+            removed.join(", ")
+        ));
+    }
+    progress(&format!("installing {} in one transaction", args.join(" ")));
+    run(&mut apt(false))?;
+    for (p, before) in PACKAGES.iter().zip(&installed) {
+        if !runs(p) {
+            return Err(SetupError::DoesNotRun {
+                program: p.program.into(),
+                package: p.name.into(),
+            });
+        }
+        let after = installed_version(p.name).unwrap_or_default();
+        let action = match before {
+            None => format!("installed ({after})"),
+            Some(b) if *b == after => format!("kept ({after})"),
+            Some(b) => format!("changed {b} -> {after}"),
+        };
+        steps.push(SetupStep {
+            item: format!("{} ({})", p.name, p.program),
+            why: p.why.into(),
+            action,
+        });
+    }
+    Ok(true)
 }
