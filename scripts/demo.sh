@@ -5,10 +5,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 command -v cargo >/dev/null || { echo "demo: cargo (Rust) is needed to build forkbox" >&2; exit 1; }
-echo "== building forkbox" >&2
-forkbox=$(scripts/build.sh)
-# On the PATH as a link, so it still finds its guest agent beside the build.
-ln -sf "$forkbox" /usr/local/bin/forkbox
+echo "== building and installing forkbox (scripts/install.sh: /usr/local/bin/forkbox, its guest agent in /usr/local/lib/forkbox)" >&2
+forkbox=$(scripts/install.sh)
 echo "== forkbox setup" >&2
 "$forkbox" setup
 echo "== building the images: Python 3.9 (bullseye), 3.13 (trixie), and 3.11 (bookworm, the default of forkbox run); skipped when up to date" >&2

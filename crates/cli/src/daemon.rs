@@ -40,20 +40,24 @@ impl NetArgs {
 pub enum SandboxCmd {
     /// Create a sandbox; prints its id.
     Create {
+        /// Image to start: NAME (newest version) or NAME@N (default python-bookworm, built on
+        /// first use).
         #[arg(long)]
         image: Option<String>,
-        #[arg(long)]
+        /// Virtual CPUs (default 1).
+        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
         cpus: Option<u32>,
-        /// Guest memory in MiB.
-        #[arg(long)]
+        /// Guest memory: 512m, 2g, or a number of MiB (default 1g).
+        #[arg(long, value_parser = crate::units::memory_mib)]
         memory: Option<u32>,
+        /// Accelerator: auto (KVM where this host can run a standard guest, else TCG), kvm or tcg.
         #[arg(long, env = "FORKBOX_ACCEL")]
         accel: Option<AccelChoice>,
         /// A label K=V (repeatable).
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
-        /// Delete the sandbox after this many seconds.
-        #[arg(long)]
+        /// Delete the sandbox after this long: 600, 10m, 1h.
+        #[arg(long, value_parser = crate::units::seconds)]
         ttl: Option<u64>,
         /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
         #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
@@ -61,28 +65,36 @@ pub enum SandboxCmd {
         /// What the TTL does when it passes: delete (default) or hibernate.
         #[arg(long, value_enum, requires = "ttl")]
         ttl_action: Option<TtlArg>,
-        /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
-        #[arg(long)]
+        /// Root disk size: 20g or a number of GiB (at least the image's); the filesystem grows
+        /// to fill it.
+        #[arg(long, value_parser = crate::units::disk_gib)]
         disk_gib: Option<u32>,
         #[command(flatten)]
         net: NetArgs,
+        /// Print the new sandbox as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Save a sandbox to disk and stop its VM; it keeps its id.
+    /// Save sandboxes to disk and stop their VMs; they keep their ids.
     Hibernate {
-        id: String,
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Print the hibernated sandboxes as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Bring a hibernated sandbox back, with its processes.
     Resume {
+        /// Sandbox id.
         id: String,
+        /// Print the resumed sandbox as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Save a running sandbox (memory, processes, disk) as a snapshot; it keeps running.
     Snapshot {
+        /// Sandbox id.
         id: String,
         /// The snapshot's name (default: made up from the sandbox's id).
         #[arg(long)]
@@ -90,6 +102,7 @@ pub enum SandboxCmd {
         /// Leave the sandbox paused.
         #[arg(long)]
         paused: bool,
+        /// Print the snapshot as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -97,67 +110,103 @@ pub enum SandboxCmd {
     Fork {
         /// A sandbox id or a snapshot name.
         source: String,
+        /// How many copies (1 to 20).
         #[arg(long, default_value_t = 1)]
         count: u32,
+        /// A label K=V for every copy (repeatable).
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
-        #[arg(long)]
+        /// Delete each copy after this long: 600, 10m, 1h.
+        #[arg(long, value_parser = crate::units::seconds)]
         ttl: Option<u64>,
         /// The copies' network (default: a sandbox's own; none for a snapshot).
         #[command(flatten)]
         net: NetArgs,
+        /// Print the copies (and any that failed) as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Set a sandbox's TTL anew, counted from now.
     Ttl {
+        /// Sandbox id.
         id: String,
+        /// How long from now: 600, 10m, 1h.
+        #[arg(value_parser = crate::units::seconds)]
         seconds: u64,
+        /// Print the sandbox's new expiry as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Run a command in a sandbox; prints its output and exits with its exit code.
     Exec {
+        /// Sandbox id.
         id: String,
+        /// Working directory in the guest (default /root).
         #[arg(long)]
         cwd: Option<String>,
+        /// Environment variable for the command (repeatable).
         #[arg(long = "env", value_name = "K=V", value_parser = crate::run::parse_kv)]
         env: Vec<(String, String)>,
-        /// Seconds before the command and everything it started are killed.
-        #[arg(long)]
+        /// Kill the command and everything it started after this long: 90, 5s, 10m.
+        #[arg(long, value_parser = crate::units::seconds)]
         timeout: Option<u64>,
+        /// Pass this process's standard input to the command (without it, a piped standard
+        /// input is refused rather than dropped).
+        #[arg(short = 'i', long, conflicts_with_all = ["detach", "json"])]
+        interactive: bool,
+        /// Print one JSON result (output capped at 64 KiB per stream) instead of streaming.
         #[arg(long)]
         json: bool,
         /// Start the command and print its id instead of waiting; read it with `attach`.
-        #[arg(long, conflicts_with = "json")]
+        #[arg(long)]
         detach: bool,
+        /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
         command: Vec<String>,
     },
     /// Follow a command started earlier (its output from the start, then live) and exit with its code.
-    Attach { id: String, command_id: String },
-    /// Send a signal to a command started earlier (default SIGTERM).
-    Kill {
+    Attach {
+        /// Sandbox id.
         id: String,
+        /// The id `exec --detach` printed.
         command_id: String,
-        #[arg(long, default_value_t = 15)]
-        signal: i32,
     },
-    /// Copy a host directory into the sandbox (as one tar.zst stream).
-    Upload {
+    /// Send a signal to a command started earlier.
+    Kill {
+        /// Sandbox id.
         id: String,
-        host_dir: std::path::PathBuf,
-        guest_dir: String,
+        /// The id `exec --detach` printed.
+        command_id: String,
+        /// The signal: TERM (default), KILL, INT, HUP, … or a number.
+        #[arg(long, short = 's', default_value = "TERM", value_parser = crate::units::signal)]
+        signal: i32,
+        /// Print the answer as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Copy a sandbox file or directory into a new host directory. Links, device files,
-    /// absolute paths and `..` in what the sandbox sends are refused.
-    Download {
+    /// Copy a host directory into the sandbox (as one tar.zst stream).
+    Upload {
+        /// Sandbox id.
         id: String,
+        /// The host directory to copy.
+        host_dir: std::path::PathBuf,
+        /// Where it goes in the guest (made if missing).
+        guest_dir: String,
+        /// Print what was sent as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a sandbox file or directory into a new host directory. Symbolic links stay links
+    /// (never followed on the host), sparse files stay sparse; device files, absolute paths
+    /// and `..` in what the sandbox sends are refused.
+    Download {
+        /// Sandbox id.
+        id: String,
+        /// The file or directory in the guest.
         guest_path: String,
         /// Must not exist yet.
         host_dir: std::path::PathBuf,
+        /// Print what was received as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -169,12 +218,19 @@ pub enum SandboxCmd {
         /// Only sandboxes in this state: running, disk_full, hibernated, failed.
         #[arg(long, value_parser = parse_state)]
         state: Option<SandboxState>,
+        /// Print only the ids, one a line.
+        #[arg(short = 'q', long, conflicts_with = "json")]
+        quiet: bool,
+        /// Print the sandboxes as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Stop and remove a sandbox.
+    /// Stop and remove sandboxes.
     Rm {
-        id: String,
+        /// Sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+        /// Print the removed sandboxes as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -182,20 +238,32 @@ pub enum SandboxCmd {
 
 #[derive(Clone, Copy, clap::ValueEnum)]
 pub enum TtlArg {
+    /// Delete the sandbox.
     Delete,
+    /// Hibernate it (to disk, without a VM).
     Hibernate,
 }
 
 #[derive(clap::Subcommand)]
 pub enum SnapshotCmd {
-    /// List snapshots.
+    /// List snapshots (those forkbox made for its own forks and hibernations with --all).
     Ls {
+        /// Also the snapshots forkbox made itself (`fork-of-…`, `hibernated-…`).
+        #[arg(long)]
+        all: bool,
+        /// Print only the names, one a line.
+        #[arg(short = 'q', long, conflicts_with = "json")]
+        quiet: bool,
+        /// Print the snapshots as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Delete a snapshot (refused while sandboxes or snapshots depend on it).
+    /// Delete snapshots (refused while sandboxes or snapshots depend on one).
     Rm {
-        name: String,
+        /// Snapshot names.
+        #[arg(required = true)]
+        names: Vec<String>,
+        /// Print the deleted snapshots as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -208,10 +276,19 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let c = connect(paths).await?;
         match cmd {
-            SnapshotCmd::Ls { json } => {
-                let all: Vec<SnapshotMeta> = c.list_snapshots().await?;
+            SnapshotCmd::Ls {
+                all: every,
+                quiet,
+                json,
+            } => {
+                let mut all: Vec<SnapshotMeta> = c.list_snapshots().await?;
+                if !every {
+                    all.retain(|m| !m.internal());
+                }
                 if json {
                     crate::print_json(&all)?;
+                } else if quiet {
+                    all.iter().for_each(|m| println!("{}", m.name));
                 } else if all.is_empty() {
                     println!("no snapshots");
                 } else {
@@ -232,14 +309,11 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
                 }
                 Ok(ExitCode::SUCCESS)
             }
-            SnapshotCmd::Rm { name, json } => {
-                let v = c.delete_snapshot(&name).await?;
-                if json {
-                    crate::print_json(&v)?;
-                } else {
-                    println!("removed {name}");
-                }
-                Ok(ExitCode::SUCCESS)
+            SnapshotCmd::Rm { names, json } => {
+                each(&names, json, "removed", async |n| {
+                    c.delete_snapshot(n).await
+                })
+                .await
             }
         }
     })
@@ -365,6 +439,19 @@ async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
     )
 }
 
+/// Awaits `fut`, saying `what` on standard error once it has taken more than a second.
+pub async fn said_after<T>(fut: impl std::future::Future<Output = T>, what: Option<&str>) -> T {
+    let Some(what) = what else {
+        return fut.await;
+    };
+    tokio::pin!(fut);
+    tokio::select! {
+        v = &mut fut => return v,
+        _ = tokio::time::sleep(Duration::from_secs(1)) => eprintln!("forkbox: {what}…"),
+    }
+    fut.await
+}
+
 /// Writes a command's events (stdout, stderr) as they come; returns its exit code.
 async fn follow(mut events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
     use base64::Engine as _;
@@ -414,6 +501,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 net,
                 json,
             } => {
+                if snapshot.is_none() && Endpoint::from_env()?.is_none() {
+                    let reference = match &image {
+                        Some(i) => i.parse()?,
+                        None => forkbox_engine::sandbox::SandboxConfig::default().image,
+                    };
+                    crate::bundled::ensure(paths, &reference, false)?;
+                }
                 let req = CreateRequest {
                     image,
                     cpus,
@@ -430,12 +524,18 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                         TtlArg::Hibernate => TtlAction::Hibernate,
                     }),
                 };
-                let v = c.create(&req).await?;
+                let v = said_after(
+                    c.create(&req),
+                    Some(
+                        "creating the sandbox (the first of an image and size boots once to \
+                         make its template: a few seconds)",
+                    ),
+                )
+                .await?;
                 show(json, &v, || println!("{}", v.info.id))
             }
-            SandboxCmd::Hibernate { id, json } => {
-                let v = c.hibernate(&id).await?;
-                show(json, &v, || println!("hibernated {id}"))
+            SandboxCmd::Hibernate { ids, json } => {
+                each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
             }
             SandboxCmd::Resume { id, json } => {
                 let v = c.resume(&id).await?;
@@ -448,6 +548,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 cwd,
                 env,
                 timeout,
+                interactive,
                 json,
                 detach,
                 command,
@@ -459,7 +560,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     timeout_secs: timeout,
                     ..Default::default()
                 };
-                exec(&c, &id, &req, detach, json).await
+                exec(&c, &id, req, interactive, detach, json).await
             }
             SandboxCmd::Attach { id, command_id } => {
                 follow(c.attach(&id, &command_id).await?).await
@@ -468,9 +569,14 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 id,
                 command_id,
                 signal,
+                json,
             } => {
                 c.signal(&id, &command_id, signal).await?;
-                Ok(ExitCode::SUCCESS)
+                show(
+                    json,
+                    &serde_json::json!({ "command_id": command_id, "signal": signal }),
+                    || {},
+                )
             }
             SandboxCmd::Ttl { id, seconds, json } => {
                 let v = c.set_ttl(&id, seconds).await?;
@@ -490,9 +596,17 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 host_dir,
                 json,
             } => download(&c, &id, &guest_path, &host_dir, json).await,
-            SandboxCmd::Ls { label, state, json } => {
+            SandboxCmd::Ls {
+                label,
+                state,
+                quiet,
+                json,
+            } => {
                 let all = c.list(label.as_deref(), state).await?;
-                show(json, &all, || print_sandboxes(&all))
+                show(json, &all, || match quiet {
+                    true => all.iter().for_each(|v| println!("{}", v.info.id)),
+                    false => print_sandboxes(&all),
+                })
             }
             SandboxCmd::Snapshot {
                 id,
@@ -551,11 +665,43 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     ExitCode::from(1)
                 })
             }
-            SandboxCmd::Rm { id, json } => {
-                let v = c.delete(&id).await?;
-                show(json, &v, || println!("removed {id}"))
+            SandboxCmd::Rm { ids, json } => {
+                each(&ids, json, "removed", async |id| c.delete(id).await).await
             }
         }
+    })
+}
+
+/// Does `op` to each of `ids` in turn, going on past failures (each said on stderr); prints
+/// what was done (`--json`: an array); exit 1 when any failed.
+async fn each<T: serde::Serialize>(
+    ids: &[String],
+    json: bool,
+    verb: &str,
+    op: impl AsyncFn(&str) -> Result<T, forkbox_client::ClientError>,
+) -> anyhow::Result<ExitCode> {
+    let mut done = Vec::new();
+    let mut failed = 0;
+    for id in ids {
+        match op(id).await {
+            Ok(v) => {
+                if !json {
+                    println!("{verb} {id}");
+                }
+                done.push(v);
+            }
+            Err(e) => {
+                failed += 1;
+                eprintln!("forkbox: error: {id}: {e}");
+            }
+        }
+    }
+    if json {
+        crate::print_json(&done)?;
+    }
+    Ok(match failed {
+        0 => ExitCode::SUCCESS,
+        _ => ExitCode::from(1),
     })
 }
 
@@ -569,24 +715,84 @@ fn show(json: bool, v: &impl serde::Serialize, text: impl FnOnce()) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs a command: detached (prints its id), plain (`--json`: one result) or streamed.
+/// Runs a command: detached (prints its id), plain (`--json`: one result), streamed, or
+/// streamed with this process's standard input passed to it.
 async fn exec(
     c: &Client,
     id: &str,
-    req: &ExecRequest,
+    mut req: ExecRequest,
+    interactive: bool,
     detach: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
+    if !interactive {
+        refuse_unread_stdin()?;
+    }
     if detach {
-        println!("{}", c.start_command(id, req).await?.command_id);
-        return Ok(ExitCode::SUCCESS);
+        let started = c.start_command(id, &req).await?;
+        return show(json, &started, || println!("{}", started.command_id));
     }
     if json {
-        let r = c.exec(id, req).await?;
+        let r = c.exec(id, &req).await?;
         crate::print_json(&r)?;
         return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
     }
-    follow(c.exec_events(id, req).await?).await
+    if !interactive {
+        return follow(c.exec_events(id, &req).await?).await;
+    }
+    req.stdin = true;
+    let cid = c.start_command(id, &req).await?.command_id;
+    let events = c.attach(id, &cid).await?;
+    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
+    // Standard input is read on a thread of its own: a read blocks, and the command may end
+    // before it does.
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let item = match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => Ok(buf[..n].to_vec()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            if tx.blocking_send(item).is_err() {
+                return;
+            }
+        }
+    });
+    let feed = c.write_stdin(id, &cid, rx, true);
+    tokio::pin!(feed);
+    let follow = follow(events);
+    tokio::pin!(follow);
+    tokio::select! {
+        code = &mut follow => code,
+        fed = &mut feed => {
+            fed.context("passing standard input to the command")?;
+            follow.await
+        }
+    }
+}
+
+/// A command run without `-i` reads nothing; standard input that holds something (a pipe, a
+/// socket, a non-empty file) is refused rather than silently dropped.
+fn refuse_unread_stdin() -> anyhow::Result<()> {
+    use nix::sys::stat::{fstat, SFlag};
+    let Ok(st) = fstat(0) else {
+        return Ok(());
+    };
+    let kind = SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT;
+    let unread = kind == SFlag::S_IFIFO
+        || kind == SFlag::S_IFSOCK
+        || (kind == SFlag::S_IFREG && st.st_size > 0);
+    if unread {
+        bail!(
+            "standard input is a pipe or a file, but the command would not read it: pass -i to \
+             send it to the command, or </dev/null to run without it"
+        );
+    }
+    Ok(())
 }
 
 async fn upload(

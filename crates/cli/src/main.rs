@@ -1,10 +1,12 @@
 //! `forkbox`: the command line. A thin adapter over `forkbox-engine`.
 #![forbid(unsafe_code)]
 
+mod bundled;
 mod daemon;
 mod logfile;
 mod migrate;
 mod run;
+mod units;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -13,7 +15,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use forkbox_engine::api::ImageView;
-use forkbox_engine::image::{self, BuildEvent, ImageRef, ImageStore, Recipe};
+use forkbox_engine::image::{self, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
 use forkbox_engine::{runstate, setup};
@@ -36,6 +38,7 @@ struct Cli {
 enum Cmd {
     /// Install what forkbox needs on this host (QEMU, qemu-img, mmdebstrap, e2fsprogs, a guest kernel).
     Setup {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -97,14 +100,28 @@ enum Cmd {
     /// permissions, the jail's uids, QEMU's known issues) and say what to fix. Exit 1 when a
     /// check fails.
     Doctor {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
         /// Accelerator to check: auto, kvm or tcg.
         #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
         accel: AccelChoice,
     },
+    /// Print a completion script for a shell, e.g. `forkbox completions bash >
+    /// /etc/bash_completion.d/forkbox`.
+    Completions {
+        /// bash, zsh, fish, elvish or powershell.
+        shell: clap_complete::Shell,
+    },
+    /// Print forkbox's man page (roff), or write one page per command into a directory.
+    Man {
+        /// Write forkbox.1, forkbox-run.1, forkbox-sandbox-exec.1, … into this directory.
+        #[arg(long, value_name = "DIR")]
+        dir: Option<PathBuf>,
+    },
     /// Show forkbox's paths, guest kernels, images and the accelerator this host gets.
     Info {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
         /// Accelerator to check: auto, kvm or tcg.
@@ -117,8 +134,10 @@ enum Cmd {
 enum TokenCmd {
     /// Create a token; it is printed once and only its hash is kept.
     Create {
+        /// A name to tell the token by.
         #[arg(long, default_value = "default")]
         name: String,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -134,17 +153,21 @@ enum ImageCmd {
         /// Build only if the newest version of this name was built from a different recipe.
         #[arg(long)]
         if_changed: bool,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
     /// List images.
     Ls {
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
     /// Remove an image version (NAME@N). Refused while a sandbox uses it.
     Rm {
+        /// The image version to remove: NAME@N.
         reference: String,
+        /// Print the result as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -198,20 +221,33 @@ fn start(cli: Cli, serving: bool, inherited: usize) -> anyhow::Result<ExitCode> 
         }
     } else {
         if let Some(filter) = filter {
+            use std::io::IsTerminal;
             tracing_subscriber::fmt()
                 .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
                 .with_writer(std::io::stderr)
+                .with_ansi(std::io::stderr().is_terminal())
                 .init();
         }
         // `info` and `doctor` only read; every other command may write sandboxes' data into
         // the home.
-        if !matches!(cli.command, Cmd::Info { .. } | Cmd::Doctor { .. }) {
+        if !matches!(
+            cli.command,
+            Cmd::Info { .. } | Cmd::Doctor { .. } | Cmd::Completions { .. } | Cmd::Man { .. }
+        ) {
             if let Some(note) = paths.secure_home()? {
                 eprintln!("forkbox: {note}");
             }
         }
     }
     dispatch(cli, paths)
+}
+
+/// Writes `bytes` to stdout; a reader that went away early (`| head`) is no error.
+fn print_bytes(bytes: &[u8]) -> anyhow::Result<ExitCode> {
+    match std::io::stdout().lock().write_all(bytes) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e.into()),
+        _ => Ok(ExitCode::SUCCESS),
+    }
 }
 
 fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
@@ -236,6 +272,25 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Image { command } => image_cmd(&paths, command),
+        Cmd::Completions { shell } => {
+            let mut cmd = <Cli as clap::CommandFactory>::command();
+            let mut script = Vec::new();
+            clap_complete::generate(shell, &mut cmd, "forkbox", &mut script);
+            print_bytes(&script)
+        }
+        Cmd::Man { dir: None } => {
+            let cmd = <Cli as clap::CommandFactory>::command();
+            let mut page = Vec::new();
+            clap_mangen::Man::new(cmd).render(&mut page)?;
+            print_bytes(&page)
+        }
+        Cmd::Man { dir: Some(dir) } => {
+            std::fs::create_dir_all(&dir).with_context(|| format!("create {}", dir.display()))?;
+            let cmd = <Cli as clap::CommandFactory>::command();
+            clap_mangen::generate_to(cmd, &dir)
+                .with_context(|| format!("write the man pages into {}", dir.display()))?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Run(args) => run::run(&paths, args),
         Cmd::Serve { detach: true, .. } => daemon::serve_detached(&paths),
         Cmd::Serve {
@@ -283,23 +338,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
                     return Ok(ExitCode::SUCCESS);
                 }
             }
-            let started = std::time::Instant::now();
-            eprintln!(
-                "forkbox: building {}@{} from {}",
-                recipe.name,
-                ImageStore::new(paths).next_version(&recipe.name),
-                file.display()
-            );
-            let mut log = |ev: BuildEvent| match ev {
-                BuildEvent::Step { n, total, what } => {
-                    eprintln!(
-                        "[{n}/{total}] {what} (at {:.0} s)",
-                        started.elapsed().as_secs_f64()
-                    )
-                }
-                BuildEvent::Log(line) => eprintln!("      {line}"),
-            };
-            let img = image::build(paths, &recipe, &text, &mut log)?;
+            let img = bundled::build(paths, &recipe, &text, &file.display().to_string())?;
             if json {
                 print_json(&image_row(&img))?;
             } else {
@@ -445,4 +484,38 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
         );
     }
     Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Cli;
+
+    /// Every argument of every command says what it is for in `--help` and the man page.
+    #[test]
+    fn every_flag_has_help_text() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for arg in cmd.get_arguments() {
+                let id = arg.get_id().as_str();
+                if id == "help" || id == "version" {
+                    continue;
+                }
+                if arg.get_help().is_none() && arg.get_long_help().is_none() {
+                    missing.push(format!("{path} {id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                if sub.get_about().is_none() {
+                    missing.push(format!("{path} {} (the command itself)", sub.get_name()));
+                }
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(
+            &<Cli as clap::CommandFactory>::command(),
+            "forkbox",
+            &mut missing,
+        );
+        assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
+    }
 }

@@ -49,6 +49,7 @@ pub struct MigrateArgs {
     /// Reject plans that change test files (without it they are listed in the report).
     #[arg(long)]
     protect_tests: bool,
+    /// Print the result as JSON.
     #[arg(long)]
     json: bool,
 }

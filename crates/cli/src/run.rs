@@ -21,14 +21,14 @@ pub struct RunArgs {
     /// Virtual CPUs.
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
     cpus: u32,
-    /// Guest memory in MiB.
-    #[arg(long, default_value_t = 1024, value_parser = clap::value_parser!(u32).range(128..=65536))]
+    /// Guest memory: 512m, 2g, or a number of MiB.
+    #[arg(long, default_value = "1024", value_parser = crate::units::memory_mib)]
     memory: u32,
     /// Most processes the command and everything it starts may have together.
     #[arg(long, default_value_t = forkbox_engine::sandbox::DEFAULT_MAX_PROCS, value_parser = clap::value_parser!(u32).range(16..=1_000_000))]
     max_procs: u32,
-    /// Kill the command and everything it started after this many seconds.
-    #[arg(long, value_parser = clap::value_parser!(u64).range(1..=86_400))]
+    /// Kill the command and everything it started after this long: 90, 5s, 10m (at most 24 h).
+    #[arg(long, value_parser = timeout)]
     timeout: Option<u64>,
     /// Working directory in the guest (default /root).
     #[arg(long)]
@@ -47,9 +47,19 @@ pub struct RunArgs {
     /// Print one JSON object with the result instead of streaming the output.
     #[arg(long)]
     json: bool,
+    /// Say nothing of forkbox's own on standard error (the TCG notice, progress), errors aside.
+    #[arg(short = 'q', long)]
+    quiet: bool,
     /// The command and its arguments (after `--`).
     #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
     command: Vec<String>,
+}
+
+fn timeout(s: &str) -> Result<u64, String> {
+    match crate::units::seconds(s)? {
+        t if t > 86_400 => Err(format!("{s:?} is longer than 24 h")),
+        t => Ok(t),
+    }
 }
 
 pub fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -83,6 +93,7 @@ pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
 async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let total = Instant::now();
     let image: ImageRef = args.image.parse()?;
+    crate::bundled::ensure(paths, &image, args.quiet)?;
     let cfg = SandboxConfig {
         image,
         cpus: args.cpus,
@@ -98,16 +109,25 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let mut sighup = signal(SignalKind::hangup())?;
     // Creation itself can be interrupted; the engine removes what it made when dropped.
     let sandbox = tokio::select! {
-        s = Sandbox::create(paths, &cfg) => s.context("could not start the sandbox")?,
+        s = crate::daemon::said_after(
+            Sandbox::create(paths, &cfg),
+            (!args.quiet).then_some(
+                "starting the sandbox (the first of an image and size boots once to make its \
+                 template: a few seconds)",
+            ),
+        ) => s.context("could not start the sandbox")?,
         _ = sigint.recv() => return Ok(ExitCode::from(130)),
         _ = sigterm.recv() => return Ok(ExitCode::from(143)),
         _ = sighup.recv() => return Ok(ExitCode::from(129)),
     };
     let info = sandbox.info().clone();
-    if info.accel.accel == Accel::Tcg {
+    let hushed =
+        std::env::var_os("FORKBOX_NO_TCG_NOTICE").is_some_and(|v| !v.is_empty() && v != "0");
+    if info.accel.accel == Accel::Tcg && !args.quiet && !hushed {
         eprintln!(
-            "forkbox: {} runs under TCG software emulation ({}): slower, and the confinement around QEMU, not a hypervisor, is the security boundary",
-            info.id, info.accel.reason
+            "forkbox: TCG, software emulation ({}): slower, and QEMU's confinement is the \
+             security boundary (FORKBOX_NO_TCG_NOTICE=1 hides this)",
+            info.accel.reason
         );
     }
     let spec = ExecSpec {

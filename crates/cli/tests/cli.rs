@@ -74,6 +74,17 @@ fn run_prints_the_guest_python_and_the_guest_kernel() {
             "{err}"
         );
         assert!(err.contains("security boundary"), "{err}");
+        // ... which --quiet and FORKBOX_NO_TCG_NOTICE hide.
+        let out = run(&paths, &["run", "--quiet", "--", "true"]);
+        assert!(out.status.success());
+        assert_eq!(text(&out.stderr), "", "--quiet");
+        let out = forkbox(&paths)
+            .env("FORKBOX_NO_TCG_NOTICE", "1")
+            .args(["run", "--", "true"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        assert!(!text(&out.stderr).contains("TCG"), "{}", text(&out.stderr));
     }
 }
 
@@ -1366,4 +1377,152 @@ fn doctor_reports_a_loose_home_and_how_to_fix_it() {
     assert!(home_check["fix"].as_str().unwrap().starts_with("chmod 700"));
     let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o755, "doctor changed the home");
+}
+
+/// `forkbox` as `run` gives it, fed `input` on standard input.
+fn run_with_stdin(paths: &forkbox_engine::paths::Paths, args: &[&str], input: &[u8]) -> Output {
+    use std::io::Write;
+    let mut child = forkbox(paths)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let input = input.to_vec();
+    let writer = std::thread::spawn(move || {
+        let _ = stdin.write_all(&input);
+    });
+    let out = child.wait_with_output().unwrap();
+    writer.join().unwrap();
+    out
+}
+
+/// Two restores and a fork. Habits people bring from docker: sizes and durations with units,
+/// stdin passed with -i and refused (never dropped) without it, signals by name, several ids to
+/// rm, `ls -q`; forkbox's own snapshots hidden from `snapshot ls` unless --all.
+#[test]
+fn docker_habits_work_through_the_daemon() {
+    let paths = infra::isolated_home("habits");
+    stop_daemon(&paths);
+    let out = run(
+        &paths,
+        &[
+            "sandbox", "create", "--memory", "1g", "--ttl", "10m", "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["memory_mib"], 1024, "{v}");
+    let a = v["id"].as_str().unwrap().to_string();
+
+    // Standard input: refused without -i, passed whole with it.
+    let out = run_with_stdin(&paths, &["sandbox", "exec", &a, "--", "cat"], b"hi\n");
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("pass -i"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = run_with_stdin(&paths, &["sandbox", "exec", "-i", &a, "--", "cat"], b"hi\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hi\n");
+    let big: Vec<u8> = (0..3_000_000u32).map(|i| (i % 251) as u8).collect();
+    let out = run_with_stdin(
+        &paths,
+        &["sandbox", "exec", "-i", &a, "--", "sha256sum"],
+        &big,
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let want = format!("{:x}", Sha256::digest(&big));
+    assert!(
+        text(&out.stdout).starts_with(&want),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // A detached command, its id as JSON, a signal by name, its exit as the shell says it.
+    let out = run(
+        &paths,
+        &[
+            "sandbox", "exec", &a, "--detach", "--json", "--", "sleep", "600",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let started: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cid = started["command_id"].as_str().unwrap().to_string();
+    let out = run(
+        &paths,
+        &["sandbox", "kill", &a, &cid, "--signal", "KILL", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let sent: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(sent["signal"], 9);
+    let out = run(&paths, &["sandbox", "attach", &a, &cid]);
+    assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
+
+    // A fork of the running sandbox leaves a snapshot of forkbox's own, hidden unless --all.
+    let out = run(&paths, &["sandbox", "fork", &a]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let b = ids(&out).remove(0);
+    let out = run(&paths, &["snapshot", "ls", "-q"]);
+    assert_eq!(text(&out.stdout), "", "{}", text(&out.stderr));
+    let out = run(&paths, &["snapshot", "ls", "--all", "-q"]);
+    assert!(
+        text(&out.stdout).contains("fork-of-"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // ls -q: the ids alone; rm takes several and says which it could not remove.
+    let out = run(&paths, &["sandbox", "ls", "-q"]);
+    let mut listed: Vec<String> = text(&out.stdout).lines().map(str::to_string).collect();
+    listed.sort();
+    let mut both = vec![a.clone(), b.clone()];
+    both.sort();
+    assert_eq!(listed, both);
+    let out = run(&paths, &["sandbox", "rm", &a, "sb-nosuch", &b]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(
+        text(&out.stderr).contains("sb-nosuch"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(text(&out.stdout), format!("removed {a}\nremoved {b}\n"));
+    assert_eq!(text(&run(&paths, &["sandbox", "ls", "-q"]).stdout), "");
+    stop_daemon(&paths);
+}
+
+/// No VM. Shell completions and man pages come from the command line's own definition.
+#[test]
+fn completions_and_man_pages_are_generated() {
+    let paths = infra::home();
+    for shell in ["bash", "zsh", "fish"] {
+        let out = run(&paths, &["completions", shell]);
+        assert!(out.status.success(), "{shell}: {}", text(&out.stderr));
+        assert!(text(&out.stdout).contains("sandbox"), "{shell}");
+    }
+    let script = run(&paths, &["completions", "bash"]).stdout;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("forkbox.bash"), &script).unwrap();
+    let st = Command::new("bash")
+        .arg("-n")
+        .arg(dir.path().join("forkbox.bash"))
+        .status()
+        .unwrap();
+    assert!(st.success(), "bash rejects the completion script");
+    let out = run(&paths, &["man", "--dir", dir.path().to_str().unwrap()]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let page = std::fs::read_to_string(dir.path().join("forkbox-sandbox-exec.1")).unwrap();
+    assert!(
+        page.contains("\\-\\-interactive") || page.contains("interactive"),
+        "{page}"
+    );
+    let out = run(&paths, &["man"]);
+    assert!(
+        text(&out.stdout).starts_with(".ie"),
+        "{}",
+        text(&out.stdout)
+    );
 }

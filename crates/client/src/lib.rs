@@ -9,7 +9,8 @@ use std::path::PathBuf;
 use forkbox_engine::api::{
     ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, ExecRequest, ExecResult, ForkRequest, ForkResult,
-    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, Unpacked, Written,
+    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, Unpacked,
+    Written,
 };
 use forkbox_engine::snapshot::SnapshotMeta;
 use futures_util::{Stream, StreamExt};
@@ -303,6 +304,25 @@ impl Client {
             .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
             .json(&serde_json::json!({ "signal": signal }));
         self.send(req).await.map(drop)
+    }
+
+    /// Feeds the chunks `rx` gives, as they come, to the standard input of a command started
+    /// with `stdin: true`; closes it after them when `close`.
+    pub async fn write_stdin(
+        &self,
+        id: &str,
+        command_id: &str,
+        rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
+        close: bool,
+    ) -> Result<StdinWritten, ClientError> {
+        let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
+        self.json(
+            self.http
+                .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/stdin")))
+                .query(&[("close", close)])
+                .body(body),
+        )
+        .await
     }
 
     pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, ClientError> {

@@ -16,6 +16,10 @@ fn candidates() -> Vec<PathBuf> {
         let mut dir = exe.parent().map(PathBuf::from);
         if let Some(d) = &dir {
             c.push(d.join("forkbox-agent"));
+            // PREFIX/bin/forkbox → PREFIX/lib/forkbox/forkbox-agent (scripts/install.sh).
+            if let Some(prefix) = d.parent() {
+                c.push(prefix.join("lib/forkbox/forkbox-agent"));
+            }
         }
         // target/<profile>/forkbox, or target/<profile>/deps/<test> → target/<triple>/agent/
         for _ in 0..3 {

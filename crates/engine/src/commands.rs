@@ -45,11 +45,20 @@ struct Log {
     exit: Option<ExitInfo>,
 }
 
+/// What a client sends a running command.
+enum Control {
+    Signal(i32),
+    /// Bytes for its standard input; `None` closes it.
+    Stdin(Option<Vec<u8>>),
+}
+
 /// One command's output and fate.
 pub struct CommandLog {
     log: Mutex<Log>,
     changed: Notify,
-    kill: mpsc::Sender<i32>,
+    control: mpsc::Sender<Control>,
+    /// Whether it reads standard input from its clients (else /dev/null).
+    reads_stdin: bool,
 }
 
 /// What a reader gets: chunks from index `from` on, and the exit once there is one.
@@ -62,20 +71,25 @@ pub struct Snapshot {
 
 impl CommandLog {
     /// Drives `ex` to its end in the background, recording what it prints.
-    pub fn start(mut ex: SandboxExecution) -> Arc<CommandLog> {
-        let (kill, mut kill_rx) = mpsc::channel::<i32>(4);
+    pub fn start(mut ex: SandboxExecution, reads_stdin: bool) -> Arc<CommandLog> {
+        let (control, mut control_rx) = mpsc::channel::<Control>(4);
         let log = Arc::new(CommandLog {
             log: Mutex::default(),
             changed: Notify::new(),
-            kill,
+            control,
+            reads_stdin,
         });
         let me = log.clone();
         tokio::spawn(async move {
             loop {
                 let ev = tokio::select! {
                     ev = ex.next() => ev,
-                    Some(sig) = kill_rx.recv() => {
-                        let _ = ex.signal(sig).await;
+                    Some(c) = control_rx.recv() => {
+                        let _ = match c {
+                            Control::Signal(sig) => ex.signal(sig).await,
+                            Control::Stdin(Some(data)) => ex.stdin(data).await,
+                            Control::Stdin(None) => ex.close_stdin().await,
+                        };
                         continue;
                     }
                 };
@@ -162,6 +176,16 @@ impl CommandLog {
     }
 
     pub async fn signal(&self, sig: i32) {
-        let _ = self.kill.send(sig).await;
+        let _ = self.control.send(Control::Signal(sig)).await;
+    }
+
+    pub fn reads_stdin(&self) -> bool {
+        self.reads_stdin
+    }
+
+    /// Passes `data` to the command's standard input (in order, with back-pressure); `None`
+    /// closes it. Data for a command that ended is dropped: it can read nothing more.
+    pub async fn stdin(&self, data: Option<Vec<u8>>) {
+        let _ = self.control.send(Control::Stdin(data)).await;
     }
 }

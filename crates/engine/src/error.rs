@@ -27,8 +27,8 @@ pub enum SetupError {
     #[error("{program} was not found on this host; {SETUP_HINT}")]
     MissingProgram { program: String },
     #[error(
-        "the guest agent binary was not found (looked in: {looked}); build it with scripts/build.sh \
-         or point FORKBOX_AGENT at it"
+        "the guest agent binary was not found (looked in: {looked}); install forkbox with \
+         scripts/install.sh (it puts the agent in PREFIX/lib/forkbox), or point FORKBOX_AGENT at it"
     )]
     NoAgent { looked: String },
     #[error("the guest agent at {path} is dynamically linked and cannot run as PID 1 in the guest; build it with scripts/build.sh", path = .path.display())]

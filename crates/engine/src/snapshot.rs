@@ -110,6 +110,16 @@ pub struct SnapshotMeta {
     pub hibernated: Option<crate::runstate::DaemonRecord>,
 }
 
+impl SnapshotMeta {
+    /// Whether forkbox made it for its own ends (a fork of a running sandbox, a hibernation)
+    /// rather than a user asking for it: lists leave such snapshots out unless asked.
+    pub fn internal(&self) -> bool {
+        self.hibernated.is_some()
+            || self.name.starts_with(crate::api::AUTO_SNAPSHOT)
+            || self.name.starts_with(HIBERNATION)
+    }
+}
+
 /// A snapshot on disk.
 #[derive(Debug, Clone)]
 pub struct Snapshot {

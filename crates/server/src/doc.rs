@@ -38,6 +38,7 @@ use super::*;
         command_poll,
         command_events,
         command_signal,
+        command_stdin,
         put_archive,
         get_archive,
         read_file,

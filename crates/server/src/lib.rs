@@ -22,7 +22,7 @@ use forkbox_engine::api::{
     ArchiveFormat, BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
     ForkResult, GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView,
-    SnapshotRequest, Unpacked, Written,
+    SnapshotRequest, StdinWritten, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -305,16 +305,7 @@ async fn put_archive(
     Query(q): Query<ArchiveQuery>,
     body: axum::body::Body,
 ) -> Api {
-    use futures_util::StreamExt;
-    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
-    let feed = tokio::spawn(async move {
-        let mut stream = body.into_data_stream();
-        while let Some(Ok(bytes)) = stream.next().await {
-            if tx.send(bytes.to_vec()).await.is_err() {
-                break;
-            }
-        }
-    });
+    let (rx, feed) = body_chunks(body);
     let cmd = Command::PutArchive {
         id,
         path: q.path,
@@ -489,6 +480,60 @@ async fn command_signal(
     run(&e, cmd, StatusCode::ACCEPTED).await
 }
 
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[serde(deny_unknown_fields)]
+struct StdinQuery {
+    /// Close the command's standard input after this body (default true): false keeps it open
+    /// for another request.
+    #[serde(default = "yes")]
+    close: bool,
+}
+
+fn yes() -> bool {
+    true
+}
+
+/// Feeds the request body, as it arrives, to the standard input of a command started with
+/// `stdin: true`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/stdin", params(("id" = String, Path), ("cid" = String, Path), StdinQuery), request_body(content = Vec<u8>, content_type = "application/octet-stream"), responses((status = 200, body = StdinWritten), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn command_stdin(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, command_id)): UrlPath<(String, String)>,
+    Query(q): Query<StdinQuery>,
+    body: axum::body::Body,
+) -> Api {
+    let (chunks, feed) = body_chunks(body);
+    let cmd = Command::WriteStdin {
+        id,
+        command_id,
+        chunks,
+        close: q.close,
+    };
+    let result = run(&e, cmd, StatusCode::OK).await;
+    feed.abort();
+    result
+}
+
+/// A request body as a channel of chunks, fed by a task the caller aborts when done.
+fn body_chunks(
+    body: axum::body::Body,
+) -> (
+    tokio::sync::mpsc::Receiver<Vec<u8>>,
+    tokio::task::JoinHandle<()>,
+) {
+    use futures_util::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);
+    let feed = tokio::spawn(async move {
+        let mut stream = body.into_data_stream();
+        while let Some(Ok(bytes)) = stream.next().await {
+            if tx.send(bytes.to_vec()).await.is_err() {
+                break;
+            }
+        }
+    });
+    (rx, feed)
+}
+
 #[utoipa::path(get, path = "/v1/info", responses((status = 200, body = InfoView)))]
 async fn info(State(e): State<Arc<Engine>>) -> Api {
     run(&e, Command::Info, StatusCode::OK).await
@@ -657,6 +702,10 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(
             "/v1/sandboxes/{id}/commands/{cid}/signal",
             post(command_signal),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/stdin",
+            post(command_stdin),
         )
         .route(
             "/v1/sandboxes/{id}/archive",

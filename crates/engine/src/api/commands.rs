@@ -14,6 +14,13 @@ impl Engine {
         id: &str,
         request: ExecRequest,
     ) -> Result<ExecResult, EngineError> {
+        if request.stdin {
+            return Err(EngineError::BadRequest(
+                "`stdin` needs a started command (POST …/commands, or exec with stream=true), \
+                 whose standard input POST …/commands/{cid}/stdin then feeds"
+                    .into(),
+            ));
+        }
         let (sb, _) = self.get(id).await?;
         let spec = exec_spec(request)?;
         let started = std::time::Instant::now();
@@ -51,8 +58,9 @@ impl Engine {
             }
             None => return Err(EngineError::NoSuchSandbox(id.to_string())),
         };
+        let reads_stdin = spec.stdin;
         let ex = e.sandbox.exec(spec).await?;
-        let log = crate::commands::CommandLog::start(ex);
+        let log = crate::commands::CommandLog::start(ex, reads_stdin);
         let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
         let n = e
             .next_command
@@ -95,6 +103,36 @@ impl Engine {
         cmds.get(command_id)
             .cloned()
             .ok_or_else(|| EngineError::NoSuchCommand(id.to_string(), command_id.to_string()))
+    }
+
+    /// Passes `chunks` to a started command's standard input as they come, then closes it
+    /// when `close`.
+    pub(super) async fn write_stdin(
+        &self,
+        id: &str,
+        command_id: &str,
+        mut chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+        close: bool,
+    ) -> Result<StdinWritten, EngineError> {
+        let log = self.command(id, command_id).await?;
+        if !log.reads_stdin() {
+            return Err(EngineError::BadRequest(format!(
+                "command {command_id} was started without `stdin: true`; its standard input is \
+                 /dev/null"
+            )));
+        }
+        let mut bytes = 0u64;
+        while let Some(c) = chunks.recv().await {
+            bytes += c.len() as u64;
+            log.stdin(Some(c)).await;
+        }
+        if close {
+            log.stdin(None).await;
+        }
+        Ok(StdinWritten {
+            bytes,
+            closed: close,
+        })
     }
 
     /// A started command's output past chunk `from`, and its exit once it ended.

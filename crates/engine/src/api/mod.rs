@@ -122,6 +122,14 @@ pub enum Command {
         command_id: String,
         signal: i32,
     },
+    /// Feeds a started command's standard input with chunks as they arrive; closes it after
+    /// them when `close`.
+    WriteStdin {
+        id: String,
+        command_id: String,
+        chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
+        close: bool,
+    },
     /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
     PutArchive {
         id: String,
@@ -164,6 +172,7 @@ pub enum Reply {
     /// A signal was sent.
     #[serde(skip)]
     Signalled,
+    StdinWritten(StdinWritten),
     Unpacked(Unpacked),
     /// An archive's chunks as they come; an error ends it early (not a body).
     #[serde(skip)]
@@ -608,6 +617,15 @@ impl Engine {
                 self.command(&id, &command_id).await?.signal(signal).await;
                 Ok(Reply::Signalled)
             }
+            Command::WriteStdin {
+                id,
+                command_id,
+                chunks,
+                close,
+            } => self
+                .write_stdin(&id, &command_id, chunks, close)
+                .await
+                .map(Reply::StdinWritten),
             Command::PutArchive {
                 id,
                 path,

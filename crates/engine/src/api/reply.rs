@@ -201,6 +201,14 @@ pub struct CommandStarted {
     pub command_id: String,
 }
 
+/// Standard input passed to a started command.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct StdinWritten {
+    pub bytes: u64,
+    /// Whether its standard input was closed after them (the command reads end of file).
+    pub closed: bool,
+}
+
 /// An archive unpacked: the compressed bytes it took.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Unpacked {

@@ -101,6 +101,10 @@ pub struct ExecRequest {
     pub timeout_secs: Option<u64>,
     /// ...or milliseconds; not both.
     pub timeout_ms: Option<u64>,
+    /// The command reads standard input sent to `POST …/commands/{cid}/stdin` (started
+    /// commands only); otherwise its standard input is empty (`/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
 }
 
 /// Checks an exec request and turns it into the protocol's command.
@@ -135,7 +139,7 @@ pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
         cwd: r.cwd,
         env: r.env.into_iter().collect(),
         timeout_ms,
-        stdin: false,
+        stdin: r.stdin,
     })
 }
 

@@ -1,0 +1,62 @@
+//! The image recipes that ship inside forkbox, so its default image builds itself on first use
+//! wherever the binary was installed.
+
+use forkbox_engine::image::{self, BuildEvent, Image, ImageRef, ImageStore, Recipe};
+use forkbox_engine::paths::Paths;
+
+/// (name, recipe text) of every recipe in the repository's `images/`.
+pub const RECIPES: &[(&str, &str)] = &[
+    (
+        "python-bookworm",
+        include_str!("../../../images/python-bookworm.toml"),
+    ),
+    (
+        "python-bullseye",
+        include_str!("../../../images/python-bullseye.toml"),
+    ),
+    (
+        "python-trixie",
+        include_str!("../../../images/python-trixie.toml"),
+    ),
+];
+
+/// Builds the image `reference` names from forkbox's own recipe when the store has no version
+/// of it yet and the reference names no version; says what it does on standard error unless
+/// `quiet`.
+pub fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
+    if reference.version.is_some() || ImageStore::new(paths).resolve(reference).is_ok() {
+        return Ok(());
+    }
+    let Some((_, text)) = RECIPES.iter().find(|(n, _)| *n == reference.name) else {
+        return Ok(());
+    };
+    let recipe = Recipe::parse(text).map_err(anyhow::Error::msg)?;
+    if quiet {
+        image::build(paths, &recipe, text, &mut |_| {})?;
+        return Ok(());
+    }
+    eprintln!(
+        "forkbox: image {} is not built yet; building it from forkbox's own recipe (once, a minute or two)",
+        reference.name
+    );
+    build(paths, &recipe, text, "forkbox's recipe")?;
+    Ok(())
+}
+
+/// Builds `recipe` with a line on standard error per step and per line of the build's log.
+pub fn build(paths: &Paths, recipe: &Recipe, text: &str, from: &str) -> anyhow::Result<Image> {
+    let started = std::time::Instant::now();
+    eprintln!(
+        "forkbox: building {}@{} from {from}",
+        recipe.name,
+        ImageStore::new(paths).next_version(&recipe.name),
+    );
+    let mut log = |ev: BuildEvent| match ev {
+        BuildEvent::Step { n, total, what } => eprintln!(
+            "[{n}/{total}] {what} (at {:.0} s)",
+            started.elapsed().as_secs_f64()
+        ),
+        BuildEvent::Log(line) => eprintln!("      {line}"),
+    };
+    Ok(image::build(paths, recipe, text, &mut log)?)
+}
