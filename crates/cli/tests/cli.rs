@@ -1462,6 +1462,53 @@ fn docker_habits_work_through_the_daemon() {
     let out = run(&paths, &["sandbox", "attach", &a, &cid]);
     assert_eq!(out.status.code(), Some(137), "{}", text(&out.stderr));
 
+    // Download: links stay links, sparse files sparse; a missing path is a 404 in words.
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            &a,
+            "--",
+            "sh",
+            "-c",
+            "mkdir -p /root/t/venv && ln -s /usr/bin/python3 /root/t/venv/python \
+             && truncate -s 256M /root/t/sparse && echo end >> /root/t/sparse",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let host = tempfile::tempdir().unwrap();
+    let dest = host.path().join("t");
+    let out = run(
+        &paths,
+        &["sandbox", "download", &a, "/root/t", dest.to_str().unwrap()],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_link(dest.join("venv/python")).unwrap(),
+        std::path::Path::new("/usr/bin/python3")
+    );
+    let sparse = std::fs::metadata(dest.join("sparse")).unwrap();
+    assert_eq!(sparse.len(), (256 << 20) + 4);
+    assert!(std::os::unix::fs::MetadataExt::blocks(&sparse) * 512 < 4 << 20);
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "download",
+            &a,
+            "/root/nosuch",
+            host.path().join("n").to_str().unwrap(),
+        ],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("/root/nosuch") && !err.contains("decoding"),
+        "{err}"
+    );
+    assert!(!host.path().join("n").exists());
+
     // A fork of the running sandbox leaves a snapshot of forkbox's own, hidden unless --all.
     let out = run(&paths, &["sandbox", "fork", &a]);
     assert!(out.status.success(), "{}", text(&out.stderr));

@@ -161,7 +161,7 @@ pub enum AgentError {
     Failed(String),
     #[error(transparent)]
     Protocol(#[from] forkbox_protocol::ProtocolError),
-    #[error("the guest agent refused the request: {message}")]
+    #[error("in the sandbox: {message}")]
     Refused {
         kind: forkbox_protocol::ErrorKind,
         message: String,

@@ -2,7 +2,9 @@
 //!
 //! Downloads are the dangerous direction: the archive comes from the guest. It is unpacked only
 //! into a directory this function creates (so nothing in it pre-exists), and only regular files
-//! and directories with plain relative names are accepted: symlinks, hard links, device files,
+//! (sparse ones kept sparse), directories and symbolic links with plain relative names are
+//! accepted. A link is made as a link and never followed: every directory an entry goes through
+//! must be a real directory, files are created new with `O_NOFOLLOW`. Hard links, device files,
 //! absolute names and `..` are refused with an error naming the entry, and nothing is written
 //! outside the destination.
 
@@ -258,11 +260,25 @@ pub async fn get_archive(
             path: src.into(),
         })
         .await?;
+    // The first answer is awaited here, so a path that cannot be sent (missing, unreadable)
+    // is an error of this call, before any stream starts: an HTTP client gets a 404 in words,
+    // not a stream that breaks off.
+    let first = replies.recv().await;
+    if let Some(AgentMsg::Error { kind, message, .. }) = first {
+        client.unroute_transfer(id);
+        let message = format!("{src}: {message}");
+        return Err(AgentError::Refused { kind, message }.into());
+    }
     let (tx, rx) = mpsc::channel(8);
     let client = client.clone();
     tokio::spawn(async move {
+        let mut first = Some(first);
         loop {
-            let item = match replies.recv().await {
+            let reply = match first.take() {
+                Some(reply) => reply,
+                None => replies.recv().await,
+            };
+            let item = match reply {
                 Some(AgentMsg::FileData { data, .. }) => Ok(data),
                 Some(AgentMsg::Done { .. }) => break,
                 Some(AgentMsg::Error { kind, message, .. }) => {
@@ -389,34 +405,39 @@ pub fn unpack_checked(source: impl Read, root: &Path) -> Result<u64, TransferErr
         let target = root.join(&clean);
         let mode = entry.header().mode().unwrap_or(0o644) & 0o777;
         if kind.is_dir() {
-            std::fs::create_dir_all(&target)
-                .map_err(io_err(format!("create {}", target.display())))?;
-        } else if kind.is_file() {
-            if clean.as_os_str().is_empty() {
+            real_dirs(root, &clean, &name)?;
+        } else if kind.is_file() || kind == tar::EntryType::GNUSparse || kind.is_symlink() {
+            let Some(parent) = clean.parent().filter(|_| !clean.as_os_str().is_empty()) else {
                 return Err(TransferError::Refused {
                     entry: name,
                     why: "a file with an empty name",
                 });
+            };
+            real_dirs(root, parent, &name)?;
+            if kind.is_symlink() {
+                // Kept as a link, its target as the sandbox wrote it; nothing here follows it
+                // (parents are checked to be real directories, files opened O_NOFOLLOW).
+                let link = entry
+                    .link_name()
+                    .map_err(io_err("read a link's target"))?
+                    .ok_or_else(|| TransferError::Refused {
+                        entry: name.clone(),
+                        why: "a link without a target",
+                    })?;
+                std::os::unix::fs::symlink(&link, &target)
+                    .map_err(io_err(format!("link {}", target.display())))?;
+            } else {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .create_new(true)
+                    .mode(mode)
+                    .custom_flags(libc::O_NOFOLLOW)
+                    .open(&target)
+                    .map_err(io_err(format!("create {}", target.display())))?;
+                write_sparse(&mut entry, &mut f)
+                    .map_err(io_err(format!("write {}", target.display())))?;
             }
-            if let Some(parent) = target.parent() {
-                std::fs::create_dir_all(parent)
-                    .map_err(io_err(format!("create {}", parent.display())))?;
-            }
-            let mut f = std::fs::OpenOptions::new()
-                .write(true)
-                .create(true)
-                .truncate(true)
-                .mode(mode)
-                .custom_flags(libc::O_NOFOLLOW)
-                .open(&target)
-                .map_err(io_err(format!("create {}", target.display())))?;
-            io::copy(&mut entry, &mut f).map_err(io_err(format!("write {}", target.display())))?;
             files += 1;
-        } else if kind.is_symlink() {
-            return Err(TransferError::Refused {
-                entry: name,
-                why: "symlinks are not copied out of a sandbox",
-            });
         } else if kind.is_hard_link() {
             return Err(TransferError::Refused {
                 entry: name,
@@ -430,6 +451,60 @@ pub fn unpack_checked(source: impl Read, root: &Path) -> Result<u64, TransferErr
         }
     }
     Ok(files)
+}
+
+/// Makes `rel` under `root` a chain of real directories, component by component: an existing
+/// component must be a directory itself, never a link or a file, so no later entry can write
+/// through a link the archive made.
+fn real_dirs(root: &Path, rel: &Path, entry: &str) -> Result<(), TransferError> {
+    let mut p = root.to_path_buf();
+    for c in rel.components() {
+        p.push(c);
+        match p.symlink_metadata() {
+            Ok(m) if m.is_dir() => {}
+            Ok(_) => {
+                return Err(TransferError::Refused {
+                    entry: entry.to_string(),
+                    why: "its path goes through a link or a file the archive made",
+                })
+            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                std::fs::create_dir(&p).map_err(io_err(format!("create {}", p.display())))?
+            }
+            Err(e) => return Err(io_err(format!("look at {}", p.display()))(e)),
+        }
+    }
+    Ok(())
+}
+
+/// Copies `src` into the new file `f`, leaving holes where whole blocks are zero: a sparse file
+/// stays sparse (a tar's GNU sparse entries read back as their zeros).
+fn write_sparse(src: &mut impl Read, f: &mut std::fs::File) -> io::Result<()> {
+    use std::io::{Seek, SeekFrom, Write};
+    const BLOCK: usize = 64 << 10;
+    let mut buf = vec![0u8; BLOCK];
+    let mut len = 0u64;
+    loop {
+        let mut n = 0;
+        while n < BLOCK {
+            match src.read(&mut buf[n..]) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if n == 0 {
+            break;
+        }
+        if buf[..n].iter().all(|&b| b == 0) {
+            f.seek(SeekFrom::Current(n as i64))?;
+        } else {
+            f.write_all(&buf[..n])?;
+        }
+        len += n as u64;
+    }
+    f.set_len(len)
 }
 
 #[cfg(test)]
@@ -470,6 +545,50 @@ mod tests {
     }
 
     #[test]
+    fn links_stay_links_and_sparse_files_stay_sparse() {
+        let src = tempfile::tempdir().unwrap();
+        std::fs::create_dir(src.path().join("venv")).unwrap();
+        std::os::unix::fs::symlink("/usr/bin/python3", src.path().join("venv/python")).unwrap();
+        std::os::unix::fs::symlink("python", src.path().join("venv/python3")).unwrap();
+        let f = std::fs::File::create(src.path().join("disk.img")).unwrap();
+        f.set_len(64 << 20).unwrap();
+        {
+            use std::io::{Seek, SeekFrom, Write};
+            let mut f = f;
+            f.seek(SeekFrom::Start(32 << 20)).unwrap();
+            f.write_all(b"data in the middle").unwrap();
+        }
+        // As the guest agent packs: links not followed, sparse files as GNU sparse entries.
+        let mut b = tar::Builder::new(Vec::new());
+        b.follow_symlinks(false);
+        b.append_dir_all(".", src.path()).unwrap();
+        let tar = b.into_inner().unwrap();
+        let zst = zstd::encode_all(&tar[..], 1).unwrap();
+        let dest = tempfile::tempdir().unwrap();
+        let root = dest.path().join("out");
+        std::fs::create_dir(&root).unwrap();
+        unpack_checked(&zst[..], &root).unwrap();
+        assert_eq!(
+            std::fs::read_link(root.join("venv/python")).unwrap(),
+            Path::new("/usr/bin/python3")
+        );
+        assert_eq!(
+            std::fs::read_link(root.join("venv/python3")).unwrap(),
+            Path::new("python")
+        );
+        let img = root.join("disk.img");
+        let meta = std::fs::metadata(&img).unwrap();
+        assert_eq!(meta.len(), 64 << 20);
+        assert!(
+            std::os::unix::fs::MetadataExt::blocks(&meta) * 512 < 1 << 20,
+            "{} bytes allocated",
+            std::os::unix::fs::MetadataExt::blocks(&meta) * 512
+        );
+        let data = std::fs::read(&img).unwrap();
+        assert_eq!(&data[32 << 20..(32 << 20) + 18], b"data in the middle");
+    }
+
+    #[test]
     fn hostile_entries_are_refused_and_nothing_escapes() {
         let outer = tempfile::tempdir().unwrap();
         let root = outer.path().join("dest");
@@ -485,14 +604,41 @@ mod tests {
         assert!(!outer.path().join("escape").exists());
         assert!(!Path::new("/etc/passwd-forkbox-test").exists());
 
+        // A link is kept as a link; nothing is ever written through it.
+        for through in ["evil/passwd-forkbox-test", "evil/sub/passwd-forkbox-test"] {
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::create_dir_all(&root).unwrap();
+            let link = archive(|b| {
+                let mut h = tar::Header::new_gnu();
+                h.set_entry_type(tar::EntryType::Symlink);
+                h.set_size(0);
+                b.append_link(&mut h, "evil", "/etc").unwrap();
+                file(b, through, b"bad");
+            });
+            let e = unpack_checked(&link[..], &root).unwrap_err().to_string();
+            assert!(e.contains("goes through a link"), "{e}");
+            assert_eq!(
+                std::fs::read_link(root.join("evil")).unwrap(),
+                Path::new("/etc")
+            );
+            assert!(!Path::new("/etc/passwd-forkbox-test").exists());
+            assert!(!Path::new("/etc/sub").exists());
+        }
+        // ... nor does a file entry replace it and write where it points.
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root).unwrap();
+        let target = outer.path().join("outside");
+        std::fs::write(&target, b"mine").unwrap();
         let link = archive(|b| {
             let mut h = tar::Header::new_gnu();
             h.set_entry_type(tar::EntryType::Symlink);
             h.set_size(0);
-            b.append_link(&mut h, "evil", "/etc").unwrap();
+            b.append_link(&mut h, "l", &target).unwrap();
+            file(b, "l", b"bad");
         });
-        let e = unpack_checked(&link[..], &root).unwrap_err().to_string();
-        assert!(e.contains("symlinks"), "{e}");
+        assert!(unpack_checked(&link[..], &root).is_err());
+        assert_eq!(std::fs::read(&target).unwrap(), b"mine");
+        std::fs::create_dir_all(&root).unwrap();
 
         let dev = archive(|b| {
             let mut h = tar::Header::new_gnu();
