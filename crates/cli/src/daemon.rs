@@ -245,6 +245,175 @@ pub enum TtlArg {
 }
 
 #[derive(clap::Subcommand)]
+pub enum DaemonCmd {
+    /// Say whether the daemon runs: its PID, socket, sandboxes and warm pool. Exit 1 when it
+    /// does not run.
+    Status {
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the daemon (SIGTERM) and wait until it is gone. Its sandboxes keep running and
+    /// the next daemon adopts them; its warm pool is stopped.
+    Stop {
+        /// Print what was stopped as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum PoolCmd {
+    /// List the warm pool's ready sandboxes per image and size (asks the daemon; none runs:
+    /// no pool).
+    Ls {
+        /// Print the pool as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The running daemon's PID (from its PID file, checked alive), if one runs.
+fn daemon_pid(paths: &Paths) -> Option<i32> {
+    let pid: i32 = std::fs::read_to_string(forkbox_server::pid_path(paths))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
+        .is_ok()
+        .then_some(pid)
+}
+
+fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
+    Ok(tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?)
+}
+
+/// This home's daemon, if it answers (never started here).
+async fn running_daemon(paths: &Paths) -> anyhow::Result<Option<Client>> {
+    let socket = forkbox_server::socket_path(paths);
+    if !forkbox_server::is_running(&socket).await {
+        return Ok(None);
+    }
+    Ok(Some(Client::new(Endpoint::Unix(socket))?))
+}
+
+pub fn daemon_cmd(paths: &Paths, cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
+    current_thread()?.block_on(async {
+        match cmd {
+            DaemonCmd::Status { json } => {
+                let socket = forkbox_server::socket_path(paths);
+                let info = match running_daemon(paths).await? {
+                    Some(c) => Some(c.info().await?),
+                    None => None,
+                };
+                let pid = daemon_pid(paths);
+                let status = serde_json::json!({
+                    "running": info.is_some(),
+                    "pid": pid,
+                    "socket": socket,
+                    "version": info.as_ref().map(|i| i.version.clone()),
+                    "sandboxes": info.as_ref().map(|i| i.sandboxes),
+                    "pool": info.as_ref().map(|i| i.pool.clone()),
+                });
+                if json {
+                    crate::print_json(&status)?;
+                } else if let Some(i) = &info {
+                    println!(
+                        "running: pid {}, socket {}, forkbox {}",
+                        pid.map_or("?".into(), |p| p.to_string()),
+                        socket.display(),
+                        i.version
+                    );
+                    println!(
+                        "{} sandbox(es); warm pool: {} ready, {} of {} MiB",
+                        i.sandboxes,
+                        i.pool.slots.iter().map(|s| s.ready).sum::<usize>(),
+                        i.pool.memory_mib,
+                        i.pool.memory_cap_mib
+                    );
+                } else {
+                    println!("not running (socket {})", socket.display());
+                }
+                Ok(match info {
+                    Some(_) => ExitCode::SUCCESS,
+                    None => ExitCode::from(1),
+                })
+            }
+            DaemonCmd::Stop { json } => {
+                let Some(pid) = daemon_pid(paths) else {
+                    show(json, &serde_json::json!({ "stopped": null }), || {
+                        println!("no daemon runs")
+                    })?;
+                    return Ok(ExitCode::SUCCESS);
+                };
+                let target = nix::unistd::Pid::from_raw(pid);
+                nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM)
+                    .with_context(|| format!("signal the daemon (pid {pid})"))?;
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                while nix::sys::signal::kill(target, None).is_ok() {
+                    if std::time::Instant::now() > deadline {
+                        bail!("the daemon (pid {pid}) did not stop within 60 s; see daemon.log");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                show(json, &serde_json::json!({ "stopped": pid }), || {
+                    println!("stopped the daemon (pid {pid})")
+                })
+            }
+        }
+    })
+}
+
+pub fn pool_cmd(paths: &Paths, cmd: PoolCmd) -> anyhow::Result<ExitCode> {
+    current_thread()?.block_on(async {
+        match cmd {
+            PoolCmd::Ls { json } => {
+                let pool = match running_daemon(paths).await? {
+                    Some(c) => Some(c.info().await?.pool),
+                    None => None,
+                };
+                show(json, &pool, || match &pool {
+                    None => println!("no daemon runs, so no warm pool"),
+                    Some(p) => {
+                        println!(
+                            "{} per image and size, {} of {} MiB, given back after {} s unused",
+                            p.size, p.memory_mib, p.memory_cap_mib, p.idle_secs
+                        );
+                        println!(
+                            "{:<28} {:>5} {:>8} {:>6} {:>9}",
+                            "IMAGE", "CPUS", "MEMORY", "READY", "IDLE"
+                        );
+                        for s in &p.slots {
+                            println!(
+                                "{:<28} {:>5} {:>4} MiB {:>6} {:>7} s",
+                                s.image, s.cpus, s.memory_mib, s.ready, s.idle_secs
+                            );
+                        }
+                    }
+                })
+            }
+        }
+    })
+}
+
+/// Removes image `r` through this home's daemon when one runs (it stops its pooled copies of
+/// the image first); `None` when none runs.
+pub fn remove_image_if_running(
+    paths: &Paths,
+    r: &forkbox_engine::image::ImageRef,
+) -> anyhow::Result<Option<String>> {
+    current_thread()?.block_on(async {
+        match running_daemon(paths).await? {
+            Some(c) => Ok(Some(c.remove_image(&r.to_string()).await?.reference)),
+            None => Ok(None),
+        }
+    })
+}
+
+#[derive(clap::Subcommand)]
 pub enum SnapshotCmd {
     /// List snapshots (those forkbox made for its own forks and hibernations with --all).
     Ls {

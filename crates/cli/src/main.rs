@@ -107,6 +107,17 @@ enum Cmd {
         #[arg(long, default_value = "auto", env = "FORKBOX_ACCEL")]
         accel: AccelChoice,
     },
+    /// The daemon of this forkbox home: is it running, and stop it.
+    Daemon {
+        #[command(subcommand)]
+        command: daemon::DaemonCmd,
+    },
+    /// The daemon's warm pool of ready sandboxes (`FORKBOX_POOL_SIZE` per image and size,
+    /// `FORKBOX_POOL_MEMORY_MIB` in all, given back after `FORKBOX_POOL_IDLE_SECS` unused).
+    Pool {
+        #[command(subcommand)]
+        command: daemon::PoolCmd,
+    },
     /// Print a completion script for a shell, e.g. `forkbox completions bash >
     /// /etc/bash_completion.d/forkbox`.
     Completions {
@@ -272,6 +283,8 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Image { command } => image_cmd(&paths, command),
+        Cmd::Daemon { command } => daemon::daemon_cmd(&paths, command),
+        Cmd::Pool { command } => daemon::pool_cmd(&paths, command),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
@@ -378,12 +391,20 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
         }
         ImageCmd::Rm { reference, json } => {
             let r: ImageRef = reference.parse()?;
-            runstate::sweep(paths);
-            let removed = ImageStore::new(paths).remove(&r, &runstate::live(paths))?;
+            // A running daemon removes it: it stops its pooled copies of the image first.
+            let removed = match daemon::remove_image_if_running(paths, &r)? {
+                Some(reference) => reference,
+                None => {
+                    runstate::sweep(paths);
+                    ImageStore::new(paths)
+                        .remove(&r, &runstate::live(paths))?
+                        .reference()
+                }
+            };
             if json {
-                print_json(&serde_json::json!({ "removed": removed.reference() }))?;
+                print_json(&serde_json::json!({ "removed": removed }))?;
             } else {
-                println!("removed {}", removed.reference());
+                println!("removed {removed}");
             }
             Ok(ExitCode::SUCCESS)
         }

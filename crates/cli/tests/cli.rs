@@ -1573,3 +1573,62 @@ fn completions_and_man_pages_are_generated() {
         text(&out.stdout)
     );
 }
+
+/// One restore for the sandbox, one for the pool. The warm pool is visible (`pool ls`, `daemon
+/// status`), bounded by the memory it may take, and gives its sandboxes back when unused;
+/// `daemon stop` stops the daemon.
+#[test]
+fn the_pool_is_visible_bounded_and_shrinks_when_idle() {
+    let paths = infra::isolated_home("pool-bounds");
+    stop_daemon(&paths);
+    let cli = |args: &[&str]| {
+        forkbox(&paths)
+            .env("FORKBOX_POOL_SIZE", "2")
+            .env("FORKBOX_POOL_MEMORY_MIB", "1024")
+            .env("FORKBOX_POOL_IDLE_SECS", "15")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["daemon", "status"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stdout).contains("not running"));
+    let out = cli(&["sandbox", "create"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let pool = || -> serde_json::Value {
+        serde_json::from_slice(&cli(&["pool", "ls", "--json"]).stdout).unwrap()
+    };
+    assert!(
+        infra::wait_until(Duration::from_secs(60), || pool()["slots"][0]["ready"] == 1),
+        "{}",
+        pool()
+    );
+    // Two per size were asked for, but 1024 MiB in all leaves room for one 1 GiB sandbox.
+    std::thread::sleep(Duration::from_secs(3));
+    let p = pool();
+    assert_eq!(p["slots"][0]["ready"], 1, "{p}");
+    assert_eq!(p["memory_mib"], 1024, "{p}");
+    assert_eq!(
+        p["slots"][0]["image"].as_str().unwrap().split('@').next(),
+        Some("python-bookworm")
+    );
+    let status: serde_json::Value =
+        serde_json::from_slice(&cli(&["daemon", "status", "--json"]).stdout).unwrap();
+    assert_eq!(status["running"], true, "{status}");
+    assert_eq!(status["sandboxes"], 1, "{status}");
+    // Unused for 15 s, the pool gives its sandbox back.
+    assert!(
+        infra::wait_until(Duration::from_secs(60), || pool()["slots"]
+            .as_array()
+            .is_some_and(|s| s.is_empty())),
+        "{}",
+        pool()
+    );
+    assert!(cli(&["sandbox", "rm", &id]).status.success());
+    let out = cli(&["daemon", "stop"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stdout).contains("stopped the daemon"));
+    assert_eq!(cli(&["daemon", "status"]).status.code(), Some(1));
+    assert!(text(&cli(&["daemon", "stop"]).stdout).contains("no daemon runs"));
+}

@@ -9,6 +9,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use crate::api::EngineError;
 use crate::image::ImageStore;
@@ -18,11 +19,21 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 /// Ready sandboxes kept per configuration; `FORKBOX_POOL_SIZE` (0 turns the pool off).
 pub const DEFAULT_SIZE: usize = 2;
 
-pub fn size_from_env() -> usize {
-    std::env::var("FORKBOX_POOL_SIZE")
+/// Guest memory all pooled sandboxes together may take; `FORKBOX_POOL_MEMORY_MIB`.
+pub const DEFAULT_MEMORY_MIB: u64 = 4096;
+/// A configuration nobody created for this long gives its pooled sandboxes back;
+/// `FORKBOX_POOL_IDLE_SECS`.
+pub const DEFAULT_IDLE: Duration = Duration::from_secs(600);
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_SIZE)
+        .unwrap_or(default)
+}
+
+pub fn size_from_env() -> usize {
+    env_or("FORKBOX_POOL_SIZE", DEFAULT_SIZE)
 }
 
 fn warm_up() -> forkbox_protocol::ExecSpec {
@@ -35,15 +46,60 @@ fn warm_up() -> forkbox_protocol::ExecSpec {
     }
 }
 
-#[derive(Default)]
 struct Slot {
     ready: Vec<Sandbox>,
     filling: bool,
+    /// What each of its sandboxes is: for `info` and the memory bound.
+    image: String,
+    cpus: u32,
+    memory_mib: u32,
+    /// The last create of this configuration.
+    used: Instant,
+}
+
+impl Slot {
+    fn new(cfg: &SandboxConfig, key: &str) -> Slot {
+        Slot {
+            ready: Vec::new(),
+            filling: false,
+            image: key.split('|').next().unwrap_or_default().to_string(),
+            cpus: cfg.cpus,
+            memory_mib: cfg.memory_mib,
+            used: Instant::now(),
+        }
+    }
+}
+
+/// One configuration's pooled sandboxes, as `info` shows them.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PoolSlotView {
+    pub image: String,
+    pub cpus: u32,
+    pub memory_mib: u32,
+    pub ready: usize,
+    /// Seconds since a sandbox of this configuration was last created.
+    pub idle_secs: u64,
+}
+
+/// The warm pool as `info` shows it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize, utoipa::ToSchema)]
+pub struct PoolView {
+    /// Ready sandboxes kept per configuration (`FORKBOX_POOL_SIZE`; 0: off).
+    pub size: usize,
+    /// Guest memory all of them together may take (`FORKBOX_POOL_MEMORY_MIB`).
+    pub memory_cap_mib: u64,
+    /// Guest memory they take now.
+    pub memory_mib: u64,
+    /// A configuration unused this long gives its sandboxes back (`FORKBOX_POOL_IDLE_SECS`).
+    pub idle_secs: u64,
+    pub slots: Vec<PoolSlotView>,
 }
 
 #[derive(Clone)]
 pub struct Pool {
     pub size: usize,
+    memory_cap_mib: u64,
+    idle: Duration,
     slots: Arc<Mutex<HashMap<String, Slot>>>,
 }
 
@@ -66,8 +122,18 @@ impl Pool {
     pub fn new(size: usize) -> Pool {
         Pool {
             size,
+            memory_cap_mib: env_or("FORKBOX_POOL_MEMORY_MIB", DEFAULT_MEMORY_MIB),
+            idle: Duration::from_secs(env_or("FORKBOX_POOL_IDLE_SECS", DEFAULT_IDLE.as_secs())),
             slots: Default::default(),
         }
+    }
+
+    /// Guest memory the pool's sandboxes take, counting those being made.
+    fn memory_mib(slots: &HashMap<String, Slot>) -> u64 {
+        slots
+            .values()
+            .map(|s| (s.ready.len() + usize::from(s.filling)) as u64 * u64::from(s.memory_mib))
+            .sum()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Slot>> {
@@ -75,7 +141,10 @@ impl Pool {
     }
 
     pub fn take(&self, key: &str) -> Option<Sandbox> {
-        self.lock().get_mut(key).and_then(|s| s.ready.pop())
+        let mut slots = self.lock();
+        let slot = slots.get_mut(key)?;
+        slot.used = Instant::now();
+        slot.ready.pop()
     }
 
     /// Tops the pool for `key` up to its size in the background (one filler per key).
@@ -85,7 +154,10 @@ impl Pool {
         }
         {
             let mut slots = self.lock();
-            let slot = slots.entry(key.clone()).or_default();
+            let slot = slots
+                .entry(key.clone())
+                .or_insert_with(|| Slot::new(&cfg, &key));
+            slot.used = Instant::now();
             if slot.filling || slot.ready.len() >= self.size {
                 return;
             }
@@ -94,10 +166,11 @@ impl Pool {
         let pool = self.clone();
         tokio::spawn(async move {
             loop {
-                let full = pool
-                    .lock()
-                    .get(&key)
-                    .is_some_and(|s| s.ready.len() >= pool.size);
+                let full = {
+                    let slots = pool.lock();
+                    let over = Pool::memory_mib(&slots) > pool.memory_cap_mib;
+                    over || slots.get(&key).is_none_or(|s| s.ready.len() >= pool.size)
+                };
                 if full {
                     break;
                 }
@@ -107,7 +180,18 @@ impl Pool {
                         // has not translated yet (~0.5 s); one command while it waits in the
                         // pool takes that cost off the user's first exec. Harmless under KVM.
                         let _ = sb.run(warm_up()).await;
-                        pool.lock().entry(key.clone()).or_default().ready.push(sb)
+                        let unwanted = match pool.lock().get_mut(&key) {
+                            Some(slot) => {
+                                slot.ready.push(sb);
+                                None
+                            }
+                            // Drained meanwhile (its image removed): not wanted any more.
+                            None => Some(sb),
+                        };
+                        if let Some(sb) = unwanted {
+                            sb.destroy().await;
+                            break;
+                        }
                     }
                     Err(e) => {
                         tracing::warn!("warm pool for {key}: {e}");
@@ -123,18 +207,69 @@ impl Pool {
 
     /// Stops every pooled sandbox.
     pub async fn drain(&self) {
-        let all: Vec<Sandbox> = self
-            .lock()
-            .values_mut()
-            .flat_map(|s| s.ready.drain(..))
-            .collect();
+        self.drain_where(|_| true).await;
+    }
+
+    /// Stops the pooled sandboxes of the configurations `which` picks and forgets those
+    /// configurations (a filler still running throws away what it makes).
+    async fn drain_where(&self, which: impl Fn(&Slot) -> bool) -> usize {
+        let all: Vec<Sandbox> = {
+            let mut slots = self.lock();
+            let keys: Vec<String> = slots
+                .iter()
+                .filter(|(_, s)| which(s))
+                .map(|(k, _)| k.clone())
+                .collect();
+            keys.iter()
+                .filter_map(|k| slots.remove(k))
+                .flat_map(|s| s.ready)
+                .collect()
+        };
+        let n = all.len();
         for sb in all {
             sb.destroy().await;
         }
+        n
+    }
+
+    /// Stops the pooled sandboxes of image `reference` (NAME@N), so it can be removed.
+    pub async fn drain_image(&self, reference: &str) -> usize {
+        self.drain_where(|s| s.image == reference).await
+    }
+
+    /// Gives back the sandboxes of configurations nobody created within the idle time.
+    pub async fn shrink_idle(&self) -> usize {
+        let idle = self.idle;
+        self.drain_where(|s| !s.filling && s.used.elapsed() >= idle)
+            .await
     }
 
     /// Pooled sandboxes per configuration (for metrics and `info`).
     pub fn ready(&self) -> usize {
         self.lock().values().map(|s| s.ready.len()).sum()
+    }
+
+    pub fn view(&self) -> PoolView {
+        let slots = self.lock();
+        let mut views: Vec<PoolSlotView> = slots
+            .values()
+            .map(|s| PoolSlotView {
+                image: s.image.clone(),
+                cpus: s.cpus,
+                memory_mib: s.memory_mib,
+                ready: s.ready.len(),
+                idle_secs: s.used.elapsed().as_secs(),
+            })
+            .collect();
+        views.sort_by(|a, b| {
+            (&a.image, a.cpus, a.memory_mib).cmp(&(&b.image, b.cpus, b.memory_mib))
+        });
+        PoolView {
+            size: self.size,
+            memory_cap_mib: self.memory_cap_mib,
+            memory_mib: Pool::memory_mib(&slots),
+            idle_secs: self.idle.as_secs(),
+            slots: views,
+        }
     }
 }

@@ -780,6 +780,10 @@ pub async fn serve(
             for id in sweeper.expire().await {
                 tracing::info!("{id}: TTL passed; deleted");
             }
+            let shrunk = sweeper.shrink_pool().await;
+            if shrunk > 0 {
+                tracing::info!("warm pool: {shrunk} sandbox(es) unused for a while stopped");
+            }
             sweeper.sample(1.0).await;
         }
     });

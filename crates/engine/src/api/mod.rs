@@ -372,6 +372,11 @@ impl Engine {
         &self.metrics
     }
 
+    /// Stops the pooled sandboxes of configurations nobody created for a while; how many.
+    pub async fn shrink_pool(&self) -> usize {
+        self.pool.shrink_idle().await
+    }
+
     /// Samples every sandbox's VM for CPU and memory accounting; `interval_s` since the last.
     pub async fn sample(&self, interval_s: f64) {
         for (id, e) in self.sandboxes.read().await.iter() {

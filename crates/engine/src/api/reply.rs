@@ -168,6 +168,8 @@ pub struct InfoView {
     pub kernels: Vec<String>,
     pub images: Vec<String>,
     pub sandboxes: usize,
+    /// The warm pool: ready sandboxes per configuration, and its bounds.
+    pub pool: crate::pool::PoolView,
 }
 
 /// What a delete removed.

@@ -22,6 +22,11 @@ impl Engine {
     }
 
     pub(super) async fn remove_image(&self, r: &ImageRef) -> Result<ImageView, EngineError> {
+        // The pool's ready copies are no one's sandboxes: they go, not the removal.
+        let pooled = self.pool.drain_image(&r.to_string()).await;
+        if pooled > 0 {
+            tracing::info!("{r}: stopped {pooled} pooled sandbox(es) to remove the image");
+        }
         let paths = self.paths.clone();
         let r = r.clone();
         let removed = tokio::task::spawn_blocking(move || {
@@ -243,6 +248,7 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
                 .map(|i| i.reference())
                 .collect(),
             sandboxes: self.sandboxes.read().await.len() + self.sleepers.read().await.len(),
+            pool: self.pool.view(),
         }
     }
 }
