@@ -275,17 +275,26 @@ async fn trees_go_in_and_out_and_hostile_downloads_are_refused() {
         .to_string();
     assert!(e.contains("already exists"), "{e}");
 
-    // A symlink or a device file in the guest's tree is refused, and nothing is left behind.
-    for (setup, why) in [
-        (
-            "mkdir -p /x1 && echo a > /x1/ok && ln -s /etc/shadow /x1/evil",
-            "symlinks",
-        ),
-        ("mkdir -p /x2 && mknod /x2/dev c 1 3", "device files"),
-    ] {
+    // A symlink comes back as a link, its target as the guest wrote it, never followed here.
+    let out = run(
+        &sb,
+        "mkdir -p /x1 && echo a > /x1/ok && ln -s /etc/shadow /x1/evil",
+    )
+    .await;
+    assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));
+    let dest = host.path().join("dl1");
+    files::download(sb.client(), "/x1", &dest).await.unwrap();
+    assert_eq!(
+        std::fs::read_link(dest.join("evil")).unwrap(),
+        std::path::Path::new("/etc/shadow")
+    );
+    assert_eq!(std::fs::read(dest.join("ok")).unwrap(), b"a\n");
+
+    // A device file in the guest's tree is refused, and nothing is left behind.
+    for (setup, why) in [("mkdir -p /x2 && mknod /x2/dev c 1 3", "device files")] {
         let out = run(&sb, setup).await;
         assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));
-        let dir = if why == "symlinks" { "/x1" } else { "/x2" };
+        let dir = "/x2";
         let dest = host.path().join(format!("dl{}", &dir[2..]));
         let e = files::download(sb.client(), dir, &dest)
             .await

@@ -49,14 +49,31 @@ fn hostile_archives_from_a_guest_cannot_escape_the_destination() {
             Box::new(|b| entry(b, "/tmp/forkbox-hostile-abs", T::Regular, "", b"x")),
         ),
         (
-            "symlinks",
-            Box::new(|b| entry(b, "link", T::Symlink, "..", b"")),
+            "goes through a link",
+            Box::new(|b| {
+                entry(b, "link", T::Symlink, "..", b"");
+                entry(b, "link/canary", T::Regular, "", b"x");
+            }),
         ),
         (
-            "symlinks",
+            "goes through a link",
             Box::new(|b| {
                 entry(b, "d", T::Symlink, "/etc", b"");
                 entry(b, "d/passwd", T::Regular, "", b"x");
+            }),
+        ),
+        (
+            "goes through a link",
+            Box::new(|b| {
+                entry(b, "d", T::Symlink, "/tmp", b"");
+                entry(b, "d/forkbox-hostile-dir", T::Directory, "", b"");
+            }),
+        ),
+        (
+            "create",
+            Box::new(|b| {
+                entry(b, "l", T::Symlink, "../canary", b"");
+                entry(b, "l", T::Regular, "", b"x");
             }),
         ),
         (
@@ -90,19 +107,39 @@ fn hostile_archives_from_a_guest_cannot_escape_the_destination() {
         assert!(!canary.exists(), "case {i} wrote outside its destination");
     }
     assert!(!Path::new("/tmp/forkbox-hostile-abs").exists());
+    assert!(!Path::new("/tmp/forkbox-hostile-dir").exists());
     assert!(std::fs::read_to_string("/etc/passwd")
         .unwrap()
         .contains("root:"));
 }
 
 /// A guest directory holding a link to the host-looking `/etc`, a FIFO and a device node.
-/// Promise: the download is refused in words naming the entry, and nothing is left behind.
+/// Promise: the link arrives as a link, never followed; the others are refused in words naming
+/// the entry, and nothing is left behind.
 #[test]
-fn downloads_refuse_links_devices_and_fifos() {
+fn downloads_keep_links_and_refuse_devices_and_fifos() {
     let d = Daemon::start("files-special");
     let id = d.create(&[]);
+    d.ok(
+        &id,
+        "rm -rf /root/x; mkdir /root/x; echo data > /root/x/plain; ln -s /etc /root/x/evil",
+    );
+    let dest = tempfile::tempdir().unwrap();
+    let target = dest.path().join("out");
+    let out = d.cli(&[
+        "sandbox",
+        "download",
+        &id,
+        "/root/x",
+        target.to_str().unwrap(),
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(
+        std::fs::read_link(target.join("evil")).unwrap(),
+        Path::new("/etc")
+    );
+    assert_eq!(std::fs::read(target.join("plain")).unwrap(), b"data\n");
     for (what, name, make) in [
-        ("symlinks", "evil", "ln -s /etc /root/x/evil"),
         ("special", "fifo", "mkfifo /root/x/fifo"),
         ("device", "null", "mknod /root/x/null c 1 3"),
     ] {
