@@ -57,7 +57,7 @@ pub enum SandboxCmd {
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
         /// Delete the sandbox after this long: 600, 10m, 1h.
-        #[arg(long, value_parser = crate::units::seconds)]
+        #[arg(long, value_parser = crate::units::ttl)]
         ttl: Option<u64>,
         /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
         #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
@@ -117,7 +117,7 @@ pub enum SandboxCmd {
         #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
         labels: Vec<(String, String)>,
         /// Delete each copy after this long: 600, 10m, 1h.
-        #[arg(long, value_parser = crate::units::seconds)]
+        #[arg(long, value_parser = crate::units::ttl)]
         ttl: Option<u64>,
         /// The copies' network (default: a sandbox's own; none for a snapshot).
         #[command(flatten)]
@@ -131,7 +131,7 @@ pub enum SandboxCmd {
         /// Sandbox id.
         id: String,
         /// How long from now: 600, 10m, 1h.
-        #[arg(value_parser = crate::units::seconds)]
+        #[arg(value_parser = crate::units::ttl)]
         seconds: u64,
         /// Print the sandbox's new expiry as JSON.
         #[arg(long)]

@@ -91,6 +91,14 @@ pub fn seconds(s: &str) -> Result<u64, String> {
     Ok(secs)
 }
 
+/// A TTL: a duration of at most 30 days.
+pub fn ttl(s: &str) -> Result<u64, String> {
+    match seconds(s)? {
+        t if t > 30 * 24 * 3600 => Err(format!("{s:?} is longer than 30 days")),
+        t => Ok(t),
+    }
+}
+
 /// A signal by name (`KILL`, `SIGKILL`, `kill`) or number (`9`).
 pub fn signal(s: &str) -> Result<i32, String> {
     use std::str::FromStr;

@@ -621,12 +621,12 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         .run()
         .join(&t)
         .exists()));
-    let out = run(&paths, &["sandbox", "create", "--ttl", "0"]);
-    assert!(
-        text(&out.stderr).contains("ttl_seconds 0"),
-        "{}",
-        text(&out.stderr)
-    );
+    // The CLI names its flags (the API its fields), and bad usage exits 2.
+    for bad in ["0", "31d"] {
+        let out = run(&paths, &["sandbox", "create", "--ttl", bad]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("--ttl"), "{}", text(&out.stderr));
+    }
 
     // Commands outlive their clients: detach and attach (from the start), a client that goes
     // away mid-command, and signals.
