@@ -643,7 +643,14 @@ async fn follow(mut events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
                 }
                 return Ok(ExitCode::from(exit.exit_code.clamp(0, 255) as u8));
             }
-            CommandEvent::Error { message } => bail!("{message}"),
+            CommandEvent::Error {
+                message,
+                exit_code: Some(code),
+            } => {
+                eprintln!("forkbox: {message}");
+                return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+            }
+            CommandEvent::Error { message, .. } => bail!("{message}"),
             CommandEvent::Command { .. } => {}
         }
     }

@@ -188,13 +188,28 @@ fn main() -> ExitCode {
     // Nothing this process inherited reaches a child (a QEMU least of all); the daemon, which
     // lives long and starts every QEMU, drops it altogether.
     let inherited = forkbox_engine::fds::seal_inherited();
-    let cli = Cli::parse();
+    // `--json` anywhere: errors are JSON on stdout too, with a stable `error.code`.
+    let json = std::env::args_os().any(|a| a == "--json");
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if json && e.use_stderr() => {
+            let text = e.to_string();
+            let first = text.lines().next().unwrap_or_default();
+            json_error("usage", first.trim_start_matches("error: "));
+            return ExitCode::from(2);
+        }
+        Err(e) => e.exit(),
+    };
     let serving = matches!(cli.command, Cmd::Serve { detach: false, .. });
     if serving {
         forkbox_engine::fds::close_inherited();
     }
     match start(cli, serving, inherited) {
         Ok(code) => code,
+        Err(e) if json => {
+            json_error(error_code(&e), &format!("{e:#}"));
+            ExitCode::from(EXIT_FORKBOX)
+        }
         Err(e) => {
             let mut msg = format!("forkbox: error: {e}");
             for cause in e.chain().skip(1) {
@@ -204,6 +219,45 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_FORKBOX)
         }
     }
+}
+
+/// `{"error": {"code": …, "message": …}}` on stdout.
+fn json_error(code: &str, message: &str) {
+    let _ = print_json(&serde_json::json!({ "error": { "code": code, "message": message } }));
+}
+
+/// The stable name of what failed: the daemon's `code`, or the engine's for what the CLI did
+/// itself, the same names the API answers with.
+fn error_code(e: &anyhow::Error) -> &str {
+    use forkbox_client::{ClientError, TransferFailed};
+    use forkbox_engine::error::{ImageError, SandboxError, SetupError};
+    for cause in e.chain() {
+        if let Some(c) = cause.downcast_ref::<ClientError>() {
+            return c.code();
+        }
+        if let Some(t) = cause.downcast_ref::<TransferFailed>() {
+            return match t {
+                TransferFailed::Client(c) => c.code(),
+                _ => "transfer_failed",
+            };
+        }
+        if let Some(e) = cause.downcast_ref::<forkbox_engine::api::EngineError>() {
+            return e.code();
+        }
+        if let Some(e) = cause.downcast_ref::<ImageError>() {
+            return forkbox_engine::api::image_code(e);
+        }
+        if cause.downcast_ref::<SetupError>().is_some() {
+            return "setup_needed";
+        }
+        if let Some(SandboxError::Image(e)) = cause.downcast_ref::<SandboxError>() {
+            return forkbox_engine::api::image_code(e);
+        }
+        if cause.downcast_ref::<SandboxError>().is_some() {
+            return "sandbox_failed";
+        }
+    }
+    "failed"
 }
 
 /// Logging, forkbox's home, then the command. The daemon logs what it does by default, into

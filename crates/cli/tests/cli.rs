@@ -1416,6 +1416,43 @@ fn docker_habits_work_through_the_daemon() {
     assert_eq!(v["memory_mib"], 1024, "{v}");
     let a = v["id"].as_str().unwrap().to_string();
 
+    // One vocabulary: a program that is not there exits 127 with the same words from `run`
+    // and `sandbox exec` (streamed or --json); errors under --json are JSON with a code.
+    let out = run(&paths, &["run", "-q", "--", "no-such-program"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    let said = text(&out.stderr);
+    assert!(said.contains("no-such-program"), "{said}");
+    let out = run(&paths, &["sandbox", "exec", &a, "--", "no-such-program"]);
+    assert_eq!(out.status.code(), Some(127), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), said);
+    let out = run(
+        &paths,
+        &["sandbox", "exec", &a, "--json", "--", "no-such-program"],
+    );
+    assert_eq!(out.status.code(), Some(127));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["exit_code"], 127);
+    assert_eq!(r["stderr"].as_str().unwrap(), said);
+    let out = run(
+        &paths,
+        &["sandbox", "exec", "sb-nosuch", "--json", "--", "true"],
+    );
+    assert_eq!(out.status.code(), Some(125));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["error"]["code"], "sandbox_not_found", "{e}");
+    assert!(e["error"]["message"]
+        .as_str()
+        .unwrap()
+        .contains("sb-nosuch"));
+    let out = run(&paths, &["sandbox", "create", "--memory", "10", "--json"]);
+    assert_eq!(out.status.code(), Some(2));
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["error"]["code"], "usage", "{e}");
+    assert!(e["error"]["message"].as_str().unwrap().contains("--memory"));
+    let out = run(&paths, &["image", "rm", "no-such-image@1", "--json"]);
+    let e: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(e["error"]["code"], "image_not_found", "{e}");
+
     // Standard input: refused without -i, passed whole with it.
     let out = run_with_stdin(&paths, &["sandbox", "exec", &a, "--", "cat"], b"hi\n");
     assert_eq!(out.status.code(), Some(125));

@@ -18,9 +18,13 @@ use serde::de::DeserializeOwned;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    /// The daemon refused the request; `message` is its own words.
+    /// The daemon refused the request; `message` is its own words, `code` its stable name.
     #[error("{message}")]
-    Api { status: u16, message: String },
+    Api {
+        status: u16,
+        code: String,
+        message: String,
+    },
     #[error("no forkbox API answers {at}: {cause}")]
     NotAnswering { at: String, cause: String },
     #[error("FORKBOX_API={0:?}: give unix:/path/to/socket or http://host:port")]
@@ -34,6 +38,17 @@ pub enum ClientError {
 }
 
 impl ClientError {
+    /// A stable name for what went wrong: the daemon's `code`, or what failed on the way.
+    pub fn code(&self) -> &str {
+        match self {
+            ClientError::Api { code, .. } => code,
+            ClientError::NotAnswering { .. } => "daemon_not_answering",
+            ClientError::BadEndpoint(_) | ClientError::BadToken => "bad_configuration",
+            ClientError::Transport(_) => "connection_broken",
+            ClientError::Decode(_) => "bad_answer",
+        }
+    }
+
     /// The HTTP status of a refusal.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -167,13 +182,16 @@ impl Client {
             return Ok(resp);
         }
         let body = resp.bytes().await.map_err(transport)?;
-        let message = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|v| v["error"].as_str().map(str::to_string))
-            .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body).trim()));
+        let v = serde_json::from_slice::<serde_json::Value>(&body).ok();
+        let field = |name: &str| {
+            v.as_ref()
+                .and_then(|v| v[name].as_str().map(str::to_string))
+        };
         Err(ClientError::Api {
             status: status.as_u16(),
-            message,
+            code: field("code").unwrap_or_else(|| format!("http_{}", status.as_u16())),
+            message: field("error")
+                .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body).trim())),
         })
     }
 

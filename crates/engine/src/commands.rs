@@ -45,6 +45,22 @@ struct Log {
     exit: Option<ExitInfo>,
 }
 
+/// A command that could not start as a shell says it: 127 and the agent's words when its
+/// program is not found, 126 when it cannot be run. The same code and words from `run`,
+/// `sandbox exec` and the API.
+pub fn cannot_start(e: &crate::error::SandboxError) -> Option<(i32, String)> {
+    use crate::error::{AgentError, SandboxError};
+    use forkbox_protocol::ErrorKind;
+    match e {
+        SandboxError::Agent(AgentError::Refused { kind, message }) => match kind {
+            ErrorKind::NotFound => Some((127, message.clone())),
+            ErrorKind::PermissionDenied => Some((126, message.clone())),
+            _ => None,
+        },
+        _ => None,
+    }
+}
+
 /// What a client sends a running command.
 enum Control {
     Signal(i32),
@@ -114,10 +130,17 @@ impl CommandLog {
                         duration_ms,
                         error: None,
                     }),
-                    Err(e) => Some(ExitInfo {
-                        exit_code: -1,
-                        error: Some(e.to_string()),
-                        ..Default::default()
+                    Err(e) => Some(match cannot_start(&e) {
+                        Some((exit_code, message)) => ExitInfo {
+                            exit_code,
+                            error: Some(message),
+                            ..Default::default()
+                        },
+                        None => ExitInfo {
+                            exit_code: -1,
+                            error: Some(e.to_string()),
+                            ..Default::default()
+                        },
                     }),
                 };
                 if let Some(exit) = exit {

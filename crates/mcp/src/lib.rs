@@ -432,9 +432,17 @@ impl ForkboxMcp {
                     err.push(&b64.decode(data_b64).unwrap_or_default(), EXEC_TAIL)
                 }
                 CommandEvent::Exit(e) => return Ok((e.exit_code, e.timed_out, out, err)),
-                CommandEvent::Error { message } => {
+                CommandEvent::Error {
+                    message,
+                    exit_code: Some(code),
+                } => {
+                    err.push(format!("forkbox: {message}\n").as_bytes(), EXEC_TAIL);
+                    return Ok((code, false, out, err));
+                }
+                CommandEvent::Error { message, .. } => {
                     return Err(ClientError::Api {
                         status: 500,
+                        code: "command_failed".into(),
                         message,
                     })
                 }

@@ -45,6 +45,9 @@ struct ApiError(EngineError);
 pub struct ErrorBody {
     /// What went wrong, for people: the same words every front end shows.
     pub error: String,
+    /// What went wrong, for programs: a stable name (`sandbox_not_found`, `image_in_use`,
+    /// `bad_request`, …), the same in the CLI's `--json` errors.
+    pub code: String,
 }
 
 /// Every error an HTTP client sees: the engine's status for it and `{"error": message}`.
@@ -56,6 +59,7 @@ impl IntoResponse for ApiError {
             status,
             Json(ErrorBody {
                 error: self.0.to_string(),
+                code: self.0.code().into(),
             }),
         )
             .into_response()
@@ -275,7 +279,10 @@ async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
             }
             if let Some(exit) = snap.exit {
                 let ev = match exit.error.clone() {
-                    Some(message) => CommandEvent::Error { message },
+                    Some(message) => CommandEvent::Error {
+                        message,
+                        exit_code: (exit.exit_code >= 0).then_some(exit.exit_code),
+                    },
                     None => CommandEvent::Exit(exit),
                 };
                 let _ = tx.send(ev).await;

@@ -98,11 +98,23 @@ def test_files_round_trip(sbx, tmp_path):
         sbx.files.upload(str(tmp_path / "missing"), "/x")
 
 
-def test_downloads_refuse_links(sbx, tmp_path):
-    sbx.exec("mkdir -p /tmp/evil && ln -sf /etc/passwd /tmp/evil/link")
+def test_downloads_keep_links_and_refuse_devices(sbx, tmp_path):
+    sbx.exec("mkdir -p /tmp/evil && ln -sf /etc/passwd /tmp/evil/link && truncate -s 64M /tmp/evil/sparse")
+    sbx.files.download("/tmp/evil", str(tmp_path / "evil"))
+    assert os.readlink(tmp_path / "evil" / "link") == "/etc/passwd"
+    st = os.stat(tmp_path / "evil" / "sparse")
+    assert st.st_size == 64 << 20 and st.st_blocks * 512 < 1 << 20
+    sbx.exec("mkdir -p /tmp/dev && mknod /tmp/dev/null c 1 3")
     with pytest.raises(forkbox.ForkboxError, match="refused archive entry"):
-        sbx.files.download("/tmp/evil", str(tmp_path / "evil"))
-    assert not (tmp_path / "evil").exists()
+        sbx.files.download("/tmp/dev", str(tmp_path / "dev"))
+    assert not (tmp_path / "dev").exists()
+
+
+def test_a_program_that_is_not_there_exits_127(sbx):
+    for stream in (None, print):
+        r = sbx.exec(["no-such-program"], on_stdout=stream)
+        assert r.exit_code == 127, r
+        assert "no-such-program" in r.stderr
 
 
 def test_errors_carry_the_daemons_message(rt):

@@ -142,7 +142,7 @@ type WireEvent =
   | { type: "command"; command_id: string }
   | { type: "stdout" | "stderr"; data_b64: string }
   | ({ type: "exit" } & WireExit)
-  | { type: "error"; message: string };
+  | { type: "error"; message: string; exit_code?: number };
 
 function execBody(cmd: Cmd, o: ExecOptions): Record<string, unknown> {
   const body: Record<string, unknown> = {};
@@ -195,6 +195,14 @@ async function collect(events: AsyncGenerator<WireEvent>, o: ExecOptions): Promi
       text.stderr.push(dec.stderr.end());
       return checked(toResult(ev, text.stdout.join(""), text.stderr.join("")), o.timeoutMs);
     } else if (ev.type === "error") {
+      // It could not start, as a shell says it: 127 not found, 126 not runnable.
+      if (ev.exit_code !== undefined) {
+        return toResult(
+          { exit_code: ev.exit_code, signal: null, timed_out: false, duration_ms: 0 },
+          text.stdout.join(""),
+          text.stderr.join("") + `forkbox: ${ev.message}\n`,
+        );
+      }
       throw new ForkboxError(ev.message);
     }
   }

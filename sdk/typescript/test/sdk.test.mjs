@@ -38,6 +38,14 @@ test("exec returns the code and both streams", async () => {
   assert.equal((await sbx.exec("echo $A", { env: { A: "b c" } })).stdout, "b c\n");
 });
 
+test("a program that is not there exits 127, plain or streamed", async () => {
+  for (const o of [{}, { onStdout: () => {} }]) {
+    const r = await sbx.exec(["no-such-program"], o);
+    assert.equal(r.exitCode, 127, JSON.stringify(r));
+    assert.ok(r.stderr.includes("no-such-program"), r.stderr);
+  }
+});
+
 test("plain output is capped at 64 KiB and flagged; streamed output is whole", async () => {
   const big = "head -c 100000 /dev/zero | tr '\\0' x";
   const r = await sbx.exec(big);

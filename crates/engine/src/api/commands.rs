@@ -24,7 +24,24 @@ impl Engine {
         let (sb, _) = self.get(id).await?;
         let spec = exec_spec(request)?;
         let started = std::time::Instant::now();
-        let out = sb.run(spec).await?;
+        let out = match sb.run(spec).await {
+            Ok(out) => out,
+            Err(e) => match crate::commands::cannot_start(&e) {
+                Some((exit_code, message)) => {
+                    return Ok(ExecResult {
+                        exit_code,
+                        signal: None,
+                        timed_out: false,
+                        stdout: String::new(),
+                        stderr: format!("forkbox: {message}\n"),
+                        stdout_truncated: false,
+                        stderr_truncated: false,
+                        duration_ms: 0,
+                    })
+                }
+                None => return Err(e.into()),
+            },
+        };
         self.metrics
             .exec_seconds
             .observe(started.elapsed().as_secs_f64());

@@ -33,6 +33,37 @@ pub enum EngineError {
 }
 
 impl EngineError {
+    /// A stable name for what went wrong, the same from every front end (`error.code` in the
+    /// API's answers and in the CLI's `--json` errors).
+    pub fn code(&self) -> &'static str {
+        match self {
+            EngineError::NoSuchSandbox(_) => "sandbox_not_found",
+            EngineError::NoSuchCommand(..) => "command_not_found",
+            EngineError::Hibernated(_) => "sandbox_hibernated",
+            EngineError::NotHibernated(_) => "sandbox_not_hibernated",
+            EngineError::BadRequest(_) => "bad_request",
+            EngineError::Snapshot(e) | EngineError::Sandbox(SandboxError::Snapshot(e)) => match e {
+                SnapshotError::NotFound(_) => "snapshot_not_found",
+                SnapshotError::Exists(_) => "snapshot_exists",
+                SnapshotError::InUse { .. } => "snapshot_in_use",
+                SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => "bad_request",
+                SnapshotError::Io { .. } => "internal",
+            },
+            EngineError::Image(e) | EngineError::Sandbox(SandboxError::Image(e)) => image_code(e),
+            EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => "host_disk_full",
+            EngineError::Sandbox(SandboxError::Agent(AgentError::Failed(_))) => "sandbox_failed",
+            e => match e.http_status() {
+                400 => "bad_request",
+                403 => "permission_denied",
+                404 => "not_found",
+                409 => "conflict",
+                502 => "refused_from_guest",
+                507 => "disk_full",
+                _ => "internal",
+            },
+        }
+    }
+
     /// The HTTP status this error is answered with.
     pub fn http_status(&self) -> u16 {
         match self {
@@ -52,6 +83,19 @@ impl EngineError {
             EngineError::Transfer(TransferError::Refused { .. }) => 502,
             EngineError::Transfer(_) | EngineError::Sandbox(_) | EngineError::State(_) => 500,
         }
+    }
+}
+
+/// [`EngineError::code`] of an image error, for front ends that meet one directly.
+pub fn image_code(e: &ImageError) -> &'static str {
+    match e {
+        ImageError::NotFound { .. } => "image_not_found",
+        ImageError::InUse { .. } => "image_in_use",
+        ImageError::BadReference(_)
+        | ImageError::RecipeInvalid { .. }
+        | ImageError::RecipeUnreadable { .. } => "bad_request",
+        ImageError::BuildFailed { .. } => "build_failed",
+        _ => "internal",
     }
 }
 

@@ -19,7 +19,7 @@ mod reply;
 mod request;
 mod store_ops;
 
-pub use error::EngineError;
+pub use error::{image_code, EngineError};
 pub use reply::*;
 pub use request::*;
 pub use store_ops::up_to_date;

@@ -113,11 +113,23 @@ pub enum BuildProgress {
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum CommandEvent {
-    Command { command_id: String },
-    Stdout { data_b64: String },
-    Stderr { data_b64: String },
+    Command {
+        command_id: String,
+    },
+    Stdout {
+        data_b64: String,
+    },
+    Stderr {
+        data_b64: String,
+    },
     Exit(crate::commands::ExitInfo),
-    Error { message: String },
+    /// The command could not run, or the sandbox failed under it. `exit_code` is set when it
+    /// could not start as a shell says it (127: not found, 126: not runnable).
+    Error {
+        message: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        exit_code: Option<i32>,
+    },
 }
 
 /// What `path` holds, one entry per name (not recursive).

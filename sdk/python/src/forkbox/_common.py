@@ -326,6 +326,17 @@ class StreamCollector:
                 duration_ms=ev.get("duration_ms", 0),
             )
         elif kind == "error":
+            if ev.get("exit_code") is not None:
+                # It could not start, as a shell says it: 127 not found, 126 not runnable.
+                self.result = ExecResult(
+                    exit_code=ev["exit_code"],
+                    stdout="".join(self.text["stdout"]),
+                    stderr="".join(self.text["stderr"]) + f"forkbox: {ev['message']}\n",
+                    signal=None,
+                    timed_out=False,
+                    duration_ms=0,
+                )
+                return None
             raise ForkboxError(ev.get("message", "the command failed"))
         return None
 
@@ -346,10 +357,48 @@ def pack_dir(local_dir: str, fileobj: Any) -> None:
             tar.add(os.path.join(local_dir, entry), arcname=entry, recursive=True)
 
 
+def _real_dirs(root: str, parts: list) -> str:
+    """Makes ``parts`` under ``root`` a chain of real directories: an existing component must
+    be a directory itself, never a link, so nothing is written through a link the archive
+    made. Returns the path."""
+    import stat
+
+    path = root
+    for p in parts:
+        path = os.path.join(path, p)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            os.mkdir(path)
+            continue
+        if not stat.S_ISDIR(st.st_mode):
+            raise ForkboxError(f"refused archive entry {path!r}: its path goes through a link or a file")
+    return path
+
+
+def _write_sparse(src: Any, fd: int) -> None:
+    """Copies ``src`` into ``fd``, leaving holes where whole blocks are zero."""
+    block = 64 * 1024
+    zero = bytes(block)
+    size = 0
+    while True:
+        chunk = src.read(block)
+        if not chunk:
+            break
+        if chunk == zero[: len(chunk)]:
+            os.lseek(fd, len(chunk), os.SEEK_CUR)
+        else:
+            os.write(fd, chunk)
+        size += len(chunk)
+    os.ftruncate(fd, size)
+
+
 def unpack_into(fileobj: Any, local_dir: str) -> int:
-    """Unpacks a tar.gz from a sandbox into ``local_dir``, which must not exist yet; only
-    regular files and directories with plain relative names are accepted (no links, devices,
-    absolute names or ``..``). Returns the files written; on error nothing is left."""
+    """Unpacks a tar.gz from a sandbox into ``local_dir``, which must not exist yet. Regular
+    files (sparse ones kept sparse), directories and symbolic links with plain relative names
+    are accepted; a link is made as a link and never followed (every directory an entry goes
+    through must be a real one). Hard links, devices, absolute names and ``..`` are refused.
+    Returns the files written; on error nothing is left."""
     import shutil
     import tarfile
 
@@ -364,21 +413,26 @@ def unpack_into(fileobj: Any, local_dir: str) -> int:
                 parts = [p for p in name.split("/") if p not in ("", ".")]
                 if name.startswith("/") or ".." in parts:
                     raise ForkboxError(f"refused archive entry {name!r}: not a plain relative name")
-                if not (m.isfile() or m.isdir()):
-                    raise ForkboxError(f"refused archive entry {name!r}: not a file or directory")
+                if not (m.isfile() or m.isdir() or m.issym()):
+                    raise ForkboxError(f"refused archive entry {name!r}: not a file, directory or symbolic link")
                 if not parts:
                     continue
-                dest = os.path.join(local_dir, *parts)
                 if m.isdir():
-                    os.makedirs(dest, exist_ok=True)
+                    _real_dirs(local_dir, parts)
                     continue
-                os.makedirs(os.path.dirname(dest), exist_ok=True)
+                dest = os.path.join(_real_dirs(local_dir, parts[:-1]), parts[-1])
+                if m.issym():
+                    os.symlink(m.linkname, dest)
+                    files += 1
+                    continue
                 src = tar.extractfile(m)
                 assert src is not None
                 fd = os.open(dest, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "wb") as out:
-                    shutil.copyfileobj(src, out)
-                os.chmod(dest, m.mode & 0o755)
+                try:
+                    _write_sparse(src, fd)
+                    os.fchmod(fd, m.mode & 0o755)
+                finally:
+                    os.close(fd)
                 files += 1
     except BaseException:
         shutil.rmtree(local_dir, ignore_errors=True)
