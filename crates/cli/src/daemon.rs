@@ -399,6 +399,16 @@ pub fn pool_cmd(paths: &Paths, cmd: PoolCmd) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// The running daemon's `info`; `None` when none runs.
+pub fn info_if_running(paths: &Paths) -> anyhow::Result<Option<forkbox_engine::api::InfoView>> {
+    current_thread()?.block_on(async {
+        match running_daemon(paths).await? {
+            Some(c) => Ok(Some(c.info().await?)),
+            None => Ok(None),
+        }
+    })
+}
+
 /// Removes image `r` through this home's daemon when one runs (it stops its pooled copies of
 /// the image first); `None` when none runs.
 pub fn remove_image_if_running(

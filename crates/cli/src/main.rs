@@ -518,14 +518,21 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
         .iter()
         .map(|i| i.reference())
         .collect();
+    // The API's `info`, from the daemon when one runs, with what this host has besides.
+    let daemon = daemon::info_if_running(paths)?;
     let v = serde_json::json!({
-        "home": paths.home(),
-        "qemu": qemu,
-        "kernels": kernels,
-        "agent": agent,
-        "accel": decision,
-        "images": images,
+        "version": env!("CARGO_PKG_VERSION"),
         "protocol_version": forkbox_protocol::PROTOCOL_VERSION,
+        "home": paths.home(),
+        "accel": decision,
+        "kernels": kernels,
+        "images": images,
+        "sandboxes": daemon.as_ref().map(|i| i.sandboxes),
+        "pool": daemon.as_ref().map(|i| i.pool.clone()),
+        "daemon": daemon.is_some(),
+        "qemu": qemu,
+        "agent": agent.as_ref().ok(),
+        "agent_error": agent.as_ref().err(),
     });
     if json {
         print_json(&v)?;
@@ -545,6 +552,14 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
             }
         );
         println!("agent:    {}", agent.unwrap_or_else(|e| e));
+        match &daemon {
+            Some(i) => println!(
+                "daemon:   running, {} sandbox(es), {} ready in the warm pool",
+                i.sandboxes,
+                i.pool.slots.iter().map(|s| s.ready).sum::<usize>()
+            ),
+            None => println!("daemon:   not running"),
+        }
         match decision {
             Some(d) => println!("accel:    {} ({})", d.accel, d.reason),
             None => println!("accel:    unknown until a kernel and the agent are installed"),

@@ -77,7 +77,9 @@ struct RunResult {
     timed_out: bool,
     stdout: String,
     stderr: String,
-    exec_ms: u64,
+    /// The command's own time, as `duration_ms` of an exec result.
+    duration_ms: u64,
+    /// With the sandbox's start and removal.
     total_ms: u64,
 }
 
@@ -187,7 +189,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
             timed_out,
             stdout: String::from_utf8_lossy(&stdout).into_owned(),
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
-            exec_ms,
+            duration_ms: exec_ms,
             total_ms: total.elapsed().as_millis() as u64,
         };
         crate::print_json(&r)?;

@@ -1170,18 +1170,28 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     let paths = infra::isolated_home("hibernate");
     stop_daemon(&paths);
     let _ = std::fs::remove_dir_all(paths.snapshots());
-    let id = text(&run(&paths, &["sandbox", "create", "--label", "keep=me"]).stdout)
-        .trim()
-        .to_string();
+    let created: serde_json::Value = serde_json::from_slice(
+        &run(
+            &paths,
+            &["sandbox", "create", "--label", "keep=me", "--json"],
+        )
+        .stdout,
+    )
+    .unwrap();
+    let id = created["id"].as_str().unwrap().to_string();
     assert!(id.starts_with("sb-"), "{id}");
+    assert!(created["qemu_pid"].as_u64().is_some(), "{created}");
     let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
         "echo on-disk > /root/f; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/n; sleep 0.3; done' >/dev/null 2>&1 < /dev/null &"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let qemus = infra::processes_mentioning(&paths.run().join(&id).display().to_string());
     assert!(!qemus.is_empty());
 
-    let out = run(&paths, &["sandbox", "hibernate", &id]);
+    let out = run(&paths, &["sandbox", "hibernate", &id, "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let slept: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(slept[0]["state"], "hibernated", "{slept}");
+    assert!(slept[0].get("qemu_pid").is_none(), "no VM, no pid: {slept}");
     assert!(
         infra::wait_until(Duration::from_secs(10), || infra::processes_mentioning(
             &paths.run().join(&id).display().to_string()
@@ -1218,8 +1228,14 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
         text(&out.stderr)
     );
 
-    let out = run(&paths, &["sandbox", "resume", &id]);
+    let out = run(&paths, &["sandbox", "resume", &id, "--json"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
+    let resumed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        resumed["created_unix"], created["created_unix"],
+        "{resumed}"
+    );
+    assert!(resumed["qemu_pid"].as_u64().is_some(), "{resumed}");
     let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
         "cat /root/f; a=$(cat /tmp/n); for i in $(seq 100); do sleep 0.1; [ \"$(cat /tmp/n)\" != \"$a\" ] && echo counting && break; done"]);
     assert_eq!(
@@ -1667,4 +1683,36 @@ fn the_pool_is_visible_bounded_and_shrinks_when_idle() {
     assert!(text(&out.stdout).contains("stopped the daemon"));
     assert_eq!(cli(&["daemon", "status"]).status.code(), Some(1));
     assert!(text(&cli(&["daemon", "stop"]).stdout).contains("no daemon runs"));
+}
+
+/// No VM. `info --json` is the API's `info` with what this host has besides.
+#[test]
+fn info_json_has_the_apis_shape() {
+    let paths = infra::home();
+    let out = run(&paths, &["info", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    for field in [
+        "version",
+        "protocol_version",
+        "home",
+        "accel",
+        "kernels",
+        "images",
+        "sandboxes",
+        "pool",
+        "daemon",
+        "qemu",
+        "agent",
+    ] {
+        assert!(v.get(field).is_some(), "no {field} in {v}");
+    }
+    assert!(
+        v["agent"].is_string(),
+        "the agent's path, not a Result: {v}"
+    );
+    assert!(
+        v["kernels"][0].as_str().unwrap().contains("cloud-amd64"),
+        "{v}"
+    );
 }

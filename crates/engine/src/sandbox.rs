@@ -70,7 +70,10 @@ pub struct SandboxInfo {
     pub accel: AccelDecision,
     pub cpus: u32,
     pub memory_mib: u32,
+    /// The guest kernel's release (as `kernels` in `info` lists them).
     pub guest_kernel: String,
+    /// Its QEMU process; absent while it has no VM (hibernated).
+    #[serde(default, skip_serializing_if = "is_zero")]
     pub qemu_pid: u32,
     /// From the decision to start until the agent answered (restored copies: until the
     /// copy had been refreshed and answered).
@@ -80,15 +83,20 @@ pub struct SandboxInfo {
     pub origin: Option<String>,
     #[serde(default)]
     pub max_procs: u32,
-    #[serde(default)]
+    /// The guest kernel's file.
+    #[serde(default, rename = "kernel_path", alias = "kernel")]
     #[schema(value_type = String)]
     pub kernel: std::path::PathBuf,
-    #[serde(default)]
+    #[serde(default, rename = "initramfs_path", alias = "initramfs")]
     #[schema(value_type = String)]
     pub initramfs: std::path::PathBuf,
     /// The `disks/<id>/` directories its disk chain goes through, its own last.
     #[serde(default)]
     pub disk_dirs: Vec<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 impl SandboxInfo {

@@ -68,8 +68,11 @@ pub struct SnapshotMeta {
     pub name: String,
     pub kind: SnapshotKind,
     pub image: String,
+    /// The guest kernel's file.
+    #[serde(rename = "kernel_path", alias = "kernel")]
     #[schema(value_type = String)]
     pub kernel: PathBuf,
+    #[serde(rename = "initramfs_path", alias = "initramfs")]
     #[schema(value_type = String)]
     pub initramfs: PathBuf,
     pub accel: AccelDecision,

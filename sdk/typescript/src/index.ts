@@ -49,7 +49,7 @@ export interface Image {
   version: number;
   suite: string;
   base?: string;
-  kernel: string;
+  guest_kernel: string;
   content_mib: number;
   disk_mib: number;
   created_unix: number;

@@ -214,13 +214,15 @@ impl Engine {
             sb.destroy().await;
             return Err(e.into());
         }
-        self.register(
+        // The same sandbox as before it slept: it keeps when it was created.
+        self.keep(Entry::new(
             Arc::new(sb),
             sleeper.record.labels,
+            sleeper.created_unix,
             sleeper.record.expires_unix,
             false,
             sleeper.record.ttl_action,
-        )
+        ))
         .await
     }
 

@@ -207,7 +207,11 @@ struct Sleeper {
 impl Sleeper {
     fn view(&self) -> SandboxView {
         SandboxView {
-            info: self.info.clone(),
+            // No VM while it sleeps.
+            info: SandboxInfo {
+                qemu_pid: 0,
+                ..self.info.clone()
+            },
             labels: self.record.labels.clone(),
             created_unix: self.created_unix,
             expires_unix: self.record.expires_unix,
@@ -815,6 +819,11 @@ impl Engine {
             from_pool,
             ttl_action,
         );
+        self.keep(entry).await
+    }
+
+    /// Makes `entry` the daemon's, as [`Engine::register`] does for a new one.
+    async fn keep(&self, entry: Entry) -> Result<SandboxView, EngineError> {
         if let Err(e) = entry.persist(self.db.as_deref()) {
             entry.sandbox.destroy().await;
             return Err(e);

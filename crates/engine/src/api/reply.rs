@@ -65,6 +65,8 @@ pub struct ImageView {
     /// The image it was built on, when it was (`NAME@N`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// The guest kernel release its sandboxes boot (as `guest_kernel` of a sandbox).
+    #[serde(rename = "guest_kernel", alias = "kernel")]
     pub kernel: String,
     pub content_mib: u64,
     pub disk_mib: u64,
