@@ -23,8 +23,12 @@ pub struct NetArgs {
     #[arg(long, conflicts_with = "allow")]
     pub internet: bool,
     /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
-    #[arg(long = "allow", value_name = "HOST")]
+    #[arg(long = "allow", value_name = "HOST", value_parser = allow_entry)]
     pub allow: Vec<String>,
+}
+
+fn allow_entry(s: &str) -> Result<String, String> {
+    forkbox_engine::net::check_allow_entry(s).map_err(|e| e.to_string())
 }
 
 impl NetArgs {

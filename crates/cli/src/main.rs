@@ -213,7 +213,11 @@ fn main() -> ExitCode {
         Err(e) => {
             let mut msg = format!("forkbox: error: {e}");
             for cause in e.chain().skip(1) {
-                msg += &format!("\n  caused by: {cause}");
+                // An error that quotes its cause already said it.
+                let cause = cause.to_string();
+                if !msg.contains(&cause) {
+                    msg += &format!("\n  caused by: {cause}");
+                }
             }
             eprintln!("{msg}");
             ExitCode::from(EXIT_FORKBOX)

@@ -221,10 +221,19 @@ fn bad_input_gives_clear_errors() {
     let _ = std::fs::remove_dir_all(&dir);
 
     let out = run(&paths, &["image", "rm", "python-bookworm"]);
+    let err = text(&out.stderr);
     assert!(
-        text(&out.stderr).contains("explicit version"),
-        "{}",
-        text(&out.stderr)
+        err.contains("needs its version, python-bookworm@N") && err.contains("python-bookworm@1"),
+        "{err}"
+    );
+
+    // A bad --allow is a usage error naming the flag, said once.
+    let out = run(&paths, &["run", "--allow", "bad host!", "--", "true"]);
+    assert_eq!(out.status.code(), Some(2));
+    let err = text(&out.stderr);
+    assert!(
+        err.contains("--allow") && err.matches("use a host name").count() == 1,
+        "{err}"
     );
 }
 

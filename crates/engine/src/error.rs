@@ -75,6 +75,8 @@ pub enum ImageError {
     },
     #[error("{0:?} is not an image reference: use NAME or NAME@N, where NAME is letters, digits, '-', '_' or '.'")]
     BadReference(String),
+    #[error("removing an image needs its version, {name}@N; {versions}")]
+    VersionNeeded { name: String, versions: String },
     #[error("image {reference} is in use by sandbox(es) {sandboxes}; remove them first")]
     InUse {
         reference: String,

@@ -92,6 +92,13 @@ fn parse_entry(e: &str) -> Option<Entry> {
     })
 }
 
+/// Checks one allow entry as [`NetworkPolicy::validate`] would.
+pub fn check_allow_entry(e: &str) -> Result<String, PolicyError> {
+    parse_entry(e)
+        .map(|_| e.to_string())
+        .ok_or_else(|| PolicyError::BadEntry(e.to_string()))
+}
+
 impl NetworkPolicy {
     pub fn is_off(&self) -> bool {
         !self.internet && self.allow.is_empty()

@@ -92,6 +92,7 @@ pub fn image_code(e: &ImageError) -> &'static str {
         ImageError::NotFound { .. } => "image_not_found",
         ImageError::InUse { .. } => "image_in_use",
         ImageError::BadReference(_)
+        | ImageError::VersionNeeded { .. }
         | ImageError::RecipeInvalid { .. }
         | ImageError::RecipeUnreadable { .. } => "bad_request",
         ImageError::BuildFailed { .. } => "build_failed",
@@ -112,7 +113,9 @@ fn image_status(e: &ImageError) -> u16 {
     match e {
         // Asking for an image that is not there is the request's fault, as when creating.
         ImageError::NotFound { .. } => 404,
-        ImageError::BadReference(_) | ImageError::RecipeInvalid { .. } => 400,
+        ImageError::BadReference(_)
+        | ImageError::VersionNeeded { .. }
+        | ImageError::RecipeInvalid { .. } => 400,
         ImageError::InUse { .. } => 409,
         _ => 500,
     }

@@ -205,9 +205,19 @@ impl ImageStore {
     /// using each image reference.
     pub fn remove(&self, r: &ImageRef, users: &[(String, String)]) -> Result<Image, ImageError> {
         if r.version.is_none() {
-            return Err(ImageError::BadReference(format!(
-                "{r} (removal needs an explicit version: {r}@N)"
-            )));
+            let versions: Vec<String> = self
+                .list()
+                .iter()
+                .filter(|i| i.meta.name == r.name)
+                .map(|i| i.reference())
+                .collect();
+            return Err(ImageError::VersionNeeded {
+                name: r.name.clone(),
+                versions: match versions.is_empty() {
+                    true => "there is none".into(),
+                    false => format!("there are {}", versions.join(", ")),
+                },
+            });
         }
         let image = match self.resolve(r) {
             Ok(i) => i,
