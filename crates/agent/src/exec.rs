@@ -17,7 +17,7 @@ use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender,
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use forkbox_protocol::{AgentMsg, ExecSpec, ExitStatus, Program, CHUNK};
+use forkbox_protocol::{AgentMsg, ExecSpec, ExitStatus, Program, WinSize, CHUNK};
 use nix::sys::signal::{killpg, Signal};
 use nix::sys::wait::{waitid, waitpid, Id, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
@@ -44,6 +44,10 @@ struct Running {
     stdin: Option<Sender<Option<Vec<u8>>>>,
     /// A signal that came before the process existed.
     pending_signal: Option<Signal>,
+    /// The terminal's controlling side, when it runs on one.
+    tty: Option<Arc<OwnedFd>>,
+    /// A size that came before the terminal existed.
+    pending_size: Option<WinSize>,
 }
 
 type StdinRx = Receiver<Option<Vec<u8>>>;
@@ -96,6 +100,8 @@ impl Execs {
                 pgid: None,
                 stdin: stdin_tx,
                 pending_signal: None,
+                tty: None,
+                pending_size: None,
             },
         );
         let inner = self.0.clone();
@@ -118,6 +124,19 @@ impl Execs {
     pub fn stdin(&self, id: u32, data: Option<Vec<u8>>) {
         if let Some(tx) = lock(&self.0.running).get(&id).and_then(|r| r.stdin.clone()) {
             let _ = tx.send(data);
+        }
+    }
+
+    /// Gives a command's terminal a new size (the kernel tells its foreground processes).
+    pub fn resize(&self, id: u32, size: WinSize) {
+        let mut running = lock(&self.0.running);
+        match running.get_mut(&id) {
+            Some(Running { tty: Some(m), .. }) => {
+                let _ = set_size(m, size);
+            }
+            // Not started yet: applied as soon as its terminal exists.
+            Some(r) => r.pending_size = Some(size),
+            None => {}
         }
     }
 
@@ -259,8 +278,52 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
         Stdio::null()
     });
     cmd.stdout(Stdio::piped()).stderr(Stdio::piped());
-    cmd.process_group(0);
+    // On a terminal the command leads a session of its own instead (see `on_terminal`).
+    if spec.tty.is_none() {
+        cmd.process_group(0);
+    }
     Ok(cmd)
+}
+
+fn winsize(size: WinSize) -> nix::pty::Winsize {
+    nix::pty::Winsize {
+        ws_row: size.rows,
+        ws_col: size.cols,
+        ws_xpixel: 0,
+        ws_ypixel: 0,
+    }
+}
+
+fn set_size(master: &OwnedFd, size: WinSize) -> std::io::Result<()> {
+    let ws = winsize(size);
+    // SAFETY: TIOCSWINSZ reads one `winsize` from the pointer, which lives across the call;
+    // the descriptor is a terminal's controlling side this process owns.
+    let r = unsafe { libc::ioctl(master.as_raw_fd(), libc::TIOCSWINSZ, &ws) };
+    if r < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Puts `cmd` on a new pseudo-terminal of `size`: its standard streams are the terminal and it
+/// leads a session whose controlling terminal it is (so Ctrl-C typed into it is a SIGINT to
+/// its foreground processes). Returns the controlling side.
+fn on_terminal(cmd: &mut Command, size: WinSize) -> std::io::Result<OwnedFd> {
+    let pty = nix::pty::openpty(Some(&winsize(size)), None).map_err(std::io::Error::from)?;
+    cmd.stdin(Stdio::from(pty.slave.try_clone()?));
+    cmd.stdout(Stdio::from(pty.slave.try_clone()?));
+    cmd.stderr(Stdio::from(pty.slave));
+    // SAFETY: between fork and exec the hook makes only async-signal-safe system calls
+    // (setsid, ioctl) and allocates nothing.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(pty.master)
 }
 
 fn describe(spec: &ExecSpec) -> String {
@@ -275,6 +338,10 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     let out = &inner.out;
     let mut cmd = match build_command(&spec) {
         Ok(c) => c,
+        Err(e) => return out.error(id, &e),
+    };
+    let master = match spec.tty.map(|size| on_terminal(&mut cmd, size)).transpose() {
+        Ok(m) => m.map(Arc::new),
         Err(e) => return out.error(id, &e),
     };
     let cgroup = Cgroup::create(inner, id);
@@ -295,6 +362,8 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
             return out.error(id, &e);
         }
     };
+    // The terminal's other side lives on only in the child (its end of file is the child's).
+    drop(cmd);
     let pid = child.id();
     // Joined from here rather than in the child before exec: without a pre-exec hook std
     // spawns with posix_spawn (vfork), which under emulation is far cheaper than fork. A child
@@ -307,15 +376,22 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
 
     let finished = Arc::new(Mutex::new(false));
     let (eof_tx, eof_rx) = channel::<()>();
-    for (is_out, stream) in [
-        (true, child.stdout.take().map(OwnedFd::from)),
-        (false, child.stderr.take().map(OwnedFd::from)),
-    ] {
+    let streams = match &master {
+        // A terminal's output, both streams in one, comes as stdout.
+        Some(m) => [(true, m.try_clone().ok()), (false, None)],
+        None => [
+            (true, child.stdout.take().map(OwnedFd::from)),
+            (false, child.stderr.take().map(OwnedFd::from)),
+        ],
+    };
+    let readers = streams.iter().filter(|(_, s)| s.is_some()).count();
+    for (is_out, stream) in streams {
         let Some(fd) = stream else { continue };
         let (out, finished, eof_tx) = (out.clone(), finished.clone(), eof_tx.clone());
         if let Err(e) = spawn_small(move || {
             let mut stream = fs::File::from(fd);
-            // A larger pipe lets a fast writer run ahead while a chunk is on its way.
+            // A larger pipe lets a fast writer run ahead while a chunk is on its way (a
+            // terminal refuses, harmlessly).
             let _ = nix::fcntl::fcntl(
                 stream.as_raw_fd(),
                 nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
@@ -345,12 +421,21 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
         }
     }
     drop(eof_tx);
-    if let (Some(mut w), Some(rx)) = (child.stdin.take(), stdin_rx) {
+    let writer: Option<fs::File> = match &master {
+        Some(m) => m.try_clone().ok().map(fs::File::from),
+        None => child.stdin.take().map(|w| fs::File::from(OwnedFd::from(w))),
+    };
+    let on_tty = master.is_some();
+    if let (Some(mut w), Some(rx)) = (writer, stdin_rx) {
         if let Err(e) = spawn_small(move || {
             while let Ok(Some(data)) = rx.recv() {
                 if w.write_all(&data).is_err() {
-                    break;
+                    return;
                 }
+            }
+            // Closing a terminal's input is typing its end-of-file character.
+            if on_tty {
+                let _ = w.write_all(b"\x04");
             }
         }) {
             eprintln!("forkbox-agent: cannot start a thread for command {id}: {e}");
@@ -358,6 +443,10 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     }
     if let Some(r) = lock(&inner.running).get_mut(&id) {
         r.pgid = Some(Pid::from_raw(pid as i32));
+        r.tty = master.clone();
+        if let (Some(m), Some(size)) = (&r.tty, r.pending_size.take()) {
+            let _ = set_size(m, size);
+        }
         if let Some(sig) = r.pending_signal.take() {
             let _ = killpg(Pid::from_raw(pid as i32), sig);
         }
@@ -372,7 +461,7 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     // Let the output readers catch up, within a bound: processes the command left running may
     // hold its pipes open for as long as they live.
     let drain_until = Instant::now() + DRAIN_AFTER_EXIT;
-    let mut open = 2;
+    let mut open = readers;
     while open > 0 {
         let left = drain_until.saturating_duration_since(Instant::now());
         match eof_rx.recv_timeout(left) {

@@ -176,6 +176,7 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive:
         HostMsg::Stdin { id, data } => execs.stdin(id, Some(data)),
         HostMsg::StdinClose { id } => execs.stdin(id, None),
         HostMsg::Signal { id, signal } => execs.signal(id, signal),
+        HostMsg::Resize { id, size } => execs.resize(id, size),
         HostMsg::WriteFile {
             id,
             path,

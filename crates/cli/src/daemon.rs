@@ -158,6 +158,10 @@ pub enum SandboxCmd {
         /// input is refused rather than dropped).
         #[arg(short = 'i', long, conflicts_with_all = ["detach", "json"])]
         interactive: bool,
+        /// Run the command on a terminal (the size of this one, kept in step); with -i on a
+        /// terminal, keys go through as typed (Ctrl-C interrupts the command, not forkbox).
+        #[arg(short = 't', long, conflicts_with_all = ["detach", "json"])]
+        tty: bool,
         /// Print one JSON result (output capped at 64 KiB per stream) instead of streaming.
         #[arg(long)]
         json: bool,
@@ -167,6 +171,14 @@ pub enum SandboxCmd {
         /// The command and its arguments (after `--`).
         #[arg(trailing_var_arg = true, required = true, value_name = "CMD")]
         command: Vec<String>,
+    },
+    /// A login shell in a sandbox on a terminal (bash if it has one, else sh): `exec -i -t`.
+    Shell {
+        /// Sandbox id.
+        id: String,
+        /// Working directory in the guest (default /root).
+        #[arg(long)]
+        cwd: Option<String>,
     },
     /// Follow a command started earlier (its output from the start, then live) and exit with its code.
     Attach {
@@ -739,6 +751,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 env,
                 timeout,
                 interactive,
+                tty,
                 json,
                 detach,
                 command,
@@ -750,7 +763,30 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     timeout_secs: timeout,
                     ..Default::default()
                 };
-                exec(&c, &id, req, interactive, detach, json).await
+                let how = How {
+                    interactive,
+                    tty,
+                    detach,
+                    json,
+                };
+                exec(&c, &id, req, how).await
+            }
+            SandboxCmd::Shell { id, cwd } => {
+                let req = ExecRequest {
+                    shell: Some(
+                        "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"
+                            .into(),
+                    ),
+                    cwd,
+                    ..Default::default()
+                };
+                let how = How {
+                    interactive: true,
+                    tty: true,
+                    detach: false,
+                    json: false,
+                };
+                exec(&c, &id, req, how).await
             }
             SandboxCmd::Attach { id, command_id } => {
                 follow(c.attach(&id, &command_id).await?).await
@@ -905,34 +941,70 @@ fn show(json: bool, v: &impl serde::Serialize, text: impl FnOnce()) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-/// Runs a command: detached (prints its id), plain (`--json`: one result), streamed, or
-/// streamed with this process's standard input passed to it.
-async fn exec(
-    c: &Client,
-    id: &str,
-    mut req: ExecRequest,
+/// How `sandbox exec` runs its command.
+struct How {
     interactive: bool,
+    tty: bool,
     detach: bool,
     json: bool,
-) -> anyhow::Result<ExitCode> {
-    if !interactive {
+}
+
+/// Runs a command: detached (prints its id), plain (`--json`: one result), streamed, or
+/// started and followed with this process's standard input passed to it and/or on a terminal.
+async fn exec(c: &Client, id: &str, mut req: ExecRequest, how: How) -> anyhow::Result<ExitCode> {
+    if !how.interactive {
         refuse_unread_stdin()?;
     }
-    if detach {
+    if how.detach {
         let started = c.start_command(id, &req).await?;
-        return show(json, &started, || println!("{}", started.command_id));
+        return show(how.json, &started, || println!("{}", started.command_id));
     }
-    if json {
+    if how.json {
         let r = c.exec(id, &req).await?;
         crate::print_json(&r)?;
         return Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8));
     }
-    if !interactive {
+    if !how.interactive && !how.tty {
         return follow(c.exec_events(id, &req).await?).await;
     }
-    req.stdin = true;
+    req.stdin = how.interactive;
+    if how.tty {
+        req.tty = Some(crate::terminal::size());
+        if !req.env.contains_key("TERM") {
+            let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
+            req.env.insert("TERM".into(), term);
+        }
+    }
     let cid = c.start_command(id, &req).await?.command_id;
     let events = c.attach(id, &cid).await?;
+    // Keys go through as typed while the command runs on a terminal; restored when this ends.
+    let _raw = match how.tty && how.interactive {
+        true => crate::terminal::RawMode::enter(),
+        false => None,
+    };
+    let follow = follow(events);
+    tokio::pin!(follow);
+    let resizing = async {
+        if !how.tty {
+            return std::future::pending().await;
+        }
+        let Ok(mut winch) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
+        else {
+            return std::future::pending().await;
+        };
+        while winch.recv().await.is_some() {
+            let _ = c.resize(id, &cid, crate::terminal::size()).await;
+        }
+        std::future::pending::<()>().await
+    };
+    tokio::pin!(resizing);
+    if !how.interactive {
+        return tokio::select! {
+            code = &mut follow => code,
+            _ = &mut resizing => unreachable!("resizing never ends"),
+        };
+    }
     let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
     // Standard input is read on a thread of its own: a read blocks, and the command may end
     // before it does.
@@ -954,13 +1026,15 @@ async fn exec(
     });
     let feed = c.write_stdin(id, &cid, rx, true);
     tokio::pin!(feed);
-    let follow = follow(events);
-    tokio::pin!(follow);
     tokio::select! {
         code = &mut follow => code,
+        _ = &mut resizing => unreachable!("resizing never ends"),
         fed = &mut feed => {
             fed.context("passing standard input to the command")?;
-            follow.await
+            tokio::select! {
+                code = &mut follow => code,
+                _ = &mut resizing => unreachable!("resizing never ends"),
+            }
         }
     }
 }

@@ -6,6 +6,7 @@ mod daemon;
 mod logfile;
 mod migrate;
 mod run;
+mod terminal;
 mod units;
 
 use std::io::Write;

@@ -42,6 +42,10 @@ pub struct RunArgs {
     /// Pass this process's standard input to the command.
     #[arg(short = 'i', long)]
     interactive: bool,
+    /// Run the command on a terminal (the size of this one, kept in step); with -i on a
+    /// terminal, keys go through as typed (Ctrl-C interrupts the command).
+    #[arg(short = 't', long, conflicts_with = "json")]
+    tty: bool,
     #[command(flatten)]
     net: crate::daemon::NetArgs,
     /// Print one JSON object with the result instead of streaming the output.
@@ -135,9 +139,23 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let spec = ExecSpec {
         program: Program::Argv(args.command.clone()),
         cwd: args.cwd.clone(),
-        env: args.env.clone(),
+        env: {
+            let mut env = args.env.clone();
+            if args.tty && !env.iter().any(|(k, _)| k == "TERM") {
+                let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
+                env.push(("TERM".into(), term));
+            }
+            env
+        },
         timeout_ms: args.timeout.map(|s| s * 1000),
         stdin: args.interactive,
+        tty: args.tty.then(|| {
+            let size = crate::terminal::size();
+            forkbox_protocol::WinSize {
+                rows: size.rows,
+                cols: size.cols,
+            }
+        }),
     };
     let exec_start = Instant::now();
     let outcome = tokio::select! {
@@ -209,10 +227,20 @@ async fn drive(
         Program::Argv(a) => a.join(" "),
         Program::Shell(s) => s.clone(),
     };
+    let on_tty = spec.tty.is_some();
     let mut ex = sandbox
         .exec(spec)
         .await
         .with_context(|| format!("could not run `{program}`"))?;
+    // Keys go through as typed while the command runs on a terminal; restored when this ends.
+    let _raw = match on_tty && interactive {
+        true => crate::terminal::RawMode::enter(),
+        false => None,
+    };
+    let mut winch = match on_tty {
+        true => tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok(),
+        false => None,
+    };
     let mut stdin_rx = if interactive {
         let (tx, rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(4);
         std::thread::spawn(move || {
@@ -241,6 +269,11 @@ async fn drive(
     loop {
         let ev = tokio::select! {
             ev = ex.next() => ev?,
+            Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
+                let size = crate::terminal::size();
+                ex.resize(forkbox_protocol::WinSize { rows: size.rows, cols: size.cols }).await?;
+                continue;
+            }
             input = async { match stdin_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
                 match input.flatten() {
                     Some(data) => ex.stdin(data).await?,

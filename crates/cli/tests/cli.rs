@@ -1725,3 +1725,127 @@ fn info_json_has_the_apis_shape() {
         "{v}"
     );
 }
+
+/// A restore and two boots' worth of commands. Terminals: `run -t`, `sandbox exec -t` and
+/// `-i -t`, `sandbox shell`; Ctrl-C typed into one interrupts the command; a resize reaches it.
+#[test]
+fn commands_run_on_a_terminal() {
+    let paths = infra::isolated_home("terminals");
+    stop_daemon(&paths);
+    let out = run(
+        &paths,
+        &[
+            "run",
+            "-q",
+            "-t",
+            "--",
+            "sh",
+            "-c",
+            "tty; stty size; echo $TERM",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(o.contains("/dev/pts/") && o.contains("24 80"), "{o:?}");
+
+    let id = text(&run(&paths, &["sandbox", "create"]).stdout)
+        .trim()
+        .to_string();
+    let out = run(
+        &paths,
+        &[
+            "sandbox",
+            "exec",
+            "-t",
+            &id,
+            "--",
+            "sh",
+            "-c",
+            "tty; stty size",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let o = text(&out.stdout);
+    assert!(o.contains("/dev/pts/") && o.contains("24 80\r\n"), "{o:?}");
+
+    // Typed input reaches a shell on the terminal; its exit code comes back.
+    let out = run_with_stdin(
+        &paths,
+        &["sandbox", "exec", "-i", "-t", &id, "--", "sh"],
+        b"echo hi-$((1+1))\nexit 3\n",
+    );
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("hi-2"),
+        "{:?}",
+        text(&out.stdout)
+    );
+
+    // Ctrl-C typed into the terminal interrupts the command (SIGINT: 130), long before it ends.
+    let started = std::time::Instant::now();
+    let out = run_with_stdin(
+        &paths,
+        &[
+            "sandbox", "exec", "-i", "-t", &id, "--", "sh", "-c", "sleep 60",
+        ],
+        b"\x03",
+    );
+    assert_eq!(out.status.code(), Some(130), "{}", text(&out.stderr));
+    assert!(started.elapsed() < Duration::from_secs(30));
+
+    // A login shell: bash, where the image has it.
+    let out = run_with_stdin(&paths, &["sandbox", "shell", &id], b"echo shell=$0\nexit\n");
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stdout).contains("shell=bash"),
+        "{:?}",
+        text(&out.stdout)
+    );
+
+    // A resize reaches the command (through the API, as `exec -t` sends it on SIGWINCH).
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let printed = rt.block_on(async {
+        use base64::Engine as _;
+        let c = forkbox_client::Client::new(forkbox_client::Endpoint::Unix(
+            forkbox_server::socket_path(&paths),
+        ))
+        .unwrap();
+        let req = forkbox_engine::api::ExecRequest {
+            shell: Some("sleep 3; stty size".into()),
+            tty: Some(forkbox_engine::api::TerminalSize { rows: 24, cols: 80 }),
+            ..Default::default()
+        };
+        let cid = c.start_command(&id, &req).await.unwrap().command_id;
+        c.resize(
+            &id,
+            &cid,
+            forkbox_engine::api::TerminalSize {
+                rows: 50,
+                cols: 132,
+            },
+        )
+        .await
+        .unwrap();
+        let mut events = c.attach(&id, &cid).await.unwrap();
+        let mut printed = Vec::new();
+        while let Some(ev) = events.next().await.unwrap() {
+            match ev {
+                forkbox_engine::api::CommandEvent::Stdout { data_b64 } => printed.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(data_b64)
+                        .unwrap(),
+                ),
+                forkbox_engine::api::CommandEvent::Exit(_) => break,
+                forkbox_engine::api::CommandEvent::Command { .. } => {}
+                other => panic!("{other:?}"),
+            }
+        }
+        String::from_utf8(printed).unwrap()
+    });
+    assert_eq!(printed, "50 132\r\n");
+    assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
+    stop_daemon(&paths);
+}

@@ -9,8 +9,8 @@ use std::path::PathBuf;
 use forkbox_engine::api::{
     ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, ExecRequest, ExecResult, ForkRequest, ForkResult,
-    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, Unpacked,
-    Written,
+    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
+    Unpacked, Written,
 };
 use forkbox_engine::snapshot::SnapshotMeta;
 use futures_util::{Stream, StreamExt};
@@ -321,6 +321,20 @@ impl Client {
             .http
             .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
             .json(&serde_json::json!({ "signal": signal }));
+        self.send(req).await.map(drop)
+    }
+
+    /// A new size for the terminal of a command started with `tty`.
+    pub async fn resize(
+        &self,
+        id: &str,
+        command_id: &str,
+        size: TerminalSize,
+    ) -> Result<(), ClientError> {
+        let req = self
+            .http
+            .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/resize")))
+            .json(&size);
         self.send(req).await.map(drop)
     }
 

@@ -548,6 +548,12 @@ impl Execution {
             })
             .await
     }
+
+    pub async fn resize(&self, size: forkbox_protocol::WinSize) -> Result<(), AgentError> {
+        self.client
+            .send(&HostMsg::Resize { id: self.id, size })
+            .await
+    }
 }
 
 impl Drop for Execution {

@@ -66,6 +66,7 @@ enum Control {
     Signal(i32),
     /// Bytes for its standard input; `None` closes it.
     Stdin(Option<Vec<u8>>),
+    Resize(forkbox_protocol::WinSize),
 }
 
 /// One command's output and fate.
@@ -105,6 +106,7 @@ impl CommandLog {
                             Control::Signal(sig) => ex.signal(sig).await,
                             Control::Stdin(Some(data)) => ex.stdin(data).await,
                             Control::Stdin(None) => ex.close_stdin().await,
+                            Control::Resize(size) => ex.resize(size).await,
                         };
                         continue;
                     }
@@ -200,6 +202,11 @@ impl CommandLog {
 
     pub async fn signal(&self, sig: i32) {
         let _ = self.control.send(Control::Signal(sig)).await;
+    }
+
+    /// A new size for its terminal, when it runs on one (otherwise nothing happens).
+    pub async fn resize(&self, size: forkbox_protocol::WinSize) {
+        let _ = self.control.send(Control::Resize(size)).await;
     }
 
     pub fn reads_stdin(&self) -> bool {

@@ -8,7 +8,7 @@
 //! let sb = Sandbox::create(&paths, &SandboxConfig::default()).await?;
 //! let out = sb.client().run(ExecSpec {
 //!     program: Program::Shell("uname -r".into()),
-//!     cwd: None, env: vec![], timeout_ms: Some(10_000), stdin: false,
+//!     cwd: None, env: vec![], timeout_ms: Some(10_000), stdin: false, tty: None,
 //! }).await?;
 //! println!("guest kernel {}", out.stdout_text());
 //! sb.destroy().await;

@@ -43,6 +43,7 @@ fn warm_up() -> forkbox_protocol::ExecSpec {
         env: vec![],
         timeout_ms: Some(60_000),
         stdin: false,
+        tty: None,
     }
 }
 

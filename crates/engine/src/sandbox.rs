@@ -973,4 +973,9 @@ impl SandboxExecution {
     pub async fn signal(&self, sig: i32) -> Result<(), SandboxError> {
         self.checked(self.inner.signal(sig).await).await
     }
+
+    /// A new size for the terminal of a command run on one.
+    pub async fn resize(&self, size: forkbox_protocol::WinSize) -> Result<(), SandboxError> {
+        self.checked(self.inner.resize(size).await).await
+    }
 }

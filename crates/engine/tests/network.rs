@@ -22,6 +22,7 @@ async fn py(sb: &Sandbox, code: &str) -> String {
             env: vec![],
             timeout_ms: Some(120_000),
             stdin: false,
+            tty: None,
         })
         .await
         .unwrap();

@@ -57,6 +57,7 @@ async fn one_sandbox_runs_commands_with_exact_results() {
             env: vec![("GREETING".into(), "a b 'c'".into())],
             timeout_ms: None,
             stdin: false,
+            tty: None,
         })
         .await
         .unwrap();
@@ -86,6 +87,7 @@ async fn one_sandbox_runs_commands_with_exact_results() {
             env: vec![],
             timeout_ms: None,
             stdin: false,
+            tty: None,
         })
         .await
         .unwrap();

@@ -154,6 +154,7 @@ pub(crate) fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
         env: vec![],
         timeout_ms: Some(timeout_secs * 1000),
         stdin: false,
+        tty: None,
     }
 }
 

@@ -133,6 +133,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
             env: vec![],
             timeout_ms: Some(600_000),
             stdin: false,
+            tty: None,
         })
         .await
         .unwrap();

@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 5;
+pub const PROTOCOL_VERSION: u32 = 6;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -120,6 +120,17 @@ pub struct ExecSpec {
     pub timeout_ms: Option<u64>,
     /// Whether the host will send stdin (`Stdin`/`StdinClose`); otherwise stdin is `/dev/null`.
     pub stdin: bool,
+    /// Run on a pseudo-terminal of this size: standard input, output and error are all the
+    /// terminal (its output comes as `Stdout`; `StdinClose` sends the terminal's end of file),
+    /// the command leads a session of its own, and `Resize` changes the size.
+    pub tty: Option<WinSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WinSize {
+    pub rows: u16,
+    pub cols: u16,
 }
 
 /// How a command ended.
@@ -242,6 +253,11 @@ pub enum HostMsg {
     /// The tunnel is gone (an error, or it is unknown to the host).
     TunnelClose {
         tunnel: u32,
+    },
+    /// A command run on a terminal (`ExecSpec::tty`) gets a new terminal size.
+    Resize {
+        id: u32,
+        size: WinSize,
     },
 }
 

@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 5);
+    assert_eq!(PROTOCOL_VERSION, 6);
 }
 
 #[test]
@@ -25,6 +25,7 @@ fn host_messages_encoding_is_pinned() {
         env: vec![("A".into(), "b".into())],
         timeout_ms: Some(1000),
         stdin: true,
+        tty: None,
     };
     let got: Vec<String> = vec![
         hex(&HostMsg::Ping { id: 1 }),
@@ -37,6 +38,7 @@ fn host_messages_encoding_is_pinned() {
                 env: vec![],
                 timeout_ms: None,
                 stdin: false,
+                tty: Some(WinSize { rows: 24, cols: 27 }),
             },
         }),
         hex(&HostMsg::Stdin {
@@ -79,11 +81,15 @@ fn host_messages_encoding_is_pinned() {
                 grow_root_to: 4,
             },
         }),
+        hex(&HostMsg::Resize {
+            id: 2,
+            size: WinSize { rows: 24, cols: 80 },
+        }),
     ];
     let want = vec![
         "0001",
-        "01020002026c73022d6c01022f77010141016201e80701",
-        "010301047472756500000000",
+        "01020002026c73022d6c01022f77010141016201e8070100",
+        "01030104747275650000000001181b",
         "0202020102",
         "0302",
         "04021e",
@@ -92,6 +98,7 @@ fn host_messages_encoding_is_pinned() {
         "0706022f64010101",
         "0807022f64",
         "090802090901020168016d0304",
+        "10021850",
     ];
     assert_eq!(got, want);
 }
@@ -214,5 +221,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258050000000173016b03");
+    assert_eq!(h, "0d000000464b4258060000000173016b03");
 }

@@ -39,6 +39,7 @@ use super::*;
         command_events,
         command_signal,
         command_stdin,
+        command_resize,
         put_archive,
         get_archive,
         read_file,

@@ -22,7 +22,7 @@ use forkbox_engine::api::{
     ArchiveFormat, BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
     ForkResult, GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView,
-    SnapshotRequest, StdinWritten, Unpacked, Written,
+    SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -487,6 +487,21 @@ async fn command_signal(
     run(&e, cmd, StatusCode::ACCEPTED).await
 }
 
+/// Resizes the terminal of a command started with `tty`.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/commands/{cid}/resize", params(("id" = String, Path), ("cid" = String, Path)), request_body = TerminalSize, responses((status = 202, description = "sent"), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn command_resize(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, command_id)): UrlPath<(String, String)>,
+    Json(size): Json<TerminalSize>,
+) -> Api {
+    let cmd = Command::ResizeCommand {
+        id,
+        command_id,
+        size,
+    };
+    run(&e, cmd, StatusCode::ACCEPTED).await
+}
+
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
 struct StdinQuery {
@@ -713,6 +728,10 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(
             "/v1/sandboxes/{id}/commands/{cid}/stdin",
             post(command_stdin),
+        )
+        .route(
+            "/v1/sandboxes/{id}/commands/{cid}/resize",
+            post(command_resize),
         )
         .route(
             "/v1/sandboxes/{id}/archive",

@@ -172,6 +172,7 @@ pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
         env: vec![],
         timeout_ms,
         stdin: false,
+        tty: None,
     }
 }
 

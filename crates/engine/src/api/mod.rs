@@ -122,6 +122,12 @@ pub enum Command {
         command_id: String,
         signal: i32,
     },
+    /// A new size for a started command's terminal.
+    ResizeCommand {
+        id: String,
+        command_id: String,
+        size: TerminalSize,
+    },
     /// Feeds a started command's standard input with chunks as they arrive; closes it after
     /// them when `close`.
     WriteStdin {
@@ -624,6 +630,15 @@ impl Engine {
                 signal,
             } => {
                 self.command(&id, &command_id).await?.signal(signal).await;
+                Ok(Reply::Signalled)
+            }
+            Command::ResizeCommand {
+                id,
+                command_id,
+                size,
+            } => {
+                let size = size.checked()?;
+                self.command(&id, &command_id).await?.resize(size).await;
                 Ok(Reply::Signalled)
             }
             Command::WriteStdin {

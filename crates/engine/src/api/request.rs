@@ -105,6 +105,34 @@ pub struct ExecRequest {
     /// commands only); otherwise its standard input is empty (`/dev/null`).
     #[serde(default)]
     pub stdin: bool,
+    /// Run the command on a terminal of this size: its output (both streams in one) comes as
+    /// stdout, closing its stdin types end-of-file, `POST …/commands/{cid}/resize` resizes it.
+    #[serde(default)]
+    pub tty: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl TerminalSize {
+    /// Checked: 1 to 1000 rows and columns.
+    pub fn checked(self) -> Result<forkbox_protocol::WinSize, EngineError> {
+        if !(1..=1000).contains(&self.rows) || !(1..=1000).contains(&self.cols) {
+            return Err(EngineError::BadRequest(format!(
+                "terminal size {}x{} is not 1 to 1000 rows and columns",
+                self.rows, self.cols
+            )));
+        }
+        Ok(forkbox_protocol::WinSize {
+            rows: self.rows,
+            cols: self.cols,
+        })
+    }
 }
 
 /// Checks an exec request and turns it into the protocol's command.
@@ -140,6 +168,7 @@ pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
         env: r.env.into_iter().collect(),
         timeout_ms,
         stdin: r.stdin,
+        tty: r.tty.map(TerminalSize::checked).transpose()?,
     })
 }
 

@@ -153,6 +153,7 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
                 env: vec![],
                 timeout_ms: Some(60_000),
                 stdin: false,
+                tty: None,
             })
             .await?;
         let refused = |kind, out: &crate::client::Output| {
