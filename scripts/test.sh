@@ -10,6 +10,7 @@ echo "== installing host packages (forkbox setup)" >&2
 cargo run --quiet --locked -p forkbox-cli -- setup
 # The SDK tests (crates/cli/tests/sdk.rs) make a Python venv from PyPI and run `npm ci` from
 # npm's registry; they need Node 18+ with npm and Python's venv module (Debian's packages).
+# The demo test opens the migration report in headless Chromium.
 # The network tests serve HTTP from a network namespace they make (iproute2, python3). All of it
 # in one apt transaction, and Node with its npm only when there is no Node at all (a Node from
 # elsewhere carries its own npm, and Debian's npm would replace that Node).
@@ -18,6 +19,8 @@ command -v ip >/dev/null || need+=(iproute2)
 command -v python3 >/dev/null || need+=(python3)
 command -v node >/dev/null || need+=(nodejs npm)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
+# The migration report is checked as a person sees it, in headless Chromium.
+command -v chromium >/dev/null || need+=(chromium)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} for the network and SDK tests" >&2
   apt-get update -q >&2

@@ -218,6 +218,9 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// How often a pipe hears where unfinished rows are.
+const PIPE_BEAT: Duration = Duration::from_secs(10);
+
 /// Live progress: one line per fork (phase, time in it, time since the fork began, tests so
 /// far) redrawn in place on a terminal; elsewhere each change of phase is a line of its own.
 #[derive(Clone)]
@@ -288,6 +291,20 @@ impl Board {
                 };
                 let row = &mut rows.forks[i];
                 let changed = row.phase != phase;
+                // In a pipe, a change of phase is a line saying how long the last one took.
+                let said = (changed && !self.tty).then(|| match row.phase.is_empty() {
+                    true => format!("{:<14} {phase}", row.plan),
+                    false => format!(
+                        "{:<14} {phase:<16} ({} took {:.1} s{})",
+                        row.plan,
+                        row.phase,
+                        row.phase_began.elapsed().as_secs_f64(),
+                        match row.tests {
+                            0 => String::new(),
+                            n => format!(", {n} tests"),
+                        }
+                    ),
+                });
                 if changed {
                     row.phase = phase.to_string();
                     row.phase_began = now;
@@ -295,8 +312,8 @@ impl Board {
                 row.tests = tests;
                 if self.tty {
                     Self::erase(&mut rows, &mut err);
-                } else if changed {
-                    let _ = writeln!(err, "{} {}", self.stamp(), Self::line(&rows.forks[i]));
+                } else if let Some(line) = said {
+                    let _ = writeln!(err, "{} {line}", self.stamp());
                 }
             }
         }
@@ -332,19 +349,32 @@ impl Board {
         let _ = err.flush();
     }
 
-    /// Redraws the board each half second so the clocks move (on a terminal only).
+    /// Redraws the board each half second so the clocks move on a terminal; in a pipe, says
+    /// every 10 s where each unfinished row is (its phase, the time in it, tests so far).
     fn tick(self) -> std::thread::JoinHandle<()> {
         std::thread::spawn(move || {
-            while self.tty && !self.stopped.load(Ordering::SeqCst) {
+            let mut last = Instant::now();
+            while !self.stopped.load(Ordering::SeqCst) {
                 std::thread::sleep(Duration::from_millis(500));
                 let mut rows = self.rows();
-                if rows.drawn > 0 {
-                    let mut err = std::io::stderr().lock();
-                    Self::erase(&mut rows, &mut err);
-                    Self::draw(&mut rows, &mut err);
+                let mut err = std::io::stderr().lock();
+                if self.tty {
+                    if rows.drawn > 0 {
+                        Self::erase(&mut rows, &mut err);
+                        Self::draw(&mut rows, &mut err);
+                    }
+                } else if last.elapsed() >= PIPE_BEAT {
+                    last = Instant::now();
+                    for r in rows.forks.iter().filter(|r| !Self::finished(&r.phase)) {
+                        let _ = writeln!(err, "{} {}", self.stamp(), Self::line(r));
+                    }
                 }
             }
         })
+    }
+
+    fn finished(phase: &str) -> bool {
+        matches!(phase, "done" | "accepted" | "rejected" | "failed")
     }
 
     fn stop(&self) {

@@ -108,6 +108,9 @@ pub struct Verdict {
     pub fixed: Vec<String>,
     /// Rank among accepted plans, 1 = the winner.
     pub rank: Option<usize>,
+    /// Why it ranked where it did, against the plans before it (accepted plans only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rank_reason: Option<String>,
     /// Test files its patch changes (deletes, assertions it removes): "no test lost" proves
     /// less when the tests changed.
     #[serde(default)]
@@ -144,6 +147,7 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
                     lost,
                     fixed: vec![],
                     rank: None,
+                    rank_reason: None,
                     test_changes: a.test_changes.clone(),
                 };
             }
@@ -189,6 +193,7 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
                 lost,
                 fixed,
                 rank: None,
+                rank_reason: None,
                 test_changes: tests.clone(),
             }
         })
@@ -201,10 +206,46 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
         let a = by_plan[verdicts[i].plan.as_str()];
         (a.diff_lines, a.test_ms, verdicts[i].plan.clone())
     });
-    for (rank, i) in order.into_iter().enumerate() {
+    let ranked: Vec<(String, u64, u64)> = order
+        .iter()
+        .map(|&i| {
+            let a = by_plan[verdicts[i].plan.as_str()];
+            (a.plan.clone(), a.diff_lines, a.test_ms)
+        })
+        .collect();
+    for (rank, &i) in order.iter().enumerate() {
         verdicts[i].rank = Some(rank + 1);
+        verdicts[i].rank_reason = Some(rank_reason(&ranked, rank));
     }
     verdicts
+}
+
+/// Why the accepted plan at `rank` (0-based) of `ranked` (plan, diff lines, test ms; in rank
+/// order: smallest diff first, then fastest tests) stands there.
+fn rank_reason(ranked: &[(String, u64, u64)], rank: usize) -> String {
+    let (_, diff, ms) = &ranked[rank];
+    if ranked.len() == 1 {
+        return format!("the only accepted plan (diff of {diff} lines)");
+    }
+    if rank == 0 {
+        let (next, next_diff, next_ms) = &ranked[1];
+        return match next_diff == diff {
+            true => format!(
+                "the smallest diff ({diff} lines, as {next}'s) and faster tests ({ms} ms against {next_ms} ms)"
+            ),
+            false => format!(
+                "the smallest diff of the {} accepted plans: {diff} lines against {next}'s {next_diff}",
+                ranked.len()
+            ),
+        };
+    }
+    let (prev, prev_diff, prev_ms) = &ranked[rank - 1];
+    match prev_diff == diff {
+        true => format!(
+            "same diff size as {prev} ({diff} lines) but slower tests ({ms} ms against {prev_ms} ms)"
+        ),
+        false => format!("a larger diff than {prev}: {diff} lines against {prev_diff}"),
+    }
 }
 
 fn preview(ids: &[String]) -> String {
@@ -397,6 +438,26 @@ mod tests {
         assert_eq!(
             (rank("small"), rank("tie-slow"), rank("big")),
             (Some(1), Some(2), Some(3))
+        );
+        // Each says why it stands where it does.
+        let why = |p: &str| {
+            v.iter()
+                .find(|x| x.plan == p)
+                .unwrap()
+                .rank_reason
+                .clone()
+                .unwrap()
+        };
+        assert!(why("small").contains("smallest diff"), "{}", why("small"));
+        assert!(
+            why("tie-slow").contains("same diff size as small")
+                && why("tie-slow").contains("500 ms"),
+            "{}",
+            why("tie-slow")
+        );
+        assert_eq!(
+            why("big"),
+            "a larger diff than tie-slow: 40 lines against 10"
         );
     }
 

@@ -113,7 +113,16 @@ pub struct PlanRun {
     pub test_changes: crate::integrity::TestChanges,
     pub cpu_seconds: f64,
     pub memory_gib_seconds: f64,
+    /// `cpu_seconds` and `memory_gib_seconds` at the run's rates, in US dollars.
     pub cost: f64,
+    /// What each test that failed or errored after the port said (from pytest's JUnit report;
+    /// 4 KiB each at most).
+    #[serde(skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub failures: reports::Failures,
+    /// The last lines the test command printed after the port.
+    pub test_output_tail: String,
+    /// The verdict on this plan (also in `verdicts`).
+    pub verdict: Option<decide::Verdict>,
 }
 
 #[derive(Debug, Clone, Serialize)]
@@ -124,12 +133,20 @@ pub struct Phases {
     pub port_ms: u64,
     pub verify_ms: u64,
     pub total_ms: u64,
-    /// Time spent inside test-suite runs (baseline runs + every fork's), for comparison.
+    /// Time spent inside test-suite runs (baseline runs + every fork's), summed: runs side
+    /// by side overlap, so this can exceed `total_ms`, the wall time.
     pub test_suite_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize)]
 pub struct MigrateReport {
+    /// The shape of this report: 2 added `schema_version`, `forkbox_version`, `created_unix`,
+    /// images as `NAME@N`, each plan's `verdict`, `failures` and `test_output_tail`, and each
+    /// verdict's `rank_reason`.
+    pub schema_version: u32,
+    pub forkbox_version: String,
+    pub created_unix: u64,
+    /// The old and the new image, as `NAME@N`.
     pub from: String,
     pub to: String,
     pub test: String,
@@ -196,6 +213,10 @@ pub(crate) struct TestRun {
     pub ms: u64,
     /// Where the results were read from.
     pub source: String,
+    /// What each failed or errored test said, when the report tells (pytest's JUnit XML).
+    pub failures: reports::Failures,
+    /// The last lines the test command printed.
+    pub output_tail: String,
 }
 
 impl TestRun {
@@ -205,6 +226,8 @@ impl TestRun {
             exit,
             ms,
             source: String::new(),
+            failures: Default::default(),
+            output_tail: String::new(),
         }
     }
 }
@@ -296,15 +319,22 @@ async fn run_suite(
             took,
         );
     }
+    let output_tail = tail(
+        &[out.stdout.as_slice(), out.stderr.as_slice()].concat(),
+        OUTPUT_TAIL_LINES,
+    );
     if pytest_report {
         let junit = sb.client().read_file(JUNIT).await.unwrap_or_default();
-        if let Ok(r) = reports::pytest_junit(&String::from_utf8_lossy(&junit)) {
+        if let Ok((r, failures)) = reports::pytest_junit_detailed(&String::from_utf8_lossy(&junit))
+        {
             if !r.is_empty() {
                 return TestRun {
                     results: Ok(r),
                     exit: Some(out.code()),
                     ms: took,
                     source: "pytest's JUnit XML report (xunit1)".into(),
+                    failures,
+                    output_tail,
                 };
             }
         }
@@ -322,8 +352,18 @@ async fn run_suite(
         exit: Some(out.code()),
         ms: took,
         source: format!("the test command's output ({:?})", cfg.format),
+        failures: Default::default(),
+        output_tail,
     }
 }
+
+/// The version of `report.json`'s shape (see [`MigrateReport::schema_version`]).
+pub const REPORT_SCHEMA: u32 = 2;
+
+/// Lines of a test run's output a report keeps.
+const OUTPUT_TAIL_LINES: usize = 40;
+/// What a report keeps of one lost test's failure.
+const FAILURE_CAP: usize = 4096;
 
 /// CPU-seconds and GiB-seconds of memory a sandbox's QEMU used so far.
 fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
@@ -359,20 +399,34 @@ struct BaselineRun {
 async fn run_baseline(
     paths: &Paths,
     cfg: &MigrateConfig,
-    note: &(dyn Fn(&str) + Sync),
+    progress: &Progress,
 ) -> Result<BaselineRun, MigrateError> {
     let t = Instant::now();
     let n = cfg.runs.max(1);
-    note(&format!(
+    progress(Event::Note(&format!(
         "baseline: {n} run(s) side by side on {}",
         cfg.from
-    ));
+    )));
+    let note = |s: &str| progress(Event::Note(s));
     let one = |i: u32| async move {
+        let row = format!("baseline {i}/{n}");
+        let phase = |phase: &str, tests: usize| {
+            progress(Event::Fork {
+                plan: &row,
+                phase,
+                tests,
+            })
+        };
+        phase("starting", 0);
         let sb = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
         let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
         let run = async {
+            phase("uploading", 0);
             upload(&sb, &cfg.code, WORKDIR).await?;
-            Ok::<_, MigrateError>(run_tests(&sb, cfg, &|_| {}).await)
+            phase("tests", 0);
+            let run = run_tests(&sb, cfg, &|n| phase("tests", n)).await;
+            phase("done", run.results.as_ref().map_or(0, |r| r.len()));
+            Ok::<_, MigrateError>(run)
         }
         .await;
         sb.destroy().await;
@@ -415,8 +469,17 @@ async fn prepare(
     paths: &Paths,
     cfg: &MigrateConfig,
     started: Instant,
+    progress: &Progress,
 ) -> Result<(forkbox_engine::snapshot::Snapshot, u64), MigrateError> {
     let t = Instant::now();
+    let phase = |phase: &str| {
+        progress(Event::Fork {
+            plan: "prepare",
+            phase,
+            tests: 0,
+        })
+    };
+    phase("starting");
     let new = Sandbox::create(
         paths,
         &SandboxConfig {
@@ -426,8 +489,10 @@ async fn prepare(
     )
     .await?;
     let prepared = async {
+        phase("uploading");
         upload(&new, &cfg.code, WORKDIR).await?;
         upload(&new, &cfg.plans_dir, PLANDIR).await?;
+        phase("setup");
         // Caches and build output never belong to a plan's patch; what the setup steps
         // write is committed with the code, so a patch holds the porter's change alone.
         let mut steps = vec![format!(
@@ -446,7 +511,10 @@ async fn prepare(
             }
         }
         let name = format!("migrate-{}-{}", std::process::id(), started.elapsed().as_nanos() % 100_000);
-        Ok::<_, MigrateError>(new.snapshot(paths, &name, false, false).await?)
+        phase("snapshot");
+        let snap = new.snapshot(paths, &name, false, false).await?;
+        phase("done");
+        Ok::<_, MigrateError>(snap)
     }
     .await;
     new.destroy().await;
@@ -474,8 +542,8 @@ pub async fn migrate(
     // 1-2. The baseline on the old toolchain and the preparation on the new one, side by side
     // (neither needs the other; the ports need both).
     let (baseline, prepared) = tokio::join!(
-        run_baseline(paths, cfg, &note),
-        prepare(paths, cfg, started)
+        run_baseline(paths, cfg, &*progress),
+        prepare(paths, cfg, started, &*progress)
     );
     // Whichever failed, the other's work is not left behind.
     let (baseline, (snap, prepare_ms)) = match (baseline, prepared) {
@@ -622,6 +690,10 @@ pub async fn migrate(
         .iter()
         .find(|v| v.rank == Some(1))
         .map(|v| v.plan.clone());
+    let mut plans = plans;
+    for p in &mut plans {
+        p.verdict = verdicts.iter().find(|v| v.plan == p.plan).cloned();
+    }
     let winner_patch = match &winner {
         Some(w) => {
             let from = cfg.out.join(format!("{w}.patch"));
@@ -634,9 +706,25 @@ pub async fn migrate(
             None
         }
     };
+    let reference = |image: &str| {
+        image
+            .parse()
+            .ok()
+            .and_then(|r| {
+                forkbox_engine::image::ImageStore::new(paths)
+                    .resolve(&r)
+                    .ok()
+            })
+            .map_or_else(|| image.to_string(), |i| i.reference())
+    };
     let report = MigrateReport {
-        from: cfg.from.clone(),
-        to: cfg.to.clone(),
+        schema_version: REPORT_SCHEMA,
+        forkbox_version: env!("CARGO_PKG_VERSION").into(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_secs()),
+        from: reference(&cfg.from),
+        to: reference(&cfg.to),
         test: cfg.test.clone(),
         baseline,
         baseline_runs: cfg.runs.max(1),
@@ -790,6 +878,9 @@ async fn port_and_verify(
         cpu_seconds: 0.0,
         memory_gib_seconds: 0.0,
         cost: 0.0,
+        failures: Default::default(),
+        test_output_tail: String::new(),
+        verdict: None,
     };
     let sb = match fork {
         Some(Ok(sb)) => sb,
@@ -926,8 +1017,9 @@ async fn port_and_verify(
                 let text = String::from_utf8_lossy(&diff).into_owned();
                 run.diff_lines = decide::diff_lines(&text);
                 run.test_changes = crate::integrity::of_diff(&text);
+                // A plan that changed nothing has no patch to write.
                 let file = format!("{}.patch", plan.name);
-                if std::fs::write(out_dir.join(&file), diff).is_ok() {
+                if !diff.is_empty() && std::fs::write(out_dir.join(&file), diff).is_ok() {
                     run.patch_file = Some(file);
                 }
             }
@@ -942,6 +1034,23 @@ async fn port_and_verify(
         run.test_exit = tested.exit;
         run.test_ms = tested.ms;
         run.results_source = tested.source;
+        run.test_output_tail = tested.output_tail;
+        run.failures = tested
+            .failures
+            .into_iter()
+            .take(100)
+            .map(|(id, mut detail)| {
+                if detail.len() > FAILURE_CAP {
+                    let mut cut = FAILURE_CAP;
+                    while !detail.is_char_boundary(cut) {
+                        cut -= 1;
+                    }
+                    detail.truncate(cut);
+                    detail.push_str("\n…");
+                }
+                (id, detail)
+            })
+            .collect();
         match tested.results {
             Ok(r) => run.results = r,
             Err(e) => run.failure = Some(e),

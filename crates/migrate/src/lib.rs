@@ -21,4 +21,4 @@ pub mod plans;
 pub mod report;
 pub mod reports;
 
-pub use flow::{migrate, Event, MigrateConfig, MigrateError, Progress};
+pub use flow::{migrate, Event, MigrateConfig, MigrateError, Progress, REPORT_SCHEMA};

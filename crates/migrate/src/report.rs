@@ -1,5 +1,6 @@
 //! `report.json` (everything) and `report.html` (self-contained, for a person).
 
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::path::Path;
 
@@ -9,12 +10,16 @@ use crate::reports::Outcome;
 pub fn write(out: &Path, report: &MigrateReport) -> std::io::Result<()> {
     let json = serde_json::to_vec_pretty(report).map_err(std::io::Error::other)?;
     std::fs::write(out.join("report.json"), json)?;
-    let winner_diff = report
-        .winner_patch
-        .as_ref()
-        .and_then(|p| std::fs::read_to_string(out.join(p)).ok())
-        .unwrap_or_default();
-    std::fs::write(out.join("report.html"), html(report, &winner_diff))
+    let patches: BTreeMap<String, String> = report
+        .plans
+        .iter()
+        .filter_map(|p| {
+            let file = p.patch_file.as_ref()?;
+            let text = std::fs::read_to_string(out.join(file)).ok()?;
+            Some((p.plan.clone(), text))
+        })
+        .collect();
+    std::fs::write(out.join("report.html"), html(report, &patches))
 }
 
 fn esc(s: &str) -> String {
@@ -24,29 +29,53 @@ fn esc(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn list(items: &[String]) -> String {
-    if items.is_empty() {
-        return "<em>none</em>".into();
-    }
-    let mut s = String::from("<ul>");
-    for i in items {
-        let _ = write!(s, "<li><code>{}</code></li>", esc(i));
-    }
-    s + "</ul>"
+fn secs(ms: u64) -> String {
+    format!("{:.1} s", ms as f64 / 1000.0)
 }
 
-pub fn html(r: &MigrateReport, winner_diff: &str) -> String {
+/// A unified diff, coloured by line.
+fn diff_html(diff: &str) -> String {
+    let mut h = String::from("<pre class=diff>");
+    for line in diff.lines() {
+        let cls = if line.starts_with("+++") || line.starts_with("---") || line.starts_with("diff ")
+        {
+            "file"
+        } else if line.starts_with('+') {
+            "add"
+        } else if line.starts_with('-') {
+            "del"
+        } else if line.starts_with("@@") {
+            "hunk"
+        } else {
+            ""
+        };
+        let _ = writeln!(h, "<span class=\"{cls}\">{}</span>", esc(line));
+    }
+    h + "</pre>"
+}
+
+const STYLE: &str = "
+*{box-sizing:border-box} body{font:14px/1.45 system-ui,sans-serif;margin:0 auto;padding:1.5em;max-width:1240px;color:#222}
+h1{font-size:1.5em;margin:.2em 0} h2{font-size:1.2em;margin:1.4em 0 .4em} h3{font-size:1.05em;margin:1em 0 .3em}
+table{border-collapse:collapse;width:100%;table-layout:fixed} td,th{border:1px solid #ccc;padding:4px 8px;vertical-align:top;overflow-wrap:anywhere;text-align:left}
+th{background:#f3f4f6} col.plan{width:22%} col.verdict{width:38%} col.n{width:8%} col.cost{width:8%}
+.ok{color:#176f2c;font-weight:bold} .no{color:#b00020;font-weight:bold} small{color:#555}
+pre{background:#f6f8fa;padding:8px;overflow:auto;max-height:32em;white-space:pre-wrap;overflow-wrap:anywhere;margin:.3em 0}
+.add{color:#176f2c} .del{color:#b00020} .hunk{color:#6f42c1} .file{font-weight:bold}
+.bar{height:12px;background:#4a7fd4;display:inline-block;vertical-align:middle;margin-right:6px}
+details{margin:.4em 0} summary{cursor:pointer} section.plan{border-top:1px solid #ddd;padding-top:.4em}
+code{overflow-wrap:anywhere}
+";
+
+pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
     let mut h = String::new();
     let passed =
         |res: &crate::reports::Results| res.values().filter(|o| **o == Outcome::Passed).count();
     let _ = write!(
         h,
-        "<!doctype html><html><head><meta charset=utf-8><title>forkbox migrate: {from} → {to}</title><style>
-body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-collapse:collapse}} td,th{{border:1px solid #ccc;padding:4px 8px;vertical-align:top}}
-.ok{{color:#176f2c;font-weight:bold}} .no{{color:#b00020;font-weight:bold}} pre{{background:#f6f8fa;padding:8px;overflow:auto}}
-.add{{color:#176f2c}} .del{{color:#b00020}} .hunk{{color:#6f42c1}} .bar{{height:14px;background:#4a7fd4;display:inline-block}}
-</style></head><body><h1>Migration {from} → {to}</h1>
-<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky; results read from {source}).</p>",
+        "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\"><title>forkbox migrate: {from} → {to}</title><style>{STYLE}</style></head><body>
+<h1>Migration {from} → {to}</h1>
+<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky; results read from {source}). Report schema {schema}, forkbox {version}.</p>",
         from = esc(&r.from),
         to = esc(&r.to),
         test = esc(&r.test),
@@ -57,29 +86,36 @@ body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-colla
         bt = r.baseline.results.len(),
         runs = r.baseline_runs,
         flaky = r.baseline.flaky.len(),
+        schema = r.schema_version,
+        version = esc(&r.forkbox_version),
     );
     match &r.winner {
         Some(w) => {
-            let _ = write!(h, "<h2 class=ok>Winner: {}</h2><p>Its patch is <code>winner.patch</code> (<code>git apply winner.patch</code>).</p>", esc(w));
+            let why = r
+                .verdicts
+                .iter()
+                .find(|v| &v.plan == w)
+                .and_then(|v| v.rank_reason.clone())
+                .unwrap_or_default();
+            let _ = write!(h, "<h2 class=ok id=winner>Winner: {}</h2><p>{}. Its patch is <code>winner.patch</code> (<code>git apply winner.patch</code>).</p>", esc(w), esc(&why));
         }
-        None => h.push_str("<h2 class=no>No plan was accepted</h2>"),
+        None => h.push_str("<h2 class=no id=winner>No plan was accepted</h2>"),
     }
-    h.push_str("<h2>Plans</h2><table><tr><th>plan</th><th>verdict</th><th>rank</th><th>passed</th><th>lost</th><th>fixed</th><th>diff lines</th><th>port</th><th>tests</th><th>CPU s</th><th>cost</th></tr>");
+    h.push_str("<h2>Plans</h2><table id=plans><colgroup><col class=plan><col class=verdict><col class=n><col class=n><col class=n><col class=n><col class=n><col class=cost></colgroup><tr><th>plan</th><th>verdict, and why</th><th>passed</th><th>lost</th><th>fixed</th><th>diff lines</th><th>port / tests</th><th>cost</th></tr>");
     for p in &r.plans {
-        let v = r.verdicts.iter().find(|v| v.plan == p.plan);
-        let (accepted, reason, lost, fixed, rank) = match v {
-            Some(v) => (
-                v.accepted,
-                v.reason.clone(),
-                v.lost.clone(),
-                v.fixed.clone(),
-                v.rank,
-            ),
-            None => (false, "not judged".into(), vec![], vec![], None),
+        let v = p.verdict.as_ref();
+        let accepted = v.is_some_and(|v| v.accepted);
+        let why = match v {
+            Some(v) => match (&v.rank, &v.rank_reason) {
+                (Some(rank), Some(rr)) => format!("rank {rank}: {rr}; {}", v.reason),
+                _ => v.reason.clone(),
+            },
+            None => "not judged".into(),
         };
         let _ = write!(
             h,
-            "<tr><td><b>{name}</b><br><small>{instr}</small><br><small>porter: {porter}{llm}</small></td><td class={cls}>{verdict}<br><small>{reason}</small></td><td>{rank}</td><td>{passed}</td><td>{lost}</td><td>{fixed}</td><td>{diff}</td><td>{port} ms</td><td>{tests} ms</td><td>{cpu:.1}</td><td>{cost:.4}</td></tr>",
+            "<tr><td><b><a href=\"#plan-{anchor}\">{name}</a></b><br><small>{instr}</small><br><small>porter: {porter}{llm}</small></td><td><span class={cls}>{verdict}</span><br><small>{why}</small></td><td>{passed}</td><td>{lost}</td><td>{fixed}</td><td>{diff}</td><td>{port}<br>{tests}</td><td>${cost:.4}<br><small>{cpu:.1} CPU s</small></td></tr>",
+            anchor = esc(&p.plan),
             name = esc(&p.plan),
             instr = esc(&p.instructions),
             porter = esc(&p.porter),
@@ -95,19 +131,87 @@ body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-colla
             },
             cls = if accepted { "ok" } else { "no" },
             verdict = if accepted { "accepted" } else { "rejected" },
-            reason = esc(&reason),
-            rank = rank.map(|r| r.to_string()).unwrap_or_else(|| "–".into()),
+            why = esc(&why),
             passed = passed(&p.results),
-            lost = list(&lost),
-            fixed = list(&fixed),
+            lost = v.map_or(0, |v| v.lost.len()),
+            fixed = v.map_or(0, |v| v.fixed.len()),
             diff = p.diff_lines,
-            port = p.porter_ms,
-            tests = p.test_ms,
-            cpu = p.cpu_seconds,
+            port = secs(p.porter_ms),
+            tests = secs(p.test_ms),
             cost = p.cost,
+            cpu = p.cpu_seconds,
         );
     }
-    h.push_str("</table><h2>Time per phase</h2><table>");
+    h.push_str("</table><p><small>Cost: the plan's sandbox CPU and memory time at the run's rates, in US dollars.</small></p>");
+
+    for p in &r.plans {
+        let _ = write!(
+            h,
+            "<section class=plan id=\"plan-{}\"><h3>{}</h3>",
+            esc(&p.plan),
+            esc(&p.plan)
+        );
+        if let Some(f) = &p.failure {
+            let _ = write!(h, "<p class=no>{}</p>", esc(f));
+        }
+        if let Some(v) = &p.verdict {
+            if !v.lost.is_empty() {
+                let _ = write!(h, "<details open class=lost><summary>{} lost test(s): passed before, not now</summary>", v.lost.len());
+                for id in &v.lost {
+                    let _ = write!(h, "<div class=lost-test><code>{}</code>", esc(id));
+                    match p.failures.get(id) {
+                        Some(out) => {
+                            let _ = write!(h, "<pre>{}</pre>", esc(out));
+                        }
+                        None => h.push_str(" <small>(no failure output of its own; see the test output below)</small>"),
+                    }
+                    h.push_str("</div>");
+                }
+                h.push_str("</details>");
+            }
+            if !v.fixed.is_empty() {
+                let _ = write!(
+                    h,
+                    "<details><summary>{} fixed test(s)</summary><ul>",
+                    v.fixed.len()
+                );
+                for id in &v.fixed {
+                    let _ = write!(h, "<li><code>{}</code></li>", esc(id));
+                }
+                h.push_str("</ul></details>");
+            }
+        }
+        match patches.get(&p.plan) {
+            Some(diff) => {
+                let _ = write!(
+                    h,
+                    "<details class=patch{}><summary>patch: {} lines changed (<code>{}</code>)</summary>{}</details>",
+                    if r.winner.as_deref() == Some(p.plan.as_str()) { " open" } else { "" },
+                    p.diff_lines,
+                    esc(p.patch_file.as_deref().unwrap_or("")),
+                    diff_html(diff)
+                );
+            }
+            None => h.push_str("<p><small>No patch: the plan changed nothing.</small></p>"),
+        }
+        if !p.test_output_tail.is_empty() {
+            let _ = write!(
+                h,
+                "<details><summary>last lines of its test run</summary><pre>{}</pre></details>",
+                esc(&p.test_output_tail)
+            );
+        }
+        if !p.porter_output_tail.is_empty() {
+            let _ = write!(
+                h,
+                "<details><summary>last lines of its porter</summary><pre>{}</pre></details>",
+                esc(&p.porter_output_tail)
+            );
+        }
+        h.push_str("</section>");
+    }
+
+    h.push_str("<h2>Time per phase</h2><table id=phases><colgroup><col style=\"width:30%\"><col></colgroup>");
     let ph = &r.phases;
     let max = [
         ph.baseline_ms,
@@ -121,44 +225,25 @@ body{{font:14px system-ui,sans-serif;margin:2em;color:#222}} table{{border-colla
     .unwrap_or(1)
     .max(1);
     for (name, v) in [
-        ("baseline", ph.baseline_ms),
-        ("prepare + snapshot", ph.prepare_ms),
+        ("baseline (runs side by side)", ph.baseline_ms),
+        ("prepare + snapshot (beside the baseline)", ph.prepare_ms),
         ("fork", ph.fork_ms),
         ("port (slowest plan)", ph.port_ms),
         ("verify (slowest plan)", ph.verify_ms),
     ] {
         let _ = write!(
             h,
-            "<tr><td>{name}</td><td><span class=bar style=\"width:{}px\"></span> {v} ms</td></tr>",
-            v * 400 / max
+            "<tr><td>{name}</td><td><span class=bar style=\"width:{}px\"></span>{}</td></tr>",
+            v * 600 / max,
+            secs(v)
         );
     }
     let _ = write!(
         h,
-        "</table><p>Total {} ms, of which test-suite runs {} ms.</p>",
-        ph.total_ms, ph.test_suite_ms
+        "</table><p>Wall time {}. The test-suite runs took {} of sandbox time in all; runs side by side overlap, so that can exceed the wall time.</p>",
+        secs(ph.total_ms),
+        secs(ph.test_suite_ms)
     );
-    if !winner_diff.is_empty() {
-        h.push_str("<h2>Winning patch</h2><pre>");
-        for line in winner_diff.lines() {
-            let cls = if line.starts_with("+++")
-                || line.starts_with("---")
-                || line.starts_with("diff ")
-            {
-                ""
-            } else if line.starts_with('+') {
-                "add"
-            } else if line.starts_with('-') {
-                "del"
-            } else if line.starts_with("@@") {
-                "hunk"
-            } else {
-                ""
-            };
-            let _ = writeln!(h, "<span class=\"{cls}\">{}</span>", esc(line));
-        }
-        h.push_str("</pre>");
-    }
     h.push_str("</body></html>\n");
     h
 }

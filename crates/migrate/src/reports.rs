@@ -184,6 +184,8 @@ struct Case<'a> {
     /// From its `<failure>`, `<error>` or `<skipped>` child; a skip of type `pytest.xfail` is
     /// an xfail.
     outcome: Outcome,
+    /// A failure's or error's message and text (empty otherwise).
+    detail: String,
 }
 
 /// Every `<testcase>` of a JUnit XML report, handed to `f`.
@@ -200,11 +202,25 @@ fn junit_cases(text: &str, mut f: impl FnMut(Case<'_>)) -> Result<(), ReportErro
                 _ => None,
             })
             .unwrap_or(Outcome::Passed);
+        let detail = case
+            .children()
+            .find(|c| matches!(c.tag_name().name(), "failure" | "error"))
+            .map(|c| {
+                let message = c.attribute("message").unwrap_or("");
+                let text = c.text().unwrap_or("").trim();
+                match (message.is_empty(), text.is_empty()) {
+                    (_, true) => message.to_string(),
+                    (true, false) => text.to_string(),
+                    (false, false) => format!("{message}\n{text}"),
+                }
+            })
+            .unwrap_or_default();
         f(Case {
             name: case.attribute("name").unwrap_or(""),
             class: case.attribute("classname").unwrap_or(""),
             file: case.attribute("file"),
             outcome,
+            detail,
         });
     }
     Ok(())
@@ -215,7 +231,16 @@ fn junit_cases(text: &str, mut f: impl FnMut(Case<'_>)) -> Result<(), ReportErro
 /// skipped test under its own id (the `-rA` summary names only its location) and an xfail
 /// told apart (`<skipped type="pytest.xfail">`). A collection error is kept under its file.
 pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
+    pytest_junit_detailed(text).map(|(r, _)| r)
+}
+
+/// What each failed or errored test said (its message and text), by test id.
+pub type Failures = BTreeMap<String, String>;
+
+/// [`pytest_junit`], with what each failed or errored test said.
+pub fn pytest_junit_detailed(text: &str) -> Result<(Results, Failures), ReportError> {
     let mut r = Results::new();
+    let mut failures = Failures::new();
     junit_cases(
         text,
         |Case {
@@ -223,6 +248,7 @@ pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
              class,
              file,
              outcome,
+             detail,
          }| {
             let id = match file {
                 Some(file) if !class.is_empty() => {
@@ -242,10 +268,13 @@ pub fn pytest_junit(text: &str) -> Result<Results, ReportError> {
                 }
                 _ => format!("{class}::{name}"),
             };
+            if !detail.is_empty() {
+                failures.insert(id.clone(), detail);
+            }
             add(&mut r, id, outcome);
         },
     )?;
-    Ok(r)
+    Ok((r, failures))
 }
 
 /// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>` (any

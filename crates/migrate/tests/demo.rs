@@ -103,6 +103,47 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
     let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
     assert!(html.contains("Winner: minimal") && html.contains("rejected"));
 
+    // report.json: versioned, images as NAME@N, one entry per plan carrying its verdict, the
+    // ranking explained, the lost tests' failure output.
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("report.json")).unwrap()).unwrap();
+    assert_eq!(json["schema_version"], forkbox_migrate::REPORT_SCHEMA);
+    assert!(json["forkbox_version"].is_string() && json["created_unix"].as_u64() > Some(0));
+    for (field, image) in [("from", &old), ("to", &new)] {
+        let named = json[field].as_str().unwrap();
+        assert!(
+            named.starts_with(&format!("{}@", image.name)),
+            "{field}: {named}"
+        );
+    }
+    let plan = |name: &str| {
+        json["plans"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["plan"] == name)
+            .unwrap()
+            .clone()
+    };
+    assert_eq!(plan("minimal")["verdict"]["rank"], 1);
+    assert!(plan("minimal")["verdict"]["rank_reason"]
+        .as_str()
+        .unwrap()
+        .contains("smallest diff"));
+    assert!(plan("modernize")["verdict"]["rank_reason"]
+        .as_str()
+        .unwrap()
+        .contains("larger diff than minimal"));
+    let wrong_plan = plan("wrong");
+    let lost_id = wrong.lost[0].clone();
+    assert!(
+        wrong_plan["failures"][&lost_id]
+            .as_str()
+            .is_some_and(|f| !f.is_empty()),
+        "the lost test's failure output: {wrong_plan}"
+    );
+    check_in_chromium(&out.path().join("report.html"), &lost_id);
+
     // The winner's patch applies to the original code with `git apply`, and the patched code
     // passes its tests in a fresh sandbox of the new image.
     let code = tempfile::tempdir().unwrap();
@@ -141,6 +182,83 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
     let r = reports::parse(Format::Auto, &out.stdout_text()).unwrap();
     assert_eq!(out.code(), 0, "{}", out.stdout_text());
     assert_eq!(r.len(), report.baseline.results.len());
+}
+
+/// The report as a person sees it, in headless Chromium at 1280 px: nothing wider than the
+/// window, the winner and the lost test (with its failure output) in the DOM, every plan's
+/// patch present, no external URL, and a screenshot that renders.
+fn check_in_chromium(report: &Path, lost_id: &str) {
+    let html = std::fs::read_to_string(report).unwrap();
+    for external in ["http://", "https://", "//cdn", "src=\"//"] {
+        assert!(!html.contains(external), "the report loads {external}…");
+    }
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| {
+            std::process::Command::new(c)
+                .arg("--version")
+                .output()
+                .is_ok_and(|o| o.status.success())
+        })
+        .expect("Chromium is needed to check the report (scripts/test.sh installs it)");
+    let dir = tempfile::tempdir().unwrap();
+    // A copy that measures itself once laid out, into an attribute --dump-dom prints.
+    let probe = dir.path().join("probe.html");
+    std::fs::write(
+        &probe,
+        html.replace(
+            "</body>",
+            "<script>const w=document.documentElement.scrollWidth;\
+             document.body.setAttribute('data-width',String(w));\
+             const wide=[...document.querySelectorAll('body *')].filter(e=>e.getBoundingClientRect().right>1281).map(e=>e.tagName+'.'+e.className);\
+             document.body.setAttribute('data-too-wide',wide.slice(0,5).join(' '));</script></body>",
+        ),
+    )
+    .unwrap();
+    let run = |extra: &[&str], page: &Path| {
+        let out = std::process::Command::new(chromium)
+            .args([
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--hide-scrollbars",
+                "--window-size=1280,2000",
+            ])
+            .args(extra)
+            .arg(format!("file://{}", page.display()))
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "chromium: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let dom = run(&["--dump-dom"], &probe);
+    assert!(
+        dom.contains("data-width=\"1280\""),
+        "the page is wider than 1280 px: {}",
+        dom.split("data-too-wide=")
+            .nth(1)
+            .map(|s| &s[..s.len().min(200)])
+            .unwrap_or("")
+    );
+    assert!(dom.contains("Winner: minimal"));
+    assert!(dom.contains(lost_id), "the lost test is named");
+    assert!(
+        dom.contains("class=\"lost-test\"") && dom.contains("<pre>"),
+        "with its output"
+    );
+    assert!(dom.contains("id=\"plan-modernize\"") && dom.contains("class=\"patch"));
+    assert!(dom.contains("rank 2"), "why the second ranked second");
+    let png = dir.path().join("report.png");
+    run(&[&format!("--screenshot={}", png.display())], report);
+    let bytes = std::fs::read(&png).expect("a screenshot");
+    assert_eq!(&bytes[1..4], b"PNG");
+    let width = u32::from_be_bytes([bytes[16], bytes[17], bytes[18], bytes[19]]);
+    assert_eq!(width, 1280);
+    assert!(bytes.len() > 20_000, "the screenshot shows something");
 }
 
 fn copy_dir(from: &Path, to: &Path) {
