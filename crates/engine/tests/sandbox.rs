@@ -624,3 +624,60 @@ async fn uploads_keep_links_as_links_and_carry_a_gigabyte_file() {
     assert!(!text.contains("root:"), "no host file content crossed");
     sb.destroy().await;
 }
+
+/// Three restores, a minute. Under load (two other sandboxes each spinning a vCPU on this
+/// host's two cores) a guest's wall clock stays within a second of the host's for a minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guest_clock_keeps_time_under_load() {
+    let (paths, cfg) = config();
+    let mut load = Vec::new();
+    for _ in 0..2 {
+        let sb = Sandbox::create(&paths, &cfg).await.expect("create load");
+        let out = run(
+            &sb,
+            "setsid sh -c 'while :; do :; done' >/dev/null 2>&1 < /dev/null & echo started",
+        )
+        .await;
+        assert_eq!(out.stdout_text(), "started\n");
+        load.push(sb);
+    }
+    let sb = Sandbox::create(&paths, &cfg).await.expect("create sandbox");
+    let unix = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_secs_f64()
+    };
+    let started = std::time::Instant::now();
+    let mut worst: f64 = 0.0;
+    while started.elapsed() < Duration::from_secs(60) {
+        let before = unix();
+        let guest: f64 = run(&sb, "date +%s.%N")
+            .await
+            .stdout_text()
+            .trim()
+            .parse()
+            .unwrap();
+        let after = unix();
+        // The guest read its clock somewhere between `before` and `after`.
+        let off = if guest < before {
+            guest - before
+        } else if guest > after {
+            guest - after
+        } else {
+            0.0
+        };
+        worst = if off.abs() > worst.abs() { off } else { worst };
+        assert!(
+            off.abs() <= 1.0,
+            "after {:?} the guest's clock is {off:+.2} s off the host's",
+            started.elapsed()
+        );
+        tokio::time::sleep(Duration::from_secs(5)).await;
+    }
+    eprintln!("worst offset over a minute under load: {worst:+.3} s");
+    sb.destroy().await;
+    for l in load {
+        l.destroy().await;
+    }
+}
