@@ -1849,3 +1849,43 @@ fn commands_run_on_a_terminal() {
     assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
     stop_daemon(&paths);
 }
+
+/// One restore. A forkbox installed as scripts/install.sh lays it out (PREFIX/bin/forkbox,
+/// PREFIX/lib/forkbox/forkbox-agent) finds its agent there, away from any build tree.
+#[test]
+fn an_installed_forkbox_finds_its_agent_beside_it() {
+    let paths = ready();
+    let prefix = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(prefix.path().join("bin")).unwrap();
+    std::fs::create_dir_all(prefix.path().join("lib/forkbox")).unwrap();
+    let bin = prefix.path().join("bin/forkbox");
+    std::fs::copy(env!("CARGO_BIN_EXE_forkbox"), &bin).unwrap();
+    let agent = infra::repo_root().join("target/x86_64-unknown-linux-gnu/agent/forkbox-agent");
+    std::fs::copy(&agent, prefix.path().join("lib/forkbox/forkbox-agent")).unwrap();
+    let out = Command::new(&bin)
+        .env("FORKBOX_HOME", paths.home())
+        .env_remove("FORKBOX_AGENT")
+        .env_remove("FORKBOX_IMAGE")
+        .env("FORKBOX_NO_TCG_NOTICE", "1")
+        .args(["run", "--", "echo", "installed"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "installed\n");
+    // Without the agent there, the error says how to install it.
+    std::fs::remove_file(prefix.path().join("lib/forkbox/forkbox-agent")).unwrap();
+    let out = Command::new(&bin)
+        .env("FORKBOX_HOME", paths.home())
+        .env_remove("FORKBOX_AGENT")
+        .args(["run", "--", "true"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("scripts/install.sh"),
+        "{}",
+        text(&out.stderr)
+    );
+}

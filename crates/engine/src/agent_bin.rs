@@ -29,8 +29,6 @@ fn candidates() -> Vec<PathBuf> {
             }
         }
     }
-    c.push(PathBuf::from("/usr/local/lib/forkbox/forkbox-agent"));
-    c.push(PathBuf::from("/usr/lib/forkbox/forkbox-agent"));
     c
 }
 
