@@ -199,13 +199,17 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
             );
         }
         let out = std::fs::canonicalize(&out).unwrap_or(out);
-        match &report.winner {
-            Some(w) => println!(
+        match (&report.winner, &report.winner_patch) {
+            (Some(w), Some(patch)) => println!(
                 "winner: {w}\npatch:  {}\nreport: {}",
-                out.join("winner.patch").display(),
+                out.join(patch).display(),
                 out.join("report.html").display()
             ),
-            None => println!(
+            (Some(w), None) => println!(
+                "winner: {w} (it changes nothing: the code passes as it is)\nreport: {}",
+                out.join("report.html").display()
+            ),
+            (None, _) => println!(
                 "no plan was accepted; see {}",
                 out.join("report.html").display()
             ),

@@ -1694,7 +1694,7 @@ fn the_pool_is_visible_bounded_and_shrinks_when_idle() {
     assert!(text(&cli(&["daemon", "stop"]).stdout).contains("no daemon runs"));
 }
 
-/// No VM. `info --json` is the API's `info` with what this host has besides.
+/// One restore. `info --json` is the API's `info` with what this host has besides.
 #[test]
 fn info_json_has_the_apis_shape() {
     let paths = infra::home();
@@ -1724,6 +1724,15 @@ fn info_json_has_the_apis_shape() {
         v["kernels"][0].as_str().unwrap().contains("cloud-amd64"),
         "{v}"
     );
+    // Logs to a pipe carry no colour codes (one restore).
+    infra::image(&paths, "python-bookworm");
+    let out = forkbox(&paths)
+        .env("FORKBOX_LOG", "debug")
+        .args(["run", "-q", "--", "true"])
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(err.contains("DEBUG") && !err.contains('\x1b'), "{err}");
 }
 
 /// A restore and two boots' worth of commands. Terminals: `run -t`, `sandbox exec -t` and
@@ -1888,4 +1897,44 @@ fn an_installed_forkbox_finds_its_agent_beside_it() {
         "{}",
         text(&out.stderr)
     );
+}
+
+/// One image build (~1-2 min) and one boot. In a home with no images, `run` builds the default
+/// image from the recipe inside forkbox, saying so step by step, then makes its template,
+/// saying that too, and runs the command.
+#[test]
+fn the_default_image_builds_itself_on_first_use() {
+    let shared = infra::home();
+    infra::image(&shared, "python-bookworm"); // the kernel and caches are there
+    let dir = shared.home().join("homes").join("first-use");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for sub in ["kernels", "cache"] {
+        std::os::unix::fs::symlink(shared.home().join(sub), dir.join(sub)).unwrap();
+    }
+    let paths = forkbox_engine::paths::Paths::new(dir.clone());
+    let out = run(&paths, &["run", "--", "python3", "-V"]);
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        text(&out.stdout).starts_with("Python 3.11."),
+        "{}",
+        text(&out.stdout)
+    );
+    assert!(
+        err.contains(
+            "image python-bookworm is not built yet; building it from forkbox's own recipe"
+        ),
+        "{err}"
+    );
+    assert!(err.contains("[1/"), "build steps are said: {err}");
+    assert!(
+        err.contains("boots once to make its template"),
+        "a wait of seconds says what it waits for: {err}"
+    );
+    // The next run finds it built and says nothing of the kind.
+    let out = run(&paths, &["run", "-q", "--", "true"]);
+    assert!(out.status.success());
+    assert_eq!(text(&out.stderr), "");
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -694,11 +694,15 @@ pub async fn migrate(
     for p in &mut plans {
         p.verdict = verdicts.iter().find(|v| v.plan == p.plan).cloned();
     }
-    let winner_patch = match &winner {
-        Some(w) => {
-            let from = cfg.out.join(format!("{w}.patch"));
+    // The winner's patch, when it changed anything (a plan that changed nothing has none).
+    let winner_file = winner
+        .as_ref()
+        .and_then(|w| plans.iter().find(|p| &p.plan == w))
+        .and_then(|p| p.patch_file.clone());
+    let winner_patch = match winner_file {
+        Some(file) => {
             let to = cfg.out.join("winner.patch");
-            std::fs::copy(&from, &to).map_err(MigrateError::Report)?;
+            std::fs::copy(cfg.out.join(file), &to).map_err(MigrateError::Report)?;
             Some("winner.patch".to_string())
         }
         None => {

@@ -97,7 +97,19 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
                 .find(|v| &v.plan == w)
                 .and_then(|v| v.rank_reason.clone())
                 .unwrap_or_default();
-            let _ = write!(h, "<h2 class=ok id=winner>Winner: {}</h2><p>{}. Its patch is <code>winner.patch</code> (<code>git apply winner.patch</code>).</p>", esc(w), esc(&why));
+            let patch = match &r.winner_patch {
+                Some(p) => format!(
+                    "Its patch is <code>{0}</code> (<code>git apply {0}</code>).",
+                    esc(p)
+                ),
+                None => "It changes nothing: the code passes as it is.".into(),
+            };
+            let _ = write!(
+                h,
+                "<h2 class=ok id=winner>Winner: {}</h2><p>{}. {patch}</p>",
+                esc(w),
+                esc(&why)
+            );
         }
         None => h.push_str("<h2 class=no id=winner>No plan was accepted</h2>"),
     }

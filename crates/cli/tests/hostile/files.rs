@@ -70,7 +70,7 @@ fn hostile_archives_from_a_guest_cannot_escape_the_destination() {
             }),
         ),
         (
-            "create",
+            "a second entry of that name",
             Box::new(|b| {
                 entry(b, "l", T::Symlink, "../canary", b"");
                 entry(b, "l", T::Regular, "", b"x");
