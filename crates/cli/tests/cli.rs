@@ -1938,3 +1938,62 @@ fn the_default_image_builds_itself_on_first_use() {
     assert_eq!(text(&out.stderr), "");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An image build on another (~30 s), two restores. `image rm` of an image the warm pool holds
+/// ready copies of succeeds: the daemon stops them first.
+#[test]
+fn image_rm_drains_the_pool_instead_of_refusing() {
+    let paths = infra::isolated_home("pool-drain");
+    stop_daemon(&paths);
+    let recipe = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(
+        recipe.path(),
+        "name = \"pool-drain\"\nbase = \"python-bookworm\"\nrun = [\"echo drained > /etc/pool-drain\"]\n",
+    )
+    .unwrap();
+    let out = run(
+        &paths,
+        &[
+            "image",
+            "build",
+            "-f",
+            recipe.path().to_str().unwrap(),
+            "--json",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let image: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference = image["reference"].as_str().unwrap().to_string();
+    let cli = |args: &[&str]| {
+        forkbox(&paths)
+            .env("FORKBOX_POOL_SIZE", "1")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let out = cli(&["sandbox", "create", "--image", &reference]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let ready = || -> u64 {
+        let v: serde_json::Value =
+            serde_json::from_slice(&cli(&["pool", "ls", "--json"]).stdout).unwrap();
+        v["slots"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|s| s["image"] == reference.as_str())
+            .map(|s| s["ready"].as_u64().unwrap())
+            .sum()
+    };
+    assert!(infra::wait_until(Duration::from_secs(90), || ready() == 1));
+    // In use by a sandbox: refused, and says by which.
+    let out = cli(&["image", "rm", &reference]);
+    assert!(!out.status.success());
+    assert!(text(&out.stderr).contains(&id), "{}", text(&out.stderr));
+    // Held only by the pool: removed, the pooled copy stopped.
+    assert!(cli(&["sandbox", "rm", &id]).status.success());
+    let out = cli(&["image", "rm", &reference]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(ready(), 0);
+    stop_daemon(&paths);
+}
