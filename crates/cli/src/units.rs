@@ -40,34 +40,40 @@ fn bytes(s: &str, bare: u64) -> Result<u64, String> {
     Ok(b as u64)
 }
 
+/// A whole number of `unit` (a size named `unit_name`, e.g. "MiB"), within `range`, which
+/// `what` ("guest memory must be from 128m to 64g") says in words.
+fn whole(
+    s: &str,
+    unit: u64,
+    unit_name: &str,
+    range: std::ops::RangeInclusive<u64>,
+    what: &str,
+) -> Result<u32, String> {
+    let b = bytes(s, unit)?;
+    if b % unit != 0 {
+        return Err(format!("{s:?} is not a whole number of {unit_name}"));
+    }
+    let n = b / unit;
+    if !range.contains(&n) {
+        return Err(format!("{s:?} is {n} {unit_name}; {what}"));
+    }
+    Ok(n as u32)
+}
+
 /// Guest memory in MiB: `1g`, `512m`, or a number of MiB; 128 MiB to 64 GiB.
 pub fn memory_mib(s: &str) -> Result<u32, String> {
-    let b = bytes(s, MIB)?;
-    if b % MIB != 0 {
-        return Err(format!("{s:?} is not a whole number of MiB"));
-    }
-    let mib = b / MIB;
-    if !(128..=65536).contains(&mib) {
-        return Err(format!(
-            "{s:?} is {mib} MiB; guest memory must be from 128m to 64g"
-        ));
-    }
-    Ok(mib as u32)
+    whole(
+        s,
+        MIB,
+        "MiB",
+        128..=65536,
+        "guest memory must be from 128m to 64g",
+    )
 }
 
 /// A disk size in GiB: `20g`, `20GiB`, or a number of GiB; 1 to 4096 GiB.
 pub fn disk_gib(s: &str) -> Result<u32, String> {
-    let b = bytes(s, GIB)?;
-    if b % GIB != 0 {
-        return Err(format!("{s:?} is not a whole number of GiB"));
-    }
-    let gib = b / GIB;
-    if !(1..=4096).contains(&gib) {
-        return Err(format!(
-            "{s:?} is {gib} GiB; a disk must be from 1g to 4096g"
-        ));
-    }
-    Ok(gib as u32)
+    whole(s, GIB, "GiB", 1..=4096, "a disk must be from 1g to 4096g")
 }
 
 /// A duration in whole seconds: `90`, `5s`, `2m`, `1h30m`, `1d`; at least a second.
