@@ -18,6 +18,14 @@ pub const RECIPES: &[(&str, &str)] = &[
         "python-trixie",
         include_str!("../../../images/python-trixie.toml"),
     ),
+    (
+        "node-bookworm",
+        include_str!("../../../images/node-bookworm.toml"),
+    ),
+    (
+        "node-trixie",
+        include_str!("../../../images/node-trixie.toml"),
+    ),
 ];
 
 /// Builds the image `reference` names from forkbox's own recipe when the store has no version

@@ -1,6 +1,7 @@
 //! Reading test results out of what test runners print or write: pytest's `-rA` summary,
 //! JUnit XML (pytest, Java, JS and Go reporters), `go test -json`, `cargo test` / nextest
-//! output and TAP. Each parser takes text and returns every test it names with an outcome;
+//! output, TAP, and JavaScript's runners: `node --test` (TAP or spec), Jest and Vitest JSON,
+//! Mocha JSON. Each parser takes text and returns every test it names with an outcome;
 //! text it cannot read is an error for that run, never a panic.
 
 use std::collections::BTreeMap;
@@ -85,6 +86,12 @@ pub enum Format {
     GoJson,
     Cargo,
     Tap,
+    /// Jest's `--json` report, or Vitest's `--reporter=json` (the same shape).
+    Jest,
+    /// Mocha's `--reporter json`.
+    Mocha,
+    /// `node --test`: its TAP or its spec output.
+    NodeTest,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -401,8 +408,198 @@ pub fn tap(text: &str) -> Results {
     r
 }
 
-/// Reads results in `format` from `text`; `Auto` tries JUnit XML, then each line format, and
-/// takes the first that finds tests.
+/// The first JSON object in `text` that has `key` at its top level (a runner may print other
+/// lines before its report).
+fn json_report(text: &str, key: &str) -> Option<serde_json::Value> {
+    text.match_indices('{').find_map(|(at, _)| {
+        let v = serde_json::Deserializer::from_str(&text[at..])
+            .into_iter::<serde_json::Value>()
+            .next()?
+            .ok()?;
+        v.get(key).is_some().then_some(v)
+    })
+}
+
+/// Jest's `--json` report, and Vitest's `--reporter=json` (the same shape): each assertion as
+/// `FILE > ANCESTOR > … > TITLE`; a file that failed without running any test (it did not
+/// load) is an error under its own name.
+pub fn jest_json(text: &str) -> Results {
+    let mut r = Results::new();
+    let Some(report) = json_report(text, "testResults") else {
+        return r;
+    };
+    let files = report["testResults"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    for file in &files {
+        let name = file["name"].as_str().unwrap_or("");
+        let cases = file["assertionResults"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        if cases.is_empty() && file["status"] == "failed" {
+            add(&mut r, name.to_string(), Outcome::Error);
+        }
+        for case in &cases {
+            let mut id = vec![name.to_string()];
+            id.extend(
+                case["ancestorTitles"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|t| t.as_str().map(str::to_string)),
+            );
+            id.push(case["title"].as_str().unwrap_or("").to_string());
+            let outcome = match case["status"].as_str().unwrap_or("") {
+                "passed" => Outcome::Passed,
+                "failed" => Outcome::Failed,
+                _ => Outcome::Skipped, // pending, skipped, todo, disabled
+            };
+            add(&mut r, id.join(" > "), outcome);
+        }
+    }
+    r
+}
+
+/// Mocha's JSON reporter: each test as `FILE > FULL TITLE`; a failed hook (`"before all"
+/// hook …`) is an error under its own title.
+pub fn mocha_json(text: &str) -> Results {
+    let mut r = Results::new();
+    let Some(report) = json_report(text, "passes").filter(|v| v.get("failures").is_some()) else {
+        return r;
+    };
+    let id = |t: &serde_json::Value| {
+        let title = t["fullTitle"].as_str().unwrap_or("");
+        match t["file"].as_str() {
+            Some(file) => format!("{file} > {title}"),
+            None => title.to_string(),
+        }
+    };
+    for (list, outcome) in [
+        ("passes", Outcome::Passed),
+        ("pending", Outcome::Skipped),
+        ("failures", Outcome::Failed),
+    ] {
+        for t in report[list].as_array().into_iter().flatten() {
+            let hook = t["title"].as_str().is_some_and(|s| s.contains("hook"));
+            let o = match (outcome, hook) {
+                (Outcome::Failed, true) => Outcome::Error,
+                (o, _) => o,
+            };
+            add(&mut r, id(t), o);
+        }
+    }
+    r
+}
+
+/// Indentation of a line, in characters.
+fn indent(line: &str) -> usize {
+    line.len() - line.trim_start().len()
+}
+
+/// `node --test`'s TAP: nested subtests by indentation; only leaves are tests (a suite's own
+/// line, which fails when a child does, is not), each as `SUITE > … > NAME`.
+pub fn node_tap(text: &str) -> Results {
+    let mut r = Results::new();
+    // Open subtests: (indent, name, has children).
+    let mut open: Vec<(usize, String, bool)> = Vec::new();
+    for line in text.lines() {
+        let at = indent(line);
+        let l = line.trim();
+        if let Some(name) = l.strip_prefix("# Subtest: ") {
+            if let Some(parent) = open.iter_mut().rev().find(|(i, _, _)| *i < at) {
+                parent.2 = true;
+            }
+            open.push((at, name.to_string(), false));
+            continue;
+        }
+        let (ok, rest) = match (l.strip_prefix("not ok "), l.strip_prefix("ok ")) {
+            (Some(rest), _) => (false, rest),
+            (None, Some(rest)) => (true, rest),
+            _ => continue,
+        };
+        let Some(pos) = open.iter().rposition(|(i, _, _)| *i == at) else {
+            continue;
+        };
+        let (_, name, has_children) = open[pos].clone();
+        let mut id: Vec<String> = open[..pos].iter().map(|(_, n, _)| n.clone()).collect();
+        open.truncate(pos);
+        if has_children {
+            continue;
+        }
+        let directive = rest
+            .split_once(" # ")
+            .map(|(_, d)| d.trim().to_ascii_uppercase())
+            .unwrap_or_default();
+        let outcome = if directive.starts_with("SKIP") || directive.starts_with("TODO") {
+            Outcome::Skipped
+        } else if ok {
+            Outcome::Passed
+        } else {
+            Outcome::Failed
+        };
+        id.push(name);
+        add(&mut r, id.join(" > "), outcome);
+    }
+    r
+}
+
+/// `node --test`'s spec output: `▶ suite`, then `✔`/`✖`/`﹣` lines indented under it; the
+/// summary of failing tests at the end repeats them and is not read.
+pub fn node_spec(text: &str) -> Results {
+    let mut r = Results::new();
+    let mut suites: Vec<(usize, String)> = Vec::new();
+    for line in text.lines() {
+        let at = indent(line);
+        let l = line.trim();
+        if l.starts_with("✖ failing tests") {
+            break;
+        }
+        let (mark, rest) = match l.chars().next() {
+            Some(c @ ('▶' | '✔' | '✖' | '﹣')) => (c, l[c.len_utf8()..].trim()),
+            _ => continue,
+        };
+        // "name (1.23ms)" or "name (1.23ms) # SKIP"
+        let (rest, directive) = rest.split_once(" # ").unwrap_or((rest, ""));
+        let name = match rest.rfind(" (") {
+            Some(p) if rest.ends_with("ms)") => &rest[..p],
+            _ => rest,
+        };
+        while suites.last().is_some_and(|(i, _)| *i > at) {
+            suites.pop();
+        }
+        if mark == '▶' {
+            suites.push((at, name.to_string()));
+            continue;
+        }
+        if suites.last().is_some_and(|(i, n)| *i == at && n == name) {
+            suites.pop(); // a suite's closing line
+            continue;
+        }
+        let outcome = match (mark, directive.to_ascii_uppercase()) {
+            (_, d) if d.starts_with("SKIP") || d.starts_with("TODO") => Outcome::Skipped,
+            ('﹣', _) => Outcome::Skipped,
+            ('✔', _) => Outcome::Passed,
+            _ => Outcome::Failed,
+        };
+        let mut id: Vec<&str> = suites.iter().map(|(_, n)| n.as_str()).collect();
+        id.push(name);
+        add(&mut r, id.join(" > "), outcome);
+    }
+    r
+}
+
+/// `node --test`'s TAP or spec output, whichever `text` is.
+pub fn node_test(text: &str) -> Results {
+    match text.contains("# Subtest: ") {
+        true => node_tap(text),
+        false => node_spec(text),
+    }
+}
+
+/// Reads results in `format` from `text`; `Auto` tries JUnit XML, the JSON reports, then each
+/// line format, and takes the first that finds tests.
 pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
     let found = match format {
         Format::Junit => junit(text)?,
@@ -410,14 +607,26 @@ pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
         Format::GoJson => go_json(text),
         Format::Cargo => cargo(text),
         Format::Tap => tap(text),
+        Format::Jest => jest_json(text),
+        Format::Mocha => mocha_json(text),
+        Format::NodeTest => node_test(text),
         Format::Auto => {
             if text.trim_start().starts_with('<') {
                 junit(text)?
             } else {
-                [pytest_ra(text), go_json(text), cargo(text), tap(text)]
-                    .into_iter()
-                    .find(|r| !r.is_empty())
-                    .unwrap_or_default()
+                let json = text.contains('{');
+                [
+                    json.then(|| jest_json(text)).unwrap_or_default(),
+                    json.then(|| mocha_json(text)).unwrap_or_default(),
+                    pytest_ra(text),
+                    go_json(text),
+                    cargo(text),
+                    node_test(text),
+                    tap(text),
+                ]
+                .into_iter()
+                .find(|r| !r.is_empty())
+                .unwrap_or_default()
             }
         }
     };
@@ -464,6 +673,84 @@ pub fn tests_in_line(line: &str) -> usize {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// What every JavaScript fixture holds: the same suite (tests/fixtures: real output of
+    /// Jest 29, Vitest 2, Mocha 10, and Node 20's test runner, paths rewritten to /work).
+    fn same_suite(r: &Results, file: &str, sep_top: &str) {
+        let id = |rest: &str| match file {
+            "" => rest.to_string(),
+            f => format!("{f}{sep_top}{rest}"),
+        };
+        let want = [
+            (id("math > adds"), Outcome::Passed),
+            (id("math > adds negatives"), Outcome::Passed),
+            (id("math > edge cases > handles zero"), Outcome::Passed),
+            (
+                id("math > edge cases > is wrong on purpose"),
+                Outcome::Failed,
+            ),
+            (id("math > is skipped"), Outcome::Skipped),
+            (id("top level"), Outcome::Passed),
+        ];
+        assert_eq!(r.len(), 6, "{r:?}");
+        for (id, o) in want {
+            assert_eq!(r.get(&id), Some(&o), "{id} in {r:?}");
+        }
+    }
+
+    #[test]
+    fn javascript_runners_real_output() {
+        let jest = include_str!("fixtures/jest.json");
+        same_suite(&jest_json(jest), "/work/test/math.test.js", " > ");
+        assert_eq!(parse(Format::Auto, jest).unwrap(), jest_json(jest));
+        let vitest = include_str!("fixtures/vitest.json");
+        same_suite(&jest_json(vitest), "/work/test/vmath.test.mjs", " > ");
+        // Mocha names a test by its full title, words joined by spaces.
+        let mocha = mocha_json(include_str!("fixtures/mocha.json"));
+        assert_eq!(mocha.len(), 6, "{mocha:?}");
+        assert_eq!(
+            mocha.get("/work/test/math.mocha.js > math edge cases is wrong on purpose"),
+            Some(&Outcome::Failed)
+        );
+        assert_eq!(
+            mocha.get("/work/test/math.mocha.js > math is skipped"),
+            Some(&Outcome::Skipped)
+        );
+        assert_eq!(
+            parse(Format::Auto, include_str!("fixtures/mocha.json")).unwrap(),
+            mocha
+        );
+        let tap = include_str!("fixtures/node-tap.txt");
+        same_suite(&node_tap(tap), "", "");
+        assert_eq!(parse(Format::Auto, tap).unwrap(), node_tap(tap));
+        let spec = include_str!("fixtures/node-spec.txt");
+        same_suite(&node_spec(spec), "", "");
+        assert_eq!(parse(Format::Auto, spec).unwrap(), node_spec(spec));
+    }
+
+    #[test]
+    fn javascript_reports_survive_garbage() {
+        for text in [
+            "",
+            "{",
+            "{\"testResults\": 3}",
+            "{\"testResults\": [{\"assertionResults\": [{\"status\": 7}]}]}",
+            "{\"passes\": {}, \"failures\": null}",
+            "# Subtest: a\n    not ok 1 - b\nok 9 - nothing open",
+            "▶ a\n  ✔ \n✖ failing tests:\n✖ x",
+            "    ok 1 - deeper than anything\n# Subtest: x",
+        ] {
+            let _ = jest_json(text);
+            let _ = mocha_json(text);
+            let _ = node_test(text);
+            let _ = parse(Format::Auto, text);
+        }
+        // A Jest file that did not load is an error under its own name.
+        let r = jest_json(
+            "{\"testResults\": [{\"name\": \"/w/a.test.js\", \"status\": \"failed\", \"assertionResults\": []}]}",
+        );
+        assert_eq!(r.get("/w/a.test.js"), Some(&Outcome::Error));
+    }
 
     /// Real pytest 7 output with -rA (abridged: the passes section headers are kept).
     const PYTEST: &str = "\

@@ -272,3 +272,61 @@ fn copy_dir(from: &Path, to: &Path) {
         }
     }
 }
+
+/// Two image builds (once per test home, ~20 s each) and two boots. The Node images give
+/// Node 18 and Node 20, and `node --test`'s output in the guest reads as the same tests on
+/// both (TAP on 18, where it is the default, and spec on 20).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn node_images_run_node_test_and_its_results_read() {
+    let paths = infra::home();
+    let suite = std::fs::read_to_string(
+        infra::repo_root().join("crates/migrate/src/fixtures/node.test.js"),
+    )
+    .unwrap();
+    for (recipe, major, reporter) in [
+        ("node-bookworm", "v18.", "tap"),
+        ("node-trixie", "v20.", "spec"),
+    ] {
+        let image = infra::image(&paths, recipe);
+        let sb = Sandbox::create(
+            &paths,
+            &SandboxConfig {
+                image,
+                ..SandboxConfig::default()
+            },
+        )
+        .await
+        .unwrap();
+        sb.client()
+            .write_file("/work/test/node.test.js", suite.as_bytes(), 0o644)
+            .await
+            .unwrap();
+        let out = sb
+            .run(forkbox_protocol::ExecSpec {
+                program: forkbox_protocol::Program::Shell(format!(
+                    "node --version && node --test --test-reporter={reporter} test/"
+                )),
+                cwd: Some("/work".into()),
+                env: vec![],
+                timeout_ms: Some(120_000),
+                stdin: false,
+                tty: None,
+            })
+            .await
+            .unwrap();
+        sb.destroy().await;
+        let text = out.stdout_text();
+        assert!(text.starts_with(major), "{recipe}: {text}");
+        let r = reports::parse(Format::Auto, &text).unwrap();
+        let failed: Vec<&String> = r
+            .iter()
+            .filter(|(_, o)| **o == Outcome::Failed)
+            .map(|(id, _)| id)
+            .collect();
+        assert_eq!(r.len(), 6, "{recipe}: {r:?}\n{text}");
+        assert!(
+            failed.len() == 1 && failed[0].ends_with("edge cases > is wrong on purpose"),
+            "{recipe}: {r:?}"
+        );
+    }
+}
