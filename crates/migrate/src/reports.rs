@@ -614,10 +614,14 @@ pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
             if text.trim_start().starts_with('<') {
                 junit(text)?
             } else {
-                let json = text.contains('{');
+                // The JSON reports are looked for only where there can be one.
+                let json = |f: fn(&str) -> Results| match text.contains('{') {
+                    true => f(text),
+                    false => Results::new(),
+                };
                 [
-                    json.then(|| jest_json(text)).unwrap_or_default(),
-                    json.then(|| mocha_json(text)).unwrap_or_default(),
+                    json(jest_json),
+                    json(mocha_json),
                     pytest_ra(text),
                     go_json(text),
                     cargo(text),
