@@ -179,8 +179,13 @@ fn ms(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
+/// What a tail of a command's output may hold: the guest wrote it, and it goes into messages
+/// and the report.
+const TAIL_BYTES: usize = 8 << 10;
+
+/// The last `n` lines of `b`, within its last [`TAIL_BYTES`] (a longer line keeps its end).
 fn tail(b: &[u8], n: usize) -> String {
-    let s = String::from_utf8_lossy(b);
+    let s = String::from_utf8_lossy(&b[b.len().saturating_sub(TAIL_BYTES)..]);
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
@@ -1080,4 +1085,18 @@ async fn port_and_verify(
     run.cost = cpu * cfg.rate_cpu_second + mem * cfg.rate_gib_second;
     sb.destroy().await;
     (run, port_ms, verify_ms)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_tail_is_bounded_whatever_the_guest_prints() {
+        assert_eq!(tail(b"a\nb\nc\n", 2), "b\nc");
+        let flood = vec![b'x'; 10 << 20];
+        assert_eq!(tail(&flood, 40).len(), TAIL_BYTES);
+        let many = "line\n".repeat(1 << 20);
+        assert_eq!(tail(many.as_bytes(), 40), vec!["line"; 40].join("\n"));
+    }
 }
