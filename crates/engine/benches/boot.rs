@@ -15,7 +15,7 @@ use forkbox_protocol::{ExecSpec, Program};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{env_count, ms, qemu_floor, stats};
+use common::{env_count, ms, qemu_floor, runtime, stats};
 
 fn row(name: &str, n: usize, v: Vec<f64>) -> f64 {
     let (p50, p99, min) = stats(v);
@@ -24,11 +24,7 @@ fn row(name: &str, n: usize, v: Vec<f64>) -> f64 {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let rt = runtime();
     let boots = env_count("BENCH_BOOTS", 5);
     let execs = env_count("BENCH_EXECS", 100);
     let (paths, cfg) = infra::sandbox_setup("python-bookworm");

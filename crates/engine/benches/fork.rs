@@ -17,7 +17,7 @@ use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{env_count, ms, ok, pss_kib, qemu_floor, stats};
+use common::{env_count, ms, ok, pss_kib, qemu_floor, runtime, stats};
 
 fn row(name: &str, v: Vec<f64>) -> f64 {
     let n = v.len();
@@ -77,11 +77,7 @@ async fn futures_join(
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let n = env_count("BENCH_CREATES", 50);
     let boots = env_count("BENCH_BOOTS", 3);
     let (paths, cfg) = infra::sandbox_setup("python-bookworm");

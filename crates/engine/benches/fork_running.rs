@@ -20,7 +20,7 @@ use forkbox_engine::snapshot::SnapshotStore;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{env_count, ms, ok, pss_kib, stats};
+use common::{env_count, ms, ok, pss_kib, runtime, stats};
 
 /// User + system ticks (1/100 s) a process has used.
 fn ticks(pid: u32) -> u64 {
@@ -93,11 +93,7 @@ async fn destroy(copies: Vec<Sandbox>) {
 }
 
 fn main() {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let rt = runtime();
     let idle_n = env_count("BENCH_IDLE", 100);
     let idle_secs = env_count("BENCH_IDLE_SECS", 20) as u64;
     let (paths, cfg) = infra::sandbox_setup("python-bookworm");

@@ -303,14 +303,11 @@ async fn node_images_run_node_test_and_its_results_read() {
             .unwrap();
         let out = sb
             .run(forkbox_protocol::ExecSpec {
-                program: forkbox_protocol::Program::Shell(format!(
-                    "node --version && node --test --test-reporter={reporter} test/"
-                )),
                 cwd: Some("/work".into()),
-                env: vec![],
-                timeout_ms: Some(120_000),
-                stdin: false,
-                tty: None,
+                ..infra::sh(
+                    &format!("node --version && node --test --test-reporter={reporter} test/"),
+                    Some(120_000),
+                )
             })
             .await
             .unwrap();

@@ -3,6 +3,16 @@
 
 use std::time::{Duration, Instant};
 
+/// The runtime every bench runs on: two workers, as the machines it is measured on have two
+/// cores.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
 pub fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
