@@ -106,7 +106,7 @@ async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
             text,
         )
             .into_response(),
-        Reply::Signalled => ok.into_response(),
+        Reply::Sent => ok.into_response(),
         Reply::Log(_) | Reply::Archive(_) => return Err(unexpected()),
         reply => (ok, Json(reply)).into_response(),
     })

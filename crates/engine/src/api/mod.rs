@@ -175,9 +175,9 @@ pub enum Reply {
     /// A command's log, followed by the front end (not a body).
     #[serde(skip)]
     Log(Arc<crate::commands::CommandLog>),
-    /// A signal was sent.
+    /// A signal or a new terminal size was sent to a running command.
     #[serde(skip)]
-    Signalled,
+    Sent,
     StdinWritten(StdinWritten),
     Unpacked(Unpacked),
     /// An archive's chunks as they come; an error ends it early (not a body).
@@ -630,7 +630,7 @@ impl Engine {
                 signal,
             } => {
                 self.command(&id, &command_id).await?.signal(signal).await;
-                Ok(Reply::Signalled)
+                Ok(Reply::Sent)
             }
             Command::ResizeCommand {
                 id,
@@ -639,7 +639,7 @@ impl Engine {
             } => {
                 let size = size.checked()?;
                 self.command(&id, &command_id).await?.resize(size).await;
-                Ok(Reply::Signalled)
+                Ok(Reply::Sent)
             }
             Command::WriteStdin {
                 id,
@@ -862,11 +862,14 @@ fn random_suffix() -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
+/// The longest TTL a sandbox may have: 30 days.
+pub const MAX_TTL_SECS: u64 = 30 * 24 * 3600;
+
 /// The absolute deadline for a TTL.
 fn deadline(ttl_seconds: u64) -> Result<u64, EngineError> {
-    if ttl_seconds == 0 || ttl_seconds > 30 * 24 * 3600 {
+    if ttl_seconds == 0 || ttl_seconds > MAX_TTL_SECS {
         return Err(EngineError::BadRequest(format!(
-            "ttl_seconds {ttl_seconds} is not between 1 and 2592000 (30 days)"
+            "ttl_seconds {ttl_seconds} is not between 1 and {MAX_TTL_SECS} (30 days)"
         )));
     }
     Ok(now_unix() + ttl_seconds)
