@@ -151,8 +151,8 @@ pub enum SandboxCmd {
         /// Environment variable for the command (repeatable).
         #[arg(long = "env", value_name = "K=V", value_parser = crate::run::parse_kv)]
         env: Vec<(String, String)>,
-        /// Kill the command and everything it started after this long: 90, 5s, 10m.
-        #[arg(long, value_parser = crate::units::seconds)]
+        /// Kill the command and everything it started after this long: 90, 5s, 10m (at most 24 h).
+        #[arg(long, value_parser = crate::units::timeout)]
         timeout: Option<u64>,
         /// Pass this process's standard input to the command (without it, a piped standard
         /// input is refused rather than dropped).
@@ -301,7 +301,8 @@ fn daemon_pid(paths: &Paths) -> Option<i32> {
         .then_some(pid)
 }
 
-fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
+/// The runtime the CLI's commands run on: one thread (see `run::run` for why it matters there).
+pub fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?)
@@ -465,9 +466,7 @@ pub enum SnapshotCmd {
 }
 
 pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = current_thread()?;
     rt.block_on(async {
         let c = connect(paths).await?;
         match cmd {
@@ -554,9 +553,7 @@ pub fn mcp(paths: &Paths, roots: Vec<std::path::PathBuf>, all: bool) -> anyhow::
 /// `forkbox serve --detach`: a daemon for this home, started in the background unless one
 /// already answers; prints its socket.
 pub fn serve_detached(paths: &Paths) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = current_thread()?;
     let socket = forkbox_server::socket_path(paths);
     rt.block_on(async {
         if !forkbox_server::is_running(&socket).await {
@@ -684,9 +681,7 @@ async fn follow(mut events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
 }
 
 pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = current_thread()?;
     rt.block_on(async {
         let c = connect(paths).await?;
         match cmd {
@@ -969,7 +964,7 @@ async fn exec(c: &Client, id: &str, mut req: ExecRequest, how: How) -> anyhow::R
     }
     req.stdin = how.interactive;
     if how.tty {
-        req.tty = Some(crate::terminal::size());
+        req.tty = Some(crate::terminal::size().into());
         if !req.env.contains_key("TERM") {
             let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
             req.env.insert("TERM".into(), term);
@@ -982,60 +977,28 @@ async fn exec(c: &Client, id: &str, mut req: ExecRequest, how: How) -> anyhow::R
         true => crate::terminal::RawMode::enter(),
         false => None,
     };
-    let follow = follow(events);
-    tokio::pin!(follow);
-    let resizing = async {
-        if !how.tty {
-            return std::future::pending().await;
+    // Beside the command's output: its input fed, its terminal kept the size of this one. Each
+    // goes on until the command ends, unless feeding the input fails.
+    let feeding = async {
+        if how.interactive {
+            c.write_stdin(id, &cid, crate::terminal::stdin_chunks(), true)
+                .await
+                .context("passing standard input to the command")?;
         }
-        let Ok(mut winch) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change())
-        else {
-            return std::future::pending().await;
-        };
-        while winch.recv().await.is_some() {
-            let _ = c.resize(id, &cid, crate::terminal::size()).await;
-        }
-        std::future::pending::<()>().await
+        std::future::pending::<anyhow::Result<()>>().await
     };
-    tokio::pin!(resizing);
-    if !how.interactive {
-        return tokio::select! {
-            code = &mut follow => code,
-            _ = &mut resizing => unreachable!("resizing never ends"),
-        };
-    }
-    let (tx, rx) = tokio::sync::mpsc::channel::<std::io::Result<Vec<u8>>>(4);
-    // Standard input is read on a thread of its own: a read blocks, and the command may end
-    // before it does.
-    std::thread::spawn(move || {
-        use std::io::Read;
-        let mut stdin = std::io::stdin().lock();
-        let mut buf = vec![0u8; 64 << 10];
-        loop {
-            let item = match stdin.read(&mut buf) {
-                Ok(0) => return,
-                Ok(n) => Ok(buf[..n].to_vec()),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(e),
-            };
-            if tx.blocking_send(item).is_err() {
-                return;
+    let resizing = async {
+        let winch = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change());
+        if let (true, Ok(mut winch)) = (how.tty, winch) {
+            while winch.recv().await.is_some() {
+                let _ = c.resize(id, &cid, crate::terminal::size().into()).await;
             }
         }
-    });
-    let feed = c.write_stdin(id, &cid, rx, true);
-    tokio::pin!(feed);
+        std::future::pending::<anyhow::Result<()>>().await
+    };
     tokio::select! {
-        code = &mut follow => code,
-        _ = &mut resizing => unreachable!("resizing never ends"),
-        fed = &mut feed => {
-            fed.context("passing standard input to the command")?;
-            tokio::select! {
-                code = &mut follow => code,
-                _ = &mut resizing => unreachable!("resizing never ends"),
-            }
-        }
+        code = follow(events) => code,
+        Err(e) = async { tokio::try_join!(feeding, resizing) } => Err(e),
     }
 }
 

@@ -475,9 +475,7 @@ fn accel_decision(
     paths: &Paths,
     accel: AccelChoice,
 ) -> anyhow::Result<Option<forkbox_engine::vm::AccelDecision>> {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::daemon::current_thread()?;
     rt.block_on(forkbox_engine::vm::host_decision(paths, accel))
         .context("choose accelerator")
 }

@@ -28,7 +28,7 @@ pub struct RunArgs {
     #[arg(long, default_value_t = forkbox_engine::sandbox::DEFAULT_MAX_PROCS, value_parser = clap::value_parser!(u32).range(16..=1_000_000))]
     max_procs: u32,
     /// Kill the command and everything it started after this long: 90, 5s, 10m (at most 24 h).
-    #[arg(long, value_parser = timeout)]
+    #[arg(long, value_parser = crate::units::timeout)]
     timeout: Option<u64>,
     /// Working directory in the guest (default /root).
     #[arg(long)]
@@ -59,13 +59,6 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-fn timeout(s: &str) -> Result<u64, String> {
-    match crate::units::seconds(s)? {
-        t if t > 86_400 => Err(format!("{s:?} is longer than 24 h")),
-        t => Ok(t),
-    }
-}
-
 pub fn parse_kv(s: &str) -> Result<(String, String), String> {
     match s.split_once('=') {
         Some((k, v)) if !k.is_empty() => Ok((k.to_string(), v.to_string())),
@@ -90,9 +83,7 @@ struct RunResult {
 pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     // One thread: QEMU is started with PR_SET_PDEATHSIG, which fires when the *thread* that
     // started it ends; the main thread lives exactly as long as the sandbox should.
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()?;
+    let rt = crate::daemon::current_thread()?;
     rt.block_on(run_async(paths, args))
 }
 
@@ -149,13 +140,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         },
         timeout_ms: args.timeout.map(|s| s * 1000),
         stdin: args.interactive,
-        tty: args.tty.then(|| {
-            let size = crate::terminal::size();
-            forkbox_protocol::WinSize {
-                rows: size.rows,
-                cols: size.cols,
-            }
-        }),
+        tty: args.tty.then(crate::terminal::size),
     };
     let exec_start = Instant::now();
     let outcome = tokio::select! {
@@ -173,21 +158,14 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let (status, timed_out, stdout, stderr) = match result {
         Ok(r) => r,
         Err(e) => {
-            // A command that cannot start exits as a shell would say: 127 not found, 126 not runnable.
-            use forkbox_engine::error::{AgentError, SandboxError};
-            use forkbox_protocol::ErrorKind;
-            if let Some(SandboxError::Agent(AgentError::Refused { kind, message })) =
-                e.downcast_ref::<SandboxError>()
-            {
-                let code = match kind {
-                    ErrorKind::NotFound => Some(127),
-                    ErrorKind::PermissionDenied => Some(126),
-                    _ => None,
-                };
-                if let Some(code) = code {
-                    eprintln!("forkbox: {message}");
-                    return Ok(ExitCode::from(code));
-                }
+            // A command that cannot start exits as a shell would say: 127 not found, 126 not
+            // runnable, with the same words as `sandbox exec` and the API.
+            let cannot = e
+                .downcast_ref::<forkbox_engine::error::SandboxError>()
+                .and_then(forkbox_engine::commands::cannot_start);
+            if let Some((code, message)) = cannot {
+                eprintln!("forkbox: {message}");
+                return Ok(ExitCode::from(code.clamp(0, 255) as u8));
             }
             return Err(e);
         }
@@ -241,41 +219,18 @@ async fn drive(
         true => tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok(),
         false => None,
     };
-    let mut stdin_rx = if interactive {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Option<Vec<u8>>>(4);
-        std::thread::spawn(move || {
-            use std::io::Read;
-            let mut buf = vec![0u8; 64 * 1024];
-            let mut input = std::io::stdin().lock();
-            loop {
-                match input.read(&mut buf) {
-                    Ok(0) | Err(_) => {
-                        let _ = tx.blocking_send(None);
-                        return;
-                    }
-                    Ok(n) => {
-                        if tx.blocking_send(Some(buf[..n].to_vec())).is_err() {
-                            return;
-                        }
-                    }
-                }
-            }
-        });
-        Some(rx)
-    } else {
-        None
-    };
+    let mut stdin_rx = interactive.then(crate::terminal::stdin_chunks);
     let (mut out, mut err) = (Vec::new(), Vec::new());
     loop {
         let ev = tokio::select! {
             ev = ex.next() => ev?,
             Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
-                let size = crate::terminal::size();
-                ex.resize(forkbox_protocol::WinSize { rows: size.rows, cols: size.cols }).await?;
+                ex.resize(crate::terminal::size()).await?;
                 continue;
             }
             input = async { match stdin_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                match input.flatten() {
+                // A read error ends the input as its end does.
+                match input.and_then(Result::ok) {
                     Some(data) => ex.stdin(data).await?,
                     None => {
                         ex.close_stdin().await?;

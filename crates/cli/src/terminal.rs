@@ -1,24 +1,47 @@
 //! This process's terminal, for commands run on a terminal in a sandbox: its size, and raw
 //! mode while keys go through to the command.
 
-use forkbox_engine::api::TerminalSize;
+use forkbox_protocol::WinSize;
 use nix::sys::termios::{self, SetArg, Termios};
 
 /// The size of the terminal on standard output (or input); 24 x 80 when neither is one.
-pub fn size() -> TerminalSize {
+pub fn size() -> WinSize {
     let fds: [&dyn std::os::fd::AsFd; 3] =
         [&std::io::stdout(), &std::io::stdin(), &std::io::stderr()];
     for fd in fds {
         if let Ok(ws) = rustix::termios::tcgetwinsize(fd) {
             if ws.ws_row > 0 && ws.ws_col > 0 {
-                return TerminalSize {
+                return WinSize {
                     rows: ws.ws_row,
                     cols: ws.ws_col,
                 };
             }
         }
     }
-    TerminalSize { rows: 24, cols: 80 }
+    WinSize { rows: 24, cols: 80 }
+}
+
+/// This process's standard input in chunks as it comes, read on a thread of its own (a read
+/// blocks, and the command may end before it does); the channel closes at end of input.
+pub fn stdin_chunks() -> tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>> {
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    std::thread::spawn(move || {
+        use std::io::Read;
+        let mut stdin = std::io::stdin().lock();
+        let mut buf = vec![0u8; 64 << 10];
+        loop {
+            let item = match stdin.read(&mut buf) {
+                Ok(0) => return,
+                Ok(n) => Ok(buf[..n].to_vec()),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(e),
+            };
+            if tx.blocking_send(item).is_err() {
+                return;
+            }
+        }
+    });
+    rx
 }
 
 /// Standard input in raw mode (no echo, no line editing, Ctrl-C a byte) until dropped.

@@ -97,12 +97,22 @@ pub fn seconds(s: &str) -> Result<u64, String> {
     Ok(secs)
 }
 
-/// A TTL: a duration of at most 30 days.
-pub fn ttl(s: &str) -> Result<u64, String> {
+/// A duration in seconds of at most `max` seconds, which `said` names ("30 days").
+fn seconds_at_most(s: &str, max: u64, said: &str) -> Result<u64, String> {
     match seconds(s)? {
-        t if t > 30 * 24 * 3600 => Err(format!("{s:?} is longer than 30 days")),
+        t if t > max => Err(format!("{s:?} is longer than {said}")),
         t => Ok(t),
     }
+}
+
+/// A TTL: a duration of at most 30 days.
+pub fn ttl(s: &str) -> Result<u64, String> {
+    seconds_at_most(s, forkbox_engine::api::MAX_TTL_SECS, "30 days")
+}
+
+/// A command's timeout: a duration of at most 24 h, as the API takes it.
+pub fn timeout(s: &str) -> Result<u64, String> {
+    seconds_at_most(s, forkbox_engine::api::MAX_TIMEOUT_SECS, "24 h")
 }
 
 /// A signal by name (`KILL`, `SIGKILL`, `kill`) or number (`9`).
@@ -158,6 +168,9 @@ mod tests {
         assert!(seconds("0").unwrap_err().contains("at least 1s"));
         assert!(seconds("1500ms").is_err());
         assert!(seconds("soon").unwrap_err().contains("not a duration"));
+        assert_eq!(timeout("24h"), Ok(86400));
+        assert!(timeout("25h").unwrap_err().contains("longer than 24 h"));
+        assert!(ttl("31d").unwrap_err().contains("longer than 30 days"));
     }
 
     #[test]

@@ -119,6 +119,15 @@ pub struct TerminalSize {
     pub cols: u16,
 }
 
+impl From<forkbox_protocol::WinSize> for TerminalSize {
+    fn from(w: forkbox_protocol::WinSize) -> TerminalSize {
+        TerminalSize {
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+}
+
 impl TerminalSize {
     /// Checked: 1 to 1000 rows and columns.
     pub fn checked(self) -> Result<forkbox_protocol::WinSize, EngineError> {
