@@ -10,7 +10,7 @@ use std::fs;
 use std::io::{Read, Write};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, RecvTimeoutError, Sender, SyncSender};
@@ -262,7 +262,11 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
             c
         }
     };
-    let cwd = spec.cwd.clone().unwrap_or_else(|| "/root".into());
+    let user = spec.user.as_deref().map(resolve_user).transpose()?;
+    let cwd = spec.cwd.clone().unwrap_or_else(|| match &user {
+        Some(u) if u.uid != 0 => u.home.clone().filter(|h| Path::new(h).is_dir()).unwrap_or_else(|| "/".into()),
+        _ => "/root".into(),
+    });
     if !fs::metadata(&cwd).map(|m| m.is_dir()).unwrap_or(false) {
         return Err(std::io::Error::new(
             std::io::ErrorKind::NotFound,
@@ -271,6 +275,14 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
     }
     cmd.current_dir(cwd).env_clear();
     cmd.envs(BASE_ENV.iter().copied());
+    if let Some(u) = &user {
+        // As root, std drops the supplementary groups before it changes the ids.
+        cmd.uid(u.uid).gid(u.gid);
+        if let Some(name) = &u.name {
+            cmd.env("USER", name).env("LOGNAME", name);
+        }
+        cmd.env("HOME", u.home.as_deref().unwrap_or("/"));
+    }
     cmd.envs(spec.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
     cmd.stdin(if spec.stdin {
         Stdio::piped()
@@ -283,6 +295,57 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
         cmd.process_group(0);
     }
     Ok(cmd)
+}
+
+/// A user to run a command as.
+#[derive(Debug, PartialEq, Eq)]
+struct User {
+    uid: u32,
+    gid: u32,
+    name: Option<String>,
+    home: Option<String>,
+}
+
+/// `NAME`, `UID`, `NAME:GROUP` or `UID:GID` (an OCI image's `User`), from `/etc/passwd` and
+/// `/etc/group`; a bare number need not be in them (its group is then 0, as docker has it).
+fn resolve_user(spec: &str) -> std::io::Result<User> {
+    let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
+    let group = fs::read_to_string("/etc/group").unwrap_or_default();
+    parse_user(spec, &passwd, &group)
+}
+
+fn parse_user(spec: &str, passwd: &str, group: &str) -> std::io::Result<User> {
+    let bad = |what: String| std::io::Error::new(std::io::ErrorKind::NotFound, what);
+    let (u, g) = match spec.split_once(':') {
+        Some((u, g)) => (u, Some(g)),
+        None => (spec, None),
+    };
+    // name:password:uid:gid:gecos:home:shell
+    let entry = passwd.lines().map(|l| l.split(':').collect::<Vec<_>>()).find(|f| {
+        f.len() >= 6 && (f[0] == u || (u.parse::<u32>().is_ok() && f[2] == u))
+    });
+    let mut user = match (&entry, u.parse::<u32>()) {
+        (Some(f), _) => User {
+            uid: f[2].parse().map_err(|_| bad(format!("user {u}: bad uid in /etc/passwd")))?,
+            gid: f[3].parse().map_err(|_| bad(format!("user {u}: bad gid in /etc/passwd")))?,
+            name: Some(f[0].to_string()),
+            home: Some(f[5].to_string()).filter(|h| !h.is_empty()),
+        },
+        (None, Ok(uid)) => User { uid, gid: 0, name: None, home: None },
+        (None, Err(_)) => return Err(bad(format!("user {u:?} is not in the guest's /etc/passwd"))),
+    };
+    if let Some(g) = g {
+        user.gid = match g.parse::<u32>() {
+            Ok(gid) => gid,
+            Err(_) => group
+                .lines()
+                .map(|l| l.split(':').collect::<Vec<_>>())
+                .find(|f| f.len() >= 3 && f[0] == g)
+                .and_then(|f| f[2].parse().ok())
+                .ok_or_else(|| bad(format!("group {g:?} is not in the guest's /etc/group")))?,
+        };
+    }
+    Ok(user)
 }
 
 fn winsize(size: WinSize) -> nix::pty::Winsize {
@@ -552,4 +615,25 @@ fn wait_for_exit(
         _ => ExitStatus::Code(-1),
     };
     (status, timed_out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod user_tests {
+    use super::*;
+
+    const PASSWD: &str = "root:x:0:0:root:/root:/bin/bash\nnode:x:1000:1000::/home/node:/bin/sh\n";
+    const GROUP: &str = "root:x:0:\nstaff:x:50:\n";
+
+    #[test]
+    fn users_resolve_as_an_image_config_names_them() {
+        let u = parse_user("node", PASSWD, GROUP).unwrap();
+        assert_eq!((u.uid, u.gid, u.home.as_deref()), (1000, 1000, Some("/home/node")));
+        let u = parse_user("1000:staff", PASSWD, GROUP).unwrap();
+        assert_eq!((u.uid, u.gid, u.name.as_deref()), (1000, 50, Some("node")));
+        let u = parse_user("4242:7", PASSWD, GROUP).unwrap();
+        assert_eq!((u.uid, u.gid, u.name), (4242, 7, None));
+        assert!(parse_user("nobody-here", PASSWD, GROUP).is_err());
+        assert!(parse_user("node:wheel", PASSWD, GROUP).is_err());
+    }
 }

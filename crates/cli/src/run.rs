@@ -141,6 +141,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         timeout_ms: args.timeout.map(|s| s * 1000),
         stdin: args.interactive,
         tty: args.tty.then(crate::terminal::size),
+        user: None,
     };
     let exec_start = Instant::now();
     let outcome = tokio::select! {

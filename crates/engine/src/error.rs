@@ -84,6 +84,14 @@ pub enum ImageError {
     },
     #[error("image {name} is broken: {message}; remove it and build it again")]
     Corrupt { name: String, message: String },
+    #[error("cannot pull {reference}: {message}")]
+    Registry { reference: String, message: String },
+    #[error("layer {layer} of {reference} is refused: {source}")]
+    Layer {
+        reference: String,
+        layer: String,
+        source: crate::image::layers::LayerError,
+    },
     #[error("building image {name} failed at step '{step}': {message}")]
     BuildFailed {
         name: String,

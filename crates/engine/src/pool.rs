@@ -44,6 +44,7 @@ fn warm_up() -> forkbox_protocol::ExecSpec {
         timeout_ms: Some(60_000),
         stdin: false,
         tty: None,
+        user: None,
     }
 }
 

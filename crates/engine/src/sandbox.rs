@@ -552,6 +552,13 @@ impl Sandbox {
         }
         env.append(&mut spec.env);
         spec.env = env;
+        // A registry image's WorkingDir and User, unless the request names its own.
+        if spec.cwd.is_none() {
+            spec.cwd.clone_from(&self.image.meta.workdir);
+        }
+        if spec.user.is_none() {
+            spec.user.clone_from(&self.image.meta.user);
+        }
         let deadline = spec
             .timeout_ms
             .map(|ms| Instant::now() + Duration::from_millis(ms) + HOST_GRACE);
@@ -660,6 +667,55 @@ impl Sandbox {
         Some(Sandbox::assemble(info, image, vm, client, run))
     }
 
+    /// Boots `image` cold, an image that need not be in the store (a build's stage).
+    pub async fn boot_unlisted(
+        paths: &Paths,
+        cfg: &SandboxConfig,
+        image: Image,
+    ) -> Result<Sandbox, SandboxError> {
+        runstate::sweep(paths);
+        let started = Instant::now();
+        crate::setup::require(vm::QEMU)?;
+        let kit = boot_kit(paths, &image, cfg.accel).await?;
+        let sb = Sandbox::cold_boot(paths, cfg, image, kit, started).await?;
+        if let Err(e) = sb.set_network(cfg.network.clone()).await {
+            sb.destroy().await;
+            return Err(e);
+        }
+        Ok(sb)
+    }
+
+    /// Writes the sandbox's root disk, flattened (its image and every write since), to `dest`
+    /// as a raw file, once the guest has flushed its writes and its VM has stopped; then
+    /// removes the sandbox.
+    pub async fn export_root(&self, dest: &std::path::Path) -> Result<(), SandboxError> {
+        let flushed = self
+            .run(ExecSpec {
+                program: forkbox_protocol::Program::Argv(vec!["sync".into()]),
+                cwd: Some("/".into()),
+                env: vec![],
+                timeout_ms: Some(300_000),
+                stdin: false,
+                tty: None,
+                user: None,
+            })
+            .await;
+        let result = match flushed {
+            Ok(out) if out.status.is_some_and(|s| s.as_shell_code() == 0) => {
+                self.vm.lock().await.kill().await;
+                let disk = self.run_dir().disk_dir().join("disk.qcow2");
+                convert_raw(&disk, dest).await
+            }
+            Ok(out) => Err(SandboxError::io(
+                "flush the guest's writes",
+                std::io::Error::other(format!("`sync` ended with {:?}", out.status)),
+            )),
+            Err(e) => Err(e),
+        };
+        self.destroy().await;
+        result
+    }
+
     /// Stops the VM and removes everything the sandbox had on the host. Idempotent.
     pub async fn destroy(&self) {
         self.vm.lock().await.kill().await;
@@ -667,6 +723,25 @@ impl Sandbox {
         self.destroyed
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
+}
+
+/// `qemu-img convert` of a disk chain into one raw file (sparse where the disk is zero).
+async fn convert_raw(disk: &std::path::Path, dest: &std::path::Path) -> Result<(), SandboxError> {
+    let qemu_img = crate::setup::require("qemu-img")?;
+    let out = tokio::process::Command::new(qemu_img)
+        .args(["convert", "-q", "-O", "raw"])
+        .arg(disk)
+        .arg(dest)
+        .output()
+        .await
+        .map_err(|e| SandboxError::io("run qemu-img convert", e))?;
+    if !out.status.success() {
+        return Err(SandboxError::io(
+            "flatten the root disk",
+            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        ));
+    }
+    Ok(())
 }
 
 /// What booting an image needs besides the image: kernel, initramfs (agent + modules) and the

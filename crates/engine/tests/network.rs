@@ -23,6 +23,7 @@ async fn py(sb: &Sandbox, code: &str) -> String {
             timeout_ms: Some(120_000),
             stdin: false,
             tty: None,
+            user: None,
         })
         .await
         .unwrap();

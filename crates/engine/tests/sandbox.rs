@@ -58,6 +58,7 @@ async fn one_sandbox_runs_commands_with_exact_results() {
             timeout_ms: None,
             stdin: false,
             tty: None,
+            user: None,
         })
         .await
         .unwrap();
@@ -88,6 +89,7 @@ async fn one_sandbox_runs_commands_with_exact_results() {
             timeout_ms: None,
             stdin: false,
             tty: None,
+            user: None,
         })
         .await
         .unwrap();

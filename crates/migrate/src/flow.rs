@@ -172,6 +172,7 @@ pub(crate) fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
         timeout_ms: Some(timeout_secs * 1000),
         stdin: false,
         tty: None,
+        user: None,
     }
 }
 

@@ -175,6 +175,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
             timeout_ms: Some(600_000),
             stdin: false,
             tty: None,
+            user: None,
         })
         .await
         .unwrap();

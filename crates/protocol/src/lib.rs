@@ -18,7 +18,7 @@
 use serde::{Deserialize, Serialize};
 
 /// Bumped on every change to the encoding of any message (see VERSIONING.md).
-pub const PROTOCOL_VERSION: u32 = 6;
+pub const PROTOCOL_VERSION: u32 = 7;
 /// The first four bytes of every hello.
 pub const MAGIC: [u8; 4] = *b"FKBX";
 /// Largest payload a frame may carry.
@@ -124,6 +124,9 @@ pub struct ExecSpec {
     /// terminal (its output comes as `Stdout`; `StdinClose` sends the terminal's end of file),
     /// the command leads a session of its own, and `Resize` changes the size.
     pub tty: Option<WinSize>,
+    /// Run as this user: NAME, UID, NAME:GROUP or UID:GID, looked up in the guest's
+    /// `/etc/passwd` and `/etc/group`; root when absent.
+    pub user: Option<String>,
 }
 
 /// A terminal's size in characters.

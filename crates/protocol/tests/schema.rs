@@ -26,6 +26,7 @@ fn host_messages_encoding_is_pinned() {
         timeout_ms: Some(1000),
         stdin: true,
         tty: None,
+        user: None,
     };
     let got: Vec<String> = vec![
         hex(&HostMsg::Ping { id: 1 }),
@@ -39,6 +40,7 @@ fn host_messages_encoding_is_pinned() {
                 timeout_ms: None,
                 stdin: false,
                 tty: Some(WinSize { rows: 24, cols: 27 }),
+                user: None,
             },
         }),
         hex(&HostMsg::Stdin {

@@ -173,6 +173,7 @@ pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
         timeout_ms,
         stdin: false,
         tty: None,
+        user: None,
     }
 }
 

@@ -178,6 +178,7 @@ pub fn exec_spec(r: ExecRequest) -> Result<ExecSpec, EngineError> {
         timeout_ms,
         stdin: r.stdin,
         tty: r.tty.map(TerminalSize::checked).transpose()?,
+        user: None,
     })
 }
 

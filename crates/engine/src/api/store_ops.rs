@@ -154,6 +154,7 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
                 timeout_ms: Some(60_000),
                 stdin: false,
                 tty: None,
+                user: None,
             })
             .await?;
         let refused = |kind, out: &crate::client::Output| {

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
-use super::recipe::Recipe;
+use super::recipe::{Base, Recipe};
 use super::store::{Image, ImageMeta, ImageStore, IMAGE_FORMAT};
 use crate::error::ImageError;
 use crate::kernel::Kernel;
@@ -193,30 +193,43 @@ pub fn build(
     let mkfs = require("mkfs.ext4")?;
     let kernel = Kernel::newest(paths)?;
     let store = ImageStore::new(paths);
+    let failed_at = |step: &str, message: String| ImageError::BuildFailed {
+        name: recipe.name.clone(),
+        step: step.into(),
+        message,
+    };
     // A recipe on another image is pinned to the version it was built on, takes that image's
-    // suite and environment (its own entries win) and starts from its files.
-    let (recipe, from) = match &recipe.base {
-        Some(base) => {
-            let img = store.resolve(&base.parse()?)?;
-            let mut pinned = recipe.clone();
+    // suite and environment (its own entries win) and starts from its files. One on a
+    // registry's image is pinned to the manifest's digest.
+    let mut pinned = recipe.clone();
+    let source = match recipe.base().map_err(|m| failed_at("start", m))? {
+        Base::Image(r) => {
+            let img = store.resolve(&r)?;
             pinned.base = Some(img.reference());
             pinned.suite = String::new();
-            (pinned, Some(img))
+            Source::Image(Box::new(img), require("debugfs")?, require("unshare")?)
         }
-        None => (recipe.clone(), None),
+        Base::Registry(reference) => {
+            log(BuildEvent::Step {
+                n: 1,
+                total: REGISTRY_STEPS,
+                what: format!("pulling {}", reference.whole()),
+            });
+            let pulled = runtime(&recipe.name)?.block_on(super::oci::pull(
+                paths,
+                &reference,
+                &mut |ev| log(BuildEvent::Log(pull_line(&ev))),
+            ))?;
+            pinned.base = Some(pulled.pinned.clone());
+            pinned.suite = String::new();
+            Source::Registry(Box::new(pulled), reference)
+        }
+        Base::Debian(_) => Source::Debian(require("mmdebstrap")?),
     };
-    let recipe = &recipe;
-    let recipe_text = match &from {
-        Some(_) => recipe.to_toml(),
-        None => recipe_text.to_string(),
-    };
-    let source = match &from {
-        Some(img) => Source::Image(
-            Box::new(img.clone()),
-            require("debugfs")?,
-            require("unshare")?,
-        ),
-        None => Source::Debian(require("mmdebstrap")?),
+    let recipe = &pinned;
+    let recipe_text = match &source {
+        Source::Debian(_) => recipe_text.to_string(),
+        _ => recipe.to_toml(),
     };
     let name_dir = paths.images().join(&recipe.name);
     fs::create_dir_all(&name_dir)
@@ -231,7 +244,7 @@ pub fn build(
     let _ = fs::remove_dir_all(&work);
     fs::create_dir_all(&work)
         .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
-    let result = build_in(&work, &source, &mkfs, recipe, log);
+    let result = build_in(paths, &work, &source, &mkfs, recipe, &kernel, log);
     let (content_bytes, disk_bytes) = match result {
         Ok(sizes) => sizes,
         Err(e) => {
@@ -246,9 +259,11 @@ pub fn build(
         format: IMAGE_FORMAT,
         name: recipe.name.clone(),
         version,
-        suite: from
-            .as_ref()
-            .map_or_else(|| recipe.suite.clone(), |i| i.meta.suite.clone()),
+        suite: match &source {
+            Source::Image(img, ..) => img.meta.suite.clone(),
+            Source::Registry(..) => suite_of(&work.join("rootfs.ext4")),
+            Source::Debian(_) => recipe.suite.clone(),
+        },
         kernel: kernel.release.clone(),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -257,15 +272,19 @@ pub fn build(
         content_bytes,
         disk_bytes,
         env: {
-            let mut env = from
-                .as_ref()
-                .map(|i| i.meta.env.clone())
-                .unwrap_or_default();
+            let mut env = source.env();
             env.extend(recipe.env.clone());
             env
         },
         recipe: recipe.clone(),
         build_seconds: started.elapsed().as_secs_f64(),
+        workdir: source.defaults().and_then(|d| d.workdir.clone()),
+        user: source.defaults().and_then(|d| d.user.clone()),
+        pulled: match &source {
+            Source::Registry(p, _) => Some(p.pinned.clone()),
+            Source::Image(img, ..) => img.meta.pulled.clone(),
+            Source::Debian(_) => None,
+        },
     };
     let io = |e| ImageError::io("write image metadata", e);
     write_atomic(&work.join("recipe.toml"), recipe_text.as_bytes()).map_err(io)?;
@@ -288,13 +307,106 @@ enum Source {
     Debian(PathBuf),
     /// The files of another image (with debugfs and unshare's paths).
     Image(Box<super::Image>, PathBuf, PathBuf),
+    /// An image pulled from a registry, and the reference it was asked for by.
+    Registry(Box<super::oci::Pulled>, oci_client::Reference),
+}
+
+impl Source {
+    /// The environment the base gives (the recipe's own entries go on top).
+    fn env(&self) -> BTreeMap<String, String> {
+        match self {
+            Source::Image(img, ..) => img.meta.env.clone(),
+            Source::Registry(p, _) => p.defaults.env.clone(),
+            Source::Debian(_) => BTreeMap::new(),
+        }
+    }
+
+    /// A registry image's working directory and user (kept by images built on it).
+    fn defaults(&self) -> Option<super::oci::ImageDefaults> {
+        match self {
+            Source::Registry(p, _) => Some(p.defaults.clone()),
+            Source::Image(img, ..) => Some(super::oci::ImageDefaults {
+                env: img.meta.env.clone(),
+                workdir: img.meta.workdir.clone(),
+                user: img.meta.user.clone(),
+            }),
+            Source::Debian(_) => None,
+        }
+    }
+}
+
+/// Steps of a build on a registry's image: pull, unpack, the recipe's steps in a VM, the disk,
+/// the record.
+const REGISTRY_STEPS: u32 = 5;
+
+/// Room a build on a registry's image has for its steps, beyond the recipe's free space
+/// (the disk file is sparse: only what is written costs).
+const STEP_ROOM_MIB: u64 = 4096;
+
+fn runtime(name: &str) -> Result<tokio::runtime::Runtime, ImageError> {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| ImageError::BuildFailed {
+            name: name.into(),
+            step: "start".into(),
+            message: format!("cannot start an async runtime: {e}"),
+        })
+}
+
+fn mib(b: u64) -> String {
+    format!("{:.1} MB", b as f64 / 1e6)
+}
+
+/// A line for a pull's progress.
+fn pull_line(ev: &super::oci::PullEvent) -> String {
+    use super::oci::PullEvent as P;
+    match ev {
+        P::Manifest {
+            pinned,
+            layers,
+            bytes,
+        } => format!("forkbox: {pinned}: {layers} layer(s), {}", mib(*bytes)),
+        P::Layer {
+            n,
+            of,
+            digest,
+            done,
+            size,
+            cached,
+        } => {
+            let short = digest.get(7..19).unwrap_or(digest);
+            if *cached {
+                format!("forkbox: layer {n}/{of} {short}: {} (kept from an earlier pull)", mib(*size))
+            } else {
+                format!("forkbox: layer {n}/{of} {short}: {} of {}", mib(*done), mib(*size))
+            }
+        }
+    }
+}
+
+/// The Debian suite a root disk's `/etc/os-release` names, or "unknown".
+fn suite_of(rootfs: &Path) -> String {
+    let out = Command::new("debugfs")
+        .args(["-R", "cat /etc/os-release"])
+        .arg(rootfs)
+        .stderr(Stdio::null())
+        .output();
+    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
+    text.lines()
+        .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
+        .map(|v| v.trim_matches('"').to_string())
+        .filter(|v| !v.is_empty())
+        .unwrap_or_else(|| "unknown".into())
 }
 
 fn build_in(
+    paths: &Paths,
     work: &Path,
     source: &Source,
     mkfs: &Path,
     r: &Recipe,
+    kernel: &Kernel,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<(u64, u64), ImageError> {
     let total = 3;
@@ -328,6 +440,9 @@ fn build_in(
             });
             on_image(img, debugfs, unshare, &root, &script, &include, r, log)?;
             return finish(work, &root, mkfs, r, total, log);
+        }
+        Source::Registry(pulled, reference) => {
+            return on_registry_image(paths, work, pulled, reference, mkfs, r, kernel, log);
         }
     };
     log(BuildEvent::Step {
@@ -363,6 +478,288 @@ fn build_in(
     finish(work, &root, mkfs, r, total, log)
 }
 
+/// The shell lines that install a recipe's Debian packages with apt-get (in a root that has it).
+fn apt_lines(include: &[String]) -> String {
+    if include.is_empty() {
+        return String::new();
+    }
+    format!(
+        "if ! command -v apt-get >/dev/null; then echo 'forkbox: this image has no apt-get, so the recipe cannot install {0} with apt' >&2; exit 1; fi\necho 'forkbox: apt-get install {0}'\napt-get update -q\napt-get install -y -q --no-install-recommends {0}\n",
+        include.join(" ")
+    )
+}
+
+/// Builds on a registry's image: its layers unpacked beneath the root, the ext4 disk written
+/// from them, then the recipe's steps (apt, pip, npm, run) in a sandbox of that disk with the
+/// network on, never on the host: a recipe is a stranger's code too. The sandbox's disk,
+/// flattened, is the image.
+#[allow(clippy::too_many_arguments)]
+fn on_registry_image(
+    paths: &Paths,
+    work: &Path,
+    pulled: &super::oci::Pulled,
+    reference: &oci_client::Reference,
+    mkfs: &Path,
+    r: &Recipe,
+    kernel: &Kernel,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(u64, u64), ImageError> {
+    let total = REGISTRY_STEPS;
+    let root = work.join("root");
+    fs::create_dir_all(&root).map_err(|e| ImageError::io("create the build root", e))?;
+    log(BuildEvent::Step {
+        n: 2,
+        total,
+        what: format!("unpacking {} layer(s)", pulled.layers.len()),
+    });
+    let beneath = super::layers::Root::open(&root)
+        .map_err(|e| ImageError::io("open the build root", e))?;
+    let of = pulled.layers.len();
+    for (i, layer) in pulled.layers.iter().enumerate() {
+        let digest = format!(
+            "sha256:{}",
+            layer.file_name().unwrap_or_default().to_string_lossy()
+        );
+        let st = beneath.apply(layer).map_err(|source| ImageError::Layer {
+            reference: reference.whole(),
+            layer: digest,
+            source,
+        })?;
+        log(BuildEvent::Log(format!(
+            "forkbox: layer {}/{of}: {} file(s), {} dir(s), {} link(s), {} whiteout(s), {}",
+            i + 1,
+            st.files,
+            st.dirs,
+            st.links,
+            st.whiteouts,
+            mib(st.bytes)
+        )));
+    }
+    // What the agent mounts over, and the name every sandbox has.
+    let own = |e: super::layers::LayerError| {
+        ImageError::io(
+            "write forkbox's files into the root",
+            std::io::Error::other(e.to_string()),
+        )
+    };
+    for (dir, mode) in [
+        ("proc", 0o555),
+        ("sys", 0o555),
+        ("dev", 0o755),
+        ("tmp", 0o1777),
+        ("run", 0o755),
+        ("root", 0o700),
+        ("etc", 0o755),
+    ] {
+        beneath.ensure_dir(Path::new(dir), mode).map_err(own)?;
+    }
+    beneath
+        .write_file(Path::new("etc/hostname"), b"forkbox\n")
+        .map_err(own)?;
+    beneath
+        .write_file(
+            Path::new("etc/hosts"),
+            b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
+        )
+        .map_err(own)?;
+    let has_steps = !(r.apt.is_empty() && r.pip.is_empty() && r.npm.is_empty() && r.run.is_empty());
+    let rootfs = work.join("rootfs.ext4");
+    if !has_steps {
+        let sizes = write_disk(&root, &rootfs, mkfs, r, r.disk_free_mib, (3, total), log)?;
+        log(BuildEvent::Step {
+            n: 5,
+            total,
+            what: "recording the image (the recipe has no steps to run)".into(),
+        });
+        return Ok(sizes);
+    }
+    let stage = work.join("stage");
+    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
+    let (content, disk) = write_disk(
+        &root,
+        &stage.join("rootfs.ext4"),
+        mkfs,
+        r,
+        r.disk_free_mib + STEP_ROOM_MIB,
+        (3, total),
+        log,
+    )?;
+    let _ = fs::remove_dir_all(&root);
+    log(BuildEvent::Step {
+        n: 4,
+        total,
+        what: format!(
+            "the recipe's steps in a sandbox of {} (network on for the build only)",
+            reference.whole()
+        ),
+    });
+    let mut env = pulled.defaults.env.clone();
+    env.extend(r.env.clone());
+    let image = super::Image {
+        dir: stage.clone(),
+        meta: ImageMeta {
+            format: IMAGE_FORMAT,
+            name: r.name.clone(),
+            version: 0,
+            suite: "unknown".into(),
+            kernel: kernel.release.clone(),
+            created_unix: 0,
+            content_bytes: content,
+            disk_bytes: disk,
+            env,
+            recipe: r.clone(),
+            build_seconds: 0.0,
+            workdir: None,
+            user: None,
+            pulled: None,
+        },
+    };
+    let script = format!("{}{}sync\n", apt_lines(&r.apt), customize_script(r));
+    runtime(&r.name)?.block_on(steps_in_sandbox(paths, image, script, &rootfs, &r.name, log))?;
+    let _ = fs::remove_dir_all(&stage);
+    // The guest wrote the disk: checked (and its clean flag set) as any disk from elsewhere.
+    let mut cmd = Command::new(require("e2fsck")?);
+    cmd.args(["-f", "-p"]).arg(&rootfs);
+    run_logged(&mut cmd, "check the built disk", &r.name, log)?;
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
+        .map_err(|e| ImageError::io("make rootfs read-only", e))?;
+    log(BuildEvent::Step {
+        n: 5,
+        total,
+        what: "recording the image".into(),
+    });
+    Ok((used_bytes(&rootfs).unwrap_or(content), disk))
+}
+
+/// Bytes in use on an ext4 disk, from its superblock.
+fn used_bytes(rootfs: &Path) -> Option<u64> {
+    let out = Command::new("dumpe2fs")
+        .arg("-h")
+        .arg(rootfs)
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+    };
+    Some((field("Block count:")? - field("Free blocks:")?) * field("Block size:")?)
+}
+
+/// Boots `image` with the network on, runs `script` in it as root, and writes its disk to
+/// `dest`.
+async fn steps_in_sandbox(
+    paths: &Paths,
+    image: super::Image,
+    script: String,
+    dest: &Path,
+    name: &str,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), ImageError> {
+    use crate::sandbox::{Sandbox, SandboxConfig};
+    let failed = |step: &str, message: String| ImageError::BuildFailed {
+        name: name.into(),
+        step: step.into(),
+        message,
+    };
+    let cfg = SandboxConfig {
+        image: super::ImageRef {
+            name: name.into(),
+            version: None,
+        },
+        cpus: 2,
+        memory_mib: 2048,
+        die_with_parent: true,
+        boot_timeout: std::time::Duration::from_secs(300),
+        cold: true,
+        network: crate::net::NetworkPolicy {
+            internet: true,
+            allow: vec![],
+        },
+        ..Default::default()
+    };
+    let sb = Sandbox::boot_unlisted(paths, &cfg, image)
+        .await
+        .map_err(|e| failed("boot a sandbox of the base image", e.to_string()))?;
+    match run_script(&sb, script, log).await {
+        Ok(()) => sb
+            .export_root(dest)
+            .await
+            .map_err(|e| failed("write the sandbox's disk", e.to_string())),
+        Err(message) => {
+            sb.destroy().await;
+            Err(failed("the recipe's steps", message))
+        }
+    }
+}
+
+/// Runs `script` with `/bin/sh` in `sb`, a line of its output at a time to `log`; the error
+/// names how it ended and its last lines.
+async fn run_script(
+    sb: &crate::sandbox::Sandbox,
+    script: String,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), String> {
+    use crate::client::ExecEvent;
+    let spec = forkbox_protocol::ExecSpec {
+        program: forkbox_protocol::Program::Argv(vec!["/bin/sh".into(), "-c".into(), script]),
+        cwd: Some("/".into()),
+        env: vec![],
+        timeout_ms: Some(2 * 3600 * 1000),
+        stdin: false,
+        tty: None,
+        user: None,
+    };
+    let mut ex = sb.exec(spec).await.map_err(|e| e.to_string())?;
+    let mut tail: std::collections::VecDeque<String> = Default::default();
+    let mut pending = [Vec::new(), Vec::new()];
+    let mut line = |l: &[u8], tail: &mut std::collections::VecDeque<String>| {
+        let l = String::from_utf8_lossy(l).trim_end().to_string();
+        if tail.len() == 12 {
+            tail.pop_front();
+        }
+        tail.push_back(l.clone());
+        log(BuildEvent::Log(l));
+    };
+    loop {
+        let (i, bytes) = match ex.next().await.map_err(|e| e.to_string())? {
+            ExecEvent::Started { .. } => continue,
+            ExecEvent::Stdout(b) => (0, b),
+            ExecEvent::Stderr(b) => (1, b),
+            ExecEvent::Exited {
+                status, timed_out, ..
+            } => {
+                for p in &pending {
+                    if !p.is_empty() {
+                        line(p, &mut tail);
+                    }
+                }
+                let code = status.as_shell_code();
+                if code == 0 {
+                    return Ok(());
+                }
+                let how = if timed_out {
+                    "timed out after 2 h".to_string()
+                } else {
+                    format!("exit status {code}")
+                };
+                return Err(format!(
+                    "{how}; last output:\n  {}",
+                    Vec::from(tail).join("\n  ")
+                ));
+            }
+        };
+        pending[i].extend_from_slice(&bytes);
+        while let Some(nl) = pending[i].iter().position(|&b| b == b'\n') {
+            let rest = pending[i].split_off(nl + 1);
+            let l = std::mem::replace(&mut pending[i], rest);
+            line(&l, &mut tail);
+        }
+    }
+}
+
 /// Unpacks `img`'s files into `root` and runs the recipe there (apt first), in a chroot with
 /// the host's network and resolver, in a mount namespace of its own so that nothing stays
 /// mounted when it ends.
@@ -388,12 +785,7 @@ fn on_image(
     fs::copy("/etc/resolv.conf", &resolv)
         .map_err(|e| ImageError::io("give the build the host's /etc/resolv.conf", e))?;
     let mut steps = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
-    if !include.is_empty() {
-        steps += &format!(
-            "echo 'forkbox: apt-get install {0}'\napt-get update -q\napt-get install -y -q --no-install-recommends {0}\n",
-            include.join(" ")
-        );
-    }
+    steps += &apt_lines(include);
     steps += "exec /bin/sh /forkbox-customize.sh\n";
     fs::copy(script, root.join("forkbox-customize.sh"))
         .map_err(|e| ImageError::io("copy the build script into the root", e))?;
@@ -426,27 +818,48 @@ fn finish(
     total: u32,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<(u64, u64), ImageError> {
-    // mmdebstrap leaves the build host's resolver configuration in the root: it names this
-    // host's network and is of no use in a sandbox, which has no resolver (its proxy's names
-    // are resolved by the host).
-    let resolv = root.join("etc/resolv.conf");
-    let _ = fs::remove_file(&resolv);
-    fs::write(
-        &resolv,
-        "# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
-    )
-    .map_err(|e| ImageError::io("write the image's /etc/resolv.conf", e))?;
-
+    let sizes = write_disk(root, &work.join("rootfs.ext4"), mkfs, r, r.disk_free_mib, (total - 1, total), log)?;
     log(BuildEvent::Step {
-        n: 2,
+        n: total,
+        total,
+        what: "recording the image".into(),
+    });
+    Ok(sizes)
+}
+
+/// The files forkbox puts into every image's root: no resolver (a sandbox has none: the host
+/// resolves the names its proxy asks for); written beneath the root, as a layer is.
+fn own_files(root: &Path) -> Result<(), ImageError> {
+    let r = super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
+    let own = |e: super::layers::LayerError| ImageError::io("write forkbox's files into the root", std::io::Error::other(e.to_string()));
+    r.write_file(
+        Path::new("etc/resolv.conf"),
+        b"# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
+    )
+    .map_err(own)
+}
+
+/// Writes `root` into an ext4 disk at `rootfs` with `free_mib` to spare; step `n` of `total`.
+fn write_disk(
+    root: &Path,
+    rootfs: &Path,
+    mkfs: &Path,
+    r: &Recipe,
+    free_mib: u64,
+    (n, total): (u32, u32),
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(u64, u64), ImageError> {
+    own_files(root)?;
+    log(BuildEvent::Step {
+        n,
         total,
         what: "writing the ext4 root disk".into(),
     });
     let content = dir_bytes(root);
-    // Room for ext4's own metadata on top of the files, then the free space the recipe asks for.
+    // Room for ext4's own metadata on top of the files, then the free space asked for.
     let disk =
-        (content + content / 4 + (64 << 20) + (r.disk_free_mib << 20)).div_ceil(1 << 20) << 20;
-    let rootfs = work.join("rootfs.ext4");
+        (content + content / 4 + (64 << 20) + (free_mib << 20)).div_ceil(1 << 20) << 20;
+    let rootfs = rootfs.to_path_buf();
     let f = fs::File::create(&rootfs).map_err(|e| ImageError::io("create rootfs.ext4", e))?;
     f.set_len(disk)
         .map_err(|e| ImageError::io("size rootfs.ext4", e))?;
@@ -468,11 +881,6 @@ fn finish(
     run_logged(&mut cmd, "write ext4 root disk", &r.name, log)?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
         .map_err(|e| ImageError::io("make rootfs read-only", e))?;
-    log(BuildEvent::Step {
-        n: 3,
-        total,
-        what: "recording the image".into(),
-    });
     Ok((content, disk))
 }
 

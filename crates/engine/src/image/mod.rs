@@ -6,9 +6,10 @@
 
 mod build;
 pub mod layers;
+pub mod oci;
 mod recipe;
 mod store;
 
 pub use build::{build, env_pairs, BuildEvent};
-pub use recipe::{Recipe, Seed, DEFAULT_SUITE, SUITES};
+pub use recipe::{Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};

@@ -23,8 +23,9 @@ pub struct Recipe {
     /// Debian suite: bullseye, bookworm or trixie. Taken from the base image when `base` is set.
     #[serde(default)]
     pub suite: String,
-    /// Another forkbox image (NAME or NAME@N) to build on instead of a fresh Debian root; the
-    /// build pins it to NAME@N.
+    /// What to build on instead of a fresh Debian root: another forkbox image (NAME or NAME@N;
+    /// the build pins it to NAME@N) or an image in an OCI registry (`python:3.8-slim`,
+    /// `registry.example:5000/team/node:18`, `…@sha256:…`; the build pins it to its digest).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
     /// Debian mirror used during the build.
@@ -45,6 +46,36 @@ pub struct Recipe {
     /// Free space, in MiB, the root disk has beyond the installed files.
     #[serde(default = "default_free")]
     pub disk_free_mib: u64,
+}
+
+/// What a recipe builds on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Base {
+    /// A fresh Debian root of this suite.
+    Debian(String),
+    /// Another forkbox image.
+    Image(super::ImageRef),
+    /// An image in an OCI registry.
+    Registry(oci_client::Reference),
+}
+
+impl Base {
+    /// A recipe's `base`: a forkbox image when it is NAME or NAME@N, otherwise a registry
+    /// reference (so `python` is a forkbox image and `python:latest` Docker Hub's).
+    pub fn parse(base: &str) -> Result<Base, String> {
+        if let Ok(r) = base.parse::<super::ImageRef>() {
+            return Ok(Base::Image(r));
+        }
+        super::oci::parse_reference(base)
+            .map(Base::Registry)
+            .map_err(|_| {
+                let suites: Vec<&str> = SUITES.iter().map(|(s, _)| *s).collect();
+                format!(
+                    "base {base:?} is neither a Debian suite ({}), a forkbox image (NAME or NAME@N) nor a registry image (NAME:TAG, HOST[:PORT]/PATH:TAG or …@sha256:DIGEST)",
+                    suites.join(", ")
+                )
+            })
+    }
 }
 
 /// The suite a recipe without a base uses.
@@ -88,6 +119,14 @@ pub fn valid_name(name: &str) -> bool {
 }
 
 impl Recipe {
+    /// What the recipe builds on (a checked recipe's base always parses).
+    pub fn base(&self) -> Result<Base, String> {
+        match &self.base {
+            Some(b) => Base::parse(b),
+            None => Ok(Base::Debian(self.suite.clone())),
+        }
+    }
+
     pub fn load(path: &Path) -> Result<(Recipe, String), ImageError> {
         let text =
             std::fs::read_to_string(path).map_err(|source| ImageError::RecipeUnreadable {
@@ -144,13 +183,7 @@ impl Recipe {
             ));
         }
         if let Some(base) = &self.base {
-            if base.parse::<super::ImageRef>().is_err() {
-                let suites: Vec<&str> = SUITES.iter().map(|(s, _)| *s).collect();
-                return Err(format!(
-                    "base {base:?} is neither a Debian suite ({}) nor a forkbox image (NAME or NAME@N)",
-                    suites.join(", ")
-                ));
-            }
+            Base::parse(base)?;
             if !self.suite.is_empty() {
                 return Err(
                     "give `suite` or `base`, not both (an image's suite is its own)".into(),
@@ -250,6 +283,15 @@ mod tests {
         );
         let back = Recipe::parse(&r.to_toml()).unwrap();
         assert_eq!(back, r);
+        let r = Recipe::from_seed(
+            "x",
+            Seed {
+                base: Some("python:3.8-slim".into()),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        assert!(matches!(r.base(), Ok(Base::Registry(_))), "{r:?}");
         let e = Recipe::from_seed(
             "x",
             Seed {

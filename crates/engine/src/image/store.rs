@@ -73,6 +73,17 @@ pub struct ImageMeta {
     pub env: BTreeMap<String, String>,
     pub recipe: Recipe,
     pub build_seconds: f64,
+    /// The working directory commands start in (a registry image's `WorkingDir`); `/root`
+    /// when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// The user commands run as (a registry image's `User`: NAME, UID, NAME:GROUP or
+    /// UID:GID); root when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
+    /// The registry image it was built on, pinned: `registry/repository@sha256:…`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulled: Option<String>,
 }
 
 #[derive(Debug, Clone)]
