@@ -264,7 +264,11 @@ fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
     };
     let user = spec.user.as_deref().map(resolve_user).transpose()?;
     let cwd = spec.cwd.clone().unwrap_or_else(|| match &user {
-        Some(u) if u.uid != 0 => u.home.clone().filter(|h| Path::new(h).is_dir()).unwrap_or_else(|| "/".into()),
+        Some(u) if u.uid != 0 => u
+            .home
+            .clone()
+            .filter(|h| Path::new(h).is_dir())
+            .unwrap_or_else(|| "/".into()),
         _ => "/root".into(),
     });
     if !fs::metadata(&cwd).map(|m| m.is_dir()).unwrap_or(false) {
@@ -321,17 +325,27 @@ fn parse_user(spec: &str, passwd: &str, group: &str) -> std::io::Result<User> {
         None => (spec, None),
     };
     // name:password:uid:gid:gecos:home:shell
-    let entry = passwd.lines().map(|l| l.split(':').collect::<Vec<_>>()).find(|f| {
-        f.len() >= 6 && (f[0] == u || (u.parse::<u32>().is_ok() && f[2] == u))
-    });
+    let entry = passwd
+        .lines()
+        .map(|l| l.split(':').collect::<Vec<_>>())
+        .find(|f| f.len() >= 6 && (f[0] == u || (u.parse::<u32>().is_ok() && f[2] == u)));
     let mut user = match (&entry, u.parse::<u32>()) {
         (Some(f), _) => User {
-            uid: f[2].parse().map_err(|_| bad(format!("user {u}: bad uid in /etc/passwd")))?,
-            gid: f[3].parse().map_err(|_| bad(format!("user {u}: bad gid in /etc/passwd")))?,
+            uid: f[2]
+                .parse()
+                .map_err(|_| bad(format!("user {u}: bad uid in /etc/passwd")))?,
+            gid: f[3]
+                .parse()
+                .map_err(|_| bad(format!("user {u}: bad gid in /etc/passwd")))?,
             name: Some(f[0].to_string()),
             home: Some(f[5].to_string()).filter(|h| !h.is_empty()),
         },
-        (None, Ok(uid)) => User { uid, gid: 0, name: None, home: None },
+        (None, Ok(uid)) => User {
+            uid,
+            gid: 0,
+            name: None,
+            home: None,
+        },
         (None, Err(_)) => return Err(bad(format!("user {u:?} is not in the guest's /etc/passwd"))),
     };
     if let Some(g) = g {
@@ -628,7 +642,10 @@ mod user_tests {
     #[test]
     fn users_resolve_as_an_image_config_names_them() {
         let u = parse_user("node", PASSWD, GROUP).unwrap();
-        assert_eq!((u.uid, u.gid, u.home.as_deref()), (1000, 1000, Some("/home/node")));
+        assert_eq!(
+            (u.uid, u.gid, u.home.as_deref()),
+            (1000, 1000, Some("/home/node"))
+        );
         let u = parse_user("1000:staff", PASSWD, GROUP).unwrap();
         assert_eq!((u.uid, u.gid, u.name.as_deref()), (1000, 50, Some("node")));
         let u = parse_user("4242:7", PASSWD, GROUP).unwrap();

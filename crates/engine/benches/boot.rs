@@ -99,7 +99,7 @@ fn main() {
             let t = Instant::now();
             let out = sb
                 .client()
-                .run(ExecSpec { program: Program::Argv(vec!["true".into()]), cwd: None, env: vec![], timeout_ms: None, stdin: false , tty: None })
+                .run(ExecSpec { program: Program::Argv(vec!["true".into()]), cwd: None, env: vec![], timeout_ms: None, stdin: false, tty: None, user: None })
                 .await
                 .expect("exec");
             assert_eq!(out.code(), 0);
@@ -149,7 +149,7 @@ fn main() {
             };
             let sb = Sandbox::create(&paths, &ncfg).await.expect("create with network");
             let out = sb
-                .run(ExecSpec { program: Program::Argv(vec!["python3".into(), "-c".into(), fetch]), cwd: None, env: vec![], timeout_ms: Some(900_000), stdin: false , tty: None })
+                .run(ExecSpec { program: Program::Argv(vec!["python3".into(), "-c".into(), fetch]), cwd: None, env: vec![], timeout_ms: Some(900_000), stdin: false, tty: None, user: None })
                 .await
                 .expect("download in the guest");
             assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));

@@ -9,6 +9,8 @@
 //! image ~40 s once; every VM boot ~4-5 s.
 #![forbid(unsafe_code)]
 
+pub mod registry;
+
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 

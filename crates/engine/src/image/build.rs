@@ -245,8 +245,12 @@ pub fn build(
     fs::create_dir_all(&work)
         .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
     let result = build_in(paths, &work, &source, &mkfs, recipe, &kernel, log);
-    let (content_bytes, disk_bytes) = match result {
-        Ok(sizes) => sizes,
+    let Built {
+        content: content_bytes,
+        disk: disk_bytes,
+        suite: found_suite,
+    } = match result {
+        Ok(built) => built,
         Err(e) => {
             let _ = fs::remove_dir_all(&work);
             return Err(e);
@@ -261,7 +265,7 @@ pub fn build(
         version,
         suite: match &source {
             Source::Image(img, ..) => img.meta.suite.clone(),
-            Source::Registry(..) => suite_of(&work.join("rootfs.ext4")),
+            Source::Registry(..) => found_suite.unwrap_or_else(|| "unknown".into()),
             Source::Debian(_) => recipe.suite.clone(),
         },
         kernel: kernel.release.clone(),
@@ -377,27 +381,47 @@ fn pull_line(ev: &super::oci::PullEvent) -> String {
         } => {
             let short = digest.get(7..19).unwrap_or(digest);
             if *cached {
-                format!("forkbox: layer {n}/{of} {short}: {} (kept from an earlier pull)", mib(*size))
+                format!(
+                    "forkbox: layer {n}/{of} {short}: {} (kept from an earlier pull)",
+                    mib(*size)
+                )
             } else {
-                format!("forkbox: layer {n}/{of} {short}: {} of {}", mib(*done), mib(*size))
+                format!(
+                    "forkbox: layer {n}/{of} {short}: {} of {}",
+                    mib(*done),
+                    mib(*size)
+                )
             }
         }
     }
 }
 
-/// The Debian suite a root disk's `/etc/os-release` names, or "unknown".
-fn suite_of(rootfs: &Path) -> String {
-    let out = Command::new("debugfs")
-        .args(["-R", "cat /etc/os-release"])
-        .arg(rootfs)
-        .stderr(Stdio::null())
-        .output();
-    let text = out.map(|o| String::from_utf8_lossy(&o.stdout).into_owned()).unwrap_or_default();
-    text.lines()
+/// What a build made: the bytes of its files, of its disk, and (for a registry's image) the
+/// Debian suite its `/etc/os-release` names.
+struct Built {
+    content: u64,
+    disk: u64,
+    suite: Option<String>,
+}
+
+impl From<(u64, u64)> for Built {
+    fn from((content, disk): (u64, u64)) -> Built {
+        Built {
+            content,
+            disk,
+            suite: None,
+        }
+    }
+}
+
+/// The `VERSION_CODENAME` of a root's `/etc/os-release`, read beneath the root.
+fn suite_of(root: &super::layers::Root) -> Option<String> {
+    let text = root.read_file(Path::new("etc/os-release")).ok()?;
+    String::from_utf8_lossy(&text)
+        .lines()
         .find_map(|l| l.strip_prefix("VERSION_CODENAME="))
         .map(|v| v.trim_matches('"').to_string())
         .filter(|v| !v.is_empty())
-        .unwrap_or_else(|| "unknown".into())
 }
 
 fn build_in(
@@ -408,7 +432,7 @@ fn build_in(
     r: &Recipe,
     kernel: &Kernel,
     log: &mut dyn FnMut(BuildEvent),
-) -> Result<(u64, u64), ImageError> {
+) -> Result<Built, ImageError> {
     let total = 3;
     let root: PathBuf = work.join("root");
     let mut include: Vec<String> = r.apt.clone();
@@ -439,7 +463,7 @@ fn build_in(
                 what: format!("{} with {what}", img.reference()),
             });
             on_image(img, debugfs, unshare, &root, &script, &include, r, log)?;
-            return finish(work, &root, mkfs, r, total, log);
+            return finish(work, &root, mkfs, r, total, log).map(Built::from);
         }
         Source::Registry(pulled, reference) => {
             return on_registry_image(paths, work, pulled, reference, mkfs, r, kernel, log);
@@ -475,7 +499,7 @@ fn build_in(
     .arg(&root)
     .arg(&r.mirror);
     run_logged(&mut cmd, "install packages", &r.name, log)?;
-    finish(work, &root, mkfs, r, total, log)
+    finish(work, &root, mkfs, r, total, log).map(Built::from)
 }
 
 /// The shell lines that install a recipe's Debian packages with apt-get (in a root that has it).
@@ -503,7 +527,7 @@ fn on_registry_image(
     r: &Recipe,
     kernel: &Kernel,
     log: &mut dyn FnMut(BuildEvent),
-) -> Result<(u64, u64), ImageError> {
+) -> Result<Built, ImageError> {
     let total = REGISTRY_STEPS;
     let root = work.join("root");
     fs::create_dir_all(&root).map_err(|e| ImageError::io("create the build root", e))?;
@@ -512,8 +536,8 @@ fn on_registry_image(
         total,
         what: format!("unpacking {} layer(s)", pulled.layers.len()),
     });
-    let beneath = super::layers::Root::open(&root)
-        .map_err(|e| ImageError::io("open the build root", e))?;
+    let beneath =
+        super::layers::Root::open(&root).map_err(|e| ImageError::io("open the build root", e))?;
     let of = pulled.layers.len();
     for (i, layer) in pulled.layers.iter().enumerate() {
         let digest = format!(
@@ -562,6 +586,7 @@ fn on_registry_image(
             b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
         )
         .map_err(own)?;
+    let suite = suite_of(&beneath);
     let has_steps = !(r.apt.is_empty() && r.pip.is_empty() && r.npm.is_empty() && r.run.is_empty());
     let rootfs = work.join("rootfs.ext4");
     if !has_steps {
@@ -571,7 +596,10 @@ fn on_registry_image(
             total,
             what: "recording the image (the recipe has no steps to run)".into(),
         });
-        return Ok(sizes);
+        return Ok(Built {
+            suite,
+            ..sizes.into()
+        });
     }
     let stage = work.join("stage");
     fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
@@ -615,12 +643,29 @@ fn on_registry_image(
         },
     };
     let script = format!("{}{}sync\n", apt_lines(&r.apt), customize_script(r));
-    runtime(&r.name)?.block_on(steps_in_sandbox(paths, image, script, &rootfs, &r.name, log))?;
+    runtime(&r.name)?.block_on(steps_in_sandbox(
+        paths, image, script, &rootfs, &r.name, log,
+    ))?;
     let _ = fs::remove_dir_all(&stage);
     // The guest wrote the disk: checked (and its clean flag set) as any disk from elsewhere.
-    let mut cmd = Command::new(require("e2fsck")?);
-    cmd.args(["-f", "-p"]).arg(&rootfs);
-    run_logged(&mut cmd, "check the built disk", &r.name, log)?;
+    // e2fsck exits 1 when it corrected something (the guest's disk is never unmounted, so
+    // its clean flag at least), 2 and up when the disk is beyond that.
+    let checked = Command::new(require("e2fsck")?)
+        .args(["-f", "-p"])
+        .arg(&rootfs)
+        .output()
+        .map_err(|e| ImageError::io("run e2fsck", e))?;
+    if !matches!(checked.status.code(), Some(0 | 1)) {
+        return Err(ImageError::BuildFailed {
+            name: r.name.clone(),
+            step: "check the built disk".into(),
+            message: format!(
+                "e2fsck: {}; {}",
+                checked.status,
+                String::from_utf8_lossy(&checked.stdout).trim()
+            ),
+        });
+    }
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
         .map_err(|e| ImageError::io("make rootfs read-only", e))?;
     log(BuildEvent::Step {
@@ -628,7 +673,11 @@ fn on_registry_image(
         total,
         what: "recording the image".into(),
     });
-    Ok((used_bytes(&rootfs).unwrap_or(content), disk))
+    Ok(Built {
+        content: used_bytes(&rootfs).unwrap_or(content),
+        disk,
+        suite,
+    })
 }
 
 /// Bytes in use on an ext4 disk, from its superblock.
@@ -818,7 +867,15 @@ fn finish(
     total: u32,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<(u64, u64), ImageError> {
-    let sizes = write_disk(root, &work.join("rootfs.ext4"), mkfs, r, r.disk_free_mib, (total - 1, total), log)?;
+    let sizes = write_disk(
+        root,
+        &work.join("rootfs.ext4"),
+        mkfs,
+        r,
+        r.disk_free_mib,
+        (total - 1, total),
+        log,
+    )?;
     log(BuildEvent::Step {
         n: total,
         total,
@@ -830,8 +887,14 @@ fn finish(
 /// The files forkbox puts into every image's root: no resolver (a sandbox has none: the host
 /// resolves the names its proxy asks for); written beneath the root, as a layer is.
 fn own_files(root: &Path) -> Result<(), ImageError> {
-    let r = super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
-    let own = |e: super::layers::LayerError| ImageError::io("write forkbox's files into the root", std::io::Error::other(e.to_string()));
+    let r =
+        super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
+    let own = |e: super::layers::LayerError| {
+        ImageError::io(
+            "write forkbox's files into the root",
+            std::io::Error::other(e.to_string()),
+        )
+    };
     r.write_file(
         Path::new("etc/resolv.conf"),
         b"# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
@@ -857,8 +920,7 @@ fn write_disk(
     });
     let content = dir_bytes(root);
     // Room for ext4's own metadata on top of the files, then the free space asked for.
-    let disk =
-        (content + content / 4 + (64 << 20) + (free_mib << 20)).div_ceil(1 << 20) << 20;
+    let disk = (content + content / 4 + (64 << 20) + (free_mib << 20)).div_ceil(1 << 20) << 20;
     let rootfs = rootfs.to_path_buf();
     let f = fs::File::create(&rootfs).map_err(|e| ImageError::io("create rootfs.ext4", e))?;
     f.set_len(disk)

@@ -160,6 +160,22 @@ impl Root {
         io::Write::write_all(&mut f, data).map_err(io_at(&rel))
     }
 
+    /// Reads the file `rel`, following only links that stay beneath the root.
+    pub fn read_file(&self, rel: &Path) -> io::Result<Vec<u8>> {
+        let rel = clean(rel).map_err(|e| io::Error::other(e.to_string()))?;
+        // Non-blocking: a FIFO in a stranger's image must not hang the build.
+        let fd = self
+            .open_beneath(&rel, OFlag::O_RDONLY | OFlag::O_NONBLOCK)
+            .map_err(errno)?;
+        let mut f = File::from(fd);
+        if !f.metadata()?.is_file() {
+            return Err(io::Error::other(format!("{} is not a file", rel.display())));
+        }
+        let mut out = Vec::new();
+        f.read_to_end(&mut out)?;
+        Ok(out)
+    }
+
     /// Makes the directory `rel` (and its parents) if it is missing.
     pub fn ensure_dir(&self, rel: &Path, mode: u32) -> Result<(), LayerError> {
         let rel = clean(rel)?;
@@ -593,7 +609,8 @@ mod tests {
         let root = t.path().join("root");
         fs::create_dir(&root).unwrap();
         let r = Root::open(&root).unwrap();
-        let cases: &[(&str, &[(&str, &str)], &str)] = &[
+        type Case<'a> = (&'a str, &'a [(&'a str, &'a str)], &'a str);
+        let cases: &[Case<'_>] = &[
             ("dotdot", &[("../outside/owned", "f:x")], "`..`"),
             ("absolute", &[("/tmp/owned", "f:x")], "absolute"),
             (

@@ -64,7 +64,8 @@ pub fn save_login(paths: &Paths, registry: &str, login: Option<Login>) -> Result
     let json = serde_json::to_vec_pretty(&all)
         .map_err(|e| ImageError::io("encode registries.json", e.into()))?;
     let path = paths.home().join(LOGINS);
-    write_atomic(&path, &json).map_err(|e| ImageError::io(format!("write {}", path.display()), e))?;
+    write_atomic(&path, &json)
+        .map_err(|e| ImageError::io(format!("write {}", path.display()), e))?;
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
         .map_err(|e| ImageError::io(format!("restrict {}", path.display()), e))
@@ -72,8 +73,15 @@ pub fn save_login(paths: &Paths, registry: &str, login: Option<Login>) -> Result
 
 /// Docker Hub's names in docker's config files.
 fn config_keys(registry: &str) -> Vec<String> {
-    let mut keys = vec![registry.to_string(), format!("https://{registry}"), format!("http://{registry}")];
-    if matches!(registry, "docker.io" | "index.docker.io" | "registry-1.docker.io") {
+    let mut keys = vec![
+        registry.to_string(),
+        format!("https://{registry}"),
+        format!("http://{registry}"),
+    ];
+    if matches!(
+        registry,
+        "docker.io" | "index.docker.io" | "registry-1.docker.io"
+    ) {
         keys.push("https://index.docker.io/v1/".into());
         keys.push("docker.io".into());
         keys.push("index.docker.io".into());
@@ -99,7 +107,10 @@ fn auth_from_file(path: &Path, registry: &str) -> Option<String> {
 }
 
 /// The credentials for `registry`, and which file gave them.
-fn credentials(paths: &Paths, registry: &str) -> Result<(RegistryAuth, Option<String>), ImageError> {
+fn credentials(
+    paths: &Paths,
+    registry: &str,
+) -> Result<(RegistryAuth, Option<String>), ImageError> {
     let mut found = logins(paths)
         .get(registry)
         .and_then(|l| l.auth.clone())
@@ -179,11 +190,26 @@ pub struct Pulled {
 /// What a pull reports as it goes.
 #[derive(Debug, Clone)]
 pub enum PullEvent {
-    Manifest { pinned: String, layers: usize, bytes: u64 },
-    Layer { n: usize, of: usize, digest: String, done: u64, size: u64, cached: bool },
+    Manifest {
+        pinned: String,
+        layers: usize,
+        bytes: u64,
+    },
+    Layer {
+        n: usize,
+        of: usize,
+        digest: String,
+        done: u64,
+        size: u64,
+        cached: bool,
+    },
 }
 
-fn registry_error(reference: &Reference, e: oci_client::errors::OciDistributionError, login: &Option<String>) -> ImageError {
+fn registry_error(
+    reference: &Reference,
+    e: oci_client::errors::OciDistributionError,
+    login: &Option<String>,
+) -> ImageError {
     use oci_client::errors::OciDistributionError as E;
     let registry = reference.registry();
     let message = match &e {
@@ -278,7 +304,14 @@ pub async fn pull(
         let path = blobs.join(hex);
         let size = layer.size.max(0) as u64;
         if path.is_file() {
-            progress(PullEvent::Layer { n: i + 1, of, digest: layer.digest.clone(), done: size, size, cached: true });
+            progress(PullEvent::Layer {
+                n: i + 1,
+                of,
+                digest: layer.digest.clone(),
+                done: size,
+                size,
+                cached: true,
+            });
             layers.push(path);
             continue;
         }
@@ -287,9 +320,21 @@ pub async fn pull(
             .await
             .map_err(|e| ImageError::io(format!("create {}", part.display()), e))?;
         let mut report = |done| {
-            progress(PullEvent::Layer { n: i + 1, of, digest: layer.digest.clone(), done, size, cached: false })
+            progress(PullEvent::Layer {
+                n: i + 1,
+                of,
+                digest: layer.digest.clone(),
+                done,
+                size,
+                cached: false,
+            })
         };
-        let counted = Counted { inner: file, done: 0, last: 0, report: &mut report };
+        let counted = Counted {
+            inner: file,
+            done: 0,
+            last: 0,
+            report: &mut report,
+        };
         // oci-client checks the bytes against the layer's digest before it returns.
         let got = client.pull_blob(reference, layer, counted).await;
         if let Err(e) = got {
@@ -298,11 +343,24 @@ pub async fn pull(
         }
         std::fs::rename(&part, &path)
             .map_err(|e| ImageError::io(format!("keep layer {}", layer.digest), e))?;
-        progress(PullEvent::Layer { n: i + 1, of, digest: layer.digest.clone(), done: size, size, cached: false });
+        progress(PullEvent::Layer {
+            n: i + 1,
+            of,
+            digest: layer.digest.clone(),
+            done: size,
+            size,
+            cached: false,
+        });
         fetched += size;
         layers.push(path);
     }
-    Ok(Pulled { pinned, digest, defaults, layers, fetched })
+    Ok(Pulled {
+        pinned,
+        digest,
+        defaults,
+        layers,
+        fetched,
+    })
 }
 
 fn check_layer_type(reference: &Reference, layer: &OciDescriptor) -> Result<(), ImageError> {
@@ -315,7 +373,10 @@ fn check_layer_type(reference: &Reference, layer: &OciDescriptor) -> Result<(), 
     }
     Err(ImageError::Registry {
         reference: reference.whole(),
-        message: format!("layer {} has media type {t:?}, which is not a filesystem layer forkbox can apply", layer.digest),
+        message: format!(
+            "layer {} has media type {t:?}, which is not a filesystem layer forkbox can apply",
+            layer.digest
+        ),
     })
 }
 
@@ -348,7 +409,11 @@ struct Counted<'a, W> {
 }
 
 impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<'_, W> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
@@ -378,7 +443,10 @@ mod tests {
         let r = parse_reference("python:3.8-slim").unwrap();
         assert_eq!(r.whole(), "docker.io/library/python:3.8-slim");
         let r = parse_reference("registry.example:5000/team/node:18").unwrap();
-        assert_eq!((r.registry(), r.repository(), r.tag()), ("registry.example:5000", "team/node", Some("18")));
+        assert_eq!(
+            (r.registry(), r.repository(), r.tag()),
+            ("registry.example:5000", "team/node", Some("18"))
+        );
         assert!(parse_reference("Not An Image").is_err());
     }
 
@@ -387,8 +455,14 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let f = t.path().join("config.json");
         std::fs::write(&f, r#"{"auths":{"https://index.docker.io/v1/":{"auth":"aHViOnB3"},"localhost:5000":{"auth":"dTpw"}}}"#).unwrap();
-        assert_eq!(auth_from_file(&f, "index.docker.io").as_deref(), Some("aHViOnB3"));
-        assert_eq!(auth_from_file(&f, "localhost:5000").as_deref(), Some("dTpw"));
+        assert_eq!(
+            auth_from_file(&f, "index.docker.io").as_deref(),
+            Some("aHViOnB3")
+        );
+        assert_eq!(
+            auth_from_file(&f, "localhost:5000").as_deref(),
+            Some("dTpw")
+        );
         assert_eq!(auth_from_file(&f, "localhost:5001"), None);
     }
 }

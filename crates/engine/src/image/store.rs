@@ -324,6 +324,9 @@ mod tests {
             env: Default::default(),
             recipe: Recipe::parse("name = \"py\"\nsuite = \"bookworm\"\n").unwrap(),
             build_seconds: 0.0,
+            workdir: None,
+            user: None,
+            pulled: None,
         };
         fs::write(
             dir.join("image.json"),

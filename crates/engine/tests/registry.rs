@@ -1,0 +1,298 @@
+//! Images from an OCI registry, end to end: a real `docker-registry` on loopback, seeded with
+//! images these tests write themselves (a Debian root from mmdebstrap, hand-made layers with
+//! whiteouts, hostile layers) and pushed with skopeo. Costs: the Debian root once per machine
+//! (~40 s); the build with a step boots one VM (~10 s under TCG) and the check boots another.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::Path;
+
+use forkbox_engine::image::oci::{save_login, Login};
+use forkbox_engine::image::{self, ImageRef, ImageStore, Recipe};
+use forkbox_engine::paths::Paths;
+use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
+use forkbox_test_infra as infra;
+use infra::registry::{debian_layer, layer, write_layout, Config, Entry, Registry};
+
+fn insecure(paths: &Paths, reg: &Registry) {
+    save_login(
+        paths,
+        &reg.addr,
+        Some(Login {
+            auth: None,
+            insecure: true,
+        }),
+    )
+    .unwrap();
+}
+
+fn build(paths: &Paths, text: &str) -> (Result<image::Image, String>, Vec<String>) {
+    let recipe = Recipe::parse(text).unwrap();
+    let mut log = Vec::new();
+    let r = image::build(paths, &recipe, text, &mut |ev| {
+        log.push(match ev {
+            image::BuildEvent::Step { n, total, what } => format!("[{n}/{total}] {what}"),
+            image::BuildEvent::Log(l) => l,
+        })
+    });
+    (r.map_err(|e| e.to_string()), log)
+}
+
+/// A second layer over Debian: a user, a working directory, a whiteout, an opaque directory
+/// with a new file, a hard link.
+fn app_layer() -> Vec<u8> {
+    let passwd = "root:x:0:0:root:/root:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\napp:x:1001:1001::/home/app:/bin/sh\n";
+    layer(&[
+        Entry::File("etc/passwd", passwd, 0o644),
+        Entry::Dir("home/app", 0o755),
+        Entry::Dir("srv/app", 0o755),
+        Entry::File("srv/app/hello.txt", "hello from a layer\n", 0o644),
+        Entry::HardLink("srv/app/hello-again.txt", "srv/app/hello.txt"),
+        Entry::File("etc/.wh.issue", "", 0o644),
+        Entry::File("usr/share/doc/.wh..wh..opq", "", 0o644),
+        Entry::File("usr/share/doc/forkbox/README", "only me\n", 0o644),
+    ])
+}
+
+#[test]
+fn registry_images_unpack_with_whiteouts_pin_their_digest_and_build_in_a_vm() {
+    let paths = infra::isolated_home("registry-build");
+    let reg = Registry::start(None);
+    insecure(&paths, &reg);
+    let t = tempfile::tempdir().unwrap();
+    let layout = t.path().join("layout");
+    let manifest = write_layout(
+        &layout,
+        &[debian_layer(&paths), app_layer()],
+        &Config {
+            env: &[
+                "PATH=/usr/local/bin:/usr/bin:/bin",
+                "GREETING=from-the-config",
+            ],
+            workdir: Some("/srv/app"),
+            user: Some("app"),
+        },
+    );
+    reg.push(&layout, "team/base:1");
+    let reference = format!("{}/team/base:1", reg.addr);
+    let text = format!(
+        "name = \"reg-built\"\nbase = \"{reference}\"\nrun = [\"uname -r > /built-kernel; id -u > /built-uid; touch /srv/app/built\"]\n[env]\nRECIPE = \"yes\"\n"
+    );
+    let (img, log) = build(&paths, &text);
+    let img = img.unwrap_or_else(|e| panic!("{e}\n{}", log.join("\n")));
+    let pinned = format!("{}/team/base@{manifest}", reg.addr);
+    assert_eq!(img.meta.pulled.as_deref(), Some(pinned.as_str()));
+    assert_eq!(img.meta.recipe.base.as_deref(), Some(pinned.as_str()));
+    assert_eq!(img.meta.suite, "bookworm");
+    assert_eq!(img.meta.workdir.as_deref(), Some("/srv/app"));
+    assert_eq!(img.meta.user.as_deref(), Some("app"));
+    assert!(
+        log.iter()
+            .any(|l| l.contains("[4/5]") && l.contains("sandbox")),
+        "{log:?}"
+    );
+    assert!(log.iter().any(|l| l.contains("layer 2/2")), "{log:?}");
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = SandboxConfig {
+            image: ImageRef {
+                name: "reg-built".into(),
+                version: Some(img.meta.version),
+            },
+            ..Default::default()
+        };
+        let sb = Sandbox::create(&paths, &cfg).await.unwrap();
+        let out = sb
+            .run(infra::sh(
+                "echo user=$(id -un) pwd=$(pwd) greeting=$GREETING recipe=$RECIPE; \
+                 cat /built-uid; echo kernel-match=$([ \"$(cat /built-kernel)\" = \"$(uname -r)\" ] && echo yes); \
+                 cat hello-again.txt; ls /usr/share/doc; test -e /etc/issue && echo issue-present; \
+                 test -e built && echo step-ran; stat -c %h hello.txt",
+                Some(60_000),
+            ))
+            .await
+            .unwrap();
+        sb.destroy().await;
+        let text = out.stdout_text();
+        assert_eq!(out.code(), 0, "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "user=app pwd=/srv/app greeting=from-the-config recipe=yes",
+                // The step ran as root, in a VM whose kernel is forkbox's guest kernel.
+                "0",
+                "kernel-match=yes",
+                "hello from a layer",
+                "forkbox",
+                "step-ran",
+                "2",
+            ],
+            "{text}"
+        );
+    });
+
+    // A rebuild reads the same layers, kept by digest, and pins the same manifest.
+    let (again, log) = build(&paths, &text);
+    let again = again.unwrap();
+    assert_eq!(again.meta.pulled, img.meta.pulled);
+    assert!(
+        log.iter()
+            .filter(|l| l.contains("kept from an earlier pull"))
+            .count()
+            == 2,
+        "{log:?}"
+    );
+    for v in [img.meta.version, again.meta.version] {
+        let _ = ImageStore::new(&paths).remove(
+            &ImageRef {
+                name: "reg-built".into(),
+                version: Some(v),
+            },
+            &[],
+        );
+    }
+}
+
+#[test]
+fn hostile_layers_and_wrong_digests_are_refused_without_writing_outside() {
+    let paths = infra::isolated_home("registry-hostile");
+    let reg = Registry::start(None);
+    insecure(&paths, &reg);
+    let t = tempfile::tempdir().unwrap();
+    let outside = t.path().join("outside");
+    std::fs::create_dir(&outside).unwrap();
+    let target = outside.display().to_string();
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        (
+            "dotdot",
+            layer(&[Entry::File(
+                "../../../../../../tmp/forkbox-owned",
+                "x",
+                0o644,
+            )]),
+            "`..`",
+        ),
+        (
+            "abslink",
+            layer(&[
+                Entry::Symlink("escape", &target),
+                Entry::File("escape/owned", "x", 0o644),
+            ]),
+            "leads out",
+        ),
+    ];
+    for (name, hostile, why) in cases {
+        let dir = t.path().join(name);
+        write_layout(
+            &dir,
+            &[layer(&[Entry::Dir("etc", 0o755)]), hostile],
+            &Config::default(),
+        );
+        reg.push(&dir, &format!("evil/{name}:1"));
+        let (r, _) = build(
+            &paths,
+            &format!(
+                "name = \"reg-evil\"\nbase = \"{}/evil/{name}:1\"\n",
+                reg.addr
+            ),
+        );
+        let e = r.unwrap_err();
+        eprintln!("{e}");
+        assert!(e.contains("refused") && e.contains(why), "{name}: {e}");
+    }
+    assert!(!Path::new("/tmp/forkbox-owned").exists());
+    assert_eq!(
+        std::fs::read_dir(&outside).unwrap().count(),
+        0,
+        "written outside"
+    );
+    assert!(ImageStore::new(&paths)
+        .resolve(&"reg-evil".parse().unwrap())
+        .is_err());
+
+    // A blob whose bytes are not its digest's (the registry's copy changed) is refused, and
+    // nothing of it is kept.
+    let dir = t.path().join("tampered");
+    let good = layer(&[Entry::File("etc/motd", "original\n", 0o644)]);
+    write_layout(&dir, std::slice::from_ref(&good), &Config::default());
+    reg.push(&dir, "evil/tampered:1");
+    let blob = reg.blob_file(&infra::registry::digest(&good));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&blob, bytes).unwrap();
+    let (r, _) = build(
+        &paths,
+        &format!(
+            "name = \"reg-evil\"\nbase = \"{}/evil/tampered:1\"\n",
+            reg.addr
+        ),
+    );
+    let e = r.unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("do not match its digest"), "{e}");
+    let kept: Vec<_> = std::fs::read_dir(paths.home().join("oci/blobs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .collect();
+    let hex = infra::registry::digest(&good)
+        .trim_start_matches("sha256:")
+        .to_string();
+    assert!(
+        !kept.iter().any(|k| k.contains(&hex)),
+        "tampered blob kept: {kept:?}"
+    );
+}
+
+#[test]
+fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words() {
+    let paths = infra::isolated_home("registry-auth");
+    let reg = Registry::start(Some("agent:s3cret"));
+    insecure(&paths, &reg);
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("private");
+    write_layout(
+        &dir,
+        &[layer(&[Entry::File("etc/private", "yes\n", 0o644)])],
+        &Config::default(),
+    );
+    reg.push(&dir, "private/img:1");
+    let recipe = format!(
+        "name = \"reg-private\"\nbase = \"{}/private/img:1\"\n",
+        reg.addr
+    );
+
+    let (r, _) = build(&paths, &recipe);
+    let e = r.unwrap_err();
+    assert!(
+        e.contains("asks for credentials") && e.contains("forkbox image login"),
+        "{e}"
+    );
+
+    let with = |creds: &str| {
+        use base64::Engine as _;
+        Login {
+            auth: Some(base64::engine::general_purpose::STANDARD.encode(creds)),
+            insecure: true,
+        }
+    };
+    save_login(&paths, &reg.addr, Some(with("agent:wrong"))).unwrap();
+    let (r, _) = build(&paths, &recipe);
+    let e = r.unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("refused the credentials"), "{e}");
+
+    save_login(&paths, &reg.addr, Some(with("agent:s3cret"))).unwrap();
+    let (r, log) = build(&paths, &recipe);
+    let img = r.unwrap_or_else(|e| panic!("{e}\n{}", log.join("\n")));
+    let _ = ImageStore::new(&paths).remove(
+        &ImageRef {
+            name: "reg-private".into(),
+            version: Some(img.meta.version),
+        },
+        &[],
+    );
+}
