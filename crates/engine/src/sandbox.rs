@@ -864,8 +864,21 @@ pub async fn ensure_template(
     kit: &BootKit,
 ) -> Result<Snapshot, SandboxError> {
     use crate::snapshot::{self as snap, SnapshotKind};
+    // The image's build, not only its name: a version number comes back after its image is
+    // removed, and a template of the old build would show the new disk the old one's memory.
+    let build = format!(
+        "{}#{}#{}",
+        image.reference(),
+        image.meta.created_unix,
+        std::fs::metadata(image.rootfs())
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                format!("{}.{}", m.mtime(), m.mtime_nsec())
+            })
+            .unwrap_or_default()
+    );
     let key = snap::template_key(
-        &image.reference(),
+        &build,
         cfg.cpus,
         cfg.memory_mib,
         cfg.max_procs,

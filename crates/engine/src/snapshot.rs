@@ -715,7 +715,10 @@ pub fn template_key(
         .take(8)
         .map(|b| format!("{b:02x}"))
         .collect();
-    format!("{}-c{cpus}-m{memory_mib}-{d}", image.replace('@', "-"))
+    format!(
+        "{}-c{cpus}-m{memory_mib}-{d}",
+        image.split('#').next().unwrap_or(image).replace('@', "-")
+    )
 }
 
 pub(crate) fn new_meta(

@@ -145,13 +145,15 @@ fn registry_images_unpack_with_whiteouts_pin_their_digest_and_build_in_a_vm() {
         "{log:?}"
     );
     for v in [img.meta.version, again.meta.version] {
-        let _ = ImageStore::new(&paths).remove(
-            &ImageRef {
-                name: "reg-built".into(),
-                version: Some(v),
-            },
-            &[],
-        );
+        ImageStore::new(&paths)
+            .remove(
+                &ImageRef {
+                    name: "reg-built".into(),
+                    version: Some(v),
+                },
+                &[],
+            )
+            .unwrap();
     }
 }
 

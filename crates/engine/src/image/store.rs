@@ -269,6 +269,17 @@ impl ImageStore {
             .map_err(|e| ImageError::io(format!("remove {}", image.dir.display()), e))?;
         fs::remove_dir_all(&trash)
             .map_err(|e| ImageError::io(format!("remove {}", trash.display()), e))?;
+        // Its templates (`NAME-N-c…`) boot nothing else and their disks stand on its rootfs.
+        let prefix = format!("{}-{}-c", image.meta.name, image.meta.version);
+        for e in fs::read_dir(self.paths.templates())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(&prefix) {
+                let _ = fs::remove_dir_all(e.path());
+            }
+        }
         Ok(image)
     }
 }
