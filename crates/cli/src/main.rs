@@ -16,7 +16,7 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 use forkbox_engine::api::ImageView;
-use forkbox_engine::image::{self, ImageRef, ImageStore, Recipe};
+use forkbox_engine::image::{self, oci, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::vm::AccelChoice;
 use forkbox_engine::{runstate, setup};
@@ -174,6 +174,28 @@ enum ImageCmd {
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Record credentials for a registry (sent to it alone), or that it speaks plain HTTP.
+    ///
+    /// Builds on a registry's image (a recipe's `base = "HOST/PATH:TAG"`) use them. Without
+    /// this, forkbox reads `REGISTRY_AUTH_FILE` and `~/.docker/config.json`.
+    Login {
+        /// The registry: HOST or HOST:PORT (Docker Hub: docker.io).
+        registry: String,
+        /// The user name; without it, only `--insecure` is recorded.
+        #[arg(short, long)]
+        username: Option<String>,
+        /// Read the password from standard input (otherwise it is asked for on the terminal).
+        #[arg(long)]
+        password_stdin: bool,
+        /// Speak plain HTTP to this registry (one on this machine or a private network).
+        #[arg(long)]
+        insecure: bool,
+    },
+    /// Forget what `image login` recorded for a registry.
+    Logout {
+        /// The registry: HOST or HOST:PORT.
+        registry: String,
     },
     /// Remove an image version (NAME@N). Refused while a sandbox uses it.
     Rm {
@@ -448,6 +470,45 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
+        ImageCmd::Login {
+            registry,
+            username,
+            password_stdin,
+            insecure,
+        } => {
+            let registry = registry_key(&registry)?;
+            let auth = match username {
+                Some(user) => {
+                    let pass = read_password(password_stdin)?;
+                    use base64::Engine as _;
+                    Some(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+                }
+                None if insecure => None,
+                None => anyhow::bail!(
+                    "give --username (with the password on the terminal or --password-stdin), or --insecure to record only that {registry} speaks plain HTTP"
+                ),
+            };
+            let said = match (&auth, insecure) {
+                (Some(_), true) => "credentials, over plain HTTP",
+                (Some(_), false) => "credentials",
+                _ => "plain HTTP",
+            };
+            oci::save_login(paths, &registry, Some(oci::Login { auth, insecure }))?;
+            println!(
+                "{registry}: {said} recorded in {} (readable by root only); used by the next build on one of its images",
+                paths.home().join("registries.json").display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ImageCmd::Logout { registry } => {
+            let registry = registry_key(&registry)?;
+            if !oci::logins(paths).contains_key(&registry) {
+                anyhow::bail!("nothing is recorded for {registry}");
+            }
+            oci::save_login(paths, &registry, None)?;
+            println!("{registry}: forgotten");
+            Ok(ExitCode::SUCCESS)
+        }
         ImageCmd::Rm { reference, json } => {
             let r: ImageRef = reference.parse()?;
             // A running daemon removes it: it stops its pooled copies of the image first.
@@ -468,6 +529,53 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// A registry as pulls name it: HOST or HOST:PORT, Docker Hub's names as one.
+fn registry_key(registry: &str) -> anyhow::Result<String> {
+    let r = registry
+        .trim_start_matches("https://")
+        .trim_start_matches("http://")
+        .trim_end_matches('/');
+    let ok = !r.is_empty()
+        && !r.contains('/')
+        && r.chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-.:[]".contains(c));
+    if !ok {
+        anyhow::bail!(
+            "{registry:?} is not a registry: give HOST or HOST:PORT (Docker Hub: docker.io)"
+        );
+    }
+    Ok(match r {
+        "docker.io" | "registry-1.docker.io" | "index.docker.io" => "index.docker.io".into(),
+        r => r.to_string(),
+    })
+}
+
+/// A password from standard input (its first line), or typed on the terminal without echo.
+fn read_password(from_stdin: bool) -> anyhow::Result<String> {
+    use std::io::BufRead;
+    let stdin = std::io::stdin();
+    let mut line = String::new();
+    if from_stdin || !std::io::IsTerminal::is_terminal(&stdin) {
+        if !from_stdin {
+            anyhow::bail!(
+                "standard input is not a terminal: pass the password with --password-stdin"
+            );
+        }
+        stdin.lock().read_line(&mut line)?;
+    } else {
+        eprint!("Password: ");
+        let quiet = terminal::NoEcho::new()?;
+        stdin.lock().read_line(&mut line)?;
+        drop(quiet);
+        eprintln!();
+    }
+    let pass = line.trim_end_matches(['\n', '\r']).to_string();
+    if pass.is_empty() {
+        anyhow::bail!("the password is empty");
+    }
+    Ok(pass)
 }
 
 /// The accelerator this host gets, once a guest kernel and the agent are there to probe with.

@@ -66,3 +66,25 @@ impl Drop for RawMode {
         let _ = termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.saved);
     }
 }
+
+/// Standard input's terminal without echo while this lives (a password typed is not shown).
+pub struct NoEcho {
+    saved: Termios,
+}
+
+impl NoEcho {
+    pub fn new() -> std::io::Result<NoEcho> {
+        let stdin = std::io::stdin();
+        let saved = termios::tcgetattr(&stdin)?;
+        let mut quiet = saved.clone();
+        quiet.local_flags.remove(termios::LocalFlags::ECHO);
+        termios::tcsetattr(&stdin, SetArg::TCSANOW, &quiet)?;
+        Ok(NoEcho { saved })
+    }
+}
+
+impl Drop for NoEcho {
+    fn drop(&mut self) {
+        let _ = termios::tcsetattr(std::io::stdin(), SetArg::TCSANOW, &self.saved);
+    }
+}

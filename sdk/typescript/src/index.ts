@@ -30,8 +30,10 @@ export interface NetworkPolicy {
   allow?: string[];
 }
 
-/** A recipe: `base` is a Debian suite (bullseye, bookworm, trixie) or a forkbox image
- * (NAME or NAME@N); Debian bookworm without it. */
+/** A recipe: `base` is a Debian suite (bullseye, bookworm, trixie), a forkbox image
+ * (NAME or NAME@N) or a registry's image (`python:3.8-slim`, `HOST:PORT/PATH:TAG`,
+ * `…@sha256:…`, pinned to its digest by the build); Debian bookworm without it. On a
+ * registry's image the steps run in a sandbox of it, with the network on for the build. */
 export interface Recipe {
   base?: string;
   apt?: string[];
@@ -49,6 +51,12 @@ export interface Image {
   version: number;
   suite: string;
   base?: string;
+  /** The registry image under it, pinned: `HOST/PATH@sha256:…`. */
+  pulled?: string;
+  /** Where commands start unless they say (a registry image's WorkingDir). */
+  workdir?: string;
+  /** Who commands run as unless they say (a registry image's User). */
+  user?: string;
   guest_kernel: string;
   content_mib: number;
   disk_mib: number;

@@ -62,9 +62,19 @@ pub struct ImageView {
     pub version: u32,
     /// The Debian suite it is built on.
     pub suite: String,
-    /// The image it was built on, when it was (`NAME@N`).
+    /// What it was built on, when not a fresh Debian root: a forkbox image (`NAME@N`) or a
+    /// registry's image pinned to its digest (`HOST/PATH@sha256:…`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
+    /// The registry image under it, pinned (`HOST/PATH@sha256:…`), also through other images.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pulled: Option<String>,
+    /// Where commands start unless they say (a registry image's `WorkingDir`); `/root` if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
+    /// Who commands run as unless they say (a registry image's `User`); root if absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub user: Option<String>,
     /// The guest kernel release its sandboxes boot (as `guest_kernel` of a sandbox).
     #[serde(rename = "guest_kernel", alias = "kernel")]
     pub kernel: String,
@@ -84,6 +94,9 @@ impl From<&crate::image::Image> for ImageView {
             version: i.meta.version,
             suite: i.meta.suite.clone(),
             base: i.meta.recipe.base.clone(),
+            pulled: i.meta.pulled.clone(),
+            workdir: i.meta.workdir.clone(),
+            user: i.meta.user.clone(),
             kernel: i.meta.kernel.clone(),
             content_mib: i.meta.content_bytes >> 20,
             disk_mib: i.meta.disk_bytes >> 20,

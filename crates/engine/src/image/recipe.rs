@@ -82,8 +82,9 @@ impl Base {
 pub const DEFAULT_SUITE: &str = "bookworm";
 
 /// The recipe shape the API and the SDKs take: the image's name is given beside it.
-/// `base` is a Debian suite (bullseye, bookworm, trixie) or another forkbox image (NAME or
-/// NAME@N); without it, Debian bookworm.
+/// `base` is a Debian suite (bullseye, bookworm, trixie), another forkbox image (NAME or
+/// NAME@N) or a registry's image (`python:3.8-slim`, `HOST:PORT/PATH:TAG`, `…@sha256:…`);
+/// without it, Debian bookworm.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Seed {

@@ -149,6 +149,12 @@ class Image:
     disk_mib: int
     build_seconds: float
     env: Dict[str, str] = field(default_factory=dict)
+    #: The registry image under it, pinned (``HOST/PATH@sha256:…``).
+    pulled: Optional[str] = None
+    #: Where commands start unless they say (a registry image's WorkingDir).
+    workdir: Optional[str] = None
+    #: Who commands run as unless they say (a registry image's User).
+    user: Optional[str] = None
 
     @staticmethod
     def from_json(d: Mapping[str, Any]) -> "Image":
@@ -162,6 +168,9 @@ class Image:
             disk_mib=d["disk_mib"],
             build_seconds=d["build_seconds"],
             env=dict(d.get("env") or {}),
+            pulled=d.get("pulled"),
+            workdir=d.get("workdir"),
+            user=d.get("user"),
         )
 
     def __str__(self) -> str:

@@ -101,8 +101,9 @@ class Images:
         if_changed: bool = False,
         on_progress: Optional[Callable[[Dict[str, Any]], Any]] = None,
     ) -> Image:
-        """Builds the next version of ``name`` from ``recipe`` (``{"base": "bookworm" or
-        "image@N", "apt": [...], "pip": [...], "npm": [...], "run": [...], "env": {...}}``);
+        """Builds the next version of ``name`` from ``recipe`` (``{"base": "bookworm",
+        "image@N" or a registry's "python:3.8-slim", "apt": [...], "pip": [...], "npm": [...],
+        "run": [...], "env": {...}}``);
         ``on_progress`` gets each step and log line. ``if_changed`` reuses the newest version
         when it came from the same recipe."""
         body = {"name": name, "recipe": dict(recipe or {}), "if_changed": if_changed}
