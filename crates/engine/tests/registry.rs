@@ -290,6 +290,36 @@ fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words(
     save_login(&paths, &reg.addr, Some(with("agent:s3cret"))).unwrap();
     let (r, log) = build(&paths, &recipe);
     let img = r.unwrap_or_else(|e| panic!("{e}\n{}", log.join("\n")));
+    assert_eq!(img.meta.suite, "unknown", "a root without /etc/os-release");
+
+    // The API (and so the SDKs and the daemon) takes the same base in a recipe, and builds on
+    // its blocking pool.
+    let seed = forkbox_engine::image::Seed {
+        base: Some(format!("{}/private/img:1", reg.addr)),
+        ..Default::default()
+    };
+    let recipe = Recipe::from_seed("reg-private", seed).unwrap();
+    let engine = forkbox_engine::api::Engine::private(paths.clone());
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reply = rt
+        .block_on(engine.handle(forkbox_engine::api::Command::BuildImage {
+            recipe,
+            if_changed: false,
+            events: None,
+        }))
+        .unwrap();
+    let forkbox_engine::api::Reply::Image(view) = reply else {
+        panic!("not an image")
+    };
+    assert!(
+        view.pulled
+            .as_deref()
+            .is_some_and(|p| p.contains("@sha256:")),
+        "{view:?}"
+    );
+    ImageStore::new(&paths)
+        .remove(&view.reference.parse().unwrap(), &[])
+        .unwrap();
     let _ = ImageStore::new(&paths).remove(
         &ImageRef {
             name: "reg-private".into(),
