@@ -5,6 +5,7 @@
 //! ([`ImageMeta`]). N counts the builds of NAME; `NAME` alone means the newest.
 
 mod build;
+pub mod dockerfile;
 pub mod layers;
 pub mod oci;
 mod recipe;
