@@ -157,11 +157,22 @@ enum TokenCmd {
 
 #[derive(Subcommand)]
 enum ImageCmd {
-    /// Build an image from a TOML recipe, as the next version of its name.
+    /// Build an image from a TOML recipe or a Dockerfile, as the next version of its name.
+    ///
+    /// A Dockerfile's instructions run in sandboxes (never on this host), stage by stage;
+    /// `COPY` takes files from CONTEXT (the Dockerfile's directory unless given).
     Build {
-        /// The recipe file.
+        /// The recipe (`*.toml`) or Dockerfile (any other name).
         #[arg(short = 'f', long = "file")]
         file: PathBuf,
+        /// The image's name (a Dockerfile's default: its context directory's name).
+        #[arg(long)]
+        name: Option<String>,
+        /// A Dockerfile `ARG` value, NAME=VALUE (repeatable).
+        #[arg(long = "build-arg", value_name = "NAME=VALUE")]
+        build_args: Vec<String>,
+        /// A Dockerfile's build context.
+        context: Option<PathBuf>,
         /// Build only if the newest version of this name was built from a different recipe.
         #[arg(long)]
         if_changed: bool,
@@ -418,10 +429,33 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         ImageCmd::Build {
             file,
+            name,
+            build_args,
+            context,
             if_changed,
             json,
         } => {
-            let (recipe, text) = Recipe::load(&file)?;
+            if file.extension().is_none_or(|e| e != "toml") {
+                return dockerfile_build(
+                    paths,
+                    &file,
+                    name,
+                    &build_args,
+                    context,
+                    if_changed,
+                    json,
+                );
+            }
+            if context.is_some() || !build_args.is_empty() {
+                anyhow::bail!(
+                    "a build context and --build-arg are for Dockerfiles; {} is a recipe",
+                    file.display()
+                );
+            }
+            let (mut recipe, text) = Recipe::load(&file)?;
+            if let Some(n) = name {
+                recipe.name = n;
+            }
             if if_changed {
                 if let Some(img) = forkbox_engine::api::up_to_date(paths, &recipe) {
                     if json {
@@ -529,6 +563,96 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `image build -f Dockerfile`: every instruction in a sandbox, step by step on stderr.
+fn dockerfile_build(
+    paths: &Paths,
+    file: &std::path::Path,
+    name: Option<String>,
+    build_args: &[String],
+    context: Option<PathBuf>,
+    if_changed: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if if_changed {
+        anyhow::bail!("--if-changed is for recipes; a Dockerfile build always makes a new version");
+    }
+    let text =
+        std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
+    let context = match context {
+        Some(c) => c,
+        None => file
+            .parent()
+            .filter(|p| !p.as_os_str().is_empty())
+            .map_or_else(|| PathBuf::from("."), std::path::Path::to_path_buf),
+    };
+    let name = match name {
+        Some(n) => n,
+        None => {
+            let dir = context.canonicalize().unwrap_or_else(|_| context.clone());
+            let n: String = dir
+                .file_name()
+                .map(|n| n.to_string_lossy().to_ascii_lowercase())
+                .unwrap_or_default()
+                .chars()
+                .map(|c| {
+                    if c.is_ascii_alphanumeric() || "-_.".contains(c) {
+                        c
+                    } else {
+                        '-'
+                    }
+                })
+                .collect();
+            if !image::valid_name(&n) {
+                anyhow::bail!("cannot name the image after {}: give --name", dir.display());
+            }
+            n
+        }
+    };
+    let mut args = std::collections::BTreeMap::new();
+    for a in build_args {
+        let (k, v) = a
+            .split_once('=')
+            .with_context(|| format!("--build-arg {a:?} is not NAME=VALUE"))?;
+        args.insert(k.to_string(), v.to_string());
+    }
+    let started = std::time::Instant::now();
+    eprintln!(
+        "forkbox: building {name}@{} from {} (context {})",
+        ImageStore::new(paths).next_version(&name),
+        file.display(),
+        context.display()
+    );
+    let mut log = |ev: image::BuildEvent| match ev {
+        image::BuildEvent::Step { n, total, what } => eprintln!(
+            "[{n}/{total}] {what} (at {:.0} s)",
+            started.elapsed().as_secs_f64()
+        ),
+        image::BuildEvent::Log(line) => eprintln!("      {line}"),
+    };
+    let img = image::build_dockerfile(
+        paths,
+        &image::DockerBuild {
+            name: &name,
+            dockerfile: &text,
+            context: &context,
+            args,
+        },
+        &mut log,
+    )?;
+    if json {
+        print_json(&image_row(&img))?;
+    } else {
+        println!(
+            "built {} in {:.0} s ({} MiB of files, {} MiB disk)",
+            img.reference(),
+            img.meta.build_seconds,
+            img.meta.content_bytes >> 20,
+            img.meta.disk_bytes >> 20
+        );
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// A registry as pulls name it: HOST or HOST:PORT, Docker Hub's names as one.

@@ -14,6 +14,14 @@ use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
 use forkbox_test_infra as infra;
 use infra::registry::{debian_layer, layer, write_layout, Config, Entry, Registry};
 
+/// Removes what an earlier, interrupted run left of image `name` (the images are shared).
+fn forget(paths: &Paths, name: &str) {
+    let store = ImageStore::new(paths);
+    for img in store.list().into_iter().filter(|i| i.meta.name == name) {
+        let _ = store.remove(&img.reference().parse().unwrap(), &[]);
+    }
+}
+
 fn insecure(paths: &Paths, reg: &Registry) {
     save_login(
         paths,
@@ -57,6 +65,7 @@ fn app_layer() -> Vec<u8> {
 #[test]
 fn registry_images_unpack_with_whiteouts_pin_their_digest_and_build_in_a_vm() {
     let paths = infra::isolated_home("registry-build");
+    forget(&paths, "reg-built");
     let reg = Registry::start(None);
     insecure(&paths, &reg);
     let t = tempfile::tempdir().unwrap();
@@ -327,4 +336,179 @@ fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words(
         },
         &[],
     );
+}
+
+/// The Debian image the registry tests push (a minbase root and the app layer).
+fn push_base(paths: &Paths, reg: &Registry, dir: &Path) -> String {
+    write_layout(
+        dir,
+        &[debian_layer(paths), app_layer()],
+        &Config {
+            env: &["PATH=/usr/local/bin:/usr/bin:/bin"],
+            workdir: Some("/srv/app"),
+            user: None,
+        },
+    );
+    reg.push(dir, "team/base:1");
+    format!("{}/team/base:1", reg.addr)
+}
+
+#[test]
+fn dockerfiles_build_stage_by_stage_in_sandboxes() {
+    let paths = infra::isolated_home("registry-dockerfile");
+    forget(&paths, "reg-docker");
+    let reg = Registry::start(None);
+    insecure(&paths, &reg);
+    let t = tempfile::tempdir().unwrap();
+    let base = push_base(&paths, &reg, &t.path().join("layout"));
+    let ctx = t.path().join("ctx");
+    std::fs::create_dir_all(ctx.join("app")).unwrap();
+    std::fs::create_dir_all(ctx.join("node_modules/junk")).unwrap();
+    std::fs::write(ctx.join("node_modules/junk/index.js"), "x").unwrap();
+    std::fs::write(ctx.join("package.json"), "{}").unwrap();
+    std::fs::write(ctx.join("package-lock.json"), "{}").unwrap();
+    std::fs::write(ctx.join("app/hello.sh"), "#!/bin/sh\necho hello\n").unwrap();
+    std::fs::set_permissions(
+        ctx.join("app/hello.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    std::fs::write(ctx.join(".dockerignore"), "node_modules\n").unwrap();
+    let mut archive = tar::Builder::new(Vec::new());
+    let mut h = tar::Header::new_gnu();
+    h.set_path("inside.txt").unwrap();
+    h.set_size(3);
+    h.set_mode(0o644);
+    h.set_cksum();
+    archive.append(&h, &b"in\n"[..]).unwrap();
+    std::fs::write(ctx.join("data.tar"), archive.into_inner().unwrap()).unwrap();
+    let dockerfile = r#"ARG BASE
+FROM ${BASE} AS build
+ARG GREETING=hi
+WORKDIR /src
+COPY package*.json ./
+COPY app/ app/
+RUN echo "$GREETING from $(uname -r)" > out.txt && ls -A /src > listing
+ENV STAGE=build
+
+FROM ${BASE}
+COPY --from=build /src/out.txt /opt/out.txt
+COPY --from=build /src /opt/src
+COPY --chown=app:1001 app/hello.sh /usr/local/bin/hello
+ADD data.tar /opt/data/
+ENV MODE="final stage"
+USER app
+WORKDIR /home/app
+LABEL team=forkbox
+CMD ["hello"]
+"#;
+    let mut log = Vec::new();
+    let args = [
+        ("BASE".to_string(), base.clone()),
+        ("GREETING".to_string(), "hey".to_string()),
+    ]
+    .into_iter()
+    .collect();
+    let img = image::build_dockerfile(
+        &paths,
+        &image::DockerBuild {
+            name: "reg-docker",
+            dockerfile,
+            context: &ctx,
+            args,
+        },
+        &mut |ev| {
+            log.push(match ev {
+                image::BuildEvent::Step { n, total, what } => format!("[{n}/{total}] {what}"),
+                image::BuildEvent::Log(l) => l,
+            })
+        },
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        log.iter().any(|l| l.contains("line 19: CMD is recorded")),
+        "{log:?}"
+    );
+    assert_eq!(img.meta.user.as_deref(), Some("app"));
+    assert_eq!(img.meta.workdir.as_deref(), Some("/home/app"));
+    assert_eq!(
+        img.meta.env.get("MODE").map(String::as_str),
+        Some("final stage")
+    );
+    assert!(!img.meta.env.contains_key("STAGE"), "{:?}", img.meta.env);
+    assert!(img
+        .meta
+        .pulled
+        .as_deref()
+        .is_some_and(|p| p.contains("@sha256:")));
+    assert!(img.dir.join("Dockerfile").is_file());
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let cfg = SandboxConfig {
+            image: ImageRef {
+                name: "reg-docker".into(),
+                version: Some(img.meta.version),
+            },
+            ..Default::default()
+        };
+        let sb = Sandbox::create(&paths, &cfg).await.unwrap();
+        let out = sb
+            .run(infra::sh(
+                "echo $(id -un) $(pwd) \"$MODE\"; \
+                 echo out=$(cut -d' ' -f1,2 /opt/out.txt) kernel=$([ \"$(cut -d' ' -f3 /opt/out.txt)\" = \"$(uname -r)\" ] && echo guest); \
+                 tr '\\n' ' ' < /opt/src/listing; echo; \
+                 stat -c '%U %a' /usr/local/bin/hello; cat /opt/data/inside.txt; ls /opt/src",
+                Some(60_000),
+            ))
+            .await
+            .unwrap();
+        sb.destroy().await;
+        let text = out.stdout_text();
+        assert_eq!(out.code(), 0, "{text}{}", String::from_utf8_lossy(&out.stderr));
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(
+            lines,
+            [
+                "app /home/app final stage",
+                "out=hey from kernel=guest",
+                "app listing out.txt package-lock.json package.json ",
+                "app 755",
+                "in",
+                "app",
+                "listing",
+                "out.txt",
+                "package-lock.json",
+                "package.json",
+            ],
+            "{text}"
+        );
+    });
+    ImageStore::new(&paths)
+        .remove(
+            &format!("reg-docker@{}", img.meta.version).parse().unwrap(),
+            &[],
+        )
+        .unwrap();
+
+    // A failing RUN names its line and how it ended; nothing is kept.
+    let e = image::build_dockerfile(
+        &paths,
+        &image::DockerBuild {
+            name: "reg-docker",
+            dockerfile: &format!("FROM {base}\nRUN echo about to fail >&2; exit 3\n"),
+            context: &ctx,
+            args: Default::default(),
+        },
+        &mut |_| {},
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.contains("line 2") && e.contains("exit status 3") && e.contains("about to fail"),
+        "{e}"
+    );
+    assert!(ImageStore::new(&paths)
+        .resolve(&"reg-docker".parse().unwrap())
+        .is_err());
 }

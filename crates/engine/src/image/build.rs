@@ -25,7 +25,7 @@ pub enum BuildEvent {
     Log(String),
 }
 
-fn sh_quote(s: &str) -> String {
+pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
@@ -231,38 +231,20 @@ pub fn build(
         Source::Debian(_) => recipe_text.to_string(),
         _ => recipe.to_toml(),
     };
-    let name_dir = paths.images().join(&recipe.name);
-    fs::create_dir_all(&name_dir)
-        .map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
-    // One build per name at a time, so versions are never handed out twice.
-    let lock_file = fs::File::create(name_dir.join(".lock"))
-        .map_err(|e| ImageError::io("create build lock", e))?;
-    let _lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| ImageError::io("lock image name", e.into()))?;
-    sweep_partial(&name_dir);
-    let work = name_dir.join(format!(".build-{}", std::process::id()));
-    let _ = fs::remove_dir_all(&work);
-    fs::create_dir_all(&work)
-        .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
+    let ws = Workspace::open(paths, &recipe.name)?;
+    let work = ws.work.clone();
     let result = build_in(paths, &work, &source, &mkfs, recipe, &kernel, log);
     let Built {
         content: content_bytes,
         disk: disk_bytes,
         suite: found_suite,
-    } = match result {
-        Ok(built) => built,
-        Err(e) => {
-            let _ = fs::remove_dir_all(&work);
-            return Err(e);
-        }
-    };
+    } = result?;
     let _ = fs::remove_dir_all(work.join("root"));
     let _ = fs::remove_file(work.join("customize.sh"));
-    let version = store.next_version(&recipe.name);
     let meta = ImageMeta {
         format: IMAGE_FORMAT,
         name: recipe.name.clone(),
-        version,
+        version: 0,
         suite: match &source {
             Source::Image(img, ..) => img.meta.suite.clone(),
             Source::Registry(..) => found_suite.unwrap_or_else(|| "unknown".into()),
@@ -290,19 +272,71 @@ pub fn build(
             Source::Debian(_) => None,
         },
     };
-    let io = |e| ImageError::io("write image metadata", e);
-    write_atomic(&work.join("recipe.toml"), recipe_text.as_bytes()).map_err(io)?;
-    let json = serde_json::to_vec_pretty(&meta)
-        .map_err(|e| ImageError::io("encode image.json", e.into()))?;
-    write_atomic(&work.join("image.json"), &json).map_err(io)?;
-    let dest = name_dir.join(version.to_string());
-    fs::rename(&work, &dest)
-        .map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
-    let _ = fs::File::open(&name_dir).and_then(|d| d.sync_all());
-    store.resolve(&super::ImageRef {
-        name: recipe.name.clone(),
-        version: Some(version),
-    })
+    ws.commit(meta, &[("recipe.toml", recipe_text.as_bytes())])
+}
+
+/// Where a build of a name happens: `images/NAME/.build-PID/`, under the name's lock (one
+/// build per name at a time, so versions are never handed out twice).
+pub(super) struct Workspace {
+    _lock: nix::fcntl::Flock<fs::File>,
+    name_dir: PathBuf,
+    pub(super) work: PathBuf,
+    store: ImageStore,
+}
+
+impl Workspace {
+    pub(super) fn open(paths: &Paths, name: &str) -> Result<Workspace, ImageError> {
+        let name_dir = paths.images().join(name);
+        fs::create_dir_all(&name_dir)
+            .map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
+        let lock_file = fs::File::create(name_dir.join(".lock"))
+            .map_err(|e| ImageError::io("create build lock", e))?;
+        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| ImageError::io("lock image name", e.into()))?;
+        sweep_partial(&name_dir);
+        let work = name_dir.join(format!(".build-{}", std::process::id()));
+        let _ = fs::remove_dir_all(&work);
+        fs::create_dir_all(&work)
+            .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
+        Ok(Workspace {
+            _lock: lock,
+            name_dir,
+            work,
+            store: ImageStore::new(paths),
+        })
+    }
+
+    /// Makes the work directory (its `rootfs.ext4` written) the name's next version, with
+    /// `meta` (its version set here) and `files` beside it.
+    pub(super) fn commit(
+        self,
+        mut meta: ImageMeta,
+        files: &[(&str, &[u8])],
+    ) -> Result<super::Image, ImageError> {
+        meta.version = self.store.next_version(&meta.name);
+        let io = |e| ImageError::io("write image metadata", e);
+        for (name, bytes) in files {
+            write_atomic(&self.work.join(name), bytes).map_err(io)?;
+        }
+        let json = serde_json::to_vec_pretty(&meta)
+            .map_err(|e| ImageError::io("encode image.json", e.into()))?;
+        write_atomic(&self.work.join("image.json"), &json).map_err(io)?;
+        let dest = self.name_dir.join(meta.version.to_string());
+        fs::rename(&self.work, &dest)
+            .map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
+        let _ = fs::File::open(&self.name_dir).and_then(|d| d.sync_all());
+        self.store.resolve(&super::ImageRef {
+            name: meta.name.clone(),
+            version: Some(meta.version),
+        })
+    }
+}
+
+impl Drop for Workspace {
+    fn drop(&mut self) {
+        // Gone once committed (renamed); a failed build's leftovers go here.
+        let _ = fs::remove_dir_all(&self.work);
+    }
 }
 
 /// Where a build's root comes from.
@@ -345,9 +379,9 @@ const REGISTRY_STEPS: u32 = 5;
 
 /// Room a build on a registry's image has for its steps, beyond the recipe's free space
 /// (the disk file is sparse: only what is written costs).
-const STEP_ROOM_MIB: u64 = 4096;
+pub(super) const STEP_ROOM_MIB: u64 = 4096;
 
-fn runtime(name: &str) -> Result<tokio::runtime::Runtime, ImageError> {
+pub(super) fn runtime(name: &str) -> Result<tokio::runtime::Runtime, ImageError> {
     tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -363,7 +397,7 @@ fn mib(b: u64) -> String {
 }
 
 /// A line for a pull's progress.
-fn pull_line(ev: &super::oci::PullEvent) -> String {
+pub(super) fn pull_line(ev: &super::oci::PullEvent) -> String {
     use super::oci::PullEvent as P;
     match ev {
         P::Manifest {
@@ -513,22 +547,16 @@ fn apt_lines(include: &[String]) -> String {
     )
 }
 
-/// Builds on a registry's image: its layers unpacked beneath the root, the ext4 disk written
-/// from them, then the recipe's steps (apt, pip, npm, run) in a sandbox of that disk with the
-/// network on, never on the host: a recipe is a stranger's code too. The sandbox's disk,
-/// flattened, is the image.
-#[allow(clippy::too_many_arguments)]
-fn on_registry_image(
-    paths: &Paths,
+/// Unpacks a pulled image's layers beneath `work/root` and puts in what every forkbox root
+/// has (the directories the agent mounts over, its name); step 2 of `total`. Returns the root
+/// and the Debian suite its `/etc/os-release` names.
+pub(super) fn unpack_registry(
     work: &Path,
     pulled: &super::oci::Pulled,
     reference: &oci_client::Reference,
-    mkfs: &Path,
-    r: &Recipe,
-    kernel: &Kernel,
+    total: u32,
     log: &mut dyn FnMut(BuildEvent),
-) -> Result<Built, ImageError> {
-    let total = REGISTRY_STEPS;
+) -> Result<(PathBuf, Option<String>), ImageError> {
     let root = work.join("root");
     fs::create_dir_all(&root).map_err(|e| ImageError::io("create the build root", e))?;
     log(BuildEvent::Step {
@@ -587,6 +615,26 @@ fn on_registry_image(
         )
         .map_err(own)?;
     let suite = suite_of(&beneath);
+    Ok((root, suite))
+}
+
+/// Builds on a registry's image: its layers unpacked beneath the root, the ext4 disk written
+/// from them, then the recipe's steps (apt, pip, npm, run) in a sandbox of that disk with the
+/// network on, never on the host: a recipe is a stranger's code too. The sandbox's disk,
+/// flattened, is the image.
+#[allow(clippy::too_many_arguments)]
+fn on_registry_image(
+    paths: &Paths,
+    work: &Path,
+    pulled: &super::oci::Pulled,
+    reference: &oci_client::Reference,
+    mkfs: &Path,
+    r: &Recipe,
+    kernel: &Kernel,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Built, ImageError> {
+    let total = REGISTRY_STEPS;
+    let (root, suite) = unpack_registry(work, pulled, reference, total, log)?;
     let has_steps = !(r.apt.is_empty() && r.pip.is_empty() && r.npm.is_empty() && r.run.is_empty());
     let rootfs = work.join("rootfs.ext4");
     if !has_steps {
@@ -681,7 +729,7 @@ fn on_registry_image(
 }
 
 /// Bytes in use on an ext4 disk, from its superblock.
-fn used_bytes(rootfs: &Path) -> Option<u64> {
+pub(super) fn used_bytes(rootfs: &Path) -> Option<u64> {
     let out = Command::new("dumpe2fs")
         .arg("-h")
         .arg(rootfs)
@@ -697,23 +745,9 @@ fn used_bytes(rootfs: &Path) -> Option<u64> {
     Some((field("Block count:")? - field("Free blocks:")?) * field("Block size:")?)
 }
 
-/// Boots `image` with the network on, runs `script` in it as root, and writes its disk to
-/// `dest`.
-async fn steps_in_sandbox(
-    paths: &Paths,
-    image: super::Image,
-    script: String,
-    dest: &Path,
-    name: &str,
-    log: &mut dyn FnMut(BuildEvent),
-) -> Result<(), ImageError> {
-    use crate::sandbox::{Sandbox, SandboxConfig};
-    let failed = |step: &str, message: String| ImageError::BuildFailed {
-        name: name.into(),
-        step: step.into(),
-        message,
-    };
-    let cfg = SandboxConfig {
+/// A build's sandbox: booted cold from the stage's disk, two vCPUs, the network on.
+pub(super) fn build_sandbox(name: &str) -> crate::sandbox::SandboxConfig {
+    crate::sandbox::SandboxConfig {
         image: super::ImageRef {
             name: name.into(),
             version: None,
@@ -728,8 +762,26 @@ async fn steps_in_sandbox(
             allow: vec![],
         },
         ..Default::default()
+    }
+}
+
+/// Boots `image` with the network on, runs `script` in it as root, and writes its disk to
+/// `dest`.
+async fn steps_in_sandbox(
+    paths: &Paths,
+    image: super::Image,
+    script: String,
+    dest: &Path,
+    name: &str,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), ImageError> {
+    use crate::sandbox::Sandbox;
+    let failed = |step: &str, message: String| ImageError::BuildFailed {
+        name: name.into(),
+        step: step.into(),
+        message,
     };
-    let sb = Sandbox::boot_unlisted(paths, &cfg, image)
+    let sb = Sandbox::boot_unlisted(paths, &build_sandbox(name), image)
         .await
         .map_err(|e| failed("boot a sandbox of the base image", e.to_string()))?;
     match run_script(&sb, script, log).await {
@@ -751,16 +803,29 @@ async fn run_script(
     script: String,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<(), String> {
-    use crate::client::ExecEvent;
     let spec = forkbox_protocol::ExecSpec {
         program: forkbox_protocol::Program::Argv(vec!["/bin/sh".into(), "-c".into(), script]),
         cwd: Some("/".into()),
         env: vec![],
-        timeout_ms: Some(2 * 3600 * 1000),
+        timeout_ms: Some(BUILD_STEP_MS),
         stdin: false,
         tty: None,
-        user: None,
+        user: Some("0:0".into()),
     };
+    run_in(sb, spec, log).await
+}
+
+/// The longest a build step may run.
+pub(super) const BUILD_STEP_MS: u64 = 2 * 3600 * 1000;
+
+/// Runs `spec` in `sb`, a line of its output at a time to `log`; the error names how it ended
+/// and its last lines.
+pub(super) async fn run_in(
+    sb: &crate::sandbox::Sandbox,
+    spec: forkbox_protocol::ExecSpec,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), String> {
+    use crate::client::ExecEvent;
     let mut ex = sb.exec(spec).await.map_err(|e| e.to_string())?;
     let mut tail: std::collections::VecDeque<String> = Default::default();
     let mut pending = [Vec::new(), Vec::new()];
@@ -790,7 +855,7 @@ async fn run_script(
                     return Ok(());
                 }
                 let how = if timed_out {
-                    "timed out after 2 h".to_string()
+                    format!("timed out after {} h", BUILD_STEP_MS / 3_600_000)
                 } else {
                     format!("exit status {code}")
                 };
@@ -903,7 +968,7 @@ fn own_files(root: &Path) -> Result<(), ImageError> {
 }
 
 /// Writes `root` into an ext4 disk at `rootfs` with `free_mib` to spare; step `n` of `total`.
-fn write_disk(
+pub(super) fn write_disk(
     root: &Path,
     rootfs: &Path,
     mkfs: &Path,

@@ -102,7 +102,10 @@ fn logical_lines(text: &str) -> Result<Vec<(usize, String)>, DockerfileError> {
             if let Some(d) = trimmed.strip_prefix('#') {
                 let d = d.trim().to_ascii_lowercase();
                 if d.starts_with("escape=") && d.trim_start_matches("escape=").trim() != "\\" {
-                    return err(n, "the `escape` parser directive is not supported (only `\\`)");
+                    return err(
+                        n,
+                        "the `escape` parser directive is not supported (only `\\`)",
+                    );
                 }
                 continue;
             }
@@ -244,14 +247,24 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
         if instr == "FROM" {
             let (fl, rest) = flags(rest);
             for (k, v) in &fl {
-                if k != "platform" || !matches!(v.as_str(), "linux/amd64" | "$BUILDPLATFORM" | "$TARGETPLATFORM") {
-                    return err(line, format!("FROM --{k}={v} is not supported (forkbox builds linux/amd64)"));
+                if k != "platform"
+                    || !matches!(
+                        v.as_str(),
+                        "linux/amd64" | "$BUILDPLATFORM" | "$TARGETPLATFORM"
+                    )
+                {
+                    return err(
+                        line,
+                        format!("FROM --{k}={v} is not supported (forkbox builds linux/amd64)"),
+                    );
                 }
             }
             let ws = words(&rest);
             let (from, name) = match ws.as_slice() {
                 [f] => (f.clone(), None),
-                [f, as_, n] if as_.eq_ignore_ascii_case("as") => (f.clone(), Some(n.to_ascii_lowercase())),
+                [f, as_, n] if as_.eq_ignore_ascii_case("as") => {
+                    (f.clone(), Some(n.to_ascii_lowercase()))
+                }
                 _ => return err(line, "FROM takes IMAGE [AS NAME]"),
             };
             df.stages.push(Stage {
@@ -494,7 +507,10 @@ CMD ["node", "index.js"]
         assert_eq!(df.global_args, vec![("NODE".into(), Some("18".into()))]);
         assert_eq!(df.stages.len(), 2);
         let b = &df.stages[0];
-        assert_eq!((b.line, b.from.as_str(), b.name.as_deref()), (3, "node:${NODE}-slim", Some("build")));
+        assert_eq!(
+            (b.line, b.from.as_str(), b.name.as_deref()),
+            (3, "node:${NODE}-slim", Some("build"))
+        );
         assert_eq!(
             b.steps[2],
             Step::Run {
@@ -519,20 +535,37 @@ CMD ["node", "index.js"]
         let f = &df.stages[1];
         assert!(matches!(&f.steps[1], Step::Copy { from: Some(s), .. } if s == "build"));
         assert!(matches!(&f.steps[3], Step::Run { run: RunForm::Exec(a), .. } if a.len() == 2));
-        assert!(matches!(&f.steps[4], Step::Unused { instruction, line: 18 } if instruction == "CMD"));
+        assert!(
+            matches!(&f.steps[4], Step::Unused { instruction, line: 18 } if instruction == "CMD")
+        );
         let mut vars = BTreeMap::new();
         vars.insert("NODE".to_string(), "18".to_string());
         assert_eq!(substitute(&b.from, &vars), "node:18-slim");
-        assert_eq!(substitute("${MISSING:-dflt} ${NODE:+set} \\$HOME $NODE", &vars), "dflt set $HOME 18");
+        assert_eq!(
+            substitute("${MISSING:-dflt} ${NODE:+set} \\$HOME $NODE", &vars),
+            "dflt set $HOME 18"
+        );
     }
 
     #[test]
     fn what_forkbox_does_not_build_is_refused_by_name_and_line() {
         let cases = [
-            ("FROM a\nHEALTHCHECK CMD true\n", 2, "HEALTHCHECK is not supported"),
-            ("FROM a\nRUN --mount=type=cache,target=/x true\n", 2, "RUN --mount"),
+            (
+                "FROM a\nHEALTHCHECK CMD true\n",
+                2,
+                "HEALTHCHECK is not supported",
+            ),
+            (
+                "FROM a\nRUN --mount=type=cache,target=/x true\n",
+                2,
+                "RUN --mount",
+            ),
             ("FROM a\nADD https://example.com/x /x\n", 2, "URL"),
-            ("FROM a\nCOPY --from=nope /x /y\n", 2, "names no earlier stage"),
+            (
+                "FROM a\nCOPY --from=nope /x /y\n",
+                2,
+                "names no earlier stage",
+            ),
             ("FROM a\n\nSHELL [\"/bin/bash\", \"-c\"]\n", 3, "SHELL"),
             ("RUN true\n", 1, "before the first FROM"),
             ("# escape=`\nFROM a\n", 1, "escape"),

@@ -5,6 +5,7 @@
 //! ([`ImageMeta`]). N counts the builds of NAME; `NAME` alone means the newest.
 
 mod build;
+mod docker;
 pub mod dockerfile;
 pub mod layers;
 pub mod oci;
@@ -12,5 +13,6 @@ mod recipe;
 mod store;
 
 pub use build::{build, env_pairs, BuildEvent};
-pub use recipe::{Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
+pub use docker::{build_dockerfile, DockerBuild};
+pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};

@@ -1,0 +1,1077 @@
+//! Building an image from a Dockerfile: each stage is a sandbox booted from its base (a
+//! registry's image, a forkbox image or an earlier stage), every instruction runs in it (a
+//! Dockerfile is a stranger's code: never on the host), and the last stage's disk, flattened,
+//! is the image. `COPY` sends files from the build context (`.dockerignore` applies);
+//! `COPY --from` streams them from an earlier stage's sandbox.
+
+use std::collections::BTreeMap;
+use std::path::{Component, Path, PathBuf};
+
+use forkbox_protocol::{ExecSpec, Program};
+
+use super::build::{self as b, BuildEvent};
+use super::dockerfile::{self as df, RunForm, Step};
+use super::oci::ImageDefaults;
+use super::store::{ImageMeta, IMAGE_FORMAT};
+use super::{Base, Image, ImageStore, Recipe};
+use crate::error::ImageError;
+use crate::kernel::Kernel;
+use crate::paths::Paths;
+use crate::sandbox::Sandbox;
+use crate::setup::require;
+
+/// A Dockerfile build.
+pub struct DockerBuild<'a> {
+    /// The image's name.
+    pub name: &'a str,
+    /// The Dockerfile's text.
+    pub dockerfile: &'a str,
+    /// The build context: `COPY` sources are relative to it and never leave it.
+    pub context: &'a Path,
+    /// `--build-arg NAME=VALUE`s.
+    pub args: BTreeMap<String, String>,
+}
+
+fn failed(name: &str, step: impl Into<String>, message: impl Into<String>) -> ImageError {
+    ImageError::BuildFailed {
+        name: name.into(),
+        step: step.into(),
+        message: message.into(),
+    }
+}
+
+/// The stages the last one needs (through `FROM stage` and `COPY --from`), in order.
+fn needed(file: &df::Dockerfile) -> Vec<usize> {
+    let n = file.stages.len();
+    let mut need = vec![false; n];
+    need[n - 1] = true;
+    for i in (0..n).rev() {
+        if !need[i] {
+            continue;
+        }
+        let st = &file.stages[i];
+        if let Some(j) = df::stage_index(&file.stages[..i], &st.from.to_ascii_lowercase()) {
+            need[j] = true;
+        }
+        for step in &st.steps {
+            if let Step::Copy { from: Some(f), .. } = step {
+                if let Some(j) = df::stage_index(&file.stages[..i], f) {
+                    need[j] = true;
+                }
+            }
+        }
+    }
+    (0..n).filter(|i| need[*i]).collect()
+}
+
+/// What a stage has built up: its environment, working directory, user, labels, and the
+/// registry image under it.
+#[derive(Debug, Clone, Default)]
+struct State {
+    env: BTreeMap<String, String>,
+    workdir: Option<String>,
+    user: Option<String>,
+    labels: BTreeMap<String, String>,
+    pinned: Option<String>,
+    pulled: Option<String>,
+    suite: Option<String>,
+}
+
+/// A finished stage: its disk (an unlisted image) and what it built up.
+struct Done {
+    image: Image,
+    state: State,
+}
+
+pub fn build_dockerfile(
+    paths: &Paths,
+    req: &DockerBuild<'_>,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Image, ImageError> {
+    let started = std::time::Instant::now();
+    let name = req.name;
+    if !super::recipe::valid_name(name) {
+        return Err(failed(
+            name,
+            "start",
+            "an image name is 1-64 letters, digits, '-', '_' or '.' (give it with --name)",
+        ));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(failed(name, "start", "building an image needs root"));
+    }
+    let file = df::parse(req.dockerfile)
+        .map_err(|e| failed(name, "read the Dockerfile", e.to_string()))?;
+    let context = req.context.canonicalize().map_err(|e| {
+        failed(
+            name,
+            "read the build context",
+            format!("{}: {e}", req.context.display()),
+        )
+    })?;
+    let ignore = Ignore::load(&context);
+    let mkfs = require("mkfs.ext4")?;
+    let kernel = Kernel::newest(paths)?;
+    let ws = b::Workspace::open(paths, name)?;
+    let order = needed(&file);
+    let instructions: usize = order.iter().map(|i| file.stages[*i].steps.len() + 1).sum();
+    let total = u32::try_from(instructions + 1).unwrap_or(u32::MAX);
+    let mut globals: BTreeMap<String, String> = BTreeMap::new();
+    for (k, d) in &file.global_args {
+        if let Some(v) = req.args.get(k).or(d.as_ref()) {
+            globals.insert(k.clone(), v.clone());
+        }
+    }
+    let mut ctx = Ctx {
+        paths,
+        name,
+        work: ws.work.clone(),
+        mkfs,
+        kernel,
+        context,
+        ignore,
+        args: &req.args,
+        globals,
+        n: 0,
+        total,
+        copies: 0,
+        log,
+    };
+    let rt = b::runtime(name)?;
+    let mut done: BTreeMap<usize, Done> = BTreeMap::new();
+    let last = *order.last().unwrap_or(&0);
+    let result = rt.block_on(async {
+        let mut lenders: BTreeMap<usize, Sandbox> = BTreeMap::new();
+        let mut outcome = Ok(());
+        for &i in &order {
+            let r = ctx
+                .stage(&file, i, i == last, &mut done, &mut lenders)
+                .await;
+            if let Err(e) = r {
+                outcome = Err(e);
+                break;
+            }
+        }
+        for (_, sb) in lenders {
+            sb.destroy().await;
+        }
+        outcome
+    });
+    result?;
+    let fin = done
+        .remove(&last)
+        .ok_or_else(|| failed(name, "finish", "the last stage left no disk"))?;
+    let rootfs = ws.work.join("rootfs.ext4");
+    std::fs::rename(fin.image.rootfs(), &rootfs)
+        .map_err(|e| ImageError::io("keep the last stage's disk", e))?;
+    for d in done.values() {
+        let _ = std::fs::remove_dir_all(&d.image.dir);
+    }
+    let _ = std::fs::remove_dir_all(&fin.image.dir);
+    ctx.step("recording the image".into());
+    let st = fin.state;
+    let base = st
+        .pinned
+        .clone()
+        .unwrap_or_else(|| fin.image.meta.recipe.base.clone().unwrap_or_default());
+    let recipe = Recipe {
+        base: Some(base),
+        ..blank_recipe(name)
+    };
+    let meta = ImageMeta {
+        format: IMAGE_FORMAT,
+        name: name.into(),
+        version: 0,
+        suite: st.suite.clone().unwrap_or_else(|| "unknown".into()),
+        kernel: ctx.kernel.release.clone(),
+        created_unix: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0),
+        content_bytes: b::used_bytes(&rootfs).unwrap_or(0),
+        disk_bytes: std::fs::metadata(&rootfs).map(|m| m.len()).unwrap_or(0),
+        env: st.env.clone(),
+        recipe,
+        build_seconds: started.elapsed().as_secs_f64(),
+        workdir: st.workdir.clone(),
+        user: st.user.clone(),
+        pulled: st.pulled.clone(),
+    };
+    let labels = serde_json::to_vec_pretty(&st.labels).unwrap_or_default();
+    ws.commit(
+        meta,
+        &[
+            ("Dockerfile", req.dockerfile.as_bytes()),
+            ("labels.json", &labels),
+        ],
+    )
+}
+
+struct Ctx<'a, 'l> {
+    paths: &'a Paths,
+    name: &'a str,
+    work: PathBuf,
+    mkfs: PathBuf,
+    kernel: Kernel,
+    context: PathBuf,
+    ignore: Ignore,
+    args: &'a BTreeMap<String, String>,
+    globals: BTreeMap<String, String>,
+    n: u32,
+    total: u32,
+    copies: u32,
+    log: &'l mut dyn FnMut(BuildEvent),
+}
+
+impl Ctx<'_, '_> {
+    fn step(&mut self, what: String) {
+        self.n += 1;
+        (self.log)(BuildEvent::Step {
+            n: self.n,
+            total: self.total,
+            what,
+        });
+    }
+
+    fn fail(&self, line: usize, what: &str, message: impl Into<String>) -> ImageError {
+        failed(self.name, format!("line {line}: {what}"), message)
+    }
+
+    /// An unlisted image of a disk in `dir`, for booting.
+    fn stage_image(&self, dir: PathBuf, env: BTreeMap<String, String>, base: String) -> Image {
+        Image {
+            dir,
+            meta: ImageMeta {
+                format: IMAGE_FORMAT,
+                name: self.name.into(),
+                version: 0,
+                suite: "unknown".into(),
+                kernel: self.kernel.release.clone(),
+                created_unix: 0,
+                content_bytes: 0,
+                disk_bytes: 0,
+                env,
+                recipe: Recipe {
+                    base: Some(base),
+                    ..blank_recipe(self.name)
+                },
+                build_seconds: 0.0,
+                workdir: None,
+                user: None,
+                pulled: None,
+            },
+        }
+    }
+
+    /// The disk and state stage `i` starts from.
+    async fn base(
+        &mut self,
+        file: &df::Dockerfile,
+        i: usize,
+        done: &BTreeMap<usize, Done>,
+    ) -> Result<(Image, State), ImageError> {
+        let st = &file.stages[i];
+        let from = df::substitute(&st.from, &self.globals);
+        if let Some(j) = df::stage_index(&file.stages[..i], &from.to_ascii_lowercase()) {
+            let d = done
+                .get(&j)
+                .ok_or_else(|| self.fail(st.line, "FROM", format!("stage {from} was not built")))?;
+            return Ok((d.image.clone(), d.state.clone()));
+        }
+        let base = Base::parse(&from).map_err(|m| self.fail(st.line, "FROM", m))?;
+        match base {
+            Base::Image(r) => {
+                let img = ImageStore::new(self.paths).resolve(&r)?;
+                let state = State {
+                    env: img.meta.env.clone(),
+                    workdir: img.meta.workdir.clone(),
+                    user: img.meta.user.clone(),
+                    pinned: Some(img.reference()),
+                    pulled: img.meta.pulled.clone(),
+                    suite: Some(img.meta.suite.clone()),
+                    labels: BTreeMap::new(),
+                };
+                Ok((img, state))
+            }
+            Base::Registry(reference) => {
+                let mut log_line =
+                    |ev: super::oci::PullEvent| (self.log)(BuildEvent::Log(b::pull_line(&ev)));
+                let pulled = super::oci::pull(self.paths, &reference, &mut log_line).await?;
+                let dir = self.work.join(format!("stage-{i}"));
+                std::fs::create_dir_all(&dir)
+                    .map_err(|e| ImageError::io("create the stage's directory", e))?;
+                // Its steps are lines here: the instructions are this build's steps.
+                let log = &mut *self.log;
+                let mut as_lines = |ev: BuildEvent| match ev {
+                    BuildEvent::Step { what, .. } => {
+                        log(BuildEvent::Log(format!("forkbox: {what}")))
+                    }
+                    line => log(line),
+                };
+                let (root, suite) =
+                    b::unpack_registry(&dir, &pulled, &reference, 0, &mut as_lines)?;
+                let r = blank_recipe(self.name);
+                b::write_disk(
+                    &root,
+                    &dir.join("rootfs.ext4"),
+                    &self.mkfs,
+                    &r,
+                    r.disk_free_mib + b::STEP_ROOM_MIB,
+                    (0, 0),
+                    &mut as_lines,
+                )?;
+                let _ = std::fs::remove_dir_all(&root);
+                let ImageDefaults { env, workdir, user } = pulled.defaults.clone();
+                let image = self.stage_image(dir, env.clone(), pulled.pinned.clone());
+                Ok((
+                    image,
+                    State {
+                        env,
+                        workdir,
+                        user,
+                        pinned: Some(pulled.pinned.clone()),
+                        pulled: Some(pulled.pinned),
+                        suite,
+                        labels: BTreeMap::new(),
+                    },
+                ))
+            }
+            Base::Debian(_) => Err(self.fail(st.line, "FROM", "a Debian suite is no image")),
+        }
+    }
+
+    async fn stage(
+        &mut self,
+        file: &df::Dockerfile,
+        i: usize,
+        last: bool,
+        done: &mut BTreeMap<usize, Done>,
+        lenders: &mut BTreeMap<usize, Sandbox>,
+    ) -> Result<(), ImageError> {
+        let st = &file.stages[i];
+        self.step(format!(
+            "line {}: FROM {}{}",
+            st.line,
+            st.from,
+            st.name
+                .as_ref()
+                .map(|n| format!(" AS {n}"))
+                .unwrap_or_default()
+        ));
+        let (image, mut state) = self.base(file, i, done).await?;
+        let sb = Sandbox::boot_unlisted(self.paths, &b::build_sandbox(self.name), image)
+            .await
+            .map_err(|e| self.fail(st.line, "boot a sandbox of the base", e.to_string()))?;
+        // Build arguments this stage declared (docker: only those are visible to it).
+        let mut args: BTreeMap<String, String> = BTreeMap::new();
+        let result = async {
+            for step in &st.steps {
+                self.instruction(file, i, step, &sb, &mut state, &mut args, done, lenders)
+                    .await?;
+            }
+            Ok::<(), ImageError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            sb.destroy().await;
+            return Err(e);
+        }
+        let dir = self.work.join(format!("done-{i}"));
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| ImageError::io("create the stage's directory", e))?;
+        sb.export_root(&dir.join("rootfs.ext4"))
+            .await
+            .map_err(|e| self.fail(st.line, "write the stage's disk", e.to_string()))?;
+        let _ = std::fs::remove_dir_all(self.work.join(format!("stage-{i}")));
+        check_disk(self.name, &dir.join("rootfs.ext4"))?;
+        let base = state.pinned.clone().unwrap_or_default();
+        let image = self.stage_image(dir, state.env.clone(), base);
+        if last {
+            use std::os::unix::fs::PermissionsExt;
+            let _ =
+                std::fs::set_permissions(image.rootfs(), std::fs::Permissions::from_mode(0o444));
+        }
+        done.insert(i, Done { image, state });
+        Ok(())
+    }
+
+    /// The environment a command of the stage gets: its ENV, then its ARGs (ENV wins).
+    fn vars(state: &State, args: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        let mut v = args.clone();
+        v.extend(state.env.clone());
+        v
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn instruction(
+        &mut self,
+        file: &df::Dockerfile,
+        i: usize,
+        step: &Step,
+        sb: &Sandbox,
+        state: &mut State,
+        args: &mut BTreeMap<String, String>,
+        done: &BTreeMap<usize, Done>,
+        lenders: &mut BTreeMap<usize, Sandbox>,
+    ) -> Result<(), ImageError> {
+        let vars = Self::vars(state, args);
+        let sub = |s: &str| df::substitute(s, &vars);
+        match step {
+            Step::Run { line, run } => {
+                let program = match run {
+                    RunForm::Shell(c) => {
+                        self.step(format!("line {line}: RUN {c}"));
+                        Program::Argv(vec!["/bin/sh".into(), "-c".into(), c.clone()])
+                    }
+                    RunForm::Exec(a) => {
+                        self.step(format!("line {line}: RUN {a:?}"));
+                        Program::Argv(a.clone())
+                    }
+                };
+                let spec = ExecSpec {
+                    program,
+                    cwd: Some(state.workdir.clone().unwrap_or_else(|| "/".into())),
+                    env: vars.into_iter().collect(),
+                    timeout_ms: Some(b::BUILD_STEP_MS),
+                    stdin: false,
+                    tty: None,
+                    user: Some(state.user.clone().unwrap_or_else(|| "0:0".into())),
+                };
+                b::run_in(sb, spec, &mut *self.log)
+                    .await
+                    .map_err(|m| self.fail(*line, "RUN", m))
+            }
+            Step::Env { line, vars: pairs } => {
+                self.step(format!("line {line}: ENV"));
+                for (k, v) in pairs {
+                    let v = df::substitute(v, &Self::vars(state, args));
+                    state.env.insert(k.clone(), v);
+                }
+                Ok(())
+            }
+            Step::Arg {
+                line,
+                name,
+                default,
+            } => {
+                self.step(format!("line {line}: ARG {name}"));
+                let v = self
+                    .args
+                    .get(name)
+                    .cloned()
+                    .or_else(|| default.as_deref().map(&sub))
+                    .or_else(|| self.globals.get(name).cloned());
+                if let Some(v) = v {
+                    args.insert(name.clone(), v);
+                }
+                Ok(())
+            }
+            Step::Workdir { line, path } => {
+                let p = sub(path);
+                let abs = absolute(state.workdir.as_deref(), &p);
+                self.step(format!("line {line}: WORKDIR {abs}"));
+                root_sh(
+                    sb,
+                    &format!("mkdir -p {}", b::sh_quote(&abs)),
+                    &mut *self.log,
+                )
+                .await
+                .map_err(|m| self.fail(*line, "WORKDIR", m))?;
+                state.workdir = Some(abs);
+                Ok(())
+            }
+            Step::User { line, user } => {
+                let u = sub(user);
+                self.step(format!("line {line}: USER {u}"));
+                state.user = Some(u);
+                Ok(())
+            }
+            Step::Label { line, pairs } => {
+                self.step(format!("line {line}: LABEL"));
+                for (k, v) in pairs {
+                    state.labels.insert(sub(k), sub(v));
+                }
+                Ok(())
+            }
+            Step::Unused { line, instruction } => {
+                self.step(format!(
+                    "line {line}: {instruction} is recorded in the Dockerfile kept with the image, not used: a sandbox runs the commands it is given"
+                ));
+                Ok(())
+            }
+            Step::Copy {
+                line,
+                add,
+                from,
+                chown,
+                chmod,
+                srcs,
+                dest,
+            } => {
+                let what = if *add { "ADD" } else { "COPY" };
+                let srcs: Vec<String> = srcs.iter().map(|s| sub(s)).collect();
+                let dest = absolute(state.workdir.as_deref(), &sub(dest));
+                self.step(format!("line {line}: {what} {} {dest}", srcs.join(" ")));
+                self.copies += 1;
+                let staging = format!("/.forkbox-copy-{}", self.copies);
+                let placed = match from {
+                    None => self.send_context(*line, what, &srcs, sb, &staging).await?,
+                    Some(f) => {
+                        let j = df::stage_index(&file.stages[..i], f)
+                            .ok_or_else(|| self.fail(*line, what, format!("no stage {f}")))?;
+                        let lender = match lenders.entry(j) {
+                            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+                            std::collections::btree_map::Entry::Vacant(v) => {
+                                let d = done.get(&j).ok_or_else(|| {
+                                    failed(
+                                        self.name,
+                                        format!("line {line}: {what}"),
+                                        format!("stage {f} was not built"),
+                                    )
+                                })?;
+                                let lender = Sandbox::boot_unlisted(
+                                    self.paths,
+                                    &b::build_sandbox(self.name),
+                                    d.image.clone(),
+                                )
+                                .await
+                                .map_err(|e| {
+                                    failed(
+                                        self.name,
+                                        format!("line {line}: boot the stage to copy from"),
+                                        e.to_string(),
+                                    )
+                                })?;
+                                v.insert(lender)
+                            }
+                        };
+                        let lender: &Sandbox = lender;
+                        self.send_from_stage(*line, what, &srcs, lender, sb, &staging)
+                            .await?
+                    }
+                };
+                let script = place_script(
+                    &staging,
+                    &placed,
+                    &dest,
+                    *add,
+                    chown.as_deref(),
+                    chmod.as_deref(),
+                    dest.ends_with('/') || srcs.len() > 1,
+                );
+                root_sh(sb, &script, &mut *self.log)
+                    .await
+                    .map_err(|m| self.fail(*line, what, m))
+            }
+        }
+    }
+
+    /// Sends the context's sources into `staging/K/` in the guest; what each one is.
+    async fn send_context(
+        &mut self,
+        line: usize,
+        what: &str,
+        srcs: &[String],
+        sb: &Sandbox,
+        staging: &str,
+    ) -> Result<Vec<Placed>, ImageError> {
+        let mut picked: Vec<PathBuf> = Vec::new();
+        for s in srcs {
+            let rel = inside_context(s).ok_or_else(|| {
+                self.fail(line, what, format!("{s} is outside the build context"))
+            })?;
+            let found = expand(&self.context, &rel, &self.ignore);
+            if found.is_empty() {
+                return Err(self.fail(
+                    line,
+                    what,
+                    format!(
+                        "{s} matches nothing in the build context {}",
+                        self.context.display()
+                    ),
+                ));
+            }
+            picked.extend(found);
+        }
+        let tar = self.work.join(format!("context-{}.tar.zst", self.copies));
+        let placed = pack_context(&self.context, &picked, &self.ignore, &tar)
+            .map_err(|e| self.fail(line, what, format!("pack the build context: {e}")))?;
+        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+        let reader = tokio::task::spawn_blocking({
+            let tar = tar.clone();
+            move || -> std::io::Result<()> {
+                use std::io::Read;
+                let mut f = std::fs::File::open(&tar)?;
+                loop {
+                    let mut buf = vec![0u8; 1 << 20];
+                    let n = f.read(&mut buf)?;
+                    if n == 0 {
+                        return Ok(());
+                    }
+                    buf.truncate(n);
+                    if tx.blocking_send(buf).is_err() {
+                        return Ok(());
+                    }
+                }
+            }
+        });
+        let sent = crate::files::put_archive(sb.client(), staging, rx).await;
+        let _ = reader.await;
+        let _ = std::fs::remove_file(&tar);
+        sent.map_err(|e| self.fail(line, what, e.to_string()))?;
+        Ok(placed)
+    }
+
+    /// Streams each source from the lending stage's sandbox into `staging/K/` here.
+    async fn send_from_stage(
+        &mut self,
+        line: usize,
+        what: &str,
+        srcs: &[String],
+        lender: &Sandbox,
+        sb: &Sandbox,
+        staging: &str,
+    ) -> Result<Vec<Placed>, ImageError> {
+        let mut placed = Vec::new();
+        for (k, s) in srcs.iter().enumerate() {
+            if s.contains(['*', '?', '[']) {
+                return Err(self.fail(
+                    line,
+                    what,
+                    format!("COPY --from with a wildcard ({s}) is not supported"),
+                ));
+            }
+            let src = absolute(None, s);
+            let probe = lender
+                .run(ExecSpec {
+                    program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), "if [ -d \"$1\" ]; then echo dir; elif [ -e \"$1\" ] || [ -L \"$1\" ]; then echo file; fi".into(), "sh".into(), src.clone()]),
+                    cwd: Some("/".into()),
+                    env: vec![],
+                    timeout_ms: Some(60_000),
+                    stdin: false,
+                    tty: None,
+                    user: Some("0:0".into()),
+                })
+                .await
+                .map_err(|e| self.fail(line, what, e.to_string()))?;
+            let kind = probe.stdout_text();
+            let is_dir = match kind.trim() {
+                "dir" => true,
+                "file" => false,
+                _ => {
+                    return Err(self.fail(
+                        line,
+                        what,
+                        format!("{src} does not exist in that stage"),
+                    ))
+                }
+            };
+            let mut from = crate::files::get_archive(lender.client(), &src)
+                .await
+                .map_err(|e| self.fail(line, what, e.to_string()))?;
+            let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
+            let pump = tokio::spawn(async move {
+                while let Some(chunk) = from.recv().await {
+                    match chunk {
+                        Ok(c) => {
+                            if tx.send(c).await.is_err() {
+                                return Ok(());
+                            }
+                        }
+                        Err(e) => return Err(e.to_string()),
+                    }
+                }
+                Ok(())
+            });
+            let dest = format!("{staging}/{k}");
+            let sent = crate::files::put_archive(sb.client(), &dest, rx).await;
+            let pumped = pump.await.map_err(|e| e.to_string()).and_then(|r| r);
+            pumped.map_err(|m| self.fail(line, what, m))?;
+            sent.map_err(|e| self.fail(line, what, e.to_string()))?;
+            let name = Path::new(&src)
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            placed.push(Placed {
+                k,
+                name,
+                is_dir,
+                whole_dir: is_dir,
+            });
+        }
+        Ok(placed)
+    }
+}
+
+/// A recipe of nothing but a name (a Dockerfile's image records its base in it).
+fn blank_recipe(name: &str) -> Recipe {
+    Recipe {
+        name: name.into(),
+        suite: String::new(),
+        base: None,
+        mirror: super::recipe::DEFAULT_MIRROR.into(),
+        apt: vec![],
+        pip: vec![],
+        npm: vec![],
+        run: vec![],
+        env: BTreeMap::new(),
+        disk_free_mib: 2048,
+    }
+}
+
+/// e2fsck of a disk a guest wrote (1: it corrected something, such as the clean flag).
+fn check_disk(name: &str, rootfs: &Path) -> Result<(), ImageError> {
+    let out = std::process::Command::new(require("e2fsck")?)
+        .args(["-f", "-p"])
+        .arg(rootfs)
+        .output()
+        .map_err(|e| ImageError::io("run e2fsck", e))?;
+    if !matches!(out.status.code(), Some(0 | 1)) {
+        return Err(failed(
+            name,
+            "check a stage's disk",
+            format!(
+                "e2fsck: {}; {}",
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Runs a shell line as root in `sb`.
+async fn root_sh(
+    sb: &Sandbox,
+    script: &str,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<(), String> {
+    b::run_in(
+        sb,
+        ExecSpec {
+            program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), script.into()]),
+            cwd: Some("/".into()),
+            env: vec![],
+            timeout_ms: Some(b::BUILD_STEP_MS),
+            stdin: false,
+            tty: None,
+            user: Some("0:0".into()),
+        },
+        log,
+    )
+    .await
+}
+
+/// `p` made absolute against the working directory (docker's rule for WORKDIR and COPY).
+fn absolute(workdir: Option<&str>, p: &str) -> String {
+    if p.starts_with('/') {
+        return p.to_string();
+    }
+    let base = workdir.unwrap_or("/");
+    let joined = format!("{}/{}", base.trim_end_matches('/'), p);
+    // `./` and `.` collapse; a trailing `/` is kept (it says "a directory").
+    let trailing = p.ends_with('/') || p == "." || p.ends_with("/.");
+    let mut out = String::new();
+    for c in Path::new(&joined).components() {
+        if let Component::Normal(n) = c {
+            out.push('/');
+            out.push_str(&n.to_string_lossy());
+        }
+    }
+    if out.is_empty() {
+        out.push('/');
+    }
+    if trailing && !out.ends_with('/') {
+        out.push('/');
+    }
+    out
+}
+
+/// A COPY source relative to the context, or none if it climbs out of it.
+fn inside_context(s: &str) -> Option<PathBuf> {
+    let mut out = PathBuf::new();
+    for c in Path::new(s).components() {
+        match c {
+            Component::Normal(n) => out.push(n),
+            Component::ParentDir if !out.pop() => return None,
+            _ => {}
+        }
+    }
+    Some(out)
+}
+
+/// `*` and `?` in one path component.
+fn wildcard(pattern: &str, name: &str) -> bool {
+    let (p, n): (Vec<char>, Vec<char>) = (pattern.chars().collect(), name.chars().collect());
+    let (mut pi, mut ni, mut star, mut mark) = (0, 0, None, 0);
+    while ni < n.len() {
+        if pi < p.len() && (p[pi] == '?' || p[pi] == n[ni]) {
+            pi += 1;
+            ni += 1;
+        } else if pi < p.len() && p[pi] == '*' {
+            star = Some(pi);
+            mark = ni;
+            pi += 1;
+        } else if let Some(s) = star {
+            pi = s + 1;
+            mark += 1;
+            ni = mark;
+        } else {
+            return false;
+        }
+    }
+    while pi < p.len() && p[pi] == '*' {
+        pi += 1;
+    }
+    pi == p.len()
+}
+
+/// The paths (relative to the context) a source names: itself, or what its wildcards in the
+/// last component match; never what `.dockerignore` leaves out.
+fn expand(context: &Path, rel: &Path, ignore: &Ignore) -> Vec<PathBuf> {
+    let last = rel
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    if !last.contains(['*', '?']) {
+        let full = context.join(rel);
+        if full.symlink_metadata().is_ok() && (rel.as_os_str().is_empty() || !ignore.excluded(rel))
+        {
+            return vec![rel.to_path_buf()];
+        }
+        return vec![];
+    }
+    let parent = rel.parent().unwrap_or(Path::new(""));
+    let mut out: Vec<PathBuf> = std::fs::read_dir(context.join(parent))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| parent.join(e.file_name()))
+        .filter(|p| {
+            p.file_name()
+                .is_some_and(|n| wildcard(&last, &n.to_string_lossy()))
+                && !ignore.excluded(p)
+        })
+        .collect();
+    out.sort();
+    out
+}
+
+/// One source as sent: `staging/K/NAME` (a directory whose contents are copied when
+/// `whole_dir`).
+struct Placed {
+    k: usize,
+    name: String,
+    is_dir: bool,
+    /// The archive holds the directory's contents at `staging/K/` (a stage's directory).
+    whole_dir: bool,
+}
+
+/// Packs each picked path as `K/NAME` (directories with what `.dockerignore` leaves) into a
+/// tar.zst at `out`.
+fn pack_context(
+    context: &Path,
+    picked: &[PathBuf],
+    ignore: &Ignore,
+    out: &Path,
+) -> std::io::Result<Vec<Placed>> {
+    let f = std::fs::File::create(out)?;
+    let enc = zstd::Encoder::new(f, 3)?;
+    let mut tar = tar::Builder::new(enc);
+    tar.follow_symlinks(false);
+    let mut placed = Vec::new();
+    for (k, rel) in picked.iter().enumerate() {
+        let full = context.join(rel);
+        let meta = full.symlink_metadata()?;
+        let name = rel
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_else(|| ".".into());
+        let is_dir = meta.is_dir();
+        let top = PathBuf::from(k.to_string()).join(if rel.as_os_str().is_empty() {
+            "context"
+        } else {
+            &name
+        });
+        if is_dir {
+            let mut stack = vec![(full.clone(), rel.clone(), top.clone())];
+            while let Some((dir, drel, dtop)) = stack.pop() {
+                tar.append_path_with_name(&dir, &dtop)?;
+                let mut entries: Vec<_> = std::fs::read_dir(&dir)?.flatten().collect();
+                entries.sort_by_key(|e| e.file_name());
+                for e in entries {
+                    let erel = drel.join(e.file_name());
+                    if ignore.excluded(&erel) {
+                        continue;
+                    }
+                    let etop = dtop.join(e.file_name());
+                    if e.file_type()?.is_dir() {
+                        stack.push((e.path(), erel, etop));
+                    } else {
+                        tar.append_path_with_name(e.path(), &etop)?;
+                    }
+                }
+            }
+        } else {
+            tar.append_path_with_name(&full, &top)?;
+        }
+        placed.push(Placed {
+            k,
+            name: top
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default(),
+            is_dir,
+            whole_dir: false,
+        });
+    }
+    tar.into_inner()?.finish()?;
+    Ok(placed)
+}
+
+/// The shell that puts the sent sources where docker would: a directory's contents into
+/// DEST, a file into DEST (or DEST/ when DEST is a directory), a local archive unpacked by
+/// ADD; owners and modes as `--chown`/`--chmod` say.
+fn place_script(
+    staging: &str,
+    placed: &[Placed],
+    dest: &str,
+    add: bool,
+    chown: Option<&str>,
+    chmod: Option<&str>,
+    dest_is_dir: bool,
+) -> String {
+    let q = b::sh_quote;
+    let mut s = format!("set -e\nS={}\nD={}\n", q(staging), q(dest));
+    if let Some(o) = chown {
+        s += &format!("chown -R {} \"$S\"\n", q(o));
+    }
+    if let Some(m) = chmod {
+        s += &format!("find \"$S\" -mindepth 2 -exec chmod {} {{}} +\n", q(m));
+    }
+    let into_dir = dest_is_dir || placed.len() > 1;
+    for p in placed {
+        let src = if p.whole_dir {
+            format!("\"$S\"/{}", p.k)
+        } else {
+            format!("\"$S\"/{}/{}", p.k, q(&p.name))
+        };
+        let archive = [
+            ".tar", ".tar.gz", ".tgz", ".tar.xz", ".txz", ".tar.bz2", ".tbz2", ".tar.zst",
+        ]
+        .iter()
+        .any(|e| p.name.ends_with(e));
+        if p.is_dir {
+            s += &format!("mkdir -p \"$D\"\ncp -a {src}/. \"$D\"/\n");
+        } else if add && archive {
+            s += &format!("mkdir -p \"$D\"\ntar -xf {src} -C \"$D\"\n");
+        } else if into_dir {
+            s += &format!("mkdir -p \"$D\"\ncp -a {src} \"$D\"/\n");
+        } else {
+            s += &format!("mkdir -p \"$(dirname \"$D\")\"\ncp -a {src} \"$D\"\n");
+        }
+    }
+    s += "rm -rf \"$S\"\n";
+    s
+}
+
+/// `.dockerignore`: patterns over paths relative to the context (`*`, `?` within a component,
+/// `**` any number of them, `!` to take back); a pattern that names a directory leaves out
+/// everything in it.
+#[derive(Debug, Default)]
+struct Ignore {
+    rules: Vec<(bool, Vec<String>)>,
+}
+
+impl Ignore {
+    fn load(context: &Path) -> Ignore {
+        let text = std::fs::read_to_string(context.join(".dockerignore")).unwrap_or_default();
+        let rules = text
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+            .map(|l| {
+                let (neg, p) = match l.strip_prefix('!') {
+                    Some(p) => (true, p.trim()),
+                    None => (false, l),
+                };
+                let parts = p
+                    .trim_start_matches("./")
+                    .trim_matches('/')
+                    .split('/')
+                    .filter(|c| !c.is_empty() && *c != ".")
+                    .map(str::to_string)
+                    .collect();
+                (neg, parts)
+            })
+            .collect();
+        Ignore { rules }
+    }
+
+    fn excluded(&self, rel: &Path) -> bool {
+        let comps: Vec<String> = rel
+            .components()
+            .filter_map(|c| match c {
+                Component::Normal(n) => Some(n.to_string_lossy().into_owned()),
+                _ => None,
+            })
+            .collect();
+        let mut out = false;
+        for (neg, pat) in &self.rules {
+            // The path, or a directory above it, matches.
+            if (1..=comps.len()).any(|n| matches(pat, &comps[..n])) {
+                out = !neg;
+            }
+        }
+        out
+    }
+}
+
+fn matches(pat: &[String], comps: &[String]) -> bool {
+    match (pat.first(), comps.first()) {
+        (None, None) => true,
+        (Some(p), _) if p == "**" => {
+            matches(&pat[1..], comps) || (!comps.is_empty() && matches(pat, &comps[1..]))
+        }
+        (Some(p), Some(c)) => wildcard(p, c) && matches(&pat[1..], &comps[1..]),
+        _ => false,
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_resolve_as_docker_resolves_them() {
+        assert_eq!(absolute(Some("/src"), "./"), "/src/");
+        assert_eq!(absolute(Some("/src"), "."), "/src/");
+        assert_eq!(absolute(Some("/src/"), "lib/x.js"), "/src/lib/x.js");
+        assert_eq!(absolute(None, "app"), "/app");
+        assert_eq!(absolute(Some("/a"), "/b/"), "/b/");
+        assert_eq!(
+            inside_context("./pkg/../package.json"),
+            Some(PathBuf::from("package.json"))
+        );
+        assert_eq!(inside_context("../outside"), None);
+        assert!(wildcard("package*.json", "package-lock.json"));
+        assert!(wildcard("package*.json", "package.json"));
+        assert!(!wildcard("package*.json", "package.jsonx"));
+    }
+
+    #[test]
+    fn dockerignore_leaves_out_what_it_names() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(
+            t.path().join(".dockerignore"),
+            "node_modules\n**/*.log\n!keep.log\n# c\n",
+        )
+        .unwrap();
+        let ig = Ignore::load(t.path());
+        assert!(ig.excluded(Path::new("node_modules/x/index.js")));
+        assert!(ig.excluded(Path::new("a/b/debug.log")));
+        assert!(!ig.excluded(Path::new("keep.log")));
+        assert!(!ig.excluded(Path::new("src/index.js")));
+    }
+}
