@@ -518,6 +518,7 @@ pub fn serve(
     listen: Option<std::net::SocketAddr>,
     mcp_roots: Vec<std::path::PathBuf>,
 ) -> anyhow::Result<ExitCode> {
+    forkbox_engine::limits::raise_open_files();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

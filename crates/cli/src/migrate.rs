@@ -46,6 +46,10 @@ pub struct MigrateArgs {
     /// files.pythonhosted.org; baseline and forks have no network.
     #[arg(long = "setup-allow", value_name = "HOST")]
     setup_allow: Vec<String>,
+    /// A directory (relative to the code) the setup commands make that the baseline runs get
+    /// too, copied from the prepared sandbox (repeatable): `node_modules`, so `npm ci` runs once.
+    #[arg(long = "share", value_name = "DIR")]
+    share: Vec<String>,
     /// Reject plans that change test files (without it they are listed in the report).
     #[arg(long)]
     protect_tests: bool,
@@ -68,6 +72,8 @@ struct MigrationTable {
     setup: Vec<String>,
     #[serde(default)]
     setup_allow: Vec<String>,
+    #[serde(default)]
+    share: Vec<String>,
     rate_cpu_second: Option<f64>,
     rate_gib_second: Option<f64>,
     #[serde(default)]
@@ -89,6 +95,7 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
 }
 
 pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
+    forkbox_engine::limits::raise_open_files();
     let (table, base) = match &a.config {
         Some(p) => {
             let text =
@@ -136,6 +143,18 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     if let Err(e) = setup_network.validate() {
         return Ok(usage(format!("--setup-allow: {e}")));
     }
+    let mut share = table.share;
+    share.extend(a.share);
+    if let Some(bad) = share.iter().find(|s| {
+        s.is_empty()
+            || Path::new(s.as_str())
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+    }) {
+        return Ok(usage(format!(
+            "--share {bad:?}: give a directory inside the code, relative to it (node_modules)"
+        )));
+    }
     let cfg = MigrateConfig {
         from,
         to,
@@ -150,6 +169,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         runs: a.runs.or(table.runs).unwrap_or(2),
         setup,
         setup_network,
+        share,
         format: Format::Auto,
         test_timeout_secs: 3600,
         rate_cpu_second: table.rate_cpu_second.unwrap_or(0.000_014),

@@ -234,6 +234,54 @@ pub async fn put_archive(
     result
 }
 
+/// The tar.zst file `path` as a stream of 1 MiB chunks (for [`put_archive`]), read on a
+/// blocking thread.
+pub fn file_chunks(path: &Path) -> Packing {
+    let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
+    let path = path.to_path_buf();
+    let reader = tokio::task::spawn_blocking(move || -> io::Result<()> {
+        let mut f = std::fs::File::open(&path)?;
+        loop {
+            let mut buf = vec![0u8; 1 << 20];
+            let n = f.read(&mut buf)?;
+            if n == 0 {
+                return Ok(());
+            }
+            buf.truncate(n);
+            if tx.blocking_send(buf).is_err() {
+                return Ok(());
+            }
+        }
+    });
+    (rx, reader)
+}
+
+/// Saves the sandbox path `src` as a tar.zst file `dest` on the host (to send to another
+/// sandbox with [`file_chunks`] and [`put_archive`]); returns its size.
+pub async fn save_archive(
+    client: &AgentClient,
+    src: &str,
+    dest: &Path,
+) -> Result<u64, TransferError> {
+    use tokio::io::AsyncWriteExt;
+    let mut chunks = get_archive(client, src).await?;
+    let mut f = tokio::fs::File::create(dest)
+        .await
+        .map_err(io_err(format!("create {}", dest.display())))?;
+    let mut size = 0u64;
+    while let Some(chunk) = chunks.recv().await {
+        let chunk = chunk?;
+        size += chunk.len() as u64;
+        f.write_all(&chunk)
+            .await
+            .map_err(io_err(format!("write {}", dest.display())))?;
+    }
+    f.flush()
+        .await
+        .map_err(io_err(format!("write {}", dest.display())))?;
+    Ok(size)
+}
+
 /// Copies the host directory `src` into the sandbox directory `dest` (created if missing).
 /// Symlinks inside `src` are copied as links. Returns the compressed bytes sent.
 pub async fn upload(client: &AgentClient, src: &Path, dest: &str) -> Result<u64, TransferError> {

@@ -153,3 +153,19 @@ pub fn sweep() -> Vec<String> {
 pub fn of_process(pid: u32) -> String {
     fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap_or_default()
 }
+
+/// Raises this process's soft limit on open files to its hard limit: every tunnel of a
+/// sandbox's network is a descriptor (up to [`crate::net::MAX_TUNNELS`] per sandbox), and the
+/// usual soft limit of 1024 would cap a few sandboxes running `npm ci` together. Returns the
+/// limit in force.
+pub fn raise_open_files() -> u64 {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => match setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+            Ok(()) => hard,
+            Err(_) => soft,
+        },
+        Ok((soft, _)) => soft,
+        Err(_) => 0,
+    }
+}

@@ -22,6 +22,34 @@ use tokio::sync::{mpsc, Semaphore};
 /// Where the guest's proxy listens.
 pub const PROXY_PORT: u16 = 3128;
 
+/// The host's CA bundle, if it has one where Debian, Fedora or `SSL_CERT_FILE` put it.
+pub fn host_ca_bundle() -> Option<std::path::PathBuf> {
+    std::env::var_os("SSL_CERT_FILE")
+        .map(std::path::PathBuf::from)
+        .into_iter()
+        .chain([
+            std::path::PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+            std::path::PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
+        ])
+        .find(|p| p.is_file())
+}
+
+/// Where a sandbox with network keeps the host's CA bundle (public certificates: a host
+/// behind a TLS-inspecting proxy reaches registries through it, and so must its guests).
+pub const GUEST_CA: &str = "/run/forkbox-host-ca.crt";
+
+/// The variables that point TLS clients (OpenSSL, Python, pip, curl, git, Node, npm) at a CA
+/// bundle.
+pub const CA_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "npm_config_cafile",
+];
+
 /// What a sandbox may reach. Off (the default) is no network at all.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -204,16 +232,57 @@ fn host_addresses() -> Vec<IpAddr> {
         .collect()
 }
 
-/// Decides a tunnel request: the address to connect to, or why not.
-pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<SocketAddr, String> {
-    policy.permits_name(host, port)?;
-    let found = tokio::time::timeout(
+/// How long a name's addresses are kept: a package manager opens a connection per package,
+/// and a resolver asked for one name a hundred times at once drops some of the questions.
+const RESOLVED_FOR: Duration = Duration::from_secs(30);
+
+type Resolved = std::collections::HashMap<(String, u16), (std::time::Instant, Vec<SocketAddr>)>;
+
+/// `host:port`'s addresses: asked once at a time per name, and kept for [`RESOLVED_FOR`].
+async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
+    static KEPT: std::sync::Mutex<Option<Resolved>> = std::sync::Mutex::new(None);
+    type Asking = std::collections::HashMap<(String, u16), std::sync::Arc<tokio::sync::Mutex<()>>>;
+    static ASKING: std::sync::Mutex<Option<Asking>> = std::sync::Mutex::new(None);
+    let key = (host.to_ascii_lowercase(), port);
+    let kept = || {
+        let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+        let map = k.get_or_insert_with(Default::default);
+        map.retain(|_, (at, _)| at.elapsed() < RESOLVED_FOR);
+        map.get(&key).map(|(_, a)| a.clone())
+    };
+    if let Some(a) = kept() {
+        return Ok(a);
+    }
+    // One question per name at a time (other names are not held up): whoever waited finds
+    // the answer kept.
+    let gate = {
+        let mut a = ASKING.lock().unwrap_or_else(|p| p.into_inner());
+        let map = a.get_or_insert_with(Default::default);
+        map.retain(|_, g| std::sync::Arc::strong_count(g) > 1);
+        map.entry(key.clone()).or_default().clone()
+    };
+    let _asking = gate.lock().await;
+    if let Some(a) = kept() {
+        return Ok(a);
+    }
+    let found: Vec<SocketAddr> = tokio::time::timeout(
         Duration::from_secs(10),
         tokio::net::lookup_host((host, port)),
     )
     .await
     .map_err(|_| format!("resolving {host} timed out"))?
-    .map_err(|e| format!("cannot resolve {host}: {e}"))?;
+    .map_err(|e| format!("cannot resolve {host}: {e}"))?
+    .collect();
+    let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
+    k.get_or_insert_with(Default::default)
+        .insert(key, (std::time::Instant::now(), found.clone()));
+    Ok(found)
+}
+
+/// Decides a tunnel request: the address to connect to, or why not.
+pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<SocketAddr, String> {
+    policy.permits_name(host, port)?;
+    let found = lookup(host, port).await?;
     let own = host_addresses();
     let mut refused = Vec::new();
     for a in found {
@@ -229,10 +298,11 @@ pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<So
     ))
 }
 
-/// Tunnels a guest may have open at once; more are refused (not a violation: a program may
-/// open many connections).
-pub const MAX_TUNNELS: usize = 128;
-/// Tunnels being resolved and connected at once; more are refused.
+/// Tunnels a guest may have open (or waiting to open) at once; more are refused (not a
+/// violation: a program may open many connections). `npm ci` asks for every package's
+/// metadata at once.
+pub const MAX_TUNNELS: usize = 512;
+/// Tunnels being resolved and connected at once; more wait for their turn.
 pub const MAX_PENDING_OPENS: usize = 16;
 /// Protocol violations (data past the window or before a tunnel is ready, acknowledgements of
 /// bytes never sent, a tunnel opened twice, replies left unread) a guest may commit; the next
@@ -254,6 +324,12 @@ struct Open {
     /// Remote → guest: bytes the host may still send before the guest acknowledges some.
     credit: Arc<Semaphore>,
     tasks: Vec<tokio::task::JoinHandle<()>>,
+    /// Which ends have finished sending (the guest's program, the remote): once both have,
+    /// the tunnel is over and is forgotten, so that it counts no more against
+    /// [`MAX_TUNNELS`] (a guest that never says `TunnelClose` after a clean end cannot
+    /// fill the table with finished tunnels).
+    guest_done: bool,
+    remote_done: bool,
 }
 
 enum Slot {
@@ -410,8 +486,16 @@ impl HostNet {
                 }
             }
             A::TunnelEof { tunnel } => {
-                if let Some(Slot::Open(o)) = lock(&self.open).get(&tunnel) {
-                    let _ = o.to_remote.send(None);
+                let over = match lock(&self.open).get_mut(&tunnel) {
+                    Some(Slot::Open(o)) => {
+                        let _ = o.to_remote.send(None);
+                        o.guest_done = true;
+                        o.remote_done
+                    }
+                    _ => false,
+                };
+                if over {
+                    self.finished(tunnel);
                 }
                 Ok(())
             }
@@ -462,20 +546,19 @@ impl HostNet {
                     "{MAX_TUNNELS} tunnels are open already; close some first"
                 ))
             } else {
-                match self.pending.clone().try_acquire_owned() {
-                    Ok(permit) => {
-                        open.insert(tunnel, Slot::Pending);
-                        let net = self.clone();
-                        tokio::spawn(async move {
-                            net.open(tunnel, host, port).await;
-                            drop(permit);
-                        });
-                        return Ok(());
-                    }
-                    Err(_) => Some(format!(
-                        "{MAX_PENDING_OPENS} connections are being opened already; retry"
-                    )),
-                }
+                // Opens beyond MAX_PENDING_OPENS wait their turn (a package manager opens
+                // dozens at once; refusing them failed `npm ci`), within MAX_TUNNELS.
+                open.insert(tunnel, Slot::Pending);
+                let net = self.clone();
+                let pending = self.pending.clone();
+                tokio::spawn(async move {
+                    let Ok(permit) = pending.acquire_owned().await else {
+                        return;
+                    };
+                    net.open(tunnel, host, port).await;
+                    drop(permit);
+                });
+                return Ok(());
             }
         };
         match refusal {
@@ -500,6 +583,14 @@ impl HostNet {
     fn close(&self, tunnel: u32) -> Result<(), String> {
         self.forget(tunnel);
         self.reply(HostMsg::TunnelClose { tunnel })
+    }
+
+    /// Both ends of a tunnel have finished: it is forgotten once the guest's last bytes are
+    /// written to the remote (its writer task ends by itself on the guest's end of data).
+    fn finished(&self, tunnel: u32) {
+        if let Some(Slot::Open(o)) = lock(&self.open).remove(&tunnel) {
+            o.credit.close();
+        }
     }
 
     fn forget(&self, tunnel: u32) {
@@ -572,6 +663,8 @@ impl HostNet {
                 unacked: unacked.clone(),
                 credit: credit.clone(),
                 tasks: Vec::new(),
+                guest_done: false,
+                remote_done: false,
             });
         }
         // Ready goes into the queue before any data of this tunnel can.
@@ -595,6 +688,16 @@ impl HostNet {
                     let n = match rd.read(&mut buf).await {
                         Ok(0) => {
                             let _ = net.outbox.send(HostMsg::TunnelEof { tunnel }).await;
+                            let over = match lock(&net.open).get_mut(&tunnel) {
+                                Some(Slot::Open(o)) => {
+                                    o.remote_done = true;
+                                    o.guest_done
+                                }
+                                _ => false,
+                            };
+                            if over {
+                                net.finished(tunnel);
+                            }
                             return;
                         }
                         Ok(n) => n,

@@ -360,10 +360,24 @@ impl Sandbox {
     /// proxy's tunnels by it, and commands get the proxy in their environment.
     pub async fn set_network(&self, policy: crate::net::NetworkPolicy) -> Result<(), SandboxError> {
         policy.validate()?;
-        match self.client.set_network(policy).await {
-            Ok(()) => Ok(()),
-            Err(e) => Err(died(e, &self.console, self.client.failure()).await),
+        let on = !policy.is_off();
+        if let Err(e) = self.client.set_network(policy).await {
+            return Err(died(e, &self.console, self.client.failure()).await);
         }
+        // With a network, the guest trusts what the host trusts (a host behind a
+        // TLS-inspecting proxy reaches registries through it; the bundle is public).
+        if on {
+            if let Some(bundle) = crate::net::host_ca_bundle().and_then(|p| std::fs::read(p).ok()) {
+                if let Err(e) = self
+                    .client
+                    .write_file(crate::net::GUEST_CA, &bundle, 0o644)
+                    .await
+                {
+                    return Err(died(e, &self.console, self.client.failure()).await);
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The network policy in force.
@@ -548,6 +562,11 @@ impl Sandbox {
             }
             for k in ["no_proxy", "NO_PROXY"] {
                 env.push((k.into(), "localhost,127.0.0.1,::1".into()));
+            }
+            if crate::net::host_ca_bundle().is_some() {
+                for k in crate::net::CA_ENV {
+                    env.push(((*k).into(), crate::net::GUEST_CA.into()));
+                }
             }
         }
         env.append(&mut spec.env);

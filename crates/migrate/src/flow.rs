@@ -37,6 +37,10 @@ pub struct MigrateConfig {
     /// The network the setup steps may use (e.g. an allow list with the package registry);
     /// baseline runs and forks have none.
     pub setup_network: forkbox_engine::net::NetworkPolicy,
+    /// Directories (relative to the code) the setup steps make that the baseline runs get
+    /// too, copied from the prepared sandbox: what `npm ci` installed, so that it runs once
+    /// (and the baseline, which has no network, has it).
+    pub share: Vec<String>,
     pub format: Format,
     pub test_timeout_secs: u64,
     /// Price of a vCPU-second and of a GiB-second of guest memory, for the cost estimate.
@@ -393,6 +397,33 @@ fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
     (ticks / hz, gib * alive.as_secs_f64())
 }
 
+/// `s` quoted for `/bin/sh`.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// What the prepared sandbox hands the baseline runs: each shared directory as a tar.zst file
+/// on the host (an empty list when nothing is shared), or why it could not.
+type Handed = Result<Arc<Vec<(String, PathBuf)>>, String>;
+type HandOver = tokio::sync::watch::Sender<Option<Handed>>;
+type HandedOver = tokio::sync::watch::Receiver<Option<Handed>>;
+
+/// Waits for the prepared sandbox's shared directories.
+async fn handed(mut rx: HandedOver) -> Result<Arc<Vec<(String, PathBuf)>>, MigrateError> {
+    let got = rx
+        .wait_for(Option::is_some)
+        .await
+        .map_err(|_| {
+            MigrateError::Prepare("the preparation ended before it shared its directories".into())
+        })?
+        .clone();
+    match got {
+        Some(Ok(list)) => Ok(list),
+        Some(Err(m)) => Err(MigrateError::Prepare(m)),
+        None => Err(MigrateError::Prepare("nothing was shared".into())),
+    }
+}
+
 /// The baseline's outcome, with what the report says about it.
 struct BaselineRun {
     baseline: Baseline,
@@ -411,6 +442,7 @@ async fn run_baseline(
     paths: &Paths,
     cfg: &MigrateConfig,
     progress: &Progress,
+    shared: HandedOver,
 ) -> Result<BaselineRun, MigrateError> {
     let t = Instant::now();
     let n = cfg.runs.max(1);
@@ -419,41 +451,61 @@ async fn run_baseline(
         cfg.from
     )));
     let note = |s: &str| progress(Event::Note(s));
-    let one = |i: u32| async move {
-        let row = format!("baseline {i}/{n}");
-        let phase = |phase: &str, tests: usize| {
-            progress(Event::Fork {
-                plan: &row,
-                phase,
-                tests,
-            })
-        };
-        phase("starting", 0);
-        let sb = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
-        let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
-        let run = async {
-            phase("uploading", 0);
-            upload(&sb, &cfg.code, WORKDIR).await?;
-            phase("tests", 0);
-            let run = run_tests(&sb, cfg, &|n| phase("tests", n)).await;
-            phase("done", run.results.as_ref().map_or(0, |r| r.len()));
-            Ok::<_, MigrateError>(run)
+    let one = |i: u32| {
+        let shared = shared.clone();
+        async move {
+            let row = format!("baseline {i}/{n}");
+            let phase = |phase: &str, tests: usize| {
+                progress(Event::Fork {
+                    plan: &row,
+                    phase,
+                    tests,
+                })
+            };
+            phase("starting", 0);
+            let sb = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
+            let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
+            let run = async {
+                phase("uploading", 0);
+                upload(&sb, &cfg.code, WORKDIR).await?;
+                if !cfg.share.is_empty() {
+                    phase("waiting for setup", 0);
+                    for (dir, file) in handed(shared).await?.iter() {
+                        let (rx, reader) = forkbox_engine::files::file_chunks(file);
+                        let sent = forkbox_engine::files::put_archive(
+                            sb.client(),
+                            &format!("{WORKDIR}/{dir}"),
+                            rx,
+                        )
+                        .await;
+                        let _ = reader.await;
+                        sent.map_err(|e| MigrateError::Upload {
+                            what: format!("{dir} from the prepared sandbox"),
+                            message: e.to_string(),
+                        })?;
+                    }
+                }
+                phase("tests", 0);
+                let run = run_tests(&sb, cfg, &|n| phase("tests", n)).await;
+                phase("done", run.results.as_ref().map_or(0, |r| r.len()));
+                Ok::<_, MigrateError>(run)
+            }
+            .await;
+            sb.destroy().await;
+            let run = run?;
+            let r = run.results.map_err(|message| MigrateError::Baseline {
+                image: cfg.from.clone(),
+                message,
+            })?;
+            note(&format!(
+                "baseline: run {i}/{n}: {} (exit {}, {} ms; read from {})",
+                reports::Counts::of(&r),
+                run.exit.unwrap_or(-1),
+                run.ms,
+                run.source
+            ));
+            Ok::<_, MigrateError>((r, run.ms, run.source, accelerator))
         }
-        .await;
-        sb.destroy().await;
-        let run = run?;
-        let r = run.results.map_err(|message| MigrateError::Baseline {
-            image: cfg.from.clone(),
-            message,
-        })?;
-        note(&format!(
-            "baseline: run {i}/{n}: {} (exit {}, {} ms; read from {})",
-            reports::Counts::of(&r),
-            run.exit.unwrap_or(-1),
-            run.ms,
-            run.source
-        ));
-        Ok::<_, MigrateError>((r, run.ms, run.source, accelerator))
     };
     let runs = futures_util::future::join_all((1..=n).map(one)).await;
     let mut results = Vec::new();
@@ -481,8 +533,12 @@ async fn prepare(
     cfg: &MigrateConfig,
     started: Instant,
     progress: &Progress,
+    (hand, hand_dir): (HandOver, &Path),
 ) -> Result<(forkbox_engine::snapshot::Snapshot, u64), MigrateError> {
     let t = Instant::now();
+    if cfg.share.is_empty() {
+        let _ = hand.send(Some(Ok(Arc::new(Vec::new()))));
+    }
     let phase = |phase: &str| {
         progress(Event::Fork {
             plan: "prepare",
@@ -511,6 +567,12 @@ async fn prepare(
         )];
         steps.extend(cfg.setup.iter().cloned());
         steps.push(format!("git add -A && {COMMIT} --allow-empty -m prepared"));
+        for d in &cfg.share {
+            steps.push(format!(
+                "test -d {0} || {{ echo '--share {0}: the setup made no such directory' >&2; exit 1; }}",
+                shell_quote(d)
+            ));
+        }
         for step in &steps {
             let out = new.run(sh(step, 3600)).await?;
             if out.code() != 0 {
@@ -521,6 +583,18 @@ async fn prepare(
                 )));
             }
         }
+        if !cfg.share.is_empty() {
+            phase("sharing");
+            let mut list = Vec::new();
+            for (i, d) in cfg.share.iter().enumerate() {
+                let file = hand_dir.join(format!("share-{i}.tar.zst"));
+                forkbox_engine::files::save_archive(new.client(), &format!("{WORKDIR}/{d}"), &file)
+                    .await
+                    .map_err(|e| MigrateError::Prepare(format!("share {d}: {e}")))?;
+                list.push((d.clone(), file));
+            }
+            let _ = hand.send(Some(Ok(Arc::new(list))));
+        }
         let name = format!("migrate-{}-{}", std::process::id(), started.elapsed().as_nanos() % 100_000);
         phase("snapshot");
         let snap = new.snapshot(paths, &name, false, false).await?;
@@ -529,6 +603,9 @@ async fn prepare(
     }
     .await;
     new.destroy().await;
+    if let Err(e) = &prepared {
+        let _ = hand.send(Some(Err(format!("the preparation failed: {e}"))));
+    }
     Ok((prepared?, ms(t)))
 }
 
@@ -552,10 +629,17 @@ pub async fn migrate(
 
     // 1-2. The baseline on the old toolchain and the preparation on the new one, side by side
     // (neither needs the other; the ports need both).
+    // Directories the setup makes for the baseline too (`--share`) go over as files here.
+    let hand_dir = tempfile::Builder::new()
+        .prefix("forkbox-share-")
+        .tempdir()
+        .map_err(MigrateError::Report)?;
+    let (hand, handed) = tokio::sync::watch::channel(None);
     let (baseline, prepared) = tokio::join!(
-        run_baseline(paths, cfg, &*progress),
-        prepare(paths, cfg, started, &*progress)
+        run_baseline(paths, cfg, &*progress, handed),
+        prepare(paths, cfg, started, &*progress, (hand, hand_dir.path()))
     );
+    drop(hand_dir);
     // Whichever failed, the other's work is not left behind.
     let (baseline, (snap, prepare_ms)) = match (baseline, prepared) {
         (Ok(b), Ok(p)) => (b, p),

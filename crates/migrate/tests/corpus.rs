@@ -198,6 +198,7 @@ async fn check(spec: &str) {
         runs: 2,
         setup: vec![],
         setup_network: Default::default(),
+        share: vec![],
         format: Format::Auto,
         test_timeout_secs: 1800,
         rate_cpu_second: 0.0,

@@ -31,6 +31,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         runs: 2,
         setup: vec![],
         setup_network: Default::default(),
+        share: vec![],
         format: Format::Auto,
         test_timeout_secs: 600,
         rate_cpu_second: 0.0,

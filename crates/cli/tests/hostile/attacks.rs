@@ -329,8 +329,8 @@ fn a_malformed_frame_fails_the_sandbox_and_calls_do_not_hang() {
 }
 
 /// A flood of tunnel requests to a remote that accepts and never reads. Promise: at most
-/// `MAX_TUNNELS` are open and `MAX_PENDING_OPENS` being opened; the rest are refused, and the
-/// daemon's descriptors stay bounded.
+/// `MAX_TUNNELS` are open or waiting, `MAX_PENDING_OPENS` of them being opened at once; the
+/// rest are refused, and the daemon's descriptors stay bounded.
 #[test]
 fn a_flood_of_tunnel_opens_is_capped_in_tunnels_and_descriptors() {
     let mut net = infra::TestNet::new();

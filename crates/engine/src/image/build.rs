@@ -32,17 +32,7 @@ pub(super) fn sh_quote(s: &str) -> String {
 /// Where a build's root holds the host's CA bundle while the build runs.
 const BUILD_CA: &str = "/forkbox-build-ca.crt";
 
-/// The host's CA bundle, if it has one where Debian, Fedora or `SSL_CERT_FILE` put it.
-fn host_ca_bundle() -> Option<PathBuf> {
-    std::env::var_os("SSL_CERT_FILE")
-        .map(PathBuf::from)
-        .into_iter()
-        .chain([
-            PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
-            PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
-        ])
-        .find(|p| p.is_file())
-}
+use crate::net::host_ca_bundle;
 
 /// The script run inside the new root after the packages are installed.
 pub(crate) fn customize_script(r: &Recipe) -> String {
@@ -50,7 +40,8 @@ pub(crate) fn customize_script(r: &Recipe) -> String {
     // The host's trust store, for the build's downloads only (a host behind a TLS-inspecting
     // proxy builds as it downloads); it is removed before the image is written.
     s += &format!(
-        "if [ -f {BUILD_CA} ]; then for v in SSL_CERT_FILE PIP_CERT REQUESTS_CA_BUNDLE CURL_CA_BUNDLE GIT_SSL_CAINFO NODE_EXTRA_CA_CERTS npm_config_cafile; do export \"$v={BUILD_CA}\"; done; fi\n"
+        "if [ -f {BUILD_CA} ]; then for v in {}; do export \"$v={BUILD_CA}\"; done; fi\n",
+        crate::net::CA_ENV.join(" ")
     );
     for (k, v) in &r.env {
         s += &format!("export {k}={}\n", sh_quote(v));

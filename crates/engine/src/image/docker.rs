@@ -596,25 +596,7 @@ impl Ctx<'_, '_> {
         let tar = self.work.join(format!("context-{}.tar.zst", self.copies));
         let placed = pack_context(&self.context, &picked, &self.ignore, &tar)
             .map_err(|e| self.fail(line, what, format!("pack the build context: {e}")))?;
-        let (tx, rx) = tokio::sync::mpsc::channel::<Vec<u8>>(4);
-        let reader = tokio::task::spawn_blocking({
-            let tar = tar.clone();
-            move || -> std::io::Result<()> {
-                use std::io::Read;
-                let mut f = std::fs::File::open(&tar)?;
-                loop {
-                    let mut buf = vec![0u8; 1 << 20];
-                    let n = f.read(&mut buf)?;
-                    if n == 0 {
-                        return Ok(());
-                    }
-                    buf.truncate(n);
-                    if tx.blocking_send(buf).is_err() {
-                        return Ok(());
-                    }
-                }
-            }
-        });
+        let (rx, reader) = crate::files::file_chunks(&tar);
         let sent = crate::files::put_archive(sb.client(), staging, rx).await;
         let _ = reader.await;
         let _ = std::fs::remove_file(&tar);
