@@ -21,6 +21,11 @@ command -v node >/dev/null || need+=(nodejs npm)
 python3 -c 'import venv, ensurepip' 2>/dev/null || need+=(python3-venv)
 # The migration report is checked as a person sees it, in headless Chromium.
 command -v chromium >/dev/null || need+=(chromium)
+# The registry tests run a real OCI registry on loopback, push the images they write with
+# skopeo, and protect one with an htpasswd file.
+command -v docker-registry >/dev/null || need+=(docker-registry)
+command -v skopeo >/dev/null || need+=(skopeo)
+command -v htpasswd >/dev/null || need+=(apache2-utils)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} for the network and SDK tests" >&2
   apt-get update -q >&2

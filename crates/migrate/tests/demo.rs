@@ -329,3 +329,196 @@ async fn node_images_run_node_test_and_its_results_read() {
         );
     }
 }
+
+/// The README's Node example end to end: nodekit from Node 18 to Node 20. `npm ci` runs once,
+/// in the prepared sandbox (which may reach the npm registry alone); the baseline runs get its
+/// node_modules (they have no network); the forks port offline, one with `npx jscodeshift`
+/// from that node_modules. Costs: both Node images once per test home, `npm ci` under TCG
+/// (~3-4 min), the baseline (~25 s) and three forks (~1 min).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_example_installs_once_and_takes_the_smallest_port() {
+    let paths = infra::home();
+    let examples = infra::repo_root().join("examples");
+    let file: toml::Value =
+        toml::from_str(&std::fs::read_to_string(examples.join("node-migration.toml")).unwrap())
+            .unwrap();
+    let m = &file["migration"];
+    let list = |k: &str| -> Vec<String> {
+        m[k].as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect()
+    };
+    let old = infra::image(&paths, m["from"].as_str().unwrap());
+    let new = infra::image(&paths, m["to"].as_str().unwrap());
+    let out = tempfile::tempdir().unwrap();
+    let code = examples.join(m["code"].as_str().unwrap());
+    assert!(
+        !code.join("node_modules").exists(),
+        "examples/nodekit/node_modules would be uploaded: remove it"
+    );
+    let cfg = MigrateConfig {
+        from: old.to_string(),
+        to: new.to_string(),
+        code: code.clone(),
+        test: m["test"].as_str().unwrap().into(),
+        plans: forkbox_migrate::plans::load(&examples.join("node-plans/plans.toml")).unwrap(),
+        plans_dir: examples.join("node-plans"),
+        out: out.path().to_path_buf(),
+        runs: 2,
+        setup: list("setup"),
+        setup_network: forkbox_engine::net::NetworkPolicy {
+            internet: false,
+            allow: list("setup_allow"),
+        },
+        share: list("share"),
+        format: Format::Auto,
+        test_timeout_secs: 900,
+        rate_cpu_second: 0.0,
+        rate_gib_second: 0.0,
+        llm: None,
+        cli: None,
+        protect_tests: false,
+    };
+    let report = migrate(
+        &paths,
+        &cfg,
+        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
+    )
+    .await
+    .expect("migrate");
+    // Mocha's JSON report, every test passing on Node 18 with the shared node_modules.
+    assert_eq!(report.baseline.results.len(), 43);
+    assert!(report
+        .baseline
+        .results
+        .values()
+        .all(|o| *o == Outcome::Passed));
+    let verdict = |p: &str| {
+        report
+            .verdicts
+            .iter()
+            .find(|v| v.plan == p)
+            .unwrap()
+            .clone()
+    };
+    let (hand, codemod, regex) = (verdict("hand-patch"), verdict("codemod"), verdict("regex"));
+    assert!(hand.accepted && hand.rank == Some(1), "{hand:?}");
+    assert!(codemod.accepted && codemod.rank == Some(2), "{codemod:?}");
+    assert!(!regex.accepted, "{regex:?}");
+    assert!(regex.lost.iter().any(|t| t.contains("dates")), "{regex:?}");
+    assert_eq!(report.winner.as_deref(), Some("hand-patch"));
+    // Both accepted patches apply to the original code with plain `git apply`, and hold no
+    // node_modules.
+    for plan in ["hand-patch", "codemod"] {
+        let patch = out.path().join(format!("{plan}.patch"));
+        let text = std::fs::read_to_string(&patch).unwrap();
+        assert!(!text.contains("node_modules"), "{plan}: {text}");
+        let copy = tempfile::tempdir().unwrap();
+        copy_dir(&code, copy.path());
+        let st = std::process::Command::new("git")
+            .arg("apply")
+            .arg(&patch)
+            .current_dir(copy.path())
+            .status()
+            .unwrap();
+        assert!(st.success(), "git apply {plan}.patch");
+        let dates = std::fs::read_to_string(copy.path().join("src/dates.js")).unwrap();
+        assert!(dates.contains("'dayjs/plugin/utc.js'"), "{plan}: {dates}");
+    }
+}
+
+/// What an install script in a project being migrated can reach: its sandbox, the package
+/// registry the setup allows through forkbox's proxy, and nothing else: not the host (by any
+/// of its addresses, directly or through the proxy), not loopback on the host, not cloud
+/// metadata, not another site. The probe is a local package whose `postinstall` tries each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_postinstall_script_reaches_the_registry_and_nothing_else() {
+    let paths = infra::home();
+    let image = infra::image(&paths, "node-trixie");
+    let host_ips: Vec<String> = {
+        let out = std::process::Command::new("ip")
+            .args(["-4", "-o", "addr", "show"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(3))
+            .filter_map(|a| a.split('/').next())
+            .filter(|a| !a.starts_with("127."))
+            .map(str::to_string)
+            .collect()
+    };
+    assert!(!host_ips.is_empty());
+    let sb = Sandbox::create(
+        &paths,
+        &SandboxConfig {
+            image,
+            network: forkbox_engine::net::NetworkPolicy {
+                internet: false,
+                allow: vec!["registry.npmjs.org".into()],
+            },
+            ..SandboxConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    let probe = include_str!("probe/probe.js");
+    let w = |p: &'static str, s: String| {
+        let sb = &sb;
+        async move {
+            sb.client()
+                .write_file(p, s.as_bytes(), 0o644)
+                .await
+                .unwrap()
+        }
+    };
+    w("/work/probe/probe.js", probe.to_string()).await;
+    w(
+        "/work/probe/package.json",
+        r#"{"name":"probe","version":"1.0.0","scripts":{"postinstall":"node probe.js"}}"#.into(),
+    )
+    .await;
+    w(
+        "/work/app/package.json",
+        r#"{"name":"app","version":"1.0.0","dependencies":{"probe":"file:../probe"}}"#.into(),
+    )
+    .await;
+    let out = sb
+        .run(forkbox_protocol::ExecSpec {
+            cwd: Some("/work/app".into()),
+            env: vec![("PROBE_HOST_IPS".into(), host_ips.join(","))],
+            ..infra::sh(
+                "npm install --foreground-scripts --no-audit --no-fund 2>&1",
+                Some(300_000),
+            )
+        })
+        .await
+        .unwrap();
+    sb.destroy().await;
+    let text = out.stdout_text();
+    assert_eq!(out.code(), 0, "{text}");
+    let line = text
+        .lines()
+        .find_map(|l| l.strip_prefix("PROBE "))
+        .unwrap_or_else(|| panic!("no probe report: {text}"));
+    eprintln!("{line}");
+    let r: serde_json::Value = serde_json::from_str(line).unwrap();
+    // Through the proxy: the registry only.
+    for (target, status) in r["proxy"].as_object().unwrap() {
+        let ok = status.as_str().unwrap().starts_with("200");
+        assert_eq!(ok, target == "registry.npmjs.org:443", "{target}: {status}");
+    }
+    assert!(r["proxy"].as_object().unwrap().len() >= 4 + host_ips.len());
+    // Directly: nothing (the guest has no network interface but loopback).
+    for (target, result) in r["direct"].as_object().unwrap() {
+        assert!(
+            !result.as_str().unwrap().starts_with("connected"),
+            "{target}: {result}"
+        );
+    }
+    // Its own name (the sandbox's id), none of the host's files.
+    assert!(r["hostname"].as_str().unwrap().starts_with("sb-"), "{r}");
+    assert_eq!(r["host_repo_visible"], false);
+}
