@@ -53,18 +53,24 @@ pub fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Resul
 
 /// Builds `recipe` with a line on standard error per step and per line of the build's log.
 pub fn build(paths: &Paths, recipe: &Recipe, text: &str, from: &str) -> anyhow::Result<Image> {
-    let started = std::time::Instant::now();
     eprintln!(
         "forkbox: building {}@{} from {from}",
         recipe.name,
         ImageStore::new(paths).next_version(&recipe.name),
     );
-    let mut log = |ev: BuildEvent| match ev {
+    let mut log = printer();
+    Ok(image::build(paths, recipe, text, &mut log)?)
+}
+
+/// A build's progress on standard error: a line per step (with the time since the start) and
+/// per line of its log.
+pub fn printer() -> impl FnMut(BuildEvent) {
+    let started = std::time::Instant::now();
+    move |ev: BuildEvent| match ev {
         BuildEvent::Step { n, total, what } => eprintln!(
             "[{n}/{total}] {what} (at {:.0} s)",
             started.elapsed().as_secs_f64()
         ),
         BuildEvent::Log(line) => eprintln!("      {line}"),
-    };
-    Ok(image::build(paths, recipe, text, &mut log)?)
+    }
 }

@@ -467,18 +467,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
                 }
             }
             let img = bundled::build(paths, &recipe, &text, &file.display().to_string())?;
-            if json {
-                print_json(&image_row(&img))?;
-            } else {
-                println!(
-                    "built {} in {:.0} s ({} MiB of files, {} MiB disk)",
-                    img.reference(),
-                    img.meta.build_seconds,
-                    img.meta.content_bytes >> 20,
-                    img.meta.disk_bytes >> 20
-                );
-            }
-            Ok(ExitCode::SUCCESS)
+            say_built(&img, json)
         }
         ImageCmd::Ls { json } => {
             let rows: Vec<ImageView> = ImageStore::new(paths)
@@ -617,20 +606,13 @@ fn dockerfile_build(
             .with_context(|| format!("--build-arg {a:?} is not NAME=VALUE"))?;
         args.insert(k.to_string(), v.to_string());
     }
-    let started = std::time::Instant::now();
     eprintln!(
         "forkbox: building {name}@{} from {} (context {})",
         ImageStore::new(paths).next_version(&name),
         file.display(),
         context.display()
     );
-    let mut log = |ev: image::BuildEvent| match ev {
-        image::BuildEvent::Step { n, total, what } => eprintln!(
-            "[{n}/{total}] {what} (at {:.0} s)",
-            started.elapsed().as_secs_f64()
-        ),
-        image::BuildEvent::Log(line) => eprintln!("      {line}"),
-    };
+    let mut log = bundled::printer();
     let img = image::build_dockerfile(
         paths,
         &image::DockerBuild {
@@ -641,8 +623,13 @@ fn dockerfile_build(
         },
         &mut log,
     )?;
+    say_built(&img, json)
+}
+
+/// What a build made: its row as JSON, or a line.
+fn say_built(img: &image::Image, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        print_json(&image_row(&img))?;
+        print_json(&image_row(img))?;
     } else {
         println!(
             "built {} in {:.0} s ({} MiB of files, {} MiB disk)",
