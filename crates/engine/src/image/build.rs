@@ -29,22 +29,16 @@ pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
-/// Where a build's root holds the host's CA bundle while the build runs.
-const BUILD_CA: &str = "/forkbox-build-ca.crt";
-
-use crate::net::host_ca_bundle;
-
-/// The script run inside the new root after the packages are installed.
-pub(crate) fn customize_script(r: &Recipe) -> String {
+/// The script a build's sandbox runs: the recipe's environment, then (with `apt`) its Debian
+/// packages, its pip and npm packages and its run steps, in that order, stopping at the first
+/// that fails. It runs with the network on, so the host's CA bundle is trusted already.
+pub(crate) fn customize_script(r: &Recipe, apt: bool) -> String {
     let mut s = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
-    // The host's trust store, for the build's downloads only (a host behind a TLS-inspecting
-    // proxy builds as it downloads); it is removed before the image is written.
-    s += &format!(
-        "if [ -f {BUILD_CA} ]; then for v in {}; do export \"$v={BUILD_CA}\"; done; fi\n",
-        crate::net::CA_ENV.join(" ")
-    );
     for (k, v) in &r.env {
         s += &format!("export {k}={}\n", sh_quote(v));
+    }
+    if apt {
+        s += &apt_lines(&r.apt);
     }
     if !r.pip.is_empty() {
         let pkgs: Vec<String> = r.pip.iter().map(|p| sh_quote(p)).collect();
@@ -198,7 +192,7 @@ pub fn build(
             let img = store.resolve(&r)?;
             pinned.base = Some(img.reference());
             pinned.suite = String::new();
-            Source::Image(Box::new(img), require("debugfs")?, require("unshare")?)
+            Source::Image(Box::new(img))
         }
         Base::Registry(reference) => {
             log(BuildEvent::Step {
@@ -237,7 +231,7 @@ pub fn build(
         name: recipe.name.clone(),
         version: 0,
         suite: match &source {
-            Source::Image(img, ..) => img.meta.suite.clone(),
+            Source::Image(img) => img.meta.suite.clone(),
             Source::Registry(..) => found_suite.unwrap_or_else(|| "unknown".into()),
             Source::Debian(_) => recipe.suite.clone(),
         },
@@ -259,7 +253,7 @@ pub fn build(
         user: source.defaults().and_then(|d| d.user.clone()),
         pulled: match &source {
             Source::Registry(p, _) => Some(p.pinned.clone()),
-            Source::Image(img, ..) => img.meta.pulled.clone(),
+            Source::Image(img) => img.meta.pulled.clone(),
             Source::Debian(_) => None,
         },
     };
@@ -334,8 +328,8 @@ impl Drop for Workspace {
 enum Source {
     /// A fresh Debian root from mmdebstrap (the program's path).
     Debian(PathBuf),
-    /// The files of another image (with debugfs and unshare's paths).
-    Image(Box<super::Image>, PathBuf, PathBuf),
+    /// Another forkbox image.
+    Image(Box<super::Image>),
     /// An image pulled from a registry, and the reference it was asked for by.
     Registry(Box<super::oci::Pulled>, oci_client::Reference),
 }
@@ -344,7 +338,7 @@ impl Source {
     /// The environment the base gives (the recipe's own entries go on top).
     fn env(&self) -> BTreeMap<String, String> {
         match self {
-            Source::Image(img, ..) => img.meta.env.clone(),
+            Source::Image(img) => img.meta.env.clone(),
             Source::Registry(p, _) => p.defaults.env.clone(),
             Source::Debian(_) => BTreeMap::new(),
         }
@@ -354,7 +348,7 @@ impl Source {
     fn defaults(&self) -> Option<super::oci::ImageDefaults> {
         match self {
             Source::Registry(p, _) => Some(p.defaults.clone()),
-            Source::Image(img, ..) => Some(super::oci::ImageDefaults {
+            Source::Image(img) => Some(super::oci::ImageDefaults {
                 env: img.meta.env.clone(),
                 workdir: img.meta.workdir.clone(),
                 user: img.meta.user.clone(),
@@ -458,7 +452,35 @@ fn build_in(
     kernel: &Kernel,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<Built, ImageError> {
-    let total = 3;
+    match source {
+        Source::Debian(mmdebstrap) => on_debian(paths, work, mmdebstrap, mkfs, r, kernel, log),
+        Source::Image(img) => on_image(paths, work, img, r, kernel, log),
+        Source::Registry(pulled, reference) => {
+            on_registry_image(paths, work, pulled, reference, mkfs, r, kernel, log)
+        }
+    }
+}
+
+/// Whether a recipe has steps that run code: pip, npm and run steps (and apt on a base that is
+/// not a fresh Debian root, where apt-get runs in the image).
+fn has_steps(r: &Recipe, apt_too: bool) -> bool {
+    !(r.pip.is_empty() && r.npm.is_empty() && r.run.is_empty() && (!apt_too || r.apt.is_empty()))
+}
+
+/// A fresh Debian root: mmdebstrap installs the Debian packages (Debian's own, from its
+/// mirror, as apt does on any host), then the recipe's pip, npm and run steps, which are
+/// anyone's code, run in a sandbox of it.
+fn on_debian(
+    paths: &Paths,
+    work: &Path,
+    mmdebstrap: &Path,
+    mkfs: &Path,
+    r: &Recipe,
+    kernel: &Kernel,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Built, ImageError> {
+    let steps = has_steps(r, false);
+    let total = if steps { 5 } else { 3 };
     let root: PathBuf = work.join("root");
     let mut include: Vec<String> = r.apt.clone();
     if !r.pip.is_empty() {
@@ -469,35 +491,10 @@ fn build_in(
     }
     include.sort();
     include.dedup();
-    let script = work.join("customize.sh");
-    write_atomic(&script, customize_script(r).as_bytes())
-        .map_err(|e| ImageError::io("write build script", e))?;
-    let what = format!(
-        "{} apt, {} pip, {} npm package(s) and {} run step(s)",
-        include.len(),
-        r.pip.len(),
-        r.npm.len(),
-        r.run.len()
-    );
-    let mmdebstrap = match source {
-        Source::Debian(p) => p,
-        Source::Image(img, debugfs, unshare) => {
-            log(BuildEvent::Step {
-                n: 1,
-                total,
-                what: format!("{} with {what}", img.reference()),
-            });
-            on_image(img, debugfs, unshare, &root, &script, &include, r, log)?;
-            return finish(work, &root, mkfs, r, total, log).map(Built::from);
-        }
-        Source::Registry(pulled, reference) => {
-            return on_registry_image(paths, work, pulled, reference, mkfs, r, kernel, log);
-        }
-    };
     log(BuildEvent::Step {
         n: 1,
         total,
-        what: format!("Debian {} root with {what}", r.suite),
+        what: format!("Debian {} root with {} package(s)", r.suite, include.len()),
     });
     let mut cmd = Command::new(mmdebstrap);
     cmd.arg("--variant=minbase")
@@ -506,25 +503,212 @@ fn build_in(
     if !include.is_empty() {
         cmd.arg(format!("--include={}", include.join(",")));
     }
-    if let Some(ca) = host_ca_bundle() {
-        cmd.arg(format!(
-            "--customize-hook=upload {} {BUILD_CA}",
-            ca.display()
-        ));
-    }
-    cmd.arg(format!(
-        "--customize-hook=upload {} /forkbox-customize.sh",
-        script.display()
-    ))
-    .arg("--customize-hook=chroot \"$1\" /bin/sh /forkbox-customize.sh")
-    .arg(format!(
-        "--customize-hook=rm -f \"$1/forkbox-customize.sh\" \"$1{BUILD_CA}\""
-    ))
-    .arg(&r.suite)
-    .arg(&root)
-    .arg(&r.mirror);
+    cmd.arg(&r.suite).arg(&root).arg(&r.mirror);
     run_logged(&mut cmd, "install packages", &r.name, log)?;
-    finish(work, &root, mkfs, r, total, log).map(Built::from)
+    debian_files(&root)?;
+    if !steps {
+        return finish(work, &root, mkfs, r, total, log).map(Built::from);
+    }
+    let stage = work.join("stage");
+    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
+    let (content, disk) = write_disk(
+        &root,
+        &stage.join("rootfs.ext4"),
+        mkfs,
+        r,
+        r.disk_free_mib + STEP_ROOM_MIB,
+        (2, total),
+        log,
+    )?;
+    let _ = fs::remove_dir_all(&root);
+    let image = stage_image(stage, r, kernel, r.env.clone(), (content, disk));
+    let what = format!(
+        "the recipe's steps in a sandbox of the Debian {} root",
+        r.suite
+    );
+    in_sandbox(
+        paths,
+        work,
+        image,
+        customize_script(r, false),
+        r,
+        (3, total),
+        what,
+        log,
+    )
+}
+
+/// What every Debian root gets from forkbox: `python` beside `python3` (so `python -m pytest`
+/// runs as written), its name, no package lists; written beneath the root.
+fn debian_files(root: &Path) -> Result<(), ImageError> {
+    let beneath =
+        super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
+    let own = |e: super::layers::LayerError| {
+        ImageError::io(
+            "write forkbox's files into the root",
+            std::io::Error::other(e.to_string()),
+        )
+    };
+    if root.join("usr/bin/python3").exists()
+        && root.join("usr/bin/python").symlink_metadata().is_err()
+    {
+        beneath
+            .symlink(Path::new("usr/bin/python"), Path::new("python3"))
+            .map_err(own)?;
+    }
+    beneath
+        .write_file(Path::new("etc/hostname"), b"forkbox\n")
+        .map_err(own)?;
+    beneath
+        .write_file(
+            Path::new("etc/hosts"),
+            b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
+        )
+        .map_err(own)?;
+    let lists = root.join("var/lib/apt/lists");
+    for e in fs::read_dir(&lists).into_iter().flatten().flatten() {
+        if e.file_type().is_ok_and(|t| t.is_file()) {
+            let _ = fs::remove_file(e.path());
+        }
+    }
+    Ok(())
+}
+
+/// An unlisted image of the disk in `dir` (a build's stage), to boot.
+fn stage_image(
+    dir: PathBuf,
+    r: &Recipe,
+    kernel: &Kernel,
+    env: BTreeMap<String, String>,
+    (content, disk): (u64, u64),
+) -> super::Image {
+    super::Image {
+        dir,
+        meta: ImageMeta {
+            format: IMAGE_FORMAT,
+            name: r.name.clone(),
+            version: 0,
+            suite: "unknown".into(),
+            kernel: kernel.release.clone(),
+            created_unix: 0,
+            content_bytes: content,
+            disk_bytes: disk,
+            env,
+            recipe: r.clone(),
+            build_seconds: 0.0,
+            workdir: None,
+            user: None,
+            pulled: None,
+        },
+    }
+}
+
+/// Runs `script` in a sandbox of `image` (step `n` of `total`), writes its disk to
+/// `work/rootfs.ext4`, checks it and records it (the last step).
+#[allow(clippy::too_many_arguments)]
+fn in_sandbox(
+    paths: &Paths,
+    work: &Path,
+    image: super::Image,
+    script: String,
+    r: &Recipe,
+    (n, total): (u32, u32),
+    what: String,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Built, ImageError> {
+    log(BuildEvent::Step {
+        n,
+        total,
+        what: format!("{what} (network on for the build only)"),
+    });
+    let stage = image.dir.clone();
+    let (content, disk) = (image.meta.content_bytes, image.meta.disk_bytes);
+    let rootfs = work.join("rootfs.ext4");
+    let script = format!("{script}sync\n");
+    runtime(&r.name)?.block_on(steps_in_sandbox(
+        paths, image, script, &rootfs, &r.name, log,
+    ))?;
+    if stage.starts_with(work) {
+        let _ = fs::remove_dir_all(&stage);
+    }
+    check_built_disk(&rootfs, r)?;
+    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
+        .map_err(|e| ImageError::io("make rootfs read-only", e))?;
+    log(BuildEvent::Step {
+        n: total,
+        total,
+        what: "recording the image".into(),
+    });
+    Ok(Built {
+        content: used_bytes(&rootfs).unwrap_or(content),
+        disk,
+        suite: None,
+    })
+}
+
+/// e2fsck of a disk a guest wrote: it exits 1 when it corrected something (the guest's disk
+/// is never unmounted, so its clean flag at least), 2 and up when the disk is beyond that.
+fn check_built_disk(rootfs: &Path, r: &Recipe) -> Result<(), ImageError> {
+    let checked = Command::new(require("e2fsck")?)
+        .args(["-f", "-p"])
+        .arg(rootfs)
+        .output()
+        .map_err(|e| ImageError::io("run e2fsck", e))?;
+    if !matches!(checked.status.code(), Some(0 | 1)) {
+        return Err(ImageError::BuildFailed {
+            name: r.name.clone(),
+            step: "check the built disk".into(),
+            message: format!(
+                "e2fsck: {}; {}",
+                checked.status,
+                String::from_utf8_lossy(&checked.stdout).trim()
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// A recipe on another forkbox image: a copy of its disk, grown by the recipe's free space
+/// and room for the steps, and the steps (apt first) in a sandbox of it.
+fn on_image(
+    paths: &Paths,
+    work: &Path,
+    img: &super::Image,
+    r: &Recipe,
+    kernel: &Kernel,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Built, ImageError> {
+    let total = 3;
+    log(BuildEvent::Step {
+        n: 1,
+        total,
+        what: format!("a copy of {}'s disk", img.reference()),
+    });
+    let stage = work.join("stage");
+    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
+    let disk_file = stage.join("rootfs.ext4");
+    let mut cmd = Command::new("cp");
+    cmd.arg("--sparse=always").arg(img.rootfs()).arg(&disk_file);
+    run_logged(&mut cmd, "copy the base image's disk", &r.name, log)?;
+    fs::set_permissions(&disk_file, fs::Permissions::from_mode(0o644))
+        .map_err(|e| ImageError::io("make the copy writable", e))?;
+    let disk =
+        (img.meta.disk_bytes + ((r.disk_free_mib + STEP_ROOM_MIB) << 20)).div_ceil(1 << 20) << 20;
+    fs::OpenOptions::new()
+        .write(true)
+        .open(&disk_file)
+        .and_then(|f| f.set_len(disk))
+        .map_err(|e| ImageError::io("grow the copy", e))?;
+    check_built_disk(&disk_file, r)?;
+    let mut cmd = Command::new(require("resize2fs")?);
+    cmd.arg(&disk_file);
+    run_logged(&mut cmd, "grow the copy's filesystem", &r.name, log)?;
+    let mut env = img.meta.env.clone();
+    env.extend(r.env.clone());
+    let image = stage_image(stage, r, kernel, env, (img.meta.content_bytes, disk));
+    let script = customize_script(r, true);
+    let what = format!("the recipe's steps in a sandbox of {}", img.reference());
+    in_sandbox(paths, work, image, script, r, (2, total), what, log)
 }
 
 /// The shell lines that install a recipe's Debian packages with apt-get (in a root that has it).
@@ -652,71 +836,21 @@ fn on_registry_image(
         log,
     )?;
     let _ = fs::remove_dir_all(&root);
-    log(BuildEvent::Step {
-        n: 4,
-        total,
-        what: format!(
-            "the recipe's steps in a sandbox of {} (network on for the build only)",
-            reference.whole()
-        ),
-    });
     let mut env = pulled.defaults.env.clone();
     env.extend(r.env.clone());
-    let image = super::Image {
-        dir: stage.clone(),
-        meta: ImageMeta {
-            format: IMAGE_FORMAT,
-            name: r.name.clone(),
-            version: 0,
-            suite: "unknown".into(),
-            kernel: kernel.release.clone(),
-            created_unix: 0,
-            content_bytes: content,
-            disk_bytes: disk,
-            env,
-            recipe: r.clone(),
-            build_seconds: 0.0,
-            workdir: None,
-            user: None,
-            pulled: None,
-        },
-    };
-    let script = format!("{}{}sync\n", apt_lines(&r.apt), customize_script(r));
-    runtime(&r.name)?.block_on(steps_in_sandbox(
-        paths, image, script, &rootfs, &r.name, log,
-    ))?;
-    let _ = fs::remove_dir_all(&stage);
-    // The guest wrote the disk: checked (and its clean flag set) as any disk from elsewhere.
-    // e2fsck exits 1 when it corrected something (the guest's disk is never unmounted, so
-    // its clean flag at least), 2 and up when the disk is beyond that.
-    let checked = Command::new(require("e2fsck")?)
-        .args(["-f", "-p"])
-        .arg(&rootfs)
-        .output()
-        .map_err(|e| ImageError::io("run e2fsck", e))?;
-    if !matches!(checked.status.code(), Some(0 | 1)) {
-        return Err(ImageError::BuildFailed {
-            name: r.name.clone(),
-            step: "check the built disk".into(),
-            message: format!(
-                "e2fsck: {}; {}",
-                checked.status,
-                String::from_utf8_lossy(&checked.stdout).trim()
-            ),
-        });
-    }
-    fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
-        .map_err(|e| ImageError::io("make rootfs read-only", e))?;
-    log(BuildEvent::Step {
-        n: 5,
-        total,
-        what: "recording the image".into(),
-    });
-    Ok(Built {
-        content: used_bytes(&rootfs).unwrap_or(content),
-        disk,
-        suite,
-    })
+    let image = stage_image(stage, r, kernel, env, (content, disk));
+    let what = format!("the recipe's steps in a sandbox of {}", reference.whole());
+    let built = in_sandbox(
+        paths,
+        work,
+        image,
+        customize_script(r, true),
+        r,
+        (4, total),
+        what,
+        log,
+    )?;
+    Ok(Built { suite, ..built })
 }
 
 /// Bytes in use on an ext4 disk, from its superblock.
@@ -865,55 +999,6 @@ pub(super) async fn run_in(
     }
 }
 
-/// Unpacks `img`'s files into `root` and runs the recipe there (apt first), in a chroot with
-/// the host's network and resolver, in a mount namespace of its own so that nothing stays
-/// mounted when it ends.
-#[allow(clippy::too_many_arguments)]
-fn on_image(
-    img: &super::Image,
-    debugfs: &Path,
-    unshare: &Path,
-    root: &Path,
-    script: &Path,
-    include: &[String],
-    r: &Recipe,
-    log: &mut dyn FnMut(BuildEvent),
-) -> Result<(), ImageError> {
-    fs::create_dir_all(root).map_err(|e| ImageError::io("create the build root", e))?;
-    let mut cmd = Command::new(debugfs);
-    cmd.arg("-R")
-        .arg(format!("rdump / {}", root.display()))
-        .arg(img.rootfs());
-    run_logged(&mut cmd, "unpack the base image", &r.name, log)?;
-    let resolv = root.join("etc/resolv.conf");
-    let _ = fs::remove_file(&resolv);
-    fs::copy("/etc/resolv.conf", &resolv)
-        .map_err(|e| ImageError::io("give the build the host's /etc/resolv.conf", e))?;
-    let mut steps = String::from("set -eu\nexport DEBIAN_FRONTEND=noninteractive\n");
-    steps += &apt_lines(include);
-    steps += "exec /bin/sh /forkbox-customize.sh\n";
-    fs::copy(script, root.join("forkbox-customize.sh"))
-        .map_err(|e| ImageError::io("copy the build script into the root", e))?;
-    let ca = root.join(BUILD_CA.trim_start_matches('/'));
-    if let Some(host) = host_ca_bundle() {
-        fs::copy(host, &ca).map_err(|e| ImageError::io("copy the host's CA bundle", e))?;
-    }
-    write_atomic(&root.join("forkbox-steps.sh"), steps.as_bytes())
-        .map_err(|e| ImageError::io("write the build steps", e))?;
-    let mut cmd = Command::new(unshare);
-    cmd.args(["--mount", "--propagation", "private", "--", "/bin/sh", "-eu", "-c"])
-        .arg(
-            "mount -t proc proc \"$1/proc\"; mount --rbind /dev \"$1/dev\"; mount -t tmpfs tmpfs \"$1/tmp\"; exec chroot \"$1\" /bin/sh /forkbox-steps.sh",
-        )
-        .arg("sh")
-        .arg(root);
-    let result = run_logged(&mut cmd, "install packages", &r.name, log);
-    let _ = fs::remove_file(root.join("forkbox-steps.sh"));
-    let _ = fs::remove_file(root.join("forkbox-customize.sh"));
-    let _ = fs::remove_file(&ca);
-    result
-}
-
 /// Writes the root into the image's ext4 disk; the sizes of its files and of the disk.
 fn finish(
     work: &Path,
@@ -1018,7 +1103,7 @@ mod tests {
             "name = \"x\"\nsuite = \"bookworm\"\npip = [\"attrs==23.1\"]\nrun = [\"echo one\", \"echo two\"]\n[env]\nA = \"it's\"\n",
         )
         .unwrap();
-        let s = customize_script(&r);
+        let s = customize_script(&r, true);
         assert!(s.contains("export A='it'\\''s'"), "{s}");
         assert!(
             s.contains("pip install --progress-bar off 'attrs==23.1'"),

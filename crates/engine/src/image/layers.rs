@@ -176,6 +176,15 @@ impl Root {
         Ok(out)
     }
 
+    /// Makes `rel` a symbolic link to `target` (replacing whatever is there).
+    pub fn symlink(&self, rel: &Path, target: &Path) -> Result<(), LayerError> {
+        let rel = clean(rel)?;
+        let (parent, name) = split(&rel)?;
+        let dir = self.dir(parent, &rel)?;
+        remove_at(&dir, name).map_err(io_at(&rel))?;
+        symlinkat(target, Some(dir.as_raw_fd()), name).map_err(|e| io_at(&rel)(errno(e)))
+    }
+
     /// Makes the directory `rel` (and its parents) if it is missing.
     pub fn ensure_dir(&self, rel: &Path, mode: u32) -> Result<(), LayerError> {
         let rel = clean(rel)?;
