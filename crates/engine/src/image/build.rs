@@ -480,7 +480,7 @@ fn on_debian(
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<Built, ImageError> {
     let steps = has_steps(r, false);
-    let total = if steps { 5 } else { 3 };
+    let total = if steps { 4 } else { 3 };
     let root: PathBuf = work.join("root");
     let mut include: Vec<String> = r.apt.clone();
     if !r.pip.is_empty() {
