@@ -435,7 +435,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             if_changed,
             json,
         } => {
-            if file.extension().is_none_or(|e| e != "toml") {
+            if is_dockerfile(&file) {
                 return dockerfile_build(
                     paths,
                     &file,
@@ -552,6 +552,28 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// Whether `image build -f FILE` names a Dockerfile: by its name (`Dockerfile`,
+/// `Dockerfile.dev`, `app.dockerfile`), else by its first instruction (`FROM` or `ARG`); a
+/// `.toml` file is a recipe.
+fn is_dockerfile(file: &std::path::Path) -> bool {
+    let name = file
+        .file_name()
+        .map(|n| n.to_string_lossy().to_ascii_lowercase())
+        .unwrap_or_default();
+    if name.ends_with(".toml") {
+        return false;
+    }
+    if name.contains("dockerfile") {
+        return true;
+    }
+    let text = std::fs::read_to_string(file).unwrap_or_default();
+    text.lines()
+        .map(str::trim)
+        .find(|l| !l.is_empty() && !l.starts_with('#'))
+        .and_then(|l| l.split_whitespace().next())
+        .is_some_and(|w| w.eq_ignore_ascii_case("FROM") || w.eq_ignore_ascii_case("ARG"))
 }
 
 /// `image build -f Dockerfile`: every instruction in a sandbox, step by step on stderr.

@@ -1997,3 +1997,53 @@ fn image_rm_drains_the_pool_instead_of_refusing() {
     assert_eq!(ready(), 0);
     stop_daemon(&paths);
 }
+
+/// `image build -f` tells a Dockerfile from a recipe by its name or its first instruction, and
+/// a Dockerfile instruction forkbox does not build is refused by name and line before anything
+/// runs.
+#[test]
+fn image_build_refuses_unsupported_dockerfile_instructions_by_name_and_line() {
+    let paths = infra::isolated_home("dockerfile-refusals");
+    let dir = tempfile::tempdir().unwrap();
+    for (name, text, line, what) in [
+        (
+            "Dockerfile",
+            "FROM python:3.8-slim\nHEALTHCHECK CMD true\n",
+            2,
+            "HEALTHCHECK is not supported",
+        ),
+        (
+            "build-file",
+            "# no name hint\nFROM debian\nRUN --mount=type=cache,target=/x true\n",
+            3,
+            "RUN --mount is not supported",
+        ),
+        (
+            "Dockerfile.dev",
+            "FROM a\nADD https://example.com/x /x\n",
+            2,
+            "ADD from a URL",
+        ),
+    ] {
+        let f = dir.path().join(name);
+        std::fs::write(&f, text).unwrap();
+        let out = run(
+            &paths,
+            &[
+                "image",
+                "build",
+                "-f",
+                f.to_str().unwrap(),
+                "--name",
+                "refused",
+            ],
+        );
+        let err = text(&out.stderr);
+        assert!(!out.status.success(), "{name}: {err}");
+        assert!(
+            err.contains(&format!("Dockerfile line {line}: {what}")),
+            "{name}: {err}"
+        );
+    }
+    assert!(!paths.images().join("refused").join("1").exists());
+}

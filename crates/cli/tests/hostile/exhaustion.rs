@@ -137,8 +137,10 @@ fn a_gigabyte_of_output_does_not_grow_the_daemon() {
         after >> 10
     );
     assert!(half < rss + 48 * 1024, "first 500 MB: {rss} -> {half} KiB");
+    // Flat, not frozen: on a busy host a few more allocator arenas may warm up in the second
+    // half (9 MiB seen with a VM build beside it); 500 MB kept would be 500 000 KiB.
     assert!(
-        after < half + 8 * 1024,
+        after < half + 16 * 1024,
         "second 500 MB: {half} -> {after} KiB"
     );
 }
