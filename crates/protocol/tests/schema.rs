@@ -14,7 +14,7 @@ fn hex<T: serde::Serialize>(m: &T) -> String {
 
 #[test]
 fn protocol_version_is_pinned() {
-    assert_eq!(PROTOCOL_VERSION, 6);
+    assert_eq!(PROTOCOL_VERSION, 7);
 }
 
 #[test]
@@ -40,7 +40,7 @@ fn host_messages_encoding_is_pinned() {
                 timeout_ms: None,
                 stdin: false,
                 tty: Some(WinSize { rows: 24, cols: 27 }),
-                user: None,
+                user: Some("app".into()),
             },
         }),
         hex(&HostMsg::Stdin {
@@ -90,8 +90,8 @@ fn host_messages_encoding_is_pinned() {
     ];
     let want = vec![
         "0001",
-        "01020002026c73022d6c01022f77010141016201e8070100",
-        "01030104747275650000000001181b",
+        "01020002026c73022d6c01022f77010141016201e807010000",
+        "01030104747275650000000001181b0103617070",
         "0202020102",
         "0302",
         "04021e",
@@ -223,5 +223,5 @@ fn hello_layout_is_pinned() {
     .to_frame()
     .unwrap();
     let h: String = f.iter().map(|b| format!("{b:02x}")).collect();
-    assert_eq!(h, "0d000000464b4258060000000173016b03");
+    assert_eq!(h, "0d000000464b4258070000000173016b03");
 }
