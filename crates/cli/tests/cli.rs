@@ -2005,7 +2005,7 @@ fn image_rm_drains_the_pool_instead_of_refusing() {
 fn image_build_refuses_unsupported_dockerfile_instructions_by_name_and_line() {
     let paths = infra::isolated_home("dockerfile-refusals");
     let dir = tempfile::tempdir().unwrap();
-    for (name, text, line, what) in [
+    for (name, body, line, what) in [
         (
             "Dockerfile",
             "FROM python:3.8-slim\nHEALTHCHECK CMD true\n",
@@ -2026,7 +2026,7 @@ fn image_build_refuses_unsupported_dockerfile_instructions_by_name_and_line() {
         ),
     ] {
         let f = dir.path().join(name);
-        std::fs::write(&f, text).unwrap();
+        std::fs::write(&f, body).unwrap();
         let out = run(
             &paths,
             &[
