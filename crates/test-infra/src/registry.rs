@@ -37,6 +37,18 @@ fn free_port() -> u16 {
 impl Registry {
     /// Starts a registry; with `creds` (`user:password`) it asks for them (htpasswd, bcrypt).
     pub fn start(creds: Option<&str>) -> Registry {
+        // A free port can be taken between asking and binding (by another test's registry,
+        // say, which would then answer for this one): a registry that exits is started again
+        // on another port, and one is used only while its own process lives.
+        for _ in 0..5 {
+            if let Some(reg) = Registry::try_start(creds) {
+                return reg;
+            }
+        }
+        panic!("docker-registry did not start on any of 5 ports");
+    }
+
+    fn try_start(creds: Option<&str>) -> Option<Registry> {
         let dir = tempfile::tempdir().expect("registry dir");
         let port = free_port();
         let addr = format!("127.0.0.1:{port}");
@@ -68,18 +80,24 @@ impl Registry {
             .stderr(Stdio::null())
             .spawn()
             .expect("start docker-registry (Debian package docker-registry)");
-        let reg = Registry {
+        let mut reg = Registry {
             addr,
             storage,
             creds: creds.map(str::to_string),
             child,
             _dir: dir,
         };
+        let mut exited = false;
         let up = crate::wait_until(Duration::from_secs(20), || {
-            std::net::TcpStream::connect(&reg.addr).is_ok()
+            exited = matches!(reg.child.try_wait(), Ok(Some(_)));
+            exited || std::net::TcpStream::connect(&reg.addr).is_ok()
         });
+        std::thread::sleep(Duration::from_millis(200));
+        if exited || matches!(reg.child.try_wait(), Ok(Some(_))) {
+            return None;
+        }
         assert!(up, "docker-registry did not listen on {}", reg.addr);
-        reg
+        Some(reg)
     }
 
     /// Pushes the OCI layout `layout` (tag `tag` in it) as `REPO:TAG` here, with skopeo.
