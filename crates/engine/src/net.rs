@@ -22,16 +22,22 @@ use tokio::sync::{mpsc, Semaphore};
 /// Where the guest's proxy listens.
 pub const PROXY_PORT: u16 = 3128;
 
-/// The host's CA bundle, if it has one where Debian, Fedora or `SSL_CERT_FILE` put it.
-pub fn host_ca_bundle() -> Option<std::path::PathBuf> {
-    std::env::var_os("SSL_CERT_FILE")
-        .map(std::path::PathBuf::from)
-        .into_iter()
-        .chain([
-            std::path::PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
-            std::path::PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
-        ])
-        .find(|p| p.is_file())
+/// The host's CA bundle, if it has one where Debian, Fedora or `SSL_CERT_FILE` put it; looked
+/// for once per process (every command of a sandbox with a network asks).
+pub fn host_ca_bundle() -> Option<&'static std::path::Path> {
+    static FOUND: std::sync::OnceLock<Option<std::path::PathBuf>> = std::sync::OnceLock::new();
+    FOUND
+        .get_or_init(|| {
+            std::env::var_os("SSL_CERT_FILE")
+                .map(std::path::PathBuf::from)
+                .into_iter()
+                .chain([
+                    std::path::PathBuf::from("/etc/ssl/certs/ca-certificates.crt"),
+                    std::path::PathBuf::from("/etc/pki/tls/certs/ca-bundle.crt"),
+                ])
+                .find(|p| p.is_file())
+        })
+        .as_deref()
 }
 
 /// Where a sandbox with network keeps the host's CA bundle (public certificates: a host

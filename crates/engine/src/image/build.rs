@@ -509,19 +509,15 @@ fn on_debian(
     if !steps {
         return finish(work, &root, mkfs, r, total, log).map(Built::from);
     }
-    let stage = work.join("stage");
-    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
-    let (content, disk) = write_disk(
+    let image = stage_from_root(
         &root,
-        &stage.join("rootfs.ext4"),
-        mkfs,
+        work.join("stage"),
+        (mkfs, kernel),
         r,
-        r.disk_free_mib + STEP_ROOM_MIB,
+        r.env.clone(),
         (2, total),
         log,
     )?;
-    let _ = fs::remove_dir_all(&root);
-    let image = stage_image(stage, r, kernel, r.env.clone(), (content, disk));
     let what = format!(
         "the recipe's steps in a sandbox of the Debian {} root",
         r.suite
@@ -574,8 +570,35 @@ fn debian_files(root: &Path) -> Result<(), ImageError> {
     Ok(())
 }
 
+/// Writes `root` into `stage/rootfs.ext4` with room for the recipe's free space and its
+/// steps (step `n` of `total`), removes `root`, and returns the disk as an unlisted image with
+/// `env`, to boot the steps in.
+#[allow(clippy::too_many_arguments)]
+pub(super) fn stage_from_root(
+    root: &Path,
+    stage: PathBuf,
+    (mkfs, kernel): (&Path, &Kernel),
+    r: &Recipe,
+    env: BTreeMap<String, String>,
+    step: (u32, u32),
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<super::Image, ImageError> {
+    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
+    let sizes = write_disk(
+        root,
+        &stage.join("rootfs.ext4"),
+        mkfs,
+        r,
+        r.disk_free_mib + STEP_ROOM_MIB,
+        step,
+        log,
+    )?;
+    let _ = fs::remove_dir_all(root);
+    Ok(stage_image(stage, r, kernel, env, sizes))
+}
+
 /// An unlisted image of the disk in `dir` (a build's stage), to boot.
-fn stage_image(
+pub(super) fn stage_image(
     dir: PathBuf,
     r: &Recipe,
     kernel: &Kernel,
@@ -631,7 +654,7 @@ fn in_sandbox(
     if stage.starts_with(work) {
         let _ = fs::remove_dir_all(&stage);
     }
-    check_built_disk(&rootfs, r)?;
+    check_built_disk(&rootfs, &r.name)?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
         .map_err(|e| ImageError::io("make rootfs read-only", e))?;
     log(BuildEvent::Step {
@@ -648,7 +671,7 @@ fn in_sandbox(
 
 /// e2fsck of a disk a guest wrote: it exits 1 when it corrected something (the guest's disk
 /// is never unmounted, so its clean flag at least), 2 and up when the disk is beyond that.
-fn check_built_disk(rootfs: &Path, r: &Recipe) -> Result<(), ImageError> {
+pub(super) fn check_built_disk(rootfs: &Path, name: &str) -> Result<(), ImageError> {
     let checked = Command::new(require("e2fsck")?)
         .args(["-f", "-p"])
         .arg(rootfs)
@@ -656,7 +679,7 @@ fn check_built_disk(rootfs: &Path, r: &Recipe) -> Result<(), ImageError> {
         .map_err(|e| ImageError::io("run e2fsck", e))?;
     if !matches!(checked.status.code(), Some(0 | 1)) {
         return Err(ImageError::BuildFailed {
-            name: r.name.clone(),
+            name: name.into(),
             step: "check the built disk".into(),
             message: format!(
                 "e2fsck: {}; {}",
@@ -699,7 +722,7 @@ fn on_image(
         .open(&disk_file)
         .and_then(|f| f.set_len(disk))
         .map_err(|e| ImageError::io("grow the copy", e))?;
-    check_built_disk(&disk_file, r)?;
+    check_built_disk(&disk_file, &r.name)?;
     let mut cmd = Command::new(require("resize2fs")?);
     cmd.arg(&disk_file);
     run_logged(&mut cmd, "grow the copy's filesystem", &r.name, log)?;
@@ -824,21 +847,17 @@ fn on_registry_image(
             ..sizes.into()
         });
     }
-    let stage = work.join("stage");
-    fs::create_dir_all(&stage).map_err(|e| ImageError::io("create the build's stage", e))?;
-    let (content, disk) = write_disk(
+    let mut env = pulled.defaults.env.clone();
+    env.extend(r.env.clone());
+    let image = stage_from_root(
         &root,
-        &stage.join("rootfs.ext4"),
-        mkfs,
+        work.join("stage"),
+        (mkfs, kernel),
         r,
-        r.disk_free_mib + STEP_ROOM_MIB,
+        env,
         (3, total),
         log,
     )?;
-    let _ = fs::remove_dir_all(&root);
-    let mut env = pulled.defaults.env.clone();
-    env.extend(r.env.clone());
-    let image = stage_image(stage, r, kernel, env, (content, disk));
     let what = format!("the recipe's steps in a sandbox of {}", reference.whole());
     let built = in_sandbox(
         paths,

@@ -239,28 +239,11 @@ impl Ctx<'_, '_> {
 
     /// An unlisted image of a disk in `dir`, for booting.
     fn stage_image(&self, dir: PathBuf, env: BTreeMap<String, String>, base: String) -> Image {
-        Image {
-            dir,
-            meta: ImageMeta {
-                format: IMAGE_FORMAT,
-                name: self.name.into(),
-                version: 0,
-                suite: "unknown".into(),
-                kernel: self.kernel.release.clone(),
-                created_unix: 0,
-                content_bytes: 0,
-                disk_bytes: 0,
-                env,
-                recipe: Recipe {
-                    base: Some(base),
-                    ..blank_recipe(self.name)
-                },
-                build_seconds: 0.0,
-                workdir: None,
-                user: None,
-                pulled: None,
-            },
-        }
+        let r = Recipe {
+            base: Some(base),
+            ..blank_recipe(self.name)
+        };
+        b::stage_image(dir, &r, &self.kernel, env, (0, 0))
     }
 
     /// The disk and state stage `i` starts from.
@@ -310,19 +293,20 @@ impl Ctx<'_, '_> {
                 };
                 let (root, suite) =
                     b::unpack_registry(&dir, &pulled, &reference, 0, &mut as_lines)?;
-                let r = blank_recipe(self.name);
-                b::write_disk(
+                let ImageDefaults { env, workdir, user } = pulled.defaults.clone();
+                let r = Recipe {
+                    base: Some(pulled.pinned.clone()),
+                    ..blank_recipe(self.name)
+                };
+                let image = b::stage_from_root(
                     &root,
-                    &dir.join("rootfs.ext4"),
-                    &self.mkfs,
+                    dir,
+                    (&self.mkfs, &self.kernel),
                     &r,
-                    r.disk_free_mib + b::STEP_ROOM_MIB,
+                    env.clone(),
                     (0, 0),
                     &mut as_lines,
                 )?;
-                let _ = std::fs::remove_dir_all(&root);
-                let ImageDefaults { env, workdir, user } = pulled.defaults.clone();
-                let image = self.stage_image(dir, env.clone(), pulled.pinned.clone());
                 Ok((
                     image,
                     State {
@@ -383,7 +367,7 @@ impl Ctx<'_, '_> {
             .await
             .map_err(|e| self.fail(st.line, "write the stage's disk", e.to_string()))?;
         let _ = std::fs::remove_dir_all(self.work.join(format!("stage-{i}")));
-        check_disk(self.name, &dir.join("rootfs.ext4"))?;
+        b::check_built_disk(&dir.join("rootfs.ext4"), self.name)?;
         let base = state.pinned.clone().unwrap_or_default();
         let image = self.stage_image(dir, state.env.clone(), base);
         if last {
@@ -699,27 +683,6 @@ fn blank_recipe(name: &str) -> Recipe {
         env: BTreeMap::new(),
         disk_free_mib: 2048,
     }
-}
-
-/// e2fsck of a disk a guest wrote (1: it corrected something, such as the clean flag).
-fn check_disk(name: &str, rootfs: &Path) -> Result<(), ImageError> {
-    let out = std::process::Command::new(require("e2fsck")?)
-        .args(["-f", "-p"])
-        .arg(rootfs)
-        .output()
-        .map_err(|e| ImageError::io("run e2fsck", e))?;
-    if !matches!(out.status.code(), Some(0 | 1)) {
-        return Err(failed(
-            name,
-            "check a stage's disk",
-            format!(
-                "e2fsck: {}; {}",
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim()
-            ),
-        ));
-    }
-    Ok(())
 }
 
 /// Runs a shell line as root in `sb`.
