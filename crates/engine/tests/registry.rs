@@ -268,6 +268,22 @@ fn hostile_layers_and_wrong_digests_are_refused_without_writing_outside() {
         !kept.iter().any(|k| k.contains(&hex)),
         "tampered blob kept: {kept:?}"
     );
+
+    // A blob longer than the manifest says is cut off at the declared size, before the host
+    // keeps more of it than that.
+    let mut longer = good.clone();
+    longer.extend(std::iter::repeat_n(0u8, 4 << 20));
+    std::fs::write(&blob, &longer).unwrap();
+    let (r, _) = build(
+        &paths,
+        &format!(
+            "name = \"reg-evil\"\nbase = \"{}/evil/tampered:1\"\n",
+            reg.addr
+        ),
+    );
+    let e = r.unwrap_err();
+    eprintln!("{e}");
+    assert!(e.contains("more than the"), "{e}");
 }
 
 #[test]

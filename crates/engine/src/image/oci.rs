@@ -303,15 +303,16 @@ pub async fn pull(
             })?;
         let path = blobs.join(hex);
         let size = layer.size.max(0) as u64;
+        let event = |done, cached| PullEvent::Layer {
+            n: i + 1,
+            of,
+            digest: layer.digest.clone(),
+            done,
+            size,
+            cached,
+        };
         if path.is_file() {
-            progress(PullEvent::Layer {
-                n: i + 1,
-                of,
-                digest: layer.digest.clone(),
-                done: size,
-                size,
-                cached: true,
-            });
+            progress(event(size, true));
             layers.push(path);
             continue;
         }
@@ -319,23 +320,17 @@ pub async fn pull(
         let file = tokio::fs::File::create(&part)
             .await
             .map_err(|e| ImageError::io(format!("create {}", part.display()), e))?;
-        let mut report = |done| {
-            progress(PullEvent::Layer {
-                n: i + 1,
-                of,
-                digest: layer.digest.clone(),
-                done,
-                size,
-                cached: false,
-            })
-        };
+        let mut report = |done| progress(event(done, false));
         let counted = Counted {
             inner: file,
             done: 0,
             last: 0,
+            limit: size,
             report: &mut report,
         };
-        // oci-client checks the bytes against the layer's digest before it returns.
+        // oci-client checks the bytes against the layer's digest before it returns; the
+        // writer refuses more bytes than the manifest declared, so a registry cannot fill the
+        // host's disk before that check.
         let got = client.pull_blob(reference, layer, counted).await;
         if let Err(e) = got {
             let _ = std::fs::remove_file(&part);
@@ -343,14 +338,7 @@ pub async fn pull(
         }
         std::fs::rename(&part, &path)
             .map_err(|e| ImageError::io(format!("keep layer {}", layer.digest), e))?;
-        progress(PullEvent::Layer {
-            n: i + 1,
-            of,
-            digest: layer.digest.clone(),
-            done: size,
-            size,
-            cached: false,
-        });
+        progress(event(size, false));
         fetched += size;
         layers.push(path);
     }
@@ -400,11 +388,12 @@ fn defaults(config: &oci_spec::image::ImageConfiguration) -> ImageDefaults {
     }
 }
 
-/// An `AsyncWrite` that reports the bytes through it every 4 MiB.
+/// An `AsyncWrite` that reports the bytes through it every 4 MiB and refuses any past `limit`.
 struct Counted<'a, W> {
     inner: W,
     done: u64,
     last: u64,
+    limit: u64,
     report: &'a mut dyn FnMut(u64),
 }
 
@@ -415,6 +404,12 @@ impl<W: AsyncWrite + Unpin> AsyncWrite for Counted<'_, W> {
         buf: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = &mut *self;
+        if this.done + buf.len() as u64 > this.limit {
+            return Poll::Ready(Err(std::io::Error::other(format!(
+                "the registry sent more than the {} bytes the manifest declared",
+                this.limit
+            ))));
+        }
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
         if let Poll::Ready(Ok(n)) = r {
             this.done += n as u64;
