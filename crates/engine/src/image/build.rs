@@ -748,6 +748,15 @@ fn apt_lines(include: &[String]) -> String {
 /// Unpacks a pulled image's layers beneath `work/root` and puts in what every forkbox root
 /// has (the directories the agent mounts over, its name); step 2 of `total`. Returns the root
 /// and the Debian suite its `/etc/os-release` names.
+/// Room a pull's layers may unpack into: the free space of the filesystem `dir` is on, less
+/// what forkbox leaves free for everything else (2 GiB).
+fn unpack_budget(dir: &Path) -> u64 {
+    const KEEP_FREE: u64 = 2 << 30;
+    nix::sys::statvfs::statvfs(dir)
+        .map(|v| v.blocks_available().saturating_mul(v.fragment_size()))
+        .map_or(0, |free| free.saturating_sub(KEEP_FREE))
+}
+
 pub(super) fn unpack_registry(
     work: &Path,
     pulled: &super::oci::Pulled,
@@ -762,8 +771,9 @@ pub(super) fn unpack_registry(
         total,
         what: format!("unpacking {} layer(s)", pulled.layers.len()),
     });
-    let beneath =
-        super::layers::Root::open(&root).map_err(|e| ImageError::io("open the build root", e))?;
+    let beneath = super::layers::Root::open(&root)
+        .map_err(|e| ImageError::io("open the build root", e))?
+        .with_budget(unpack_budget(work));
     let of = pulled.layers.len();
     for (i, layer) in pulled.layers.iter().enumerate() {
         let digest = format!(

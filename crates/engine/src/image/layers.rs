@@ -72,6 +72,9 @@ pub fn clean(path: &Path) -> Result<PathBuf, LayerError> {
 /// A root directory layers are applied to; every path is resolved beneath it.
 pub struct Root {
     fd: OwnedFd,
+    /// Bytes of file data the layers may still write (a layer's size says nothing of what it
+    /// unpacks to).
+    budget: std::cell::Cell<u64>,
 }
 
 fn errno(e: Errno) -> io::Error {
@@ -87,7 +90,16 @@ impl Root {
                 path.display()
             )));
         }
-        Ok(Root { fd: f.into() })
+        Ok(Root {
+            fd: f.into(),
+            budget: std::cell::Cell::new(u64::MAX),
+        })
+    }
+
+    /// At most `bytes` of file data may be unpacked into this root; past it a layer is refused.
+    pub fn with_budget(self, bytes: u64) -> Root {
+        self.budget.set(bytes);
+        self
     }
 
     /// Opens `rel` (relative, cleaned) beneath the root, following only links that stay in it.
@@ -309,7 +321,16 @@ impl Root {
             T::Regular | T::Continuous | T::GNUSparse => {
                 remove_at(&dir, name).map_err(&io)?;
                 let mut f = create_file(&dir, name, 0o600).map_err(&io)?;
-                stats.bytes += io::copy(entry, &mut f).map_err(&io)?;
+                let budget = self.budget.get();
+                let n = io::copy(&mut entry.take(budget.saturating_add(1)), &mut f).map_err(&io)?;
+                if n > budget {
+                    return Err(refused(
+                        rel,
+                        "the layers unpack to more than the host's disk can take (forkbox keeps room free)",
+                    ));
+                }
+                self.budget.set(budget - n);
+                stats.bytes += n;
                 stats.files += 1;
             }
             T::Symlink => {
@@ -659,6 +680,25 @@ mod tests {
         // Writing forkbox's own files goes through the same checks.
         let e = r.write_file(Path::new("escape/hosts"), b"x").unwrap_err();
         assert!(e.to_string().contains("leads out"), "{e}");
+    }
+
+    #[test]
+    fn a_layer_that_unpacks_past_the_budget_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let root = t.path().join("root");
+        fs::create_dir(&root).unwrap();
+        let big = "x".repeat(5000);
+        let l = layer(
+            t.path(),
+            "bomb",
+            &[("a", "f:small"), ("b", &format!("f:{big}"))],
+        );
+        let r = Root::open(&root).unwrap().with_budget(4096);
+        let e = r.apply(&l).unwrap_err().to_string();
+        assert!(e.contains("more than the host's disk can take"), "{e}");
+        // What was written stays within the budget.
+        let written = fs::metadata(root.join("b")).map(|m| m.len()).unwrap_or(0);
+        assert!(written <= 4097, "{written}");
     }
 
     #[test]
