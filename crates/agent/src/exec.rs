@@ -26,8 +26,12 @@ use crate::serve::Outbox;
 
 const CGROUP_ROOT: &str = crate::boot::COMMANDS_CGROUP;
 /// How long output may still arrive after the command's main process exited (from processes
-/// it left behind holding its stdout or stderr) before the exit is reported.
+/// it left behind holding its stdout or stderr) before the exit is reported. What the command
+/// itself wrote is always reported, however late its reader runs.
 const DRAIN_AFTER_EXIT: Duration = Duration::from_millis(200);
+/// A bound on waiting for readers told to drain (each takes at most a pipe's worth): only a
+/// guest starved far beyond a busy host's would reach it.
+const READER_STUCK: Duration = Duration::from_secs(60);
 const BASE_ENV: &[(&str, &str)] = &[
     (
         "PATH",
@@ -453,6 +457,17 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
 
     let finished = Arc::new(Mutex::new(false));
     let (eof_tx, eof_rx) = channel::<()>();
+    // Closed once the command has exited and the grace for processes it left behind is over:
+    // each reader then takes what is still in its pipe and stops. Output is lost to a slow
+    // reader only if it was written after that (never what the command wrote before exiting:
+    // under emulation on a busy host a reader may not run for seconds).
+    let (drain_rx, drain_tx) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok((r, w)) => (Some(Arc::new(r)), Some(w)),
+        Err(e) => {
+            eprintln!("forkbox-agent: no drain signal for command {id}: {e}");
+            (None, None)
+        }
+    };
     let streams = match &master {
         // A terminal's output, both streams in one, comes as stdout.
         Some(m) => [(true, m.try_clone().ok()), (false, None)],
@@ -465,38 +480,26 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     for (is_out, stream) in streams {
         let Some(fd) = stream else { continue };
         let (out, finished, eof_tx) = (out.clone(), finished.clone(), eof_tx.clone());
+        let drain = drain_rx.clone();
         if let Err(e) = spawn_small(move || {
-            let mut stream = fs::File::from(fd);
-            // A larger pipe lets a fast writer run ahead while a chunk is on its way (a
-            // terminal refuses, harmlessly).
-            let _ = nix::fcntl::fcntl(
-                stream.as_raw_fd(),
-                nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
-            );
-            let mut buf = vec![0u8; CHUNK];
-            let mut last = None;
-            loop {
-                let n = match read_coalesced(&mut stream, &mut buf, &mut last) {
-                    Ok(0) | Err(_) => break,
-                    Ok(n) => n,
-                };
+            pump(fs::File::from(fd), drain.as_deref(), |data| {
                 let done = lock(&finished);
                 if *done {
-                    break;
+                    return false;
                 }
-                let data = buf[..n].to_vec();
                 out.send(&if is_out {
                     AgentMsg::Stdout { id, data }
                 } else {
                     AgentMsg::Stderr { id, data }
                 });
-                drop(done);
-            }
+                true
+            });
             let _ = eof_tx.send(());
         }) {
             eprintln!("forkbox-agent: cannot start a thread for command {id}: {e}");
         }
     }
+    drop(drain_rx);
     drop(eof_tx);
     let writer: Option<fs::File> = match &master {
         Some(m) => m.try_clone().ok().map(fs::File::from),
@@ -535,13 +538,21 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
         }
         let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
     });
-    // Let the output readers catch up, within a bound: processes the command left running may
-    // hold its pipes open for as long as they live.
-    let drain_until = Instant::now() + DRAIN_AFTER_EXIT;
+    // Let the output readers reach the end of their streams; processes the command left
+    // running may hold its pipes open for as long as they live, so after a grace the readers
+    // are told to take what is in their pipes and stop (which they do however late they run).
     let mut open = readers;
+    let grace_until = Instant::now() + DRAIN_AFTER_EXIT;
     while open > 0 {
-        let left = drain_until.saturating_duration_since(Instant::now());
-        match eof_rx.recv_timeout(left) {
+        match eof_rx.recv_timeout(grace_until.saturating_duration_since(Instant::now())) {
+            Ok(()) => open -= 1,
+            Err(_) => break,
+        }
+    }
+    drop(drain_tx);
+    let stuck_until = Instant::now() + READER_STUCK;
+    while open > 0 {
+        match eof_rx.recv_timeout(stuck_until.saturating_duration_since(Instant::now())) {
             Ok(()) => open -= 1,
             Err(_) => break,
         }
@@ -566,6 +577,91 @@ const PIPE_SIZE: i32 = 1 << 20;
 /// out at once (a short output is not delayed); reads that follow within `BURST` wait.
 const COALESCE: Duration = Duration::from_millis(5);
 const BURST: Duration = Duration::from_millis(20);
+
+/// Passes what `stream` gives to `emit` (until it returns false) up to the stream's end, or,
+/// once `drain` is signalled, up to what is left in it (at most a full pipe and a chunk more).
+fn pump(mut stream: fs::File, drain: Option<&OwnedFd>, mut emit: impl FnMut(Vec<u8>) -> bool) {
+    // A larger pipe lets a fast writer run ahead while a chunk is on its way (a terminal
+    // refuses, harmlessly).
+    let _ = nix::fcntl::fcntl(
+        stream.as_raw_fd(),
+        nix::fcntl::FcntlArg::F_SETPIPE_SZ(PIPE_SIZE),
+    );
+    let mut buf = vec![0u8; CHUNK];
+    let mut last = None;
+    // Once draining: how much more to take, so that a process left behind writing without
+    // end cannot hold the exit back.
+    let mut left: Option<usize> = None;
+    loop {
+        match wait_readable(&stream, drain, left.is_some()) {
+            Readable::Data => {}
+            Readable::Drain => {
+                left = Some(PIPE_SIZE as usize + CHUNK);
+                continue;
+            }
+            Readable::Empty => return,
+        }
+        let n = match read_coalesced(&mut stream, &mut buf, &mut last) {
+            Ok(0) | Err(_) => return,
+            Ok(n) => n,
+        };
+        if !emit(buf[..n].to_vec()) {
+            return;
+        }
+        if let Some(l) = &mut left {
+            *l = l.saturating_sub(n);
+            if *l == 0 {
+                return;
+            }
+        }
+    }
+}
+
+enum Readable {
+    /// There is something to read (or the end of the stream).
+    Data,
+    /// The command has exited: drain what is in the pipe.
+    Drain,
+    /// Draining, and the pipe is empty.
+    Empty,
+}
+
+/// Waits until `stream` has something to read or the drain signal comes (its write end is
+/// closed); when already draining, does not wait at all.
+fn wait_readable(stream: &fs::File, drain: Option<&OwnedFd>, draining: bool) -> Readable {
+    use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+    let ready = PollFlags::POLLIN | PollFlags::POLLHUP | PollFlags::POLLERR;
+    loop {
+        let mut fds = vec![PollFd::new(stream.as_fd(), PollFlags::POLLIN)];
+        if let (Some(d), false) = (drain, draining) {
+            fds.push(PollFd::new(d.as_fd(), PollFlags::POLLIN));
+        }
+        let timeout = if draining {
+            PollTimeout::ZERO
+        } else {
+            PollTimeout::NONE
+        };
+        match poll(&mut fds, timeout) {
+            Err(nix::errno::Errno::EINTR) => continue,
+            // Polling failed: a read finds out what is wrong.
+            Err(_) => return Readable::Data,
+            Ok(_) => {}
+        }
+        if fds[0].revents().is_some_and(|r| r.intersects(ready)) {
+            return Readable::Data;
+        }
+        if draining {
+            return Readable::Empty;
+        }
+        if fds
+            .get(1)
+            .and_then(|f| f.revents())
+            .is_some_and(|r| r.intersects(ready))
+        {
+            return Readable::Drain;
+        }
+    }
+}
 
 /// Reads what is there; inside a burst, waits `COALESCE` and takes what arrived meanwhile
 /// (without blocking).
@@ -629,6 +725,79 @@ fn wait_for_exit(
         _ => ExitStatus::Code(-1),
     };
     (status, timed_out)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod pump_tests {
+    use super::*;
+
+    fn pipe() -> (fs::File, fs::File) {
+        let (r, w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        (fs::File::from(r), fs::File::from(w))
+    }
+
+    /// A reader that runs only after the command exited and the grace is over (a starved guest)
+    /// still passes on everything the command wrote, though a process left behind keeps the
+    /// pipe open.
+    #[test]
+    fn a_late_reader_keeps_what_was_written_before_the_exit() {
+        let (r, mut w) = pipe();
+        w.write_all(b"file\n").unwrap();
+        let (drain_r, drain_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        drop(drain_w);
+        let mut got = Vec::new();
+        pump(r, Some(&drain_r), |d| {
+            got.extend(d);
+            true
+        });
+        assert_eq!(got, b"file\n");
+        drop(w);
+    }
+
+    /// A process left behind that writes without end cannot keep a drained reader going.
+    #[test]
+    fn a_drained_reader_stops_though_a_writer_goes_on() {
+        let (r, mut w) = pipe();
+        let (started_tx, started_rx) = channel();
+        let writer = std::thread::spawn(move || {
+            let chunk = vec![b'y'; 4096];
+            let _ = w.write_all(&chunk);
+            let _ = started_tx.send(());
+            while w.write_all(&chunk).is_ok() {}
+        });
+        started_rx.recv().unwrap();
+        let (drain_r, drain_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        drop(drain_w);
+        let mut got = 0usize;
+        pump(r, Some(&drain_r), |d| {
+            got += d.len();
+            true
+        });
+        assert!(got > 0 && got <= 2 * (PIPE_SIZE as usize + CHUNK), "{got}");
+        writer.join().unwrap();
+    }
+
+    /// Until the drain signal, a reader waits for more, and it reads to the end of the stream.
+    #[test]
+    fn a_reader_takes_everything_up_to_the_end() {
+        let (r, mut w) = pipe();
+        let writer = std::thread::spawn(move || {
+            for i in 0..50 {
+                writeln!(w, "line {i}").unwrap();
+                std::thread::sleep(Duration::from_millis(2));
+            }
+        });
+        let (drain_r, _drain_w) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).unwrap();
+        let mut got = Vec::new();
+        pump(r, Some(&drain_r), |d| {
+            got.extend(d);
+            true
+        });
+        writer.join().unwrap();
+        let want: String = (0..50).map(|i| format!("line {i}\n")).collect();
+        assert_eq!(String::from_utf8(got).unwrap(), want);
+    }
 }
 
 #[cfg(test)]

@@ -620,6 +620,16 @@ impl Ctx<'_, '_> {
                 })
                 .await
                 .map_err(|e| self.fail(line, what, e.to_string()))?;
+            if probe.code() != 0 {
+                return Err(self.fail(
+                    line,
+                    what,
+                    format!(
+                        "could not look for {src} in that stage: {}",
+                        String::from_utf8_lossy(&probe.stderr).trim()
+                    ),
+                ));
+            }
             let kind = probe.stdout_text();
             let is_dir = match kind.trim() {
                 "dir" => true,
