@@ -7,6 +7,11 @@
 //! for a file (`tests/x.py`) gives its error to every baseline test of that file. A port
 //! is accepted only if it loses no test; accepted ports are ranked by the size of their
 //! diff, then by test time.
+//!
+//! Before a verdict is final a plan's lost tests are run once more, alone where the runner can
+//! select tests (pytest node ids), else with the whole suite: a test that passes then is
+//! *lost, flaky*, listed with the verdict and not counted against the plan (its failure did
+//! not repeat); one that fails again is *lost*. Tests flaky in the baseline never count.
 
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -94,6 +99,19 @@ pub struct Attempt {
     /// What its patch does to test files.
     #[serde(default)]
     pub test_changes: crate::integrity::TestChanges,
+    /// The results of running its lost tests once more, when they were.
+    #[serde(default)]
+    pub rerun: Option<Results>,
+}
+
+/// `lost` split by a re-run of those tests: (lost, lost but passing when run again).
+pub fn split_by_rerun(lost: Vec<String>, rerun: Option<&Results>) -> (Vec<String>, Vec<String>) {
+    match rerun {
+        None => (lost, vec![]),
+        Some(r) => lost
+            .into_iter()
+            .partition(|id| r.get(id) != Some(&Outcome::Passed)),
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq)]
@@ -102,8 +120,12 @@ pub struct Verdict {
     pub accepted: bool,
     /// Why it was rejected, in words.
     pub reason: String,
-    /// Passed before (not flaky), not passing now.
+    /// Passed before (not flaky), not passing now, and not when run again.
     pub lost: Vec<String>,
+    /// Passed before, failed in the plan's run, passed when run again ("lost, flaky"): listed,
+    /// not counted.
+    #[serde(default)]
+    pub flaky_lost: Vec<String>,
     /// Failed or errored before, passing now.
     pub fixed: Vec<String>,
     /// Rank among accepted plans, 1 = the winner.
@@ -126,10 +148,10 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
             let results = baseline.attribute_file_errors(&a.results);
             if let Some(f) = &a.failure {
                 // Not judged by its tests (the porter failed), or judged with none readable.
-                let lost = if a.tests_ran {
-                    baseline.lost(&results)
+                let (lost, flaky_lost) = if a.tests_ran {
+                    split_by_rerun(baseline.lost(&results), a.rerun.as_ref())
                 } else {
-                    vec![]
+                    (vec![], vec![])
                 };
                 let reason = if lost.is_empty() {
                     f.clone()
@@ -145,13 +167,14 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
                     accepted: false,
                     reason,
                     lost,
+                    flaky_lost,
                     fixed: vec![],
                     rank: None,
                     rank_reason: None,
                     test_changes: a.test_changes.clone(),
                 };
             }
-            let lost = baseline.lost(&results);
+            let (lost, flaky_lost) = split_by_rerun(baseline.lost(&results), a.rerun.as_ref());
             let fixed: Vec<String> = baseline
                 .results
                 .iter()
@@ -164,6 +187,13 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
             let tests = &a.test_changes;
             let tests_allowed = !protect_tests || tests.is_empty();
             let accepted = lost.is_empty() && tests_allowed;
+            let flaky_note = match flaky_lost.len() {
+                0 => String::new(),
+                n => format!(
+                    "; {n} test(s) failed in its run and passed when run again (lost, flaky): {}",
+                    preview(&flaky_lost)
+                ),
+            };
             let reason = if lost.is_empty() && !accepted {
                 format!("{} (tests are protected)", tests.describe())
             } else if accepted && !tests.is_empty() {
@@ -181,16 +211,17 @@ pub fn decide(baseline: &Baseline, attempts: &[Attempt], protect_tests: bool) ->
                 )
             } else {
                 format!(
-                    "{} test(s) that passed before do not pass now: {}",
+                    "{} test(s) that passed before do not pass now, nor when run again: {}",
                     lost.len(),
                     preview(&lost)
                 )
-            };
+            } + &flaky_note;
             Verdict {
                 plan: a.plan.clone(),
                 accepted,
                 reason,
                 lost,
+                flaky_lost,
                 fixed,
                 rank: None,
                 rank_reason: None,
@@ -319,7 +350,53 @@ mod tests {
             diff_lines: diff,
             test_ms: 100,
             test_changes: Default::default(),
+            rerun: None,
         }
+    }
+
+    #[test]
+    fn a_lost_test_that_passes_when_run_again_is_lost_flaky_and_not_counted() {
+        let b = Baseline::from_runs(&[res(&[("a", Passed), ("b", Passed), ("c", Passed)])]);
+        let mut only_flaky = attempt(
+            "only-flaky",
+            res(&[("a", Failed), ("b", Passed), ("c", Passed)]),
+            2,
+        );
+        only_flaky.rerun = Some(res(&[("a", Passed)]));
+        let mut one_real = attempt(
+            "one-real",
+            res(&[("a", Failed), ("b", Error), ("c", Passed)]),
+            1,
+        );
+        one_real.rerun = Some(res(&[("a", Passed), ("b", Failed)]));
+        let mut not_rerun = attempt(
+            "not-rerun",
+            res(&[("a", Failed), ("b", Passed), ("c", Passed)]),
+            1,
+        );
+        not_rerun.rerun = None;
+        // A re-run that did not report the test (it could not be selected) keeps it lost.
+        let mut unseen = attempt("unseen", res(&[("b", Passed), ("c", Passed)]), 1);
+        unseen.rerun = Some(res(&[]));
+        let v = decide_open(&b, &[only_flaky, one_real, not_rerun, unseen]);
+        assert!(v[0].accepted, "{:?}", v[0]);
+        assert_eq!(v[0].lost, Vec::<String>::new());
+        assert_eq!(v[0].flaky_lost, vec!["a"]);
+        assert!(v[0].reason.contains("lost, flaky"), "{}", v[0].reason);
+        assert!(!v[1].accepted);
+        assert_eq!(
+            (v[1].lost.clone(), v[1].flaky_lost.clone()),
+            (vec!["b".to_string()], vec!["a".to_string()])
+        );
+        assert!(
+            v[1].reason.contains("nor when run again") && v[1].reason.contains("lost, flaky"),
+            "{}",
+            v[1].reason
+        );
+        assert!(!v[2].accepted);
+        assert_eq!(v[2].lost, vec!["a"]);
+        assert!(!v[3].accepted);
+        assert_eq!(v[3].lost, vec!["a"]);
     }
 
     #[test]

@@ -125,9 +125,31 @@ pub struct PlanRun {
     pub failures: reports::Failures,
     /// The last lines the test command printed after the port.
     pub test_output_tail: String,
+    /// Its lost tests run once more before the verdict, when it lost any.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rerun: Option<Rerun>,
     /// The verdict on this plan (also in `verdicts`).
     pub verdict: Option<decide::Verdict>,
 }
+
+/// A plan's lost tests run once more (see [`decide`]): alone where the runner selects tests by
+/// id (pytest), else with the whole suite.
+#[derive(Debug, Clone, Serialize)]
+pub struct Rerun {
+    /// The tests run again.
+    pub tests: Vec<String>,
+    /// Whether they ran alone (by id) rather than with the whole suite.
+    pub alone: bool,
+    /// Their outcomes when run again.
+    pub results: Results,
+    pub ms: u64,
+    /// Why the re-run gave no results, if so (the tests then stay lost).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// A plan losing more tests than this is not re-run: its failure is no flake.
+const RERUN_MAX: usize = 50;
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Phases {
@@ -146,7 +168,8 @@ pub struct Phases {
 pub struct MigrateReport {
     /// The shape of this report: 2 added `schema_version`, `forkbox_version`, `created_unix`,
     /// images as `NAME@N`, each plan's `verdict`, `failures` and `test_output_tail`, and each
-    /// verdict's `rank_reason`.
+    /// verdict's `rank_reason`; 3 added `baseline_order`, each plan's `rerun` and each
+    /// verdict's `flaky_lost` (a lost test that passes when run again is no longer `lost`).
     pub schema_version: u32,
     pub forkbox_version: String,
     pub created_unix: u64,
@@ -159,6 +182,9 @@ pub struct MigrateReport {
     /// Where the baseline's results were read from (pytest's JUnit report, or the text the
     /// command printed, in which format).
     pub results_source: String,
+    /// The order the baseline's tests ran in: shuffled in each run (pytest-randomly), so that
+    /// a test depending on another's leftovers shows as flaky, or the runner's own.
+    pub baseline_order: String,
     pub plans: Vec<PlanRun>,
     pub verdicts: Vec<decide::Verdict>,
     pub winner: Option<String>,
@@ -227,6 +253,8 @@ pub(crate) struct TestRun {
     pub failures: reports::Failures,
     /// The last lines the test command printed.
     pub output_tail: String,
+    /// Whether its ids select tests when given back to the runner (pytest node ids).
+    pub selectable: bool,
 }
 
 impl TestRun {
@@ -238,17 +266,20 @@ impl TestRun {
             source: String::new(),
             failures: Default::default(),
             output_tail: String::new(),
+            selectable: false,
         }
     }
 }
 
 /// Runs the test command and reads its results (pytest's JUnit report when it wrote one,
 /// else what the command printed); `on_tests` hears how many tests the output has reported
-/// so far while it runs. What the suite writes into the tree is undone afterwards.
+/// so far while it runs. With `only`, pytest runs those node ids alone. What the suite
+/// writes into the tree is undone afterwards.
 pub(crate) async fn run_tests(
     sb: &Sandbox,
     cfg: &MigrateConfig,
     on_tests: &(dyn Fn(usize) + Send + Sync),
+    only: &[String],
 ) -> TestRun {
     if let Err(e) = sb.run(sh(BEFORE_TESTS, 600)).await {
         return TestRun::failed(
@@ -257,7 +288,7 @@ pub(crate) async fn run_tests(
             0,
         );
     }
-    let mut run = run_suite(sb, cfg, on_tests).await;
+    let mut run = run_suite(sb, cfg, on_tests, only).await;
     let undone = match sb.run(sh(AFTER_TESTS, 600)).await {
         Ok(o) if o.code() == 0 => Ok(()),
         Ok(o) => Err(format!(
@@ -279,13 +310,21 @@ async fn run_suite(
     sb: &Sandbox,
     cfg: &MigrateConfig,
     on_tests: &(dyn Fn(usize) + Send + Sync),
+    only: &[String],
 ) -> TestRun {
     let t = Instant::now();
     let pytest_report = matches!(cfg.format, Format::Auto | Format::PytestRa);
     let mut spec = sh(&cfg.test, cfg.test_timeout_secs);
     if pytest_report {
-        spec.env
-            .push(("PYTEST_ADDOPTS".into(), PYTEST_ADDOPTS.into()));
+        // pytest reads this as arguments before the command line's (shell-style quoting):
+        // node ids given there are run alone.
+        let ids: Vec<String> = only.iter().map(|id| shell_quote(id)).collect();
+        let opts = [PYTEST_ADDOPTS.to_string()]
+            .into_iter()
+            .chain(ids)
+            .collect::<Vec<_>>()
+            .join(" ");
+        spec.env.push(("PYTEST_ADDOPTS".into(), opts));
     }
     let streamed = async {
         let mut ex = sb.exec(spec).await?;
@@ -350,6 +389,7 @@ async fn run_suite(
                     source: "pytest's JUnit XML report (xunit1)".into(),
                     failures,
                     output_tail,
+                    selectable: true,
                 };
             }
         }
@@ -369,11 +409,12 @@ async fn run_suite(
         source: format!("the test command's output ({:?})", cfg.format),
         failures: Default::default(),
         output_tail,
+        selectable: false,
     }
 }
 
 /// The version of `report.json`'s shape (see [`MigrateReport::schema_version`]).
-pub const REPORT_SCHEMA: u32 = 2;
+pub const REPORT_SCHEMA: u32 = 3;
 
 /// Lines of a test run's output a report keeps.
 const OUTPUT_TAIL_LINES: usize = 40;
@@ -432,7 +473,20 @@ struct BaselineRun {
     suite_ms: u64,
     /// Where the results were read from.
     source: String,
+    /// The order the tests ran in (see [`MigrateReport::baseline_order`]).
+    order: String,
     ms: u64,
+}
+
+/// Whether pytest-randomly is installed for the image's `python3` (pytest then loads it and
+/// runs the tests in a new random order each run, which is what baseline runs are for).
+async fn pytest_shuffles(sb: &Sandbox, cfg: &MigrateConfig) -> bool {
+    if !cfg.test.contains("pytest") {
+        return false;
+    }
+    sb.run(sh("python3 -c 'import pytest_randomly' 2>/dev/null", 120))
+        .await
+        .is_ok_and(|o| o.code() == 0)
 }
 
 /// Runs the test suite `runs` times on the old toolchain, each run in a sandbox of its own and
@@ -485,14 +539,15 @@ async fn run_baseline(
                         })?;
                     }
                 }
+                let shuffled = i == 1 && pytest_shuffles(&sb, cfg).await;
                 phase("tests", 0);
-                let run = run_tests(&sb, cfg, &|n| phase("tests", n)).await;
+                let run = run_tests(&sb, cfg, &|n| phase("tests", n), &[]).await;
                 phase("done", run.results.as_ref().map_or(0, |r| r.len()));
-                Ok::<_, MigrateError>(run)
+                Ok::<_, MigrateError>((run, shuffled))
             }
             .await;
             sb.destroy().await;
-            let run = run?;
+            let (run, shuffled) = run?;
             let r = run.results.map_err(|message| MigrateError::Baseline {
                 image: cfg.from.clone(),
                 message,
@@ -504,24 +559,32 @@ async fn run_baseline(
                 run.ms,
                 run.source
             ));
-            Ok::<_, MigrateError>((r, run.ms, run.source, accelerator))
+            Ok::<_, MigrateError>((r, run.ms, run.source, accelerator, shuffled))
         }
     };
     let runs = futures_util::future::join_all((1..=n).map(one)).await;
     let mut results = Vec::new();
     let (mut suite_ms, mut source, mut accelerator) = (0, String::new(), String::new());
+    let mut shuffled = false;
     for run in runs {
-        let (r, ms, src, accel) = run?;
+        let (r, ms, src, accel, s) = run?;
         results.push(r);
         suite_ms += ms;
         source = src;
         accelerator = accel;
+        shuffled |= s;
     }
+    let order = if shuffled {
+        format!("shuffled by pytest-randomly, a new order in each of the {n} run(s)")
+    } else {
+        "the runner's own order (pytest-randomly in the old image would shuffle each run)".into()
+    };
     Ok(BaselineRun {
         baseline: Baseline::from_runs(&results),
         accelerator,
         suite_ms,
         source,
+        order,
         ms: ms(t),
     })
 }
@@ -531,7 +594,7 @@ async fn run_baseline(
 async fn prepare(
     paths: &Paths,
     cfg: &MigrateConfig,
-    started: Instant,
+    name: &str,
     progress: &Progress,
     (hand, hand_dir): (HandOver, &Path),
 ) -> Result<(forkbox_engine::snapshot::Snapshot, u64), MigrateError> {
@@ -595,9 +658,8 @@ async fn prepare(
             }
             let _ = hand.send(Some(Ok(Arc::new(list))));
         }
-        let name = format!("migrate-{}-{}", std::process::id(), started.elapsed().as_nanos() % 100_000);
         phase("snapshot");
-        let snap = new.snapshot(paths, &name, false, false).await?;
+        let snap = new.snapshot(paths, name, false, false).await?;
         phase("done");
         Ok::<_, MigrateError>(snap)
     }
@@ -609,54 +671,111 @@ async fn prepare(
     Ok((prepared?, ms(t)))
 }
 
+/// The baseline as the plans' tasks see it: none until it is done, then it or why it failed.
+type BaselineWatch = tokio::sync::watch::Receiver<Option<Result<Arc<Baseline>, String>>>;
+
 /// What every plan's task shares.
 struct Shared {
     cfg: MigrateConfig,
-    baseline: Baseline,
+    baseline: BaselineWatch,
     progress: Arc<Progress>,
     /// The private API host porters drive their forks through, and its address.
     api: Option<(Arc<forkbox_engine::api::Engine>, PathBuf)>,
 }
 
+impl Shared {
+    /// The baseline, once its runs are done.
+    async fn baseline(&self) -> Result<Arc<Baseline>, String> {
+        let mut rx = self.baseline.clone();
+        let got = rx.wait_for(Option::is_some).await.map(|v| v.clone());
+        match got {
+            Ok(Some(b)) => b,
+            _ => Err("the baseline ended without a result".into()),
+        }
+    }
+
+    /// Why the baseline failed, if it did already (then no plan's work can be judged).
+    fn baseline_failed(&self) -> Option<String> {
+        match &*self.baseline.borrow() {
+            Some(Err(e)) => Some(e.clone()),
+            _ => None,
+        }
+    }
+}
+
+/// What the plans' side of a migration did.
+struct PlansRun {
+    plans: Vec<PlanRun>,
+    prepare_ms: u64,
+    fork_ms: u64,
+    port_ms: u64,
+    verify_ms: u64,
+    /// Time in test-suite runs, summed over the forks (re-runs included).
+    suite_ms: u64,
+}
+
+/// Runs a migration: the baseline on the old toolchain, and side by side with it the new
+/// toolchain's preparation, one fork of it per plan, each plan's port and test run (a plan
+/// needs the baseline only to be judged: its lost tests are re-run once it is known); then
+/// the verdicts and the report.
 pub async fn migrate(
     paths: &Paths,
     cfg: &MigrateConfig,
     progress: Arc<Progress>,
 ) -> Result<MigrateReport, MigrateError> {
     let started = Instant::now();
-    let note = |s: &str| progress(Event::Note(s));
     std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
-
-    // 1-2. The baseline on the old toolchain and the preparation on the new one, side by side
-    // (neither needs the other; the ports need both).
     // Directories the setup makes for the baseline too (`--share`) go over as files here.
     let hand_dir = tempfile::Builder::new()
         .prefix("forkbox-share-")
         .tempdir()
         .map_err(MigrateError::Report)?;
     let (hand, handed) = tokio::sync::watch::channel(None);
-    let (baseline, prepared) = tokio::join!(
-        run_baseline(paths, cfg, &*progress, handed),
-        prepare(paths, cfg, started, &*progress, (hand, hand_dir.path()))
+    let (told, baseline_rx) = tokio::sync::watch::channel(None);
+    let snap_name = format!(
+        "migrate-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos() % 100_000)
     );
-    drop(hand_dir);
-    // Whichever failed, the other's work is not left behind.
-    let (baseline, (snap, prepare_ms)) = match (baseline, prepared) {
-        (Ok(b), Ok(p)) => (b, p),
-        (Err(e), Ok((snap, _))) => {
-            let _ =
-                forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap.meta.name, &[]);
-            return Err(e);
-        }
-        (_, Err(e)) => return Err(e),
+    let baseline = async {
+        let b = run_baseline(paths, cfg, &*progress, handed).await;
+        let _ = told.send(Some(
+            b.as_ref()
+                .map(|b| Arc::new(b.baseline.clone()))
+                .map_err(|e| e.to_string()),
+        ));
+        b
     };
-    let BaselineRun {
-        baseline,
-        accelerator,
-        suite_ms: mut test_suite_ms,
-        source: results_source,
-        ms: baseline_ms,
-    } = baseline;
+    let plans = run_plans(
+        paths,
+        cfg,
+        &progress,
+        (hand, hand_dir.path()),
+        &snap_name,
+        baseline_rx,
+    );
+    let (baseline, plans) = tokio::join!(baseline, plans);
+    drop(hand_dir);
+    // The snapshot existed for this run only (whichever side failed).
+    let _ = forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap_name, &[]);
+    let baseline = baseline?;
+    let plans = plans?;
+    finish(paths, cfg, started, &progress, baseline, plans)
+}
+
+/// Prepares the new toolchain, forks it once per plan and runs every plan's port and tests.
+async fn run_plans(
+    paths: &Paths,
+    cfg: &MigrateConfig,
+    progress: &Arc<Progress>,
+    hand: (HandOver, &Path),
+    snap_name: &str,
+    baseline: BaselineWatch,
+) -> Result<PlansRun, MigrateError> {
+    let note = |s: &str| progress(Event::Note(s));
+    let (snap, prepare_ms) = prepare(paths, cfg, snap_name, &**progress, hand).await?;
     note(&format!(
         "prepare: snapshot {} ({} ms pause)",
         snap.meta.name,
@@ -682,7 +801,6 @@ pub async fn migrate(
         (None, None, None)
     };
 
-    // 3-5. Fork, port, verify: one task per plan.
     let t = Instant::now();
     for p in &cfg.plans {
         progress(Event::Fork {
@@ -724,7 +842,7 @@ pub async fn migrate(
 
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
-        baseline: baseline.clone(),
+        baseline,
         progress: progress.clone(),
         api,
     });
@@ -735,13 +853,12 @@ pub async fn migrate(
         tasks.spawn(async move { (i, port_and_verify(plan, fork, &shared).await) });
     }
     let mut runs: Vec<Option<PlanRun>> = (0..cfg.plans.len()).map(|_| None).collect();
-    let mut port_ms = 0;
-    let mut verify_ms = 0;
+    let (mut port_ms, mut verify_ms, mut suite_ms) = (0, 0, 0);
     while let Some(done) = tasks.join_next().await {
         if let Ok((i, (run, pm, vm))) = done {
             port_ms = port_ms.max(pm);
             verify_ms = verify_ms.max(vm);
-            test_suite_ms += run.test_ms;
+            suite_ms += run.test_ms + run.rerun.as_ref().map_or(0, |r| r.ms);
             runs[i] = Some(run);
         }
     }
@@ -753,11 +870,41 @@ pub async fn migrate(
         engine.shutdown().await;
     }
     drop(api_dir);
-    let plans: Vec<PlanRun> = runs.into_iter().flatten().collect();
-    // The snapshot existed for this run only.
-    let _ = forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap.meta.name, &[]);
+    Ok(PlansRun {
+        plans: runs.into_iter().flatten().collect(),
+        prepare_ms,
+        fork_ms,
+        port_ms,
+        verify_ms,
+        suite_ms,
+    })
+}
 
-    // 6. Decide.
+/// The verdicts on the plans' runs against the baseline, the winner's patch and the report.
+fn finish(
+    paths: &Paths,
+    cfg: &MigrateConfig,
+    started: Instant,
+    progress: &Arc<Progress>,
+    baseline: BaselineRun,
+    plans: PlansRun,
+) -> Result<MigrateReport, MigrateError> {
+    let BaselineRun {
+        baseline,
+        accelerator,
+        suite_ms: baseline_suite_ms,
+        source: results_source,
+        order: baseline_order,
+        ms: baseline_ms,
+    } = baseline;
+    let PlansRun {
+        plans,
+        prepare_ms,
+        fork_ms,
+        port_ms,
+        verify_ms,
+        suite_ms,
+    } = plans;
     let attempts: Vec<Attempt> = plans
         .iter()
         .map(|p| Attempt {
@@ -768,6 +915,11 @@ pub async fn migrate(
             results: p.results.clone(),
             diff_lines: p.diff_lines,
             test_ms: p.test_ms,
+            rerun: p
+                .rerun
+                .as_ref()
+                .filter(|r| r.error.is_none())
+                .map(|r| r.results.clone()),
         })
         .collect();
     let verdicts = decide::decide(&baseline, &attempts, cfg.protect_tests);
@@ -828,6 +980,7 @@ pub async fn migrate(
         baseline,
         baseline_runs: cfg.runs.max(1),
         results_source,
+        baseline_order,
         plans,
         verdicts,
         winner,
@@ -839,7 +992,7 @@ pub async fn migrate(
             port_ms,
             verify_ms,
             total_ms: ms(started),
-            test_suite_ms,
+            test_suite_ms: baseline_suite_ms + suite_ms,
         },
         accelerator,
     };
@@ -938,14 +1091,14 @@ async fn host_porter(command: &str, plan: &Plan, id: &str, shared: &Shared) -> P
     }
 }
 
-/// Port and verify in one fork; returns the run, the port time and the verify time.
+/// One plan in its fork: the porter, the patch, the tests and, when it lost tests, their
+/// re-run; its run and the time its port and its verification took.
 async fn port_and_verify(
     plan: Plan,
     fork: Option<Result<Arc<Sandbox>, String>>,
     shared: &Shared,
 ) -> (PlanRun, u64, u64) {
     let cfg = &shared.cfg;
-    let out_dir = &cfg.out;
     let phase = |phase: &str, tests: usize| {
         (shared.progress)(Event::Fork {
             plan: &plan.name,
@@ -979,6 +1132,7 @@ async fn port_and_verify(
         cost: 0.0,
         failures: Default::default(),
         test_output_tail: String::new(),
+        rerun: None,
         verdict: None,
     };
     let sb = match fork {
@@ -995,10 +1149,47 @@ async fn port_and_verify(
         }
     };
     let alive = Instant::now();
-    let id = sb.info().id.clone();
-    run.sandbox = Some(id.clone());
+    run.sandbox = Some(sb.info().id.clone());
     let t = Instant::now();
-    phase("porting", 0);
+    if let Some(why) = shared.baseline_failed() {
+        run.failure = Some(format!("not ported: the baseline failed ({why})"));
+    } else {
+        phase("porting", 0);
+        port(&plan, &sb, shared, &mut run).await;
+    }
+    let port_ms = ms(t);
+    run.porter_ms = port_ms;
+    let t = Instant::now();
+    if run.failure.is_none() {
+        phase("diff", 0);
+        take_patch(&plan, &sb, &cfg.out, &mut run).await;
+    }
+    let mut waited = Duration::ZERO;
+    if run.failure.is_none() {
+        waited = verify(&sb, shared, &mut run, &phase).await;
+    }
+    phase(
+        if run.failure.is_some() {
+            "failed"
+        } else {
+            "tested"
+        },
+        run.results.len(),
+    );
+    let verify_ms = ms(t).saturating_sub(waited.as_millis() as u64);
+    let (cpu, mem) = usage(&sb, alive.elapsed());
+    run.cpu_seconds = cpu;
+    run.memory_gib_seconds = mem;
+    run.cost = cpu * cfg.rate_cpu_second + mem * cfg.rate_gib_second;
+    sb.destroy().await;
+    (run, port_ms, verify_ms)
+}
+
+/// Runs the plan's porter in (or, for a host porter, against) its fork; a porter that fails
+/// leaves `run.failure` set.
+async fn port(plan: &Plan, sb: &Arc<Sandbox>, shared: &Shared, run: &mut PlanRun) {
+    let cfg = &shared.cfg;
+    let id = sb.info().id.clone();
     let timeout_secs = plan.porter.timeout_secs;
     let ported = match plan.porter.kind() {
         Some(PorterKind::Guest(command)) => {
@@ -1023,7 +1214,7 @@ async fn port_and_verify(
             if let Some((engine, _)) = &shared.api {
                 engine.attach(sb.clone(), labels).await;
             }
-            let p = host_porter(command, &plan, &id, shared).await;
+            let p = host_porter(command, plan, &id, shared).await;
             if let Some((engine, _)) = &shared.api {
                 if engine.detach(&id).await.is_none() {
                     run.failure = Some("the host porter deleted its fork".into());
@@ -1032,14 +1223,28 @@ async fn port_and_verify(
             p
         }
         Some(PorterKind::Llm(porter)) => {
-            let on_tests = |n: usize| phase("porting: tests", n);
+            // The model is told which tests passed before: it waits for the baseline.
+            let baseline = match shared.baseline().await {
+                Ok(b) => b,
+                Err(why) => {
+                    run.failure = Some(format!("not ported: the baseline failed ({why})"));
+                    return;
+                }
+            };
+            let on_tests = |n: usize| {
+                (shared.progress)(Event::Fork {
+                    plan: &plan.name,
+                    phase: "porting: tests",
+                    tests: n,
+                })
+            };
             let task = crate::llm::Task {
-                sandbox: &sb,
+                sandbox: sb,
                 instructions: &plan.instructions,
                 porter,
                 endpoint: cfg.llm.as_ref(),
                 cfg,
-                baseline: &shared.baseline,
+                baseline: &baseline,
                 on_tests: &on_tests,
             };
             let limit = Duration::from_secs(timeout_secs);
@@ -1049,7 +1254,7 @@ async fn port_and_verify(
                     run.llm_tokens = Some(l.tokens);
                     let file = format!("{}.llm.json", plan.name);
                     if let Ok(text) = serde_json::to_vec_pretty(&l.transcript) {
-                        if std::fs::write(out_dir.join(&file), text).is_ok() {
+                        if std::fs::write(cfg.out.join(&file), text).is_ok() {
                             run.transcript_file = Some(file);
                         }
                     }
@@ -1091,85 +1296,113 @@ async fn port_and_verify(
             }
         };
     }
-    let port_ms = ms(t);
-    run.porter_ms = port_ms;
-    let t = Instant::now();
-    if run.failure.is_none() {
-        // The patch is the porter's change, taken before the tests run: whatever the suite
-        // writes into the tree never enters it. Binary files the porter made come in a form
-        // `git apply` takes.
-        phase("diff", 0);
-        let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached --binary > /tmp/forkbox.diff";
-        match sb.run(sh(diff_cmd, 600)).await {
-            Ok(o) if o.code() == 0 => {
-                let stat = sb
-                    .client()
-                    .read_file("/tmp/forkbox.stat")
-                    .await
-                    .unwrap_or_default();
-                let diff = sb
-                    .client()
-                    .read_file("/tmp/forkbox.diff")
-                    .await
-                    .unwrap_or_default();
-                run.diff_stat = String::from_utf8_lossy(&stat).into_owned();
-                let text = String::from_utf8_lossy(&diff).into_owned();
-                run.diff_lines = decide::diff_lines(&text);
-                run.test_changes = crate::integrity::of_diff(&text);
-                // A plan that changed nothing has no patch to write.
-                let file = format!("{}.patch", plan.name);
-                if !diff.is_empty() && std::fs::write(out_dir.join(&file), diff).is_ok() {
-                    run.patch_file = Some(file);
-                }
+}
+
+/// The patch is the porter's change, taken before the tests run: whatever the suite writes
+/// into the tree never enters it. Binary files the porter made come in a form `git apply`
+/// takes.
+async fn take_patch(plan: &Plan, sb: &Sandbox, out_dir: &Path, run: &mut PlanRun) {
+    let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached --binary > /tmp/forkbox.diff";
+    match sb.run(sh(diff_cmd, 600)).await {
+        Ok(o) if o.code() == 0 => {
+            let stat = sb
+                .client()
+                .read_file("/tmp/forkbox.stat")
+                .await
+                .unwrap_or_default();
+            let diff = sb
+                .client()
+                .read_file("/tmp/forkbox.diff")
+                .await
+                .unwrap_or_default();
+            run.diff_stat = String::from_utf8_lossy(&stat).into_owned();
+            let text = String::from_utf8_lossy(&diff).into_owned();
+            run.diff_lines = decide::diff_lines(&text);
+            run.test_changes = crate::integrity::of_diff(&text);
+            // A plan that changed nothing has no patch to write.
+            let file = format!("{}.patch", plan.name);
+            if !diff.is_empty() && std::fs::write(out_dir.join(&file), diff).is_ok() {
+                run.patch_file = Some(file);
             }
-            Ok(o) => run.failure = Some(format!("`git diff` failed with {}", o.code())),
-            Err(e) => run.failure = Some(format!("`git diff` could not run: {e}")),
         }
+        Ok(o) => run.failure = Some(format!("`git diff` failed with {}", o.code())),
+        Err(e) => run.failure = Some(format!("`git diff` could not run: {e}")),
     }
-    if run.failure.is_none() {
-        phase("testing", 0);
-        let tested = run_tests(&sb, cfg, &|n| phase("testing", n)).await;
-        run.tests_ran = true;
-        run.test_exit = tested.exit;
-        run.test_ms = tested.ms;
-        run.results_source = tested.source;
-        run.test_output_tail = tested.output_tail;
-        run.failures = tested
-            .failures
-            .into_iter()
-            .take(100)
-            .map(|(id, mut detail)| {
-                if detail.len() > FAILURE_CAP {
-                    let mut cut = FAILURE_CAP;
-                    while !detail.is_char_boundary(cut) {
-                        cut -= 1;
-                    }
-                    detail.truncate(cut);
-                    detail.push_str("\n…");
+}
+
+/// Runs the tests after the port, then, once the baseline is known, the tests it lost once
+/// more (see [`decide`]); how long it waited for the baseline.
+async fn verify(
+    sb: &Sandbox,
+    shared: &Shared,
+    run: &mut PlanRun,
+    phase: &(dyn Fn(&str, usize) + Send + Sync),
+) -> Duration {
+    let cfg = &shared.cfg;
+    phase("testing", 0);
+    let tested = run_tests(sb, cfg, &|n| phase("testing", n), &[]).await;
+    run.tests_ran = true;
+    run.test_exit = tested.exit;
+    run.test_ms = tested.ms;
+    run.results_source = tested.source;
+    run.test_output_tail = tested.output_tail;
+    run.failures = tested
+        .failures
+        .into_iter()
+        .take(100)
+        .map(|(id, mut detail)| {
+            if detail.len() > FAILURE_CAP {
+                let mut cut = FAILURE_CAP;
+                while !detail.is_char_boundary(cut) {
+                    cut -= 1;
                 }
-                (id, detail)
-            })
-            .collect();
-        match tested.results {
-            Ok(r) => run.results = r,
-            Err(e) => run.failure = Some(e),
+                detail.truncate(cut);
+                detail.push_str("\n…");
+            }
+            (id, detail)
+        })
+        .collect();
+    match tested.results {
+        Ok(r) => run.results = r,
+        Err(e) => {
+            run.failure = Some(e);
+            return Duration::ZERO;
         }
     }
-    phase(
-        if run.failure.is_some() {
-            "failed"
-        } else {
-            "tested"
-        },
-        run.results.len(),
-    );
-    let verify_ms = ms(t);
-    let (cpu, mem) = usage(&sb, alive.elapsed());
-    run.cpu_seconds = cpu;
-    run.memory_gib_seconds = mem;
-    run.cost = cpu * cfg.rate_cpu_second + mem * cfg.rate_gib_second;
-    sb.destroy().await;
-    (run, port_ms, verify_ms)
+    let t = Instant::now();
+    phase("waiting for the baseline", run.results.len());
+    let Ok(baseline) = shared.baseline().await else {
+        return t.elapsed();
+    };
+    let waited = t.elapsed();
+    let lost = baseline.lost(&baseline.attribute_file_errors(&run.results));
+    if lost.is_empty() || lost.len() > RERUN_MAX {
+        return waited;
+    }
+    let alone = tested.selectable;
+    phase("re-running lost tests", 0);
+    let again = run_tests(
+        sb,
+        cfg,
+        &|n| phase("re-running lost tests", n),
+        if alone { &lost } else { &[] },
+    )
+    .await;
+    let (results, error) = match again.results {
+        Ok(r) => (
+            r.into_iter().filter(|(id, _)| lost.contains(id)).collect(),
+            None,
+        ),
+        Err(e) => (Results::new(), Some(e)),
+    };
+    run.rerun = Some(Rerun {
+        tests: lost,
+        alone,
+        results,
+        ms: again.ms,
+        error,
+    });
+    waited
 }
 
 #[cfg(test)]

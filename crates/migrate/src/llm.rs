@@ -154,7 +154,7 @@ async fn check(t: &Task<'_>) -> (Option<Vec<String>>, String) {
         exit: code,
         ms: took,
         ..
-    } = crate::flow::run_tests(t.sandbox, t.cfg, t.on_tests).await;
+    } = crate::flow::run_tests(t.sandbox, t.cfg, t.on_tests, &[]).await;
     match results {
         Ok(r) => {
             let lost = t.baseline.lost(&r);

@@ -75,13 +75,14 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
         h,
         "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\"><title>forkbox migrate: {from} → {to}</title><style>{STYLE}</style></head><body>
 <h1>Migration {from} → {to}</h1>
-<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky; results read from {source}). Report schema {schema}, forkbox {version}.</p>",
+<p>Test command <code>{test}</code>; accelerator {accel}. Baseline on the old toolchain: {counts} ({bp} of {bt} tests passed; {runs} runs, {flaky} flaky; tests in {order}; results read from {source}). Report schema {schema}, forkbox {version}.</p>",
         from = esc(&r.from),
         to = esc(&r.to),
         test = esc(&r.test),
         accel = esc(&r.accelerator),
         counts = crate::reports::Counts::of(&r.baseline.results),
         source = esc(&r.results_source),
+        order = esc(&r.baseline_order),
         bp = passed(&r.baseline.results),
         bt = r.baseline.results.len(),
         runs = r.baseline_runs,
@@ -180,6 +181,25 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
                     h.push_str("</div>");
                 }
                 h.push_str("</details>");
+            }
+            if !v.flaky_lost.is_empty() {
+                let _ = write!(
+                    h,
+                    "<details open class=lost><summary>{} test(s) lost, flaky: failed in the plan's run, passed when run again{} (not counted)</summary><ul>",
+                    v.flaky_lost.len(),
+                    if p.rerun.as_ref().is_some_and(|r| r.alone) { " alone" } else { " with the whole suite" }
+                );
+                for id in &v.flaky_lost {
+                    let _ = write!(h, "<li><code>{}</code></li>", esc(id));
+                }
+                h.push_str("</ul></details>");
+            }
+            if let Some(e) = p.rerun.as_ref().and_then(|r| r.error.as_ref()) {
+                let _ = write!(
+                    h,
+                    "<p class=no>Its lost tests could not be run again ({}): they stay lost.</p>",
+                    esc(e)
+                );
             }
             if !v.fixed.is_empty() {
                 let _ = write!(

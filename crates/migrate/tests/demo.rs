@@ -522,3 +522,129 @@ async fn a_postinstall_script_reaches_the_registry_and_nothing_else() {
     assert!(r["hostname"].as_str().unwrap().starts_with("sb-"), "{r}");
     assert_eq!(r["host_repo_visible"], false);
 }
+
+/// Before a rejection is final a plan's lost tests run once more, alone (pytest node ids): a
+/// test that failed once and passes then is "lost, flaky" and does not reject its plan; one
+/// that fails again does. With pytest-randomly in the old image the baseline runs are
+/// shuffled, and the report says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lost_tests_run_again_before_a_rejection_is_final() {
+    let paths = infra::home();
+    let image = infra::image_from(
+        &paths,
+        &infra::repo_root().join("crates/migrate/tests/images/python-randomly.toml"),
+    );
+    let code = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(code.path().join("tests")).unwrap();
+    std::fs::write(
+        code.path().join("tests/test_steady.py"),
+        "import pytest\n\n@pytest.mark.parametrize('n', range(12))\ndef test_steady(n):\n    assert n * 2 == n + n\n",
+    )
+    .unwrap();
+    // Markers outside the tree, which a porter leaves: one failure, or failures for good.
+    std::fs::write(
+        code.path().join("tests/test_marks.py"),
+        "import os\n\ndef test_once():\n    if os.path.exists('/tmp/fail-once'):\n        os.remove('/tmp/fail-once')\n        assert False, 'fails this once'\n\ndef test_always():\n    assert not os.path.exists('/tmp/fail-always')\n",
+    )
+    .unwrap();
+    let plans = tempfile::tempdir().unwrap();
+    std::fs::write(
+        plans.path().join("plans.toml"),
+        r#"[[plan]]
+name = "fails-once"
+instructions = "a port whose run meets a failure that does not repeat"
+porter = { command = "touch /tmp/fail-once" }
+
+[[plan]]
+name = "breaks"
+instructions = "a port that breaks a test for good"
+porter = { command = "touch /tmp/fail-always" }
+"#,
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let cfg = MigrateConfig {
+        from: image.to_string(),
+        to: image.to_string(),
+        code: code.path().to_path_buf(),
+        test: "python3 -m pytest -q -rA -p no:cacheprovider".into(),
+        plans: forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
+        plans_dir: plans.path().to_path_buf(),
+        out: out.path().to_path_buf(),
+        runs: 2,
+        setup: vec![],
+        setup_network: Default::default(),
+        share: vec![],
+        format: Format::Auto,
+        test_timeout_secs: 600,
+        rate_cpu_second: 0.0,
+        rate_gib_second: 0.0,
+        llm: None,
+        cli: None,
+        protect_tests: false,
+    };
+    let report = migrate(
+        &paths,
+        &cfg,
+        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
+    )
+    .await
+    .expect("migrate");
+    assert!(
+        report
+            .baseline_order
+            .contains("shuffled by pytest-randomly"),
+        "{}",
+        report.baseline_order
+    );
+    assert_eq!(report.baseline.passed().count(), 14);
+    let plan = |name: &str| report.plans.iter().find(|p| p.plan == name).unwrap();
+    let verdict = |name: &str| report.verdicts.iter().find(|v| v.plan == name).unwrap();
+
+    let once = verdict("fails-once");
+    assert!(once.accepted, "{once:?}");
+    assert!(once.lost.is_empty(), "{once:?}");
+    assert_eq!(once.flaky_lost, vec!["tests/test_marks.py::test_once"]);
+    assert!(once.reason.contains("lost, flaky"), "{}", once.reason);
+    let rerun = plan("fails-once")
+        .rerun
+        .clone()
+        .expect("its lost test ran again");
+    assert!(rerun.alone && rerun.error.is_none(), "{rerun:?}");
+    assert_eq!(rerun.tests, vec!["tests/test_marks.py::test_once"]);
+    assert_eq!(
+        rerun.results.get("tests/test_marks.py::test_once"),
+        Some(&Outcome::Passed)
+    );
+    // Alone: the re-run reported its one test and nothing else.
+    assert_eq!(rerun.results.len(), 1, "{rerun:?}");
+
+    let breaks = verdict("breaks");
+    assert!(!breaks.accepted, "{breaks:?}");
+    assert_eq!(breaks.lost, vec!["tests/test_marks.py::test_always"]);
+    assert!(breaks.flaky_lost.is_empty(), "{breaks:?}");
+    assert!(
+        breaks.reason.contains("nor when run again"),
+        "{}",
+        breaks.reason
+    );
+    let rerun = plan("breaks")
+        .rerun
+        .clone()
+        .expect("its lost test ran again");
+    assert_eq!(
+        rerun.results.get("tests/test_marks.py::test_always"),
+        Some(&Outcome::Failed)
+    );
+    assert_eq!(report.winner.as_deref(), Some("fails-once"));
+
+    // The report says the same.
+    let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(html.contains("lost, flaky") && html.contains("shuffled by pytest-randomly"));
+    let json: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.path().join("report.json")).unwrap()).unwrap();
+    assert_eq!(
+        json["verdicts"][0]["flaky_lost"][0],
+        "tests/test_marks.py::test_once"
+    );
+}

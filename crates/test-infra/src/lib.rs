@@ -58,8 +58,15 @@ fn with_lock<T>(paths: &Paths, f: impl FnOnce() -> T) -> T {
 
 /// The image built from `images/<recipe>.toml`, built first if the test home lacks it.
 pub fn image(paths: &Paths, recipe: &str) -> ImageRef {
-    let file = repo_root().join("images").join(format!("{recipe}.toml"));
-    let (recipe, text) = Recipe::load(&file).expect("load recipe");
+    image_from(
+        paths,
+        &repo_root().join("images").join(format!("{recipe}.toml")),
+    )
+}
+
+/// The image of the recipe file `file`, built once per machine and recipe (as [`image`]).
+pub fn image_from(paths: &Paths, file: &Path) -> ImageRef {
+    let (recipe, text) = Recipe::load(file).expect("load recipe");
     let store = ImageStore::new(paths);
     with_lock(paths, || {
         let wanted = ImageRef {
@@ -73,7 +80,14 @@ pub fn image(paths: &Paths, recipe: &str) -> ImageRef {
                     "test-infra: building image {} (once per machine and recipe)",
                     recipe.name
                 );
-                image::build(paths, &recipe, &text, &mut |_| {}).expect("build test image");
+                // A build with steps runs its own runtime: on a thread of its own, so that
+                // async tests may call this too.
+                std::thread::scope(|s| {
+                    s.spawn(|| image::build(paths, &recipe, &text, &mut |_| {}))
+                        .join()
+                        .expect("the build thread")
+                })
+                .expect("build test image");
             }
         }
         ImageRef {
