@@ -53,6 +53,10 @@ pub struct MigrateArgs {
     /// Reject plans that change test files (without it they are listed in the report).
     #[arg(long)]
     protect_tests: bool,
+    /// Which files are test files, as a glob relative to the code (repeatable: `tests/**`);
+    /// replaces the runners' usual naming for the report's test changes and --protect-tests.
+    #[arg(long = "tests", value_name = "GLOB")]
+    tests: Vec<String>,
     /// Print the result as JSON.
     #[arg(long)]
     json: bool,
@@ -78,6 +82,8 @@ struct MigrationTable {
     rate_gib_second: Option<f64>,
     #[serde(default)]
     protect_tests: bool,
+    #[serde(default)]
+    tests: Vec<String>,
 }
 
 #[derive(serde::Deserialize)]
@@ -155,6 +161,12 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
             "--share {bad:?}: give a directory inside the code, relative to it (node_modules)"
         )));
     }
+    let mut test_globs = table.tests;
+    test_globs.extend(a.tests);
+    let tests = match forkbox_migrate::integrity::TestFiles::new(&test_globs) {
+        Ok(t) => t,
+        Err(e) => return Ok(usage(e)),
+    };
     let cfg = MigrateConfig {
         from,
         to,
@@ -177,6 +189,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         llm: forkbox_migrate::llm::LlmEndpoint::from_env(),
         cli: std::env::current_exe().ok(),
         protect_tests: a.protect_tests || table.protect_tests,
+        tests,
     };
     let uses_llm = cfg.plans.iter().any(|p| {
         matches!(

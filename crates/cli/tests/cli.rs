@@ -2047,3 +2047,37 @@ fn image_build_refuses_unsupported_dockerfile_instructions_by_name_and_line() {
     }
     assert!(!paths.images().join("refused").join("1").exists());
 }
+
+/// No VM: a `--tests` glob that does not parse is a usage error naming it, before anything
+/// boots.
+#[test]
+fn a_bad_tests_glob_is_refused_by_name() {
+    let paths = infra::home();
+    let examples = infra::repo_root().join("examples");
+    let out = tempfile::tempdir().unwrap();
+    let o = forkbox(&paths)
+        .args([
+            "migrate",
+            "--from",
+            "python-bullseye",
+            "--to",
+            "python-trixie",
+        ])
+        .arg("--code")
+        .arg(examples.join("legacykit"))
+        .args(["--test", "python3 -m pytest -q"])
+        .arg("--plans")
+        .arg(examples.join("plans/plans.toml"))
+        .arg("--out")
+        .arg(out.path())
+        .args(["--tests", "tests/**", "--tests", "checks/[a-"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o.stderr));
+    assert!(
+        text(&o.stderr).contains("--tests \"checks/[a-\""),
+        "{}",
+        text(&o.stderr)
+    );
+    assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+}

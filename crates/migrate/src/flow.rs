@@ -52,6 +52,8 @@ pub struct MigrateConfig {
     pub cli: Option<PathBuf>,
     /// Reject plans whose patch changes test files (they are listed either way).
     pub protect_tests: bool,
+    /// Which files are test files (`--tests GLOB`; by default the runners' usual naming).
+    pub tests: crate::integrity::TestFiles,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -1162,7 +1164,7 @@ async fn port_and_verify(
     let t = Instant::now();
     if run.failure.is_none() {
         phase("diff", 0);
-        take_patch(&plan, &sb, &cfg.out, &mut run).await;
+        take_patch(&plan, &sb, cfg, &mut run).await;
     }
     let mut waited = Duration::ZERO;
     if run.failure.is_none() {
@@ -1301,7 +1303,7 @@ async fn port(plan: &Plan, sb: &Arc<Sandbox>, shared: &Shared, run: &mut PlanRun
 /// The patch is the porter's change, taken before the tests run: whatever the suite writes
 /// into the tree never enters it. Binary files the porter made come in a form `git apply`
 /// takes.
-async fn take_patch(plan: &Plan, sb: &Sandbox, out_dir: &Path, run: &mut PlanRun) {
+async fn take_patch(plan: &Plan, sb: &Sandbox, cfg: &MigrateConfig, run: &mut PlanRun) {
     let diff_cmd = "git add -A && git diff --cached --stat > /tmp/forkbox.stat && git diff --cached --binary > /tmp/forkbox.diff";
     match sb.run(sh(diff_cmd, 600)).await {
         Ok(o) if o.code() == 0 => {
@@ -1318,10 +1320,10 @@ async fn take_patch(plan: &Plan, sb: &Sandbox, out_dir: &Path, run: &mut PlanRun
             run.diff_stat = String::from_utf8_lossy(&stat).into_owned();
             let text = String::from_utf8_lossy(&diff).into_owned();
             run.diff_lines = decide::diff_lines(&text);
-            run.test_changes = crate::integrity::of_diff(&text);
+            run.test_changes = crate::integrity::of_diff(&text, &cfg.tests);
             // A plan that changed nothing has no patch to write.
             let file = format!("{}.patch", plan.name);
-            if !diff.is_empty() && std::fs::write(out_dir.join(&file), diff).is_ok() {
+            if !diff.is_empty() && std::fs::write(cfg.out.join(&file), diff).is_ok() {
                 run.patch_file = Some(file);
             }
         }

@@ -34,6 +34,40 @@ impl TestChanges {
     }
 }
 
+/// Which paths are test files: the usual naming of the runners ([`is_test_path`]) or, when
+/// given (`--tests GLOB`), the globs alone (`tests/**`, `**/*_spec.rb`).
+#[derive(Debug, Clone, Default)]
+pub struct TestFiles {
+    globs: Option<globset::GlobSet>,
+}
+
+impl TestFiles {
+    /// The globs given, parsed once; an empty list is the runners' usual naming.
+    pub fn new(patterns: &[String]) -> Result<TestFiles, String> {
+        if patterns.is_empty() {
+            return Ok(TestFiles::default());
+        }
+        let mut set = globset::GlobSetBuilder::new();
+        for p in patterns {
+            let glob = globset::GlobBuilder::new(p)
+                .literal_separator(true)
+                .build()
+                .map_err(|e| format!("--tests {p:?}: {e}"))?;
+            set.add(glob);
+        }
+        let globs = set.build().map_err(|e| format!("--tests: {e}"))?;
+        Ok(TestFiles { globs: Some(globs) })
+    }
+
+    /// Whether `path` (relative to the code) is a test file.
+    pub fn contains(&self, path: &str) -> bool {
+        match &self.globs {
+            Some(g) => g.is_match(path),
+            None => is_test_path(path),
+        }
+    }
+}
+
 /// Whether `path` is a test file by the conventions of pytest, unittest, Go, Jest/Vitest/
 /// Mocha and most Java and Rust layouts.
 pub fn is_test_path(path: &str) -> bool {
@@ -66,8 +100,8 @@ fn asserts(line: &str) -> bool {
         || l.contains("Assert.")
 }
 
-/// Reads a unified diff (`git diff`) for what it does to test files.
-pub fn of_diff(diff: &str) -> TestChanges {
+/// Reads a unified diff (`git diff`) for what it does to the test files.
+pub fn of_diff(diff: &str, tests: &TestFiles) -> TestChanges {
     let mut out = TestChanges::default();
     let (mut file, mut added, mut removed) = (None::<String>, 0u64, 0u64);
     let mut deleting = false;
@@ -75,7 +109,7 @@ pub fn of_diff(diff: &str) -> TestChanges {
         if let Some(rest) = line.strip_prefix("diff --git a/") {
             let path = rest.split(" b/").next().unwrap_or(rest).to_string();
             deleting = false;
-            file = is_test_path(&path).then(|| {
+            file = tests.contains(&path).then(|| {
                 out.changed.push(path.clone());
                 path
             });
@@ -148,7 +182,7 @@ deleted file mode 100644
 @@ -1 +0,0 @@
 -def test_old(): assert True
 ";
-        let c = of_diff(diff);
+        let c = of_diff(diff, &TestFiles::default());
         assert_eq!(c.changed, vec!["tests/test_calc.py", "tests/test_old.py"]);
         assert_eq!(c.deleted, vec!["tests/test_old.py"]);
         assert_eq!(c.assertions_removed, 2);
@@ -157,6 +191,18 @@ deleted file mode 100644
             "{}",
             c.describe()
         );
-        assert!(of_diff("diff --git a/src/x.py b/src/x.py\n+x\n").is_empty());
+        assert!(of_diff(
+            "diff --git a/src/x.py b/src/x.py\n+x\n",
+            &TestFiles::default()
+        )
+        .is_empty());
+        // Globs given replace the usual naming.
+        let spec = TestFiles::new(&["spec/**/*.rb".into(), "checks/*".into()]).unwrap();
+        let diff = "diff --git a/spec/models/user_spec.rb b/spec/models/user_spec.rb\n-  expect(x)\ndiff --git a/checks/run.sh b/checks/run.sh\n+x\ndiff --git a/tests/test_a.py b/tests/test_a.py\n+x\ndiff --git a/checks/deep/x b/checks/deep/x\n+x\n";
+        let c = of_diff(diff, &spec);
+        assert_eq!(c.changed, vec!["spec/models/user_spec.rb", "checks/run.sh"]);
+        assert_eq!(c.assertions_removed, 1);
+        let bad = TestFiles::new(&["tests/[".into()]).unwrap_err();
+        assert!(bad.contains("--tests \"tests/[\""), "{bad}");
     }
 }

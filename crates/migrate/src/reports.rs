@@ -285,7 +285,8 @@ pub fn pytest_junit_detailed(text: &str) -> Result<(Results, Failures), ReportEr
 }
 
 /// JUnit XML: `<testcase classname= name=>` with `<failure>`, `<error>` or `<skipped>` (any
-/// skip, an xfail too: only pytest's own report is read for those, by [`pytest_junit`]).
+/// skip, an xfail too: only pytest's own report is read for those, by [`pytest_junit`]). A
+/// test's id is `classname.name`, as JUnit tools name it.
 pub fn junit(text: &str) -> Result<Results, ReportError> {
     let mut r = Results::new();
     junit_cases(
@@ -299,7 +300,7 @@ pub fn junit(text: &str) -> Result<Results, ReportError> {
             let id = if class.is_empty() {
                 name.to_string()
             } else {
-                format!("{class}::{name}")
+                format!("{class}.{name}")
             };
             let outcome = match outcome {
                 Outcome::Xfailed => Outcome::Skipped,
@@ -311,7 +312,8 @@ pub fn junit(text: &str) -> Result<Results, ReportError> {
     Ok(r)
 }
 
-/// `go test -json`: one JSON object per line; `Action` pass/fail/skip with a `Test`.
+/// `go test -json`: one JSON object per line; `Action` pass/fail/skip with a `Test`. A test's
+/// id is `package/TestName` (a subtest's `package/TestName/sub`), as `go test -run` names it.
 pub fn go_json(text: &str) -> Results {
     let mut r = Results::new();
     for line in text.lines() {
@@ -328,7 +330,7 @@ pub fn go_json(text: &str) -> Results {
             "skip" => Outcome::Skipped,
             _ => continue,
         };
-        add(&mut r, format!("{pkg}::{test}"), outcome);
+        add(&mut r, format!("{pkg}/{test}"), outcome);
     }
     r
 }
@@ -840,10 +842,10 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 <testcase classname="tests.test_a" name="test_skip" time="0.000"><skipped type="pytest.skip" message="no">skip</skipped></testcase>
 </testsuite><testsuite name="com.example.AppTest"><testcase name="adds" classname="com.example.AppTest" time="0.01"><error type="java.lang.NullPointerException"/></testcase></testsuite></testsuites>"#;
         let r = parse(Format::Auto, xml).unwrap();
-        assert_eq!(r["tests.test_a::test_one"], Outcome::Passed);
-        assert_eq!(r["tests.test_a::test_two"], Outcome::Failed);
-        assert_eq!(r["tests.test_a::test_skip"], Outcome::Skipped);
-        assert_eq!(r["com.example.AppTest::adds"], Outcome::Error);
+        assert_eq!(r["tests.test_a.test_one"], Outcome::Passed);
+        assert_eq!(r["tests.test_a.test_two"], Outcome::Failed);
+        assert_eq!(r["tests.test_a.test_skip"], Outcome::Skipped);
+        assert_eq!(r["com.example.AppTest.adds"], Outcome::Error);
         assert!(matches!(
             junit("<testsuite><testcase"),
             Err(ReportError::Xml(_))
@@ -857,12 +859,14 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 {"Time":"2024-01-01T00:00:00Z","Action":"pass","Package":"example.com/m","Test":"TestA","Elapsed":0}
 {"Time":"2024-01-01T00:00:00Z","Action":"fail","Package":"example.com/m","Test":"TestB","Elapsed":0}
 {"Time":"2024-01-01T00:00:00Z","Action":"skip","Package":"example.com/m","Test":"TestC","Elapsed":0}
+{"Time":"2024-01-01T00:00:00Z","Action":"pass","Package":"example.com/m","Test":"TestD/with_sub","Elapsed":0}
 {"Time":"2024-01-01T00:00:00Z","Action":"fail","Package":"example.com/m","Elapsed":0.01}"#;
         let r = parse(Format::Auto, text).unwrap();
-        assert_eq!(r["example.com/m::TestA"], Outcome::Passed);
-        assert_eq!(r["example.com/m::TestB"], Outcome::Failed);
-        assert_eq!(r["example.com/m::TestC"], Outcome::Skipped);
-        assert_eq!(r.len(), 3);
+        assert_eq!(r["example.com/m/TestA"], Outcome::Passed);
+        assert_eq!(r["example.com/m/TestB"], Outcome::Failed);
+        assert_eq!(r["example.com/m/TestC"], Outcome::Skipped);
+        assert_eq!(r["example.com/m/TestD/with_sub"], Outcome::Passed);
+        assert_eq!(r.len(), 4);
     }
 
     #[test]

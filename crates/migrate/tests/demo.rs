@@ -39,6 +39,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         llm: None,
         cli: None,
         protect_tests: false,
+        tests: Default::default(),
     };
     let report = migrate(
         &paths,
@@ -380,6 +381,7 @@ async fn the_node_example_installs_once_and_takes_the_smallest_port() {
         llm: None,
         cli: None,
         protect_tests: false,
+        tests: Default::default(),
     };
     let report = migrate(
         &paths,
@@ -582,6 +584,7 @@ porter = { command = "touch /tmp/fail-always" }
         llm: None,
         cli: None,
         protect_tests: false,
+        tests: Default::default(),
     };
     let report = migrate(
         &paths,
