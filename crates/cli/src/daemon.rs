@@ -309,7 +309,7 @@ pub fn current_thread() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 /// This home's daemon, if it answers (never started here).
-async fn running_daemon(paths: &Paths) -> anyhow::Result<Option<Client>> {
+pub(crate) async fn running_daemon(paths: &Paths) -> anyhow::Result<Option<Client>> {
     let socket = forkbox_server::socket_path(paths);
     if !forkbox_server::is_running(&socket).await {
         return Ok(None);
@@ -759,6 +759,9 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     timeout_secs: timeout,
                     ..Default::default()
                 };
+                if !interactive {
+                    refuse_unread_stdin()?;
+                }
                 let how = How {
                     interactive,
                     tty,
@@ -938,19 +941,21 @@ fn show(json: bool, v: &impl serde::Serialize, text: impl FnOnce()) -> anyhow::R
 }
 
 /// How `sandbox exec` runs its command.
-struct How {
-    interactive: bool,
-    tty: bool,
-    detach: bool,
-    json: bool,
+pub(crate) struct How {
+    pub interactive: bool,
+    pub tty: bool,
+    pub detach: bool,
+    pub json: bool,
 }
 
 /// Runs a command: detached (prints its id), plain (`--json`: one result), streamed, or
 /// started and followed with this process's standard input passed to it and/or on a terminal.
-async fn exec(c: &Client, id: &str, mut req: ExecRequest, how: How) -> anyhow::Result<ExitCode> {
-    if !how.interactive {
-        refuse_unread_stdin()?;
-    }
+pub(crate) async fn exec(
+    c: &Client,
+    id: &str,
+    mut req: ExecRequest,
+    how: How,
+) -> anyhow::Result<ExitCode> {
     if how.detach {
         let started = c.start_command(id, &req).await?;
         return show(how.json, &started, || println!("{}", started.command_id));

@@ -78,6 +78,9 @@ struct RunResult {
     duration_ms: u64,
     /// With the sandbox's start and removal.
     total_ms: u64,
+    /// Through a running daemon: whether the sandbox came ready-made from its warm pool.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    from_pool: Option<bool>,
 }
 
 pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -91,6 +94,14 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let total = Instant::now();
     let image: ImageRef = args.image.parse()?;
     crate::bundled::ensure(paths, &image, args.quiet)?;
+    // A running daemon hands out a ready copy from its warm pool: the command starts without
+    // waiting for a restore (FORKBOX_RUN_LOCAL=1 makes the sandbox in this process instead).
+    let local = std::env::var_os("FORKBOX_RUN_LOCAL").is_some_and(|v| !v.is_empty() && v != "0");
+    if !local {
+        if let Some(c) = crate::daemon::running_daemon(paths).await? {
+            return on_daemon(&c, &args, total).await;
+        }
+    }
     let cfg = SandboxConfig {
         image,
         cpus: args.cpus,
@@ -118,15 +129,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         _ = sighup.recv() => return Ok(ExitCode::from(129)),
     };
     let info = sandbox.info().clone();
-    let hushed =
-        std::env::var_os("FORKBOX_NO_TCG_NOTICE").is_some_and(|v| !v.is_empty() && v != "0");
-    if info.accel.accel == Accel::Tcg && !args.quiet && !hushed {
-        eprintln!(
-            "forkbox: TCG, software emulation ({}): slower, and QEMU's confinement is the \
-             security boundary (FORKBOX_NO_TCG_NOTICE=1 hides this)",
-            info.accel.reason
-        );
-    }
+    tcg_notice(&info, args.quiet);
     let spec = ExecSpec {
         program: Program::Argv(args.command.clone()),
         cwd: args.cwd.clone(),
@@ -188,10 +191,122 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
             stderr: String::from_utf8_lossy(&stderr).into_owned(),
             duration_ms: exec_ms,
             total_ms: total.elapsed().as_millis() as u64,
+            from_pool: None,
         };
         crate::print_json(&r)?;
     }
     Ok(ExitCode::from(code.clamp(0, 255) as u8))
+}
+
+/// How long a sandbox `run` made through the daemon outlives this process if it dies
+/// without removing it (its TTL, renewed while the command runs).
+const LEASE_SECS: u64 = 120;
+
+/// `run` through the daemon: a sandbox from its warm pool (or restored for this call), the
+/// command, the sandbox removed; a lease (TTL renewed while the command runs) removes it if
+/// this process is killed.
+async fn on_daemon(
+    c: &forkbox_client::Client,
+    args: &RunArgs,
+    total: Instant,
+) -> anyhow::Result<ExitCode> {
+    let req = forkbox_engine::api::CreateRequest {
+        image: Some(args.image.clone()),
+        cpus: Some(args.cpus),
+        memory_mib: Some(args.memory),
+        accel: Some(args.accel),
+        labels: [("forkbox-run".to_string(), std::process::id().to_string())].into(),
+        ttl_seconds: Some(LEASE_SECS),
+        max_processes: Some(args.max_procs),
+        snapshot: None,
+        ttl_action: None,
+        disk_gib: None,
+        network: args.net.policy(),
+    };
+    let mut sigint = signal(SignalKind::interrupt())?;
+    let mut sigterm = signal(SignalKind::terminate())?;
+    let mut sighup = signal(SignalKind::hangup())?;
+    let view = tokio::select! {
+        v = crate::daemon::said_after(
+            c.create(&req),
+            (!args.quiet).then_some(
+                "starting the sandbox (the first of an image and size boots once to make its \
+                 template: a few seconds)",
+            ),
+        ) => v.context("could not start the sandbox")?,
+        // A sandbox the daemon makes meanwhile goes when its lease ends.
+        _ = sigint.recv() => return Ok(ExitCode::from(130)),
+        _ = sigterm.recv() => return Ok(ExitCode::from(143)),
+        _ = sighup.recv() => return Ok(ExitCode::from(129)),
+    };
+    let info = view.info.clone();
+    tcg_notice(&info, args.quiet);
+    let id = info.id.clone();
+    let exec = forkbox_engine::api::ExecRequest {
+        argv: Some(args.command.clone()),
+        cwd: args.cwd.clone(),
+        env: args.env.iter().cloned().collect(),
+        timeout_secs: args.timeout,
+        ..Default::default()
+    };
+    let lease = async {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(LEASE_SECS / 4)).await;
+            let _ = c.set_ttl(&id, LEASE_SECS).await;
+        }
+    };
+    let exec_start = Instant::now();
+    let outcome = tokio::select! {
+        r = async {
+            if args.json {
+                let r = c.exec(&id, &exec).await?;
+                crate::print_json(&RunResult {
+                    sandbox: info.clone(),
+                    exit_code: r.exit_code,
+                    signal: r.signal,
+                    timed_out: r.timed_out,
+                    stdout: r.stdout,
+                    stderr: r.stderr,
+                    duration_ms: exec_start.elapsed().as_millis() as u64,
+                    total_ms: total.elapsed().as_millis() as u64,
+                    from_pool: Some(view.from_pool),
+                })?;
+                Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8))
+            } else {
+                let how = crate::daemon::How {
+                    interactive: args.interactive,
+                    tty: args.tty,
+                    detach: false,
+                    json: false,
+                };
+                crate::daemon::exec(c, &id, exec.clone(), how).await
+            }
+        } => Some(r),
+        _ = lease => None,
+        _ = sigint.recv() => None,
+        _ = sigterm.recv() => None,
+        _ = sighup.recv() => None,
+    };
+    let _ = c.delete(&id).await;
+    match outcome {
+        Some(r) => r,
+        None => {
+            eprintln!("forkbox: interrupted; the sandbox was removed");
+            Ok(ExitCode::from(130))
+        }
+    }
+}
+
+fn tcg_notice(info: &SandboxInfo, quiet: bool) {
+    let hushed =
+        std::env::var_os("FORKBOX_NO_TCG_NOTICE").is_some_and(|v| !v.is_empty() && v != "0");
+    if info.accel.accel == Accel::Tcg && !quiet && !hushed {
+        eprintln!(
+            "forkbox: TCG, software emulation ({}): slower, and QEMU's confinement is the \
+             security boundary (FORKBOX_NO_TCG_NOTICE=1 hides this)",
+            info.accel.reason
+        );
+    }
 }
 
 type Driven = (ExitStatus, bool, Vec<u8>, Vec<u8>);

@@ -18,6 +18,9 @@ fn forkbox(paths: &forkbox_engine::paths::Paths) -> Command {
         // Daemons started here keep no warm pool (its background restores would race the
         // tests' counts of VMs and files); `the_warm_pool_...` turns it on.
         .env("FORKBOX_POOL_SIZE", "0")
+        // `run` makes its sandbox in its own process, whether or not a daemon runs in the
+        // shared test home (`run_goes_through_a_running_daemon...` tests the other way).
+        .env("FORKBOX_RUN_LOCAL", "1")
         .stdin(Stdio::null());
     c
 }
@@ -2080,4 +2083,101 @@ fn a_bad_tests_glob_is_refused_by_name() {
         text(&o.stderr)
     );
     assert_eq!(std::fs::read_dir(out.path()).unwrap().count(), 0);
+}
+
+/// Two restores (the pool's copy, then its refill). With a daemon running, `run` takes a ready
+/// copy from its warm pool, runs the command and removes the sandbox; a sandbox whose `run` is
+/// killed holds only a lease (a TTL the run renews), so the daemon removes it.
+#[test]
+fn run_goes_through_a_running_daemon_and_its_warm_pool() {
+    let paths = infra::isolated_home("run-daemon");
+    stop_daemon(&paths);
+    let daemon = |args: &[&str]| {
+        forkbox(&paths)
+            .env_remove("FORKBOX_RUN_LOCAL")
+            .env("FORKBOX_POOL_SIZE", "1")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // The first `sandbox` call starts the daemon.
+    let out = daemon(&["sandbox", "ls"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    // Streamed output and the exit code, as without a daemon; the sandbox was restored for
+    // this call, and the pool now keeps a copy of this image and size ready.
+    let out = daemon(&[
+        "run",
+        "--quiet",
+        "--",
+        "sh",
+        "-c",
+        "echo out; echo err >&2; exit 5",
+    ]);
+    assert_eq!(out.status.code(), Some(5));
+    assert_eq!(text(&out.stdout), "out\n");
+    assert_eq!(text(&out.stderr), "err\n");
+    assert!(
+        infra::wait_until(Duration::from_secs(60), || {
+            let o = daemon(&["pool", "ls"]);
+            text(&o.stdout).lines().any(|l| {
+                l.starts_with("python-bookworm@") && l.split_whitespace().nth(4) == Some("1")
+            })
+        }),
+        "{}",
+        text(&daemon(&["pool", "ls"]).stdout)
+    );
+    // ... and is handed out once warmed up.
+    std::thread::sleep(Duration::from_secs(3));
+    let out = daemon(&[
+        "run",
+        "--json",
+        "--",
+        "sh",
+        "-c",
+        "echo from-the-pool; exit 3",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
+    let r: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(r["stdout"], "from-the-pool\n");
+    assert_eq!(r["exit_code"], 3);
+    assert_eq!(r["from_pool"], true, "{r}");
+    // Removed when done.
+    let id = r["sandbox"]["id"].as_str().unwrap().to_string();
+    let out = daemon(&["sandbox", "ls", "-q"]);
+    assert!(!text(&out.stdout).contains(&id), "{}", text(&out.stdout));
+
+    // A killed `run` leaves a sandbox that expires: its lease is at most two minutes.
+    let mut child = forkbox(&paths)
+        .env_remove("FORKBOX_RUN_LOCAL")
+        .env("FORKBOX_POOL_SIZE", "1")
+        .args(["run", "--quiet", "--", "sh", "-c", "echo ready; sleep 600"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.as_mut().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert_eq!(line, "ready\n");
+    child.kill().unwrap();
+    child.wait().unwrap();
+    let out = daemon(&["sandbox", "ls", "--json"]);
+    let list: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let left: Vec<&serde_json::Value> = list
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|v| v["labels"]["forkbox-run"].is_string())
+        .collect();
+    assert_eq!(left.len(), 1, "{list}");
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let expires = left[0]["expires_unix"].as_u64().unwrap();
+    assert!(expires <= now + 121, "expires in {} s", expires - now);
+    stop_daemon(&paths);
+    let id = left[0]["id"].as_str().unwrap();
+    let _ = daemon(&["sandbox", "rm", id]);
+    stop_daemon(&paths);
 }
