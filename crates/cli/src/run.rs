@@ -112,21 +112,13 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
         network: args.net.policy().unwrap_or_default(),
         ..SandboxConfig::default()
     };
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::new()?;
     // Creation itself can be interrupted; the engine removes what it made when dropped.
     let sandbox = tokio::select! {
-        s = crate::daemon::said_after(
-            Sandbox::create(paths, &cfg),
-            (!args.quiet).then_some(
-                "starting the sandbox (the first of an image and size boots once to make its \
-                 template: a few seconds)",
-            ),
-        ) => s.context("could not start the sandbox")?,
-        _ = sigint.recv() => return Ok(ExitCode::from(130)),
-        _ = sigterm.recv() => return Ok(ExitCode::from(143)),
-        _ = sighup.recv() => return Ok(ExitCode::from(129)),
+        s = crate::daemon::said_after(Sandbox::create(paths, &cfg), starting(args.quiet)) => {
+            s.context("could not start the sandbox")?
+        }
+        code = signals.next() => return Ok(ExitCode::from(code)),
     };
     let info = sandbox.info().clone();
     tcg_notice(&info, args.quiet);
@@ -149,9 +141,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let exec_start = Instant::now();
     let outcome = tokio::select! {
         r = drive(&sandbox, spec, args.json, args.interactive) => Some(r),
-        _ = sigint.recv() => None,
-        _ = sigterm.recv() => None,
-        _ = sighup.recv() => None,
+        _ = signals.next() => None,
     };
     let exec_ms = exec_start.elapsed().as_millis() as u64;
     sandbox.destroy().await;
@@ -223,21 +213,13 @@ async fn on_daemon(
         disk_gib: None,
         network: args.net.policy(),
     };
-    let mut sigint = signal(SignalKind::interrupt())?;
-    let mut sigterm = signal(SignalKind::terminate())?;
-    let mut sighup = signal(SignalKind::hangup())?;
+    let mut signals = Signals::new()?;
     let view = tokio::select! {
-        v = crate::daemon::said_after(
-            c.create(&req),
-            (!args.quiet).then_some(
-                "starting the sandbox (the first of an image and size boots once to make its \
-                 template: a few seconds)",
-            ),
-        ) => v.context("could not start the sandbox")?,
+        v = crate::daemon::said_after(c.create(&req), starting(args.quiet)) => {
+            v.context("could not start the sandbox")?
+        }
         // A sandbox the daemon makes meanwhile goes when its lease ends.
-        _ = sigint.recv() => return Ok(ExitCode::from(130)),
-        _ = sigterm.recv() => return Ok(ExitCode::from(143)),
-        _ = sighup.recv() => return Ok(ExitCode::from(129)),
+        code = signals.next() => return Ok(ExitCode::from(code)),
     };
     let info = view.info.clone();
     tcg_notice(&info, args.quiet);
@@ -283,9 +265,7 @@ async fn on_daemon(
             }
         } => Some(r),
         _ = lease => None,
-        _ = sigint.recv() => None,
-        _ = sigterm.recv() => None,
-        _ = sighup.recv() => None,
+        _ = signals.next() => None,
     };
     let _ = c.delete(&id).await;
     match outcome {
@@ -293,6 +273,40 @@ async fn on_daemon(
         None => {
             eprintln!("forkbox: interrupted; the sandbox was removed");
             Ok(ExitCode::from(130))
+        }
+    }
+}
+
+/// What a start that takes over a second says (nothing with `--quiet`).
+fn starting(quiet: bool) -> Option<&'static str> {
+    (!quiet).then_some(
+        "starting the sandbox (the first of an image and size boots once to make its template: \
+         a few seconds)",
+    )
+}
+
+/// The signals that end a run: SIGINT, SIGTERM and SIGHUP.
+struct Signals {
+    int: tokio::signal::unix::Signal,
+    term: tokio::signal::unix::Signal,
+    hup: tokio::signal::unix::Signal,
+}
+
+impl Signals {
+    fn new() -> std::io::Result<Signals> {
+        Ok(Signals {
+            int: signal(SignalKind::interrupt())?,
+            term: signal(SignalKind::terminate())?,
+            hup: signal(SignalKind::hangup())?,
+        })
+    }
+
+    /// The next one to come, as the exit code a shell gives it (128 + its number).
+    async fn next(&mut self) -> u8 {
+        tokio::select! {
+            _ = self.int.recv() => 130,
+            _ = self.term.recv() => 143,
+            _ = self.hup.recv() => 129,
         }
     }
 }

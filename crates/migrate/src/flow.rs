@@ -56,6 +56,42 @@ pub struct MigrateConfig {
     pub tests: crate::integrity::TestFiles,
 }
 
+impl MigrateConfig {
+    /// A migration of `code` from image `from` to `to`, judged by the test command `test`,
+    /// with `plans` (their directory, `plans_dir`, goes to /plan in every fork) and the report
+    /// written to `out`; the rest as the CLI's defaults: two baseline runs, no setup, no
+    /// network, results read by format detection, an hour per test run, no prices, no model.
+    pub fn new(
+        (from, to): (&str, &str),
+        code: PathBuf,
+        test: &str,
+        (plans, plans_dir): (Vec<Plan>, PathBuf),
+        out: PathBuf,
+    ) -> MigrateConfig {
+        MigrateConfig {
+            from: from.into(),
+            to: to.into(),
+            code,
+            test: test.into(),
+            plans,
+            plans_dir,
+            out,
+            runs: 2,
+            setup: vec![],
+            setup_network: Default::default(),
+            share: vec![],
+            format: Format::Auto,
+            test_timeout_secs: 3600,
+            rate_cpu_second: 0.0,
+            rate_gib_second: 0.0,
+            llm: None,
+            cli: None,
+            protect_tests: false,
+            tests: Default::default(),
+        }
+    }
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum MigrateError {
     #[error(transparent)]

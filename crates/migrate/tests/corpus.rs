@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-use forkbox_migrate::reports::{self, Counts, Format, Outcome, Results};
+use forkbox_migrate::reports::{self, Counts, Outcome, Results};
 use forkbox_migrate::{migrate, MigrateConfig};
 use forkbox_test_infra as infra;
 
@@ -194,25 +194,17 @@ async fn check(spec: &str) {
     .unwrap();
     let out = tempfile::tempdir().unwrap();
     let cfg = MigrateConfig {
-        from: image.to_string(),
-        to: image.to_string(),
-        code: code.clone(),
-        test: TEST.into(),
-        plans: forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
-        plans_dir: plans.path().to_path_buf(),
-        out: out.path().to_path_buf(),
-        runs: 2,
-        setup: vec![],
-        setup_network: Default::default(),
-        share: vec![],
-        format: Format::Auto,
         test_timeout_secs: 1800,
-        rate_cpu_second: 0.0,
-        rate_gib_second: 0.0,
-        llm: None,
-        cli: None,
-        protect_tests: false,
-        tests: Default::default(),
+        ..MigrateConfig::new(
+            (&image.to_string(), &image.to_string()),
+            code.clone(),
+            TEST,
+            (
+                forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
+                plans.path().to_path_buf(),
+            ),
+            out.path().to_path_buf(),
+        )
     };
     let t = Instant::now();
     let report = migrate(

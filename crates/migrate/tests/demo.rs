@@ -21,25 +21,14 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
     let examples = infra::repo_root().join("examples");
     let out = tempfile::tempdir().unwrap();
     let cfg = MigrateConfig {
-        from: old.to_string(),
-        to: new.to_string(),
-        code: examples.join("legacykit"),
-        test: "python3 -m pytest -q -rA -p no:cacheprovider".into(),
-        plans: forkbox_migrate::plans::load(&examples.join("plans/plans.toml")).unwrap(),
-        plans_dir: examples.join("plans"),
-        out: out.path().to_path_buf(),
-        runs: 2,
-        setup: vec![],
-        setup_network: Default::default(),
-        share: vec![],
-        format: Format::Auto,
         test_timeout_secs: 600,
-        rate_cpu_second: 0.0,
-        rate_gib_second: 0.0,
-        llm: None,
-        cli: None,
-        protect_tests: false,
-        tests: Default::default(),
+        ..MigrateConfig::new(
+            (&old.to_string(), &new.to_string()),
+            examples.join("legacykit"),
+            "python3 -m pytest -q -rA -p no:cacheprovider",
+            plans_of(&examples.join("plans")),
+            out.path().to_path_buf(),
+        )
     };
     let report = migrate(
         &paths,
@@ -264,6 +253,14 @@ fn check_in_chromium(report: &Path, lost_id: &str) {
     assert!(bytes.len() > 20_000, "the screenshot shows something");
 }
 
+/// The plans of `dir/plans.toml`, and `dir` (uploaded to /plan).
+fn plans_of(dir: &Path) -> (Vec<forkbox_migrate::plans::Plan>, std::path::PathBuf) {
+    (
+        forkbox_migrate::plans::load(&dir.join("plans.toml")).unwrap(),
+        dir.to_path_buf(),
+    )
+}
+
 fn copy_dir(from: &Path, to: &Path) {
     for e in std::fs::read_dir(from).unwrap().flatten() {
         let dest = to.join(e.file_name());
@@ -360,28 +357,20 @@ async fn the_node_example_installs_once_and_takes_the_smallest_port() {
         "examples/nodekit/node_modules would be uploaded: remove it"
     );
     let cfg = MigrateConfig {
-        from: old.to_string(),
-        to: new.to_string(),
-        code: code.clone(),
-        test: m["test"].as_str().unwrap().into(),
-        plans: forkbox_migrate::plans::load(&examples.join("node-plans/plans.toml")).unwrap(),
-        plans_dir: examples.join("node-plans"),
-        out: out.path().to_path_buf(),
-        runs: 2,
         setup: list("setup"),
         setup_network: forkbox_engine::net::NetworkPolicy {
             internet: false,
             allow: list("setup_allow"),
         },
         share: list("share"),
-        format: Format::Auto,
         test_timeout_secs: 900,
-        rate_cpu_second: 0.0,
-        rate_gib_second: 0.0,
-        llm: None,
-        cli: None,
-        protect_tests: false,
-        tests: Default::default(),
+        ..MigrateConfig::new(
+            (&old.to_string(), &new.to_string()),
+            code.clone(),
+            m["test"].as_str().unwrap(),
+            plans_of(&examples.join("node-plans")),
+            out.path().to_path_buf(),
+        )
     };
     let report = migrate(
         &paths,
@@ -566,25 +555,14 @@ porter = { command = "touch /tmp/fail-always" }
     .unwrap();
     let out = tempfile::tempdir().unwrap();
     let cfg = MigrateConfig {
-        from: image.to_string(),
-        to: image.to_string(),
-        code: code.path().to_path_buf(),
-        test: "python3 -m pytest -q -rA -p no:cacheprovider".into(),
-        plans: forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
-        plans_dir: plans.path().to_path_buf(),
-        out: out.path().to_path_buf(),
-        runs: 2,
-        setup: vec![],
-        setup_network: Default::default(),
-        share: vec![],
-        format: Format::Auto,
         test_timeout_secs: 600,
-        rate_cpu_second: 0.0,
-        rate_gib_second: 0.0,
-        llm: None,
-        cli: None,
-        protect_tests: false,
-        tests: Default::default(),
+        ..MigrateConfig::new(
+            (&image.to_string(), &image.to_string()),
+            code.path().to_path_buf(),
+            "python3 -m pytest -q -rA -p no:cacheprovider",
+            plans_of(plans.path()),
+            out.path().to_path_buf(),
+        )
     };
     let report = migrate(
         &paths,
