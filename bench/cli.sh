@@ -10,8 +10,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 forkbox="$(scripts/build.sh)"
 scripts/build.sh agent >/dev/null
-# A home of its own (the image is built there on first use): the test home's daemon stays as it is.
-export FORKBOX_HOME="${FORKBOX_BENCH_HOME:-/var/tmp/forkbox-bench}"
+# The test home, as the other benches (its kernel and images); its daemon is restarted with the
+# pool sizes measured and stopped at the end: do not run the tests meanwhile.
+export FORKBOX_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 export FORKBOX_NO_TCG_NOTICE=1
 creates="${BENCH_CREATES:-20}"
 runs="${BENCH_RUNS:-10}"

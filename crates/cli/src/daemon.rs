@@ -82,7 +82,7 @@ pub enum SandboxCmd {
     /// Save sandboxes to disk and stop their VMs; they keep their ids.
     Hibernate {
         /// Sandbox ids.
-        #[arg(required = true)]
+        #[arg(required = true, value_parser = sandbox_id)]
         ids: Vec<String>,
         /// Print the hibernated sandboxes as JSON.
         #[arg(long)]
@@ -91,6 +91,7 @@ pub enum SandboxCmd {
     /// Bring a hibernated sandbox back, with its processes.
     Resume {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// Print the resumed sandbox as JSON.
         #[arg(long)]
@@ -99,6 +100,7 @@ pub enum SandboxCmd {
     /// Save a running sandbox (memory, processes, disk) as a snapshot; it keeps running.
     Snapshot {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// The snapshot's name (default: made up from the sandbox's id).
         #[arg(long)]
@@ -113,6 +115,7 @@ pub enum SandboxCmd {
     /// Fork a running sandbox or a snapshot into COUNT new sandboxes; prints their ids.
     Fork {
         /// A sandbox id or a snapshot name.
+        #[arg(value_parser = sandbox_id)]
         source: String,
         /// How many copies (1 to 20).
         #[arg(long, default_value_t = 1)]
@@ -133,6 +136,7 @@ pub enum SandboxCmd {
     /// Set a sandbox's TTL anew, counted from now.
     Ttl {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// How long from now: 600, 10m, 1h.
         #[arg(value_parser = crate::units::ttl)]
@@ -144,6 +148,7 @@ pub enum SandboxCmd {
     /// Run a command in a sandbox; prints its output and exits with its exit code.
     Exec {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// Working directory in the guest (default /root).
         #[arg(long)]
@@ -175,6 +180,7 @@ pub enum SandboxCmd {
     /// A login shell in a sandbox on a terminal (bash if it has one, else sh): `exec -i -t`.
     Shell {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// Working directory in the guest (default /root).
         #[arg(long)]
@@ -183,6 +189,7 @@ pub enum SandboxCmd {
     /// Follow a command started earlier (its output from the start, then live) and exit with its code.
     Attach {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// The id `exec --detach` printed.
         command_id: String,
@@ -190,6 +197,7 @@ pub enum SandboxCmd {
     /// Send a signal to a command started earlier.
     Kill {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// The id `exec --detach` printed.
         command_id: String,
@@ -203,6 +211,7 @@ pub enum SandboxCmd {
     /// Copy a host directory into the sandbox (as one tar.zst stream).
     Upload {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// The host directory to copy.
         host_dir: std::path::PathBuf,
@@ -217,6 +226,7 @@ pub enum SandboxCmd {
     /// and `..` in what the sandbox sends are refused.
     Download {
         /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
         id: String,
         /// The file or directory in the guest.
         guest_path: String,
@@ -244,7 +254,7 @@ pub enum SandboxCmd {
     /// Stop and remove sandboxes.
     Rm {
         /// Sandbox ids.
-        #[arg(required = true)]
+        #[arg(required = true, value_parser = sandbox_id)]
         ids: Vec<String>,
         /// Print the removed sandboxes as JSON.
         #[arg(long)]
@@ -1089,6 +1099,20 @@ fn print_sandboxes(all: &[SandboxView]) {
 }
 
 /// A `--state` value, parsed once.
+/// A sandbox id (or snapshot name) as the command line takes it: not empty (a `$(...)` that
+/// printed nothing), one path segment of visible characters.
+fn sandbox_id(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("an empty id: give a sandbox's id (`forkbox sandbox ls` lists them)".into());
+    }
+    if s.contains('/') || s.chars().any(|c| c.is_control() || c.is_whitespace()) {
+        return Err(format!(
+            "{s:?} is no sandbox id (ids are like sb-1a2b3c4d5e: `forkbox sandbox ls` lists them)"
+        ));
+    }
+    Ok(s.to_string())
+}
+
 pub fn parse_state(s: &str) -> Result<SandboxState, String> {
     serde_json::from_value(serde_json::Value::String(s.replace('-', "_")))
         .map_err(|_| format!("{s:?} is not one of running, disk_full, hibernated, failed"))

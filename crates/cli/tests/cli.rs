@@ -2181,3 +2181,24 @@ fn run_goes_through_a_running_daemon_and_its_warm_pool() {
     let _ = daemon(&["sandbox", "rm", id]);
     stop_daemon(&paths);
 }
+
+/// No VM. An id that is empty (a `$(...)` that printed nothing) or no id at all is refused by
+/// the command line, in words, before the daemon is asked.
+#[test]
+fn empty_and_malformed_sandbox_ids_are_refused_in_words() {
+    let paths = infra::isolated_home("bad-ids");
+    for args in [
+        &["sandbox", "rm", ""][..],
+        &["sandbox", "exec", "", "--", "true"],
+        &["sandbox", "exec", "../x", "--", "true"],
+        &["sandbox", "fork", "a b"],
+    ] {
+        let out = run(&paths, args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let err = text(&out.stderr);
+        assert!(err.contains("forkbox sandbox ls"), "{args:?}: {err}");
+        assert!(!err.contains("404"), "{args:?}: {err}");
+    }
+    // Nothing was started to answer them.
+    assert!(!forkbox_server::pid_path(&paths).exists());
+}

@@ -190,8 +190,13 @@ impl Client {
         Err(ClientError::Api {
             status: status.as_u16(),
             code: field("code").unwrap_or_else(|| format!("http_{}", status.as_u16())),
-            message: field("error")
-                .unwrap_or_else(|| format!("{status}: {}", String::from_utf8_lossy(&body).trim())),
+            message: field("error").unwrap_or_else(|| {
+                let text = String::from_utf8_lossy(&body);
+                match text.trim() {
+                    "" => format!("{status} (this forkbox daemon has no such operation)"),
+                    t => format!("{status}: {t}"),
+                }
+            }),
         })
     }
 
