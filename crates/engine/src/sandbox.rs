@@ -721,9 +721,27 @@ impl Sandbox {
             .await;
         let result = match flushed {
             Ok(out) if out.status.is_some_and(|s| s.as_shell_code() == 0) => {
+                // The guest's `sync` is not enough: QEMU can still hold what it has not
+                // written of the qcow2 overlay (its tables of where each written cluster is).
+                // Stopping the VM flushes every block device; killing it right after the sync
+                // lost a whole build stage's files on a loaded host (3 builds of 5; none of 4
+                // with the stop).
+                let qmp = self.run_dir().dir.join("qmp.sock");
+                let stopped = tokio::task::spawn_blocking(move || {
+                    let mut q = crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(10))?;
+                    q.execute("stop", serde_json::json!({})).map(drop)
+                })
+                .await
+                .map_err(|e| SandboxError::io("stop the VM", std::io::Error::other(e)))
+                .and_then(|r| r.map_err(SandboxError::from));
                 self.vm.lock().await.kill().await;
-                let disk = self.run_dir().disk_dir().join("disk.qcow2");
-                convert_raw(&disk, dest).await
+                match stopped {
+                    Ok(()) => {
+                        let disk = self.run_dir().disk_dir().join("disk.qcow2");
+                        convert_raw(&disk, dest).await
+                    }
+                    Err(e) => Err(e),
+                }
             }
             Ok(out) => Err(SandboxError::io(
                 "flush the guest's writes",

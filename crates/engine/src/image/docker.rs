@@ -610,7 +610,7 @@ impl Ctx<'_, '_> {
             let src = absolute(None, s);
             let probe = lender
                 .run(ExecSpec {
-                    program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), "if [ -d \"$1\" ]; then echo dir; elif [ -e \"$1\" ] || [ -L \"$1\" ]; then echo file; fi".into(), "sh".into(), src.clone()]),
+                    program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), "if [ -d \"$1\" ]; then echo dir; elif [ -e \"$1\" ] || [ -L \"$1\" ]; then echo file; else echo none; ls -A \"$(dirname \"$1\")\" 2>&1 | head -20; fi".into(), "sh".into(), src.clone()]),
                     cwd: Some("/".into()),
                     env: vec![],
                     timeout_ms: Some(60_000),
@@ -631,14 +631,30 @@ impl Ctx<'_, '_> {
                 ));
             }
             let kind = probe.stdout_text();
-            let is_dir = match kind.trim() {
+            let mut said = kind.lines();
+            let is_dir = match said.next().unwrap_or("") {
                 "dir" => true,
                 "file" => false,
-                _ => {
+                "none" => {
+                    let beside: Vec<&str> = said.collect();
                     return Err(self.fail(
                         line,
                         what,
-                        format!("{src} does not exist in that stage"),
+                        format!(
+                            "{src} does not exist in that stage (its directory holds: {})",
+                            if beside.is_empty() {
+                                "nothing".to_string()
+                            } else {
+                                beside.join(" ")
+                            }
+                        ),
+                    ));
+                }
+                other => {
+                    return Err(self.fail(
+                        line,
+                        what,
+                        format!("could not look for {src} in that stage: it answered {other:?}"),
                     ))
                 }
             };
