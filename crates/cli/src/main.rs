@@ -48,7 +48,9 @@ enum Cmd {
         #[command(subcommand)]
         command: ImageCmd,
     },
-    /// Run one command in a fresh sandbox, stream its output, exit with its exit code.
+    /// Run one command in a fresh sandbox, stream its output, exit with its exit code. With
+    /// the daemon running, the sandbox is a ready copy from its warm pool (FORKBOX_RUN_LOCAL=1:
+    /// made in this process).
     Run(run::RunArgs),
     /// Run the daemon that keeps sandboxes between calls (the `sandbox` commands start it when
     /// none runs).
