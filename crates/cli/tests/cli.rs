@@ -259,19 +259,25 @@ fn asking_for_kvm_where_it_cannot_work_is_an_error() {
     }
 }
 
-/// Spawns `forkbox run` that prints "ready" from inside the guest, and waits for it.
-fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>, Vec<String>) {
-    let mut child = forkbox(paths)
-        .args(["run", "--", "sh", "-c", "echo ready; sleep 600"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
+/// Spawns `cmd` with its stdout piped and waits until its first line is `first`.
+fn started_saying(cmd: &mut Command, first: &str) -> Child {
+    let mut child = cmd.stdout(Stdio::piped()).spawn().unwrap();
     let mut line = String::new();
     BufReader::new(child.stdout.as_mut().unwrap())
         .read_line(&mut line)
         .unwrap();
-    assert_eq!(line, "ready\n");
+    assert_eq!(line, format!("{first}\n"));
+    child
+}
+
+/// Spawns `forkbox run` that prints "ready" from inside the guest, and waits for it.
+fn start_ready_sandbox(paths: &forkbox_engine::paths::Paths) -> (Child, Vec<u32>, Vec<String>) {
+    let child = started_saying(
+        forkbox(paths)
+            .args(["run", "--", "sh", "-c", "echo ready; sleep 600"])
+            .stderr(Stdio::piped()),
+        "ready",
+    );
     let cli = child.id();
     // This CLI's QEMU: the child of its jail's holder (or its own child, unjailed), whose
     // command line names the sandbox's run directory.
@@ -672,8 +678,8 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         "one\ntwo\n",
         "reattaching replays the output"
     );
-    let mut client = forkbox(&paths)
-        .args([
+    let mut client = started_saying(
+        forkbox(&paths).args([
             "sandbox",
             "exec",
             &a,
@@ -681,15 +687,9 @@ fn sandboxes_live_across_calls_through_the_daemon() {
             "sh",
             "-c",
             "echo started; sleep 3; echo done > /root/after",
-        ])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut first = String::new();
-    BufReader::new(client.stdout.as_mut().unwrap())
-        .read_line(&mut first)
-        .unwrap();
-    assert_eq!(first, "started\n");
+        ]),
+        "started",
+    );
     client.kill().unwrap();
     client.wait().unwrap();
     assert!(
@@ -2147,18 +2147,13 @@ fn run_goes_through_a_running_daemon_and_its_warm_pool() {
     assert!(!text(&out.stdout).contains(&id), "{}", text(&out.stdout));
 
     // A killed `run` leaves a sandbox that expires: its lease is at most two minutes.
-    let mut child = forkbox(&paths)
-        .env_remove("FORKBOX_RUN_LOCAL")
-        .env("FORKBOX_POOL_SIZE", "1")
-        .args(["run", "--quiet", "--", "sh", "-c", "echo ready; sleep 600"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.as_mut().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert_eq!(line, "ready\n");
+    let mut child = started_saying(
+        forkbox(&paths)
+            .env_remove("FORKBOX_RUN_LOCAL")
+            .env("FORKBOX_POOL_SIZE", "1")
+            .args(["run", "--quiet", "--", "sh", "-c", "echo ready; sleep 600"]),
+        "ready",
+    );
     child.kill().unwrap();
     child.wait().unwrap();
     let out = daemon(&["sandbox", "ls", "--json"]);

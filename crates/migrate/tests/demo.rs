@@ -30,13 +30,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
             out.path().to_path_buf(),
         )
     };
-    let report = migrate(
-        &paths,
-        &cfg,
-        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
-    )
-    .await
-    .expect("migrate");
+    let report = migrate_logged(&paths, &cfg).await;
 
     // The baseline: everything passes on 3.9.
     let passed = report
@@ -253,6 +247,20 @@ fn check_in_chromium(report: &Path, lost_id: &str) {
     assert!(bytes.len() > 20_000, "the screenshot shows something");
 }
 
+/// The migration, its progress on stderr (shown when a test fails).
+async fn migrate_logged(
+    paths: &forkbox_engine::paths::Paths,
+    cfg: &MigrateConfig,
+) -> forkbox_migrate::flow::MigrateReport {
+    migrate(
+        paths,
+        cfg,
+        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
+    )
+    .await
+    .expect("migrate")
+}
+
 /// The plans of `dir/plans.toml`, and `dir` (uploaded to /plan).
 fn plans_of(dir: &Path) -> (Vec<forkbox_migrate::plans::Plan>, std::path::PathBuf) {
     (
@@ -372,13 +380,7 @@ async fn the_node_example_installs_once_and_takes_the_smallest_port() {
             out.path().to_path_buf(),
         )
     };
-    let report = migrate(
-        &paths,
-        &cfg,
-        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
-    )
-    .await
-    .expect("migrate");
+    let report = migrate_logged(&paths, &cfg).await;
     // Mocha's JSON report, every test passing on Node 18 with the shared node_modules.
     assert_eq!(report.baseline.results.len(), 43);
     assert!(report
@@ -564,13 +566,7 @@ porter = { command = "touch /tmp/fail-always" }
             out.path().to_path_buf(),
         )
     };
-    let report = migrate(
-        &paths,
-        &cfg,
-        std::sync::Arc::new(|e: forkbox_migrate::Event<'_>| eprintln!("{e:?}")),
-    )
-    .await
-    .expect("migrate");
+    let report = migrate_logged(&paths, &cfg).await;
     assert!(
         report
             .baseline_order
