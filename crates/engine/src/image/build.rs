@@ -535,32 +535,17 @@ fn on_debian(
 }
 
 /// What every Debian root gets from forkbox: `python` beside `python3` (so `python -m pytest`
-/// runs as written), its name, no package lists; written beneath the root.
+/// runs as written) and no package lists; written beneath the root.
 fn debian_files(root: &Path) -> Result<(), ImageError> {
     let beneath =
         super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
-    let own = |e: super::layers::LayerError| {
-        ImageError::io(
-            "write forkbox's files into the root",
-            std::io::Error::other(e.to_string()),
-        )
-    };
     if root.join("usr/bin/python3").exists()
         && root.join("usr/bin/python").symlink_metadata().is_err()
     {
         beneath
             .symlink(Path::new("usr/bin/python"), Path::new("python3"))
-            .map_err(own)?;
+            .map_err(writing_own_files)?;
     }
-    beneath
-        .write_file(Path::new("etc/hostname"), b"forkbox\n")
-        .map_err(own)?;
-    beneath
-        .write_file(
-            Path::new("etc/hosts"),
-            b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
-        )
-        .map_err(own)?;
     let lists = root.join("var/lib/apt/lists");
     for e in fs::read_dir(&lists).into_iter().flatten().flatten() {
         if e.file_type().is_ok_and(|t| t.is_file()) {
@@ -795,13 +780,7 @@ pub(super) fn unpack_registry(
             mib(st.bytes)
         )));
     }
-    // What the agent mounts over, and the name every sandbox has.
-    let own = |e: super::layers::LayerError| {
-        ImageError::io(
-            "write forkbox's files into the root",
-            std::io::Error::other(e.to_string()),
-        )
-    };
+    // What the agent mounts over (the name every sandbox has comes with forkbox's own files).
     for (dir, mode) in [
         ("proc", 0o555),
         ("sys", 0o555),
@@ -811,17 +790,10 @@ pub(super) fn unpack_registry(
         ("root", 0o700),
         ("etc", 0o755),
     ] {
-        beneath.ensure_dir(Path::new(dir), mode).map_err(own)?;
+        beneath
+            .ensure_dir(Path::new(dir), mode)
+            .map_err(writing_own_files)?;
     }
-    beneath
-        .write_file(Path::new("etc/hostname"), b"forkbox\n")
-        .map_err(own)?;
-    beneath
-        .write_file(
-            Path::new("etc/hosts"),
-            b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
-        )
-        .map_err(own)?;
     let suite = suite_of(&beneath);
     Ok((root, suite))
 }
@@ -1054,22 +1026,34 @@ fn finish(
     Ok(sizes)
 }
 
-/// The files forkbox puts into every image's root: no resolver (a sandbox has none: the host
-/// resolves the names its proxy asks for); written beneath the root, as a layer is.
+fn writing_own_files(e: super::layers::LayerError) -> ImageError {
+    ImageError::io(
+        "write forkbox's files into the root",
+        std::io::Error::other(e.to_string()),
+    )
+}
+
+/// The files forkbox puts into every image's root: the name every sandbox has, and no
+/// resolver (a sandbox has none: the host resolves the names its proxy asks for); written
+/// beneath the root, as a layer is.
 fn own_files(root: &Path) -> Result<(), ImageError> {
     let r =
         super::layers::Root::open(root).map_err(|e| ImageError::io("open the build root", e))?;
-    let own = |e: super::layers::LayerError| {
-        ImageError::io(
-            "write forkbox's files into the root",
-            std::io::Error::other(e.to_string()),
-        )
-    };
-    r.write_file(
-        Path::new("etc/resolv.conf"),
-        b"# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
-    )
-    .map_err(own)
+    for (file, text) in [
+        ("etc/hostname", &b"forkbox\n"[..]),
+        (
+            "etc/hosts",
+            b"127.0.0.1 localhost\n127.0.1.1 forkbox\n::1 localhost\n",
+        ),
+        (
+            "etc/resolv.conf",
+            b"# forkbox: a sandbox has no resolver; the host resolves the names its proxy asks for.\n",
+        ),
+    ] {
+        r.write_file(Path::new(file), text)
+            .map_err(writing_own_files)?;
+    }
+    Ok(())
 }
 
 /// Writes `root` into an ext4 disk at `rootfs` with `free_mib` to spare; step `n` of `total`.
