@@ -236,7 +236,7 @@ pub async fn put_archive(
 
 /// The tar.zst file `path` as a stream of 1 MiB chunks (for [`put_archive`]), read on a
 /// blocking thread.
-pub fn file_chunks(path: &Path) -> Packing {
+fn file_chunks(path: &Path) -> Packing {
     let (tx, rx) = mpsc::channel::<Vec<u8>>(4);
     let path = path.to_path_buf();
     let reader = tokio::task::spawn_blocking(move || -> io::Result<()> {
@@ -257,7 +257,7 @@ pub fn file_chunks(path: &Path) -> Packing {
 }
 
 /// Saves the sandbox path `src` as a tar.zst file `dest` on the host (to send to another
-/// sandbox with [`file_chunks`] and [`put_archive`]); returns its size.
+/// sandbox with [`upload_archive`]); returns its size.
 pub async fn save_archive(
     client: &AgentClient,
     src: &str,
@@ -287,11 +287,32 @@ pub async fn save_archive(
 pub async fn upload(client: &AgentClient, src: &Path, dest: &str) -> Result<u64, TransferError> {
     let (rx, packer) = pack(src)?;
     let sent = put_archive(client, dest, rx).await;
-    let packed = packer.await.map_err(|e| TransferError::Io {
-        what: "pack".into(),
+    finished(packer, format!("pack {}", src.display())).await?;
+    sent
+}
+
+/// The outcome of the task that made a stream's chunks (`what` it did, for the error).
+async fn finished(
+    task: tokio::task::JoinHandle<io::Result<()>>,
+    what: String,
+) -> Result<(), TransferError> {
+    let done = task.await.map_err(|e| TransferError::Io {
+        what: what.clone(),
         source: io::Error::other(e),
     })?;
-    packed.map_err(io_err(format!("pack {}", src.display())))?;
+    done.map_err(io_err(what))
+}
+
+/// Unpacks the host's tar.zst file `archive` (one [`save_archive`] wrote, or a build context)
+/// into the sandbox directory `dest`. Returns the bytes sent.
+pub async fn upload_archive(
+    client: &AgentClient,
+    archive: &Path,
+    dest: &str,
+) -> Result<u64, TransferError> {
+    let (rx, reader) = file_chunks(archive);
+    let sent = put_archive(client, dest, rx).await;
+    finished(reader, format!("read {}", archive.display())).await?;
     sent
 }
 

@@ -563,15 +563,13 @@ async fn run_baseline(
                 if !cfg.share.is_empty() {
                     phase("waiting for setup", 0);
                     for (dir, file) in handed(shared).await?.iter() {
-                        let (rx, reader) = forkbox_engine::files::file_chunks(file);
-                        let sent = forkbox_engine::files::put_archive(
+                        forkbox_engine::files::upload_archive(
                             sb.client(),
+                            file,
                             &format!("{WORKDIR}/{dir}"),
-                            rx,
                         )
-                        .await;
-                        let _ = reader.await;
-                        sent.map_err(|e| MigrateError::Upload {
+                        .await
+                        .map_err(|e| MigrateError::Upload {
                             what: format!("{dir} from the prepared sandbox"),
                             message: e.to_string(),
                         })?;

@@ -580,9 +580,7 @@ impl Ctx<'_, '_> {
         let tar = self.work.join(format!("context-{}.tar.zst", self.copies));
         let placed = pack_context(&self.context, &picked, &self.ignore, &tar)
             .map_err(|e| self.fail(line, what, format!("pack the build context: {e}")))?;
-        let (rx, reader) = crate::files::file_chunks(&tar);
-        let sent = crate::files::put_archive(sb.client(), staging, rx).await;
-        let _ = reader.await;
+        let sent = crate::files::upload_archive(sb.client(), &tar, staging).await;
         let _ = std::fs::remove_file(&tar);
         sent.map_err(|e| self.fail(line, what, e.to_string()))?;
         Ok(placed)
