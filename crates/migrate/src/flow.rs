@@ -487,20 +487,23 @@ type Handed = Result<Arc<Vec<(String, PathBuf)>>, String>;
 type HandOver = tokio::sync::watch::Sender<Option<Handed>>;
 type HandedOver = tokio::sync::watch::Receiver<Option<Handed>>;
 
-/// Waits for the prepared sandbox's shared directories.
-async fn handed(mut rx: HandedOver) -> Result<Arc<Vec<(String, PathBuf)>>, MigrateError> {
-    let got = rx
-        .wait_for(Option::is_some)
-        .await
-        .map_err(|_| {
-            MigrateError::Prepare("the preparation ended before it shared its directories".into())
-        })?
-        .clone();
-    match got {
-        Some(Ok(list)) => Ok(list),
-        Some(Err(m)) => Err(MigrateError::Prepare(m)),
-        None => Err(MigrateError::Prepare("nothing was shared".into())),
+/// What one side of a migration tells the other once it knows it: the value or why not,
+/// through a watch channel that holds `None` until then.
+async fn told<T: Clone>(
+    mut rx: tokio::sync::watch::Receiver<Option<Result<T, String>>>,
+    gone: &str,
+) -> Result<T, String> {
+    match rx.wait_for(Option::is_some).await.map(|v| v.clone()) {
+        Ok(Some(told)) => told,
+        _ => Err(gone.into()),
     }
+}
+
+/// Waits for the prepared sandbox's shared directories.
+async fn handed(rx: HandedOver) -> Result<Arc<Vec<(String, PathBuf)>>, MigrateError> {
+    told(rx, "the preparation ended before it shared its directories")
+        .await
+        .map_err(MigrateError::Prepare)
 }
 
 /// The baseline's outcome, with what the report says about it.
@@ -722,12 +725,7 @@ struct Shared {
 impl Shared {
     /// The baseline, once its runs are done.
     async fn baseline(&self) -> Result<Arc<Baseline>, String> {
-        let mut rx = self.baseline.clone();
-        let got = rx.wait_for(Option::is_some).await.map(|v| v.clone());
-        match got {
-            Ok(Some(b)) => b,
-            _ => Err("the baseline ended without a result".into()),
-        }
+        told(self.baseline.clone(), "the baseline ended without a result").await
     }
 
     /// Why the baseline failed, if it did already (then no plan's work can be judged).
