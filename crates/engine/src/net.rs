@@ -246,13 +246,13 @@ type Resolved = std::collections::HashMap<(String, u16), (std::time::Instant, Ve
 
 /// `host:port`'s addresses: asked once at a time per name, and kept for [`RESOLVED_FOR`].
 async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
-    static KEPT: std::sync::Mutex<Option<Resolved>> = std::sync::Mutex::new(None);
+    use std::sync::{LazyLock, Mutex};
+    static KEPT: LazyLock<Mutex<Resolved>> = LazyLock::new(Default::default);
     type Asking = std::collections::HashMap<(String, u16), std::sync::Arc<tokio::sync::Mutex<()>>>;
-    static ASKING: std::sync::Mutex<Option<Asking>> = std::sync::Mutex::new(None);
+    static ASKING: LazyLock<Mutex<Asking>> = LazyLock::new(Default::default);
     let key = (host.to_ascii_lowercase(), port);
     let kept = || {
-        let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
-        let map = k.get_or_insert_with(Default::default);
+        let mut map = KEPT.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, (at, _)| at.elapsed() < RESOLVED_FOR);
         map.get(&key).map(|(_, a)| a.clone())
     };
@@ -262,8 +262,7 @@ async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
     // One question per name at a time (other names are not held up): whoever waited finds
     // the answer kept.
     let gate = {
-        let mut a = ASKING.lock().unwrap_or_else(|p| p.into_inner());
-        let map = a.get_or_insert_with(Default::default);
+        let mut map = ASKING.lock().unwrap_or_else(|p| p.into_inner());
         map.retain(|_, g| std::sync::Arc::strong_count(g) > 1);
         map.entry(key.clone()).or_default().clone()
     };
@@ -279,8 +278,8 @@ async fn lookup(host: &str, port: u16) -> Result<Vec<SocketAddr>, String> {
     .map_err(|_| format!("resolving {host} timed out"))?
     .map_err(|e| format!("cannot resolve {host}: {e}"))?
     .collect();
-    let mut k = KEPT.lock().unwrap_or_else(|p| p.into_inner());
-    k.get_or_insert_with(Default::default)
+    KEPT.lock()
+        .unwrap_or_else(|p| p.into_inner())
         .insert(key, (std::time::Instant::now(), found.clone()));
     Ok(found)
 }
@@ -336,6 +335,14 @@ struct Open {
     /// fill the table with finished tunnels).
     guest_done: bool,
     remote_done: bool,
+}
+
+/// The two ends of a tunnel.
+enum End {
+    /// The guest's program.
+    Guest,
+    /// What it connected to.
+    Remote,
 }
 
 enum Slot {
@@ -492,17 +499,7 @@ impl HostNet {
                 }
             }
             A::TunnelEof { tunnel } => {
-                let over = match lock(&self.open).get_mut(&tunnel) {
-                    Some(Slot::Open(o)) => {
-                        let _ = o.to_remote.send(None);
-                        o.guest_done = true;
-                        o.remote_done
-                    }
-                    _ => false,
-                };
-                if over {
-                    self.finished(tunnel);
-                }
+                self.end_of(tunnel, End::Guest);
                 Ok(())
             }
             A::TunnelAck { tunnel, bytes } => {
@@ -591,11 +588,25 @@ impl HostNet {
         self.reply(HostMsg::TunnelClose { tunnel })
     }
 
-    /// Both ends of a tunnel have finished: it is forgotten once the guest's last bytes are
-    /// written to the remote (its writer task ends by itself on the guest's end of data).
-    fn finished(&self, tunnel: u32) {
-        if let Some(Slot::Open(o)) = lock(&self.open).remove(&tunnel) {
-            o.credit.close();
+    /// One end of a tunnel has finished sending (the guest's end is passed on to the remote).
+    /// Once both have, the tunnel is forgotten; the guest's last bytes are still written to
+    /// the remote (its writer task ends by itself on the guest's end of data).
+    fn end_of(&self, tunnel: u32, end: End) {
+        let mut open = lock(&self.open);
+        let Some(Slot::Open(o)) = open.get_mut(&tunnel) else {
+            return;
+        };
+        match end {
+            End::Guest => {
+                let _ = o.to_remote.send(None);
+                o.guest_done = true;
+            }
+            End::Remote => o.remote_done = true,
+        }
+        if o.guest_done && o.remote_done {
+            if let Some(Slot::Open(o)) = open.remove(&tunnel) {
+                o.credit.close();
+            }
         }
     }
 
@@ -694,16 +705,7 @@ impl HostNet {
                     let n = match rd.read(&mut buf).await {
                         Ok(0) => {
                             let _ = net.outbox.send(HostMsg::TunnelEof { tunnel }).await;
-                            let over = match lock(&net.open).get_mut(&tunnel) {
-                                Some(Slot::Open(o)) => {
-                                    o.remote_done = true;
-                                    o.guest_done
-                                }
-                                _ => false,
-                            };
-                            if over {
-                                net.finished(tunnel);
-                            }
+                            net.end_of(tunnel, End::Remote);
                             return;
                         }
                         Ok(n) => n,
