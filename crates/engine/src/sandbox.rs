@@ -413,7 +413,7 @@ impl Sandbox {
         let (qmp, devstate, new_overlay) = {
             let r = self.run_dir();
             (
-                r.dir.join("qmp.sock"),
+                r.dir.join(vm::QMP_SOCKET),
                 r.dir.join("devstate.tmp"),
                 snap::next_disk(&r.disk_dir()),
             )
@@ -726,7 +726,7 @@ impl Sandbox {
                 // Stopping the VM flushes every block device; killing it right after the sync
                 // lost a whole build stage's files on a loaded host (3 builds of 5; none of 4
                 // with the stop).
-                let qmp = self.run_dir().dir.join("qmp.sock");
+                let qmp = self.run_dir().dir.join(vm::QMP_SOCKET);
                 let stopped = tokio::task::spawn_blocking(move || {
                     let mut q = crate::vm::qmp::Qmp::connect(&qmp, Duration::from_secs(10))?;
                     q.execute("stop", serde_json::json!({})).map(drop)
@@ -976,7 +976,7 @@ pub async fn ensure_template(
     let published = built.map_err(SandboxError::from).and_then(|()| {
         for f in [
             "agent.sock",
-            "qmp.sock",
+            vm::QMP_SOCKET,
             vm::EVENTS_SOCKET,
             "console.sock",
             "console.log",

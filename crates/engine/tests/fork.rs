@@ -211,7 +211,7 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
             let size = std::fs::metadata(snap.mem()).unwrap().len();
             let dump = run.join("guest-ram.dump");
             let mut q = forkbox_engine::vm::qmp::Qmp::connect(
-                &run.join("qmp.sock"),
+                &run.join(forkbox_engine::vm::QMP_SOCKET),
                 std::time::Duration::from_secs(10),
             )
             .unwrap();

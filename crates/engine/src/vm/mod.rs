@@ -8,5 +8,5 @@ pub mod qmp;
 pub use accel::{decide, host_decision, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
 pub use qemu::{
     console_tail, create_overlay, kernel_cmdline, qemu_args, ram_bytes, ram_tail_kib, Console,
-    Memory, Start, Vm, VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, TCG_RAM_TAIL_KIB,
+    Memory, Start, Vm, VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, QMP_SOCKET, TCG_RAM_TAIL_KIB,
 };

@@ -70,7 +70,7 @@ impl VmConfig {
         self.run_dir.join("agent.sock")
     }
     pub fn qmp_socket(&self) -> PathBuf {
-        self.run_dir.join("qmp.sock")
+        self.run_dir.join(QMP_SOCKET)
     }
     pub fn console_log(&self) -> PathBuf {
         self.run_dir.join("console.log")
@@ -86,6 +86,8 @@ impl VmConfig {
 
 /// The name, in a VM's run directory, of the QMP monitor that carries only events.
 pub const EVENTS_SOCKET: &str = "events.sock";
+/// QEMU's control socket, in a VM's run directory.
+pub const QMP_SOCKET: &str = "qmp.sock";
 
 /// Kernel command line of every guest.
 ///
