@@ -246,13 +246,11 @@ fn hostile_layers_and_wrong_digests_are_refused_without_writing_outside() {
     let last = bytes.len() - 1;
     bytes[last] ^= 0xff;
     std::fs::write(&blob, bytes).unwrap();
-    let (r, _) = build(
-        &paths,
-        &format!(
-            "name = \"reg-evil\"\nbase = \"{}/evil/tampered:1\"\n",
-            reg.addr
-        ),
+    let on_tampered = format!(
+        "name = \"reg-evil\"\nbase = \"{}/evil/tampered:1\"\n",
+        reg.addr
     );
+    let (r, _) = build(&paths, &on_tampered);
     let e = r.unwrap_err();
     eprintln!("{e}");
     assert!(e.contains("do not match its digest"), "{e}");
@@ -274,13 +272,7 @@ fn hostile_layers_and_wrong_digests_are_refused_without_writing_outside() {
     let mut longer = good.clone();
     longer.extend(std::iter::repeat_n(0u8, 4 << 20));
     std::fs::write(&blob, &longer).unwrap();
-    let (r, _) = build(
-        &paths,
-        &format!(
-            "name = \"reg-evil\"\nbase = \"{}/evil/tampered:1\"\n",
-            reg.addr
-        ),
-    );
+    let (r, _) = build(&paths, &on_tampered);
     let e = r.unwrap_err();
     eprintln!("{e}");
     assert!(e.contains("more than the"), "{e}");

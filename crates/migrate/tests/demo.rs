@@ -57,14 +57,7 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         report.baseline.results.keys().take(3).collect::<Vec<_>>()
     );
 
-    let verdict = |p: &str| {
-        report
-            .verdicts
-            .iter()
-            .find(|v| v.plan == p)
-            .unwrap()
-            .clone()
-    };
+    let verdict = |p: &str| verdict_of(&report, p);
     let minimal = verdict("minimal");
     let modern = verdict("modernize");
     let wrong = verdict("wrong");
@@ -247,6 +240,19 @@ fn check_in_chromium(report: &Path, lost_id: &str) {
     assert!(bytes.len() > 20_000, "the screenshot shows something");
 }
 
+/// The verdict on `plan`.
+fn verdict_of(
+    report: &forkbox_migrate::flow::MigrateReport,
+    plan: &str,
+) -> forkbox_migrate::decide::Verdict {
+    report
+        .verdicts
+        .iter()
+        .find(|v| v.plan == plan)
+        .unwrap_or_else(|| panic!("no verdict on {plan}"))
+        .clone()
+}
+
 /// The migration, its progress on stderr (shown when a test fails).
 async fn migrate_logged(
     paths: &forkbox_engine::paths::Paths,
@@ -388,14 +394,7 @@ async fn the_node_example_installs_once_and_takes_the_smallest_port() {
         .results
         .values()
         .all(|o| *o == Outcome::Passed));
-    let verdict = |p: &str| {
-        report
-            .verdicts
-            .iter()
-            .find(|v| v.plan == p)
-            .unwrap()
-            .clone()
-    };
+    let verdict = |p: &str| verdict_of(&report, p);
     let (hand, codemod, regex) = (verdict("hand-patch"), verdict("codemod"), verdict("regex"));
     assert!(hand.accepted && hand.rank == Some(1), "{hand:?}");
     assert!(codemod.accepted && codemod.rank == Some(2), "{codemod:?}");
@@ -576,7 +575,7 @@ porter = { command = "touch /tmp/fail-always" }
     );
     assert_eq!(report.baseline.passed().count(), 14);
     let plan = |name: &str| report.plans.iter().find(|p| p.plan == name).unwrap();
-    let verdict = |name: &str| report.verdicts.iter().find(|v| v.plan == name).unwrap();
+    let verdict = |name: &str| verdict_of(&report, name);
 
     let once = verdict("fails-once");
     assert!(once.accepted, "{once:?}");
