@@ -647,18 +647,21 @@ fn wait_readable(stream: &fs::File, drain: Option<&OwnedFd>, draining: bool) -> 
             Err(_) => return Readable::Data,
             Ok(_) => {}
         }
+        // The drain signal first: a stream that never runs dry (a process left behind that
+        // writes without end) would otherwise hide it for ever.
+        if !draining
+            && fds
+                .get(1)
+                .and_then(|f| f.revents())
+                .is_some_and(|r| r.intersects(ready))
+        {
+            return Readable::Drain;
+        }
         if fds[0].revents().is_some_and(|r| r.intersects(ready)) {
             return Readable::Data;
         }
         if draining {
             return Readable::Empty;
-        }
-        if fds
-            .get(1)
-            .and_then(|f| f.revents())
-            .is_some_and(|r| r.intersects(ready))
-        {
-            return Readable::Drain;
         }
     }
 }
