@@ -1,20 +1,25 @@
 //! Serving the router on a listener so that no client can starve the daemon: each listener
-//! holds at most [`MAX_CONNECTIONS`] connections (one past that is closed at once, so its
-//! descriptor is not kept), and a connection that does not finish sending a request's headers
-//! within [`HEADER_TIMEOUT`] — also while idle between requests — is closed. The Unix socket
-//! and the TCP listener each have their own budget, so a flood on TCP never locks the owner
-//! out of the Unix socket.
+//! holds at most [`MAX_CONNECTIONS`] connections, and a connection that does not finish sending
+//! a request's headers within [`HEADER_TIMEOUT`] — also while idle between requests — is
+//! closed. A connection that arrives when all the slots are taken takes the slot of the one
+//! that has waited longest for a request's headers (a half-sent or idle connection; one whose
+//! request is being answered is never cut), so a flood of idle connections cannot keep a real
+//! client out even while it lasts; when every held connection is busy with a request, the new
+//! one is closed at once, so its descriptor is not kept. The Unix socket and the TCP listener
+//! each have their own budget, so a flood on TCP never locks the owner out of the Unix socket.
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use axum::body::Body;
 use axum::serve::Listener;
 use axum::Router;
+use http_body_util::BodyExt;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
-use tokio::sync::{watch, Semaphore};
+use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
 /// Connections one listener holds at once.
@@ -24,11 +29,118 @@ pub const MAX_CONNECTIONS: usize = 256;
 pub const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a stopping daemon waits for requests under way.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long a new connection waits for the slot of the connection it cut.
+const EVICT_WAIT: Duration = Duration::from_millis(500);
+
+/// What a listener knows of one connection it holds.
+#[derive(Default)]
+struct Held {
+    /// Requests being answered on it (0 or 1 with HTTP/1.1).
+    busy: usize,
+    /// Since when it has been waiting for a request's headers.
+    waiting_since: Option<Instant>,
+    /// Told when it is cut to make room.
+    cut: Arc<Notify>,
+}
+
+/// The connections a listener holds, by a number of its own.
+#[derive(Default)]
+struct Table {
+    next: u64,
+    held: HashMap<u64, Held>,
+}
+
+type Shared = Arc<Mutex<Table>>;
+
+fn lock(t: &Shared) -> std::sync::MutexGuard<'_, Table> {
+    t.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Table {
+    fn add(&mut self) -> (u64, Arc<Notify>) {
+        let id = self.next;
+        self.next += 1;
+        let cut = Arc::new(Notify::new());
+        self.held.insert(
+            id,
+            Held {
+                busy: 0,
+                waiting_since: Some(Instant::now()),
+                cut: cut.clone(),
+            },
+        );
+        (id, cut)
+    }
+
+    /// Tells the connection that has waited longest for a request's headers to close, and
+    /// forgets it; false when every connection is busy answering.
+    fn cut_longest_waiting(&mut self) -> bool {
+        let victim = self
+            .held
+            .iter()
+            .filter(|(_, h)| h.busy == 0)
+            .filter_map(|(id, h)| Some((*id, h.waiting_since?)))
+            .min_by_key(|(_, since)| *since)
+            .map(|(id, _)| id);
+        match victim.and_then(|id| self.held.remove(&id)) {
+            Some(h) => {
+                h.cut.notify_one();
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn request_started(&mut self, id: u64) {
+        if let Some(h) = self.held.get_mut(&id) {
+            h.busy += 1;
+            h.waiting_since = None;
+        }
+    }
+
+    fn request_ended(&mut self, id: u64) {
+        if let Some(h) = self.held.get_mut(&id) {
+            h.busy = h.busy.saturating_sub(1);
+            if h.busy == 0 {
+                h.waiting_since = Some(Instant::now());
+            }
+        }
+    }
+}
+
+/// Marks a request as answered when the response's body is dropped (sent whole, or the
+/// connection gone).
+struct Answering {
+    table: Shared,
+    id: u64,
+}
+
+impl Drop for Answering {
+    fn drop(&mut self) {
+        lock(&self.table).request_ended(self.id);
+    }
+}
+
+/// A slot for a new connection: a free one, else the one of the connection that has waited
+/// longest for its headers (cut for it); none when every held connection is busy.
+async fn take_slot(slots: &Arc<Semaphore>, table: &Shared) -> Option<OwnedSemaphorePermit> {
+    if let Ok(slot) = slots.clone().try_acquire_owned() {
+        return Some(slot);
+    }
+    if !lock(table).cut_longest_waiting() {
+        return None;
+    }
+    tokio::time::timeout(EVICT_WAIT, slots.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
 
 /// Serves `app` on `listener` until `stop` completes; then finishes the requests under way
 /// (for at most a few seconds) and returns.
 pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<Output = ()>) {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let table: Shared = Arc::default();
     let (stopping, stop_rx) = watch::channel(false);
     tokio::pin!(stop);
     loop {
@@ -36,16 +148,34 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
             c = listener.accept() => c,
             () = &mut stop => break,
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
-            // Over the budget: close it now rather than hold its descriptor.
+        let Some(slot) = take_slot(&slots, &table).await else {
+            // Every held connection is answering a request: close this one now rather than
+            // hold its descriptor.
             drop(io);
             continue;
         };
+        let (id, cut) = lock(&table).add();
         let app = app.clone();
+        let table = table.clone();
         let mut stop_rx = stop_rx.clone();
         tokio::spawn(async move {
+            let t = table.clone();
             let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
-                app.clone().oneshot(req.map(Body::new))
+                lock(&t).request_started(id);
+                let answering = Answering {
+                    table: t.clone(),
+                    id,
+                };
+                let response = app.clone().oneshot(req.map(Body::new));
+                async move {
+                    let response = response.await?;
+                    Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                        Body::new(body.map_frame(move |frame| {
+                            let _ = &answering;
+                            frame
+                        }))
+                    }))
+                }
             });
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
@@ -54,12 +184,14 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
             tokio::pin!(conn);
             let stopping = tokio::select! {
                 _ = conn.as_mut() => false,
+                () = cut.notified() => false,
                 r = stop_rx.wait_for(|s| *s) => r.is_ok(),
             };
             if stopping {
                 conn.as_mut().graceful_shutdown();
                 let _ = tokio::time::timeout(DRAIN, conn).await;
             }
+            lock(&table).held.remove(&id);
             drop(slot);
         });
     }
@@ -70,4 +202,47 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
         slots.acquire_many(MAX_CONNECTIONS as u32),
     )
     .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_longest_waiting_idle_connection_is_cut_never_a_busy_one() {
+        let mut t = Table::default();
+        let pause = || std::thread::sleep(Duration::from_millis(2));
+        let (old, old_cut) = t.add();
+        pause();
+        let (mid, mid_cut) = t.add();
+        pause();
+        let (new, _) = t.add();
+        pause();
+        // The oldest is answering a request: it is not a candidate.
+        t.request_started(old);
+        assert!(t.cut_longest_waiting());
+        assert!(!t.held.contains_key(&mid), "the longest-waiting idle one goes");
+        assert!(t.held.contains_key(&old) && t.held.contains_key(&new));
+        // Its task is told (the permit waits for it even if it is not listening yet).
+        assert!(futures_util::FutureExt::now_or_never(mid_cut.notified()).is_some());
+        assert!(futures_util::FutureExt::now_or_never(old_cut.notified()).is_none());
+        // Once its answer is sent, the first waits again, from now: the newer one goes first.
+        t.request_ended(old);
+        assert!(t.cut_longest_waiting());
+        assert!(!t.held.contains_key(&new));
+        assert!(t.cut_longest_waiting());
+        assert!(t.held.is_empty());
+        assert!(!t.cut_longest_waiting(), "nothing left to cut");
+    }
+
+    #[test]
+    fn with_every_connection_busy_nothing_is_cut() {
+        let mut t = Table::default();
+        let ids: Vec<u64> = (0..3).map(|_| t.add().0).collect();
+        for id in &ids {
+            t.request_started(*id);
+        }
+        assert!(!t.cut_longest_waiting());
+        assert_eq!(t.held.len(), 3);
+    }
 }

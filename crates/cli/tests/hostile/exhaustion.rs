@@ -268,9 +268,10 @@ sys.stdin.read()
 "#;
 
 /// 20,000 idle, half-sent TCP requests (from four processes, 5,000 each: one process may not
-/// hold them all). Promise: the
-/// daemon's descriptors stay bounded, its Unix socket answers throughout, and an authorised
-/// TCP call gets through once the held ones are cut.
+/// hold them all). Promise: the daemon's descriptors stay bounded, its Unix socket answers
+/// throughout, and an authorised TCP call gets through while the flood still holds every
+/// connection it opened (it takes the slot of the one that has waited longest for its
+/// headers), not only once the header timeout has cut them.
 #[test]
 fn twenty_thousand_idle_connections_starve_nobody() {
     use std::io::BufRead;
@@ -308,12 +309,19 @@ fn twenty_thousand_idle_connections_starve_nobody() {
         d.answers(),
         "the Unix socket did not answer under the flood"
     );
-    // Past the header timeout the held ones are cut, and a real call gets through.
+    // The flood's connections are all still open on its side; a real call gets through.
     let bearer = format!("Bearer {token}");
-    let ok = infra::wait_until(Duration::from_secs(40), || {
+    let t = Instant::now();
+    let mut tries = 0;
+    let ok = infra::wait_until(Duration::from_secs(60), || {
+        tries += 1;
         crate::front::tcp_get(&addr, "/v1/sandboxes", &[("Authorization", &bearer)])
             .starts_with("HTTP/1.1 200")
     });
+    println!(
+        "FIGURE idle flood: an authorised call answered {:.2} s into the held flood ({tries} tries)",
+        t.elapsed().as_secs_f64()
+    );
     assert!(ok, "an authorised TCP call did not get through");
     for mut f in floods {
         drop(f.stdin.take());
