@@ -221,7 +221,10 @@ mod tests {
         // The oldest is answering a request: it is not a candidate.
         t.request_started(old);
         assert!(t.cut_longest_waiting());
-        assert!(!t.held.contains_key(&mid), "the longest-waiting idle one goes");
+        assert!(
+            !t.held.contains_key(&mid),
+            "the longest-waiting idle one goes"
+        );
         assert!(t.held.contains_key(&old) && t.held.contains_key(&new));
         // Its task is told (the permit waits for it even if it is not listening yet).
         assert!(futures_util::FutureExt::now_or_never(mid_cut.notified()).is_some());

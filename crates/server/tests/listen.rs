@@ -79,7 +79,10 @@ fn a_new_connection_takes_the_slot_of_the_longest_idle_one() {
     assert!(reply.starts_with("HTTP/1.1 200"), "{reply:?}");
     assert!(reply.ends_with("ok"), "{reply:?}");
     // ...in the slot of the first of them, which is cut; the last one is still held.
-    assert!(closed(&mut idle[0], Duration::from_secs(5)), "the oldest idle connection is held");
+    assert!(
+        closed(&mut idle[0], Duration::from_secs(5)),
+        "the oldest idle connection is held"
+    );
     let last = idle.len() - 1;
     assert!(
         !closed(&mut idle[last], Duration::from_millis(200)),
@@ -98,9 +101,10 @@ fn connections_answering_requests_are_never_cut() {
         b"GET /slow HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
     );
     // Every request's headers read and its answer under way.
-    assert!(forkbox_test_infra::wait_until(Duration::from_secs(60), || {
-        arrived.load(Ordering::SeqCst) == MAX_CONNECTIONS
-    }));
+    assert!(forkbox_test_infra::wait_until(
+        Duration::from_secs(60),
+        || { arrived.load(Ordering::SeqCst) == MAX_CONNECTIONS }
+    ));
     // A new connection finds every slot busy: it is closed without an answer.
     let reply = get_root(&addr);
     assert!(reply.is_empty(), "{reply:?}");
