@@ -1,5 +1,6 @@
 //! The listener's connection budget with real sockets: idle connections give way to a new
 //! one, busy ones never do.
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
