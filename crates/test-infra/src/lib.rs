@@ -47,9 +47,13 @@ pub fn home() -> Paths {
 }
 
 fn with_lock<T>(paths: &Paths, f: impl FnOnce() -> T) -> T {
-    std::fs::create_dir_all(paths.home()).expect("create test home");
-    let file = std::fs::File::create(paths.home().join(".test-fixtures.lock"))
-        .expect("create fixture lock");
+    // In cache/, which an isolated home shares with the test home (a link, as its images and
+    // templates): every home that shares the fixtures takes the same lock. (A lock in each
+    // home's own directory let two isolated homes make one shared fixture at once, the second
+    // truncating the file while the first read it.)
+    let dir = paths.home().join("cache");
+    std::fs::create_dir_all(&dir).expect("create the fixtures' cache");
+    let file = std::fs::File::create(dir.join(".test-fixtures.lock")).expect("create fixture lock");
     let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| e)
         .expect("lock fixtures");
