@@ -299,16 +299,9 @@ pub enum PoolCmd {
     },
 }
 
-/// The running daemon's PID (from its PID file, checked alive), if one runs.
+/// The running daemon's PID (from its PID file, held by a live daemon), if one runs.
 fn daemon_pid(paths: &Paths) -> Option<i32> {
-    let pid: i32 = std::fs::read_to_string(forkbox_server::pid_path(paths))
-        .ok()?
-        .trim()
-        .parse()
-        .ok()?;
-    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None)
-        .is_ok()
-        .then_some(pid)
+    forkbox_server::running_pid(paths).and_then(|p| i32::try_from(p).ok())
 }
 
 /// The runtime the CLI's commands run on: one thread (see `run::run` for why it matters there).
@@ -380,7 +373,8 @@ pub fn daemon_cmd(paths: &Paths, cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
                 nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM)
                     .with_context(|| format!("signal the daemon (pid {pid})"))?;
                 let deadline = std::time::Instant::now() + Duration::from_secs(60);
-                while nix::sys::signal::kill(target, None).is_ok() {
+                // Gone when its PID file is no longer held (its number may be reused).
+                while daemon_pid(paths) == Some(pid) {
                     if std::time::Instant::now() > deadline {
                         bail!("the daemon (pid {pid}) did not stop within 60 s; see daemon.log");
                     }

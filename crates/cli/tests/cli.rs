@@ -436,13 +436,10 @@ fn missing_qemu_points_at_setup() {
 }
 
 fn stop_daemon(paths: &forkbox_engine::paths::Paths) {
-    let pid_file = forkbox_server::pid_path(paths);
-    if let Some(pid) = std::fs::read_to_string(&pid_file)
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
+    // Only a PID file a live daemon holds: a stale one's number may be any process's now.
+    if let Some(pid) = forkbox_server::running_pid(paths) {
         let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
         infra::wait_until(Duration::from_secs(30), || {
@@ -787,11 +784,7 @@ fn sandboxes_live_across_calls_through_the_daemon() {
 }
 
 fn kill_daemon_hard(paths: &forkbox_engine::paths::Paths) {
-    let pid: i32 = std::fs::read_to_string(forkbox_server::pid_path(paths))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap();
+    let pid = forkbox_server::running_pid(paths).expect("a daemon runs") as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
         nix::sys::signal::Signal::SIGKILL,
@@ -1695,6 +1688,40 @@ fn the_pool_is_visible_bounded_and_shrinks_when_idle() {
     assert!(text(&out.stdout).contains("stopped the daemon"));
     assert_eq!(cli(&["daemon", "status"]).status.code(), Some(1));
     assert!(text(&cli(&["daemon", "stop"]).stdout).contains("no daemon runs"));
+}
+
+/// A PID file left by a daemon that died (SIGKILL, a crash) names a number that may since
+/// belong to any process. Promise: `daemon status` and `daemon stop` see no daemon there and
+/// signal nothing; the process that has the number lives on. No VM.
+#[test]
+fn a_stale_pid_file_never_gets_a_stranger_signalled() {
+    let dir = tempfile::tempdir().unwrap();
+    let paths = forkbox_engine::paths::Paths::new(dir.path().join("home"));
+    std::fs::create_dir_all(paths.home()).unwrap();
+    let mut stranger = Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(forkbox_server::pid_path(&paths), stranger.id().to_string()).unwrap();
+    assert_eq!(forkbox_server::running_pid(&paths), None);
+    let status = forkbox(&paths)
+        .args(["daemon", "status", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(v["running"], false, "{v}");
+    assert!(v["pid"].is_null(), "{v}");
+    let stop = forkbox(&paths).args(["daemon", "stop"]).output().unwrap();
+    assert!(stop.status.success(), "{}", text(&stop.stderr));
+    assert!(
+        text(&stop.stdout).contains("no daemon runs"),
+        "{}",
+        text(&stop.stdout)
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        stranger.try_wait().unwrap().is_none(),
+        "the process named by a stale PID file was signalled"
+    );
+    let _ = stranger.kill();
+    let _ = stranger.wait();
 }
 
 /// One restore. `info --json` is the API's `info` with what this host has besides.

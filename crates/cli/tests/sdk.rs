@@ -211,12 +211,10 @@ fn accept_by_comparison_examples_in_python_and_typescript() {
 
 /// Stops the daemon of `paths`, if one runs, and waits for it to be gone.
 fn stop_daemon_of(paths: &Paths) {
-    if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(paths))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
+    // Only a PID file a live daemon holds: a stale one's number may be any process's now.
+    if let Some(pid) = forkbox_server::running_pid(paths) {
         let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGTERM,
         );
         infra::wait_until(Duration::from_secs(30), || {

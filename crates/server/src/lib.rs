@@ -38,6 +38,35 @@ pub fn pid_path(paths: &Paths) -> PathBuf {
     paths.home().join("daemon.pid")
 }
 
+/// The PID of the daemon serving `paths`, if one runs: the number in its PID file, and only
+/// while a daemon holds that file locked. A daemon that died (SIGKILL, a crash) leaves a file
+/// nobody holds, and its number may since have gone to any other process: signalling that
+/// number would hit a stranger.
+pub fn running_pid(paths: &Paths) -> Option<u32> {
+    use std::io::Read;
+    let file = std::fs::File::open(pid_path(paths)).ok()?;
+    match nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockSharedNonblock) {
+        // Nobody holds it: no daemon wrote it that still runs.
+        Ok(_stale) => None,
+        Err((mut file, nix::errno::Errno::EWOULDBLOCK)) => {
+            let mut text = String::new();
+            file.read_to_string(&mut text).ok()?;
+            text.trim().parse().ok()
+        }
+        Err(_) => None,
+    }
+}
+
+/// Writes this process's PID file and holds it locked for as long as the returned guard
+/// lives (see [`running_pid`]).
+fn hold_pid_file(paths: &Paths) -> std::io::Result<nix::fcntl::Flock<std::fs::File>> {
+    let path = pid_path(paths);
+    forkbox_engine::paths::write_atomic(&path, std::process::id().to_string().as_bytes())?;
+    let file = std::fs::File::open(&path)?;
+    nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| std::io::Error::from(e))
+}
+
 struct ApiError(EngineError);
 
 /// The body of every error answer.
@@ -786,10 +815,7 @@ pub async fn serve(
     }
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
-    forkbox_engine::paths::write_atomic(
-        &pid_path(&paths),
-        std::process::id().to_string().as_bytes(),
-    )?;
+    let pid_file = hold_pid_file(&paths)?;
 
     tracing::info!("forkbox daemon listening on {}", socket.display());
     let with_extra = |r: Router| match &extra {
@@ -844,6 +870,7 @@ pub async fn serve(
     engine.shutdown().await;
     let _ = std::fs::remove_file(&socket);
     let _ = std::fs::remove_file(pid_path(&paths));
+    drop(pid_file);
     Ok(())
 }
 

@@ -37,12 +37,11 @@ pub struct Daemon {
 }
 
 fn stop_stale(paths: &Paths) {
-    if let Some(pid) = std::fs::read_to_string(forkbox_server::pid_path(paths))
-        .ok()
-        .and_then(|p| p.trim().parse::<i32>().ok())
-    {
+    // Only a PID file a live daemon holds: a stale one (a daemon this suite killed on an
+    // earlier run) names a number that may be any process's now, the test runner's too.
+    if let Some(pid) = forkbox_server::running_pid(paths) {
         let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid),
+            nix::unistd::Pid::from_raw(pid as i32),
             nix::sys::signal::Signal::SIGKILL,
         );
         infra::wait_until(Duration::from_secs(10), || {
@@ -97,14 +96,13 @@ impl Daemon {
     pub fn spawn(paths: Paths, mut c: Command) -> Daemon {
         let child = c.spawn().expect("start forkbox serve");
         let socket = forkbox_server::socket_path(&paths);
-        // Up when it answers and its PID file names it (the file is written after the bind:
-        // reading it earlier could name a daemon of an earlier run).
-        let pid_file = forkbox_server::pid_path(&paths);
-        let me = child.id().to_string();
+        // Up when it answers and holds a PID file naming it (the file is written after the
+        // bind: reading it earlier could name a daemon of an earlier run).
+        let me = child.id();
         assert!(
             infra::wait_until(Duration::from_secs(60), || {
                 std::os::unix::net::UnixStream::connect(&socket).is_ok()
-                    && std::fs::read_to_string(&pid_file).is_ok_and(|p| p.trim() == me)
+                    && forkbox_server::running_pid(&paths) == Some(me)
             }),
             "the daemon did not come up; see {}",
             paths.home().join("daemon.log").display()
@@ -116,11 +114,7 @@ impl Daemon {
     }
 
     pub fn pid(&self) -> u32 {
-        std::fs::read_to_string(forkbox_server::pid_path(&self.paths))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
+        forkbox_server::running_pid(&self.paths).expect("the daemon runs")
     }
 
     pub fn cli(&self, args: &[&str]) -> Output {
