@@ -215,16 +215,26 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-display".into(),
         "none".into(),
         "-no-reboot".into(),
-        "-kernel".into(),
-        p(&cfg.kernel),
-        "-initrd".into(),
-        p(&cfg.initramfs),
-        "-append".into(),
-        format!(
-            "{} forkbox.max_procs={}",
-            kernel_cmdline(cfg.accel),
-            cfg.max_procs
-        ),
+    ]);
+    // The kernel and initramfs only for a boot. QEMU keeps a copy of both for its whole life
+    // (fw_cfg's data, ~16 MiB of its own memory), and a VM restored from a template or
+    // snapshot never reads them: its guest is past its boot, and -no-reboot makes a reboot
+    // the end of the VM, not a new boot.
+    if cfg.start == Start::Boot {
+        a.extend([
+            "-kernel".into(),
+            p(&cfg.kernel),
+            "-initrd".into(),
+            p(&cfg.initramfs),
+            "-append".into(),
+            format!(
+                "{} forkbox.max_procs={}",
+                kernel_cmdline(cfg.accel),
+                cfg.max_procs
+            ),
+        ]);
+    }
+    a.extend([
         "-chardev".into(),
         format!(
             "socket,id=console,path={},server=on,wait=off",
@@ -507,7 +517,10 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
     use super::jail;
     let mut rw = Vec::new();
     let disk_dir = cfg.disk.parent().unwrap_or(Path::new("/")).to_path_buf();
-    let mut ro = vec![cfg.kernel.clone(), cfg.initramfs.clone()];
+    let mut ro = match cfg.start {
+        Start::Boot => vec![cfg.kernel.clone(), cfg.initramfs.clone()],
+        Start::Incoming | Start::Devices => Vec::new(),
+    };
     ro.extend(jail::backing_chain(&cfg.disk));
     let mut mine = vec![cfg.run_dir.clone(), disk_dir.clone()];
     match &cfg.memory {
@@ -809,6 +822,24 @@ mod tests {
                 && a.contains("memory-backend=ram,suppress-vmdesc=on"),
             "{a}"
         );
+    }
+
+    #[test]
+    fn only_a_boot_is_given_the_kernel() {
+        let mut c = cfg(Accel::Tcg);
+        let boot = qemu_args(&c);
+        for flag in ["-kernel", "-initrd", "-append"] {
+            assert!(boot.iter().any(|a| a == flag), "{flag} missing from a boot");
+        }
+        for start in [Start::Incoming, Start::Devices] {
+            c.start = start;
+            let a = qemu_args(&c);
+            assert!(
+                !a.iter()
+                    .any(|a| a == "-kernel" || a == "-initrd" || a == "-append"),
+                "{start:?}: {a:?}"
+            );
+        }
     }
 
     #[test]
