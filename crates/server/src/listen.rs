@@ -33,7 +33,6 @@ const DRAIN: Duration = Duration::from_secs(5);
 const EVICT_WAIT: Duration = Duration::from_millis(500);
 
 /// What a listener knows of one connection it holds.
-#[derive(Default)]
 struct Held {
     /// Requests being answered on it (0 or 1 with HTTP/1.1).
     busy: usize,
@@ -170,6 +169,7 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
                 async move {
                     let response = response.await?;
                     Ok::<_, std::convert::Infallible>(response.map(move |body| {
+                        // The body holds `answering`: the request ends when hyper drops it.
                         Body::new(body.map_frame(move |frame| {
                             let _ = &answering;
                             frame

@@ -272,7 +272,7 @@ pub fn debian_layer(paths: &forkbox_engine::paths::Paths) -> Vec<u8> {
         if !file.is_file() {
             eprintln!("test-infra: making a Debian root for the registry tests (once per machine)");
             std::fs::create_dir_all(file.parent().expect("cache dir")).expect("cache dir");
-            let tar = file.with_extension(format!("part.{}", std::process::id()));
+            let tar = file.with_extension("part");
             let out = Command::new("mmdebstrap")
                 .args(["--quiet", "--variant=minbase", "--format=tar", "bookworm"])
                 .arg(&tar)
@@ -286,9 +286,7 @@ pub fn debian_layer(paths: &forkbox_engine::paths::Paths) -> Vec<u8> {
             let raw = std::fs::read(&tar).expect("read the root's tar");
             let _ = std::fs::remove_file(&tar);
             // Whole or not at all: a file that is there is never one being written.
-            let gz = file.with_extension(format!("gz.{}", std::process::id()));
-            std::fs::write(&gz, gzip(&raw)).expect("keep the root layer");
-            std::fs::rename(&gz, &file).expect("keep the root layer");
+            forkbox_engine::paths::write_atomic(&file, &gzip(&raw)).expect("keep the root layer");
         }
     });
     std::fs::read(&file).expect("read the root layer")
