@@ -23,6 +23,7 @@ mod cpio;
 pub mod diskwatch;
 pub mod doctor;
 pub mod error;
+pub mod fastram;
 pub mod fds;
 pub mod files;
 pub mod guestlog;

@@ -318,10 +318,11 @@ pub fn sweep(paths: &Paths) -> Swept {
             }
         }
     }
-    let unfinished = [paths.snapshots(), paths.templates()]
+    let mut unfinished: Vec<PathBuf> = [paths.snapshots(), paths.templates()]
         .iter()
         .flat_map(|root| crate::snapshot::SnapshotStore::sweep_dir(root))
         .collect();
+    unfinished.extend(crate::fastram::sweep(paths));
     let cgroups = crate::limits::sweep();
     // Disk overlays of sandboxes that are gone and that no snapshot needs.
     crate::snapshot::release_disk_dirs(

@@ -420,6 +420,12 @@ impl Sandbox {
         };
         let pid = self.info.qemu_pid;
         let dir = tmp.clone();
+        // A snapshot that is not synced (a fork's) keeps its RAM in memory when there is room.
+        let in_memory = if durable {
+            None
+        } else {
+            crate::fastram::place(paths)
+        };
         let saved = tokio::task::spawn_blocking(move || {
             let ram = crate::ram::GuestRam::of_qemu(pid)
                 .map_err(|e| VmError::io("find the VM's RAM", e))?;
@@ -427,6 +433,7 @@ impl Sandbox {
                 dir: &dir,
                 devstate: &devstate,
                 new_overlay: &new_overlay,
+                in_memory: in_memory.as_ref(),
             };
             snap::save_running(&qmp, &ram, &target, stay_paused)
         })
@@ -436,7 +443,7 @@ impl Sandbox {
         let (frozen, timing) = match saved {
             Ok(v) => v,
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
+                let _ = crate::fastram::remove_snapshot_dir(&tmp);
                 return Err(e.into());
             }
         };
@@ -470,7 +477,7 @@ impl Sandbox {
         match finish() {
             Ok(s) => Ok(s),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
+                let _ = crate::fastram::remove_snapshot_dir(&tmp);
                 Err(e.into())
             }
         }

@@ -18,11 +18,13 @@
 //!
 //! Saving a *running* sandbox: its RAM is a private mapping of a file (its template's or
 //! snapshot's `mem`), so its memory is that file plus the pages it has written since
-//! ([`crate::ram`]). The save copies the file (its data only, in the kernel), copies the
-//! written pages over it while the sandbox runs, then pauses it, writes its device state
-//! (`xen-save-devices-state`: no RAM), switches its disk to a new overlay (the old one freezes
-//! and becomes the snapshot's disk), copies the written pages once more (the first pass made
-//! their room, so this is a plain memory copy) and lets it run. The pause grows with the
+//! ([`crate::ram`]). The save copies the file (its data only, in the kernel) and, at the same
+//! time, the written pages into a shared mapping of the new file while the sandbox runs; then
+//! it pauses it, writes its device state (`xen-save-devices-state`: no RAM), switches its disk
+//! to a new overlay (the old one freezes and becomes the snapshot's disk), copies the written
+//! pages once more (the first pass made their room and mapped it, so this is a plain memory
+//! copy, on two threads) and lets it run. A fork's snapshot keeps its RAM file in memory when
+//! the host has room ([`crate::fastram`]). The pause grows with the
 //! pages the sandbox wrote, never with its RAM size, and each generation of forks starts from
 //! its own file, so a fork of a fork costs what the last one changed.
 
@@ -304,7 +306,8 @@ impl SnapshotStore {
             .root
             .join(format!(".deleting-{name}-{}", std::process::id()));
         std::fs::rename(&snap.dir, &doomed).map_err(io(format!("delete snapshot {name}")))?;
-        std::fs::remove_dir_all(&doomed).map_err(io(format!("delete snapshot {name}")))?;
+        crate::fastram::remove_snapshot_dir(&doomed)
+            .map_err(io(format!("delete snapshot {name}")))?;
         if let Some(home) = self.root.parent() {
             release_disk_dirs(home, snap.meta.disk_dirs.clone());
         }
@@ -327,7 +330,7 @@ impl SnapshotStore {
                 let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
                 if !alive {
                     crate::runstate::kill_qemus_of(&e.path());
-                    if std::fs::remove_dir_all(e.path()).is_ok() {
+                    if crate::fastram::remove_snapshot_dir(&e.path()).is_ok() {
                         removed.push(e.path());
                     }
                 }
@@ -432,7 +435,7 @@ pub fn restore_config(
         run_dir: run_dir.to_path_buf(),
         die_with_parent,
         max_procs: snap.meta.max_procs,
-        memory: Memory::PrivateFile(snap.mem()),
+        memory: Memory::PrivateFile(crate::fastram::resolve(&snap.mem())),
         start: match snap.meta.state {
             StateFormat::Migration => Start::Incoming,
             StateFormat::Devices => Start::Devices,
@@ -520,6 +523,9 @@ pub struct SaveTarget<'a> {
     pub dir: &'a Path,
     pub devstate: &'a Path,
     pub new_overlay: &'a Path,
+    /// Where the RAM file goes when it fits there (`dir/mem` is then a link to it); else
+    /// `dir/mem` itself (see [`crate::fastram`]).
+    pub in_memory: Option<&'a crate::fastram::Place>,
 }
 
 /// Saves the running VM whose QMP socket is `qmp_socket` and whose RAM is `ram` (see the
@@ -539,26 +545,61 @@ pub fn save_running(
             started.elapsed().as_secs_f64() * 1000.0
         )
     };
-    let mem = to.dir.join(MEM);
-    crate::ram::copy_sparse(ram.file(), &mem, ram.len())
-        .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))?;
+    // What the guest wrote so far, and so about what the file will hold.
+    let runs = ram
+        .written()
+        .map_err(|e| VmError::io("read the VM's page map", e))?;
+    let need = allocated_bytes(ram.file()) + runs.iter().map(|r| r.end - r.start).sum::<u64>();
+    let mem = match to.in_memory.and_then(|p| p.new_dir(need)) {
+        Some(d) => {
+            let file = d.join(MEM);
+            std::os::unix::fs::symlink(&file, to.dir.join(MEM))
+                .map_err(|e| VmError::io("link the RAM file", e))?;
+            file
+        }
+        None => to.dir.join(MEM),
+    };
     let file = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
+        .create_new(true)
         .open(&mem)
-        .map_err(|e| VmError::io("open the new RAM file", e))?;
-    let copy = || -> Result<u64, VmError> {
-        let runs = ram
-            .written()
-            .map_err(|e| VmError::io("read the VM's page map", e))?;
+        .map_err(|e| VmError::io("create the new RAM file", e))?;
+    file.set_len(ram.len())
+        .map_err(|e| VmError::io("size the new RAM file", e))?;
+    // SAFETY: a file this save just made, in a directory nobody else writes until it is
+    // published; the mapping is dropped before this function returns.
+    let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&file) }
+        .map_err(|e| VmError::io("map the new RAM file", e))?;
+    let mut copy = |runs: Option<Vec<std::ops::Range<u64>>>| -> Result<u64, VmError> {
+        let runs = match runs {
+            Some(r) => r,
+            None => ram
+                .written()
+                .map_err(|e| VmError::io("read the VM's page map", e))?,
+        };
         mark(&format!("{} runs of written pages listed", runs.len()));
-        ram.copy_to(&runs, &file)
+        ram.copy_into(&runs, &mut dest)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
-    mark("RAM file copied");
-    if !stay_paused {
-        copy()?;
+    // The file's data (in the kernel) and the first pass over the written pages, at once:
+    // where both write a page, the paused pass below writes it last.
+    std::thread::scope(|s| {
+        let base = s.spawn(|| {
+            crate::ram::copy_data(ram.file(), &mem, ram.len())
+                .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))
+        });
+        let first = if stay_paused { Ok(0) } else { copy(Some(runs)) };
         mark("written pages copied, running");
-    }
+        let based = base.join().unwrap_or_else(|_| {
+            Err(VmError::io(
+                "copy the RAM file",
+                std::io::Error::other("the copy panicked"),
+            ))
+        });
+        mark("RAM file copied");
+        based.and(first)
+    })?;
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.execute("stop", json!({}))?;
     mark("stopped");
@@ -573,7 +614,7 @@ pub fn save_running(
             json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
         mark("device state saved, disk frozen");
-        let copied = copy()?;
+        let copied = copy(None)?;
         mark("written pages copied, paused");
         if !stay_paused {
             resume(&mut q)?;
