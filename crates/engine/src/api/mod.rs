@@ -486,7 +486,11 @@ impl Engine {
                 ..Default::default()
             };
             let (paths, snap) = (self.paths.clone(), snap.clone());
-            let cfg = self.config(&req)?;
+            // The copy's network is set as it is restored, before it is handed out.
+            let cfg = SandboxConfig {
+                network: network.clone(),
+                ..self.config(&req)?
+            };
             tasks.spawn(async move {
                 let origin = format!("snapshot:{}", snap.meta.name);
                 Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now(), None).await
@@ -497,24 +501,18 @@ impl Engine {
         let expires_unix = r.ttl_seconds.map(deadline).transpose()?;
         while let Some(done) = tasks.join_next().await {
             match done {
-                Ok(Ok(sb)) => match sb.set_network(network.clone()).await {
-                    Err(e) => {
-                        sb.destroy().await;
-                        failed.push(e.to_string());
-                    }
-                    Ok(()) => match self
-                        .register(
-                            Arc::new(sb),
-                            r.labels.clone(),
-                            expires_unix,
-                            false,
-                            TtlAction::Delete,
-                        )
-                        .await
-                    {
-                        Ok(v) => sandboxes.push(v),
-                        Err(e) => failed.push(e.to_string()),
-                    },
+                Ok(Ok(sb)) => match self
+                    .register(
+                        Arc::new(sb),
+                        r.labels.clone(),
+                        expires_unix,
+                        false,
+                        TtlAction::Delete,
+                    )
+                    .await
+                {
+                    Ok(v) => sandboxes.push(v),
+                    Err(e) => failed.push(e.to_string()),
                 },
                 Ok(Err(e)) => failed.push(e.to_string()),
                 Err(e) => failed.push(format!("the copy's task failed: {e}")),

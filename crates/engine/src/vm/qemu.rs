@@ -318,7 +318,11 @@ pub async fn create_overlay(base: &Path, overlay: &Path) -> Result<(), VmError> 
         use std::os::unix::fs::MetadataExt;
         (base.clone(), m.len(), m.mtime(), m.mtime_nsec(), m.ino())
     });
+    // The copies of a fork all ask at once: one runs qemu-img, the others wait and copy.
+    static MAKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    let _making = MAKING.lock().await;
     if let Some(bytes) = key.as_ref().and_then(overlay_cache::get) {
+        drop(_making);
         return tokio::fs::write(overlay, bytes.as_slice())
             .await
             .map_err(|e| VmError::Overlay {
