@@ -108,9 +108,14 @@ pub fn serve(port_path: &Path) -> ! {
     loop {
         let n = match port.read(&mut buf) {
             Ok(0) => {
-                // The host side closed; it may reconnect and greet again.
-                greeted = false;
-                dec = FrameDecoder::new();
+                // The host side closed; it may reconnect, and a host always greets first. The
+                // guest can learn of the close late, after the next host's hello was read (seen
+                // under TCG when a daemon killed with SIGKILL was replaced at once): so the
+                // greeting stands, and only a frame the old host left half-sent is dropped.
+                if !dec.is_empty() {
+                    dec = FrameDecoder::new();
+                    greeted = false;
+                }
                 std::thread::sleep(Duration::from_millis(10));
                 continue;
             }

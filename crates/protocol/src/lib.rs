@@ -422,6 +422,11 @@ impl FrameDecoder {
         self.buf.extend_from_slice(bytes);
     }
 
+    /// Whether it holds no bytes of a frame not yet returned.
+    pub fn is_empty(&self) -> bool {
+        self.start == self.buf.len()
+    }
+
     /// The next complete payload, `Ok(None)` when more bytes are needed.
     pub fn next_frame(&mut self) -> Result<Option<Vec<u8>>, ProtocolError> {
         let avail = &self.buf[self.start..];
@@ -472,6 +477,11 @@ mod tests {
                 got.push(decode::<HostMsg>(&p).unwrap());
             }
         }
+        assert!(dec.is_empty());
+        let mut half = FrameDecoder::new();
+        half.push(&a[..a.len() / 2]);
+        assert_eq!(half.next_frame().unwrap(), None);
+        assert!(!half.is_empty(), "half a frame is held");
         assert_eq!(
             got,
             vec![

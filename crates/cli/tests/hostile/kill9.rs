@@ -48,12 +48,19 @@ fn check_nothing_lost_or_leaked(d: &Daemon, reported: &[String]) {
                 // 60 s, not less: with other tests' VMs on the two cores a TCG guest can be
                 // starved for tens of seconds (seen once at 20 s while the MCP tests ran).
                 let out = d.cli(&["sandbox", "exec", id, "--timeout", "60", "--", "echo", "ok"]);
+                let console = || {
+                    let log = d.paths.run().join(id).join("console.log");
+                    let all = std::fs::read_to_string(log).unwrap_or_default();
+                    let lines: Vec<&str> = all.lines().collect();
+                    lines[lines.len().saturating_sub(40)..].join("\n")
+                };
                 assert_eq!(
                     text(&out.stdout),
                     "ok\n",
-                    "{id} does not answer: {}\n{v}\ndaemon log:\n{}",
+                    "{id} does not answer: {}\n{v}\ndaemon log:\n{}\nits console's last lines:\n{}",
                     text(&out.stderr),
-                    d.log_text()
+                    d.log_text(),
+                    console()
                 );
             }
             "hibernated" => {}
