@@ -92,10 +92,10 @@ impl Place {
                 std::fs::set_permissions(base, std::fs::Permissions::from_mode(0o700))?;
                 std::fs::create_dir_all(root)?;
             }
-            crate::paths::write_atomic(
-                &root.join("home"),
-                self.home.as_os_str().as_encoded_bytes(),
-            )?;
+            let marker = root.join("home");
+            if !marker.exists() {
+                crate::paths::write_atomic(&marker, self.home.as_os_str().as_encoded_bytes())?;
+            }
             let dir = root.join(crate::snapshot::tmp_name().trim_start_matches(".tmp-"));
             std::fs::create_dir(&dir)?;
             Ok(dir)
@@ -155,12 +155,7 @@ fn sweep_in(paths: &Paths, root: &Path) -> Vec<PathBuf> {
         .collect();
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let p = e.path();
-        let old = e
-            .metadata()
-            .and_then(|m| m.modified())
-            .ok()
-            .and_then(|t| t.elapsed().ok())
-            .is_some_and(|a| a.as_secs() > 60);
+        let old = crate::runstate::untouched_for_a_minute(&e);
         if p.is_dir() && old && !linked.contains(&p) && std::fs::remove_dir_all(&p).is_ok() {
             removed.push(p);
         }

@@ -240,16 +240,16 @@ fn written(entry: u64) -> bool {
     entry & SWAPPED != 0 || (entry & PRESENT != 0 && entry & FILE_OR_SHARED == 0)
 }
 
-/// Makes `to` a copy of `from` that is `len` bytes long, copying only `from`'s data (its
-/// holes stay holes), in the kernel.
-pub fn copy_sparse(from: &Path, to: &Path, len: u64) -> io::Result<()> {
-    let dst = std::fs::OpenOptions::new()
+/// Creates `path` (it must not exist) as a sparse file of `len` bytes, open to read and write
+/// (to be mapped): a new RAM file, before [`copy_data`] fills it.
+pub fn new_file(path: &Path, len: u64) -> io::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .read(true)
         .write(true)
         .create_new(true)
-        .open(to)?;
-    dst.set_len(len)?;
-    drop(dst);
-    copy_data(from, to, len)
+        .open(path)?;
+    f.set_len(len)?;
+    Ok(f)
 }
 
 /// Copies `from`'s data (its holes skipped) into the same places of the existing file `to`,
@@ -366,23 +366,18 @@ mod tests {
         assert_eq!(runs, vec![3 * PAGE..5 * PAGE, 30 * PAGE..31 * PAGE]);
 
         let copy = dir.path().join("copy");
-        copy_sparse(&base, &copy, len).unwrap();
+        let out = new_file(&copy, len).unwrap();
+        copy_data(&base, &copy, len).unwrap();
         assert!(
             crate::snapshot::allocated_bytes(&copy) < len,
             "the hole was not kept"
         );
         // The written pages, straight into a shared mapping of the new file.
-        let mapped = copy;
-        let out = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&mapped)
-            .unwrap();
         // SAFETY: a file of this test's own.
         let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&out) }.unwrap();
         assert_eq!(ram.copy_into(&runs, &mut dest).unwrap(), 3 * PAGE);
         drop(dest);
-        assert!(std::fs::read(&mapped).unwrap() == content);
+        assert!(std::fs::read(&copy).unwrap() == content);
         assert!(ram
             .copy_into(std::slice::from_ref(&(0..len + PAGE)), &mut [0u8; 16])
             .is_err());
@@ -417,12 +412,8 @@ mod tests {
         let ram = GuestRam::find(std::process::id(), &base).unwrap();
         let runs = ram.written().unwrap();
         let copy = dir.path().join("copy");
-        copy_sparse(&base, &copy, len).unwrap();
-        let out = std::fs::OpenOptions::new()
-            .read(true)
-            .write(true)
-            .open(&copy)
-            .unwrap();
+        let out = new_file(&copy, len).unwrap();
+        copy_data(&base, &copy, len).unwrap();
         // SAFETY: a file of this test's own.
         let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&out) }.unwrap();
         let n = ram.copy_into(&runs, &mut dest).unwrap();
@@ -455,7 +446,8 @@ mod tests {
             f.write_all_at(&data, 3 * PAGE).unwrap();
         }
         let copy = to_dir.path().join("mem");
-        copy_sparse(&base, &copy, len).unwrap();
+        new_file(&copy, len).unwrap();
+        copy_data(&base, &copy, len).unwrap();
         assert!(std::fs::read(&copy).unwrap() == std::fs::read(&base).unwrap());
         assert!(
             crate::snapshot::allocated_bytes(&copy) < len / 2,

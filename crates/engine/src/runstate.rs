@@ -304,13 +304,7 @@ pub fn sweep(paths: &Paths) -> Swept {
             }
             None => {
                 // A directory without a readable record is half-made; give its maker a minute.
-                let old = e
-                    .metadata()
-                    .and_then(|m| m.modified())
-                    .ok()
-                    .and_then(|t| t.elapsed().ok())
-                    .is_some_and(|a| a.as_secs() > 60);
-                if old {
+                if untouched_for_a_minute(&e) {
                     kill_qemus_of(&dir);
                     let _ = fs::remove_dir_all(&dir);
                     cleaned.push(e.file_name().to_string_lossy().into_owned());
@@ -338,6 +332,16 @@ pub fn sweep(paths: &Paths) -> Swept {
         unfinished,
         cgroups,
     }
+}
+
+/// Whether a directory entry has not been modified for a minute: what a sweep gives the
+/// maker of something half-made before it takes it for abandoned.
+pub(crate) fn untouched_for_a_minute(e: &fs::DirEntry) -> bool {
+    e.metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_some_and(|a| a.as_secs() > 60)
 }
 
 #[cfg(test)]

@@ -542,10 +542,15 @@ pub fn save_running(
             started.elapsed().as_secs_f64() * 1000.0
         )
     };
+    let list = || -> Result<Vec<std::ops::Range<u64>>, VmError> {
+        let runs = ram
+            .written()
+            .map_err(|e| VmError::io("read the VM's page map", e))?;
+        mark(&format!("{} runs of written pages listed", runs.len()));
+        Ok(runs)
+    };
     // What the guest wrote so far, and so about what the file will hold.
-    let runs = ram
-        .written()
-        .map_err(|e| VmError::io("read the VM's page map", e))?;
+    let runs = list()?;
     let need = allocated_bytes(ram.file()) + runs.iter().map(|r| r.end - r.start).sum::<u64>();
     let mem = match to.in_memory.and_then(|p| p.new_dir(need)) {
         Some(d) => {
@@ -556,27 +561,14 @@ pub fn save_running(
         }
         None => to.dir.join(MEM),
     };
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(&mem)
+    let file = crate::ram::new_file(&mem, ram.len())
         .map_err(|e| VmError::io("create the new RAM file", e))?;
-    file.set_len(ram.len())
-        .map_err(|e| VmError::io("size the new RAM file", e))?;
     // SAFETY: a file this save just made, in a directory nobody else writes until it is
     // published; the mapping is dropped before this function returns.
     let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&file) }
         .map_err(|e| VmError::io("map the new RAM file", e))?;
-    let mut copy = |runs: Option<Vec<std::ops::Range<u64>>>| -> Result<u64, VmError> {
-        let runs = match runs {
-            Some(r) => r,
-            None => ram
-                .written()
-                .map_err(|e| VmError::io("read the VM's page map", e))?,
-        };
-        mark(&format!("{} runs of written pages listed", runs.len()));
-        ram.copy_into(&runs, &mut dest)
+    let mut copy = |runs: &[std::ops::Range<u64>]| -> Result<u64, VmError> {
+        ram.copy_into(runs, &mut dest)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
     // The file's data (in the kernel) and the first pass over the written pages, at once:
@@ -586,7 +578,7 @@ pub fn save_running(
             crate::ram::copy_data(ram.file(), &mem, ram.len())
                 .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))
         });
-        let first = if stay_paused { Ok(0) } else { copy(Some(runs)) };
+        let first = if stay_paused { Ok(0) } else { copy(&runs) };
         mark("written pages copied, running");
         let based = base.join().unwrap_or_else(|_| {
             Err(VmError::io(
@@ -611,7 +603,7 @@ pub fn save_running(
             json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
         mark("device state saved, disk frozen");
-        let copied = copy(None)?;
+        let copied = copy(&list()?)?;
         mark("written pages copied, paused");
         if !stay_paused {
             resume(&mut q)?;

@@ -49,10 +49,10 @@ fn check_nothing_lost_or_leaked(d: &Daemon, reported: &[String]) {
                 // starved for tens of seconds (seen once at 20 s while the MCP tests ran).
                 let out = d.cli(&["sandbox", "exec", id, "--timeout", "60", "--", "echo", "ok"]);
                 let console = || {
-                    let log = d.paths.run().join(id).join("console.log");
-                    let all = std::fs::read_to_string(log).unwrap_or_default();
-                    let lines: Vec<&str> = all.lines().collect();
-                    lines[lines.len().saturating_sub(40)..].join("\n")
+                    forkbox_engine::vm::console_tail(
+                        &d.paths.run().join(id).join("console.log"),
+                        40,
+                    )
                 };
                 assert_eq!(
                     text(&out.stdout),
