@@ -400,17 +400,17 @@ pub fn pool_cmd(paths: &Paths, cmd: PoolCmd) -> anyhow::Result<ExitCode> {
                     None => println!("no daemon runs, so no warm pool"),
                     Some(p) => {
                         println!(
-                            "{} per image and size, {} of {} MiB, given back after {} s unused",
-                            p.size, p.memory_mib, p.memory_cap_mib, p.idle_secs
+                            "{} per image and size (up to {} after a burst of creates), {} of {} MiB, given back after {} s unused",
+                            p.size, p.max, p.memory_mib, p.memory_cap_mib, p.idle_secs
                         );
                         println!(
-                            "{:<28} {:>5} {:>8} {:>6} {:>9}",
-                            "IMAGE", "CPUS", "MEMORY", "READY", "IDLE"
+                            "{:<28} {:>5} {:>8} {:>6} {:>6} {:>9}",
+                            "IMAGE", "CPUS", "MEMORY", "READY", "KEEPS", "IDLE"
                         );
                         for s in &p.slots {
                             println!(
-                                "{:<28} {:>5} {:>4} MiB {:>6} {:>7} s",
-                                s.image, s.cpus, s.memory_mib, s.ready, s.idle_secs
+                                "{:<28} {:>5} {:>4} MiB {:>6} {:>6} {:>7} s",
+                                s.image, s.cpus, s.memory_mib, s.ready, s.target, s.idle_secs
                             );
                         }
                     }

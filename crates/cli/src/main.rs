@@ -115,8 +115,9 @@ enum Cmd {
         #[command(subcommand)]
         command: daemon::DaemonCmd,
     },
-    /// The daemon's warm pool of ready sandboxes (`FORKBOX_POOL_SIZE` per image and size,
-    /// `FORKBOX_POOL_MEMORY_MIB` in all, given back after `FORKBOX_POOL_IDLE_SECS` unused).
+    /// The daemon's warm pool of ready sandboxes (`FORKBOX_POOL_SIZE` per image and size, up
+    /// to `FORKBOX_POOL_MAX` after a burst of creates, `FORKBOX_POOL_MEMORY_MIB` in all, given
+    /// back after `FORKBOX_POOL_IDLE_SECS` unused).
     Pool {
         #[command(subcommand)]
         command: daemon::PoolCmd,

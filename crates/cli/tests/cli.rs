@@ -1168,6 +1168,73 @@ fn the_warm_pool_hands_out_fresh_sandboxes() {
     );
 }
 
+/// Creates that come together find the pool empty and wait for the restores it runs for them
+/// (two at a time here) instead of each starting one of its own. Promise: every one of them
+/// gets a sandbox of its own that answers, none waits forever, and afterwards the pool keeps
+/// as many as the burst had, and no VM more. Twelve restores, ~20-30 s under TCG.
+#[test]
+fn creates_that_come_together_share_the_pools_restores() {
+    let paths = infra::isolated_home("pool-burst");
+    stop_daemon(&paths);
+    let cli = |args: &[&str]| {
+        forkbox(&paths)
+            .env("FORKBOX_POOL_SIZE", "1")
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    // The configuration's first create restores for itself (it may make the template).
+    let out = cli(&["sandbox", "create"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let first = text(&out.stdout).trim().to_string();
+    // Five at once, before the pool's first copy is ready.
+    let ids: Vec<String> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..5)
+            .map(|_| s.spawn(|| cli(&["sandbox", "create", "--json"])))
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                let out = h.join().unwrap();
+                assert!(out.status.success(), "{}", text(&out.stderr));
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+                v["id"].as_str().unwrap().to_string()
+            })
+            .collect()
+    });
+    let mut all = ids.clone();
+    all.push(first.clone());
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 6, "{all:?}");
+    for id in &all {
+        let out = cli(&["sandbox", "exec", id, "--", "hostname"]);
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        assert_eq!(text(&out.stdout).trim(), id);
+    }
+    // Six creates within a minute: the configuration now keeps six ready (FORKBOX_POOL_MAX
+    // allows eight), made one at a time since nobody waits.
+    let slot = || -> serde_json::Value {
+        let out = cli(&["pool", "ls", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["slots"][0].clone()
+    };
+    assert_eq!(slot()["target"], 6, "{}", slot());
+    assert!(
+        infra::wait_until(Duration::from_secs(120), || slot()["ready"] == 6),
+        "{}",
+        slot()
+    );
+    // Nothing more is being made: six sandboxes and the pool's six.
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(slot()["ready"], 6);
+    let entries = infra::run_entries(&paths);
+    assert_eq!(entries.len(), 12, "{entries:?}");
+    for id in &all {
+        assert!(cli(&["sandbox", "rm", id]).status.success());
+    }
+    stop_daemon(&paths);
+}
+
 /// One restore, one save (~3 s under TCG) and one resume. Hibernate frees the VM and keeps
 /// the sandbox (id, labels, processes) on disk, across a daemon restart; resume brings it back.
 #[test]

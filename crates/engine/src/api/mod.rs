@@ -10,6 +10,7 @@ use serde::Serialize;
 use crate::error::SandboxError;
 use crate::image::ImageRef;
 use crate::paths::Paths;
+use crate::pool::Taken;
 use crate::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
 
 mod commands;
@@ -766,14 +767,16 @@ impl Engine {
         let sandbox = match &r.snapshot {
             None if self.pool.size > 0 => {
                 let key = crate::pool::key(&self.paths, &cfg)?;
-                let taken = self.pool.take(&key);
-                self.pool.refill(key, self.paths.clone(), cfg.clone());
-                match taken {
-                    Some(sb) => {
+                match self.pool.get(&key, &self.paths, &cfg) {
+                    Taken::Ready(sb) => {
                         from_pool = true;
-                        sb
+                        *sb
                     }
-                    None => Sandbox::create(&self.paths, &cfg).await?,
+                    Taken::Coming(rx) => match rx.await {
+                        Ok(sb) => sb,
+                        Err(_) => Sandbox::create(&self.paths, &cfg).await?,
+                    },
+                    Taken::Miss => Sandbox::create(&self.paths, &cfg).await?,
                 }
             }
             None => Sandbox::create(&self.paths, &cfg).await?,
