@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The CLI's own start-up figures, with ratios measured in the same run:
 #   - `forkbox sandbox create`, BENCH_CREATES (default 20) back to back through the daemon,
-#     with its warm pool at FORKBOX_POOL_SIZE (default 2) and at 10: median and p99 wall time;
+#     with its warm pool at the default settings and at 10, a first burst and the next one (the
+#     pool learns bursts): median and p99 wall time;
 #   - `forkbox run -- true` through the daemon (a ready copy from the pool), made in the CLI's
 #     own process (FORKBOX_RUN_LOCAL=1), and `podman run --rm IMAGE true` (runc; IMAGE a
 #     Debian bookworm minbase root imported once), interleaved, BENCH_RUNS (default 10) each.
@@ -31,26 +32,45 @@ if ! podman image exists localhost/forkbox-bench-debian; then
   rm -rf "$root"
 fi
 ms() { local s e; s=$(date +%s%N); "$@" >/dev/null 2>&1; e=$(date +%s%N); echo $(( (e - s) / 1000000 )); }
-# Back-to-back creates with a daemon whose pool keeps $1 ready copies (one sandbox of the image
-# and size teaches the pool it first); prints the wall times.
+# Back-to-back creates with a daemon whose pool keeps $1 ready copies (the default settings
+# when $1 is "default"; one sandbox of the image and size teaches the pool it first): the wall
+# times of a first burst, then of a second one once the pool has refilled after the first (it
+# keeps as many as the most creates it saw within a minute, up to FORKBOX_POOL_MAX), as
+# "FIRST|SECOND".
 creates_with_pool() {
   # (Called in a subshell: the daemon the first create starts inherits these.)
-  export FORKBOX_POOL_SIZE="$1" FORKBOX_POOL_MEMORY_MIB=$(( $1 * 1024 + 1024 ))
+  if [ "$1" != default ]; then
+    export FORKBOX_POOL_SIZE="$1" FORKBOX_POOL_MEMORY_MIB=$(( $1 * 1024 + 1024 ))
+  fi
   "$forkbox" daemon stop >/dev/null 2>&1 || true
   "$forkbox" sandbox rm "$("$forkbox" sandbox create)" >/dev/null
-  sleep $(( 5 + 2 * $1 ))
+  pool_full 60
+  burst
+  echo -n "|"
+  pool_full 120
+  burst
+}
+# Waits up to $1 s for every configuration of the pool to hold what it keeps.
+pool_full() {
+  for _ in $(seq "$1"); do
+    "$forkbox" pool ls --json | python3 -c 'import json, sys; p = json.load(sys.stdin); sys.exit(0 if p["slots"] and all(s["ready"] >= s["target"] for s in p["slots"]) else 1)' && break
+    sleep 1
+  done
+  sleep 2
+}
+burst() {
   local times=() ids=() s e id
   for _ in $(seq "$creates"); do
     s=$(date +%s%N); id=$("$forkbox" sandbox create); e=$(date +%s%N)
     times+=($(( (e - s) / 1000000 ))); ids+=("$id")
   done
   "$forkbox" sandbox rm "${ids[@]}" >/dev/null
-  echo "${times[*]}"
+  echo -n "${times[*]}"
 }
-create_times=$(creates_with_pool "${FORKBOX_POOL_SIZE:-2}")
+create_times=$(creates_with_pool default)
 create_times_10=$(creates_with_pool 10)
 # `run` against the default pool.
-(creates_with_pool "${FORKBOX_POOL_SIZE:-2}" >/dev/null)
+(creates_with_pool default >/dev/null)
 sleep 5
 daemon_run=(); local_run=(); podman_run=()
 for _ in $(seq "$runs"); do
@@ -60,21 +80,25 @@ for _ in $(seq "$runs"); do
   sleep 1
 done
 "$forkbox" daemon stop >/dev/null
-python3 - "$create_times" "${daemon_run[*]}" "${local_run[*]}" "${podman_run[*]}" "$(nproc)" "$create_times_10" "${FORKBOX_POOL_SIZE:-2}" <<'PY'
+python3 - "$create_times" "${daemon_run[*]}" "${local_run[*]}" "${podman_run[*]}" "$(nproc)" "$create_times_10" <<'PY'
 import statistics, sys
 def parse(s): return [int(x) for x in s.split()]
-create, daemon, local, podman = (parse(a) for a in sys.argv[1:5])
-create10 = parse(sys.argv[6])
+first, second = (parse(b) for b in sys.argv[1].split("|"))
+daemon, local, podman = (parse(a) for a in sys.argv[2:5])
+first10, second10 = (parse(b) for b in sys.argv[6].split("|"))
 def p99(v): v = sorted(v); return v[min(len(v) - 1, round(0.99 * (len(v) - 1)))]
 def line(name, v): print(f"{name:<52} n={len(v):<3} median {statistics.median(v):6.0f} ms   p99 {p99(v):6.0f} ms   min {min(v):5d} ms")
 print(f"forkbox CLI bench ({sys.argv[5]} cores)")
-line(f"`forkbox sandbox create`, back to back (pool of {sys.argv[7]})", create)
-line("`forkbox sandbox create`, back to back (pool of 10)", create10)
+line("`forkbox sandbox create` back to back, default pool, 1st burst", first)
+line("  the same daemon, the next burst", second)
+line("`forkbox sandbox create` back to back, pool of 10, 1st burst", first10)
+line("  the same daemon, the next burst", second10)
 line("`forkbox run -- true` through the daemon (pool)", daemon)
 line("`forkbox run -- true` in its own process", local)
 line("`podman run --rm debian true` (runc)", podman)
 m = statistics.median
 print(f"ratios (same run): run through the daemon / podman {m(daemon) / m(podman):.2f}x; "
-      f"in its own process / podman {m(local) / m(podman):.2f}x; create median / 100 ms goal "
-      f"{m(create) / 100:.2f}x (pool of {sys.argv[7]}), {m(create10) / 100:.2f}x (pool of 10)")
+      f"in its own process / podman {m(local) / m(podman):.2f}x; create median / 100 ms goal, default "
+      f"pool: {m(first) / 100:.2f}x (1st burst), {m(second) / 100:.2f}x (next); pool of 10: "
+      f"{m(first10) / 100:.2f}x, {m(second10) / 100:.2f}x")
 PY

@@ -279,8 +279,8 @@ pub enum DaemonCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Stop the daemon (SIGTERM) and wait until it is gone. Its sandboxes keep running and
-    /// the next daemon adopts them; its warm pool is stopped.
+    /// Stop the daemon (SIGTERM) and wait until it is gone; it stops its sandboxes and its warm
+    /// pool first. (A daemon that was killed leaves its sandboxes running; the next adopts them.)
     Stop {
         /// Print what was stopped as JSON.
         #[arg(long)]
@@ -381,7 +381,7 @@ pub fn daemon_cmd(paths: &Paths, cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
                 show(json, &serde_json::json!({ "stopped": pid }), || {
-                    println!("stopped the daemon (pid {pid})")
+                    println!("stopped the daemon (pid {pid}) and its sandboxes")
                 })
             }
         }

@@ -1213,7 +1213,7 @@ fn creates_that_come_together_share_the_pools_restores() {
         assert_eq!(text(&out.stdout).trim(), id);
     }
     // Six creates within a minute: the configuration now keeps six ready (FORKBOX_POOL_MAX
-    // allows eight), made one at a time since nobody waits.
+    // allows sixteen), made one at a time since nobody waits.
     let slot = || -> serde_json::Value {
         let out = cli(&["pool", "ls", "--json"]);
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["slots"][0].clone()

@@ -36,7 +36,7 @@ pub const DEFAULT_SIZE: usize = 2;
 
 /// A configuration's pool grows to the most creates it has seen within [`DEMAND_WINDOW`], up
 /// to this many ready sandboxes (`FORKBOX_POOL_MAX`), until it goes unused for the idle time.
-pub const DEFAULT_MAX: usize = 8;
+pub const DEFAULT_MAX: usize = 16;
 pub const DEMAND_WINDOW: Duration = Duration::from_secs(60);
 
 /// Guest memory all pooled sandboxes together may take (`FORKBOX_POOL_MEMORY_MIB`): half the

@@ -466,3 +466,15 @@ mod tests {
         assert!(GuestRam::of_qemu(std::process::id()).is_err());
     }
 }
+
+/// Allocates and maps, for writing, the pages of `dest` (a shared mapping of a RAM file) that
+/// `runs` cover, without writing them (`MADV_POPULATE_WRITE`, Linux 5.14).
+pub fn populate(dest: &memmap2::MmapMut, runs: &[Range<u64>]) -> std::io::Result<()> {
+    for r in runs {
+        let (start, end) = (r.start as usize, (r.end as usize).min(dest.len()));
+        if start < end {
+            dest.advise_range(memmap2::Advice::PopulateWrite, start, end - start)?;
+        }
+    }
+    Ok(())
+}

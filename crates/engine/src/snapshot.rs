@@ -567,19 +567,28 @@ pub fn save_running(
     // published; the mapping is dropped before this function returns.
     let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&file) }
         .map_err(|e| VmError::io("map the new RAM file", e))?;
-    let mut copy = |runs: &[std::ops::Range<u64>]| -> Result<u64, VmError> {
-        ram.copy_into(runs, &mut dest)
+    let copy = |dest: &mut memmap2::MmapMut, runs: &[std::ops::Range<u64>]| {
+        ram.copy_into(runs, dest)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
-    // The file's data (in the kernel) and the first pass over the written pages, at once:
-    // where both write a page, the paused pass below writes it last.
+    // The file's data (in the kernel) and, at once, the pages the paused pass will write
+    // allocated and mapped (so that pass is a plain memory copy); where both write a page, the
+    // paused pass below writes it last.
     std::thread::scope(|s| {
         let base = s.spawn(|| {
             crate::ram::copy_data(ram.file(), &mem, ram.len())
                 .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))
         });
-        let first = if stay_paused { Ok(0) } else { copy(&runs) };
-        mark("written pages copied, running");
+        let first = if stay_paused {
+            Ok(0)
+        } else {
+            match crate::ram::populate(&dest, &runs) {
+                Ok(()) => Ok(0),
+                // A kernel before 5.14 (no MADV_POPULATE_WRITE): a first copy does it.
+                Err(_) => copy(&mut dest, &runs),
+            }
+        };
+        mark("written pages allocated, running");
         let based = base.join().unwrap_or_else(|_| {
             Err(VmError::io(
                 "copy the RAM file",
@@ -603,7 +612,7 @@ pub fn save_running(
             json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
         mark("device state saved, disk frozen");
-        let copied = copy(&list()?)?;
+        let copied = copy(&mut dest, &list()?)?;
         mark("written pages copied, paused");
         if !stay_paused {
             resume(&mut q)?;
