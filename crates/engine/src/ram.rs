@@ -317,6 +317,18 @@ pub fn zero_file(path: &Path, len: u64) -> io::Result<()> {
     f.set_len(len)
 }
 
+/// Allocates and maps, for writing, the pages of `dest` (a shared mapping of a RAM file) that
+/// `runs` cover, without writing them (`MADV_POPULATE_WRITE`, Linux 5.14).
+pub fn populate(dest: &memmap2::MmapMut, runs: &[Range<u64>]) -> std::io::Result<()> {
+    for r in runs {
+        let (start, end) = (r.start as usize, (r.end as usize).min(dest.len()));
+        if start < end {
+            dest.advise_range(memmap2::Advice::PopulateWrite, start, end - start)?;
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -367,14 +379,17 @@ mod tests {
 
         let copy = dir.path().join("copy");
         let out = new_file(&copy, len).unwrap();
+        // SAFETY: a file of this test's own.
+        let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&out) }.unwrap();
+        // As a save does: the written pages allocated first, then the file's data, then the
+        // written pages, straight into the shared mapping.
+        populate(&dest, &runs).unwrap();
+        assert!(crate::snapshot::allocated_bytes(&copy) >= 3 * PAGE);
         copy_data(&base, &copy, len).unwrap();
         assert!(
             crate::snapshot::allocated_bytes(&copy) < len,
             "the hole was not kept"
         );
-        // The written pages, straight into a shared mapping of the new file.
-        // SAFETY: a file of this test's own.
-        let mut dest = unsafe { memmap2::MmapOptions::new().map_mut(&out) }.unwrap();
         assert_eq!(ram.copy_into(&runs, &mut dest).unwrap(), 3 * PAGE);
         drop(dest);
         assert!(std::fs::read(&copy).unwrap() == content);
@@ -465,16 +480,4 @@ mod tests {
         assert!(err.to_string().contains("does not map"), "{err}");
         assert!(GuestRam::of_qemu(std::process::id()).is_err());
     }
-}
-
-/// Allocates and maps, for writing, the pages of `dest` (a shared mapping of a RAM file) that
-/// `runs` cover, without writing them (`MADV_POPULATE_WRITE`, Linux 5.14).
-pub fn populate(dest: &memmap2::MmapMut, runs: &[Range<u64>]) -> std::io::Result<()> {
-    for r in runs {
-        let (start, end) = (r.start as usize, (r.end as usize).min(dest.len()));
-        if start < end {
-            dest.advise_range(memmap2::Advice::PopulateWrite, start, end - start)?;
-        }
-    }
-    Ok(())
 }
