@@ -7,7 +7,7 @@
 //! address, fe80::/10), multicast or unspecified; the connection goes to exactly that
 //! address, so a name cannot be re-resolved elsewhere in between.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -318,6 +318,10 @@ pub const MAX_HOST_LEN: usize = 253;
 /// Frames queued for the guest; a guest that lets it fill while it floods the host with
 /// requests is committing a violation.
 const OUTBOX: usize = 1024;
+/// Tunnels the guest was told are closed, remembered so that it is told once: a guest still
+/// sending on one (its data was queued before it learned) gets no more replies. Forgotten all
+/// at once past this many (then told again, once each).
+const TOLD_CLOSED: usize = 4096;
 
 /// One tunnel's host side.
 struct Open {
@@ -359,6 +363,7 @@ pub struct HostNet {
     open: Mutex<HashMap<u32, Slot>>,
     pending: Arc<Semaphore>,
     outbox: mpsc::Sender<HostMsg>,
+    told_closed: Mutex<HashSet<u32>>,
     violations: AtomicU32,
     /// The sandbox's id, for log lines.
     name: OnceLock<String>,
@@ -394,6 +399,7 @@ impl HostNet {
             open: Mutex::new(HashMap::new()),
             pending: Arc::new(Semaphore::new(MAX_PENDING_OPENS)),
             outbox,
+            told_closed: Mutex::new(HashSet::new()),
             violations: AtomicU32::new(0),
             name: OnceLock::new(),
             log: Default::default(),
@@ -476,7 +482,7 @@ impl HostNet {
                 let verdict = match lock(&self.open).get(&tunnel) {
                     // Closed meanwhile, or open in the snapshot this copy came from: the agent
                     // learns it is gone.
-                    None => return self.reply(HostMsg::TunnelClose { tunnel }),
+                    None => return self.tell_closed(tunnel),
                     Some(Slot::Pending) => Err("data on a tunnel that is not ready"),
                     Some(Slot::Open(o)) => {
                         let n = data.len();
@@ -533,6 +539,7 @@ impl HostNet {
     /// A tunnel request: refused at once when over a bound, else resolved and connected in a
     /// task of its own.
     fn request(self: &Arc<Self>, tunnel: u32, host: String, port: u16) -> Result<(), String> {
+        lock(&self.told_closed).remove(&tunnel);
         let refusal = {
             let mut open = lock(&self.open);
             if open.contains_key(&tunnel) {
@@ -585,6 +592,22 @@ impl HostNet {
     /// Ends a tunnel from this side: forgets it and tells the guest.
     fn close(&self, tunnel: u32) -> Result<(), String> {
         self.forget(tunnel);
+        self.tell_closed(tunnel)
+    }
+
+    /// Tells the guest that `tunnel` is closed, once: the frames it sent on it before it
+    /// learned (a window's worth of data, say) get no reply each, or a guest that writes
+    /// faster than it reads would fill the host's queue and be cut off for it.
+    fn tell_closed(&self, tunnel: u32) -> Result<(), String> {
+        {
+            let mut told = lock(&self.told_closed);
+            if told.len() >= TOLD_CLOSED {
+                told.clear();
+            }
+            if !told.insert(tunnel) {
+                return Ok(());
+            }
+        }
         self.reply(HostMsg::TunnelClose { tunnel })
     }
 
@@ -854,6 +877,48 @@ mod tests {
         ] {
             assert!(!never_reachable(ip.parse().unwrap(), &own), "{ip}");
         }
+    }
+
+    /// Data on a tunnel the host does not know (closed for going past its window, say), far
+    /// more frames than the queue back holds, from a guest that reads nothing meanwhile:
+    /// told once that it is closed, no violation; a tunnel opened again under the number is
+    /// new.
+    #[tokio::test]
+    async fn a_closed_tunnel_is_reported_once_however_much_comes_on_it() {
+        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
+        let (_rd, wr) = host.into_split();
+        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        for _ in 0..(3 * OUTBOX) {
+            let data = forkbox_protocol::AgentMsg::TunnelData {
+                tunnel: 7,
+                data: vec![1; 100],
+            };
+            net.on_agent(data).unwrap();
+        }
+        assert_eq!(net.violations.load(Ordering::Relaxed), 0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut bytes = vec![0u8; 64 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), guest.read(&mut bytes))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut dec = forkbox_protocol::FrameDecoder::new();
+        dec.push(&bytes[..n]);
+        let mut closes = 0;
+        while let Some(f) = dec.next_frame().unwrap() {
+            let msg: HostMsg = forkbox_protocol::decode(&f).unwrap();
+            assert!(matches!(msg, HostMsg::TunnelClose { tunnel: 7 }), "{msg:?}");
+            closes += 1;
+        }
+        assert_eq!(closes, 1);
+        // Opened again (refused here: no policy), then data on it: told again.
+        let open = forkbox_protocol::AgentMsg::TunnelOpen {
+            tunnel: 7,
+            host: "example.org".into(),
+            port: 443,
+        };
+        net.on_agent(open).unwrap();
+        assert!(!lock(&net.told_closed).contains(&7));
     }
 
     #[tokio::test]
