@@ -21,10 +21,11 @@
 //! restored on request.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, Notify};
 
 use crate::api::EngineError;
 use crate::image::ImageStore;
@@ -85,10 +86,43 @@ fn warm_up() -> forkbox_protocol::ExecSpec {
     }
 }
 
+/// The restores of one slot under way, so that a drain can wait for them to end (each throws
+/// its sandbox away once it finds its slot gone).
+#[derive(Default)]
+struct Tasks {
+    running: AtomicUsize,
+    done: Notify,
+}
+
+impl Tasks {
+    async fn idle(&self) {
+        loop {
+            let done = self.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            if self.running.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            done.await;
+        }
+    }
+}
+
+/// One restore of a slot, counted in its [`Tasks`] until it is dropped.
+struct TaskGuard(Arc<Tasks>);
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        self.0.running.fetch_sub(1, Ordering::SeqCst);
+        self.0.done.notify_waiters();
+    }
+}
+
 struct Slot {
     /// Tells this slot from one made for the same key after a drain: a restore started for a
     /// drained slot throws its sandbox away.
     id: u64,
+    tasks: Arc<Tasks>,
     ready: Vec<Sandbox>,
     /// Restores under way for this configuration.
     in_flight: usize,
@@ -111,6 +145,7 @@ impl Slot {
     fn new(id: u64, cfg: &SandboxConfig, key: &str) -> Slot {
         Slot {
             id,
+            tasks: Arc::default(),
             ready: Vec::new(),
             in_flight: 0,
             waiting: VecDeque::new(),
@@ -345,11 +380,11 @@ impl Pool {
     }
 
     /// Starts counting the restores `key` needs now as under way (see [`restores_to_start`]);
-    /// returns the slot's id and their number.
-    fn plan(&self, slots: &mut Slots, key: &str) -> (u64, usize) {
+    /// returns the slot's id and a guard for each.
+    fn plan(&self, slots: &mut Slots, key: &str) -> (u64, Vec<TaskGuard>) {
         let pool_mib = Pool::memory_mib(slots);
         let Some(slot) = slots.by_key.get_mut(key) else {
-            return (0, 0);
+            return (0, Vec::new());
         };
         let n = restores_to_start(
             Counts {
@@ -366,27 +401,42 @@ impl Pool {
             },
         );
         slot.in_flight += n;
-        (slot.id, n)
+        slot.tasks.running.fetch_add(n, Ordering::SeqCst);
+        let guards = (0..n).map(|_| TaskGuard(slot.tasks.clone())).collect();
+        (slot.id, guards)
     }
 
-    fn start(&self, key: &str, (slot_id, n): (u64, usize), paths: &Paths, cfg: &SandboxConfig) {
-        for _ in 0..n {
+    fn start(
+        &self,
+        key: &str,
+        (slot_id, guards): (u64, Vec<TaskGuard>),
+        paths: &Paths,
+        cfg: &SandboxConfig,
+    ) {
+        for guard in guards {
             let (pool, key, paths, cfg) =
                 (self.clone(), key.to_string(), paths.clone(), cfg.clone());
-            tokio::spawn(async move { pool.fill(key, slot_id, paths, cfg).await });
+            tokio::spawn(async move { pool.fill(key, slot_id, guard, paths, cfg).await });
         }
     }
 
     /// One restore for slot `slot_id` of `key`: to a create waiting by then, else warmed up
     /// into the pool; then whatever restores the slot needs next.
-    async fn fill(self, key: String, slot_id: u64, paths: Paths, cfg: SandboxConfig) {
+    async fn fill(
+        self,
+        key: String,
+        slot_id: u64,
+        guard: TaskGuard,
+        paths: Paths,
+        cfg: SandboxConfig,
+    ) {
         let made = Sandbox::create(&paths, &cfg).await;
         let (unwanted, to_warm, next) = {
             let mut slots = self.lock();
             match (made, slots.by_key.get_mut(&key).filter(|s| s.id == slot_id)) {
                 // Drained meanwhile (its image removed): not wanted any more.
-                (Ok(sb), None) => (Some(sb), None, (0, 0)),
-                (Err(_), None) => (None, None, (0, 0)),
+                (Ok(sb), None) => (Some(sb), None, (0, Vec::new())),
+                (Err(_), None) => (None, None, (0, Vec::new())),
                 (Err(e), Some(slot)) => {
                     tracing::warn!("warm pool for {key}: {e}");
                     slot.in_flight -= 1;
@@ -395,14 +445,14 @@ impl Pool {
                     while slot.waiting.len() > slot.in_flight {
                         slot.waiting.pop_back();
                     }
-                    (None, None, (0, 0))
+                    (None, None, (0, Vec::new()))
                 }
                 (Ok(sb), Some(slot)) => match slot.hand_over(sb) {
                     None => {
                         slot.in_flight -= 1;
                         (None, None, self.plan(&mut slots, &key))
                     }
-                    Some(sb) => (None, Some(sb), (0, 0)),
+                    Some(sb) => (None, Some(sb), (0, Vec::new())),
                 },
             }
         };
@@ -410,9 +460,12 @@ impl Pool {
             sb.destroy().await;
         }
         if let Some(sb) = to_warm {
-            return self.warm_and_keep(key, slot_id, sb, paths, cfg).await;
+            return self
+                .warm_and_keep(key, slot_id, guard, sb, paths, cfg)
+                .await;
         }
         self.start(&key, next, &paths, &cfg);
+        drop(guard);
     }
 
     /// Runs the warm-up in `sb` (under TCG a restored copy runs its first command through code
@@ -422,6 +475,7 @@ impl Pool {
         self,
         key: String,
         slot_id: u64,
+        guard: TaskGuard,
         sb: Sandbox,
         paths: Paths,
         cfg: SandboxConfig,
@@ -430,7 +484,7 @@ impl Pool {
         let (unwanted, next) = {
             let mut slots = self.lock();
             match slots.by_key.get_mut(&key).filter(|s| s.id == slot_id) {
-                None => (Some(sb), (0, 0)),
+                None => (Some(sb), (0, Vec::new())),
                 Some(slot) => {
                     if let Some(sb) = slot.hand_over(sb) {
                         slot.ready.push(sb);
@@ -444,6 +498,7 @@ impl Pool {
             sb.destroy().await;
         }
         self.start(&key, next, &paths, &cfg);
+        drop(guard);
     }
 
     /// Stops every pooled sandbox.
@@ -455,7 +510,7 @@ impl Pool {
     /// configurations (a restore still under way throws away what it makes; a create that
     /// waited for it restores for itself).
     async fn drain_where(&self, which: impl Fn(&Slot) -> bool) -> usize {
-        let all: Vec<Sandbox> = {
+        let removed: Vec<Slot> = {
             let mut slots = self.lock();
             let keys: Vec<String> = slots
                 .by_key
@@ -463,14 +518,26 @@ impl Pool {
                 .filter(|(_, s)| which(s))
                 .map(|(k, _)| k.clone())
                 .collect();
-            keys.iter()
-                .filter_map(|k| slots.by_key.remove(k))
-                .flat_map(|s| s.ready)
-                .collect()
+            keys.iter().filter_map(|k| slots.by_key.remove(k)).collect()
         };
-        let n = all.len();
-        for sb in all {
-            sb.destroy().await;
+        let mut n = 0;
+        let mut tasks = Vec::new();
+        for slot in removed {
+            tasks.push(slot.tasks);
+            for sb in slot.ready {
+                sb.destroy().await;
+                n += 1;
+            }
+        }
+        // Restores still under way end by throwing their sandboxes away: none is left
+        // running when this returns (a daemon shutting down, an image about to be removed).
+        for t in tasks {
+            if tokio::time::timeout(Duration::from_secs(120), t.idle())
+                .await
+                .is_err()
+            {
+                tracing::warn!("warm pool: a restore still ran 120 s after its drain");
+            }
         }
         n
     }
@@ -590,6 +657,27 @@ mod tests {
         assert_eq!(slot.target(10, 4), 10);
         assert_eq!(slot.target(0, 8), 0);
         assert_eq!(slot.image, "python-bookworm@1");
+    }
+
+    #[tokio::test]
+    async fn a_drain_waits_for_the_restores_under_way() {
+        let tasks = Arc::new(Tasks::default());
+        tasks.idle().await;
+        tasks.running.fetch_add(2, Ordering::SeqCst);
+        let (a, b) = (TaskGuard(tasks.clone()), TaskGuard(tasks.clone()));
+        let ended = Arc::new(AtomicUsize::new(0));
+        for (guard, ms) in [(a, 50u64), (b, 150)] {
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                ended.fetch_add(1, Ordering::SeqCst);
+                drop(guard);
+            });
+        }
+        tokio::time::timeout(Duration::from_secs(5), tasks.idle())
+            .await
+            .unwrap();
+        assert_eq!(ended.load(Ordering::SeqCst), 2);
     }
 
     #[test]
