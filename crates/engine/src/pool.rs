@@ -456,16 +456,13 @@ impl Pool {
                 },
             }
         };
-        if let Some(sb) = unwanted {
-            sb.destroy().await;
+        match to_warm {
+            Some(sb) => {
+                self.warm_and_keep(key, slot_id, guard, sb, paths, cfg)
+                    .await
+            }
+            None => self.finish(&key, unwanted, next, guard, &paths, &cfg).await,
         }
-        if let Some(sb) = to_warm {
-            return self
-                .warm_and_keep(key, slot_id, guard, sb, paths, cfg)
-                .await;
-        }
-        self.start(&key, next, &paths, &cfg);
-        drop(guard);
     }
 
     /// Runs the warm-up in `sb` (under TCG a restored copy runs its first command through code
@@ -494,10 +491,25 @@ impl Pool {
                 }
             }
         };
+        self.finish(&key, unwanted, next, guard, &paths, &cfg).await;
+    }
+
+    /// The end of a restore's task: the sandbox nobody wants any more stopped, the restores its
+    /// slot needs next started, and only then the task no longer counted (a drain waits for
+    /// that, so it returns with no VM of the pool left running).
+    async fn finish(
+        &self,
+        key: &str,
+        unwanted: Option<Sandbox>,
+        next: (u64, Vec<TaskGuard>),
+        guard: TaskGuard,
+        paths: &Paths,
+        cfg: &SandboxConfig,
+    ) {
         if let Some(sb) = unwanted {
             sb.destroy().await;
         }
-        self.start(&key, next, &paths, &cfg);
+        self.start(key, next, paths, cfg);
         drop(guard);
     }
 
