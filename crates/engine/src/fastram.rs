@@ -34,6 +34,13 @@ pub const RESERVE_MIB: u64 = 512;
 pub struct Place {
     home: PathBuf,
     root: PathBuf,
+    /// Bytes to leave free on a file system of the given size.
+    reserve: fn(u64) -> u64,
+}
+
+/// What a fork leaves free on a tmpfs of `size` bytes: [`RESERVE_MIB`], or a tenth of it.
+fn reserve(size: u64) -> u64 {
+    (RESERVE_MIB << 20).max(size / 10)
 }
 
 /// This home's in-memory place, or `None` (RAM files are kept on the disk).
@@ -55,6 +62,7 @@ pub fn place(paths: &Paths) -> Option<Place> {
     Some(Place {
         home: paths.home().to_path_buf(),
         root: base.join(home_hash(paths.home())),
+        reserve,
     })
 }
 
@@ -81,8 +89,7 @@ impl Place {
         let s = nix::sys::statvfs::statvfs(fs).ok()?;
         let size = s.blocks().saturating_mul(s.fragment_size());
         let free = s.blocks_available().saturating_mul(s.fragment_size());
-        let reserve = (RESERVE_MIB << 20).max(size / 10);
-        if free < need.saturating_add(reserve) {
+        if free < need.saturating_add((self.reserve)(size)) {
             return None;
         }
         let made = (|| -> io::Result<PathBuf> {
@@ -186,8 +193,16 @@ mod tests {
     #![allow(clippy::unwrap_used)]
     use super::*;
 
+    /// The reserve is 512 MiB, or a tenth of a large tmpfs.
+    #[test]
+    fn a_fork_leaves_a_reserve_free() {
+        assert_eq!(reserve(1 << 30), 512 << 20);
+        assert_eq!(reserve(24 << 30), (24 << 30) / 10);
+    }
+
     /// A RAM file in memory is found through its snapshot's link, removed with it, and swept
-    /// once no snapshot links to it; the root of a deleted home goes too.
+    /// once no snapshot links to it; the root of a deleted home goes too. (No reserve: the
+    /// temporary directory's file system may have less than 512 MiB free.)
     #[test]
     fn ram_dirs_go_with_their_snapshots() {
         let shm = tempfile::tempdir().unwrap();
@@ -197,6 +212,7 @@ mod tests {
         let place = Place {
             home: home.path().into(),
             root: root.clone(),
+            reserve: |_| 0,
         };
         let dir = place.new_dir(1 << 20).unwrap();
         std::fs::write(dir.join("mem"), b"ram").unwrap();
@@ -222,6 +238,7 @@ mod tests {
         let gone_place = Place {
             home: gone.path().into(),
             root: gone_root.clone(),
+            reserve: |_| 0,
         };
         gone_place.new_dir(0).unwrap();
         drop(gone);
