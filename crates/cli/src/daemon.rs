@@ -40,45 +40,72 @@ impl NetArgs {
     }
 }
 
+/// `forkbox sandbox create`'s arguments.
+#[derive(clap::Args)]
+pub struct CreateArgs {
+    /// Image to start: NAME (newest version) or NAME@N (default python-bookworm, built on
+    /// first use).
+    #[arg(long)]
+    pub image: Option<String>,
+    /// Virtual CPUs (default 1).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pub cpus: Option<u32>,
+    /// Guest memory: 512m, 2g, or a number of MiB (default 1g).
+    #[arg(long, value_parser = crate::units::memory_mib)]
+    pub memory: Option<u32>,
+    /// Accelerator: auto (KVM where this host can run a standard guest, else TCG), kvm or tcg.
+    #[arg(long, env = "FORKBOX_ACCEL")]
+    pub accel: Option<AccelChoice>,
+    /// A label K=V (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Delete the sandbox after this long: 600, 10m, 1h.
+    #[arg(long, value_parser = crate::units::ttl)]
+    pub ttl: Option<u64>,
+    /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
+    #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
+    pub snapshot: Option<String>,
+    /// What the TTL does when it passes: delete (default) or hibernate.
+    #[arg(long, value_enum, requires = "ttl")]
+    pub ttl_action: Option<TtlArg>,
+    /// Root disk size: 20g or a number of GiB (at least the image's); the filesystem grows
+    /// to fill it.
+    #[arg(long, value_parser = crate::units::disk_gib)]
+    pub disk_gib: Option<u32>,
+    #[command(flatten)]
+    pub net: NetArgs,
+    /// Print the new sandbox as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// `forkbox sandbox fork`'s arguments.
+#[derive(clap::Args)]
+pub struct ForkArgs {
+    /// A sandbox id or a snapshot name.
+    #[arg(value_parser = sandbox_id)]
+    pub source: String,
+    /// How many copies (1 to 20).
+    #[arg(long, default_value_t = 1)]
+    pub count: u32,
+    /// A label K=V for every copy (repeatable).
+    #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Delete each copy after this long: 600, 10m, 1h.
+    #[arg(long, value_parser = crate::units::ttl)]
+    pub ttl: Option<u64>,
+    /// The copies' network (default: a sandbox's own; none for a snapshot).
+    #[command(flatten)]
+    pub net: NetArgs,
+    /// Print the copies (and any that failed) as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 #[derive(clap::Subcommand)]
 pub enum SandboxCmd {
     /// Create a sandbox; prints its id.
-    Create {
-        /// Image to start: NAME (newest version) or NAME@N (default python-bookworm, built on
-        /// first use).
-        #[arg(long)]
-        image: Option<String>,
-        /// Virtual CPUs (default 1).
-        #[arg(long, value_parser = clap::value_parser!(u32).range(1..=64))]
-        cpus: Option<u32>,
-        /// Guest memory: 512m, 2g, or a number of MiB (default 1g).
-        #[arg(long, value_parser = crate::units::memory_mib)]
-        memory: Option<u32>,
-        /// Accelerator: auto (KVM where this host can run a standard guest, else TCG), kvm or tcg.
-        #[arg(long, env = "FORKBOX_ACCEL")]
-        accel: Option<AccelChoice>,
-        /// A label K=V (repeatable).
-        #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
-        labels: Vec<(String, String)>,
-        /// Delete the sandbox after this long: 600, 10m, 1h.
-        #[arg(long, value_parser = crate::units::ttl)]
-        ttl: Option<u64>,
-        /// Start from this snapshot (its image, vCPUs and memory) instead of the image's template.
-        #[arg(long, conflicts_with_all = ["image", "cpus", "memory"])]
-        snapshot: Option<String>,
-        /// What the TTL does when it passes: delete (default) or hibernate.
-        #[arg(long, value_enum, requires = "ttl")]
-        ttl_action: Option<TtlArg>,
-        /// Root disk size: 20g or a number of GiB (at least the image's); the filesystem grows
-        /// to fill it.
-        #[arg(long, value_parser = crate::units::disk_gib)]
-        disk_gib: Option<u32>,
-        #[command(flatten)]
-        net: NetArgs,
-        /// Print the new sandbox as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Create(CreateArgs),
     /// Save sandboxes to disk and stop their VMs; they keep their ids.
     Hibernate {
         /// Sandbox ids.
@@ -113,26 +140,7 @@ pub enum SandboxCmd {
         json: bool,
     },
     /// Fork a running sandbox or a snapshot into COUNT new sandboxes; prints their ids.
-    Fork {
-        /// A sandbox id or a snapshot name.
-        #[arg(value_parser = sandbox_id)]
-        source: String,
-        /// How many copies (1 to 20).
-        #[arg(long, default_value_t = 1)]
-        count: u32,
-        /// A label K=V for every copy (repeatable).
-        #[arg(long = "label", value_name = "K=V", value_parser = crate::run::parse_kv)]
-        labels: Vec<(String, String)>,
-        /// Delete each copy after this long: 600, 10m, 1h.
-        #[arg(long, value_parser = crate::units::ttl)]
-        ttl: Option<u64>,
-        /// The copies' network (default: a sandbox's own; none for a snapshot).
-        #[command(flatten)]
-        net: NetArgs,
-        /// Print the copies (and any that failed) as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Fork(ForkArgs),
     /// Set a sandbox's TTL anew, counted from now.
     Ttl {
         /// Sandbox id.
@@ -690,52 +698,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     rt.block_on(async {
         let c = connect(paths).await?;
         match cmd {
-            SandboxCmd::Create {
-                image,
-                cpus,
-                memory,
-                accel,
-                labels,
-                ttl,
-                snapshot,
-                ttl_action,
-                disk_gib,
-                net,
-                json,
-            } => {
-                if snapshot.is_none() && Endpoint::from_env()?.is_none() {
-                    let reference = match &image {
-                        Some(i) => i.parse()?,
-                        None => forkbox_engine::sandbox::SandboxConfig::default().image,
-                    };
-                    crate::bundled::ensure(paths, &reference, false)?;
-                }
-                let req = CreateRequest {
-                    image,
-                    cpus,
-                    memory_mib: memory,
-                    accel,
-                    labels: labels.into_iter().collect(),
-                    ttl_seconds: ttl,
-                    max_processes: None,
-                    snapshot,
-                    disk_gib,
-                    network: net.policy(),
-                    ttl_action: ttl_action.map(|t| match t {
-                        TtlArg::Delete => TtlAction::Delete,
-                        TtlArg::Hibernate => TtlAction::Hibernate,
-                    }),
-                };
-                let v = said_after(
-                    c.create(&req),
-                    Some(
-                        "creating the sandbox (the first of an image and size boots once to \
-                         make its template: a few seconds)",
-                    ),
-                )
-                .await?;
-                show(json, &v, || println!("{}", v.info.id))
-            }
+            SandboxCmd::Create(args) => create(paths, &c, args).await,
             SandboxCmd::Hibernate { ids, json } => {
                 each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
             }
@@ -858,46 +821,80 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     );
                 })
             }
-            SandboxCmd::Fork {
-                source,
-                count,
-                labels,
-                ttl,
-                net,
-                json,
-            } => {
-                let req = ForkRequest {
-                    count,
-                    labels: labels.into_iter().collect(),
-                    ttl_seconds: ttl,
-                    max_processes: None,
-                    network: net.policy(),
-                };
-                let r = c.fork(&source, &req).await?;
-                show(json, &r, || {
-                    for v in &r.sandboxes {
-                        println!("{}", v.info.id);
-                    }
-                    for f in &r.failed {
-                        eprintln!("forkbox: a copy failed: {f}");
-                    }
-                    eprintln!(
-                        "{} of {count} copies from snapshot {} in {} ms",
-                        r.sandboxes.len(),
-                        r.snapshot,
-                        r.duration_ms
-                    );
-                })?;
-                Ok(if r.failed.is_empty() {
-                    ExitCode::SUCCESS
-                } else {
-                    ExitCode::from(1)
-                })
-            }
+            SandboxCmd::Fork(args) => fork(&c, args).await,
             SandboxCmd::Rm { ids, json } => {
                 each(&ids, json, "removed", async |id| c.delete(id).await).await
             }
         }
+    })
+}
+
+/// `forkbox sandbox create`: builds the bundled image on first use (when the daemon is this
+/// host's), then creates through the daemon.
+async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<ExitCode> {
+    if a.snapshot.is_none() && Endpoint::from_env()?.is_none() {
+        let reference = match &a.image {
+            Some(i) => i.parse()?,
+            None => forkbox_engine::sandbox::SandboxConfig::default().image,
+        };
+        crate::bundled::ensure(paths, &reference, false)?;
+    }
+    let req = CreateRequest {
+        network: a.net.policy(),
+        image: a.image,
+        cpus: a.cpus,
+        memory_mib: a.memory,
+        accel: a.accel,
+        labels: a.labels.into_iter().collect(),
+        ttl_seconds: a.ttl,
+        max_processes: None,
+        snapshot: a.snapshot,
+        disk_gib: a.disk_gib,
+        ttl_action: a.ttl_action.map(|t| match t {
+            TtlArg::Delete => TtlAction::Delete,
+            TtlArg::Hibernate => TtlAction::Hibernate,
+        }),
+    };
+    let v = said_after(
+        c.create(&req),
+        Some(
+            "creating the sandbox (the first of an image and size boots once to make its \
+             template: a few seconds)",
+        ),
+    )
+    .await?;
+    show(a.json, &v, || println!("{}", v.info.id))
+}
+
+/// `forkbox sandbox fork`: prints the copies' ids, says any that failed (exit 1 then).
+async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
+    let req = ForkRequest {
+        count: a.count,
+        labels: a.labels.into_iter().collect(),
+        ttl_seconds: a.ttl,
+        max_processes: None,
+        network: a.net.policy(),
+    };
+    let r = c.fork(&a.source, &req).await?;
+    show(a.json, &r, || {
+        for v in &r.sandboxes {
+            println!("{}", v.info.id);
+        }
+        for f in &r.failed {
+            eprintln!("forkbox: a copy failed: {f}");
+        }
+        eprintln!(
+            "{} of {} copies from snapshot {} in {} ms",
+            r.sandboxes.len(),
+            a.count,
+            r.snapshot,
+            r.duration_ms
+        );
+    })?;
+    Ok(if r.failed.is_empty() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
     })
 }
 
