@@ -31,6 +31,21 @@ fn ready() -> forkbox_engine::paths::Paths {
     paths
 }
 
+/// A runner of `forkbox ARGS` in `paths`'s home with `env` set (a daemon it starts keeps the
+/// warm pool those variables say), returning its output.
+fn cli_with<'a>(
+    paths: &'a forkbox_engine::paths::Paths,
+    env: &'a [(&str, &str)],
+) -> impl Fn(&[&str]) -> std::process::Output + 'a {
+    move |args| {
+        forkbox(paths)
+            .envs(env.iter().copied())
+            .args(args)
+            .output()
+            .unwrap()
+    }
+}
+
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
 }
@@ -1117,12 +1132,9 @@ fn forks_through_the_cli() {
 fn the_warm_pool_hands_out_fresh_sandboxes() {
     let paths = infra::isolated_home("warm-pool");
     stop_daemon(&paths);
+    let cli = cli_with(&paths, &[("FORKBOX_POOL_SIZE", "1")]);
     let create = || {
-        let out = forkbox(&paths)
-            .env("FORKBOX_POOL_SIZE", "1")
-            .args(["sandbox", "create", "--json"])
-            .output()
-            .unwrap();
+        let out = cli(&["sandbox", "create", "--json"]);
         assert!(out.status.success(), "{}", text(&out.stderr));
         serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()
     };
@@ -1176,13 +1188,7 @@ fn the_warm_pool_hands_out_fresh_sandboxes() {
 fn creates_that_come_together_share_the_pools_restores() {
     let paths = infra::isolated_home("pool-burst");
     stop_daemon(&paths);
-    let cli = |args: &[&str]| {
-        forkbox(&paths)
-            .env("FORKBOX_POOL_SIZE", "1")
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let cli = cli_with(&paths, &[("FORKBOX_POOL_SIZE", "1")]);
     // The configuration's first create restores for itself (it may make the template).
     let out = cli(&["sandbox", "create"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
@@ -1705,15 +1711,14 @@ fn completions_and_man_pages_are_generated() {
 fn the_pool_is_visible_bounded_and_shrinks_when_idle() {
     let paths = infra::isolated_home("pool-bounds");
     stop_daemon(&paths);
-    let cli = |args: &[&str]| {
-        forkbox(&paths)
-            .env("FORKBOX_POOL_SIZE", "2")
-            .env("FORKBOX_POOL_MEMORY_MIB", "1024")
-            .env("FORKBOX_POOL_IDLE_SECS", "15")
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let cli = cli_with(
+        &paths,
+        &[
+            ("FORKBOX_POOL_SIZE", "2"),
+            ("FORKBOX_POOL_MEMORY_MIB", "1024"),
+            ("FORKBOX_POOL_IDLE_SECS", "15"),
+        ],
+    );
     let out = cli(&["daemon", "status"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stdout).contains("not running"));
@@ -2061,13 +2066,7 @@ fn image_rm_drains_the_pool_instead_of_refusing() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let image: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let reference = image["reference"].as_str().unwrap().to_string();
-    let cli = |args: &[&str]| {
-        forkbox(&paths)
-            .env("FORKBOX_POOL_SIZE", "1")
-            .args(args)
-            .output()
-            .unwrap()
-    };
+    let cli = cli_with(&paths, &[("FORKBOX_POOL_SIZE", "1")]);
     let out = cli(&["sandbox", "create", "--image", &reference]);
     assert!(out.status.success(), "{}", text(&out.stderr));
     let id = text(&out.stdout).trim().to_string();
