@@ -69,8 +69,24 @@ code{overflow-wrap:anywhere}
 
 pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
     let mut h = String::new();
-    let passed =
-        |res: &crate::reports::Results| res.values().filter(|o| **o == Outcome::Passed).count();
+    head(&mut h, r);
+    winner(&mut h, r);
+    plans_table(&mut h, r);
+    for p in &r.plans {
+        plan_section(&mut h, r, p, patches);
+    }
+    phases(&mut h, r);
+    h.push_str("</body></html>\n");
+    h
+}
+
+/// Tests that passed in `res`.
+fn passed(res: &crate::reports::Results) -> usize {
+    res.values().filter(|o| **o == Outcome::Passed).count()
+}
+
+/// The page's head, title and what the baseline was.
+fn head(h: &mut String, r: &MigrateReport) {
     let _ = write!(
         h,
         "<!doctype html><html lang=en><head><meta charset=utf-8><meta name=viewport content=\"width=device-width\"><title>forkbox migrate: {from} → {to}</title><style>{STYLE}</style></head><body>
@@ -90,6 +106,10 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
         schema = r.schema_version,
         version = esc(&r.forkbox_version),
     );
+}
+
+/// The accepted plan, and why, or that none was.
+fn winner(h: &mut String, r: &MigrateReport) {
     match &r.winner {
         Some(w) => {
             let why = r
@@ -114,6 +134,10 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
         }
         None => h.push_str("<h2 class=no id=winner>No plan was accepted</h2>"),
     }
+}
+
+/// A row per plan: its verdict, counts, diff size, times and cost.
+fn plans_table(h: &mut String, r: &MigrateReport) {
     h.push_str("<h2>Plans</h2><table id=plans><colgroup><col class=plan><col class=verdict><col class=n><col class=n><col class=n><col class=n><col class=n><col class=cost></colgroup><tr><th>plan</th><th>verdict, and why</th><th>passed</th><th>lost</th><th>fixed</th><th>diff lines</th><th>port / tests</th><th>cost</th></tr>");
     for p in &r.plans {
         let v = p.verdict.as_ref();
@@ -156,93 +180,104 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
         );
     }
     h.push_str("</table><p><small>Cost: the plan's sandbox CPU and memory time at the run's rates, in US dollars.</small></p>");
+}
 
-    for p in &r.plans {
+/// One plan's section: its failure, lost/flaky/fixed tests, patch and output tails.
+fn plan_section(
+    h: &mut String,
+    r: &MigrateReport,
+    p: &crate::flow::PlanRun,
+    patches: &BTreeMap<String, String>,
+) {
+    let _ = write!(
+        h,
+        "<section class=plan id=\"plan-{}\"><h3>{}</h3>",
+        esc(&p.plan),
+        esc(&p.plan)
+    );
+    if let Some(f) = &p.failure {
+        let _ = write!(h, "<p class=no>{}</p>", esc(f));
+    }
+    if let Some(v) = &p.verdict {
+        if !v.lost.is_empty() {
+            let _ = write!(h, "<details open class=lost><summary>{} lost test(s): passed before, not now</summary>", v.lost.len());
+            for id in &v.lost {
+                let _ = write!(h, "<div class=lost-test><code>{}</code>", esc(id));
+                match p.failures.get(id) {
+                    Some(out) => {
+                        let _ = write!(h, "<pre>{}</pre>", esc(out));
+                    }
+                    None => h.push_str(
+                        " <small>(no failure output of its own; see the test output below)</small>",
+                    ),
+                }
+                h.push_str("</div>");
+            }
+            h.push_str("</details>");
+        }
+        if !v.flaky_lost.is_empty() {
+            let _ = write!(
+                h,
+                "<details open class=lost><summary>{} test(s) lost, flaky: failed in the plan's run, passed when run again{} (not counted)</summary><ul>",
+                v.flaky_lost.len(),
+                if p.rerun.as_ref().is_some_and(|r| r.alone) { " alone" } else { " with the whole suite" }
+            );
+            for id in &v.flaky_lost {
+                let _ = write!(h, "<li><code>{}</code></li>", esc(id));
+            }
+            h.push_str("</ul></details>");
+        }
+        if let Some(e) = p.rerun.as_ref().and_then(|r| r.error.as_ref()) {
+            let _ = write!(
+                h,
+                "<p class=no>Its lost tests could not be run again ({}): they stay lost.</p>",
+                esc(e)
+            );
+        }
+        if !v.fixed.is_empty() {
+            let _ = write!(
+                h,
+                "<details><summary>{} fixed test(s)</summary><ul>",
+                v.fixed.len()
+            );
+            for id in &v.fixed {
+                let _ = write!(h, "<li><code>{}</code></li>", esc(id));
+            }
+            h.push_str("</ul></details>");
+        }
+    }
+    match patches.get(&p.plan) {
+        Some(diff) => {
+            let _ = write!(
+                h,
+                "<details class=patch{}><summary>patch: {} lines changed (<code>{}</code>)</summary>{}</details>",
+                if r.winner.as_deref() == Some(p.plan.as_str()) { " open" } else { "" },
+                p.diff_lines,
+                esc(p.patch_file.as_deref().unwrap_or("")),
+                diff_html(diff)
+            );
+        }
+        None => h.push_str("<p><small>No patch: the plan changed nothing.</small></p>"),
+    }
+    if !p.test_output_tail.is_empty() {
         let _ = write!(
             h,
-            "<section class=plan id=\"plan-{}\"><h3>{}</h3>",
-            esc(&p.plan),
-            esc(&p.plan)
+            "<details><summary>last lines of its test run</summary><pre>{}</pre></details>",
+            esc(&p.test_output_tail)
         );
-        if let Some(f) = &p.failure {
-            let _ = write!(h, "<p class=no>{}</p>", esc(f));
-        }
-        if let Some(v) = &p.verdict {
-            if !v.lost.is_empty() {
-                let _ = write!(h, "<details open class=lost><summary>{} lost test(s): passed before, not now</summary>", v.lost.len());
-                for id in &v.lost {
-                    let _ = write!(h, "<div class=lost-test><code>{}</code>", esc(id));
-                    match p.failures.get(id) {
-                        Some(out) => {
-                            let _ = write!(h, "<pre>{}</pre>", esc(out));
-                        }
-                        None => h.push_str(" <small>(no failure output of its own; see the test output below)</small>"),
-                    }
-                    h.push_str("</div>");
-                }
-                h.push_str("</details>");
-            }
-            if !v.flaky_lost.is_empty() {
-                let _ = write!(
-                    h,
-                    "<details open class=lost><summary>{} test(s) lost, flaky: failed in the plan's run, passed when run again{} (not counted)</summary><ul>",
-                    v.flaky_lost.len(),
-                    if p.rerun.as_ref().is_some_and(|r| r.alone) { " alone" } else { " with the whole suite" }
-                );
-                for id in &v.flaky_lost {
-                    let _ = write!(h, "<li><code>{}</code></li>", esc(id));
-                }
-                h.push_str("</ul></details>");
-            }
-            if let Some(e) = p.rerun.as_ref().and_then(|r| r.error.as_ref()) {
-                let _ = write!(
-                    h,
-                    "<p class=no>Its lost tests could not be run again ({}): they stay lost.</p>",
-                    esc(e)
-                );
-            }
-            if !v.fixed.is_empty() {
-                let _ = write!(
-                    h,
-                    "<details><summary>{} fixed test(s)</summary><ul>",
-                    v.fixed.len()
-                );
-                for id in &v.fixed {
-                    let _ = write!(h, "<li><code>{}</code></li>", esc(id));
-                }
-                h.push_str("</ul></details>");
-            }
-        }
-        match patches.get(&p.plan) {
-            Some(diff) => {
-                let _ = write!(
-                    h,
-                    "<details class=patch{}><summary>patch: {} lines changed (<code>{}</code>)</summary>{}</details>",
-                    if r.winner.as_deref() == Some(p.plan.as_str()) { " open" } else { "" },
-                    p.diff_lines,
-                    esc(p.patch_file.as_deref().unwrap_or("")),
-                    diff_html(diff)
-                );
-            }
-            None => h.push_str("<p><small>No patch: the plan changed nothing.</small></p>"),
-        }
-        if !p.test_output_tail.is_empty() {
-            let _ = write!(
-                h,
-                "<details><summary>last lines of its test run</summary><pre>{}</pre></details>",
-                esc(&p.test_output_tail)
-            );
-        }
-        if !p.porter_output_tail.is_empty() {
-            let _ = write!(
-                h,
-                "<details><summary>last lines of its porter</summary><pre>{}</pre></details>",
-                esc(&p.porter_output_tail)
-            );
-        }
-        h.push_str("</section>");
     }
+    if !p.porter_output_tail.is_empty() {
+        let _ = write!(
+            h,
+            "<details><summary>last lines of its porter</summary><pre>{}</pre></details>",
+            esc(&p.porter_output_tail)
+        );
+    }
+    h.push_str("</section>");
+}
 
+/// The time per phase, as bars.
+fn phases(h: &mut String, r: &MigrateReport) {
     h.push_str("<h2>Time per phase</h2><table id=phases><colgroup><col style=\"width:30%\"><col></colgroup>");
     let ph = &r.phases;
     let max = [
@@ -276,6 +311,4 @@ pub fn html(r: &MigrateReport, patches: &BTreeMap<String, String>) -> String {
         secs(ph.total_ms),
         secs(ph.test_suite_ms)
     );
-    h.push_str("</body></html>\n");
-    h
 }
