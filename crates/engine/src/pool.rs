@@ -124,7 +124,10 @@ struct Slot {
     id: u64,
     tasks: Arc<Tasks>,
     ready: Vec<Sandbox>,
-    /// Restores under way for this configuration.
+    /// Restores under way for this configuration whose sandbox is not handed over or kept yet
+    /// (what planning counts). Not the same as `tasks`: a task is still running after that,
+    /// while it stops a sandbox nobody wants and starts the next restores, and after its slot
+    /// is gone.
     in_flight: usize,
     /// Creates waiting for one of them, first come first served; a sender whose create gave
     /// up is skipped.
