@@ -599,16 +599,36 @@ impl HostNet {
     /// learned (a window's worth of data, say) get no reply each, or a guest that writes
     /// faster than it reads would fill the host's queue and be cut off for it.
     fn tell_closed(&self, tunnel: u32) -> Result<(), String> {
-        {
-            let mut told = lock(&self.told_closed);
-            if told.len() >= TOLD_CLOSED {
-                told.clear();
-            }
-            if !told.insert(tunnel) {
-                return Ok(());
-            }
+        match self.first_close(tunnel) {
+            true => self.reply(HostMsg::TunnelClose { tunnel }),
+            false => Ok(()),
         }
-        self.reply(HostMsg::TunnelClose { tunnel })
+    }
+
+    /// Whether the guest is yet to be told that `tunnel` is closed (it counts as told now).
+    fn first_close(&self, tunnel: u32) -> bool {
+        let mut told = lock(&self.told_closed);
+        if told.len() >= TOLD_CLOSED {
+            told.clear();
+        }
+        told.insert(tunnel)
+    }
+
+    /// The remote end of `tunnel` failed (a reset, a write that could not go): the tunnel is
+    /// over. The guest is told (once; this waits for room in the queue back rather than count
+    /// a full one against the guest), and the tunnel forgotten with its other task, so that it
+    /// no longer counts against [`MAX_TUNNELS`]. (It was only told: the guest's end of data
+    /// that followed never met a remote end, and 512 such tunnels refused every new one.)
+    async fn remote_failed(&self, tunnel: u32, e: &std::io::Error) {
+        tracing::debug!(
+            "{}: tunnel {tunnel}: the remote end failed: {e}",
+            self.name()
+        );
+        if self.first_close(tunnel) {
+            let _ = self.outbox.send(HostMsg::TunnelClose { tunnel }).await;
+        }
+        // Last: this aborts the calling task too, at its next await.
+        self.forget(tunnel);
     }
 
     /// One end of a tunnel has finished sending (the guest's end is passed on to the remote).
@@ -688,6 +708,12 @@ impl HostNet {
             Ok(Err(e)) => return refuse(format!("{host}:{port} ({addr}): {e}")).await,
             Err(_) => return refuse(format!("{host}:{port} ({addr}): connection timed out")).await,
         };
+        self.carry(tunnel, stream).await;
+    }
+
+    /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote: tells the
+    /// guest it is ready, then copies both ways within the windows.
+    async fn carry(self: Arc<Self>, tunnel: u32, stream: tokio::net::TcpStream) {
         let (mut rd, mut wr) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let credit = Arc::new(Semaphore::new(TUNNEL_WINDOW as usize));
@@ -732,10 +758,7 @@ impl HostNet {
                             return;
                         }
                         Ok(n) => n,
-                        Err(_) => {
-                            let _ = net.outbox.send(HostMsg::TunnelClose { tunnel }).await;
-                            return;
-                        }
+                        Err(e) => return net.remote_failed(tunnel, &e).await,
                     };
                     match credit.acquire_many(n as u32).await {
                         Ok(p) => p.forget(),
@@ -761,9 +784,8 @@ impl HostNet {
                 while let Some(m) = rx.recv().await {
                     match m {
                         Some(d) => {
-                            if wr.write_all(&d).await.is_err() {
-                                let _ = net.outbox.send(HostMsg::TunnelClose { tunnel }).await;
-                                return;
+                            if let Err(e) = wr.write_all(&d).await {
+                                return net.remote_failed(tunnel, &e).await;
                             }
                             unacked.fetch_sub(d.len(), Ordering::Relaxed);
                             let bytes = d.len() as u32;
@@ -919,6 +941,67 @@ mod tests {
         };
         net.on_agent(open).unwrap();
         assert!(!lock(&net.told_closed).contains(&7));
+    }
+
+    /// A remote that resets its connection ends the tunnel: the guest is told once, and the
+    /// tunnel no longer counts against [`MAX_TUNNELS`], whatever the guest says after. (It
+    /// was kept: the guest's end of data that followed never met an end of the remote's, and
+    /// an `npm ci` on a busy host, its registry resetting connections, filled all 512.)
+    #[tokio::test]
+    async fn a_tunnel_whose_remote_resets_is_forgotten() {
+        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
+        let (_rd, wr) = host.into_split();
+        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let remote = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
+            .await
+            .unwrap();
+        let (server, _) = listener.accept().await.unwrap();
+        lock(&net.open).insert(9, Slot::Pending);
+        net.clone().carry(9, remote).await;
+        assert_eq!(net.tunnels(), 1);
+        server.set_zero_linger().unwrap();
+        drop(server);
+        let gone = async {
+            while net.tunnels() > 0 {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), gone)
+            .await
+            .expect("the tunnel is still counted 10 s after its remote reset it");
+        // What the agent says once told (its program's end of data, then its close).
+        net.on_agent(forkbox_protocol::AgentMsg::TunnelEof { tunnel: 9 })
+            .unwrap();
+        net.on_agent(forkbox_protocol::AgentMsg::TunnelClose { tunnel: 9 })
+            .unwrap();
+        assert_eq!(net.tunnels(), 0);
+        assert_eq!(net.violations.load(Ordering::Relaxed), 0);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut bytes = vec![0u8; 64 * 1024];
+        let n = tokio::time::timeout(Duration::from_secs(5), guest.read(&mut bytes))
+            .await
+            .unwrap()
+            .unwrap();
+        let mut dec = forkbox_protocol::FrameDecoder::new();
+        dec.push(&bytes[..n]);
+        let mut said = Vec::new();
+        while let Some(f) = dec.next_frame().unwrap() {
+            said.push(forkbox_protocol::decode::<HostMsg>(&f).unwrap());
+        }
+        assert!(
+            matches!(
+                said.as_slice(),
+                [
+                    HostMsg::TunnelReady {
+                        tunnel: 9,
+                        error: None
+                    },
+                    HostMsg::TunnelClose { tunnel: 9 }
+                ]
+            ),
+            "{said:?}"
+        );
     }
 
     #[tokio::test]
