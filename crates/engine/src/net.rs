@@ -17,7 +17,7 @@ use forkbox_protocol::{encode_frame, HostMsg, TUNNEL_WINDOW};
 use serde::{Deserialize, Serialize};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{mpsc, Semaphore};
+use tokio::sync::{mpsc, oneshot, Semaphore};
 
 /// Where the guest's proxy listens.
 pub const PROXY_PORT: u16 = 3128;
@@ -708,13 +708,25 @@ impl HostNet {
             Ok(Err(e)) => return refuse(format!("{host}:{port} ({addr}): {e}")).await,
             Err(_) => return refuse(format!("{host}:{port} ({addr}): connection timed out")).await,
         };
-        self.carry(tunnel, stream).await;
+        self.carry(tunnel, addr, stream).await;
     }
 
-    /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote: tells the
-    /// guest it is ready, then copies both ways within the windows.
-    async fn carry(self: Arc<Self>, tunnel: u32, stream: tokio::net::TcpStream) {
+    /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote at `addr`:
+    /// tells the guest it is ready, then copies both ways within the windows.
+    ///
+    /// The remote is connected when the guest asks, so that a refusal or an unreachable
+    /// remote is said before the guest's program is told "connected". A guest under emulation
+    /// on a busy host can then take seconds to send its first bytes, and some servers reset a
+    /// connection that has said nothing for a few seconds (the npm registry here: a TLS
+    /// ClientHello 10 s after connecting is reset, 5 s is not). So when the guest's first
+    /// bytes come more than [`FRESH_FOR`] after the connect, and the remote has said nothing,
+    /// they go over a new connection to the same address (the old one closed unused); a
+    /// server that speaks first (SSH, SMTP) has spoken by then and keeps its connection.
+    async fn carry(self: Arc<Self>, tunnel: u32, addr: SocketAddr, stream: tokio::net::TcpStream) {
+        let connected = std::time::Instant::now();
         let (mut rd, mut wr) = stream.into_split();
+        let (swap_tx, mut swap_rx) = oneshot::channel::<Swap>();
+        let quiet_end = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let credit = Arc::new(Semaphore::new(TUNNEL_WINDOW as usize));
         let unacked = Arc::new(AtomicUsize::new(0));
@@ -748,10 +760,43 @@ impl HostNet {
         // Remote -> guest, within the agent's acknowledgements.
         let down = {
             let net = self.clone();
+            let quiet_end = quiet_end.clone();
             tokio::spawn(async move {
                 let mut buf = vec![0u8; 64 * 1024];
+                let mut waiting_swap = true;
                 loop {
-                    let n = match rd.read(&mut buf).await {
+                    let read = tokio::select! {
+                        biased;
+                        swap = &mut swap_rx, if waiting_swap => {
+                            waiting_swap = false;
+                            // Nothing was read from the old connection (the first read
+                            // ends the offer): the new one takes its place.
+                            if let Ok((new_rd, taken)) = swap {
+                                rd = new_rd;
+                                let _ = taken.send(());
+                            }
+                            continue;
+                        }
+                        r = rd.read(&mut buf) => r,
+                    };
+                    if waiting_swap {
+                        if !matches!(read, Ok(n) if n > 0) {
+                            // Ended or reset before either side said anything (a server
+                            // tired of waiting): the guest's first bytes will go over a new
+                            // connection; if it sends none, this end is reported as it was.
+                            quiet_end.store(true, Ordering::SeqCst);
+                            waiting_swap = false;
+                            if let Ok((new_rd, taken)) = (&mut swap_rx).await {
+                                rd = new_rd;
+                                let _ = taken.send(());
+                                continue;
+                            }
+                        }
+                        // The remote has spoken: its connection stays.
+                        waiting_swap = false;
+                        swap_rx.close();
+                    }
+                    let n = match read {
                         Ok(0) => {
                             let _ = net.outbox.send(HostMsg::TunnelEof { tunnel }).await;
                             net.end_of(tunnel, End::Remote);
@@ -781,7 +826,20 @@ impl HostNet {
         let up = {
             let net = self.clone();
             tokio::spawn(async move {
+                let mut swap_tx = Some(swap_tx);
                 while let Some(m) = rx.recv().await {
+                    if let Some(offer) = swap_tx.take_if(|_| m.is_some()) {
+                        if connected.elapsed() >= FRESH_FOR || quiet_end.load(Ordering::SeqCst) {
+                            if let Some(new_wr) = reconnect(addr, offer).await {
+                                tracing::debug!(
+                                    "{}: tunnel {tunnel}: the guest's first bytes came {} ms after the connect: sent over a new connection",
+                                    net.name(),
+                                    connected.elapsed().as_millis()
+                                );
+                                wr = new_wr;
+                            }
+                        }
+                    }
                     match m {
                         Some(d) => {
                             if let Err(e) = wr.write_all(&d).await {
@@ -807,6 +865,31 @@ impl HostNet {
             }
         }
     }
+}
+
+/// A fresh connection's read half for a tunnel's reader, and how it says it took it.
+type Swap = (tokio::net::tcp::OwnedReadHalf, oneshot::Sender<()>);
+
+/// How long a connection may wait unused for the guest's first bytes before they go over a new
+/// one instead (see [`HostNet::carry`]).
+const FRESH_FOR: Duration = Duration::from_secs(2);
+
+/// A new connection to `addr` whose read half `offer` hands to the tunnel's reader; its write
+/// half once the reader has taken it. `None`: keep the old connection (this one failed, or the
+/// remote spoke on the old one meanwhile).
+async fn reconnect(
+    addr: SocketAddr,
+    offer: oneshot::Sender<Swap>,
+) -> Option<tokio::net::tcp::OwnedWriteHalf> {
+    let connect = tokio::net::TcpStream::connect(addr);
+    let stream = tokio::time::timeout(Duration::from_secs(15), connect)
+        .await
+        .ok()?
+        .ok()?;
+    let (rd, wr) = stream.into_split();
+    let (taken_tx, taken_rx) = oneshot::channel();
+    offer.send((rd, taken_tx)).ok()?;
+    taken_rx.await.ok().map(|()| wr)
 }
 
 #[cfg(test)]
@@ -943,7 +1026,7 @@ mod tests {
         assert!(!lock(&net.told_closed).contains(&7));
     }
 
-    /// A remote that resets its connection ends the tunnel: the guest is told once, and the
+    /// A remote that resets its connection (after the guest spoke) ends the tunnel: the guest is told once, and the
     /// tunnel no longer counts against [`MAX_TUNNELS`], whatever the guest says after. (It
     /// was kept: the guest's end of data that followed never met an end of the remote's, and
     /// an `npm ci` on a busy host, its registry resetting connections, filled all 512.)
@@ -958,8 +1041,17 @@ mod tests {
             .unwrap();
         let (server, _) = listener.accept().await.unwrap();
         lock(&net.open).insert(9, Slot::Pending);
-        net.clone().carry(9, remote).await;
+        let addr = listener.local_addr().unwrap();
+        net.clone().carry(9, addr, remote).await;
         assert_eq!(net.tunnels(), 1);
+        // The guest speaks, the server reads it and resets.
+        let ping = forkbox_protocol::AgentMsg::TunnelData {
+            tunnel: 9,
+            data: b"ping".to_vec(),
+        };
+        net.on_agent(ping).unwrap();
+        let mut server = server;
+        server.read_exact(&mut [0u8; 4]).await.unwrap();
         server.set_zero_linger().unwrap();
         drop(server);
         let gone = async {
@@ -997,11 +1089,121 @@ mod tests {
                         tunnel: 9,
                         error: None
                     },
+                    HostMsg::TunnelAck {
+                        tunnel: 9,
+                        bytes: 4
+                    },
                     HostMsg::TunnelClose { tunnel: 9 }
                 ]
             ),
             "{said:?}"
         );
+    }
+
+    /// Frames the guest end of `guest` has been sent within `wait`.
+    async fn frames_for_guest(guest: &mut tokio::net::UnixStream, wait: Duration) -> Vec<HostMsg> {
+        let mut dec = forkbox_protocol::FrameDecoder::new();
+        let mut said = Vec::new();
+        let mut bytes = vec![0u8; 64 * 1024];
+        let end = tokio::time::Instant::now() + wait;
+        while let Ok(Ok(n)) = tokio::time::timeout_at(end, guest.read(&mut bytes)).await {
+            if n == 0 {
+                break;
+            }
+            dec.push(&bytes[..n]);
+            while let Some(f) = dec.next_frame().unwrap() {
+                said.push(forkbox_protocol::decode::<HostMsg>(&f).unwrap());
+            }
+        }
+        said
+    }
+
+    /// A guest whose first bytes come seconds after the connect (a busy emulated guest), to a
+    /// server that resets a connection silent for a second (as the npm registry does after
+    /// 5-10 s): the bytes go over a new connection and the answer comes back; a server that
+    /// spoke first keeps its connection.
+    #[tokio::test]
+    async fn a_late_first_write_goes_over_a_fresh_connection() {
+        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
+        let (_rd, wr) = host.into_split();
+        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        // The server: each connection gets a second to say something, or is reset.
+        let server = tokio::spawn(async move {
+            let mut served = 0;
+            loop {
+                let (mut c, _) = listener.accept().await.unwrap();
+                served += 1;
+                let mut b = [0u8; 5];
+                match tokio::time::timeout(Duration::from_secs(1), c.read_exact(&mut b)).await {
+                    Ok(Ok(_)) => {
+                        c.write_all(b"world").await.unwrap();
+                        return (served, b);
+                    }
+                    _ => {
+                        c.set_zero_linger().unwrap();
+                        drop(c);
+                    }
+                }
+            }
+        });
+        let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
+        lock(&net.open).insert(3, Slot::Pending);
+        net.clone().carry(3, addr, remote).await;
+        tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
+        let hello = forkbox_protocol::AgentMsg::TunnelData {
+            tunnel: 3,
+            data: b"hello".to_vec(),
+        };
+        net.on_agent(hello).unwrap();
+        let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!((served, &got), (2, b"hello"));
+        let said = frames_for_guest(&mut guest, Duration::from_secs(2)).await;
+        let data: Vec<u8> = said
+            .iter()
+            .filter_map(|m| match m {
+                HostMsg::TunnelData { tunnel: 3, data } => Some(data.clone()),
+                _ => None,
+            })
+            .flatten()
+            .collect();
+        assert_eq!(data, b"world", "{said:?}");
+        assert!(
+            !said
+                .iter()
+                .any(|m| matches!(m, HostMsg::TunnelClose { .. })),
+            "{said:?}"
+        );
+        assert_eq!(net.tunnels(), 1);
+
+        // A server that speaks first: its connection stays, however late the guest answers.
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut c, _) = listener.accept().await.unwrap();
+            c.write_all(b"SSH-2.0-x\r\n").await.unwrap();
+            let mut b = [0u8; 5];
+            c.read_exact(&mut b).await.unwrap();
+            b
+        });
+        let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
+        lock(&net.open).insert(4, Slot::Pending);
+        net.clone().carry(4, addr, remote).await;
+        tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
+        let answer = forkbox_protocol::AgentMsg::TunnelData {
+            tunnel: 4,
+            data: b"reply".to_vec(),
+        };
+        net.on_agent(answer).unwrap();
+        let got = tokio::time::timeout(Duration::from_secs(10), server)
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(&got, b"reply");
     }
 
     #[tokio::test]
