@@ -897,6 +897,24 @@ async fn reconnect(
 mod tests {
     use super::*;
 
+    /// Frames the guest end of `guest` has been sent within `wait`.
+    async fn frames_for_guest(guest: &mut tokio::net::UnixStream, wait: Duration) -> Vec<HostMsg> {
+        let mut dec = forkbox_protocol::FrameDecoder::new();
+        let mut said = Vec::new();
+        let mut bytes = vec![0u8; 64 * 1024];
+        let end = tokio::time::Instant::now() + wait;
+        while let Ok(Ok(n)) = tokio::time::timeout_at(end, guest.read(&mut bytes)).await {
+            if n == 0 {
+                break;
+            }
+            dec.push(&bytes[..n]);
+            while let Some(f) = dec.next_frame().unwrap() {
+                said.push(forkbox_protocol::decode::<HostMsg>(&f).unwrap());
+            }
+        }
+        said
+    }
+
     fn allow(list: &[&str]) -> NetworkPolicy {
         NetworkPolicy {
             internet: false,
@@ -1001,21 +1019,11 @@ mod tests {
             net.on_agent(data).unwrap();
         }
         assert_eq!(net.violations.load(Ordering::Relaxed), 0);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut bytes = vec![0u8; 64 * 1024];
-        let n = tokio::time::timeout(Duration::from_secs(5), guest.read(&mut bytes))
-            .await
-            .unwrap()
-            .unwrap();
-        let mut dec = forkbox_protocol::FrameDecoder::new();
-        dec.push(&bytes[..n]);
-        let mut closes = 0;
-        while let Some(f) = dec.next_frame().unwrap() {
-            let msg: HostMsg = forkbox_protocol::decode(&f).unwrap();
-            assert!(matches!(msg, HostMsg::TunnelClose { tunnel: 7 }), "{msg:?}");
-            closes += 1;
-        }
-        assert_eq!(closes, 1);
+        let said = frames_for_guest(&mut guest, Duration::from_secs(1)).await;
+        assert!(
+            matches!(said.as_slice(), [HostMsg::TunnelClose { tunnel: 7 }]),
+            "{said:?}"
+        );
         // Opened again (refused here: no policy), then data on it: told again.
         let open = forkbox_protocol::AgentMsg::TunnelOpen {
             tunnel: 7,
@@ -1069,18 +1077,7 @@ mod tests {
             .unwrap();
         assert_eq!(net.tunnels(), 0);
         assert_eq!(net.violations.load(Ordering::Relaxed), 0);
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        let mut bytes = vec![0u8; 64 * 1024];
-        let n = tokio::time::timeout(Duration::from_secs(5), guest.read(&mut bytes))
-            .await
-            .unwrap()
-            .unwrap();
-        let mut dec = forkbox_protocol::FrameDecoder::new();
-        dec.push(&bytes[..n]);
-        let mut said = Vec::new();
-        while let Some(f) = dec.next_frame().unwrap() {
-            said.push(forkbox_protocol::decode::<HostMsg>(&f).unwrap());
-        }
+        let said = frames_for_guest(&mut guest, Duration::from_secs(1)).await;
         assert!(
             matches!(
                 said.as_slice(),
@@ -1098,24 +1095,6 @@ mod tests {
             ),
             "{said:?}"
         );
-    }
-
-    /// Frames the guest end of `guest` has been sent within `wait`.
-    async fn frames_for_guest(guest: &mut tokio::net::UnixStream, wait: Duration) -> Vec<HostMsg> {
-        let mut dec = forkbox_protocol::FrameDecoder::new();
-        let mut said = Vec::new();
-        let mut bytes = vec![0u8; 64 * 1024];
-        let end = tokio::time::Instant::now() + wait;
-        while let Ok(Ok(n)) = tokio::time::timeout_at(end, guest.read(&mut bytes)).await {
-            if n == 0 {
-                break;
-            }
-            dec.push(&bytes[..n]);
-            while let Some(f) = dec.next_frame().unwrap() {
-                said.push(forkbox_protocol::decode::<HostMsg>(&f).unwrap());
-            }
-        }
-        said
     }
 
     /// A guest whose first bytes come seconds after the connect (a busy emulated guest), to a
