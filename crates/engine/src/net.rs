@@ -698,16 +698,15 @@ impl HostNet {
                 return refuse(why).await;
             }
         };
-        let stream = match tokio::time::timeout(
-            Duration::from_secs(15),
-            tokio::net::TcpStream::connect(addr),
-        )
-        .await
-        {
-            Ok(Ok(s)) => s,
-            Ok(Err(e)) => return refuse(format!("{host}:{port} ({addr}): {e}")).await,
-            Err(_) => return refuse(format!("{host}:{port} ({addr}): connection timed out")).await,
-        };
+        let stream =
+            match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await
+            {
+                Ok(Ok(s)) => s,
+                Ok(Err(e)) => return refuse(format!("{host}:{port} ({addr}): {e}")).await,
+                Err(_) => {
+                    return refuse(format!("{host}:{port} ({addr}): connection timed out")).await
+                }
+            };
         self.carry(tunnel, addr, stream).await;
     }
 
@@ -874,6 +873,9 @@ type Swap = (tokio::net::tcp::OwnedReadHalf, oneshot::Sender<()>);
 /// one instead (see [`HostNet::carry`]).
 const FRESH_FOR: Duration = Duration::from_secs(2);
 
+/// How long a tunnel's connect to its remote may take.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+
 /// A new connection to `addr` whose read half `offer` hands to the tunnel's reader; its write
 /// half once the reader has taken it. `None`: keep the old connection (this one failed, or the
 /// remote spoke on the old one meanwhile).
@@ -882,7 +884,7 @@ async fn reconnect(
     offer: oneshot::Sender<Swap>,
 ) -> Option<tokio::net::tcp::OwnedWriteHalf> {
     let connect = tokio::net::TcpStream::connect(addr);
-    let stream = tokio::time::timeout(Duration::from_secs(15), connect)
+    let stream = tokio::time::timeout(CONNECT_TIMEOUT, connect)
         .await
         .ok()?
         .ok()?;
