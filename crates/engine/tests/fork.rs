@@ -25,6 +25,32 @@ async fn sh(sb: &Sandbox, script: &str) -> String {
     out.stdout_text()
 }
 
+/// The number in `file` (a counter a guest loop keeps writing), read until it exceeds the first
+/// reading; `Err` with both readings if it has not within 30 s. A stopped guest never counts on;
+/// a running one on a busy host can take seconds per round of its loop, so a fixed wait would
+/// measure the host, not the sandbox.
+async fn counts_on(sb: &Sandbox, file: &str) -> Result<(u64, u64), (u64, u64)> {
+    let read = || async {
+        sh(sb, &format!("cat {file}"))
+            .await
+            .trim()
+            .parse::<u64>()
+            .unwrap()
+    };
+    let first = read().await;
+    let deadline = Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let now = read().await;
+        if now > first {
+            return Ok((first, now));
+        }
+        if Instant::now() > deadline {
+            return Err((first, now));
+        }
+    }
+}
+
 /// A copy of `snap`, as the daemon's fork makes one.
 async fn copy_of(
     paths: &forkbox_engine::paths::Paths,
@@ -70,7 +96,8 @@ async fn forks_carry_processes_and_diverge() {
          echo base > /root/file; date -s '@1000000000' >/dev/null",
     )
     .await;
-    std::thread::sleep(std::time::Duration::from_millis(800));
+    // Snapshotted once it has counted (a fixed wait would not do on a busy host).
+    sh(&parent, "while ! test -s /tmp/count; do sleep 0.1; done").await;
     let name = unique("t-fork");
     let snap = parent
         .snapshot(&paths, &name, false, true)
@@ -97,9 +124,9 @@ async fn forks_carry_processes_and_diverge() {
 
     for sb in [&parent, &a, &b] {
         // The counter is still counting in every copy.
-        let c1: u64 = sh(sb, "cat /tmp/count").await.trim().parse().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(600));
-        let c2: u64 = sh(sb, "cat /tmp/count").await.trim().parse().unwrap();
+        let (c1, c2) = counts_on(sb, "/tmp/count").await.unwrap_or_else(|(a, b)| {
+            panic!("{}: the counter stopped: {a} -> {b} in 30 s", sb.info().id)
+        });
         assert!(c2 > c1 && c1 > 0, "counter {c1} -> {c2}");
         assert_eq!(sh(sb, "cat /root/file").await, "base\n");
     }
@@ -193,7 +220,7 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
          head -c 1000000 /dev/urandom > /tmp/junk; sleep 0.1; done' >/dev/null 2>&1 </dev/null &",
     )
     .await;
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    sh(&first, "while ! test -s /tmp/tick; do sleep 0.1; done").await;
     let store = SnapshotStore::new(&paths);
     let mut report = Vec::new();
     let mut kept = Vec::new();
@@ -257,10 +284,9 @@ async fn live_snapshot_of_a_busy_sandbox_is_exact() {
             }
         }
         // The source still runs after being resumed.
-        let t1: u64 = sh(sb, "cat /tmp/tick").await.trim().parse().unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        let t2: u64 = sh(sb, "cat /tmp/tick").await.trim().parse().unwrap();
-        assert!(t2 > t1, "the source did not resume: {t1} -> {t2}");
+        if let Err((t1, t2)) = counts_on(sb, "/tmp/tick").await {
+            panic!("generation {generation}: the source did not resume: {t1} -> {t2} in 30 s");
+        }
         // The next generation: a copy of the last save, still writing.
         let snap = last.unwrap();
         let copy = copy_of(&paths, &snap, &cfg).await.expect("copy");
@@ -296,6 +322,7 @@ async fn repeated_forks_of_a_busy_sandbox_all_answer() {
          head -c 1000000 /dev/urandom > /tmp/junk-$((i % 20)); sleep 0.1; done' >/dev/null 2>&1 </dev/null &",
     )
     .await;
+    sh(&sb, "while ! test -s /tmp/tick; do sleep 0.1; done").await;
     let store = SnapshotStore::new(&paths);
     let mut pauses = Vec::new();
     for round in 0..rounds {
@@ -310,17 +337,10 @@ async fn repeated_forks_of_a_busy_sandbox_all_answer() {
         let copies = [a, b, c];
         for c in copies {
             let c = c.unwrap_or_else(|e| panic!("round {round}: a copy failed: {e}"));
-            let t1: u64 = sh(&c, "cat /tmp/tick").await.trim().parse().unwrap();
             // The writer goes on in the copy.
-            let mut t2 = t1;
-            for _ in 0..50 {
-                t2 = sh(&c, "cat /tmp/tick").await.trim().parse().unwrap();
-                if t2 > t1 {
-                    break;
-                }
-                std::thread::sleep(std::time::Duration::from_millis(100));
+            if let Err((t1, t2)) = counts_on(&c, "/tmp/tick").await {
+                panic!("round {round}: the writer stopped in a copy: {t1} -> {t2} in 30 s");
             }
-            assert!(t2 > t1, "round {round}: the writer stopped in a copy");
             c.destroy().await;
         }
         store.remove(&name, &[]).unwrap();
