@@ -737,9 +737,9 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         text(&out.stderr)
     );
 
-    // Metrics: sandboxes, bytes moved, and per-sandbox CPU and memory of their VMs.
-    std::thread::sleep(Duration::from_millis(1500)); // at least one sampling pass
-    let metrics = {
+    // Metrics: sandboxes, bytes moved, and per-sandbox CPU and memory of their VMs (these two
+    // once a sampling pass, each second, has seen both VMs).
+    let metrics = || {
         use std::io::Write;
         let mut s =
             std::os::unix::net::UnixStream::connect(forkbox_server::socket_path(&paths)).unwrap();
@@ -752,19 +752,20 @@ fn sandboxes_live_across_calls_through_the_daemon() {
         s.read_to_string(&mut r).unwrap();
         r
     };
+    let cpu_of_a = format!("forkbox_sandbox_cpu_seconds{{sandbox=\"{a}\"}}");
+    let memory_of_b = format!("forkbox_sandbox_memory_mib_seconds_total{{sandbox=\"{b}\"}}");
+    assert!(
+        infra::wait_until(Duration::from_secs(30), || {
+            let m = metrics();
+            m.contains(&cpu_of_a) && m.contains(&memory_of_b)
+        }),
+        "{}",
+        metrics()
+    );
+    let metrics = metrics();
     assert!(metrics.contains("forkbox_sandboxes_running 2"), "{metrics}");
     assert!(
         !metrics.contains("forkbox_uploaded_bytes_total 0\n"),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(&format!("forkbox_sandbox_cpu_seconds{{sandbox=\"{a}\"}}")),
-        "{metrics}"
-    );
-    assert!(
-        metrics.contains(&format!(
-            "forkbox_sandbox_memory_mib_seconds_total{{sandbox=\"{b}\"}}"
-        )),
         "{metrics}"
     );
 
@@ -1145,8 +1146,12 @@ fn the_warm_pool_hands_out_fresh_sandboxes() {
         Duration::from_secs(60),
         || infra::run_entries(&paths).len() >= 2
     ));
-    // ... and is handed out once restored and warmed up (~1-2 s under TCG).
-    std::thread::sleep(Duration::from_secs(5));
+    // ... and is handed out once restored and warmed up (~1-2 s under TCG, more on a busy host).
+    let ready = || {
+        let out = cli(&["pool", "ls", "--json"]);
+        serde_json::from_slice::<serde_json::Value>(&out.stdout).unwrap()["slots"][0]["ready"] == 1
+    };
+    assert!(infra::wait_until(Duration::from_secs(120), ready));
     let b = create();
     assert_eq!(b["from_pool"], true, "{b}");
     let mut seen = Vec::new();
