@@ -30,12 +30,16 @@ async fn sh(sb: &Sandbox, script: &str) -> String {
 /// a running one on a busy host can take seconds per round of its loop, so a fixed wait would
 /// measure the host, not the sandbox.
 async fn counts_on(sb: &Sandbox, file: &str) -> Result<(u64, u64), (u64, u64)> {
+    // The loop's `echo $i > file` empties the file before it writes it: an empty reading is
+    // read again.
     let read = || async {
-        sh(sb, &format!("cat {file}"))
-            .await
-            .trim()
+        let script = format!(
+            "while :; do v=$(cat {file}); [ -n \"$v\" ] && break; sleep 0.05; done; echo $v"
+        );
+        let v = sh(sb, &script).await;
+        v.trim()
             .parse::<u64>()
-            .unwrap()
+            .unwrap_or_else(|e| panic!("{file}: {v:?}: {e}"))
     };
     let first = read().await;
     let deadline = Instant::now() + std::time::Duration::from_secs(30);
@@ -345,7 +349,9 @@ async fn repeated_forks_of_a_busy_sandbox_all_answer() {
         }
         store.remove(&name, &[]).unwrap();
     }
-    sh(&sb, "test -s /tmp/tick").await;
+    counts_on(&sb, "/tmp/tick")
+        .await
+        .unwrap_or_else(|(a, b)| panic!("the writer stopped in the source: {a} -> {b} in 30 s"));
     sb.destroy().await;
     eprintln!("{rounds} rounds; pauses (ms): {pauses:.1?}");
 }
