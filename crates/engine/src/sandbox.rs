@@ -261,8 +261,10 @@ impl Sandbox {
             run.save().map_err(|e| VmError::io("record the VM", e))?;
             let ready = async {
                 let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
+                // A busy host can keep a starting QEMU from its CPU for seconds (10 s were seen
+                // beside two busy loops and three other restores): it gets as long as a boot.
                 tokio::task::spawn_blocking(move || {
-                    crate::snapshot::load_state(&qmp, &state, grow_to)
+                    crate::snapshot::load_state(&qmp, &state, grow_to, boot_timeout)
                 })
                 .await
                 .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;

@@ -36,15 +36,34 @@ fn err(command: &str, message: impl Into<String>) -> VmError {
 
 impl Qmp {
     /// Connects to a QMP socket that QEMU may still be creating (retries until `within`).
+    ///
+    /// QEMU creates it some 20 ms after it starts on an idle host, and seconds later on a busy
+    /// one: tries come 0.5 ms apart at first, then further apart (up to 10 ms), so that a long
+    /// wait does not take CPU from the QEMU it waits for.
     pub fn connect(path: &Path, within: Duration) -> Result<Qmp, VmError> {
         let started = Instant::now();
+        let mut pause = Duration::from_micros(500);
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
                 Err(e) if started.elapsed() >= within => {
+                    return Err(err(
+                        "connect",
+                        format!(
+                            "{}: {e} (waited {:.1} s for QEMU to open it)",
+                            path.display(),
+                            started.elapsed().as_secs_f64()
+                        ),
+                    ))
+                }
+                // Its directory removed (the VM's start was given up): nothing will open it.
+                Err(e) if path.parent().is_some_and(|d| !d.exists()) => {
                     return Err(err("connect", format!("{}: {e}", path.display())))
                 }
-                Err(_) => std::thread::sleep(Duration::from_micros(500)),
+                Err(_) => {
+                    std::thread::sleep(pause);
+                    pause = (pause * 2).min(Duration::from_millis(10));
+                }
             }
         };
         stream
@@ -208,5 +227,67 @@ impl Qmp {
             .rev()
             .find(|e| e.name == name)
             .map(|e| e.at_us)
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+    use std::os::unix::net::UnixListener;
+
+    /// What QEMU says on a new control connection, then its answer to `qmp_capabilities`.
+    fn serve_once(listener: UnixListener) {
+        let (mut s, _) = listener.accept().unwrap();
+        s.write_all(b"{\"QMP\": {\"version\": {}, \"capabilities\": []}}\r\n")
+            .unwrap();
+        // One JSON object, with no line end after it (QEMU's parser needs none).
+        let mut asked = [0u8; 256];
+        let n = std::io::Read::read(&mut s, &mut asked).unwrap();
+        let asked = String::from_utf8_lossy(&asked[..n]);
+        assert!(asked.contains("qmp_capabilities"), "{asked}");
+        s.write_all(b"{\"return\": {}}\r\n").unwrap();
+    }
+
+    #[test]
+    fn a_socket_opened_late_is_waited_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let at = path.clone();
+        let server = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(1500));
+            serve_once(UnixListener::bind(at).unwrap());
+        });
+        let started = Instant::now();
+        Qmp::connect(&path, Duration::from_secs(30)).unwrap();
+        assert!(started.elapsed() >= Duration::from_millis(1500));
+        server.join().unwrap();
+    }
+
+    #[test]
+    fn no_socket_in_time_says_how_long_it_waited() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("qmp.sock");
+        let Err(e) = Qmp::connect(&path, Duration::from_millis(300)) else {
+            panic!("connected to nothing");
+        };
+        let e = e.to_string();
+        assert!(e.contains("qmp.sock") && e.contains("waited 0.3 s"), "{e}");
+    }
+
+    #[test]
+    fn a_removed_directory_ends_the_wait_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("run").join("qmp.sock");
+        std::fs::create_dir(dir.path().join("run")).unwrap();
+        let gone = dir.path().join("run");
+        let remover = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            std::fs::remove_dir(gone).unwrap();
+        });
+        let started = Instant::now();
+        assert!(Qmp::connect(&path, Duration::from_secs(60)).is_err());
+        assert!(started.elapsed() < Duration::from_secs(10));
+        remover.join().unwrap();
     }
 }
