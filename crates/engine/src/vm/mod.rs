@@ -4,6 +4,7 @@ mod accel;
 pub mod jail;
 mod qemu;
 pub mod qmp;
+mod socket_wait;
 
 pub use accel::{decide, host_decision, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
 pub use qemu::{

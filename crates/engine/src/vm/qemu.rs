@@ -450,20 +450,15 @@ impl Console {
 
 async fn capture_console(socket: &Path, log: &Path) -> std::io::Result<()> {
     use tokio::io::AsyncWriteExt;
-    // QEMU opens the socket ~20 ms after it starts on an idle host, seconds later on a busy
-    // one (see `Qmp::connect`): tries back off, for as long as a boot may take, and end when
-    // the run directory is removed (the start was given up).
-    let started = std::time::Instant::now();
-    let mut pause = Duration::from_millis(1);
+    // As long as a boot may take (the default boot timeout).
+    let mut wait = super::socket_wait::SocketWait::new(socket, Duration::from_secs(120));
     let mut stream = loop {
         match tokio::net::UnixStream::connect(socket).await {
             Ok(s) => break s,
-            Err(e) if socket.parent().is_some_and(|d| !d.exists()) => return Err(e),
-            Err(_) if started.elapsed() < Duration::from_secs(120) => {
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_millis(10));
-            }
-            Err(e) => return Err(e),
+            Err(e) => match wait.next_pause() {
+                Some(pause) => tokio::time::sleep(pause).await,
+                None => return Err(e),
+            },
         }
     };
     let mut file = tokio::fs::File::create(log).await?;

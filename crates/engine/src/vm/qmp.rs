@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
+use super::socket_wait::SocketWait;
 use crate::error::VmError;
 
 /// An event QEMU sent, with QEMU's own timestamp (microseconds since the Unix epoch).
@@ -35,35 +36,26 @@ fn err(command: &str, message: impl Into<String>) -> VmError {
 }
 
 impl Qmp {
-    /// Connects to a QMP socket that QEMU may still be creating (retries until `within`).
-    ///
-    /// QEMU creates it some 20 ms after it starts on an idle host, and seconds later on a busy
-    /// one: tries come 0.5 ms apart at first, then further apart (up to 10 ms), so that a long
-    /// wait does not take CPU from the QEMU it waits for.
+    /// Connects to a QMP socket that QEMU may still be creating (see [`SocketWait`]: retries
+    /// until `within`, or until the socket's directory is removed).
     pub fn connect(path: &Path, within: Duration) -> Result<Qmp, VmError> {
-        let started = Instant::now();
-        let mut pause = Duration::from_micros(500);
+        let mut wait = SocketWait::new(path, within);
         let stream = loop {
             match UnixStream::connect(path) {
                 Ok(s) => break s,
-                Err(e) if started.elapsed() >= within => {
-                    return Err(err(
-                        "connect",
-                        format!(
-                            "{}: {e} (waited {:.1} s for QEMU to open it)",
-                            path.display(),
-                            started.elapsed().as_secs_f64()
-                        ),
-                    ))
-                }
-                // Its directory removed (the VM's start was given up): nothing will open it.
-                Err(e) if path.parent().is_some_and(|d| !d.exists()) => {
-                    return Err(err("connect", format!("{}: {e}", path.display())))
-                }
-                Err(_) => {
-                    std::thread::sleep(pause);
-                    pause = (pause * 2).min(Duration::from_millis(10));
-                }
+                Err(e) => match wait.next_pause() {
+                    Some(pause) => std::thread::sleep(pause),
+                    None => {
+                        return Err(err(
+                            "connect",
+                            format!(
+                                "{}: {e} (waited {:.1} s for QEMU to open it)",
+                                path.display(),
+                                wait.waited().as_secs_f64()
+                            ),
+                        ))
+                    }
+                },
             }
         };
         stream
