@@ -770,29 +770,26 @@ impl HostNet {
                             waiting_swap = false;
                             // Nothing was read from the old connection (the first read
                             // ends the offer): the new one takes its place.
-                            if let Ok((new_rd, taken)) = swap {
-                                rd = new_rd;
-                                let _ = taken.send(());
+                            if let Ok(swap) = swap {
+                                take_swap(&mut rd, swap);
                             }
                             continue;
                         }
                         r = rd.read(&mut buf) => r,
                     };
                     if waiting_swap {
+                        waiting_swap = false;
                         if !matches!(read, Ok(n) if n > 0) {
                             // Ended or reset before either side said anything (a server
                             // tired of waiting): the guest's first bytes will go over a new
                             // connection; if it sends none, this end is reported as it was.
                             quiet_end.store(true, Ordering::SeqCst);
-                            waiting_swap = false;
-                            if let Ok((new_rd, taken)) = (&mut swap_rx).await {
-                                rd = new_rd;
-                                let _ = taken.send(());
+                            if let Ok(swap) = (&mut swap_rx).await {
+                                take_swap(&mut rd, swap);
                                 continue;
                             }
                         }
-                        // The remote has spoken: its connection stays.
-                        waiting_swap = false;
+                        // The remote has spoken, or no new connection came: this one stays.
                         swap_rx.close();
                     }
                     let n = match read {
@@ -869,6 +866,13 @@ impl HostNet {
 /// A fresh connection's read half for a tunnel's reader, and how it says it took it.
 type Swap = (tokio::net::tcp::OwnedReadHalf, oneshot::Sender<()>);
 
+/// The reader's end of a swap: the fresh connection's read half replaces `rd`, and the writer
+/// is told so.
+fn take_swap(rd: &mut tokio::net::tcp::OwnedReadHalf, (new_rd, taken): Swap) {
+    *rd = new_rd;
+    let _ = taken.send(());
+}
+
 /// How long a connection may wait unused for the guest's first bytes before they go over a new
 /// one instead (see [`HostNet::carry`]).
 const FRESH_FOR: Duration = Duration::from_secs(2);
@@ -898,6 +902,23 @@ async fn reconnect(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+
+    /// A host's end of an agent channel, and the guest's end of it.
+    fn host_and_guest() -> (Arc<HostNet>, tokio::net::UnixStream) {
+        let (host, guest) = tokio::net::UnixStream::pair().unwrap();
+        let (_rd, wr) = host.into_split();
+        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        (net, guest)
+    }
+
+    /// The guest's agent sends `data` on `tunnel`.
+    fn guest_sends(net: &Arc<HostNet>, tunnel: u32, data: &[u8]) {
+        let msg = forkbox_protocol::AgentMsg::TunnelData {
+            tunnel,
+            data: data.to_vec(),
+        };
+        net.on_agent(msg).unwrap();
+    }
 
     /// Frames the guest end of `guest` has been sent within `wait`.
     async fn frames_for_guest(guest: &mut tokio::net::UnixStream, wait: Duration) -> Vec<HostMsg> {
@@ -1010,15 +1031,9 @@ mod tests {
     /// new.
     #[tokio::test]
     async fn a_closed_tunnel_is_reported_once_however_much_comes_on_it() {
-        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
-        let (_rd, wr) = host.into_split();
-        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        let (net, mut guest) = host_and_guest();
         for _ in 0..(3 * OUTBOX) {
-            let data = forkbox_protocol::AgentMsg::TunnelData {
-                tunnel: 7,
-                data: vec![1; 100],
-            };
-            net.on_agent(data).unwrap();
+            guest_sends(&net, 7, &[1; 100]);
         }
         assert_eq!(net.violations.load(Ordering::Relaxed), 0);
         let said = frames_for_guest(&mut guest, Duration::from_secs(1)).await;
@@ -1036,15 +1051,14 @@ mod tests {
         assert!(!lock(&net.told_closed).contains(&7));
     }
 
-    /// A remote that resets its connection (after the guest spoke) ends the tunnel: the guest is told once, and the
-    /// tunnel no longer counts against [`MAX_TUNNELS`], whatever the guest says after. (It
-    /// was kept: the guest's end of data that followed never met an end of the remote's, and
-    /// an `npm ci` on a busy host, its registry resetting connections, filled all 512.)
+    /// A remote that resets its connection (after the guest spoke) ends the tunnel: the guest
+    /// is told once, and the tunnel no longer counts against [`MAX_TUNNELS`], whatever the
+    /// guest says after. (It was kept: the guest's end of data that followed never met an end
+    /// of the remote's, and an `npm ci` on a busy host, its registry resetting connections,
+    /// filled all 512.)
     #[tokio::test]
     async fn a_tunnel_whose_remote_resets_is_forgotten() {
-        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
-        let (_rd, wr) = host.into_split();
-        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        let (net, mut guest) = host_and_guest();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let remote = tokio::net::TcpStream::connect(listener.local_addr().unwrap())
             .await
@@ -1055,11 +1069,7 @@ mod tests {
         net.clone().carry(9, addr, remote).await;
         assert_eq!(net.tunnels(), 1);
         // The guest speaks, the server reads it and resets.
-        let ping = forkbox_protocol::AgentMsg::TunnelData {
-            tunnel: 9,
-            data: b"ping".to_vec(),
-        };
-        net.on_agent(ping).unwrap();
+        guest_sends(&net, 9, b"ping");
         let mut server = server;
         server.read_exact(&mut [0u8; 4]).await.unwrap();
         server.set_zero_linger().unwrap();
@@ -1105,9 +1115,7 @@ mod tests {
     /// spoke first keeps its connection.
     #[tokio::test]
     async fn a_late_first_write_goes_over_a_fresh_connection() {
-        let (host, mut guest) = tokio::net::UnixStream::pair().unwrap();
-        let (_rd, wr) = host.into_split();
-        let net = Arc::new(HostNet::new(Arc::new(tokio::sync::Mutex::new(wr))));
+        let (net, mut guest) = host_and_guest();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         // The server: each connection gets a second to say something, or is reset.
@@ -1133,11 +1141,7 @@ mod tests {
         lock(&net.open).insert(3, Slot::Pending);
         net.clone().carry(3, addr, remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
-        let hello = forkbox_protocol::AgentMsg::TunnelData {
-            tunnel: 3,
-            data: b"hello".to_vec(),
-        };
-        net.on_agent(hello).unwrap();
+        guest_sends(&net, 3, b"hello");
         let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .unwrap()
@@ -1175,11 +1179,7 @@ mod tests {
         lock(&net.open).insert(4, Slot::Pending);
         net.clone().carry(4, addr, remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
-        let answer = forkbox_protocol::AgentMsg::TunnelData {
-            tunnel: 4,
-            data: b"reply".to_vec(),
-        };
-        net.on_agent(answer).unwrap();
+        guest_sends(&net, 4, b"reply");
         let got = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .unwrap()
