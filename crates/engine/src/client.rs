@@ -456,7 +456,7 @@ async fn read_frames(
                 Err(e) => return Some(format!("an undecodable message: {e}")),
             };
             if msg.tunnel().is_some() {
-                if let Err(why) = net.on_agent(msg) {
+                if let Err(why) = net.on_agent(msg).await {
                     return Some(why);
                 }
                 continue;

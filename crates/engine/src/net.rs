@@ -315,9 +315,12 @@ pub const MAX_PENDING_OPENS: usize = 16;
 pub const MAX_VIOLATIONS: u32 = 8;
 /// Longest host name a tunnel may ask for (DNS's own limit).
 pub const MAX_HOST_LEN: usize = 253;
-/// Frames queued for the guest; a guest that lets it fill while it floods the host with
-/// requests is committing a violation.
+/// Frames queued for the guest. A request whose reply finds it full waits while the guest
+/// takes frames from it (see [`HostNet::reply`]).
 const OUTBOX: usize = 1024;
+/// How long the queue back may stay full with the guest taking nothing from it before a
+/// reply waiting for room is a violation (the guest floods requests and reads no replies).
+const READ_STALL: Duration = Duration::from_secs(5);
 /// Tunnels the guest was told are closed, remembered so that it is told once: a guest still
 /// sending on one (its data was queued before it learned) gets no more replies. Forgotten all
 /// at once past this many (then told again, once each).
@@ -363,6 +366,10 @@ pub struct HostNet {
     open: Mutex<HashMap<u32, Slot>>,
     pending: Arc<Semaphore>,
     outbox: mpsc::Sender<HostMsg>,
+    /// Frames the guest has been sent so far: whether it reads at all.
+    delivered: Arc<AtomicU64>,
+    /// [`READ_STALL`] (shorter in unit tests).
+    read_stall: Duration,
     told_closed: Mutex<HashSet<u32>>,
     violations: AtomicU32,
     /// The sandbox's id, for log lines.
@@ -384,6 +391,8 @@ impl HostNet {
     /// through one bounded queue into it.
     pub fn new(w: Writer) -> HostNet {
         let (outbox, mut rx) = mpsc::channel::<HostMsg>(OUTBOX);
+        let delivered = Arc::new(AtomicU64::new(0));
+        let sent = delivered.clone();
         tokio::spawn(async move {
             while let Some(msg) = rx.recv().await {
                 let Ok(frame) = encode_frame(&msg) else {
@@ -392,6 +401,7 @@ impl HostNet {
                 if w.lock().await.write_all(&frame).await.is_err() {
                     return;
                 }
+                sent.fetch_add(1, Ordering::Relaxed);
             }
         });
         HostNet {
@@ -399,6 +409,8 @@ impl HostNet {
             open: Mutex::new(HashMap::new()),
             pending: Arc::new(Semaphore::new(MAX_PENDING_OPENS)),
             outbox,
+            delivered,
+            read_stall: READ_STALL,
             told_closed: Mutex::new(HashSet::new()),
             violations: AtomicU32::new(0),
             name: OnceLock::new(),
@@ -459,30 +471,51 @@ impl HostNet {
         Ok(())
     }
 
-    /// Queues a frame for the guest without waiting: a full queue means the guest does not
-    /// read what the host answers while it keeps sending requests.
-    fn reply(&self, msg: HostMsg) -> Result<(), String> {
-        match self.outbox.try_send(msg) {
-            Err(mpsc::error::TrySendError::Full(_)) => {
-                self.violation("it does not read the host's replies".into())
+    /// Queues a reply to a request of the guest's. A full queue is waited on for as long as
+    /// the guest takes frames from it: the host then reads nothing more from this guest, so a
+    /// flood of requests from a guest that reads its replies slowly (one under emulation on a
+    /// busy host) is slowed down, not cut off. A queue the guest takes nothing from for
+    /// [`READ_STALL`] means it does not read the host's replies while it keeps sending
+    /// requests: a violation, and the reply is dropped. (Counting every reply that found the
+    /// queue full cut off a guest that was reading, only slower than it wrote.)
+    async fn reply(&self, msg: HostMsg) -> Result<(), String> {
+        use mpsc::error::{SendTimeoutError, TrySendError};
+        let mut msg = match self.outbox.try_send(msg) {
+            Ok(()) | Err(TrySendError::Closed(_)) => return Ok(()),
+            Err(TrySendError::Full(m)) => m,
+        };
+        loop {
+            let before = self.delivered.load(Ordering::Relaxed);
+            match self.outbox.send_timeout(msg, self.read_stall).await {
+                Ok(()) | Err(SendTimeoutError::Closed(_)) => return Ok(()),
+                Err(SendTimeoutError::Timeout(m))
+                    if self.delivered.load(Ordering::Relaxed) != before =>
+                {
+                    msg = m
+                }
+                Err(SendTimeoutError::Timeout(_)) => {
+                    return self.violation(format!(
+                        "it read none of the host's replies for {} s while it sent requests",
+                        self.read_stall.as_secs_f64()
+                    ))
+                }
             }
-            _ => Ok(()),
         }
     }
 
     /// Handles one tunnel message from the agent; an error is why the host must stop talking
     /// to this guest.
-    pub fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg) -> Result<(), String> {
+    pub async fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg) -> Result<(), String> {
         use forkbox_protocol::AgentMsg as A;
         match msg {
-            A::TunnelOpen { tunnel, host, port } => self.request(tunnel, host, port),
+            A::TunnelOpen { tunnel, host, port } => self.request(tunnel, host, port).await,
             A::TunnelData { tunnel, data } => {
                 self.bytes_out
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
                 let verdict = match lock(&self.open).get(&tunnel) {
                     // Closed meanwhile, or open in the snapshot this copy came from: the agent
                     // learns it is gone.
-                    None => return self.tell_closed(tunnel),
+                    None => Ok(false),
                     Some(Slot::Pending) => Err("data on a tunnel that is not ready"),
                     Some(Slot::Open(o)) => {
                         let n = data.len();
@@ -496,10 +529,10 @@ impl HostNet {
                 };
                 match verdict {
                     Ok(true) => Ok(()),
-                    // The remote side is gone.
-                    Ok(false) => self.close(tunnel),
+                    // The remote side is gone, or the tunnel was.
+                    Ok(false) => self.close(tunnel).await,
                     Err(why) => {
-                        self.close(tunnel)?;
+                        self.close(tunnel).await?;
                         self.violation(format!("tunnel {tunnel}: {why}"))
                     }
                 }
@@ -521,7 +554,7 @@ impl HostNet {
                     _ => false,
                 };
                 if over {
-                    self.close(tunnel)?;
+                    self.close(tunnel).await?;
                     return self.violation(format!(
                         "tunnel {tunnel}: acknowledged bytes it was never sent"
                     ));
@@ -538,7 +571,7 @@ impl HostNet {
 
     /// A tunnel request: refused at once when over a bound, else resolved and connected in a
     /// task of its own.
-    fn request(self: &Arc<Self>, tunnel: u32, host: String, port: u16) -> Result<(), String> {
+    async fn request(self: &Arc<Self>, tunnel: u32, host: String, port: u16) -> Result<(), String> {
         lock(&self.told_closed).remove(&tunnel);
         let refusal = {
             let mut open = lock(&self.open);
@@ -585,22 +618,23 @@ impl HostNet {
                     tunnel,
                     error: Some(why),
                 })
+                .await
             }
         }
     }
 
     /// Ends a tunnel from this side: forgets it and tells the guest.
-    fn close(&self, tunnel: u32) -> Result<(), String> {
+    async fn close(&self, tunnel: u32) -> Result<(), String> {
         self.forget(tunnel);
-        self.tell_closed(tunnel)
+        self.tell_closed(tunnel).await
     }
 
     /// Tells the guest that `tunnel` is closed, once: the frames it sent on it before it
     /// learned (a window's worth of data, say) get no reply each, or a guest that writes
     /// faster than it reads would fill the host's queue and be cut off for it.
-    fn tell_closed(&self, tunnel: u32) -> Result<(), String> {
+    async fn tell_closed(&self, tunnel: u32) -> Result<(), String> {
         match self.first_close(tunnel) {
-            true => self.reply(HostMsg::TunnelClose { tunnel }),
+            true => self.reply(HostMsg::TunnelClose { tunnel }).await,
             false => Ok(()),
         }
     }
@@ -912,12 +946,12 @@ mod tests {
     }
 
     /// The guest's agent sends `data` on `tunnel`.
-    fn guest_sends(net: &Arc<HostNet>, tunnel: u32, data: &[u8]) {
+    async fn guest_sends(net: &Arc<HostNet>, tunnel: u32, data: &[u8]) {
         let msg = forkbox_protocol::AgentMsg::TunnelData {
             tunnel,
             data: data.to_vec(),
         };
-        net.on_agent(msg).unwrap();
+        net.on_agent(msg).await.unwrap();
     }
 
     /// Frames the guest end of `guest` has been sent within `wait`.
@@ -1025,6 +1059,85 @@ mod tests {
         }
     }
 
+    /// A request the host refuses at once (a host name past DNS's limit).
+    fn refused_open(tunnel: u32) -> forkbox_protocol::AgentMsg {
+        forkbox_protocol::AgentMsg::TunnelOpen {
+            tunnel,
+            host: "a".repeat(MAX_HOST_LEN + 1),
+            port: 443,
+        }
+    }
+
+    /// A guest that floods requests (eight queues' worth, each refused at once) while it reads
+    /// the replies slowly, as one under emulation on a busy host does: it is slowed down, every
+    /// refusal reaches it, and no violation is counted. (Every reply that found the queue full
+    /// counted as one, and the hostile suite's flood of tunnel opens cut off its guest so
+    /// when the suite's own load slowed that guest's agent down.)
+    #[tokio::test]
+    async fn a_flood_from_a_guest_that_reads_slowly_is_slowed_down_not_cut_off() {
+        let (net, mut guest) = host_and_guest();
+        let n = 8 * OUTBOX;
+        let reader = tokio::spawn(async move {
+            let mut dec = forkbox_protocol::FrameDecoder::new();
+            let mut buf = vec![0u8; 4096];
+            let mut refusals = 0;
+            while refusals < n {
+                tokio::time::sleep(Duration::from_millis(1)).await;
+                let k = guest.read(&mut buf).await.unwrap();
+                assert!(
+                    k > 0,
+                    "the host closed the channel after {refusals} refusals"
+                );
+                dec.push(&buf[..k]);
+                while let Some(f) = dec.next_frame().unwrap() {
+                    let msg = forkbox_protocol::decode::<HostMsg>(&f).unwrap();
+                    assert!(
+                        matches!(msg, HostMsg::TunnelReady { error: Some(_), .. }),
+                        "{msg:?}"
+                    );
+                    refusals += 1;
+                }
+            }
+            refusals
+        });
+        for tunnel in 0..n as u32 {
+            net.on_agent(refused_open(tunnel)).await.unwrap();
+        }
+        let got = tokio::time::timeout(Duration::from_secs(60), reader)
+            .await
+            .expect("the guest was not sent every refusal within 60 s")
+            .unwrap();
+        assert_eq!(got, n);
+        assert_eq!(net.violations.load(Ordering::Relaxed), 0);
+    }
+
+    /// A guest that floods requests and reads none of the replies is still cut off: once the
+    /// queue back is full, each reply that waits a whole stall for room is a violation, and
+    /// the one past [`MAX_VIOLATIONS`] ends the connection.
+    #[tokio::test]
+    async fn a_guest_that_floods_and_reads_no_replies_is_cut_off() {
+        let (mut net, _guest) = host_and_guest();
+        Arc::get_mut(&mut net).unwrap().read_stall = Duration::from_millis(50);
+        let t = tokio::time::Instant::now();
+        let mut sent = 0u32;
+        let why = loop {
+            match net.on_agent(refused_open(sent)).await {
+                Ok(()) => sent += 1,
+                Err(why) => break why,
+            }
+            assert!(sent < 100 * OUTBOX as u32, "never cut off");
+        };
+        assert!(why.contains("read none of the host's replies"), "{why}");
+        assert_eq!(net.violations.load(Ordering::Relaxed), MAX_VIOLATIONS + 1);
+        // Cut off after the stalls, not at the first full queue.
+        let took = t.elapsed();
+        assert!(
+            took >= Duration::from_millis(50) * (MAX_VIOLATIONS + 1),
+            "{took:?}"
+        );
+        assert!(sent as usize >= OUTBOX, "cut off after {sent} requests");
+    }
+
     /// Data on a tunnel the host does not know (closed for going past its window, say), far
     /// more frames than the queue back holds, from a guest that reads nothing meanwhile:
     /// told once that it is closed, no violation; a tunnel opened again under the number is
@@ -1033,7 +1146,7 @@ mod tests {
     async fn a_closed_tunnel_is_reported_once_however_much_comes_on_it() {
         let (net, mut guest) = host_and_guest();
         for _ in 0..(3 * OUTBOX) {
-            guest_sends(&net, 7, &[1; 100]);
+            guest_sends(&net, 7, &[1; 100]).await;
         }
         assert_eq!(net.violations.load(Ordering::Relaxed), 0);
         let said = frames_for_guest(&mut guest, Duration::from_secs(1)).await;
@@ -1047,7 +1160,7 @@ mod tests {
             host: "example.org".into(),
             port: 443,
         };
-        net.on_agent(open).unwrap();
+        net.on_agent(open).await.unwrap();
         assert!(!lock(&net.told_closed).contains(&7));
     }
 
@@ -1069,7 +1182,7 @@ mod tests {
         net.clone().carry(9, addr, remote).await;
         assert_eq!(net.tunnels(), 1);
         // The guest speaks, the server reads it and resets.
-        guest_sends(&net, 9, b"ping");
+        guest_sends(&net, 9, b"ping").await;
         let mut server = server;
         server.read_exact(&mut [0u8; 4]).await.unwrap();
         server.set_zero_linger().unwrap();
@@ -1084,8 +1197,10 @@ mod tests {
             .expect("the tunnel is still counted 10 s after its remote reset it");
         // What the agent says once told (its program's end of data, then its close).
         net.on_agent(forkbox_protocol::AgentMsg::TunnelEof { tunnel: 9 })
+            .await
             .unwrap();
         net.on_agent(forkbox_protocol::AgentMsg::TunnelClose { tunnel: 9 })
+            .await
             .unwrap();
         assert_eq!(net.tunnels(), 0);
         assert_eq!(net.violations.load(Ordering::Relaxed), 0);
@@ -1141,7 +1256,7 @@ mod tests {
         lock(&net.open).insert(3, Slot::Pending);
         net.clone().carry(3, addr, remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
-        guest_sends(&net, 3, b"hello");
+        guest_sends(&net, 3, b"hello").await;
         let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .unwrap()
@@ -1179,7 +1294,7 @@ mod tests {
         lock(&net.open).insert(4, Slot::Pending);
         net.clone().carry(4, addr, remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
-        guest_sends(&net, 4, b"reply");
+        guest_sends(&net, 4, b"reply").await;
         let got = tokio::time::timeout(Duration::from_secs(10), server)
             .await
             .unwrap()
