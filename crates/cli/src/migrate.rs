@@ -203,6 +203,13 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     if cfg.runs == 0 {
         return Ok(usage("--runs must be at least 1"));
     }
+    // The images forkbox carries build on first use, with their progress, as `run` does.
+    for (flag, image) in [("--from", &cfg.from), ("--to", &cfg.to)] {
+        match image.parse() {
+            Ok(reference) => crate::bundled::ensure(paths, &reference, false)?,
+            Err(e) => return Ok(usage(format!("{flag} {image}: {e}"))),
+        }
+    }
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -2046,6 +2046,62 @@ fn the_default_image_builds_itself_on_first_use() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// One image build (~20 s) and a small migration. In a home with no images, `migrate --from
+/// node-bookworm` builds the bundled image as `run` does, saying so step by step (it stopped
+/// with "no image node-bookworm"), and the migration runs on it.
+#[test]
+fn migrate_builds_the_bundled_images_on_first_use() {
+    let shared = infra::home();
+    infra::image(&shared, "python-bookworm"); // the kernel and caches are there
+    let dir = shared.home().join("homes").join("first-use-migrate");
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for sub in ["kernels", "cache"] {
+        std::os::unix::fs::symlink(shared.home().join(sub), dir.join(sub)).unwrap();
+    }
+    let paths = forkbox_engine::paths::Paths::new(dir.clone());
+    let work = tempfile::tempdir().unwrap();
+    let code = work.path().join("code");
+    std::fs::create_dir_all(&code).unwrap();
+    std::fs::write(
+        code.join("suite.js"),
+        "console.log('TAP version 13\\n# adds\\nok 1 should be equal\\n\\n1..1');\n",
+    )
+    .unwrap();
+    let plans = work.path().join("plans.toml");
+    std::fs::write(
+        &plans,
+        "[[plan]]\nname = \"keep\"\ninstructions = \"nothing\"\nporter = { command = \"true\" }\n",
+    )
+    .unwrap();
+    let out = forkbox(&paths)
+        .args([
+            "migrate",
+            "--from",
+            "node-bookworm",
+            "--to",
+            "node-bookworm",
+        ])
+        .arg("--code")
+        .arg(&code)
+        .args(["--test", "node suite.js", "--runs", "1"])
+        .arg("--plans")
+        .arg(&plans)
+        .arg("--out")
+        .arg(work.path().join("out"))
+        .output()
+        .unwrap();
+    let err = text(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(
+        err.contains("image node-bookworm is not built yet; building it from forkbox's own recipe"),
+        "{err}"
+    );
+    assert!(err.contains("[1/"), "build steps are said: {err}");
+    assert!(text(&out.stdout).contains("keep"), "{}", text(&out.stdout));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An image build on another (~30 s), two restores. `image rm` of an image the warm pool holds
 /// ready copies of succeeds: the daemon stops them first.
 #[test]

@@ -732,7 +732,7 @@ impl ForkboxMcp {
         );
         let output = format!("{}\n{}", out.text("stdout"), err.text("stderr"));
         let results = match reports::parse(Format::Auto, &output) {
-            Ok(r) => r,
+            Ok(r) => r.results,
             Err(e) => {
                 return failed(format!(
                     "{e}; exit code {code}; the output ends with:\n{}",

@@ -433,19 +433,31 @@ async fn run_suite(
         }
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let parsed = reports::parse(cfg.format, &text).map_err(|e| {
-        format!(
-            "{e} (exit {}); last lines:\n{}",
-            out.code(),
-            tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
-        )
-    });
+    let (results, failures, source) = match reports::parse(cfg.format, &text) {
+        Ok(p) => {
+            let mut source = format!("the test command's output ({:?})", cfg.format);
+            if let Some(note) = p.repeated_note() {
+                source = format!("{source}; {note}");
+            }
+            (Ok(p.results), p.failures, source)
+        }
+        Err(e) => (
+            Err(format!(
+                "{e} (exit {}); {}; last lines:\n{}",
+                out.code(),
+                reports::what_to_add(&String::from_utf8_lossy(&out.stderr)),
+                tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
+            )),
+            Default::default(),
+            format!("the test command's output ({:?})", cfg.format),
+        ),
+    };
     TestRun {
-        results: parsed,
+        results,
         exit: Some(out.code()),
         ms: took,
-        source: format!("the test command's output ({:?})", cfg.format),
-        failures: Default::default(),
+        source,
+        failures,
         output_tail,
         selectable: false,
     }

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+mod spec;
+mod tap;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Outcome {
@@ -21,8 +24,82 @@ pub enum Outcome {
     Xpassed,
 }
 
-/// Test id -> outcome. A test named twice keeps its worst outcome.
+/// Test id -> outcome.
 pub type Results = BTreeMap<String, Outcome>;
+
+/// What one report said: every test with its outcome, what each failed test said, and which
+/// full names more than one test had.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Parsed {
+    pub results: Results,
+    /// What each failed or errored test said, by id, where the report tells.
+    pub failures: Failures,
+    /// How many tests had each full name so far.
+    names: BTreeMap<String, usize>,
+}
+
+impl From<Results> for Parsed {
+    fn from(results: Results) -> Parsed {
+        Parsed {
+            results,
+            ..Parsed::default()
+        }
+    }
+}
+
+impl Parsed {
+    /// Adds a test named `id`; the id it has. A name another test already had is another
+    /// test of the same name (two `it('works')` in one suite, two files with the same suite
+    /// path): it becomes `ID #2`, `ID #3`, … in the order the runner reported them, never
+    /// merged with the first, which would let one's failure hide the other's.
+    fn add(&mut self, id: String, o: Outcome) -> String {
+        let n = self.names.entry(id.clone()).or_insert(0);
+        *n += 1;
+        let mut k = *n;
+        let mut unique = match k {
+            1 => id.clone(),
+            k => format!("{id} #{k}"),
+        };
+        // A test really named so (`works #2`) keeps its name.
+        while self.results.contains_key(&unique) {
+            k += 1;
+            unique = format!("{id} #{k}");
+        }
+        self.results.insert(unique.clone(), o);
+        unique
+    }
+
+    /// Full names more than one test had, with how many had each.
+    pub fn repeated(&self) -> BTreeMap<&str, usize> {
+        self.names
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(id, n)| (id.as_str(), *n))
+            .collect()
+    }
+
+    /// What a report says of the names more than one test had, if any did.
+    pub fn repeated_note(&self) -> Option<String> {
+        let r = self.repeated();
+        if r.is_empty() {
+            return None;
+        }
+        let shown: Vec<String> = r
+            .iter()
+            .take(5)
+            .map(|(id, n)| format!("\"{id}\" \u{d7}{n}"))
+            .collect();
+        let more = match r.len() {
+            n if n > 5 => format!(" and {} more", n - 5),
+            _ => String::new(),
+        };
+        Some(format!(
+            "{} test names are shared by more than one test, told apart by ordinals (NAME #2, #3, \u{2026} in the order the runner reported them): {}{more}",
+            r.len(),
+            shown.join(", ")
+        ))
+    }
+}
 
 /// How many tests had each outcome, said in the words and order of pytest's summary line
 /// (`2373 passed, 1 failed, 4 skipped, 1 xfailed`), so forkbox's figures read like the
@@ -370,44 +447,14 @@ pub fn cargo(text: &str) -> Results {
     r
 }
 
-/// TAP: `ok 1 - name`, `not ok 2 - name`, `# SKIP` and `# TODO` directives.
-pub fn tap(text: &str) -> Results {
-    let mut r = Results::new();
-    for line in text.lines() {
-        let line = line.trim();
-        let (ok, rest) = if let Some(rest) = line.strip_prefix("not ok") {
-            (false, rest)
-        } else if let Some(rest) = line.strip_prefix("ok") {
-            (true, rest)
-        } else {
-            continue;
-        };
-        let rest = rest.trim_start();
-        let (num, desc) = rest.split_once(' ').unwrap_or((rest, ""));
-        if num.parse::<u64>().is_err() {
-            continue;
-        }
-        let (desc, directive) = desc.split_once('#').unwrap_or((desc, ""));
-        let directive = directive.trim().to_ascii_uppercase();
-        let name = desc.trim().trim_start_matches("- ").trim();
-        let id = if name.is_empty() {
-            num.to_string()
-        } else {
-            name.to_string()
-        };
-        let outcome = if directive.starts_with("SKIP") {
-            Outcome::Skipped
-        } else if directive.starts_with("TODO") {
-            // A TODO test's failure is expected; it neither passes nor fails the suite.
-            Outcome::Skipped
-        } else if ok {
-            Outcome::Passed
-        } else {
-            Outcome::Failed
-        };
-        add(&mut r, id, outcome);
-    }
-    r
+/// TAP from any producer (tape, node-tap, `node --test`, …): every named test, see [`tap`].
+pub fn tap(text: &str) -> Parsed {
+    tap::parse(text)
+}
+
+/// Mocha's default spec output: every test by its suite path, see [`spec`].
+pub fn mocha_spec(text: &str) -> Parsed {
+    spec::parse(text)
 }
 
 /// The first JSON object in `text` that has `key` at its top level (a runner may print other
@@ -425,8 +472,8 @@ fn json_report(text: &str, key: &str) -> Option<serde_json::Value> {
 /// Jest's `--json` report, and Vitest's `--reporter=json` (the same shape): each assertion as
 /// `FILE > ANCESTOR > … > TITLE`; a file that failed without running any test (it did not
 /// load) is an error under its own name.
-pub fn jest_json(text: &str) -> Results {
-    let mut r = Results::new();
+pub fn jest_json(text: &str) -> Parsed {
+    let mut r = Parsed::default();
     let Some(report) = json_report(text, "testResults") else {
         return r;
     };
@@ -441,7 +488,7 @@ pub fn jest_json(text: &str) -> Results {
             .cloned()
             .unwrap_or_default();
         if cases.is_empty() && file["status"] == "failed" {
-            add(&mut r, name.to_string(), Outcome::Error);
+            r.add(name.to_string(), Outcome::Error);
         }
         for case in &cases {
             let mut id = vec![name.to_string()];
@@ -458,7 +505,7 @@ pub fn jest_json(text: &str) -> Results {
                 "failed" => Outcome::Failed,
                 _ => Outcome::Skipped, // pending, skipped, todo, disabled
             };
-            add(&mut r, id.join(" > "), outcome);
+            r.add(id.join(" > "), outcome);
         }
     }
     r
@@ -466,8 +513,8 @@ pub fn jest_json(text: &str) -> Results {
 
 /// Mocha's JSON reporter: each test as `FILE > FULL TITLE`; a failed hook (`"before all"
 /// hook …`) is an error under its own title.
-pub fn mocha_json(text: &str) -> Results {
-    let mut r = Results::new();
+pub fn mocha_json(text: &str) -> Parsed {
+    let mut r = Parsed::default();
     let Some(report) = json_report(text, "passes").filter(|v| v.get("failures").is_some()) else {
         return r;
     };
@@ -489,7 +536,7 @@ pub fn mocha_json(text: &str) -> Results {
                 (Outcome::Failed, true) => Outcome::Error,
                 (o, _) => o,
             };
-            add(&mut r, id(t), o);
+            r.add(id(t), o);
         }
     }
     r
@@ -500,57 +547,10 @@ fn indent(line: &str) -> usize {
     line.len() - line.trim_start().len()
 }
 
-/// `node --test`'s TAP: nested subtests by indentation; only leaves are tests (a suite's own
-/// line, which fails when a child does, is not), each as `SUITE > … > NAME`.
-pub fn node_tap(text: &str) -> Results {
-    let mut r = Results::new();
-    // Open subtests: (indent, name, has children).
-    let mut open: Vec<(usize, String, bool)> = Vec::new();
-    for line in text.lines() {
-        let at = indent(line);
-        let l = line.trim();
-        if let Some(name) = l.strip_prefix("# Subtest: ") {
-            if let Some(parent) = open.iter_mut().rev().find(|(i, _, _)| *i < at) {
-                parent.2 = true;
-            }
-            open.push((at, name.to_string(), false));
-            continue;
-        }
-        let (ok, rest) = match (l.strip_prefix("not ok "), l.strip_prefix("ok ")) {
-            (Some(rest), _) => (false, rest),
-            (None, Some(rest)) => (true, rest),
-            _ => continue,
-        };
-        let Some(pos) = open.iter().rposition(|(i, _, _)| *i == at) else {
-            continue;
-        };
-        let (_, name, has_children) = open[pos].clone();
-        let mut id: Vec<String> = open[..pos].iter().map(|(_, n, _)| n.clone()).collect();
-        open.truncate(pos);
-        if has_children {
-            continue;
-        }
-        let directive = rest
-            .split_once(" # ")
-            .map(|(_, d)| d.trim().to_ascii_uppercase())
-            .unwrap_or_default();
-        let outcome = if directive.starts_with("SKIP") || directive.starts_with("TODO") {
-            Outcome::Skipped
-        } else if ok {
-            Outcome::Passed
-        } else {
-            Outcome::Failed
-        };
-        id.push(name);
-        add(&mut r, id.join(" > "), outcome);
-    }
-    r
-}
-
 /// `node --test`'s spec output: `▶ suite`, then `✔`/`✖`/`﹣` lines indented under it; the
 /// summary of failing tests at the end repeats them and is not read.
-pub fn node_spec(text: &str) -> Results {
-    let mut r = Results::new();
+pub fn node_spec(text: &str) -> Parsed {
+    let mut r = Parsed::default();
     let mut suites: Vec<(usize, String)> = Vec::new();
     for line in text.lines() {
         let at = indent(line);
@@ -587,59 +587,83 @@ pub fn node_spec(text: &str) -> Results {
         };
         let mut id: Vec<&str> = suites.iter().map(|(_, n)| n.as_str()).collect();
         id.push(name);
-        add(&mut r, id.join(" > "), outcome);
+        r.add(id.join(" > "), outcome);
     }
     r
 }
 
-/// `node --test`'s TAP or spec output, whichever `text` is.
-pub fn node_test(text: &str) -> Results {
+/// `node --test`'s TAP (read as any TAP, see [`tap`]) or spec output, whichever `text` is.
+pub fn node_test(text: &str) -> Parsed {
     match text.contains("# Subtest: ") {
-        true => node_tap(text),
+        true => tap(text),
         false => node_spec(text),
     }
 }
 
 /// Reads results in `format` from `text`; `Auto` tries JUnit XML, the JSON reports, then each
-/// line format, and takes the first that finds tests.
-pub fn parse(format: Format, text: &str) -> Result<Results, ReportError> {
+/// line format, and takes the first that finds tests. Where a runner names two tests alike
+/// (the JavaScript runners), they are two tests, told apart by ordinals (see
+/// [`Parsed::repeated_note`]); where a runner reports one test twice (pytest's setup and
+/// teardown, a rerun), it keeps its worst outcome.
+pub fn parse(format: Format, text: &str) -> Result<Parsed, ReportError> {
     let found = match format {
-        Format::Junit => junit(text)?,
-        Format::PytestRa => pytest_ra(text),
-        Format::GoJson => go_json(text),
-        Format::Cargo => cargo(text),
+        Format::Junit => junit(text)?.into(),
+        Format::PytestRa => pytest_ra(text).into(),
+        Format::GoJson => go_json(text).into(),
+        Format::Cargo => cargo(text).into(),
         Format::Tap => tap(text),
         Format::Jest => jest_json(text),
-        Format::Mocha => mocha_json(text),
+        Format::Mocha => match mocha_json(text) {
+            r if r.results.is_empty() => mocha_spec(text),
+            r => r,
+        },
         Format::NodeTest => node_test(text),
         Format::Auto => {
             if text.trim_start().starts_with('<') {
-                junit(text)?
+                junit(text)?.into()
             } else {
                 // The JSON reports are looked for only where there can be one.
-                let json = |f: fn(&str) -> Results| match text.contains('{') {
+                let json = |f: fn(&str) -> Parsed| match text.contains('{') {
                     true => f(text),
-                    false => Results::new(),
+                    false => Parsed::default(),
                 };
+                let lines = |f: fn(&str) -> Results| Parsed::from(f(text));
                 [
                     json(jest_json),
                     json(mocha_json),
-                    pytest_ra(text),
-                    go_json(text),
-                    cargo(text),
+                    lines(pytest_ra),
+                    lines(go_json),
+                    lines(cargo),
+                    // Before `node --test`'s spec, which marks passes with the same ✔.
+                    mocha_spec(text),
                     node_test(text),
                     tap(text),
                 ]
                 .into_iter()
-                .find(|r| !r.is_empty())
+                .find(|r| !r.results.is_empty())
                 .unwrap_or_default()
             }
         }
     };
-    if found.is_empty() {
+    if found.results.is_empty() {
         return Err(ReportError::Empty(format!("format {format:?}")));
     }
     Ok(found)
+}
+
+/// What to add to a test command whose standard output held no results forkbox reads, given
+/// what it printed on standard error (where Jest and Vitest print their human report).
+pub fn what_to_add(stderr: &str) -> String {
+    let jest = stderr.contains("Tests:") && (stderr.contains("PASS ") || stderr.contains("FAIL "));
+    let vitest = stderr.contains("Test Files ");
+    let hint = if jest {
+        "this looks like Jest, which prints its report on standard error: add --json (jest --json)"
+    } else if vitest {
+        "this looks like Vitest: add --reporter=json (vitest run --reporter=json)"
+    } else {
+        "make the command print a report forkbox reads on standard output: pytest, JUnit XML, go test -json, cargo test, TAP (tape, node-tap, node --test --test-reporter=tap), Mocha's spec or --reporter json, Jest's --json or Vitest's --reporter=json"
+    };
+    hint.to_string()
 }
 
 /// How many test results one line of a runner's live output reports, for a progress count
@@ -707,12 +731,16 @@ mod tests {
     #[test]
     fn javascript_runners_real_output() {
         let jest = include_str!("fixtures/jest.json");
-        same_suite(&jest_json(jest), "/work/test/math.test.js", " > ");
+        same_suite(&jest_json(jest).results, "/work/test/math.test.js", " > ");
         assert_eq!(parse(Format::Auto, jest).unwrap(), jest_json(jest));
         let vitest = include_str!("fixtures/vitest.json");
-        same_suite(&jest_json(vitest), "/work/test/vmath.test.mjs", " > ");
+        same_suite(
+            &jest_json(vitest).results,
+            "/work/test/vmath.test.mjs",
+            " > ",
+        );
         // Mocha names a test by its full title, words joined by spaces.
-        let mocha = mocha_json(include_str!("fixtures/mocha.json"));
+        let mocha = mocha_json(include_str!("fixtures/mocha.json")).results;
         assert_eq!(mocha.len(), 6, "{mocha:?}");
         assert_eq!(
             mocha.get("/work/test/math.mocha.js > math edge cases is wrong on purpose"),
@@ -723,14 +751,16 @@ mod tests {
             Some(&Outcome::Skipped)
         );
         assert_eq!(
-            parse(Format::Auto, include_str!("fixtures/mocha.json")).unwrap(),
+            parse(Format::Auto, include_str!("fixtures/mocha.json"))
+                .unwrap()
+                .results,
             mocha
         );
         let tap = include_str!("fixtures/node-tap.txt");
-        same_suite(&node_tap(tap), "", "");
-        assert_eq!(parse(Format::Auto, tap).unwrap(), node_tap(tap));
+        same_suite(&node_test(tap).results, "", "");
+        assert_eq!(parse(Format::Auto, tap).unwrap(), node_test(tap));
         let spec = include_str!("fixtures/node-spec.txt");
-        same_suite(&node_spec(spec), "", "");
+        same_suite(&node_spec(spec).results, "", "");
         assert_eq!(parse(Format::Auto, spec).unwrap(), node_spec(spec));
     }
 
@@ -755,7 +785,7 @@ mod tests {
         let r = jest_json(
             "{\"testResults\": [{\"name\": \"/w/a.test.js\", \"status\": \"failed\", \"assertionResults\": []}]}",
         );
-        assert_eq!(r.get("/w/a.test.js"), Some(&Outcome::Error));
+        assert_eq!(r.results.get("/w/a.test.js"), Some(&Outcome::Error));
     }
 
     /// Real pytest 7 output with -rA (abridged: the passes section headers are kept).
@@ -790,7 +820,7 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 
     #[test]
     fn pytest_summary_lines() {
-        let r = parse(Format::Auto, PYTEST).unwrap();
+        let r = parse(Format::Auto, PYTEST).unwrap().results;
         assert_eq!(r["tests/test_a.py::test_one"], Outcome::Passed);
         assert_eq!(
             r["tests/test_a.py::test_param[1.2-1.10--1]"],
@@ -841,7 +871,7 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 <testcase classname="tests.test_a" name="test_two" time="0.001"><failure message="assert 1 == 2">tests/test_a.py:5: AssertionError</failure></testcase>
 <testcase classname="tests.test_a" name="test_skip" time="0.000"><skipped type="pytest.skip" message="no">skip</skipped></testcase>
 </testsuite><testsuite name="com.example.AppTest"><testcase name="adds" classname="com.example.AppTest" time="0.01"><error type="java.lang.NullPointerException"/></testcase></testsuite></testsuites>"#;
-        let r = parse(Format::Auto, xml).unwrap();
+        let r = parse(Format::Auto, xml).unwrap().results;
         assert_eq!(r["tests.test_a.test_one"], Outcome::Passed);
         assert_eq!(r["tests.test_a.test_two"], Outcome::Failed);
         assert_eq!(r["tests.test_a.test_skip"], Outcome::Skipped);
@@ -861,7 +891,7 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
 {"Time":"2024-01-01T00:00:00Z","Action":"skip","Package":"example.com/m","Test":"TestC","Elapsed":0}
 {"Time":"2024-01-01T00:00:00Z","Action":"pass","Package":"example.com/m","Test":"TestD/with_sub","Elapsed":0}
 {"Time":"2024-01-01T00:00:00Z","Action":"fail","Package":"example.com/m","Elapsed":0.01}"#;
-        let r = parse(Format::Auto, text).unwrap();
+        let r = parse(Format::Auto, text).unwrap().results;
         assert_eq!(r["example.com/m/TestA"], Outcome::Passed);
         assert_eq!(r["example.com/m/TestB"], Outcome::Failed);
         assert_eq!(r["example.com/m/TestC"], Outcome::Skipped);
@@ -872,7 +902,7 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
     #[test]
     fn cargo_test_and_nextest() {
         let text = "running 3 tests\ntest api::tests::a ... ok\ntest api::tests::b ... FAILED\ntest api::tests::c ... ignored, slow\n\ntest result: FAILED. 1 passed; 1 failed; 1 ignored\n";
-        let r = parse(Format::Auto, text).unwrap();
+        let r = parse(Format::Auto, text).unwrap().results;
         assert_eq!(r["api::tests::a"], Outcome::Passed);
         assert_eq!(r["api::tests::b"], Outcome::Failed);
         assert_eq!(r["api::tests::c"], Outcome::Skipped);
@@ -885,11 +915,215 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
     #[test]
     fn tap_with_directives() {
         let text = "TAP version 13\n1..4\nok 1 - adds\nnot ok 2 - subtracts\n  ---\n  message: nope\n  ...\nok 3 - network # SKIP offline\nnot ok 4 - later # TODO not yet\n";
-        let r = parse(Format::Auto, text).unwrap();
+        let r = parse(Format::Auto, text).unwrap().results;
         assert_eq!(r["adds"], Outcome::Passed);
         assert_eq!(r["subtracts"], Outcome::Failed);
         assert_eq!(r["network"], Outcome::Skipped);
         assert_eq!(r["later"], Outcome::Skipped);
+    }
+
+    /// tape's output (as tape 5 prints it): a test is a `# name` heading with the assertions
+    /// under it, not an assertion; a failing assertion is reported under its test with its
+    /// number, description and diagnostics; the summary after the plan names no test.
+    const TAPE: &str = "TAP version 13
+# parses a simple string
+ok 1 should be deeply equivalent
+ok 2 should be deeply equivalent
+# parses arrays
+ok 3 should be deeply equivalent
+not ok 4 should be equal
+  ---
+    operator: equal
+    expected: 2
+    actual:   3
+    at: Test.<anonymous> (/work/test/parse.js:40:11)
+  ...
+ok 5 should be equal
+# needs the network
+ok 6 fetched # SKIP offline
+# stringifies
+ok 7 should be equal
+
+1..7
+# tests 7
+# pass  5
+# skip  1
+# fail  1
+";
+
+    #[test]
+    fn tape_tests_are_its_named_tests() {
+        let p = parse(Format::Auto, TAPE).unwrap();
+        let want = [
+            ("parses a simple string", Outcome::Passed),
+            ("parses arrays", Outcome::Failed),
+            ("needs the network", Outcome::Skipped),
+            ("stringifies", Outcome::Passed),
+        ];
+        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
+        for (id, o) in want {
+            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
+        }
+        let said = &p.failures["parses arrays"];
+        assert!(said.starts_with("not ok 4 should be equal"), "{said}");
+        assert!(
+            said.contains("expected: 2") && said.contains("actual:   3"),
+            "{said}"
+        );
+        assert_eq!(p.repeated_note(), None);
+    }
+
+    /// The false accept the old reading allowed: keyed by assertion description, one
+    /// baseline failure of "should be equal" (a test needing the network) made every "should
+    /// be equal" count as failing before, so a port breaking another one lost nothing. Read
+    /// by named test, the port loses exactly the test it broke.
+    #[test]
+    fn tap_a_shared_assertion_name_hides_no_loss() {
+        let base = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nok 3 should be equal\n1..3\n";
+        let port = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nnot ok 3 should be equal\n1..3\n";
+        let before =
+            crate::decide::Baseline::from_runs(&[parse(Format::Tap, base).unwrap().results]);
+        let now = parse(Format::Tap, port).unwrap().results;
+        assert_eq!(before.lost(&now), vec!["subtracts".to_string()]);
+        // Two tests of one name are two tests, and the report says so.
+        let twice = "# adds\nok 1 should be equal\n# adds\nnot ok 2 should be equal\n1..2\n";
+        let p = parse(Format::Tap, twice).unwrap();
+        assert_eq!(p.results.get("adds"), Some(&Outcome::Passed));
+        assert_eq!(p.results.get("adds #2"), Some(&Outcome::Failed));
+        let note = p.repeated_note().unwrap();
+        assert!(note.contains("\"adds\" \u{d7}2"), "{note}");
+        // Plain TAP (no names) keeps a test per assertion, by description.
+        let plain = parse(Format::Tap, "ok 1 - a\nok 2 - a\nnot ok 3 - b\n1..3\n").unwrap();
+        assert_eq!(plain.results.len(), 3, "{:?}", plain.results);
+        assert_eq!(plain.results.get("a #2"), Some(&Outcome::Passed));
+    }
+
+    /// node-tap's TAP14: subtests by `# Subtest:` and indentation, nested, and the buffered
+    /// form `ok 1 - name {` … `}`; a subtest is a test with its own assertions; a file's
+    /// subtest holding only subtests is a suite; a subtest whose plan failed, with every
+    /// assertion passing, failed.
+    #[test]
+    fn node_tap_subtests_are_tests_by_their_path() {
+        let text = "TAP version 14
+# Subtest: test/parse.js
+    # Subtest: parses
+        ok 1 - should be equal
+        ok 2 - should be equal
+        1..2
+    ok 1 - parses # time=3ms
+    # Subtest: nested
+        # Subtest: deeper
+            not ok 1 - should be equal
+              ---
+              found: 1
+              wanted: 2
+              ...
+            1..1
+        not ok 1 - deeper # time=1ms
+        1..1
+    not ok 2 - nested # time=2ms
+    # Subtest: short plan
+        ok 1 - should be equal
+        1..2
+    not ok 3 - short plan
+    ok 4 - buffered {
+        ok 1 - should be truthy
+        1..1
+    }
+    1..4
+not ok 1 - test/parse.js # time=40ms
+1..1
+# { total: 5, pass: 3, fail: 2 }
+";
+        let p = parse(Format::Auto, text).unwrap();
+        let want = [
+            ("test/parse.js > parses", Outcome::Passed),
+            ("test/parse.js > nested > deeper", Outcome::Failed),
+            ("test/parse.js > short plan", Outcome::Failed),
+            ("test/parse.js > buffered", Outcome::Passed),
+        ];
+        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
+        for (id, o) in want {
+            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
+        }
+        let said = &p.failures["test/parse.js > nested > deeper"];
+        assert!(
+            said.starts_with("not ok 1 should be equal") && said.contains("wanted: 2"),
+            "{said}"
+        );
+    }
+
+    /// Mocha's default spec reporter (Mocha 10's marks; ✓ before it): ids by the suite path
+    /// the indentation shows; the failures listed again after the summary are not read.
+    const MOCHA_SPEC: &str = "
+  dates
+    adding
+      ✔ adds days over a leap day
+      ✔ batches evenly (112ms)
+    subtracting
+      ✔ adds days over a leap day
+      1) crosses a year
+  lists
+    ✓ batches evenly
+    - is pending
+  ✔ at the top
+
+
+  5 passing (140ms)
+  1 pending
+  1 failing
+
+  1) dates
+       subtracting
+         crosses a year:
+     AssertionError [ERR_ASSERTION]: Expected values to be strictly equal:
+  ✔ not a test
+";
+
+    #[test]
+    fn mocha_spec_tests_are_named_by_their_suites() {
+        let p = parse(Format::Auto, MOCHA_SPEC).unwrap();
+        let want = [
+            (
+                "dates > adding > adds days over a leap day",
+                Outcome::Passed,
+            ),
+            ("dates > adding > batches evenly", Outcome::Passed),
+            (
+                "dates > subtracting > adds days over a leap day",
+                Outcome::Passed,
+            ),
+            ("dates > subtracting > crosses a year", Outcome::Failed),
+            ("lists > batches evenly", Outcome::Passed),
+            ("lists > is pending", Outcome::Skipped),
+            ("at the top", Outcome::Passed),
+        ];
+        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
+        for (id, o) in want {
+            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
+        }
+        assert_eq!(parse(Format::Mocha, MOCHA_SPEC).unwrap(), p);
+    }
+
+    /// The same false accept in Mocha's spec output: keyed by bare title, two tests of one
+    /// title in two suites were one id, and one's failure before hid the other's loss.
+    #[test]
+    fn mocha_spec_a_shared_title_hides_no_loss() {
+        let base =
+            "\n  network\n    1) works\n  math\n    ✔ works\n\n  1 passing (3ms)\n  1 failing\n";
+        let port =
+            "\n  network\n    1) works\n  math\n    2) works\n\n  0 passing (3ms)\n  2 failing\n";
+        let before =
+            crate::decide::Baseline::from_runs(&[parse(Format::Auto, base).unwrap().results]);
+        let now = parse(Format::Auto, port).unwrap().results;
+        assert_eq!(before.lost(&now), vec!["math > works".to_string()]);
+        // Two files with the same suite path: two tests, told apart, and said.
+        let files =
+            "\n  math\n    ✔ works\n  math\n    1) works\n\n  1 passing (3ms)\n  1 failing\n";
+        let p = parse(Format::Auto, files).unwrap();
+        assert_eq!(p.results.get("math > works"), Some(&Outcome::Passed));
+        assert_eq!(p.results.get("math > works #2"), Some(&Outcome::Failed));
+        assert!(p.repeated_note().is_some());
     }
 
     #[test]

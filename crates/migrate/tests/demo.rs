@@ -158,7 +158,9 @@ async fn the_demo_picks_the_minimal_port_and_rejects_the_wrong_one() {
         .await
         .unwrap();
     sb.destroy().await;
-    let r = reports::parse(Format::Auto, &out.stdout_text()).unwrap();
+    let r = reports::parse(Format::Auto, &out.stdout_text())
+        .unwrap()
+        .results;
     assert_eq!(out.code(), 0, "{}", out.stdout_text());
     assert_eq!(r.len(), report.baseline.results.len());
 }
@@ -328,7 +330,7 @@ async fn node_images_run_node_test_and_its_results_read() {
         sb.destroy().await;
         let text = out.stdout_text();
         assert!(text.starts_with(major), "{recipe}: {text}");
-        let r = reports::parse(Format::Auto, &text).unwrap();
+        let r = reports::parse(Format::Auto, &text).unwrap().results;
         let failed: Vec<&String> = r
             .iter()
             .filter(|(_, o)| **o == Outcome::Failed)
