@@ -1105,6 +1105,25 @@ not ok 1 - test/parse.js # time=40ms
         assert_eq!(parse(Format::Mocha, MOCHA_SPEC).unwrap(), p);
     }
 
+    /// `npm test` of the Node example (real Mocha 10 spec output on Node 18, times left out):
+    /// 43 tests, each under its suite.
+    #[test]
+    fn mocha_spec_of_the_node_example() {
+        let p = parse(Format::Auto, include_str!("fixtures/mocha-spec.txt")).unwrap();
+        assert_eq!(p.results.len(), 43, "{:?}", p.results);
+        assert!(p.results.values().all(|o| *o == Outcome::Passed));
+        assert!(
+            p.results.keys().all(|id| id.contains(" > ")),
+            "{:?}",
+            p.results
+        );
+        assert_eq!(
+            p.results.get("dates > adds days over a leap day"),
+            Some(&Outcome::Passed)
+        );
+        assert_eq!(p.repeated_note(), None);
+    }
+
     /// The same false accept in Mocha's spec output: keyed by bare title, two tests of one
     /// title in two suites were one id, and one's failure before hid the other's loss.
     #[test]

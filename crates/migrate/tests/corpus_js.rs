@@ -1,0 +1,382 @@
+//! The JavaScript corpus: real npm packages whose published tarballs carry their suites, one
+//! per runner (tape twice, `node --test`, Mocha's default spec output, Jest), each run
+//! natively in Debian chroots (bookworm's Node 18, trixie's Node 20) and through `forkbox
+//! migrate` from `node-bookworm` to `node-trixie` with one plan that changes nothing. Promises
+//! checked per package: forkbox's baseline passes exactly the tests the native Node 18 run
+//! passes, the plan's run exactly those of the native Node 20 run (test for test, by the
+//! names the runner gives them); every id names a test a person can find in the suite's
+//! source; the plan that changes nothing is accepted with no test lost.
+//!
+//! Each tarball is fetched with `npm pack` into a cache (never committed); its lock file is
+//! written with `npm install --package-lock-only` (the development dependencies trimmed to
+//! what the suite needs), and `npm ci` on the host makes the one `node_modules` both the
+//! chroots and the sandboxes use. Needs npm's registry and a Debian mirror; runs with
+//! `FORKBOX_CORPUS=1`, like the PyPI corpus. Prints `FIGURE` lines.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::collections::BTreeSet;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+use forkbox_migrate::reports::{self, Format, Outcome, Results};
+use forkbox_migrate::{migrate, MigrateConfig};
+use forkbox_test_infra as infra;
+
+fn enabled() -> bool {
+    std::env::var("FORKBOX_CORPUS").is_ok_and(|v| v == "1")
+}
+
+fn locked<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
+    let file = std::fs::File::create(dir.join(".lock")).unwrap();
+    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
+        .map_err(|(_, e)| e)
+        .unwrap();
+    f()
+}
+
+/// The chroot of Debian `suite` with its Node.js (made once per test home).
+fn chroot(dir: &Path, suite: &str) -> PathBuf {
+    let root = dir.join(suite);
+    locked(dir, || {
+        if !root.join("usr/bin/node").exists() {
+            let tmp = dir.join(format!("{suite}.tmp"));
+            let _ = std::fs::remove_dir_all(&tmp);
+            let st = Command::new("mmdebstrap")
+                .args(["--variant=minbase", "--include=nodejs", suite])
+                .arg(&tmp)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mmdebstrap {suite} failed");
+            std::fs::rename(&tmp, &root).unwrap();
+        }
+    });
+    std::fs::create_dir_all(root.join("work")).unwrap();
+    root
+}
+
+fn run(cmd: &mut Command, what: &str) {
+    let out = cmd.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The package's tarball (fetched once into the cache), unpacked into a fresh directory, its
+/// development dependencies trimmed to `keep` (plus `add`), locked and installed.
+fn package(
+    dir: &Path,
+    spec: &str,
+    keep: &[&str],
+    add: &[(&str, &str)],
+) -> (tempfile::TempDir, PathBuf) {
+    let cache = dir.join("tarballs");
+    std::fs::create_dir_all(&cache).unwrap();
+    let file = cache.join(format!("{}.tgz", spec.replace(['/', '@'], "_")));
+    locked(dir, || {
+        if !file.exists() {
+            let tmp = tempfile::tempdir_in(&cache).unwrap();
+            run(
+                Command::new("npm")
+                    .args(["pack", "--silent", spec])
+                    .current_dir(tmp.path()),
+                &format!("npm pack {spec}"),
+            );
+            let packed = std::fs::read_dir(tmp.path())
+                .unwrap()
+                .next()
+                .unwrap()
+                .unwrap()
+                .path();
+            std::fs::rename(packed, &file).unwrap();
+        }
+    });
+    let work = tempfile::tempdir().unwrap();
+    run(
+        Command::new("tar")
+            .arg("xzf")
+            .arg(&file)
+            .arg("-C")
+            .arg(work.path()),
+        "tar",
+    );
+    let code = work.path().join("package");
+    let manifest = code.join("package.json");
+    let mut pkg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
+    let mut dev = serde_json::Map::new();
+    for (name, version) in pkg["devDependencies"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default()
+    {
+        if keep.contains(&name.as_str()) {
+            dev.insert(name, version);
+        }
+    }
+    for (name, version) in add {
+        dev.insert(name.to_string(), serde_json::Value::from(*version));
+    }
+    pkg["devDependencies"] = serde_json::Value::Object(dev);
+    // What would run on install is not the suite's business.
+    pkg.as_object_mut().unwrap().remove("scripts");
+    std::fs::write(&manifest, serde_json::to_vec_pretty(&pkg).unwrap()).unwrap();
+    run(
+        Command::new("npm")
+            .args([
+                "install",
+                "--package-lock-only",
+                "--ignore-scripts",
+                "--no-audit",
+                "--no-fund",
+            ])
+            .current_dir(&code),
+        &format!("{spec}: npm install --package-lock-only"),
+    );
+    run(
+        Command::new("npm")
+            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
+            .current_dir(&code),
+        &format!("{spec}: npm ci"),
+    );
+    (work, code)
+}
+
+/// The suite run natively in `root` with the code at `/work`, as in the sandboxes (a mount
+/// namespace of its own: the tests run side by side); its results and how long it took.
+fn native(root: &Path, code: &Path, test: &str) -> (Results, u64) {
+    let t = Instant::now();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount --bind \"$1\" \"$2/work\" && mount -t proc proc \"$2/proc\" && exec chroot \"$2\" sh -c \"cd /work && $3\""
+        )
+        .args(["native"])
+        .arg(code)
+        .arg(root)
+        .arg(test)
+        .output()
+        .unwrap();
+    let took = t.elapsed().as_millis() as u64;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let results = reports::parse(Format::Auto, &text)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}\n{text}\n{}",
+                root.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .results;
+    (results, took)
+}
+
+fn passed(r: &Results) -> BTreeSet<&String> {
+    r.iter()
+        .filter(|(_, o)| **o == Outcome::Passed)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// The suite's source: every JavaScript file outside `node_modules`.
+fn sources(dir: &Path, into: &mut String) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let e = e.unwrap();
+        let p = e.path();
+        if e.file_type().unwrap().is_dir() {
+            if e.file_name() != "node_modules" {
+                sources(&p, into);
+            }
+        } else if p
+            .extension()
+            .is_some_and(|x| x == "js" || x == "mjs" || x == "cjs")
+        {
+            into.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+        }
+    }
+}
+
+/// Whether a person finds the test `id` names in the suite: its own name (the last part of
+/// its path, the ordinal left out) is written in the source, or it is a file.
+fn findable(id: &str, source: &str) -> bool {
+    let base = match id.rsplit_once(" #") {
+        Some((b, n)) if n.bytes().all(|c| c.is_ascii_digit()) => b,
+        _ => id,
+    };
+    let name = base.rsplit(" > ").next().unwrap_or(base);
+    name.starts_with("/work/") || source.contains(name)
+}
+
+fn same(spec: &str, what: &str, native: &Results, ours: &Results) {
+    let (a, b) = (passed(native), passed(ours));
+    assert!(
+        a == b,
+        "{spec} ({what}): pass sets differ; only native: {:?}; only forkbox: {:?}",
+        a.difference(&b).take(5).collect::<Vec<_>>(),
+        b.difference(&a).take(5).collect::<Vec<_>>()
+    );
+}
+
+async fn check(spec: &str, keep: &[&str], add: &[(&str, &str)], test: &str, at_least: usize) {
+    if !enabled() {
+        eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 to run it)");
+        return;
+    }
+    let paths = infra::home();
+    let old = infra::image(&paths, "node-bookworm");
+    let new = infra::image(&paths, "node-trixie");
+    let dir = paths.home().join("corpus-js");
+    std::fs::create_dir_all(&dir).unwrap();
+    let (bookworm, trixie) = (chroot(&dir, "bookworm"), chroot(&dir, "trixie"));
+    let (_keep, code) = package(&dir, spec, keep, add);
+
+    let (native18, ms18) = native(&bookworm, &code, test);
+    let (native20, ms20) = native(&trixie, &code, test);
+    let most = passed(&native18).len().max(passed(&native20).len());
+    assert!(
+        most >= at_least,
+        "{spec}: {most} tests passed natively, expected {at_least} or more: {native18:?} {native20:?}"
+    );
+    let mut source = String::new();
+    sources(&code, &mut source);
+    for id in native18.keys().chain(native20.keys()) {
+        assert!(findable(id, &source), "{spec}: no test {id:?} in the suite");
+    }
+
+    let plans = tempfile::tempdir().unwrap();
+    std::fs::write(
+        plans.path().join("plans.toml"),
+        "[[plan]]\nname = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n",
+    )
+    .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let cfg = MigrateConfig {
+        test_timeout_secs: 1800,
+        ..MigrateConfig::new(
+            (&old.to_string(), &new.to_string()),
+            code.clone(),
+            test,
+            (
+                forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
+                plans.path().to_path_buf(),
+            ),
+            out.path().to_path_buf(),
+        )
+    };
+    let t = Instant::now();
+    let report = migrate(
+        &paths,
+        &cfg,
+        std::sync::Arc::new(|_: forkbox_migrate::Event<'_>| {}),
+    )
+    .await
+    .unwrap();
+    let total_ms = t.elapsed().as_millis() as u64;
+    same(
+        spec,
+        "Node 18, the baseline",
+        &native18,
+        &report.baseline.results,
+    );
+    same(
+        spec,
+        "Node 20, the plan",
+        &native20,
+        &report.plans[0].results,
+    );
+    let v = &report.verdicts[0];
+    assert!(v.accepted && v.lost.is_empty(), "{spec}: {v:?}");
+    println!(
+        "FIGURE corpus-js {spec}: {} tests pass natively on Node 18 ({ms18} ms), {} on Node 20 ({ms20} ms); forkbox baseline ({} runs side by side) {} ms, whole migration {total_ms} ms = {:.1}x (native 18 + native 20 = {} ms); results read from {}",
+        passed(&native18).len(),
+        passed(&native20).len(),
+        cfg.runs,
+        report.phases.baseline_ms,
+        total_ms as f64 / (ms18 + ms20).max(1) as f64,
+        ms18 + ms20,
+        report.results_source,
+    );
+}
+
+/// tape, the suite of the issue that found the collapse: hundreds of assertions named
+/// "should be deeply equivalent" under 249 named tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn qs_tape() {
+    check(
+        "qs@6.13.0",
+        &[
+            "tape",
+            "es-value-fixtures",
+            "for-each",
+            "has-override-mistake",
+            "has-property-descriptors",
+            "has-symbols",
+            "iconv-lite",
+            "mock-property",
+            "object-inspect",
+            "safer-buffer",
+        ],
+        &[],
+        "node_modules/.bin/tape 'test/**/*.js'",
+        200,
+    )
+    .await;
+}
+
+/// tape again, a test per file of small named tests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn minimist_tape() {
+    check(
+        "minimist@1.2.8",
+        &["tape"],
+        &[],
+        "node_modules/.bin/tape 'test/*.js'",
+        40,
+    )
+    .await;
+}
+
+/// `node --test` (its TAP, the default when the output is not a terminal). The suite uses
+/// `t.plan`, which Node 18 lacks: every test fails there, natively and in forkbox alike, and
+/// passes on Node 20 (the case a migration is for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fastify_error_node_test() {
+    check(
+        "@fastify/error@4.3.0",
+        &[],
+        &[],
+        "node --test test/*.test.js",
+        20,
+    )
+    .await;
+}
+
+/// Mocha's default spec reporter, as `npm test` prints it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sprintf_js_mocha_spec() {
+    check(
+        "sprintf-js@1.0.3",
+        &[],
+        &[("mocha", "10.8.2")],
+        "node_modules/.bin/mocha test/test.js",
+        3,
+    )
+    .await;
+}
+
+/// Jest, its `--json` report.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn process_warning_jest() {
+    check(
+        "process-warning@5.1.1",
+        &["jest"],
+        &[],
+        "node_modules/.bin/jest --json test/jest.test.js",
+        1,
+    )
+    .await;
+}
