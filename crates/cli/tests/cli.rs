@@ -2006,19 +2006,26 @@ fn an_installed_forkbox_finds_its_agent_beside_it() {
     );
 }
 
-/// One image build (~1-2 min) and one boot. In a home with no images, `run` builds the default
-/// image from the recipe inside forkbox, saying so step by step, then makes its template,
-/// saying that too, and runs the command.
-#[test]
-fn the_default_image_builds_itself_on_first_use() {
+/// A home of its own with no images, sharing the test home's kernels and caches (the kernel
+/// and the caches are made first); its directory.
+fn imageless_home(name: &str) -> std::path::PathBuf {
     let shared = infra::home();
-    infra::image(&shared, "python-bookworm"); // the kernel and caches are there
-    let dir = shared.home().join("homes").join("first-use");
+    infra::image(&shared, "python-bookworm");
+    let dir = shared.home().join("homes").join(name);
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).unwrap();
     for sub in ["kernels", "cache"] {
         std::os::unix::fs::symlink(shared.home().join(sub), dir.join(sub)).unwrap();
     }
+    dir
+}
+
+/// One image build (~1-2 min) and one boot. In a home with no images, `run` builds the default
+/// image from the recipe inside forkbox, saying so step by step, then makes its template,
+/// saying that too, and runs the command.
+#[test]
+fn the_default_image_builds_itself_on_first_use() {
+    let dir = imageless_home("first-use");
     let paths = forkbox_engine::paths::Paths::new(dir.clone());
     let out = run(&paths, &["run", "--", "python3", "-V"]);
     let err = text(&out.stderr);
@@ -2051,14 +2058,7 @@ fn the_default_image_builds_itself_on_first_use() {
 /// with "no image node-bookworm"), and the migration runs on it.
 #[test]
 fn migrate_builds_the_bundled_images_on_first_use() {
-    let shared = infra::home();
-    infra::image(&shared, "python-bookworm"); // the kernel and caches are there
-    let dir = shared.home().join("homes").join("first-use-migrate");
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for sub in ["kernels", "cache"] {
-        std::os::unix::fs::symlink(shared.home().join(sub), dir.join(sub)).unwrap();
-    }
+    let dir = imageless_home("first-use-migrate");
     let paths = forkbox_engine::paths::Paths::new(dir.clone());
     let work = tempfile::tempdir().unwrap();
     let code = work.path().join("code");

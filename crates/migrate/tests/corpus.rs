@@ -16,8 +16,10 @@ use std::process::Command;
 use std::time::Instant;
 
 use forkbox_migrate::reports::{self, Counts, Outcome, Results};
-use forkbox_migrate::{migrate, MigrateConfig};
 use forkbox_test_infra as infra;
+
+mod common;
+use common::locked;
 
 /// The test command, the same natively and in the sandboxes (`src` layouts import too; the
 /// native run also pins pytest's rootdir to the project, which other projects sit beside).
@@ -37,14 +39,6 @@ fn corpus_dir(paths: &forkbox_engine::paths::Paths) -> PathBuf {
     let d = paths.home().join("corpus");
     std::fs::create_dir_all(&d).unwrap();
     d
-}
-
-fn locked<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
-    let file = std::fs::File::create(dir.join(".lock")).unwrap();
-    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap();
-    f()
 }
 
 /// The bookworm chroot with Python and pytest the native runs use (made once).
@@ -186,35 +180,19 @@ async fn check(spec: &str) {
         "{spec}: forkbox's reading of the native run against pytest's own summary"
     );
 
-    let plans = tempfile::tempdir().unwrap();
-    std::fs::write(
-        plans.path().join("plans.toml"),
-        format!("[[plan]]\nname = \"touch\"\ninstructions = \"a harmless change to a text file and a new binary file\"\nporter = {{ command = \"printf '\\\\n{MARK}\\\\n' >> PKG-INFO && printf '{BIN}' > forkbox-ported.bin\" }}\n"),
-    )
-    .unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let cfg = MigrateConfig {
-        test_timeout_secs: 1800,
-        ..MigrateConfig::new(
-            (&image.to_string(), &image.to_string()),
-            code.clone(),
-            TEST,
-            (
-                forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
-                plans.path().to_path_buf(),
-            ),
-            out.path().to_path_buf(),
-        )
-    };
-    let t = Instant::now();
-    let report = migrate(
+    let common::OnePlan {
+        report,
+        ms: total_ms,
+        cfg,
+        out,
+    } = common::one_plan(
         &paths,
-        &cfg,
-        std::sync::Arc::new(|_: forkbox_migrate::Event<'_>| {}),
+        (&image.to_string(), &image.to_string()),
+        code.clone(),
+        TEST,
+        &format!("name = \"touch\"\ninstructions = \"a harmless change to a text file and a new binary file\"\nporter = {{ command = \"printf '\\\\n{MARK}\\\\n' >> PKG-INFO && printf '{BIN}' > forkbox-ported.bin\" }}\n"),
     )
-    .await
-    .unwrap();
-    let total_ms = t.elapsed().as_millis() as u64;
+    .await;
     let ours = &report.baseline.results;
     let (a, b) = (passed(&native_base), passed(ours));
     let only_native: Vec<_> = a.difference(&b).take(5).collect();

@@ -21,19 +21,13 @@ use std::process::Command;
 use std::time::Instant;
 
 use forkbox_migrate::reports::{self, Format, Outcome, Results};
-use forkbox_migrate::{migrate, MigrateConfig};
 use forkbox_test_infra as infra;
+
+mod common;
+use common::locked;
 
 fn enabled() -> bool {
     std::env::var("FORKBOX_CORPUS").is_ok_and(|v| v == "1")
-}
-
-fn locked<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
-    let file = std::fs::File::create(dir.join(".lock")).unwrap();
-    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap();
-    f()
 }
 
 /// The chroot of Debian `suite` with its Node.js (made once per test home).
@@ -195,24 +189,47 @@ fn sources(dir: &Path, into: &mut String) {
             .extension()
             .is_some_and(|x| x == "js" || x == "mjs" || x == "cjs")
         {
-            into.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+            // As the runner prints a title: the string's escapes undone.
+            let text = std::fs::read_to_string(&p).unwrap_or_default();
+            into.push_str(&text.replace("\\'", "'").replace("\\\"", "\""));
         }
     }
 }
 
 /// Whether a person finds the test `id` names in the suite: its own name (the last part of
-/// its path, the ordinal left out) is written in the source, or it is a file.
+/// its path, the ordinal left out) is written in the source (its first three words, for a
+/// name the suite builds: `'skips empty string key with ' + testCase.input`), or it is a
+/// file.
 fn findable(id: &str, source: &str) -> bool {
     let base = match id.rsplit_once(" #") {
         Some((b, n)) if n.bytes().all(|c| c.is_ascii_digit()) => b,
         _ => id,
     };
     let name = base.rsplit(" > ").next().unwrap_or(base);
-    name.starts_with("/work/") || source.contains(name)
+    let words: Vec<&str> = name.split(' ').collect();
+    name.starts_with("/work/")
+        || source.contains(name)
+        || (words.len() > 3 && source.contains(&words[..3].join(" ")))
 }
 
-fn same(spec: &str, what: &str, native: &Results, ours: &Results) {
-    let (a, b) = (passed(native), passed(ours));
+/// The pass sets of the native run and forkbox's equal, but for the tests in `timing`, which
+/// depend on the machine's speed (under emulation they can fail where a native run passes):
+/// those must be reported by both, under the same id, whatever their outcome.
+fn same(spec: &str, what: &str, native: &Results, ours: &Results, timing: &[&str]) {
+    for t in timing {
+        assert!(
+            native.contains_key(*t) && ours.contains_key(*t),
+            "{spec} ({what}): {t:?} is not reported by both: {native:?} {ours:?}"
+        );
+    }
+    let judged = |r: &Results| -> Results {
+        r.iter()
+            .filter(|(id, _)| !timing.contains(&id.as_str()))
+            .map(|(id, o)| (id.clone(), *o))
+            .collect()
+    };
+    let (native, ours) = (judged(native), judged(ours));
+    let (a, b) = (passed(&native), passed(&ours));
     assert!(
         a == b,
         "{spec} ({what}): pass sets differ; only native: {:?}; only forkbox: {:?}",
@@ -221,7 +238,26 @@ fn same(spec: &str, what: &str, native: &Results, ours: &Results) {
     );
 }
 
-async fn check(spec: &str, keep: &[&str], add: &[(&str, &str)], test: &str, at_least: usize) {
+/// A package and how its suite runs: its development dependencies kept (and added), the
+/// test command, how many tests pass at least, and which depend on the machine's speed.
+struct Suite<'a> {
+    spec: &'a str,
+    keep: &'a [&'a str],
+    add: &'a [(&'a str, &'a str)],
+    test: &'a str,
+    at_least: usize,
+    timing: &'a [&'a str],
+}
+
+async fn check(s: Suite<'_>) {
+    let Suite {
+        spec,
+        keep,
+        add,
+        test,
+        at_least,
+        timing,
+    } = s;
     if !enabled() {
         eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 to run it)");
         return;
@@ -247,49 +283,40 @@ async fn check(spec: &str, keep: &[&str], add: &[(&str, &str)], test: &str, at_l
         assert!(findable(id, &source), "{spec}: no test {id:?} in the suite");
     }
 
-    let plans = tempfile::tempdir().unwrap();
-    std::fs::write(
-        plans.path().join("plans.toml"),
-        "[[plan]]\nname = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n",
-    )
-    .unwrap();
-    let out = tempfile::tempdir().unwrap();
-    let cfg = MigrateConfig {
-        test_timeout_secs: 1800,
-        ..MigrateConfig::new(
-            (&old.to_string(), &new.to_string()),
-            code.clone(),
-            test,
-            (
-                forkbox_migrate::plans::load(&plans.path().join("plans.toml")).unwrap(),
-                plans.path().to_path_buf(),
-            ),
-            out.path().to_path_buf(),
-        )
-    };
-    let t = Instant::now();
-    let report = migrate(
+    let common::OnePlan {
+        report,
+        ms: total_ms,
+        cfg,
+        out: _out,
+    } = common::one_plan(
         &paths,
-        &cfg,
-        std::sync::Arc::new(|_: forkbox_migrate::Event<'_>| {}),
+        (&old.to_string(), &new.to_string()),
+        code.clone(),
+        test,
+        "name = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n",
     )
-    .await
-    .unwrap();
-    let total_ms = t.elapsed().as_millis() as u64;
+    .await;
     same(
         spec,
         "Node 18, the baseline",
         &native18,
         &report.baseline.results,
+        timing,
     );
     same(
         spec,
         "Node 20, the plan",
         &native20,
         &report.plans[0].results,
+        timing,
     );
     let v = &report.verdicts[0];
-    assert!(v.accepted && v.lost.is_empty(), "{spec}: {v:?}");
+    let lost: Vec<&String> = v
+        .lost
+        .iter()
+        .filter(|t| !timing.contains(&t.as_str()))
+        .collect();
+    assert!(lost.is_empty(), "{spec}: {v:?}");
     println!(
         "FIGURE corpus-js {spec}: {} tests pass natively on Node 18 ({ms18} ms), {} on Node 20 ({ms20} ms); forkbox baseline ({} runs side by side) {} ms, whole migration {total_ms} ms = {:.1}x (native 18 + native 20 = {} ms); results read from {}",
         passed(&native18).len(),
@@ -306,9 +333,9 @@ async fn check(spec: &str, keep: &[&str], add: &[(&str, &str)], test: &str, at_l
 /// "should be deeply equivalent" under 249 named tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qs_tape() {
-    check(
-        "qs@6.13.0",
-        &[
+    check(Suite {
+        spec: "qs@6.13.0",
+        keep: &[
             "tape",
             "es-value-fixtures",
             "for-each",
@@ -320,23 +347,25 @@ async fn qs_tape() {
             "object-inspect",
             "safer-buffer",
         ],
-        &[],
-        "node_modules/.bin/tape 'test/**/*.js'",
-        200,
-    )
+        add: &[],
+        test: "node_modules/.bin/tape 'test/**/*.js'",
+        at_least: 200,
+        timing: &[],
+    })
     .await;
 }
 
 /// tape again, a test per file of small named tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minimist_tape() {
-    check(
-        "minimist@1.2.8",
-        &["tape"],
-        &[],
-        "node_modules/.bin/tape 'test/*.js'",
-        40,
-    )
+    check(Suite {
+        spec: "minimist@1.2.8",
+        keep: &["tape"],
+        add: &[],
+        test: "node_modules/.bin/tape 'test/*.js'",
+        at_least: 40,
+        timing: &[],
+    })
     .await;
 }
 
@@ -345,38 +374,43 @@ async fn minimist_tape() {
 /// passes on Node 20 (the case a migration is for).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fastify_error_node_test() {
-    check(
-        "@fastify/error@4.3.0",
-        &[],
-        &[],
-        "node --test test/*.test.js",
-        20,
-    )
+    check(Suite {
+        spec: "@fastify/error@4.3.0",
+        keep: &[],
+        add: &[],
+        test: "node --test test/*.test.js",
+        at_least: 20,
+        timing: &[],
+    })
     .await;
 }
 
 /// Mocha's default spec reporter, as `npm test` prints it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sprintf_js_mocha_spec() {
-    check(
-        "sprintf-js@1.0.3",
-        &[],
-        &[("mocha", "10.8.2")],
-        "node_modules/.bin/mocha test/test.js",
-        3,
-    )
+    check(Suite {
+        spec: "sprintf-js@1.0.3",
+        keep: &[],
+        add: &[("mocha", "10.8.2")],
+        test: "node_modules/.bin/mocha test/test.js",
+        at_least: 3,
+        // `assert.equal(Date.now(), sprintf("%s", Date.now))`: passes when both calls fall in
+        // one millisecond, which under emulation they seldom do.
+        timing: &["sprintfjs > should return formated strings for callbacks"],
+    })
     .await;
 }
 
 /// Jest, its `--json` report.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn process_warning_jest() {
-    check(
-        "process-warning@5.1.1",
-        &["jest"],
-        &[],
-        "node_modules/.bin/jest --json test/jest.test.js",
-        1,
-    )
+    check(Suite {
+        spec: "process-warning@5.1.1",
+        keep: &["jest"],
+        add: &[],
+        test: "node_modules/.bin/jest --json test/jest.test.js",
+        at_least: 1,
+        timing: &[],
+    })
     .await;
 }
