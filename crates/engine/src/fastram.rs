@@ -103,7 +103,7 @@ impl Place {
             if !marker.exists() {
                 crate::paths::write_atomic(&marker, self.home.as_os_str().as_encoded_bytes())?;
             }
-            let dir = root.join(crate::snapshot::tmp_name().trim_start_matches(".tmp-"));
+            let dir = root.join(crate::snapshot::tmp_name()?.trim_start_matches(".tmp-"));
             std::fs::create_dir(&dir)?;
             Ok(dir)
         })();

@@ -35,6 +35,7 @@ pub mod net;
 pub mod paths;
 pub mod pool;
 pub mod ram;
+pub mod random;
 pub mod runstate;
 pub mod sandbox;
 pub mod setup;

@@ -117,13 +117,9 @@ pub struct Sandbox {
     disk: crate::diskwatch::DiskWatch,
 }
 
-fn new_id() -> String {
-    let mut b = [0u8; 5];
-    let _ = getrandom::getrandom(&mut b);
-    format!(
-        "sb-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>()
-    )
+fn new_id() -> Result<String, SandboxError> {
+    let hex = crate::random::hex(5).map_err(|e| SandboxError::io("draw a sandbox id", e))?;
+    Ok(format!("sb-{hex}"))
 }
 
 impl Sandbox {
@@ -151,7 +147,7 @@ impl Sandbox {
         kit: BootKit,
         started: Instant,
     ) -> Result<Sandbox, SandboxError> {
-        let id = new_id();
+        let id = new_id()?;
         let mut run = RunDir::create(paths, &id, &image.reference())
             .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
         let vm_cfg = VmConfig {
@@ -218,7 +214,10 @@ impl Sandbox {
     ) -> Result<Sandbox, SandboxError> {
         snap.check_restorable()?;
         let image = ImageStore::new(paths).resolve(&snap.meta.image.parse()?)?;
-        let id = id.unwrap_or_else(new_id);
+        let id = match id {
+            Some(id) => id,
+            None => new_id()?,
+        };
         let mut run = RunDir::create(paths, &id, &snap.meta.image)
             .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
         let vm_cfg = crate::snapshot::restore_config(
@@ -281,7 +280,8 @@ impl Sandbox {
                     console_tail: "(restored from a snapshot; the agent did not answer)".into(),
                 })??;
                 mark("agent hello");
-                let mut refresh = fresh_identity(&id, max_procs);
+                let mut refresh = fresh_identity(&id, max_procs, crate::random::fill)
+                    .map_err(|e| VmError::io("draw the copy's fresh entropy", e))?;
                 refresh.grow_root_to = grow_to.unwrap_or(0);
                 client.refresh(refresh).await?;
                 mark("refreshed");
@@ -409,7 +409,9 @@ impl Sandbox {
         }
         // One save at a time per sandbox, and never while it is being destroyed.
         let _vm = self.vm.lock().await;
-        let tmp = root.join(snap::tmp_name());
+        let tmp = root.join(
+            snap::tmp_name().map_err(|e| SandboxError::io("name a snapshot's directory", e))?,
+        );
         std::fs::create_dir_all(&tmp)
             .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;
         let (qmp, devstate, new_overlay) = {
@@ -953,7 +955,8 @@ pub async fn ensure_template(
     snap::SnapshotStore::sweep_dir(&root);
     let started = Instant::now();
     // Short: QEMU's sockets go in it, and a socket path has at most 107 bytes.
-    let tmp = root.join(snap::tmp_name());
+    let tmp = root
+        .join(snap::tmp_name().map_err(|e| SandboxError::io("name a template's directory", e))?);
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;
@@ -1013,24 +1016,30 @@ pub async fn ensure_template(
     published
 }
 
-/// A new identity for a restored copy: fresh entropy, the host's time, its own names.
-fn fresh_identity(id: &str, max_procs: u32) -> forkbox_protocol::Refresh {
+/// A new identity for a restored copy: fresh entropy (from `draw`, the OS's RNG), the host's
+/// time, its own names. No identity without the entropy: a copy not reseeded would share its
+/// parent's randomness, so it is not handed out.
+fn fresh_identity(
+    id: &str,
+    max_procs: u32,
+    draw: impl Fn(&mut [u8]) -> std::io::Result<()>,
+) -> std::io::Result<forkbox_protocol::Refresh> {
     let mut entropy = vec![0u8; 64];
-    let _ = getrandom::getrandom(&mut entropy);
+    draw(&mut entropy)?;
     let mut mid = [0u8; 16];
-    let _ = getrandom::getrandom(&mut mid);
+    draw(&mut mid)?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap_or_default();
-    forkbox_protocol::Refresh {
+    Ok(forkbox_protocol::Refresh {
         entropy,
         unix_secs: now.as_secs(),
         unix_nanos: now.subsec_nanos(),
         hostname: id.to_string(),
-        machine_id: mid.iter().map(|b| format!("{b:02x}")).collect(),
+        machine_id: crate::random::to_hex(&mid),
         max_procs,
         grow_root_to: 0,
-    }
+    })
 }
 
 async fn died(e: AgentError, console: &vm::Console, failure: Option<String>) -> SandboxError {
@@ -1111,5 +1120,26 @@ impl SandboxExecution {
     /// A new size for the terminal of a command run on one.
     pub async fn resize(&self, size: forkbox_protocol::WinSize) -> Result<(), SandboxError> {
         self.checked(self.inner.resize(size).await).await
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A copy's identity comes with fresh entropy or not at all: a draw that fails is the
+    /// restore's error (the copy is not handed out), never an identity with zeroed entropy.
+    #[test]
+    fn no_fresh_identity_without_entropy() {
+        let refused = fresh_identity("sb-1", 64, |_| Err(std::io::Error::other("no entropy")));
+        assert_eq!(refused.unwrap_err().to_string(), "no entropy");
+        let a = fresh_identity("sb-1", 64, crate::random::fill).unwrap();
+        let b = fresh_identity("sb-2", 64, crate::random::fill).unwrap();
+        assert_eq!(a.entropy.len(), 64);
+        assert_ne!(a.entropy, b.entropy);
+        assert_ne!(a.machine_id, b.machine_id);
+        assert_eq!(a.machine_id.len(), 32);
+        assert_eq!(b.hostname, "sb-2");
     }
 }

@@ -363,14 +363,12 @@ pub fn next_disk(dir: &Path) -> PathBuf {
 
 /// A short, unique name for a directory a save is assembled in (`.tmp-RANDOM-PID`, which
 /// the sweep recognises); short because QEMU's sockets go in it.
-pub fn tmp_name() -> String {
-    let mut b = [0u8; 3];
-    let _ = getrandom::getrandom(&mut b);
-    format!(
+pub fn tmp_name() -> std::io::Result<String> {
+    Ok(format!(
         ".tmp-{}-{}",
-        b.iter().map(|x| format!("{x:02x}")).collect::<String>(),
+        crate::random::hex(3)?,
         std::process::id()
-    )
+    ))
 }
 
 /// Removes `disks/<id>/` once sandbox `id` is gone and no snapshot's disk chain goes

@@ -49,28 +49,26 @@ fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn hex(b: &[u8]) -> String {
-    b.iter().map(|x| format!("{x:02x}")).collect()
-}
-
 /// Makes a new token, stores its hash, and returns the token (shown once).
 pub fn create(paths: &Paths, name: &str) -> std::io::Result<String> {
-    let mut raw = [0u8; 32];
-    getrandom::getrandom(&mut raw).map_err(|e| std::io::Error::other(e.to_string()))?;
-    let token = format!("fbx_{}", hex(&raw));
+    let token = format!("fbx_{}", forkbox_engine::random::hex(32)?);
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
         .unwrap_or(0);
     open(paths)?
-        .add_token(name, &hex(&digest(&token)), created)
+        .add_token(
+            name,
+            &forkbox_engine::random::to_hex(&digest(&token)),
+            created,
+        )
         .map_err(std::io::Error::other)?;
     Ok(token)
 }
 
 /// Whether `token` is one of the stored ones. Every stored hash is compared, in constant time.
 pub fn valid(paths: &Paths, token: &str) -> bool {
-    let d = hex(&digest(token));
+    let d = forkbox_engine::random::to_hex(&digest(token));
     let Ok(hashes) = open(paths).and_then(|db| db.token_hashes().map_err(std::io::Error::other))
     else {
         return false;
@@ -212,7 +210,7 @@ mod tests {
         let token = "fbx_old";
         let old = vec![TokenRecord {
             name: "old".into(),
-            sha256: hex(&digest(token)),
+            sha256: forkbox_engine::random::to_hex(&digest(token)),
             created_unix: 1,
         }];
         std::fs::write(

@@ -113,7 +113,7 @@ impl Engine {
             }
             return Err(EngineError::NoSuchSandbox(id.to_string()));
         };
-        let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix());
+        let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix()?);
         let record = crate::runstate::DaemonRecord {
             info: serde_json::to_value(entry.sandbox.info())
                 .map_err(|e| EngineError::BadRequest(e.to_string()))?,

@@ -439,7 +439,7 @@ impl Engine {
         let (sb, _) = self.get(id).await?;
         let name = match r.name {
             Some(n) => n,
-            None => format!("{id}-{}", random_suffix()),
+            None => format!("{id}-{}", random_suffix()?),
         };
         Ok(sb.snapshot(&self.paths, &name, r.stay_paused, true).await?)
     }
@@ -462,7 +462,7 @@ impl Engine {
         let (snap, pause_ms) = if is_sandbox {
             // Lives as long as its copies: not synced to the disk (see `snapshot::publish`).
             let (sb, _) = self.get(source).await?;
-            let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix());
+            let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix()?);
             let s = sb.snapshot(&self.paths, &name, false, false).await?;
             let pause = s.meta.pause_ms;
             (s, pause)
@@ -857,10 +857,9 @@ impl Engine {
 /// Names of snapshots made only to fork a sandbox; deleted with their last copy.
 pub const AUTO_SNAPSHOT: &str = "fork-of-";
 
-fn random_suffix() -> String {
-    let mut b = [0u8; 3];
-    let _ = getrandom::getrandom(&mut b);
-    b.iter().map(|x| format!("{x:02x}")).collect()
+/// Six random hex digits that tell apart names made for one sandbox.
+pub(crate) fn random_suffix() -> Result<String, EngineError> {
+    crate::random::hex(3).map_err(|e| SandboxError::io("draw a random name", e).into())
 }
 
 /// The longest TTL a sandbox may have: 30 days.

@@ -119,10 +119,10 @@ pub fn own_uid() -> bool {
     !std::env::var("FORKBOX_JAIL_UID").is_ok_and(|v| v == "off" || v == "0")
 }
 
-fn random_uid() -> u32 {
+fn random_uid() -> Result<u32, VmError> {
     let mut b = [0u8; 4];
-    let _ = getrandom::getrandom(&mut b);
-    UID_BASE + u32::from_le_bytes(b) % UID_RANGE
+    crate::random::fill(&mut b).map_err(|e| VmError::io("draw the jail's user id", e))?;
+    Ok(UID_BASE + u32::from_le_bytes(b) % UID_RANGE)
 }
 
 impl Jail {
@@ -130,7 +130,7 @@ impl Jail {
         let root = n.run_dir.join("jail");
         std::fs::create_dir_all(&root).map_err(|e| VmError::io("create the jail's root", e))?;
         let gid = vmm_gid()?;
-        let uid = if own_uid() { random_uid() } else { 0 };
+        let uid = if own_uid() { random_uid()? } else { 0 };
         let mut ops = Vec::new();
         let inside = |p: &Path| -> Result<CString, VmError> {
             cstr(&root.join(p.strip_prefix("/").unwrap_or(p)))
