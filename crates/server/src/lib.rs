@@ -108,13 +108,46 @@ type Api = Result<Response, ApiError>;
 /// halfway.
 async fn handle(engine: &Arc<Engine>, cmd: Command) -> Result<Reply, ApiError> {
     let engine = engine.clone();
-    Ok(tokio::spawn(async move { engine.handle(cmd).await })
-        .await
-        .map_err(|e| {
-            ApiError(EngineError::BadRequest(format!(
-                "the request's task failed: {e}"
-            )))
-        })??)
+    task_outcome(tokio::spawn(async move { engine.handle(cmd).await }).await)
+}
+
+/// A request task's reply or error; a task that panicked (a bug in forkbox, never the
+/// request's fault) is a 500 `internal`, logged with what it said (the panic hook of
+/// [`serve`] logs where, with the backtrace).
+fn task_outcome(
+    r: Result<Result<Reply, EngineError>, tokio::task::JoinError>,
+) -> Result<Reply, ApiError> {
+    match r {
+        Ok(r) => Ok(r?),
+        Err(e) => {
+            let what = match e.try_into_panic() {
+                Ok(p) => p
+                    .downcast_ref::<&str>()
+                    .map(|s| s.to_string())
+                    .or_else(|| p.downcast_ref::<String>().cloned())
+                    .unwrap_or_else(|| "a panic".into()),
+                Err(e) => e.to_string(),
+            };
+            tracing::error!("a request's task failed: {what}");
+            Err(ApiError(EngineError::Internal(format!(
+                "the request's task failed: {what}"
+            ))))
+        }
+    }
+}
+
+/// Logs every panic of the daemon with where it happened and the backtrace (once per
+/// process), so that the 500 a client sees has its cause in the daemon's log.
+fn log_panics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        std::panic::set_hook(Box::new(|info| {
+            tracing::error!(
+                "panic: {info}\n{}",
+                std::backtrace::Backtrace::force_capture()
+            );
+        }));
+    });
 }
 
 /// The one place a reply becomes a response: JSON with `ok`, a file's bytes as they are.
@@ -260,7 +293,7 @@ async fn exec(
 
 /// A reply of another kind than its command gives: a bug in this adapter.
 fn unexpected() -> ApiError {
-    ApiError(EngineError::BadRequest(
+    ApiError(EngineError::Internal(
         "the engine answered with an unexpected kind of reply".into(),
     ))
 }
@@ -793,6 +826,7 @@ pub async fn serve(
     tcp: Option<std::net::SocketAddr>,
     extra: Option<Router>,
 ) -> std::io::Result<()> {
+    log_panics();
     let socket = socket_path(&paths);
     std::fs::create_dir_all(paths.home())?;
     if socket.exists() {
@@ -891,4 +925,47 @@ async fn shutdown_signal() {
 /// True when a daemon answers on the socket.
 pub async fn is_running(socket: &Path) -> bool {
     tokio::net::UnixStream::connect(socket).await.is_ok()
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// A request's task that panics is answered 500 with code `internal` and what it said,
+    /// never a 4xx (it was 400 Bad Request).
+    #[tokio::test]
+    async fn a_panicked_request_is_a_500_internal() {
+        let joined = tokio::spawn(async {
+            let reply: Result<Reply, EngineError> = Err(EngineError::BadRequest("unused".into()));
+            if reply.is_err() {
+                panic!("injected for the test");
+            }
+            reply
+        })
+        .await;
+        let Err(err) = task_outcome(joined) else {
+            panic!("a panicked task gave a reply");
+        };
+        let resp = err.into_response();
+        assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(v["code"], "internal", "{v}");
+        assert!(
+            v["error"]
+                .as_str()
+                .unwrap()
+                .contains("injected for the test"),
+            "{v}"
+        );
+        // An error of the request's own stays what it is.
+        let joined = tokio::spawn(async { Err(EngineError::NoSuchSandbox("sb-x".into())) }).await;
+        let Err(err) = task_outcome(joined) else {
+            panic!("an error gave a reply");
+        };
+        assert_eq!(err.into_response().status(), StatusCode::NOT_FOUND);
+    }
 }

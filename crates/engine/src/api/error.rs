@@ -30,6 +30,10 @@ pub enum EngineError {
     Transfer(#[from] TransferError),
     #[error(transparent)]
     State(#[from] crate::state::StateError),
+    /// A bug in forkbox (a request's task panicked, a reply of the wrong kind): never the
+    /// request's fault.
+    #[error("internal error: {0}")]
+    Internal(String),
 }
 
 impl EngineError {
@@ -81,7 +85,10 @@ impl EngineError {
             EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => 507,
             EngineError::Transfer(TransferError::Agent(e)) => agent_status(e),
             EngineError::Transfer(TransferError::Refused { .. }) => 502,
-            EngineError::Transfer(_) | EngineError::Sandbox(_) | EngineError::State(_) => 500,
+            EngineError::Transfer(_)
+            | EngineError::Sandbox(_)
+            | EngineError::State(_)
+            | EngineError::Internal(_) => 500,
         }
     }
 }
