@@ -26,6 +26,7 @@ pub struct Recipe {
     /// What to build on instead of a fresh Debian root: another forkbox image (NAME or NAME@N;
     /// the build pins it to NAME@N) or an image in an OCI registry (`python:3.8-slim`,
     /// `registry.example:5000/team/node:18`, `…@sha256:…`; the build pins it to its digest).
+    /// A Debian suite's name here is that suite, as in the API's seeds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub base: Option<String>,
     /// Debian mirror used during the build.
@@ -143,15 +144,10 @@ impl Recipe {
 
     /// The recipe a [`Seed`] describes, checked.
     pub fn from_seed(name: &str, seed: Seed) -> Result<Recipe, String> {
-        let base = seed.base.unwrap_or_else(|| DEFAULT_SUITE.to_string());
-        let (suite, base) = if SUITES.iter().any(|(s, _)| *s == base) {
-            (base, None)
-        } else {
-            (String::new(), Some(base))
-        };
-        let r = Recipe {
+        let base = seed.base.or_else(|| Some(DEFAULT_SUITE.to_string()));
+        let mut r = Recipe {
             name: name.to_string(),
-            suite,
+            suite: String::new(),
             base,
             mirror: seed.mirror.unwrap_or_else(default_mirror),
             apt: seed.apt,
@@ -161,8 +157,26 @@ impl Recipe {
             env: seed.env,
             disk_free_mib: seed.disk_free_mib.unwrap_or_else(default_free),
         };
+        r.settle_base()?;
         r.validate()?;
         Ok(r)
+    }
+
+    /// One meaning for `base`, whatever the front end (TOML, an API dict, the SDKs): a base
+    /// that names a Debian suite is that suite (`base = "bookworm"` is `suite = "bookworm"`;
+    /// an image of that name is `bookworm@N`); anything else is an image.
+    fn settle_base(&mut self) -> Result<(), String> {
+        let Some(base) = self.base.take_if(|b| SUITES.iter().any(|(s, _)| s == b)) else {
+            return Ok(());
+        };
+        if !self.suite.is_empty() && self.suite != base {
+            return Err(format!(
+                "give `suite` or `base`, not both (base {base:?} is a Debian suite, and suite is {:?})",
+                self.suite
+            ));
+        }
+        self.suite = base;
+        Ok(())
     }
 
     /// The recipe as TOML, as it is stored beside an image built from it.
@@ -171,7 +185,9 @@ impl Recipe {
     }
 
     pub fn parse(text: &str) -> Result<Recipe, String> {
-        let r: Recipe = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        let mut r: Recipe =
+            toml::from_str(text).map_err(|e| e.to_string().trim_end().to_string())?;
+        r.settle_base()?;
         r.validate()?;
         Ok(r)
     }
@@ -254,6 +270,40 @@ mod tests {
     fn unknown_suite_lists_supported_ones() {
         let e = Recipe::parse("name = \"py\"\nsuite = \"buster\"\n").unwrap_err();
         assert!(e.contains("bullseye") && e.contains("trixie"), "{e}");
+    }
+
+    /// One table of bases, read through the TOML recipe and the API's seed: the same
+    /// recipe either way (`base = "bookworm"` in TOML was read as an image named bookworm).
+    #[test]
+    fn a_base_means_the_same_in_toml_and_in_a_seed() {
+        for (base, suite, image) in [
+            ("bookworm", "bookworm", None),
+            ("trixie", "trixie", None),
+            ("bullseye", "bullseye", None),
+            ("python-bookworm", "", Some("python-bookworm")),
+            ("bookworm@2", "", Some("bookworm@2")),
+            ("python:3.8-slim", "", Some("python:3.8-slim")),
+        ] {
+            let toml = Recipe::parse(&format!("name = \"x\"\nbase = \"{base}\"\n")).unwrap();
+            let seed = Recipe::from_seed(
+                "x",
+                Seed {
+                    base: Some(base.into()),
+                    ..Seed::default()
+                },
+            )
+            .unwrap();
+            assert_eq!(toml, seed, "{base}");
+            assert_eq!(
+                (toml.suite.as_str(), toml.base.as_deref()),
+                (suite, image),
+                "{base}"
+            );
+        }
+        let e =
+            Recipe::parse("name = \"x\"\nbase = \"trixie\"\nsuite = \"bookworm\"\n").unwrap_err();
+        assert!(e.contains("not both"), "{e}");
+        assert!(Recipe::parse("name = \"x\"\nbase = \"bookworm\"\nsuite = \"bookworm\"\n").is_ok());
     }
 
     #[test]
