@@ -433,13 +433,13 @@ async fn run_suite(
         }
     }
     let text = String::from_utf8_lossy(&out.stdout);
-    let (results, failures, source) = match reports::parse(cfg.format, &text) {
+    let mut source = format!("the test command's output ({:?})", cfg.format);
+    let (results, failures) = match reports::parse(cfg.format, &text) {
         Ok(p) => {
-            let mut source = format!("the test command's output ({:?})", cfg.format);
             if let Some(note) = p.repeated_note() {
                 source = format!("{source}; {note}");
             }
-            (Ok(p.results), p.failures, source)
+            (Ok(p.results), p.failures)
         }
         Err(e) => (
             Err(format!(
@@ -449,7 +449,6 @@ async fn run_suite(
                 tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
             )),
             Default::default(),
-            format!("the test command's output ({:?})", cfg.format),
         ),
     };
     TestRun {

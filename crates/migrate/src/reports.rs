@@ -628,20 +628,23 @@ pub fn parse(format: Format, text: &str) -> Result<Parsed, ReportError> {
                     false => Parsed::default(),
                 };
                 let lines = |f: fn(&str) -> Results| Parsed::from(f(text));
-                [
-                    json(jest_json),
-                    json(mocha_json),
-                    lines(pytest_ra),
-                    lines(go_json),
-                    lines(cargo),
+                // Tried in turn, each only when those before it found nothing.
+                let readers: [&dyn Fn() -> Parsed; 8] = [
+                    &|| json(jest_json),
+                    &|| json(mocha_json),
+                    &|| lines(pytest_ra),
+                    &|| lines(go_json),
+                    &|| lines(cargo),
                     // Before `node --test`'s spec, which marks passes with the same ✔.
-                    mocha_spec(text),
-                    node_test(text),
-                    tap(text),
-                ]
-                .into_iter()
-                .find(|r| !r.results.is_empty())
-                .unwrap_or_default()
+                    &|| mocha_spec(text),
+                    &|| node_test(text),
+                    &|| tap(text),
+                ];
+                readers
+                    .iter()
+                    .map(|read| read())
+                    .find(|r| !r.results.is_empty())
+                    .unwrap_or_default()
             }
         }
     };
@@ -653,17 +656,16 @@ pub fn parse(format: Format, text: &str) -> Result<Parsed, ReportError> {
 
 /// What to add to a test command whose standard output held no results forkbox reads, given
 /// what it printed on standard error (where Jest and Vitest print their human report).
-pub fn what_to_add(stderr: &str) -> String {
+pub fn what_to_add(stderr: &str) -> &'static str {
     let jest = stderr.contains("Tests:") && (stderr.contains("PASS ") || stderr.contains("FAIL "));
     let vitest = stderr.contains("Test Files ");
-    let hint = if jest {
+    if jest {
         "this looks like Jest, which prints its report on standard error: add --json (jest --json)"
     } else if vitest {
         "this looks like Vitest: add --reporter=json (vitest run --reporter=json)"
     } else {
         "make the command print a report forkbox reads on standard output: pytest, JUnit XML, go test -json, cargo test, TAP (tape, node-tap, node --test --test-reporter=tap), Mocha's spec or --reporter json, Jest's --json or Vitest's --reporter=json"
-    };
-    hint.to_string()
+    }
 }
 
 /// How many test results one line of a runner's live output reports, for a progress count
@@ -722,9 +724,15 @@ mod tests {
             (id("math > is skipped"), Outcome::Skipped),
             (id("top level"), Outcome::Passed),
         ];
-        assert_eq!(r.len(), 6, "{r:?}");
+        exactly(r, &want);
+    }
+
+    /// `r` holds exactly the tests of `want`, with their outcomes.
+    fn exactly<S: AsRef<str>>(r: &Results, want: &[(S, Outcome)]) {
+        assert_eq!(r.len(), want.len(), "{r:?}");
         for (id, o) in want {
-            assert_eq!(r.get(&id), Some(&o), "{id} in {r:?}");
+            let id = id.as_ref();
+            assert_eq!(r.get(id), Some(o), "{id} in {r:?}");
         }
     }
 
@@ -960,10 +968,7 @@ ok 7 should be equal
             ("needs the network", Outcome::Skipped),
             ("stringifies", Outcome::Passed),
         ];
-        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
-        for (id, o) in want {
-            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
-        }
+        exactly(&p.results, &want);
         let said = &p.failures["parses arrays"];
         assert!(said.starts_with("not ok 4 should be equal"), "{said}");
         assert!(
@@ -1042,10 +1047,7 @@ not ok 1 - test/parse.js # time=40ms
             ("test/parse.js > short plan", Outcome::Failed),
             ("test/parse.js > buffered", Outcome::Passed),
         ];
-        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
-        for (id, o) in want {
-            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
-        }
+        exactly(&p.results, &want);
         let said = &p.failures["test/parse.js > nested > deeper"];
         assert!(
             said.starts_with("not ok 1 should be equal") && said.contains("wanted: 2"),
@@ -1098,10 +1100,7 @@ not ok 1 - test/parse.js # time=40ms
             ("lists > is pending", Outcome::Skipped),
             ("at the top", Outcome::Passed),
         ];
-        assert_eq!(p.results.len(), want.len(), "{:?}", p.results);
-        for (id, o) in want {
-            assert_eq!(p.results.get(id), Some(&o), "{id} in {:?}", p.results);
-        }
+        exactly(&p.results, &want);
         assert_eq!(parse(Format::Mocha, MOCHA_SPEC).unwrap(), p);
     }
 

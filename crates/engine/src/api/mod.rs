@@ -858,7 +858,7 @@ impl Engine {
 pub const AUTO_SNAPSHOT: &str = "fork-of-";
 
 /// Six random hex digits that tell apart names made for one sandbox.
-pub(crate) fn random_suffix() -> Result<String, EngineError> {
+fn random_suffix() -> Result<String, EngineError> {
     crate::random::hex(3).map_err(|e| SandboxError::io("draw a random name", e).into())
 }
 

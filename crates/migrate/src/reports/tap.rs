@@ -114,8 +114,6 @@ impl Group {
 
 /// One level of the output: the top, or a subtest.
 struct Block {
-    /// Indentation of its own lines (`None`: a subtest none of whose lines came yet).
-    at: Option<usize>,
     /// Indentation of the parent's lines, where this subtest's closing point comes.
     parent_at: usize,
     /// Its path of names (empty at the top).
@@ -133,7 +131,6 @@ struct Block {
 impl Block {
     fn new(path: Vec<String>, parent_at: usize, closing: Option<Point>) -> Block {
         Block {
-            at: None,
             parent_at,
             path,
             groups: vec![Group::default()],
@@ -168,7 +165,6 @@ impl Reader {
     fn top(&mut self) -> &mut Block {
         if self.stack.is_empty() {
             self.stack.push(Block::new(Vec::new(), 0, None));
-            self.stack[0].at = Some(0);
         }
         let last = self.stack.len() - 1;
         &mut self.stack[last]
@@ -266,9 +262,6 @@ impl Reader {
         while self.stack.len() > 1 {
             let top = self.top();
             if at > top.parent_at {
-                if top.at.is_none() {
-                    top.at = Some(at);
-                }
                 return false;
             }
             let buffered = top.closing.is_some();
@@ -352,7 +345,6 @@ fn is_plan(l: &str) -> bool {
 /// Every test a TAP stream names (see the module's text).
 pub fn parse(text: &str) -> Parsed {
     let mut r = Reader::default();
-    r.top();
     // Inside a YAML diagnostics block opened at this indentation (`---` … `...`), and
     // whether it is an assertion's.
     let mut yaml: Option<(usize, bool)> = None;
