@@ -283,19 +283,16 @@ fn error_code(e: &anyhow::Error) -> &str {
             };
         }
         if let Some(e) = cause.downcast_ref::<forkbox_engine::api::EngineError>() {
-            return e.code();
+            return e.code().as_str();
         }
         if let Some(e) = cause.downcast_ref::<ImageError>() {
-            return forkbox_engine::api::image_code(e);
+            return forkbox_engine::api::image_code(e).as_str();
         }
         if cause.downcast_ref::<SetupError>().is_some() {
             return "setup_needed";
         }
-        if let Some(SandboxError::Image(e)) = cause.downcast_ref::<SandboxError>() {
-            return forkbox_engine::api::image_code(e);
-        }
-        if cause.downcast_ref::<SandboxError>().is_some() {
-            return "sandbox_failed";
+        if let Some(e) = cause.downcast_ref::<SandboxError>() {
+            return forkbox_engine::api::sandbox_code(e).as_str();
         }
     }
     "failed"

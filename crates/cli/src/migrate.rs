@@ -190,6 +190,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         cli: std::env::current_exe().ok(),
         protect_tests: a.protect_tests || table.protect_tests,
         tests,
+        api_host: Some(forkbox_server::spawn_private),
     };
     let uses_llm = cfg.plans.iter().any(|p| {
         matches!(

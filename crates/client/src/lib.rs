@@ -1,18 +1,20 @@
 //! An async client of forkbox's HTTP API: every operation of the daemon as a typed call, over
 //! its Unix socket or over TCP with a bearer token. `FORKBOX_API` (`unix:/path` or
 //! `http://host:port`) and `FORKBOX_TOKEN` name them the way every forkbox front end reads them.
-//! The request and reply types are the engine's own (`forkbox_engine::api`).
+//! The request and reply types are the API's own (`forkbox-api`), the ones the daemon answers
+//! with; it links no engine.
 #![forbid(unsafe_code)]
 
 use std::path::PathBuf;
 
-use forkbox_engine::api::{
+use forkbox_api::SnapshotMeta;
+use forkbox_api::{
     ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, ExecRequest, ExecResult, ForkRequest, ForkResult,
     ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
     Unpacked, Written,
 };
-use forkbox_engine::snapshot::SnapshotMeta;
+use forkbox_archive::ArchiveError;
 use futures_util::{Stream, StreamExt};
 use serde::de::DeserializeOwned;
 
@@ -64,7 +66,7 @@ pub enum TransferFailed {
     #[error(transparent)]
     Client(#[from] ClientError),
     #[error(transparent)]
-    Host(#[from] forkbox_engine::files::TransferError),
+    Host(#[from] ArchiveError),
     #[error("could not pack {}: {why}", dir.display())]
     Pack { dir: PathBuf, why: String },
 }
@@ -487,7 +489,7 @@ impl Client {
         host_dir: &std::path::Path,
         guest_dir: &str,
     ) -> Result<Unpacked, TransferFailed> {
-        let (rx, packer) = forkbox_engine::files::pack(host_dir)?;
+        let (rx, packer) = forkbox_archive::pack(host_dir)?;
         let body = reqwest::Body::wrap_stream(
             tokio_stream::wrappers::ReceiverStream::new(rx).map(Ok::<_, std::io::Error>),
         );
@@ -520,19 +522,16 @@ impl Client {
         let (tx, rx) = tokio::sync::mpsc::channel(8);
         let feed = async move {
             while let Some(item) = body.next().await {
-                let item = item.map(|b| b.to_vec()).map_err(|e| {
-                    forkbox_engine::files::TransferError::Io {
-                        what: "download from the daemon (the sandbox may have refused the path)"
-                            .into(),
-                        source: std::io::Error::other(e),
-                    }
+                let item = item.map(|b| b.to_vec()).map_err(|e| ArchiveError::Io {
+                    what: "download from the daemon (the sandbox may have refused the path)".into(),
+                    source: std::io::Error::other(e),
                 });
                 if tx.send(item).await.is_err() {
                     break;
                 }
             }
         };
-        let (files, ()) = tokio::join!(forkbox_engine::files::unpack_into(rx, host_dir), feed);
+        let (files, ()) = tokio::join!(forkbox_archive::unpack_into(rx, host_dir), feed);
         Ok(files?)
     }
 

@@ -10,31 +10,16 @@ use tokio::sync::{mpsc, Notify};
 use crate::client::ExecEvent;
 use crate::sandbox::SandboxExecution;
 
+pub use forkbox_api::{ExitInfo, Stream};
+
 /// Output a command keeps for readers; past it, further output is counted but dropped.
 pub const LOG_CAP: usize = 64 << 20;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Stream {
-    Stdout,
-    Stderr,
-}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Chunk {
     pub stream: Stream,
     #[serde(skip)]
     pub data: Vec<u8>,
-}
-
-#[derive(Debug, Clone, Serialize, serde::Deserialize, Default, utoipa::ToSchema)]
-pub struct ExitInfo {
-    pub exit_code: i32,
-    pub signal: Option<i32>,
-    pub timed_out: bool,
-    pub duration_ms: u64,
-    /// Set when the command could not run or the sandbox failed under it.
-    pub error: Option<String>,
 }
 
 #[derive(Default)]

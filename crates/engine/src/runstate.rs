@@ -12,6 +12,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::paths::{write_atomic, Paths};
 
+pub use forkbox_api::DaemonRecord;
+
 #[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
 pub struct RunRecord {
     pub id: String,
@@ -63,21 +65,6 @@ fn daemon_mark<'de, D: serde::Deserializer<'de>>(d: D) -> Result<DaemonMark, D::
             .map(|r| DaemonMark::Legacy(Box::new(r)))
             .unwrap_or(DaemonMark::Yes),
     })
-}
-
-/// What the daemon needs to take a sandbox over again.
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
-pub struct DaemonRecord {
-    #[schema(value_type = Object)]
-    pub info: serde_json::Value,
-    pub labels: std::collections::BTreeMap<String, String>,
-    pub expires_unix: Option<u64>,
-    #[serde(default)]
-    pub ttl_action: crate::api::TtlAction,
-    #[serde(default)]
-    pub created_unix: u64,
-    #[serde(default)]
-    pub network: crate::net::NetworkPolicy,
 }
 
 /// Start time of a running process (clock ticks since boot), to tell a PID from its reuse;

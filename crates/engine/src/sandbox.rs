@@ -4,7 +4,6 @@
 use std::time::{Duration, Instant};
 
 use forkbox_protocol::ExecSpec;
-use serde::Serialize;
 
 use crate::client::{AgentClient, ExecEvent, Execution, Output};
 use crate::error::{AgentError, SandboxError, VmError};
@@ -14,6 +13,8 @@ use crate::paths::Paths;
 use crate::runstate::{self, RunDir};
 use crate::snapshot::Snapshot;
 use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
+
+pub use forkbox_api::SandboxInfo;
 
 pub const DEFAULT_MAX_PROCS: u32 = 4096;
 
@@ -59,50 +60,6 @@ impl Default for SandboxConfig {
             disk_mib: None,
             network: Default::default(),
         }
-    }
-}
-
-/// What a sandbox is, for people and for `--json`.
-#[derive(Debug, Clone, Serialize, serde::Deserialize, utoipa::ToSchema)]
-pub struct SandboxInfo {
-    pub id: String,
-    pub image: String,
-    pub accel: AccelDecision,
-    pub cpus: u32,
-    pub memory_mib: u32,
-    /// The guest kernel's release (as `kernels` in `info` lists them).
-    pub guest_kernel: String,
-    /// Its QEMU process; absent while it has no VM (hibernated).
-    #[serde(default, skip_serializing_if = "is_zero")]
-    pub qemu_pid: u32,
-    /// From the decision to start until the agent answered (restored copies: until the
-    /// copy had been refreshed and answered).
-    pub boot_ms: u64,
-    /// What it was restored from: `template:KEY` or `snapshot:NAME`; none for a cold boot.
-    #[serde(default)]
-    pub origin: Option<String>,
-    #[serde(default)]
-    pub max_procs: u32,
-    /// The guest kernel's file.
-    #[serde(default, rename = "kernel_path", alias = "kernel")]
-    #[schema(value_type = String)]
-    pub kernel: std::path::PathBuf,
-    #[serde(default, rename = "initramfs_path", alias = "initramfs")]
-    #[schema(value_type = String)]
-    pub initramfs: std::path::PathBuf,
-    /// The `disks/<id>/` directories its disk chain goes through, its own last.
-    #[serde(default)]
-    pub disk_dirs: Vec<String>,
-}
-
-fn is_zero(n: &u32) -> bool {
-    *n == 0
-}
-
-impl SandboxInfo {
-    /// The snapshot (not template) this sandbox was restored from.
-    pub fn origin_snapshot(&self) -> Option<&str> {
-        self.origin.as_deref()?.strip_prefix("snapshot:")
     }
 }
 

@@ -32,7 +32,6 @@ use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::error::{SandboxError, VmError};
@@ -40,90 +39,12 @@ use crate::paths::{write_atomic, Paths};
 use crate::vm::qmp::Qmp;
 use crate::vm::{ram_tail_kib, AccelDecision, Memory, Start, Vm, VmConfig};
 
+pub use forkbox_api::{SnapshotKind, SnapshotMeta, StateFormat, HIBERNATION};
+
 pub const MEM: &str = "mem";
 pub const VMSTATE: &str = "vmstate";
 pub const DISK: &str = "disk.qcow2";
 pub const META: &str = "snapshot.json";
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum SnapshotKind {
-    Template,
-    Snapshot,
-}
-
-/// What a snapshot's `vmstate` holds.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "snake_case")]
-pub enum StateFormat {
-    /// A migration stream without RAM (`x-ignore-shared`): templates, and snapshots saved by
-    /// versions before `devices`. Loaded with `migrate-incoming`.
-    #[default]
-    Migration,
-    /// QEMU's device state alone (`xen-save-devices-state`): snapshots of running sandboxes.
-    /// Loaded by a QEMU started for it (see [`crate::vm::Start::Devices`]).
-    Devices,
-}
-
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, utoipa::ToSchema)]
-pub struct SnapshotMeta {
-    pub name: String,
-    pub kind: SnapshotKind,
-    pub image: String,
-    /// The guest kernel's file.
-    #[serde(rename = "kernel_path", alias = "kernel")]
-    #[schema(value_type = String)]
-    pub kernel: PathBuf,
-    #[serde(rename = "initramfs_path", alias = "initramfs")]
-    #[schema(value_type = String)]
-    pub initramfs: PathBuf,
-    pub accel: AccelDecision,
-    pub cpus: u32,
-    pub memory_mib: u32,
-    /// KiB of RAM the guest has past `memory_mib` (see [`crate::vm::TCG_RAM_TAIL_KIB`]); a
-    /// copy must be given exactly the RAM its snapshot was saved with. Absent (0) in snapshots
-    /// of versions before it.
-    #[serde(default)]
-    pub ram_tail_kib: u32,
-    pub max_procs: u32,
-    pub qemu_version: String,
-    /// How its device state is written (absent: a migration stream).
-    #[serde(default)]
-    pub state: StateFormat,
-    /// The snapshot (or template) the saved sandbox was a copy of; its disk backs this one's.
-    pub parent: Option<String>,
-    pub from_sandbox: Option<String>,
-    pub created_unix: u64,
-    /// How long the sandbox was paused while it was saved.
-    pub pause_ms: Option<f64>,
-    /// Wall time of the whole save.
-    pub took_ms: u64,
-    /// Bytes the RAM file occupies (its holes excluded).
-    pub memory_bytes: u64,
-    /// The frozen disk, when it is not `disk.qcow2` in the snapshot's directory (snapshots of
-    /// sandboxes: a file under `disks/<sandbox>/`).
-    #[serde(default)]
-    #[schema(value_type = Option<String>)]
-    pub disk: Option<PathBuf>,
-    /// The `disks/<sandbox>/` directories this snapshot's disk chain goes through; they are
-    /// kept while it exists.
-    #[serde(default)]
-    pub disk_dirs: Vec<String>,
-    /// Set while this snapshot *is* a hibernated sandbox: what the daemon needs to list it
-    /// and to resume it under the same id.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub hibernated: Option<crate::runstate::DaemonRecord>,
-}
-
-impl SnapshotMeta {
-    /// Whether forkbox made it for its own ends (a fork of a running sandbox, a hibernation)
-    /// rather than a user asking for it: lists leave such snapshots out unless asked.
-    pub fn internal(&self) -> bool {
-        self.hibernated.is_some()
-            || self.name.starts_with(crate::api::AUTO_SNAPSHOT)
-            || self.name.starts_with(HIBERNATION)
-    }
-}
 
 /// A snapshot on disk.
 #[derive(Debug, Clone)]
@@ -345,9 +266,6 @@ pub fn rewrite_meta(snap: &Snapshot) -> Result<(), SnapshotError> {
     })?;
     write_atomic(&snap.dir.join(META), &json).map_err(io("write snapshot.json"))
 }
-
-/// Names of snapshots that hold a hibernated sandbox (and then the copy resumed from it).
-pub const HIBERNATION: &str = "hibernated-";
 
 /// The first `disk.qcow2`, `disk-1.qcow2`, ... that does not exist in `dir`.
 pub fn next_disk(dir: &Path) -> PathBuf {

@@ -11,12 +11,12 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use forkbox_client::{Client, ClientError};
-use forkbox_engine::api::{
+use forkbox_api::NetworkPolicy;
+use forkbox_api::{
     CommandEvent, CreateRequest, ExecRequest, ForkRequest, SnapshotRequest, TtlAction,
 };
-use forkbox_engine::net::NetworkPolicy;
-use forkbox_reports::reports::{self, Format, Outcome, Results};
+use forkbox_client::{Client, ClientError};
+use forkbox_reports::{self as reports, Format, Outcome, Results};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};

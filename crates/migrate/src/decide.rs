@@ -301,6 +301,7 @@ pub fn diff_lines(diff: &str) -> u64 {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
+    use crate::reports;
     use Outcome::*;
 
     fn res(v: &[(&str, Outcome)]) -> Results {
@@ -542,5 +543,61 @@ mod tests {
     fn diff_lines_ignores_headers() {
         let d = "diff --git a/x b/x\n--- a/x\n+++ b/x\n@@ -1 +1 @@\n-old\n+new\n context\n";
         assert_eq!(diff_lines(d), 2);
+    }
+
+    /// The false accept the old reading allowed: keyed by assertion description, one
+    /// baseline failure of "should be equal" (a test needing the network) made every "should
+    /// be equal" count as failing before, so a port breaking another one lost nothing. Read
+    /// by named test, the port loses exactly the test it broke.
+    #[test]
+    fn tap_a_shared_assertion_name_hides_no_loss() {
+        let base = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nok 3 should be equal\n1..3\n";
+        let port = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nnot ok 3 should be equal\n1..3\n";
+        let before =
+            Baseline::from_runs(&[reports::parse(reports::Format::Tap, base).unwrap().results]);
+        let now = reports::parse(reports::Format::Tap, port).unwrap().results;
+        assert_eq!(before.lost(&now), vec!["subtracts".to_string()]);
+        // Two tests of one name are two tests, and the report says so.
+        let twice = "# adds\nok 1 should be equal\n# adds\nnot ok 2 should be equal\n1..2\n";
+        let p = reports::parse(reports::Format::Tap, twice).unwrap();
+        assert_eq!(p.results.get("adds"), Some(&reports::Outcome::Passed));
+        assert_eq!(p.results.get("adds #2"), Some(&reports::Outcome::Failed));
+        let note = p.repeated_note().unwrap();
+        assert!(note.contains("\"adds\" \u{d7}2"), "{note}");
+        // Plain TAP (no names) keeps a test per assertion, by description.
+        let plain = reports::parse(
+            reports::Format::Tap,
+            "ok 1 - a\nok 2 - a\nnot ok 3 - b\n1..3\n",
+        )
+        .unwrap();
+        assert_eq!(plain.results.len(), 3, "{:?}", plain.results);
+        assert_eq!(plain.results.get("a #2"), Some(&reports::Outcome::Passed));
+    }
+
+    /// The same false accept in Mocha's spec output: keyed by bare title, two tests of one
+    /// title in two suites were one id, and one's failure before hid the other's loss.
+    #[test]
+    fn mocha_spec_a_shared_title_hides_no_loss() {
+        let base =
+            "\n  network\n    1) works\n  math\n    ✔ works\n\n  1 passing (3ms)\n  1 failing\n";
+        let port =
+            "\n  network\n    1) works\n  math\n    2) works\n\n  0 passing (3ms)\n  2 failing\n";
+        let before =
+            Baseline::from_runs(&[reports::parse(reports::Format::Auto, base).unwrap().results]);
+        let now = reports::parse(reports::Format::Auto, port).unwrap().results;
+        assert_eq!(before.lost(&now), vec!["math > works".to_string()]);
+        // Two files with the same suite path: two tests, told apart, and said.
+        let files =
+            "\n  math\n    ✔ works\n  math\n    1) works\n\n  1 passing (3ms)\n  1 failing\n";
+        let p = reports::parse(reports::Format::Auto, files).unwrap();
+        assert_eq!(
+            p.results.get("math > works"),
+            Some(&reports::Outcome::Passed)
+        );
+        assert_eq!(
+            p.results.get("math > works #2"),
+            Some(&reports::Outcome::Failed)
+        );
+        assert!(p.repeated_note().is_some());
     }
 }

@@ -54,7 +54,15 @@ pub struct MigrateConfig {
     pub protect_tests: bool,
     /// Which files are test files (`--tests GLOB`; by default the runners' usual naming).
     pub tests: crate::integrity::TestFiles,
+    /// Serves the run's private API to host porters (the CLI gives the server's
+    /// `spawn_private`); a plan with a host porter cannot run without it.
+    pub api_host: Option<ApiHost>,
 }
+
+/// Serves `engine`'s API on the Unix socket `socket` until the returned task is aborted. Given
+/// by the front end, so the migration needs no HTTP server of its own.
+pub type ApiHost =
+    fn(Arc<forkbox_engine::api::Engine>, &Path) -> std::io::Result<tokio::task::JoinHandle<()>>;
 
 impl MigrateConfig {
     /// A migration of `code` from image `from` to `to`, judged by the test command `test`,
@@ -88,7 +96,15 @@ impl MigrateConfig {
             cli: None,
             protect_tests: false,
             tests: Default::default(),
+            api_host: None,
         }
+    }
+
+    /// Whether a plan's porter runs on the host (and drives its fork through an API).
+    fn needs_api(&self) -> bool {
+        self.plans
+            .iter()
+            .any(|p| matches!(p.porter.kind(), Some(PorterKind::Host(_))))
     }
 }
 
@@ -769,6 +785,11 @@ pub async fn migrate(
     progress: Arc<Progress>,
 ) -> Result<MigrateReport, MigrateError> {
     let started = Instant::now();
+    if cfg.needs_api() && cfg.api_host.is_none() {
+        return Err(MigrateError::Report(std::io::Error::other(
+            "a plan has a host porter, and this front end serves no API for it to drive its fork through",
+        )));
+    }
     std::fs::create_dir_all(&cfg.out).map_err(MigrateError::Report)?;
     // Directories the setup makes for the baseline too (`--share`) go over as files here.
     let hand_dir = tempfile::Builder::new()
@@ -828,19 +849,14 @@ async fn run_plans(
     ));
 
     // Host porters reach their forks through an API of this run's own, on a private socket.
-    let needs_api = cfg
-        .plans
-        .iter()
-        .any(|p| matches!(p.porter.kind(), Some(PorterKind::Host(_))));
-    let (api, server, api_dir) = if needs_api {
+    let (api, server, api_dir) = if let Some(serve) = cfg.api_host.filter(|_| cfg.needs_api()) {
         let dir = tempfile::Builder::new()
             .prefix("forkbox-migrate-")
             .tempdir()
             .map_err(MigrateError::Report)?;
         let engine = Arc::new(forkbox_engine::api::Engine::private(paths.clone()));
         let socket = dir.path().join("api.sock");
-        let server =
-            forkbox_server::spawn_private(engine.clone(), &socket).map_err(MigrateError::Report)?;
+        let server = serve(engine.clone(), &socket).map_err(MigrateError::Report)?;
         (Some((engine, socket)), Some(server), Some(dir))
     } else {
         (None, None, None)

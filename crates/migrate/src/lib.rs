@@ -19,6 +19,7 @@ pub mod integrity;
 pub mod llm;
 pub mod plans;
 pub mod report;
-pub mod reports;
 
 pub use flow::{migrate, Event, MigrateConfig, MigrateError, Progress, REPORT_SCHEMA};
+/// Reading test results (its own crate, shared with the MCP server).
+pub use forkbox_reports as reports;

@@ -296,7 +296,7 @@ fn copy_dir(from: &Path, to: &Path) {
 async fn node_images_run_node_test_and_its_results_read() {
     let paths = infra::home();
     let suite = std::fs::read_to_string(
-        infra::repo_root().join("crates/migrate/src/fixtures/node.test.js"),
+        infra::repo_root().join("crates/reports/src/fixtures/node.test.js"),
     )
     .unwrap();
     for (recipe, major, reporter) in [

@@ -11,6 +11,7 @@ use axum::http::{header, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use forkbox_engine::api::{Code, ErrorBody};
 use forkbox_engine::paths::Paths;
 use forkbox_engine::state::StateDb;
 use serde::{Deserialize, Serialize};
@@ -94,7 +95,10 @@ pub async fn require_token(State(paths): State<Paths>, req: Request, next: Next)
         _ => (
             StatusCode::UNAUTHORIZED,
             [(header::WWW_AUTHENTICATE, "Bearer")],
-            Json(serde_json::json!({ "error": "a valid bearer token is required; create one with `forkbox token create`" })),
+            Json(ErrorBody::new(
+                Code::Unauthorized,
+                "a valid bearer token is required; create one with `forkbox token create`",
+            )),
         )
             .into_response(),
     }
@@ -126,13 +130,14 @@ pub fn host_allowed(host: &str, allowed: &str) -> bool {
 /// (no CORS grant is ever made, so a page may not read or drive the API), or with a `Host`
 /// that is not this daemon's (DNS rebinding; see [`host_allowed`]).
 pub async fn refuse_browsers(req: Request, next: Next) -> Response {
-    let refuse = |status: StatusCode, msg: String| {
-        (status, Json(serde_json::json!({ "error": msg }))).into_response()
+    let refuse = |code: Code, msg: String| {
+        let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::FORBIDDEN);
+        (status, Json(ErrorBody::new(code, msg))).into_response()
     };
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let origin = String::from_utf8_lossy(origin.as_bytes());
         return refuse(
-            StatusCode::FORBIDDEN,
+            Code::PermissionDenied,
             format!(
                 "requests from web pages are refused (this one came from {}); forkbox's API is for programs, which send no Origin",
                 forkbox_engine::guestlog::quote(&origin)
@@ -147,7 +152,7 @@ pub async fn refuse_browsers(req: Request, next: Next) -> Response {
     let allowed = std::env::var("FORKBOX_ALLOWED_HOSTS").unwrap_or_default();
     if !host.is_empty() && !host_allowed(&host, &allowed) {
         return refuse(
-            StatusCode::MISDIRECTED_REQUEST,
+            Code::MisdirectedRequest,
             format!(
                 "Host {} is not a name of this daemon; use its IP address or localhost, or list the name in FORKBOX_ALLOWED_HOSTS where the daemon runs",
                 forkbox_engine::guestlog::quote(&host)

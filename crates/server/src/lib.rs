@@ -69,15 +69,7 @@ fn hold_pid_file(paths: &Paths) -> std::io::Result<nix::fcntl::Flock<std::fs::Fi
 
 struct ApiError(EngineError);
 
-/// The body of every error answer.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-pub struct ErrorBody {
-    /// What went wrong, for people: the same words every front end shows.
-    pub error: String,
-    /// What went wrong, for programs: a stable name (`sandbox_not_found`, `image_in_use`,
-    /// `bad_request`, …), the same in the CLI's `--json` errors.
-    pub code: String,
-}
+pub use forkbox_engine::api::ErrorBody;
 
 /// Every error an HTTP client sees: the engine's status for it and `{"error": message}`.
 impl IntoResponse for ApiError {
@@ -86,10 +78,7 @@ impl IntoResponse for ApiError {
             StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
         (
             status,
-            Json(ErrorBody {
-                error: self.0.to_string(),
-                code: self.0.code().into(),
-            }),
+            Json(ErrorBody::new(self.0.code(), self.0.to_string())),
         )
             .into_response()
     }
@@ -650,7 +639,7 @@ async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>)
 /// The build goes on if the client leaves.
 #[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody), (status = 422, description = "the body does not parse", body = String)))]
 async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequest>) -> Api {
-    let recipe = request.recipe()?;
+    let recipe = forkbox_engine::api::build_recipe(&request)?;
     let if_changed = request.if_changed;
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
     tokio::spawn(async move {
@@ -683,7 +672,7 @@ struct FileQuery {
 }
 
 fn guest_path(q: &FileQuery) -> Result<GuestPath, ApiError> {
-    Ok(GuestPath::parse(&q.path)?)
+    Ok(GuestPath::parse(&q.path).map_err(EngineError::from)?)
 }
 
 /// One file's bytes.

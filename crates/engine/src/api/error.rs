@@ -5,8 +5,9 @@
 use forkbox_protocol::ErrorKind;
 
 use crate::error::{AgentError, ImageError, SandboxError};
-use crate::files::TransferError;
+use crate::files::{ArchiveError, TransferError};
 use crate::snapshot::SnapshotError;
+pub use forkbox_api::Code;
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -36,108 +37,92 @@ pub enum EngineError {
     Internal(String),
 }
 
+impl From<forkbox_api::Invalid> for EngineError {
+    fn from(e: forkbox_api::Invalid) -> EngineError {
+        EngineError::BadRequest(e.0)
+    }
+}
+
 impl EngineError {
     /// A stable name for what went wrong, the same from every front end (`error.code` in the
-    /// API's answers and in the CLI's `--json` errors).
-    pub fn code(&self) -> &'static str {
+    /// API's answers and in the CLI's `--json` errors); its HTTP status comes with it.
+    pub fn code(&self) -> Code {
         match self {
-            EngineError::NoSuchSandbox(_) => "sandbox_not_found",
-            EngineError::NoSuchCommand(..) => "command_not_found",
-            EngineError::Hibernated(_) => "sandbox_hibernated",
-            EngineError::NotHibernated(_) => "sandbox_not_hibernated",
-            EngineError::BadRequest(_) => "bad_request",
-            EngineError::Snapshot(e) | EngineError::Sandbox(SandboxError::Snapshot(e)) => match e {
-                SnapshotError::NotFound(_) => "snapshot_not_found",
-                SnapshotError::Exists(_) => "snapshot_exists",
-                SnapshotError::InUse { .. } => "snapshot_in_use",
-                SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => "bad_request",
-                SnapshotError::Io { .. } => "internal",
-            },
-            EngineError::Image(e) | EngineError::Sandbox(SandboxError::Image(e)) => image_code(e),
-            EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => "host_disk_full",
-            EngineError::Sandbox(SandboxError::Agent(AgentError::Failed(_))) => "sandbox_failed",
-            e => match e.http_status() {
-                400 => "bad_request",
-                403 => "permission_denied",
-                404 => "not_found",
-                409 => "conflict",
-                502 => "refused_from_guest",
-                507 => "disk_full",
-                _ => "internal",
-            },
+            EngineError::NoSuchSandbox(_) => Code::SandboxNotFound,
+            EngineError::NoSuchCommand(..) => Code::CommandNotFound,
+            EngineError::Hibernated(_) => Code::SandboxHibernated,
+            EngineError::NotHibernated(_) => Code::SandboxNotHibernated,
+            EngineError::BadRequest(_) => Code::BadRequest,
+            EngineError::Snapshot(e) => snapshot_code(e),
+            EngineError::Sandbox(e) => sandbox_code(e),
+            EngineError::Image(e) => image_code(e),
+            EngineError::Transfer(e) => transfer_code(e),
+            EngineError::State(_) | EngineError::Internal(_) => Code::Internal,
         }
     }
 
-    /// The HTTP status this error is answered with.
+    /// The HTTP status this error is answered with: its code's.
     pub fn http_status(&self) -> u16 {
-        match self {
-            EngineError::NoSuchSandbox(_) | EngineError::NoSuchCommand(..) => 404,
-            EngineError::BadRequest(_) => 400,
-            EngineError::Hibernated(_) | EngineError::NotHibernated(_) => 409,
-            EngineError::Snapshot(e) | EngineError::Sandbox(SandboxError::Snapshot(e)) => {
-                snapshot_status(e)
-            }
-            EngineError::Image(e) | EngineError::Sandbox(SandboxError::Image(e)) => image_status(e),
-            EngineError::Sandbox(SandboxError::DiskTooSmall { .. } | SandboxError::Network(_)) => {
-                400
-            }
-            EngineError::Sandbox(SandboxError::Agent(e)) => agent_status(e),
-            EngineError::Sandbox(SandboxError::HostDiskFull { .. }) => 507,
-            EngineError::Transfer(TransferError::Agent(e)) => agent_status(e),
-            EngineError::Transfer(TransferError::Refused { .. }) => 502,
-            EngineError::Transfer(_)
-            | EngineError::Sandbox(_)
-            | EngineError::State(_)
-            | EngineError::Internal(_) => 500,
-        }
+        self.code().http_status()
+    }
+}
+
+/// [`EngineError::code`] of a sandbox's error, for front ends that meet one directly.
+pub fn sandbox_code(e: &SandboxError) -> Code {
+    match e {
+        SandboxError::Snapshot(e) => snapshot_code(e),
+        SandboxError::Image(e) => image_code(e),
+        SandboxError::HostDiskFull { .. } => Code::HostDiskFull,
+        SandboxError::DiskTooSmall { .. } | SandboxError::Network(_) => Code::BadRequest,
+        SandboxError::Agent(e) => agent_code(e),
+        _ => Code::Internal,
     }
 }
 
 /// [`EngineError::code`] of an image error, for front ends that meet one directly.
-pub fn image_code(e: &ImageError) -> &'static str {
+pub fn image_code(e: &ImageError) -> Code {
     match e {
-        ImageError::NotFound { .. } => "image_not_found",
-        ImageError::InUse { .. } => "image_in_use",
+        ImageError::NotFound { .. } => Code::ImageNotFound,
+        ImageError::InUse { .. } => Code::ImageInUse,
         ImageError::BadReference(_)
         | ImageError::VersionNeeded { .. }
         | ImageError::RecipeInvalid { .. }
-        | ImageError::RecipeUnreadable { .. } => "bad_request",
-        ImageError::BuildFailed { .. } => "build_failed",
-        _ => "internal",
+        | ImageError::RecipeUnreadable { .. } => Code::BadRequest,
+        ImageError::BuildFailed { .. } => Code::BuildFailed,
+        _ => Code::Internal,
     }
 }
 
-fn snapshot_status(e: &SnapshotError) -> u16 {
+fn snapshot_code(e: &SnapshotError) -> Code {
     match e {
-        SnapshotError::NotFound(_) => 404,
-        SnapshotError::Exists(_) | SnapshotError::InUse { .. } => 409,
-        SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => 400,
-        SnapshotError::Io { .. } => 500,
+        SnapshotError::NotFound(_) => Code::SnapshotNotFound,
+        SnapshotError::Exists(_) => Code::SnapshotExists,
+        SnapshotError::InUse { .. } => Code::SnapshotInUse,
+        SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => Code::BadRequest,
+        SnapshotError::Io { .. } => Code::Internal,
     }
 }
 
-fn image_status(e: &ImageError) -> u16 {
+fn transfer_code(e: &TransferError) -> Code {
     match e {
-        // Asking for an image that is not there is the request's fault, as when creating.
-        ImageError::NotFound { .. } => 404,
-        ImageError::BadReference(_)
-        | ImageError::VersionNeeded { .. }
-        | ImageError::RecipeInvalid { .. } => 400,
-        ImageError::InUse { .. } => 409,
-        _ => 500,
+        TransferError::Agent(e) => agent_code(e),
+        TransferError::Archive(ArchiveError::Refused { .. }) => Code::RefusedFromGuest,
+        TransferError::Archive(_) => Code::Internal,
     }
 }
 
-fn agent_status(e: &AgentError) -> u16 {
+fn agent_code(e: &AgentError) -> Code {
     match e {
-        AgentError::Failed(_) => 409,
-        AgentError::Refused { message, .. } if message.contains("No space left on device") => 507,
+        AgentError::Failed(_) => Code::SandboxFailed,
+        AgentError::Refused { message, .. } if message.contains("No space left on device") => {
+            Code::DiskFull
+        }
         AgentError::Refused { kind, .. } => match kind {
-            ErrorKind::NotFound => 404,
-            ErrorKind::PermissionDenied => 403,
-            ErrorKind::InvalidRequest => 400,
-            ErrorKind::Io => 500,
+            ErrorKind::NotFound => Code::NotFound,
+            ErrorKind::PermissionDenied => Code::PermissionDenied,
+            ErrorKind::InvalidRequest => Code::BadRequest,
+            ErrorKind::Io => Code::Internal,
         },
-        _ => 500,
+        _ => Code::Internal,
     }
 }

@@ -11,17 +11,16 @@ use crate::error::SandboxError;
 use crate::image::ImageRef;
 use crate::paths::Paths;
 use crate::pool::Taken;
-use crate::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
+use crate::sandbox::{Sandbox, SandboxConfig};
 
 mod commands;
 mod error;
 mod lifecycle;
-mod reply;
 mod request;
 mod store_ops;
 
-pub use error::{image_code, EngineError};
-pub use reply::*;
+pub use error::{image_code, sandbox_code, EngineError};
+pub use forkbox_api::*;
 pub use request::*;
 pub use store_ops::up_to_date;
 
@@ -853,9 +852,6 @@ impl Engine {
         Ok(view)
     }
 }
-
-/// Names of snapshots made only to fork a sandbox; deleted with their last copy.
-pub const AUTO_SNAPSHOT: &str = "fork-of-";
 
 /// Six random hex digits that tell apart names made for one sandbox.
 fn random_suffix() -> Result<String, EngineError> {

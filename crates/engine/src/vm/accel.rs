@@ -19,53 +19,11 @@ use super::qemu::QEMU;
 use crate::error::VmError;
 use crate::paths::{write_atomic, Paths};
 
+pub use forkbox_api::{Accel, AccelChoice, AccelDecision};
+
 /// How long a probe guest may take to reach userspace under KVM. A working KVM boots the
 /// cloud kernel to init in well under a second.
 pub const PROBE_DEADLINE: Duration = Duration::from_secs(6);
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Accel {
-    Kvm,
-    Tcg,
-}
-
-impl std::fmt::Display for Accel {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Accel::Kvm => "kvm",
-            Accel::Tcg => "tcg",
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, utoipa::ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum AccelChoice {
-    #[default]
-    Auto,
-    Kvm,
-    Tcg,
-}
-
-impl std::str::FromStr for AccelChoice {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(AccelChoice::Auto),
-            "kvm" => Ok(AccelChoice::Kvm),
-            "tcg" => Ok(AccelChoice::Tcg),
-            _ => Err(format!("{s:?} is not an accelerator: use auto, kvm or tcg")),
-        }
-    }
-}
-
-/// The accelerator a sandbox runs on, and why.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
-pub struct AccelDecision {
-    pub accel: Accel,
-    pub reason: String,
-}
 
 #[derive(Debug, Serialize, Deserialize)]
 struct Verdict {

@@ -4,8 +4,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::TtlAction;
-use crate::sandbox::SandboxInfo;
+use crate::{AccelDecision, ExitInfo, NetworkPolicy, PoolView, SandboxInfo, Stream, TtlAction};
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct SandboxView {
@@ -29,7 +28,7 @@ pub struct SandboxView {
     #[serde(default)]
     pub ttl_action: TtlAction,
     #[serde(default)]
-    pub network: crate::net::NetworkPolicy,
+    pub network: NetworkPolicy,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -86,27 +85,6 @@ pub struct ImageView {
     pub env: BTreeMap<String, String>,
 }
 
-impl From<&crate::image::Image> for ImageView {
-    fn from(i: &crate::image::Image) -> ImageView {
-        ImageView {
-            reference: i.reference(),
-            name: i.meta.name.clone(),
-            version: i.meta.version,
-            suite: i.meta.suite.clone(),
-            base: i.meta.recipe.base.clone(),
-            pulled: i.meta.pulled.clone(),
-            workdir: i.meta.workdir.clone(),
-            user: i.meta.user.clone(),
-            kernel: i.meta.kernel.clone(),
-            content_mib: i.meta.content_bytes >> 20,
-            disk_mib: i.meta.disk_bytes >> 20,
-            created_unix: i.meta.created_unix,
-            build_seconds: i.meta.build_seconds,
-            env: i.meta.env.clone(),
-        }
-    }
-}
-
 /// Progress of an image build, streamed as newline-delimited JSON (`type` tells which).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -137,7 +115,7 @@ pub enum CommandEvent {
     Stderr {
         data_b64: String,
     },
-    Exit(crate::commands::ExitInfo),
+    Exit(ExitInfo),
     /// The command could not run, or the sandbox failed under it. `exit_code` is set when it
     /// could not start as a shell says it (127: not found, 126: not runnable).
     Error {
@@ -152,7 +130,7 @@ pub enum CommandEvent {
 pub struct DirListing {
     pub path: String,
     pub entries: Vec<DirEntry>,
-    /// Set when the directory held more than [`super::MAX_DIR_ENTRIES`] names; the rest are
+    /// Set when the directory held more than [`crate::MAX_DIR_ENTRIES`] names; the rest are
     /// left out.
     pub truncated: bool,
 }
@@ -191,12 +169,12 @@ pub struct InfoView {
     pub protocol_version: u32,
     pub home: String,
     /// The accelerator sandboxes get here (`kvm` or `tcg`) and why; absent before set-up.
-    pub accel: Option<crate::vm::AccelDecision>,
+    pub accel: Option<AccelDecision>,
     pub kernels: Vec<String>,
     pub images: Vec<String>,
     pub sandboxes: usize,
     /// The warm pool: ready sandboxes per configuration, and its bounds.
-    pub pool: crate::pool::PoolView,
+    pub pool: PoolView,
 }
 
 /// What a delete removed.
@@ -215,12 +193,12 @@ pub struct CommandPoll {
     pub next: usize,
     /// Output dropped because the command printed more than is kept.
     pub dropped_bytes: u64,
-    pub exit: Option<crate::commands::ExitInfo>,
+    pub exit: Option<ExitInfo>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct PolledChunk {
-    pub stream: crate::commands::Stream,
+    pub stream: Stream,
     pub data_b64: String,
 }
 

@@ -201,7 +201,7 @@ fn add(r: &mut Results, id: String, o: Outcome) {
 /// pytest with `-rA`: the "short test summary info" lines `PASSED tests/x.py::t`, `FAILED
 /// tests/x.py::t - AssertionError`, `ERROR ...`, `XFAIL ...`, `XPASS ...`, `SKIPPED [1]
 /// tests/x.py:3: reason`. A collection error (`ERROR tests/x.py - ImportError`) is kept under
-/// the file's path; [`crate::decide`] gives it to every test of that file.
+/// the file's path; `forkbox-migrate`'s verdicts give it to every test of that file.
 pub fn pytest_ra(text: &str) -> Results {
     let mut r = Results::new();
     for line in text.lines() {
@@ -978,31 +978,6 @@ ok 7 should be equal
         assert_eq!(p.repeated_note(), None);
     }
 
-    /// The false accept the old reading allowed: keyed by assertion description, one
-    /// baseline failure of "should be equal" (a test needing the network) made every "should
-    /// be equal" count as failing before, so a port breaking another one lost nothing. Read
-    /// by named test, the port loses exactly the test it broke.
-    #[test]
-    fn tap_a_shared_assertion_name_hides_no_loss() {
-        let base = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nok 3 should be equal\n1..3\n";
-        let port = "# needs the network\nnot ok 1 should be equal\n# adds\nok 2 should be equal\n# subtracts\nnot ok 3 should be equal\n1..3\n";
-        let before =
-            crate::decide::Baseline::from_runs(&[parse(Format::Tap, base).unwrap().results]);
-        let now = parse(Format::Tap, port).unwrap().results;
-        assert_eq!(before.lost(&now), vec!["subtracts".to_string()]);
-        // Two tests of one name are two tests, and the report says so.
-        let twice = "# adds\nok 1 should be equal\n# adds\nnot ok 2 should be equal\n1..2\n";
-        let p = parse(Format::Tap, twice).unwrap();
-        assert_eq!(p.results.get("adds"), Some(&Outcome::Passed));
-        assert_eq!(p.results.get("adds #2"), Some(&Outcome::Failed));
-        let note = p.repeated_note().unwrap();
-        assert!(note.contains("\"adds\" \u{d7}2"), "{note}");
-        // Plain TAP (no names) keeps a test per assertion, by description.
-        let plain = parse(Format::Tap, "ok 1 - a\nok 2 - a\nnot ok 3 - b\n1..3\n").unwrap();
-        assert_eq!(plain.results.len(), 3, "{:?}", plain.results);
-        assert_eq!(plain.results.get("a #2"), Some(&Outcome::Passed));
-    }
-
     /// node-tap's TAP14: subtests by `# Subtest:` and indentation, nested, and the buffered
     /// form `ok 1 - name {` … `}`; a subtest is a test with its own assertions; a file's
     /// subtest holding only subtests is a suite; a subtest whose plan failed, with every
@@ -1121,27 +1096,6 @@ not ok 1 - test/parse.js # time=40ms
             Some(&Outcome::Passed)
         );
         assert_eq!(p.repeated_note(), None);
-    }
-
-    /// The same false accept in Mocha's spec output: keyed by bare title, two tests of one
-    /// title in two suites were one id, and one's failure before hid the other's loss.
-    #[test]
-    fn mocha_spec_a_shared_title_hides_no_loss() {
-        let base =
-            "\n  network\n    1) works\n  math\n    ✔ works\n\n  1 passing (3ms)\n  1 failing\n";
-        let port =
-            "\n  network\n    1) works\n  math\n    2) works\n\n  0 passing (3ms)\n  2 failing\n";
-        let before =
-            crate::decide::Baseline::from_runs(&[parse(Format::Auto, base).unwrap().results]);
-        let now = parse(Format::Auto, port).unwrap().results;
-        assert_eq!(before.lost(&now), vec!["math > works".to_string()]);
-        // Two files with the same suite path: two tests, told apart, and said.
-        let files =
-            "\n  math\n    ✔ works\n  math\n    1) works\n\n  1 passing (3ms)\n  1 failing\n";
-        let p = parse(Format::Auto, files).unwrap();
-        assert_eq!(p.results.get("math > works"), Some(&Outcome::Passed));
-        assert_eq!(p.results.get("math > works #2"), Some(&Outcome::Failed));
-        assert!(p.repeated_note().is_some());
     }
 
     #[test]

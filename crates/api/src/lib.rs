@@ -1,0 +1,26 @@
+//! forkbox's public API as types: every request, reply, event and error of the HTTP API, the
+//! error `code` vocabulary with its HTTP statuses, and the route table. No engine, no I/O:
+//! anything that talks to forkbox (the Rust client, the MCP server, a gateway) needs only this,
+//! and the engine, the server and the OpenAPI document are built on the same types.
+#![forbid(unsafe_code)]
+
+mod command;
+mod error;
+mod network;
+mod pool;
+mod recipe;
+mod reply;
+mod request;
+pub mod routes;
+mod sandbox;
+mod snapshot;
+
+pub use command::*;
+pub use error::{Code, ErrorBody, Invalid};
+pub use network::*;
+pub use pool::*;
+pub use recipe::*;
+pub use reply::*;
+pub use request::*;
+pub use sandbox::*;
+pub use snapshot::*;

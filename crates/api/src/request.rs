@@ -1,0 +1,206 @@
+//! What a front end asks the engine for: each request is parsed into its type here, once, and
+//! checked where it is turned into what the engine runs.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::{AccelChoice, Invalid, NetworkPolicy, SandboxView, Seed};
+
+/// Output a plain exec returns, per stream; the rest is cut and `*_truncated` set.
+pub const OUTPUT_CAP: usize = 64 * 1024;
+/// Longest timeout a command may ask for.
+pub const MAX_TIMEOUT_SECS: u64 = 24 * 3600;
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateRequest {
+    /// NAME or NAME@N; the default image when absent.
+    pub image: Option<String>,
+    pub cpus: Option<u32>,
+    pub memory_mib: Option<u32>,
+    pub accel: Option<AccelChoice>,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Delete the sandbox this many seconds from now (stored as an absolute deadline).
+    pub ttl_seconds: Option<u64>,
+    /// Most processes the sandbox's commands may have together.
+    pub max_processes: Option<u32>,
+    /// Start from this snapshot instead of the image's template (a fork of count 1). The
+    /// image, vCPUs and memory are the snapshot's.
+    pub snapshot: Option<String>,
+    /// What the TTL does when it passes: delete (default) or hibernate.
+    pub ttl_action: Option<TtlAction>,
+    /// Root disk size in GiB (at least the image's); the filesystem grows to fill it.
+    pub disk_gib: Option<u32>,
+    /// What it may reach: off (no network) when absent; `{"internet": true}` or
+    /// `{"allow": ["pypi.org", "*.pythonhosted.org"]}` through the host-side proxy.
+    pub network: Option<NetworkPolicy>,
+}
+
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum TtlAction {
+    #[default]
+    Delete,
+    Hibernate,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// A name for the snapshot; one is made up when absent.
+    pub name: Option<String>,
+    /// Leave the sandbox paused after saving it (default: it keeps running).
+    #[serde(default)]
+    pub stay_paused: bool,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForkRequest {
+    /// How many copies, 1 to 10.
+    pub count: u32,
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    pub ttl_seconds: Option<u64>,
+    pub max_processes: Option<u32>,
+    /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
+    /// fork of a snapshot has none.
+    pub network: Option<NetworkPolicy>,
+}
+
+/// Most copies one fork call makes.
+pub const MAX_FORK: u32 = 20;
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ForkResult {
+    /// The snapshot the copies were made from (made by this call when forking a sandbox).
+    pub snapshot: String,
+    /// How long the source sandbox was paused, when one was saved.
+    pub pause_ms: Option<f64>,
+    pub sandboxes: Vec<SandboxView>,
+    /// Copies that could not be made, with why; the others are unaffected.
+    pub failed: Vec<String>,
+    pub duration_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ExecRequest {
+    /// Run this argv directly...
+    pub argv: Option<Vec<String>>,
+    /// ...or this string with `/bin/sh -c`.
+    pub shell: Option<String>,
+    pub cwd: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Kill the command after this many seconds (at most 24 h)...
+    pub timeout_secs: Option<u64>,
+    /// ...or milliseconds; not both.
+    pub timeout_ms: Option<u64>,
+    /// The command reads standard input sent to `POST …/commands/{cid}/stdin` (started
+    /// commands only); otherwise its standard input is empty (`/dev/null`).
+    #[serde(default)]
+    pub stdin: bool,
+    /// Run the command on a terminal of this size: its output (both streams in one) comes as
+    /// stdout, closing its stdin types end-of-file, `POST …/commands/{cid}/resize` resizes it.
+    #[serde(default)]
+    pub tty: Option<TerminalSize>,
+}
+
+/// A terminal's size in characters.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TerminalSize {
+    pub rows: u16,
+    pub cols: u16,
+}
+
+impl From<forkbox_protocol::WinSize> for TerminalSize {
+    fn from(w: forkbox_protocol::WinSize) -> TerminalSize {
+        TerminalSize {
+            rows: w.rows,
+            cols: w.cols,
+        }
+    }
+}
+
+impl TerminalSize {
+    /// Checked: 1 to 1000 rows and columns.
+    pub fn checked(self) -> Result<forkbox_protocol::WinSize, Invalid> {
+        if !(1..=1000).contains(&self.rows) || !(1..=1000).contains(&self.cols) {
+            return Err(Invalid(format!(
+                "terminal size {}x{} is not 1 to 1000 rows and columns",
+                self.rows, self.cols
+            )));
+        }
+        Ok(forkbox_protocol::WinSize {
+            rows: self.rows,
+            cols: self.cols,
+        })
+    }
+}
+
+/// Builds an image: the next version of `name`, from a recipe in the seed shape.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRequest {
+    pub name: String,
+    #[serde(default)]
+    pub recipe: Seed,
+    /// Build only if the newest version of `name` came from a different recipe.
+    #[serde(default)]
+    pub if_changed: bool,
+}
+
+/// Most bytes one file read or write carries; larger trees go as archives.
+pub const MAX_FILE_BYTES: usize = 64 << 20;
+/// Most entries a directory listing returns.
+pub const MAX_DIR_ENTRIES: usize = 10_000;
+
+/// A path in a sandbox, checked once: absolute (a relative one is taken from `/root`, where
+/// commands start), no NUL, at most 4096 bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GuestPath(String);
+
+impl GuestPath {
+    pub fn parse(p: &str) -> Result<GuestPath, Invalid> {
+        if p.is_empty() {
+            return Err(Invalid("the path is empty".into()));
+        }
+        if p.contains('\0') || p.len() > 4096 {
+            return Err(Invalid(format!(
+                "path {:?} has a NUL byte or is over 4096 bytes",
+                p.chars().take(64).collect::<String>()
+            )));
+        }
+        Ok(GuestPath(if p.starts_with('/') {
+            p.to_string()
+        } else {
+            format!("/root/{p}")
+        }))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for GuestPath {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// How an archive of a tree is compressed on the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub enum ArchiveFormat {
+    /// tar compressed with zstd: what the guest reads and writes.
+    #[default]
+    #[serde(rename = "tar.zst")]
+    TarZst,
+    /// tar compressed with gzip, re-encoded on the host (for clients with gzip only).
+    #[serde(rename = "tar.gz")]
+    TarGz,
+}
