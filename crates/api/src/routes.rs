@@ -32,8 +32,15 @@ impl Method {
 
 macro_rules! routes {
     ($($op:ident: $method:ident $path:literal;)+) => {
+        /// Each operation's route by its name, checked when compiled: `op::create.fill(&[])`.
+        #[allow(non_upper_case_globals)]
+        pub mod op {
+            use super::{Method, Route};
+            $(pub const $op: Route = Route { op: stringify!($op), method: Method::$method, path: $path };)+
+        }
+
         /// Every route of the API.
-        pub const ROUTES: &[Route] = &[$(Route { op: stringify!($op), method: Method::$method, path: $path },)+];
+        pub const ROUTES: &[Route] = &[$(op::$op,)+];
     };
 }
 

@@ -7,6 +7,7 @@
 
 use std::path::PathBuf;
 
+use forkbox_api::routes::{op, Method, Route};
 use forkbox_api::SnapshotMeta;
 use forkbox_api::{
     ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
@@ -133,7 +134,7 @@ impl Client {
                     .unix_socket(socket.clone())
                     .build()
                     .map_err(transport)?,
-                "http://forkbox/v1".to_string(),
+                "http://forkbox".to_string(),
             ),
             Endpoint::Http { url, token } => {
                 let mut headers = reqwest::header::HeaderMap::new();
@@ -148,7 +149,7 @@ impl Client {
                         .default_headers(headers)
                         .build()
                         .map_err(transport)?,
-                    format!("{url}/v1"),
+                    url.trim_end_matches('/').to_string(),
                 )
             }
         };
@@ -163,8 +164,15 @@ impl Client {
         &self.endpoint
     }
 
-    fn url(&self, path: &str) -> String {
-        format!("{}{path}", self.base)
+    /// A request of the API's route `r` with its parameters `args` (each one path segment).
+    fn at(&self, r: Route, args: &[&str]) -> reqwest::RequestBuilder {
+        let url = format!("{}{}", self.base, r.fill(args));
+        match r.method {
+            Method::Get => self.http.get(url),
+            Method::Post => self.http.post(url),
+            Method::Put => self.http.put(url),
+            Method::Delete => self.http.delete(url),
+        }
     }
 
     /// Sends a request; an answer other than success becomes [`ClientError::Api`].
@@ -212,29 +220,27 @@ impl Client {
 
     /// True when the API answers.
     pub async fn health(&self) -> bool {
-        self.send(self.http.get(self.url("/health"))).await.is_ok()
+        self.send(self.at(op::health, &[])).await.is_ok()
     }
 
     pub async fn info(&self) -> Result<InfoView, ClientError> {
-        self.json(self.http.get(self.url("/info"))).await
+        self.json(self.at(op::info, &[])).await
     }
 
     pub async fn metrics(&self) -> Result<String, ClientError> {
-        let req = self
-            .http
-            .get(self.base.trim_end_matches("/v1").to_string() + "/metrics");
+        let req = self.at(op::metrics, &[]);
         self.send(req).await?.text().await.map_err(transport)
     }
 
     // -- sandboxes ---------------------------------------------------------------------------
 
     pub async fn create(&self, req: &CreateRequest) -> Result<SandboxView, ClientError> {
-        self.json(self.http.post(self.url("/sandboxes")).json(req))
+        self.json(self.at(op::create, &[]).json(req))
             .await
     }
 
     pub async fn get(&self, id: &str) -> Result<SandboxView, ClientError> {
-        self.json(self.http.get(self.url(&format!("/sandboxes/{id}"))))
+        self.json(self.at(op::get_one, &[id]))
             .await
     }
 
@@ -244,7 +250,7 @@ impl Client {
         label: Option<&str>,
         state: Option<SandboxState>,
     ) -> Result<Vec<SandboxView>, ClientError> {
-        let mut req = self.http.get(self.url("/sandboxes"));
+        let mut req = self.at(op::list, &[]);
         if let Some(l) = label {
             req = req.query(&[("label", l)]);
         }
@@ -256,15 +262,14 @@ impl Client {
     }
 
     pub async fn delete(&self, id: &str) -> Result<Deleted, ClientError> {
-        self.json(self.http.delete(self.url(&format!("/sandboxes/{id}"))))
+        self.json(self.at(op::delete, &[id]))
             .await
     }
 
     /// Runs a command and waits; output capped at 64 KiB per stream.
     pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult, ClientError> {
         self.json(
-            self.http
-                .post(self.url(&format!("/sandboxes/{id}/exec")))
+            self.at(op::exec, &[id])
                 .json(req),
         )
         .await
@@ -276,9 +281,7 @@ impl Client {
         id: &str,
         req: &ExecRequest,
     ) -> Result<Events<CommandEvent>, ClientError> {
-        let req = self
-            .http
-            .post(self.url(&format!("/sandboxes/{id}/exec")))
+        let req = self.at(op::exec, &[id])
             .query(&[("stream", "true")])
             .json(req);
         Ok(Events::new(self.send(req).await?))
@@ -291,8 +294,7 @@ impl Client {
         req: &ExecRequest,
     ) -> Result<CommandStarted, ClientError> {
         self.json(
-            self.http
-                .post(self.url(&format!("/sandboxes/{id}/commands")))
+            self.at(op::start_command, &[id])
                 .json(req),
         )
         .await
@@ -304,9 +306,7 @@ impl Client {
         id: &str,
         command_id: &str,
     ) -> Result<Events<CommandEvent>, ClientError> {
-        let req = self
-            .http
-            .get(self.url(&format!("/sandboxes/{id}/commands/{command_id}/events")));
+        let req = self.at(op::command_events, &[id, command_id]);
         Ok(Events::new(self.send(req).await?))
     }
 
@@ -316,17 +316,13 @@ impl Client {
         command_id: &str,
         from: usize,
     ) -> Result<CommandPoll, ClientError> {
-        let req = self
-            .http
-            .get(self.url(&format!("/sandboxes/{id}/commands/{command_id}")))
+        let req = self.at(op::command_poll, &[id, command_id])
             .query(&[("from", from)]);
         self.json(req).await
     }
 
     pub async fn signal(&self, id: &str, command_id: &str, signal: i32) -> Result<(), ClientError> {
-        let req = self
-            .http
-            .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/signal")))
+        let req = self.at(op::command_signal, &[id, command_id])
             .json(&serde_json::json!({ "signal": signal }));
         self.send(req).await.map(drop)
     }
@@ -338,9 +334,7 @@ impl Client {
         command_id: &str,
         size: TerminalSize,
     ) -> Result<(), ClientError> {
-        let req = self
-            .http
-            .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/resize")))
+        let req = self.at(op::command_resize, &[id, command_id])
             .json(&size);
         self.send(req).await.map(drop)
     }
@@ -356,8 +350,7 @@ impl Client {
     ) -> Result<StdinWritten, ClientError> {
         let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
         self.json(
-            self.http
-                .post(self.url(&format!("/sandboxes/{id}/commands/{command_id}/stdin")))
+            self.at(op::command_stdin, &[id, command_id])
                 .query(&[("close", close)])
                 .body(body),
         )
@@ -365,9 +358,7 @@ impl Client {
     }
 
     pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, ClientError> {
-        let req = self
-            .http
-            .post(self.url(&format!("/sandboxes/{id}/ttl")))
+        let req = self.at(op::set_ttl, &[id])
             .json(&serde_json::json!({ "ttl_seconds": ttl_seconds }));
         self.json(req).await
     }
@@ -378,8 +369,7 @@ impl Client {
         req: &SnapshotRequest,
     ) -> Result<SnapshotMeta, ClientError> {
         self.json(
-            self.http
-                .post(self.url(&format!("/sandboxes/{id}/snapshot")))
+            self.at(op::snapshot, &[id])
                 .json(req),
         )
         .await
@@ -387,14 +377,13 @@ impl Client {
 
     /// Copies of a sandbox (saved first; ids start with `sb-`) or of a snapshot.
     pub async fn fork(&self, source: &str, req: &ForkRequest) -> Result<ForkResult, ClientError> {
-        let kind = if source.starts_with("sb-") {
-            "sandboxes"
+        let route = if source.starts_with("sb-") {
+            op::fork
         } else {
-            "snapshots"
+            op::fork_snapshot
         };
         self.json(
-            self.http
-                .post(self.url(&format!("/{kind}/{source}/fork")))
+            self.at(route, &[source])
                 .json(req),
         )
         .await
@@ -402,23 +391,20 @@ impl Client {
 
     pub async fn hibernate(&self, id: &str) -> Result<SandboxView, ClientError> {
         self.json(
-            self.http
-                .post(self.url(&format!("/sandboxes/{id}/hibernate"))),
+            self.at(op::hibernate, &[id]),
         )
         .await
     }
 
     pub async fn resume(&self, id: &str) -> Result<SandboxView, ClientError> {
-        self.json(self.http.post(self.url(&format!("/sandboxes/{id}/resume"))))
+        self.json(self.at(op::resume, &[id]))
             .await
     }
 
     // -- files -------------------------------------------------------------------------------
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<bytes::Bytes, ClientError> {
-        let req = self
-            .http
-            .get(self.url(&format!("/sandboxes/{id}/files")))
+        let req = self.at(op::read_file, &[id])
             .query(&[("path", path)]);
         self.send(req).await?.bytes().await.map_err(transport)
     }
@@ -430,18 +416,14 @@ impl Client {
         data: Vec<u8>,
         mode: u32,
     ) -> Result<Written, ClientError> {
-        let req = self
-            .http
-            .put(self.url(&format!("/sandboxes/{id}/files")))
+        let req = self.at(op::write_file, &[id])
             .query(&[("path", path), ("mode", &format!("{mode:o}"))])
             .body(data);
         self.json(req).await
     }
 
     pub async fn list_dir(&self, id: &str, path: &str) -> Result<DirListing, ClientError> {
-        let req = self
-            .http
-            .get(self.url(&format!("/sandboxes/{id}/dir")))
+        let req = self.at(op::list_dir, &[id])
             .query(&[("path", path)]);
         self.json(req).await
     }
@@ -454,9 +436,7 @@ impl Client {
         format: ArchiveFormat,
         body: reqwest::Body,
     ) -> Result<Unpacked, ClientError> {
-        let req = self
-            .http
-            .put(self.url(&format!("/sandboxes/{id}/archive")))
+        let req = self.at(op::put_archive, &[id])
             .query(&[("path", path), ("format", format_name(format))])
             .body(body);
         self.json(req).await
@@ -470,9 +450,7 @@ impl Client {
         path: &str,
         format: ArchiveFormat,
     ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>>, ClientError> {
-        let req = self
-            .http
-            .get(self.url(&format!("/sandboxes/{id}/archive")))
+        let req = self.at(op::get_archive, &[id])
             .query(&[("path", path), ("format", format_name(format))]);
         Ok(self
             .send(req)
@@ -538,30 +516,30 @@ impl Client {
     // -- snapshots and images ---------------------------------------------------------------
 
     pub async fn list_snapshots(&self) -> Result<Vec<SnapshotMeta>, ClientError> {
-        self.json(self.http.get(self.url("/snapshots"))).await
+        self.json(self.at(op::list_snapshots, &[])).await
     }
 
     pub async fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, ClientError> {
-        self.json(self.http.get(self.url(&format!("/snapshots/{name}"))))
+        self.json(self.at(op::get_snapshot, &[name]))
             .await
     }
 
     pub async fn delete_snapshot(&self, name: &str) -> Result<Deleted, ClientError> {
-        self.json(self.http.delete(self.url(&format!("/snapshots/{name}"))))
+        self.json(self.at(op::delete_snapshot, &[name]))
             .await
     }
 
     pub async fn list_images(&self) -> Result<Vec<ImageView>, ClientError> {
-        self.json(self.http.get(self.url("/images"))).await
+        self.json(self.at(op::list_images, &[])).await
     }
 
     pub async fn get_image(&self, reference: &str) -> Result<ImageView, ClientError> {
-        self.json(self.http.get(self.url(&format!("/images/{reference}"))))
+        self.json(self.at(op::get_image, &[reference]))
             .await
     }
 
     pub async fn remove_image(&self, reference: &str) -> Result<ImageView, ClientError> {
-        self.json(self.http.delete(self.url(&format!("/images/{reference}"))))
+        self.json(self.at(op::remove_image, &[reference]))
             .await
     }
 
@@ -570,7 +548,7 @@ impl Client {
         &self,
         req: &BuildRequest,
     ) -> Result<Events<BuildProgress>, ClientError> {
-        let req = self.http.post(self.url("/images")).json(req);
+        let req = self.at(op::build_image, &[]).json(req);
         Ok(Events::new(self.send(req).await?))
     }
 }

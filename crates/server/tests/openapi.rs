@@ -445,3 +445,34 @@ async fn real_answers_match_their_schemas() {
     );
     engine.shutdown().await;
 }
+
+/// The document and the API's route table (`forkbox_api::routes`, which the Rust client builds
+/// its requests from and the SDKs are checked against) name the same operations at the same
+/// methods and paths, so with the two tests above the router, the document, the table and
+/// the client cannot drift apart.
+#[test]
+fn the_document_is_the_route_table() {
+    use forkbox_engine::api::routes::ROUTES;
+    let doc = doc();
+    let mut documented = std::collections::BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for (method, op) in item.as_object().unwrap() {
+            let id = op["operationId"].as_str().unwrap_or_default().to_string();
+            documented.insert((id, method.to_uppercase(), path.clone()));
+        }
+    }
+    let table: std::collections::BTreeSet<_> = ROUTES
+        .iter()
+        .map(|r| (r.op.to_string(), r.method.as_str().to_string(), r.path.to_string()))
+        .collect();
+    assert_eq!(
+        documented.difference(&table).collect::<Vec<_>>(),
+        Vec::<&(String, String, String)>::new(),
+        "documented, not in the route table"
+    );
+    assert_eq!(
+        table.difference(&documented).collect::<Vec<_>>(),
+        Vec::<&(String, String, String)>::new(),
+        "in the route table, not documented"
+    );
+}
