@@ -97,8 +97,13 @@ pub enum BuildProgress {
     UpToDate { image: ImageView },
     /// Built.
     Done { image: ImageView },
-    /// The build failed; nothing was kept.
-    Error { message: String, status: u16 },
+    /// The build failed; nothing was kept. `code` and `status` as an error answer's.
+    Error {
+        message: String,
+        status: u16,
+        #[serde(default)]
+        code: String,
+    },
 }
 
 /// One event of a streamed command, as newline-delimited JSON (`type` tells which): first

@@ -158,6 +158,108 @@ fn typescript_sdk_against_a_real_daemon() {
     d.assert_nothing_left();
 }
 
+/// The TypeScript SDK as its users install it: `npm pack`ed, installed into a project `npm
+/// init` made, once CommonJS (`require("forkbox")`) and once ESM (`import`), each running a
+/// create, exec, fork and stop against a real daemon and type-checked with the types that
+/// project's resolution picks (the CommonJS build's for `require`, the ESM build's for `import`).
+#[test]
+fn typescript_sdk_installs_as_commonjs_and_as_esm() {
+    let sdk = infra::npm_ready("sdk/typescript");
+    let packed = tempfile::tempdir().unwrap();
+    let npm = |args: &[&str], dir: &Path| {
+        let out = Command::new("npm")
+            .args(args)
+            .args(["--no-audit", "--no-fund", "--loglevel=error"])
+            .current_dir(dir)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "npm {args:?} in {}: {}",
+            dir.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let name = npm(
+        &[
+            "pack",
+            "--pack-destination",
+            packed.path().to_str().unwrap(),
+        ],
+        &sdk,
+    );
+    let tarball = packed.path().join(name.lines().last().unwrap().trim());
+    let body = r#"
+  const rt = new Runtime();
+  const sbx = await rt.sandboxes.create({ ttlSeconds: 600 });
+  const r = await sbx.exec("echo hello from $KIND");
+  const [copy] = await sbx.fork({ count: 1 });
+  const c = await copy.exec("echo copy");
+  await copy.stop();
+  await sbx.stop();
+  rt.close();
+  console.log(`${r.stdout.trim()} ${c.stdout.trim()} ${r.exitCode}`);
+"#;
+    let d = Daemon::start("sdk-packaging");
+    for kind in ["commonjs", "module"] {
+        let project = tempfile::tempdir().unwrap();
+        npm(&["init", "-y"], project.path());
+        npm(&["pkg", "set", &format!("type={kind}")], project.path());
+        npm(&["install", tarball.to_str().unwrap()], project.path());
+        let script = if kind == "commonjs" {
+            format!("const {{ Runtime }} = require(\"forkbox\");\n(async () => {{{body}}})();\n")
+        } else {
+            format!("import {{ Runtime }} from \"forkbox\";\n{body}")
+        };
+        std::fs::write(project.path().join("index.js"), script).unwrap();
+        let out = d.check(
+            d.client(Path::new("node"))
+                .arg("index.js")
+                .env("KIND", kind)
+                .current_dir(project.path()),
+            &format!("a {kind} project's script"),
+        );
+        assert_eq!(out.trim(), format!("hello from {kind} copy 0"), "{kind}");
+        // The types resolve for the project's kind, and say what the calls return.
+        std::fs::write(
+            project.path().join("check.ts"),
+            "import { Runtime, NotFoundError } from \"forkbox\";\nconst n: number = new NotFoundError(\"x\", 404, \"image_not_found\").status ?? 0;\nexport async function f(): Promise<string> { const s = await new Runtime().sandboxes.create(); return (await s.exec(\"true\")).stdout + n; }\n",
+        )
+        .unwrap();
+        let tsc = Command::new("node")
+            .arg(sdk.join("node_modules/typescript/bin/tsc"))
+            .args([
+                "--noEmit",
+                "--strict",
+                "--module",
+                "nodenext",
+                "--moduleResolution",
+                "nodenext",
+            ])
+            .args([
+                "--target",
+                "es2022",
+                "--lib",
+                "es2022,esnext.disposable",
+                "--types",
+                "node",
+            ])
+            .arg("--typeRoots")
+            .arg(sdk.join("node_modules/@types"))
+            .arg("check.ts")
+            .current_dir(project.path())
+            .output()
+            .unwrap();
+        assert!(
+            tsc.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&tsc.stdout)
+        );
+    }
+    d.assert_nothing_left();
+}
+
 /// examples/sdk/baseline_fork.py: a prepared baseline, snapshot, hibernate, three variants in
 /// forks that are gone with their `with` blocks, the passing diffs kept, the snapshot forks
 /// again.

@@ -235,13 +235,11 @@ impl Client {
     // -- sandboxes ---------------------------------------------------------------------------
 
     pub async fn create(&self, req: &CreateRequest) -> Result<SandboxView, ClientError> {
-        self.json(self.at(op::create, &[]).json(req))
-            .await
+        self.json(self.at(op::create, &[]).json(req)).await
     }
 
     pub async fn get(&self, id: &str) -> Result<SandboxView, ClientError> {
-        self.json(self.at(op::get_one, &[id]))
-            .await
+        self.json(self.at(op::get_one, &[id])).await
     }
 
     /// Sandboxes with the label `K=V` and in the state given, or all.
@@ -262,17 +260,12 @@ impl Client {
     }
 
     pub async fn delete(&self, id: &str) -> Result<Deleted, ClientError> {
-        self.json(self.at(op::delete, &[id]))
-            .await
+        self.json(self.at(op::delete, &[id])).await
     }
 
     /// Runs a command and waits; output capped at 64 KiB per stream.
     pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult, ClientError> {
-        self.json(
-            self.at(op::exec, &[id])
-                .json(req),
-        )
-        .await
+        self.json(self.at(op::exec, &[id]).json(req)).await
     }
 
     /// Runs a command; its events as they happen (command, output chunks, then exit or error).
@@ -281,7 +274,8 @@ impl Client {
         id: &str,
         req: &ExecRequest,
     ) -> Result<Events<CommandEvent>, ClientError> {
-        let req = self.at(op::exec, &[id])
+        let req = self
+            .at(op::exec, &[id])
             .query(&[("stream", "true")])
             .json(req);
         Ok(Events::new(self.send(req).await?))
@@ -293,11 +287,7 @@ impl Client {
         id: &str,
         req: &ExecRequest,
     ) -> Result<CommandStarted, ClientError> {
-        self.json(
-            self.at(op::start_command, &[id])
-                .json(req),
-        )
-        .await
+        self.json(self.at(op::start_command, &[id]).json(req)).await
     }
 
     /// A started command's events from its start, following it to its end.
@@ -316,13 +306,15 @@ impl Client {
         command_id: &str,
         from: usize,
     ) -> Result<CommandPoll, ClientError> {
-        let req = self.at(op::command_poll, &[id, command_id])
+        let req = self
+            .at(op::command_poll, &[id, command_id])
             .query(&[("from", from)]);
         self.json(req).await
     }
 
     pub async fn signal(&self, id: &str, command_id: &str, signal: i32) -> Result<(), ClientError> {
-        let req = self.at(op::command_signal, &[id, command_id])
+        let req = self
+            .at(op::command_signal, &[id, command_id])
             .json(&serde_json::json!({ "signal": signal }));
         self.send(req).await.map(drop)
     }
@@ -334,8 +326,7 @@ impl Client {
         command_id: &str,
         size: TerminalSize,
     ) -> Result<(), ClientError> {
-        let req = self.at(op::command_resize, &[id, command_id])
-            .json(&size);
+        let req = self.at(op::command_resize, &[id, command_id]).json(&size);
         self.send(req).await.map(drop)
     }
 
@@ -358,7 +349,8 @@ impl Client {
     }
 
     pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, ClientError> {
-        let req = self.at(op::set_ttl, &[id])
+        let req = self
+            .at(op::set_ttl, &[id])
             .json(&serde_json::json!({ "ttl_seconds": ttl_seconds }));
         self.json(req).await
     }
@@ -368,11 +360,7 @@ impl Client {
         id: &str,
         req: &SnapshotRequest,
     ) -> Result<SnapshotMeta, ClientError> {
-        self.json(
-            self.at(op::snapshot, &[id])
-                .json(req),
-        )
-        .await
+        self.json(self.at(op::snapshot, &[id]).json(req)).await
     }
 
     /// Copies of a sandbox (saved first; ids start with `sb-`) or of a snapshot.
@@ -382,30 +370,21 @@ impl Client {
         } else {
             op::fork_snapshot
         };
-        self.json(
-            self.at(route, &[source])
-                .json(req),
-        )
-        .await
+        self.json(self.at(route, &[source]).json(req)).await
     }
 
     pub async fn hibernate(&self, id: &str) -> Result<SandboxView, ClientError> {
-        self.json(
-            self.at(op::hibernate, &[id]),
-        )
-        .await
+        self.json(self.at(op::hibernate, &[id])).await
     }
 
     pub async fn resume(&self, id: &str) -> Result<SandboxView, ClientError> {
-        self.json(self.at(op::resume, &[id]))
-            .await
+        self.json(self.at(op::resume, &[id])).await
     }
 
     // -- files -------------------------------------------------------------------------------
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<bytes::Bytes, ClientError> {
-        let req = self.at(op::read_file, &[id])
-            .query(&[("path", path)]);
+        let req = self.at(op::read_file, &[id]).query(&[("path", path)]);
         self.send(req).await?.bytes().await.map_err(transport)
     }
 
@@ -416,15 +395,15 @@ impl Client {
         data: Vec<u8>,
         mode: u32,
     ) -> Result<Written, ClientError> {
-        let req = self.at(op::write_file, &[id])
+        let req = self
+            .at(op::write_file, &[id])
             .query(&[("path", path), ("mode", &format!("{mode:o}"))])
             .body(data);
         self.json(req).await
     }
 
     pub async fn list_dir(&self, id: &str, path: &str) -> Result<DirListing, ClientError> {
-        let req = self.at(op::list_dir, &[id])
-            .query(&[("path", path)]);
+        let req = self.at(op::list_dir, &[id]).query(&[("path", path)]);
         self.json(req).await
     }
 
@@ -436,7 +415,8 @@ impl Client {
         format: ArchiveFormat,
         body: reqwest::Body,
     ) -> Result<Unpacked, ClientError> {
-        let req = self.at(op::put_archive, &[id])
+        let req = self
+            .at(op::put_archive, &[id])
             .query(&[("path", path), ("format", format_name(format))])
             .body(body);
         self.json(req).await
@@ -450,7 +430,8 @@ impl Client {
         path: &str,
         format: ArchiveFormat,
     ) -> Result<impl Stream<Item = Result<bytes::Bytes, ClientError>>, ClientError> {
-        let req = self.at(op::get_archive, &[id])
+        let req = self
+            .at(op::get_archive, &[id])
             .query(&[("path", path), ("format", format_name(format))]);
         Ok(self
             .send(req)
@@ -520,13 +501,11 @@ impl Client {
     }
 
     pub async fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, ClientError> {
-        self.json(self.at(op::get_snapshot, &[name]))
-            .await
+        self.json(self.at(op::get_snapshot, &[name])).await
     }
 
     pub async fn delete_snapshot(&self, name: &str) -> Result<Deleted, ClientError> {
-        self.json(self.at(op::delete_snapshot, &[name]))
-            .await
+        self.json(self.at(op::delete_snapshot, &[name])).await
     }
 
     pub async fn list_images(&self) -> Result<Vec<ImageView>, ClientError> {
@@ -534,13 +513,11 @@ impl Client {
     }
 
     pub async fn get_image(&self, reference: &str) -> Result<ImageView, ClientError> {
-        self.json(self.at(op::get_image, &[reference]))
-            .await
+        self.json(self.at(op::get_image, &[reference])).await
     }
 
     pub async fn remove_image(&self, reference: &str) -> Result<ImageView, ClientError> {
-        self.json(self.at(op::remove_image, &[reference]))
-            .await
+        self.json(self.at(op::remove_image, &[reference])).await
     }
 
     /// Builds an image; its progress, ending with `done`, `up_to_date` or `error`.

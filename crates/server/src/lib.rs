@@ -654,6 +654,7 @@ async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequ
             let _ = tx
                 .send(BuildProgress::Error {
                     status: err.http_status(),
+                    code: err.code().as_str().into(),
                     message: err.to_string(),
                 })
                 .await;

@@ -463,7 +463,13 @@ fn the_document_is_the_route_table() {
     }
     let table: std::collections::BTreeSet<_> = ROUTES
         .iter()
-        .map(|r| (r.op.to_string(), r.method.as_str().to_string(), r.path.to_string()))
+        .map(|r| {
+            (
+                r.op.to_string(),
+                r.method.as_str().to_string(),
+                r.path.to_string(),
+            )
+        })
         .collect();
     assert_eq!(
         documented.difference(&table).collect::<Vec<_>>(),

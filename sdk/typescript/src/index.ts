@@ -254,10 +254,10 @@ export class Images {
     onProgress?: (ev: BuildProgress) => void;
   }): Promise<Image> {
     const body = { name: o.name, recipe: o.recipe ?? {}, if_changed: !!o.ifChanged };
-    type Ev = BuildProgress | { type: "done" | "up_to_date"; image: Image } | { type: "error"; message: string; status: number };
+    type Ev = BuildProgress | { type: "done" | "up_to_date"; image: Image } | { type: "error"; message: string; status: number; code?: string };
     for await (const ev of this.rt.t.events<Ev>("POST", "/images", { json: body })) {
       if (ev.type === "step" || ev.type === "log") o.onProgress?.(ev);
-      else if (ev.type === "error") throw new BuildError(ev.message, ev.status);
+      else if (ev.type === "error") throw new BuildError(ev.message, ev.status, ev.code);
       else return ev.image;
     }
     throw new BuildError(`the build of ${o.name} ended without a result`);

@@ -28,6 +28,7 @@ from .errors import (
     ExecTimeout,
     ForkboxError,
     InsufficientStorage,
+    InternalError,
     NotFound,
 )
 
@@ -51,6 +52,7 @@ __all__ = [
     "ForkboxError",
     "Image",
     "InsufficientStorage",
+    "InternalError",
     "NotFound",
     "OutputEvent",
     "Runtime",

@@ -10,7 +10,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from .errors import ExecTimeout, ForkboxError, from_status
+from .errors import ExecTimeout, ForkboxError, from_answer
 
 Command = Union[str, Sequence[str]]
 """A shell string (run with ``/bin/sh -c``) or an argv list (run directly)."""
@@ -91,11 +91,16 @@ class Endpoint:
 
 
 def error_of(status: int, body: bytes) -> ForkboxError:
+    code = None
     try:
-        message = json.loads(body)["error"]
-    except (ValueError, KeyError, TypeError):
+        answer = json.loads(body)
+        message = answer["error"]
+        if not isinstance(message, str):
+            raise TypeError
+        code = answer.get("code") if isinstance(answer.get("code"), str) else None
+    except (ValueError, KeyError, TypeError, AttributeError):
         message = body.decode("utf-8", "replace").strip() or f"HTTP {status}"
-    return from_status(status, message)
+    return from_answer(status, code, message)
 
 
 @dataclass

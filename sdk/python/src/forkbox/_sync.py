@@ -114,7 +114,7 @@ class Images:
             if ev["type"] in ("done", "up_to_date"):
                 return Image.from_json(ev["image"])
             if ev["type"] == "error":
-                raise BuildError(ev["message"], ev.get("status"))
+                raise BuildError(ev["message"], ev.get("status"), ev.get("code"))
             if on_progress is not None:
                 on_progress(ev)
         raise BuildError(f"the build of {name} ended without a result")

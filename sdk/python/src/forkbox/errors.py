@@ -6,12 +6,17 @@ from typing import Optional
 
 
 class ForkboxError(Exception):
-    """Something forkbox refused or could not do; ``status`` is the HTTP status, if any."""
+    """Something forkbox refused or could not do. ``code`` is the daemon's stable name for it
+    (``sandbox_not_found``, ``image_in_use``, …: the same from every forkbox front end) and
+    ``status`` the HTTP status, when the daemon answered."""
 
-    def __init__(self, message: str, status: Optional[int] = None) -> None:
+    def __init__(
+        self, message: str, status: Optional[int] = None, code: Optional[str] = None
+    ) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.code = code
 
 
 class BadRequest(ForkboxError):
@@ -34,6 +39,10 @@ class InsufficientStorage(ForkboxError):
     """A disk is full: the sandbox's own (an upload) or the host's (507)."""
 
 
+class InternalError(ForkboxError):
+    """A bug in forkbox, or its host failing under it: never the request's fault (500)."""
+
+
 class DaemonNotRunning(ForkboxError):
     """No forkbox daemon answers where the SDK looked."""
 
@@ -50,6 +59,32 @@ class ExecTimeout(ForkboxError):
         self.result = result
 
 
+# Every code the API answers with (forkbox_api::Code; a Rust test holds this table to it).
+_BY_CODE = {
+    "bad_request": BadRequest,
+    "unauthorized": AuthError,
+    "permission_denied": AuthError,
+    "misdirected_request": AuthError,
+    "sandbox_not_found": NotFound,
+    "command_not_found": NotFound,
+    "snapshot_not_found": NotFound,
+    "image_not_found": NotFound,
+    "not_found": NotFound,
+    "sandbox_hibernated": Conflict,
+    "sandbox_not_hibernated": Conflict,
+    "sandbox_failed": Conflict,
+    "snapshot_exists": Conflict,
+    "snapshot_in_use": Conflict,
+    "image_in_use": Conflict,
+    "conflict": Conflict,
+    "refused_from_guest": ForkboxError,
+    "disk_full": InsufficientStorage,
+    "host_disk_full": InsufficientStorage,
+    "build_failed": BuildError,
+    "internal": InternalError,
+}
+
+# For answers without a code: a body that is not forkbox's (a proxy's, a framework's).
 _BY_STATUS = {
     400: BadRequest,
     401: AuthError,
@@ -57,9 +92,13 @@ _BY_STATUS = {
     404: NotFound,
     409: Conflict,
     422: BadRequest,
+    500: InternalError,
     507: InsufficientStorage,
 }
 
 
-def from_status(status: int, message: str) -> ForkboxError:
-    return _BY_STATUS.get(status, ForkboxError)(message, status)
+def from_answer(status: int, code: Optional[str], message: str) -> ForkboxError:
+    """The error for an answer: by its code, or by its status when it has none (or one newer
+    than this SDK)."""
+    cls = _BY_CODE.get(code or "") or _BY_STATUS.get(status, ForkboxError)
+    return cls(message, status, code)
