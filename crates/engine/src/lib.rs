@@ -34,6 +34,7 @@ pub mod metrics;
 pub mod net;
 pub mod paths;
 pub mod pool;
+pub mod procfs;
 pub mod ram;
 pub mod random;
 pub mod runstate;

@@ -27,7 +27,6 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::{oneshot, Notify};
 
-use crate::api::EngineError;
 use crate::image::ImageStore;
 use crate::paths::Paths;
 use crate::sandbox::{Sandbox, SandboxConfig};
@@ -283,10 +282,8 @@ pub struct Pool {
 }
 
 /// What makes two creates interchangeable: the resolved image and everything in the template.
-pub fn key(paths: &Paths, cfg: &SandboxConfig) -> Result<String, EngineError> {
-    let image = ImageStore::new(paths)
-        .resolve(&cfg.image)
-        .map_err(|e| EngineError::Sandbox(e.into()))?;
+pub fn key(paths: &Paths, cfg: &SandboxConfig) -> Result<String, crate::error::SandboxError> {
+    let image = ImageStore::new(paths).resolve(&cfg.image)?;
     Ok(format!(
         "{}|{}|{}|{}|{:?}",
         image.reference(),

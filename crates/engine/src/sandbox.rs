@@ -129,7 +129,7 @@ impl Sandbox {
         }
         let booted = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |vm| {
             run.record.qemu_pid = Some(vm.pid);
-            run.record.qemu_start = crate::runstate::process_start(vm.pid);
+            run.record.qemu_start = crate::procfs::process_start(vm.pid);
             run.save().map_err(|e| VmError::io("record the VM", e))
         })
         .await;
@@ -213,7 +213,7 @@ impl Sandbox {
             let mut vm = Vm::spawn(&vm_cfg)?;
             mark("spawned");
             run.record.qemu_pid = Some(vm.pid);
-            run.record.qemu_start = crate::runstate::process_start(vm.pid);
+            run.record.qemu_start = crate::procfs::process_start(vm.pid);
             run.save().map_err(|e| VmError::io("record the VM", e))?;
             let ready = async {
                 let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());

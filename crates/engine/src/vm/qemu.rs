@@ -628,7 +628,7 @@ impl Vm {
     /// Takes over a QEMU that an earlier process started for `cfg`'s run directory, after
     /// checking that `pid` is still that QEMU (`start` is its start time).
     pub fn adopt(cfg: &VmConfig, pid: u32, start: u64) -> Option<Vm> {
-        if crate::runstate::process_start(pid) != Some(start) {
+        if crate::procfs::process_start(pid) != Some(start) {
             return None;
         }
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
@@ -704,7 +704,7 @@ impl Vm {
                 );
                 // Not our child: its parent (or init) reaps it; wait until it is gone.
                 for _ in 0..100 {
-                    if crate::runstate::process_start(self.pid).is_none() {
+                    if crate::procfs::process_start(self.pid).is_none() {
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(20)).await;
