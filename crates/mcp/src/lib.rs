@@ -147,11 +147,41 @@ fn text(t: impl Into<String>) -> ToolResult {
     Ok(CallToolResult::success(vec![ContentBlock::text(t)]))
 }
 
-/// A refusal or failure as a tool error with the daemon's words (the session goes on).
-fn failed(message: impl std::fmt::Display) -> ToolResult {
-    Ok(CallToolResult::error(vec![ContentBlock::text(
-        message.to_string(),
-    )]))
+/// What a tool can fail with: its words, and the API's code when the daemon refused.
+trait Failure: std::fmt::Display {
+    fn code(&self) -> Option<&str> {
+        None
+    }
+}
+
+impl Failure for ClientError {
+    fn code(&self) -> Option<&str> {
+        Some(ClientError::code(self))
+    }
+}
+
+impl Failure for forkbox_client::TransferFailed {
+    fn code(&self) -> Option<&str> {
+        match self {
+            forkbox_client::TransferFailed::Client(c) => Some(c.code()),
+            _ => None,
+        }
+    }
+}
+
+impl Failure for String {}
+impl Failure for &str {}
+
+/// A refusal or failure as a tool error with the daemon's words (the session goes on); a
+/// refusal's code (the same as every front end's) is in its structured content,
+/// `{"error": …, "code": …}`.
+fn failed(e: impl Failure) -> ToolResult {
+    let message = e.to_string();
+    let mut r = CallToolResult::error(vec![ContentBlock::text(message.clone())]);
+    if let Some(code) = e.code() {
+        r.structured_content = Some(serde_json::json!({ "error": message, "code": code }));
+    }
+    Ok(r)
 }
 
 macro_rules! try_tool {

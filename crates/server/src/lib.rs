@@ -12,7 +12,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use axum::extract::{Path as UrlPath, Query, State};
+use axum::extract::{Path as UrlPath, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -66,6 +66,9 @@ fn hold_pid_file(paths: &Paths) -> std::io::Result<nix::fcntl::Flock<std::fs::Fi
     nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
         .map_err(|(_, e)| std::io::Error::from(e))
 }
+
+mod extract;
+use extract::{Body, Params};
 
 struct ApiError(EngineError);
 
@@ -206,12 +209,12 @@ async fn health() -> Response {
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateRequest, responses((status = 201, body = SandboxView), (status = 400, body = ErrorBody), (status = 404, description = "no such image or snapshot", body = ErrorBody), (status = 507, body = ErrorBody)))]
-async fn create(State(e): State<Arc<Engine>>, Json(r): Json<CreateRequest>) -> Api {
+async fn create(State(e): State<Arc<Engine>>, Body(r): Body<CreateRequest>) -> Api {
     run(&e, Command::Create(r), StatusCode::CREATED).await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query, description = "K=V"), ("state" = Option<SandboxState>, Query)), responses((status = 200, body = Vec<SandboxView>), (status = 400, body = ErrorBody)))]
-async fn list(State(e): State<Arc<Engine>>, Query(q): Query<HashMap<String, String>>) -> Api {
+async fn list(State(e): State<Arc<Engine>>, Params(q): Params<HashMap<String, String>>) -> Api {
     let label = match q.get("label") {
         None => None,
         Some(kv) => match kv.split_once('=') {
@@ -260,8 +263,8 @@ struct ExecQuery {
 async fn exec(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<ExecQuery>,
-    Json(request): Json<ExecRequest>,
+    Params(q): Params<ExecQuery>,
+    Body(request): Body<ExecRequest>,
 ) -> Api {
     if !q.stream {
         return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
@@ -360,7 +363,7 @@ struct ArchiveQuery {
 async fn put_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<ArchiveQuery>,
+    Params(q): Params<ArchiveQuery>,
     body: axum::body::Body,
 ) -> Api {
     let (rx, feed) = body_chunks(body);
@@ -380,7 +383,7 @@ async fn put_archive(
 async fn get_archive(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<ArchiveQuery>,
+    Params(q): Params<ArchiveQuery>,
 ) -> Api {
     let cmd = Command::GetArchive {
         id,
@@ -401,9 +404,9 @@ async fn get_archive(
 async fn snapshot(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    body: Option<Json<SnapshotRequest>>,
+    body: Option<Body<SnapshotRequest>>,
 ) -> Api {
-    let request = body.map(|Json(r)| r).unwrap_or_default();
+    let request = body.map(|Body(r)| r).unwrap_or_default();
     run(&e, Command::Snapshot { id, request }, StatusCode::CREATED).await
 }
 
@@ -412,7 +415,7 @@ async fn snapshot(
 async fn fork(
     State(e): State<Arc<Engine>>,
     UrlPath(source): UrlPath<String>,
-    Json(request): Json<ForkRequest>,
+    Body(request): Body<ForkRequest>,
 ) -> Api {
     run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
 }
@@ -422,7 +425,7 @@ async fn fork(
 async fn fork_snapshot(
     State(e): State<Arc<Engine>>,
     UrlPath(source): UrlPath<String>,
-    Json(request): Json<ForkRequest>,
+    Body(request): Body<ForkRequest>,
 ) -> Api {
     run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
 }
@@ -462,7 +465,7 @@ struct TtlRequest {
 async fn set_ttl(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Json(r): Json<TtlRequest>,
+    Body(r): Body<TtlRequest>,
 ) -> Api {
     run(
         &e,
@@ -479,7 +482,7 @@ async fn set_ttl(
 async fn start_command(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Json(request): Json<ExecRequest>,
+    Body(request): Body<ExecRequest>,
 ) -> Api {
     run(
         &e,
@@ -508,7 +511,7 @@ struct PollQuery {
 async fn command_poll(
     State(e): State<Arc<Engine>>,
     UrlPath((id, command_id)): UrlPath<(String, String)>,
-    Query(q): Query<PollQuery>,
+    Params(q): Params<PollQuery>,
 ) -> Api {
     let cmd = Command::PollCommand {
         id,
@@ -528,7 +531,7 @@ struct SignalRequest {
 async fn command_signal(
     State(e): State<Arc<Engine>>,
     UrlPath((id, command_id)): UrlPath<(String, String)>,
-    Json(r): Json<SignalRequest>,
+    Body(r): Body<SignalRequest>,
 ) -> Api {
     let cmd = Command::SignalCommand {
         id,
@@ -543,7 +546,7 @@ async fn command_signal(
 async fn command_resize(
     State(e): State<Arc<Engine>>,
     UrlPath((id, command_id)): UrlPath<(String, String)>,
-    Json(size): Json<TerminalSize>,
+    Body(size): Body<TerminalSize>,
 ) -> Api {
     let cmd = Command::ResizeCommand {
         id,
@@ -572,7 +575,7 @@ fn yes() -> bool {
 async fn command_stdin(
     State(e): State<Arc<Engine>>,
     UrlPath((id, command_id)): UrlPath<(String, String)>,
-    Query(q): Query<StdinQuery>,
+    Params(q): Params<StdinQuery>,
     body: axum::body::Body,
 ) -> Api {
     let (chunks, feed) = body_chunks(body);
@@ -637,8 +640,8 @@ async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>)
 /// Builds an image; the answer is newline-delimited JSON [`BuildProgress`] events, the last of
 /// which is `done`, `up_to_date` or `error`. A bad recipe is refused before anything starts.
 /// The build goes on if the client leaves.
-#[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, body = ErrorBody), (status = 422, description = "the body does not parse", body = String)))]
-async fn build_image(State(e): State<Arc<Engine>>, Json(request): Json<BuildRequest>) -> Api {
+#[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, description = "the body does not parse, or the recipe is not valid", body = ErrorBody)))]
+async fn build_image(State(e): State<Arc<Engine>>, Body(request): Body<BuildRequest>) -> Api {
     let recipe = forkbox_engine::api::build_recipe(&request)?;
     let if_changed = request.if_changed;
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
@@ -681,7 +684,7 @@ fn guest_path(q: &FileQuery) -> Result<GuestPath, ApiError> {
 async fn read_file(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<FileQuery>,
+    Params(q): Params<FileQuery>,
 ) -> Api {
     let path = guest_path(&q)?;
     run(&e, Command::ReadFile { id, path }, StatusCode::OK).await
@@ -692,7 +695,7 @@ async fn read_file(
 async fn write_file(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<FileQuery>,
+    Params(q): Params<FileQuery>,
     body: axum::body::Bytes,
 ) -> Api {
     let path = guest_path(&q)?;
@@ -722,7 +725,7 @@ async fn write_file(
 async fn list_dir(
     State(e): State<Arc<Engine>>,
     UrlPath(id): UrlPath<String>,
-    Query(q): Query<FileQuery>,
+    Params(q): Params<FileQuery>,
 ) -> Api {
     let path = guest_path(&q)?;
     run(&e, Command::ListDir { id, path }, StatusCode::OK).await

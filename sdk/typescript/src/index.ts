@@ -321,10 +321,8 @@ export class Snapshots {
 }
 
 function forkBody(o: ForkOptions): Record<string, unknown> {
+  // The daemon checks the count (1 to 20), with the same words and code as for every client.
   const count = o.count ?? 1;
-  if (!Number.isInteger(count) || count < 1 || count > 20) {
-    throw new RangeError(`count ${count} is not between 1 and 20`);
-  }
   const body: Record<string, unknown> = { count, labels: o.labels ?? {} };
   if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
   if (o.network) body.network = network(o.network) ?? { internet: false, allow: [] };

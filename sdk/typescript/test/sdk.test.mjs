@@ -107,7 +107,7 @@ test("errors carry the daemon's message", async () => {
   await s.stop();
   await assert.rejects(s.exec("true"), new RegExp(`no sandbox ${s.id}`));
   await s.stop();
-  await assert.rejects(s.fork({ count: 21 }), RangeError);
+  await assert.rejects(s.fork({ count: 21 }), (e) => e instanceof BadRequestError && e.code === "bad_request");
   await assert.rejects(new Runtime({ api: "unix:/nonexistent/forkbox.sock" }).info(), (e) => {
     assert.ok(e instanceof DaemonNotRunningError);
     assert.match(e.message, /no forkbox daemon answers on \/nonexistent/);

@@ -280,8 +280,6 @@ def fork_body(
     network: Optional[Mapping[str, Any]],
     labels: Optional[Mapping[str, str]],
 ) -> Dict[str, Any]:
-    if not 1 <= count <= 20:
-        raise ValueError(f"count {count} is not between 1 and 20")
     body: Dict[str, Any] = {"count": count, "labels": dict(labels or {})}
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds

@@ -19,8 +19,8 @@ class ForkboxError(Exception):
         self.code = code
 
 
-class BadRequest(ForkboxError):
-    """The request was malformed or named something invalid (400)."""
+class BadRequest(ForkboxError, ValueError):
+    """The request was malformed or named something invalid (400); a ``ValueError`` too."""
 
 
 class AuthError(ForkboxError):
