@@ -1,6 +1,8 @@
-//! The engine's one command type. Every front-end (the CLI's one-shot `run`, the HTTP daemon,
-//! later the SDKs and the MCP server) turns its input into a [`Command`] and gets a [`Reply`]
-//! or an [`EngineError`] back; nothing else reaches into the engine.
+//! The engine's one command type. The HTTP daemon turns each request into a [`Command`] and
+//! gets a [`Reply`] or an [`EngineError`] back, and every client of the daemon (the CLI's
+//! sandbox commands, the Rust client, the SDKs, the MCP server) goes through it; the CLI's
+//! one-shot `run` and `forkbox migrate` still drive sandboxes directly. The request and reply
+//! types are `forkbox-api`'s, re-exported here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -24,8 +26,7 @@ pub use forkbox_api::*;
 pub use request::*;
 pub use store_ops::up_to_date;
 
-/// One operation of the engine. Every front end (the HTTP server, the CLI's one-shot `run`
-/// through its private engine, later the MCP server) asks for work only through these.
+/// One operation of the engine, as the HTTP server (and through it every client) asks for it.
 #[derive(Debug)]
 pub enum Command {
     Create(CreateRequest),
