@@ -15,33 +15,23 @@
 //! # Ok(()) }
 //! ```
 
-pub mod agent_bin;
+// The engine in layers, top to bottom; a module names only its layer and those below
+// (tests/layers.rs). The modules' own paths at the crate root (`forkbox_engine::paths`, …) are
+// kept for the front ends.
 pub mod api;
-pub mod client;
-pub mod commands;
-mod cpio;
-pub mod diskwatch;
-pub mod doctor;
+/// The errors of every layer (an error wraps the errors of what it called).
 pub mod error;
-pub mod fastram;
-pub mod fds;
-pub mod files;
-pub mod guestlog;
+pub mod host;
 pub mod image;
-pub mod kernel;
-pub mod limits;
-pub mod metrics;
-pub mod net;
-pub mod paths;
-pub mod pool;
-pub mod procfs;
-pub mod ram;
-pub mod random;
-pub mod runstate;
+pub mod lifecycle;
 pub mod sandbox;
-pub mod setup;
 pub mod snapshot;
-pub mod state;
 pub mod vm;
+
+pub(crate) use host::cpio;
+pub use host::{agent_bin, fds, guestlog, kernel, limits, metrics, paths, procfs, random, setup};
+pub use lifecycle::{commands, doctor, pool};
+pub use sandbox::{client, diskwatch, files, net};
+pub use snapshot::{fastram, ram, runstate, state};
 
 pub use forkbox_protocol as protocol;

@@ -7,11 +7,13 @@
 
 use std::path::Path;
 
-/// Top to bottom. Within a layer modules may use each other (sandbox and image do: a build
-/// runs in a sandbox, a sandbox boots an image).
+/// Top to bottom: each layer's folder under `src/` (its first name) and the modules in it, by
+/// the names the crate root re-exports them under (`crate::paths` is `host/paths.rs`). Within a
+/// layer modules may use each other (sandbox and image do: a build runs in a sandbox, a sandbox
+/// boots an image).
 const LAYERS: &[(&str, &[&str])] = &[
     ("api", &["api"]),
-    ("lifecycle", &["pool", "commands", "doctor"]),
+    ("lifecycle", &["lifecycle", "pool", "commands", "doctor"]),
     (
         "sandbox",
         &["sandbox", "client", "files", "net", "diskwatch", "image"],
@@ -24,6 +26,7 @@ const LAYERS: &[(&str, &[&str])] = &[
     (
         "host",
         &[
+            "host",
             "paths",
             "setup",
             "kernel",
@@ -66,7 +69,8 @@ fn lines(dir: &Path, out: &mut Vec<(String, usize, String)>) {
     }
 }
 
-/// The module a file of `src` belongs to: its first path component.
+/// The module a file of `src` belongs to: its first path component (a layer's folder, or a
+/// module of its own such as `image/` or `error.rs`).
 fn module_of(file: &str, src: &Path) -> String {
     let rel = Path::new(file).strip_prefix(src).unwrap();
     let first = rel
@@ -93,6 +97,27 @@ fn named(line: &str) -> Vec<String> {
         }
     }
     out
+}
+
+/// The tree shows the layers: every folder and file directly under `src/` is a layer, a module
+/// of one, or the shared errors.
+#[test]
+fn the_source_tree_is_the_layers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    for entry in std::fs::read_dir(&src).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        let module = name.trim_end_matches(".rs");
+        assert!(
+            module == "lib" || SHARED.contains(&module) || layer_of(module).is_some(),
+            "src/{name} is in no layer (tests/layers.rs)"
+        );
+    }
+    for (layer, _) in LAYERS {
+        assert!(
+            src.join(layer).is_dir() || src.join(format!("{layer}.rs")).is_file(),
+            "no src/{layer}/"
+        );
+    }
 }
 
 #[test]

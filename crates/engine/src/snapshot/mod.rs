@@ -28,6 +28,13 @@
 //! pages the sandbox wrote, never with its RAM size, and each generation of forks starts from
 //! its own file, so a fork of a fork costs what the last one changed.
 
+// Saved state: RAM files (kept in memory when there is room), records of live VM processes,
+// the daemon's catalogue.
+pub mod fastram;
+pub mod ram;
+pub mod runstate;
+pub mod state;
+
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};

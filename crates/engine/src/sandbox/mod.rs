@@ -1,6 +1,12 @@
 //! A sandbox: one microVM booted from an image, with its own disk overlay, and the agent
 //! connection to drive it.
 
+// What a live sandbox is made of: its agent connection, transfers, network tunnels, disk watch.
+pub mod client;
+pub mod diskwatch;
+pub mod files;
+pub mod net;
+
 use std::time::{Duration, Instant};
 
 use forkbox_protocol::ExecSpec;
