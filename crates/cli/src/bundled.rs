@@ -1,7 +1,7 @@
 //! The image recipes that ship inside forkbox, so its default image builds itself on first use
 //! wherever the binary was installed.
 
-use forkbox_engine::image::{self, BuildEvent, Image, ImageRef, ImageStore, Recipe};
+use forkbox_engine::image::{BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 
 /// (name, recipe text) of every recipe in the repository's `images/`.
@@ -39,27 +39,14 @@ pub fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Resul
         return Ok(());
     };
     let recipe = Recipe::parse(text).map_err(anyhow::Error::msg)?;
-    if quiet {
-        image::build(paths, &recipe, text, &mut |_| {})?;
-        return Ok(());
+    if !quiet {
+        eprintln!(
+            "forkbox: image {} is not built yet; building it from forkbox's own recipe (once, a minute or two)",
+            reference.name
+        );
     }
-    eprintln!(
-        "forkbox: image {} is not built yet; building it from forkbox's own recipe (once, a minute or two)",
-        reference.name
-    );
-    build(paths, &recipe, text, "forkbox's recipe")?;
+    crate::local::build_image(paths, recipe, text, false, quiet, "forkbox's recipe")?;
     Ok(())
-}
-
-/// Builds `recipe` with a line on standard error per step and per line of the build's log.
-pub fn build(paths: &Paths, recipe: &Recipe, text: &str, from: &str) -> anyhow::Result<Image> {
-    eprintln!(
-        "forkbox: building {}@{} from {from}",
-        recipe.name,
-        ImageStore::new(paths).next_version(&recipe.name),
-    );
-    let mut log = printer();
-    Ok(image::build(paths, recipe, text, &mut log)?)
 }
 
 /// A build's progress on standard error: a line per step (with the time since the start) and

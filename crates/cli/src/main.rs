@@ -3,6 +3,7 @@
 
 mod bundled;
 mod daemon;
+mod local;
 mod logfile;
 mod migrate;
 mod run;
@@ -18,8 +19,8 @@ use clap::{Parser, Subcommand};
 use forkbox_engine::api::ImageView;
 use forkbox_engine::image::{self, oci, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
+use forkbox_engine::setup;
 use forkbox_engine::vm::AccelChoice;
-use forkbox_engine::{runstate, setup};
 
 /// Exit code when forkbox itself fails (as opposed to the command it ran).
 pub const EXIT_FORKBOX: u8 = 125;
@@ -421,10 +422,6 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn image_row(i: &image::Image) -> ImageView {
-    ImageView::from(i)
-}
-
 fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
     match cmd {
         ImageCmd::Build {
@@ -456,25 +453,20 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             if let Some(n) = name {
                 recipe.name = n;
             }
-            if if_changed {
-                if let Some(img) = forkbox_engine::api::up_to_date(paths, &recipe) {
-                    if json {
-                        print_json(&image_row(&img))?;
-                    } else {
-                        println!("{} is up to date with {}", img.reference(), file.display());
-                    }
-                    return Ok(ExitCode::SUCCESS);
+            let from = file.display().to_string();
+            let built = local::build_image(paths, recipe, &text, if_changed, false, &from)?;
+            if built.up_to_date {
+                if json {
+                    print_json(&built.image)?;
+                } else {
+                    println!("{} is up to date with {from}", built.image.reference);
                 }
+                return Ok(ExitCode::SUCCESS);
             }
-            let img = bundled::build(paths, &recipe, &text, &file.display().to_string())?;
-            say_built(&img, json)
+            say_built(&built.image, json)
         }
         ImageCmd::Ls { json } => {
-            let rows: Vec<ImageView> = ImageStore::new(paths)
-                .list()
-                .iter()
-                .map(image_row)
-                .collect();
+            let rows: Vec<ImageView> = local::list_images(paths)?;
             if json {
                 print_json(&rows)?;
             } else if rows.is_empty() {
@@ -537,12 +529,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             // A running daemon removes it: it stops its pooled copies of the image first.
             let removed = match daemon::remove_image_if_running(paths, &r)? {
                 Some(reference) => reference,
-                None => {
-                    runstate::sweep(paths);
-                    ImageStore::new(paths)
-                        .remove(&r, &runstate::live(paths))?
-                        .reference()
-                }
+                None => local::remove_image(paths, &r)?.reference,
             };
             if json {
                 print_json(&serde_json::json!({ "removed": removed }))?;
@@ -645,20 +632,17 @@ fn dockerfile_build(
         },
         &mut log,
     )?;
-    say_built(&img, json)
+    say_built(&ImageView::from(&img), json)
 }
 
 /// What a build made: its row as JSON, or a line.
-fn say_built(img: &image::Image, json: bool) -> anyhow::Result<ExitCode> {
+fn say_built(img: &ImageView, json: bool) -> anyhow::Result<ExitCode> {
     if json {
-        print_json(&image_row(img))?;
+        print_json(img)?;
     } else {
         println!(
             "built {} in {:.0} s ({} MiB of files, {} MiB disk)",
-            img.reference(),
-            img.meta.build_seconds,
-            img.meta.content_bytes >> 20,
-            img.meta.disk_bytes >> 20
+            img.reference, img.build_seconds, img.content_mib, img.disk_mib
         );
     }
     Ok(ExitCode::SUCCESS)

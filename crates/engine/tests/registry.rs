@@ -333,6 +333,7 @@ fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words(
     let reply = rt
         .block_on(engine.handle(forkbox_engine::api::Command::BuildImage {
             recipe,
+            source: None,
             if_changed: false,
             events: None,
         }))

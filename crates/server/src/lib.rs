@@ -649,6 +649,7 @@ async fn build_image(State(e): State<Arc<Engine>>, Body(request): Body<BuildRequ
         let result = e
             .handle(Command::BuildImage {
                 recipe,
+                source: None,
                 if_changed,
                 events: Some(tx.clone()),
             })

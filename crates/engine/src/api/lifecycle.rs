@@ -115,8 +115,9 @@ impl Engine {
         };
         let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix()?);
         let record = crate::runstate::DaemonRecord {
-            info: serde_json::to_value(entry.sandbox.info())
-                .map_err(|e| EngineError::BadRequest(e.to_string()))?,
+            info: serde_json::to_value(entry.sandbox.info()).map_err(|e| {
+                EngineError::Internal(format!("a sandbox record that does not serialize: {e}"))
+            })?,
             labels: entry.labels.clone(),
             // A TTL that hibernated the sandbox is spent.
             expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),

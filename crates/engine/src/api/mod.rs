@@ -81,8 +81,11 @@ pub enum Command {
     },
     /// Progress goes to `events` when given.
     BuildImage {
-        /// Parsed and checked from the front end's request ([`BuildRequest::recipe`]).
+        /// Parsed and checked from the front end's request ([`build_recipe`]).
         recipe: crate::image::Recipe,
+        /// The recipe's text as its author wrote it, kept with the image (its TOML when
+        /// absent: an API dict has no text of its own).
+        source: Option<String>,
         /// Build only if the newest version of the name came from a different recipe.
         if_changed: bool,
         events: Option<tokio::sync::mpsc::Sender<BuildProgress>>,
@@ -253,8 +256,9 @@ impl Entry {
     }
 
     fn record(&self) -> Result<crate::runstate::DaemonRecord, EngineError> {
-        let info = serde_json::to_value(self.sandbox.info())
-            .map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        let info = serde_json::to_value(self.sandbox.info()).map_err(|e| {
+            EngineError::Internal(format!("a sandbox record that does not serialize: {e}"))
+        })?;
         Ok(crate::runstate::DaemonRecord {
             info,
             labels: self.labels.clone(),
@@ -594,10 +598,11 @@ impl Engine {
             }
             Command::BuildImage {
                 recipe,
+                source,
                 if_changed,
                 events,
             } => self
-                .build_image(recipe, if_changed, events)
+                .build_image(recipe, source, if_changed, events)
                 .await
                 .map(Reply::Image),
             Command::ReadFile { id, path } => self.read_file(&id, &path).await.map(Reply::File),

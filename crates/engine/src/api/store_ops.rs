@@ -34,7 +34,7 @@ impl Engine {
             ImageStore::new(&paths).remove(&r, &crate::runstate::live(&paths))
         })
         .await
-        .map_err(|e| EngineError::BadRequest(format!("the removal's task failed: {e}")))??;
+        .map_err(|e| EngineError::Internal(format!("the removal's task failed: {e}")))??;
         Ok(ImageView::from(&removed))
     }
 
@@ -44,6 +44,7 @@ impl Engine {
     pub(super) async fn build_image(
         &self,
         recipe: Recipe,
+        source: Option<String>,
         if_changed: bool,
         events: Option<mpsc::Sender<BuildProgress>>,
     ) -> Result<ImageView, EngineError> {
@@ -74,10 +75,11 @@ impl Engine {
                 // A slow reader loses log lines, never the build.
                 let _ = tx.try_send(ev);
             };
-            crate::image::build(&paths, &recipe, &recipe.to_toml(), &mut send)
+            let text = source.unwrap_or_else(|| recipe.to_toml());
+            crate::image::build(&paths, &recipe, &text, &mut send)
         })
         .await
-        .map_err(|e| EngineError::BadRequest(format!("the build's task failed: {e}")))??;
+        .map_err(|e| EngineError::Internal(format!("the build's task failed: {e}")))??;
         let view = ImageView::from(&img);
         if let Some(tx) = done {
             let _ = tx

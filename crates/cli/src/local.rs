@@ -1,0 +1,102 @@
+//! The engine in this process, for what the CLI does without a daemon (image builds, lists and
+//! removals, the bundled images): the same [`Command`]s through the same `Engine::handle`, so
+//! the same failure has the same words and code as over the daemon's API.
+
+use forkbox_engine::api::{BuildProgress, Command, Engine, EngineError, ImageView, Reply};
+use forkbox_engine::image::{ImageRef, ImageStore, Recipe};
+use forkbox_engine::paths::Paths;
+
+/// Runs `cmd` on a private engine of `paths` (no pool, nothing recorded for a daemon).
+async fn handle(paths: &Paths, cmd: Command) -> Result<Reply, EngineError> {
+    Engine::private(paths.clone()).handle(cmd).await
+}
+
+fn image_of(reply: Reply) -> Result<ImageView, EngineError> {
+    match reply {
+        Reply::Image(v) => Ok(v),
+        _ => Err(EngineError::Internal(
+            "the engine answered an image command with another kind of reply".into(),
+        )),
+    }
+}
+
+pub fn list_images(paths: &Paths) -> anyhow::Result<Vec<ImageView>> {
+    let rt = crate::daemon::current_thread()?;
+    match rt.block_on(handle(paths, Command::ListImages))? {
+        Reply::Images(v) => Ok(v),
+        _ => Err(EngineError::Internal(
+            "the engine answered a list of images with another kind of reply".into(),
+        )
+        .into()),
+    }
+}
+
+pub fn remove_image(paths: &Paths, reference: &ImageRef) -> anyhow::Result<ImageView> {
+    let rt = crate::daemon::current_thread()?;
+    let cmd = Command::RemoveImage {
+        reference: reference.clone(),
+    };
+    Ok(image_of(rt.block_on(handle(paths, cmd))?)?)
+}
+
+/// What a build did.
+pub struct Built {
+    pub image: ImageView,
+    /// The newest version already came from this recipe (`if_changed`); nothing was built.
+    pub up_to_date: bool,
+}
+
+/// Builds `recipe` (its text `source` kept with the image), a line on standard error per step
+/// and per line of its log unless `quiet`; `from` says where the recipe came from.
+pub fn build_image(
+    paths: &Paths,
+    recipe: Recipe,
+    source: &str,
+    if_changed: bool,
+    quiet: bool,
+    from: &str,
+) -> anyhow::Result<Built> {
+    let rt = crate::daemon::current_thread()?;
+    let next = ImageStore::new(paths).next_version(&recipe.name);
+    let (name, from) = (recipe.name.clone(), from.to_string());
+    rt.block_on(async {
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildProgress>(4096);
+        let printer = tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            let mut up_to_date = false;
+            let mut announced = false;
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    BuildProgress::UpToDate { .. } => up_to_date = true,
+                    _ if quiet => {}
+                    BuildProgress::Step { n, total, what } => {
+                        if !announced {
+                            eprintln!("forkbox: building {name}@{next} from {from}");
+                            announced = true;
+                        }
+                        eprintln!(
+                            "[{n}/{total}] {what} (at {:.0} s)",
+                            started.elapsed().as_secs_f64()
+                        );
+                    }
+                    BuildProgress::Log { line } => eprintln!("      {line}"),
+                    BuildProgress::Done { .. } | BuildProgress::Error { .. } => {}
+                }
+            }
+            up_to_date
+        });
+        let cmd = Command::BuildImage {
+            recipe,
+            source: Some(source.to_string()),
+            if_changed,
+            events: Some(tx),
+        };
+        let result = handle(paths, cmd).await.and_then(image_of);
+        // The command's sender is gone with it: the printer ends after the last event.
+        let up_to_date = printer.await.unwrap_or(false);
+        Ok(Built {
+            image: result?,
+            up_to_date,
+        })
+    })
+}
