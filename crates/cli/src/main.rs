@@ -490,31 +490,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             username,
             password_stdin,
             insecure,
-        } => {
-            let registry = registry_key(&registry)?;
-            let auth = match username {
-                Some(user) => {
-                    let pass = read_password(password_stdin)?;
-                    use base64::Engine as _;
-                    Some(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
-                }
-                None if insecure => None,
-                None => anyhow::bail!(
-                    "give --username (with the password on the terminal or --password-stdin), or --insecure to record only that {registry} speaks plain HTTP"
-                ),
-            };
-            let said = match (&auth, insecure) {
-                (Some(_), true) => "credentials, over plain HTTP",
-                (Some(_), false) => "credentials",
-                _ => "plain HTTP",
-            };
-            oci::save_login(paths, &registry, Some(oci::Login { auth, insecure }))?;
-            println!(
-                "{registry}: {said} recorded in {} (readable by root only); used by the next build on one of its images",
-                paths.home().join("registries.json").display()
-            );
-            Ok(ExitCode::SUCCESS)
-        }
+        } => image_login(paths, &registry, username, password_stdin, insecure),
         ImageCmd::Logout { registry } => {
             let registry = registry_key(&registry)?;
             if !oci::logins(paths).contains_key(&registry) {
@@ -539,6 +515,39 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// `image login`: a registry's credentials (or only that it speaks plain HTTP), kept for pulls.
+fn image_login(
+    paths: &Paths,
+    registry: &str,
+    username: Option<String>,
+    password_stdin: bool,
+    insecure: bool,
+) -> anyhow::Result<ExitCode> {
+    let registry = registry_key(registry)?;
+    let auth = match username {
+        Some(user) => {
+            let pass = read_password(password_stdin)?;
+            use base64::Engine as _;
+            Some(base64::engine::general_purpose::STANDARD.encode(format!("{user}:{pass}")))
+        }
+        None if insecure => None,
+        None => anyhow::bail!(
+            "give --username (with the password on the terminal or --password-stdin), or --insecure to record only that {registry} speaks plain HTTP"
+        ),
+    };
+    let said = match (&auth, insecure) {
+        (Some(_), true) => "credentials, over plain HTTP",
+        (Some(_), false) => "credentials",
+        _ => "plain HTTP",
+    };
+    oci::save_login(paths, &registry, Some(oci::Login { auth, insecure }))?;
+    println!(
+        "{registry}: {said} recorded in {} (readable by root only); used by the next build on one of its images",
+        paths.home().join("registries.json").display()
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Whether `image build -f FILE` names a Dockerfile: by its name (`Dockerfile`,

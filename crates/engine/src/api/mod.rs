@@ -543,25 +543,13 @@ impl Engine {
     pub async fn handle(&self, cmd: Command) -> Result<Reply, EngineError> {
         match cmd {
             Command::Create(r) => self.create(r).await.map(Reply::Sandbox),
-            Command::Get { id } => {
-                if let Some(s) = self.sleepers.read().await.get(&id) {
-                    return Ok(Reply::Sandbox(s.view()));
-                }
-                self.get(&id).await.map(|(_, v)| Reply::Sandbox(v))
-            }
+            Command::Get { id } => self.view(&id).await.map(Reply::Sandbox),
             Command::Hibernate { id } => self.hibernate(&id).await.map(Reply::Sandbox),
             Command::Resume { id } => self.resume(&id).await.map(Reply::Sandbox),
             Command::List { label, state } => Ok(Reply::Sandboxes(self.list(label, state).await)),
             Command::Exec { id, request } => self.exec(&id, request).await.map(Reply::Exec),
             Command::SetTtl { id, ttl_seconds } => {
-                let expires = deadline(ttl_seconds)?;
-                let mut map = self.sandboxes.write().await;
-                let e = map
-                    .get_mut(&id)
-                    .ok_or_else(|| EngineError::NoSuchSandbox(id.clone()))?;
-                e.expires_unix = Some(expires);
-                e.persist(self.db.as_deref())?;
-                Ok(Reply::Sandbox(e.view()))
+                self.set_ttl(&id, ttl_seconds).await.map(Reply::Sandbox)
             }
             Command::Snapshot { id, request } => {
                 Ok(Reply::Snapshot(self.snapshot(&id, request).await?.meta))
@@ -582,14 +570,7 @@ impl Engine {
                     .meta,
             )),
             Command::DeleteSnapshot { name } => {
-                let mut users = self.snapshot_users(&name).await;
-                for (id, s) in self.sleepers.read().await.iter() {
-                    if s.snapshot == name {
-                        users.push(format!("{id} (hibernated in it)"));
-                    }
-                }
-                crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
-                Ok(Reply::Deleted(Deleted { deleted: name }))
+                self.delete_snapshot(name).await.map(Reply::Deleted)
             }
             Command::ListImages => Ok(Reply::Images(self.list_images())),
             Command::GetImage { reference } => self.get_image(&reference).map(Reply::Image),
@@ -668,21 +649,56 @@ impl Engine {
                 .await
                 .map(Reply::Archive),
             Command::Metrics => Ok(Reply::Metrics(self.metrics.encode())),
-            Command::Delete { id } => {
-                if let Some(s) = self.sleepers.write().await.remove(&id) {
-                    crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
-                    return Ok(Reply::Deleted(Deleted { deleted: id }));
-                }
-                let entry = self
-                    .sandboxes
-                    .write()
-                    .await
-                    .remove(&id)
-                    .ok_or(EngineError::NoSuchSandbox(id.clone()))?;
-                self.removed(entry).await;
-                Ok(Reply::Deleted(Deleted { deleted: id }))
+            Command::Delete { id } => self.delete(id).await.map(Reply::Deleted),
+        }
+    }
+
+    /// A sandbox's view, hibernated or running.
+    async fn view(&self, id: &str) -> Result<SandboxView, EngineError> {
+        if let Some(s) = self.sleepers.read().await.get(id) {
+            return Ok(s.view());
+        }
+        self.get(id).await.map(|(_, v)| v)
+    }
+
+    /// A new TTL, counted from now.
+    async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, EngineError> {
+        let expires = deadline(ttl_seconds)?;
+        let mut map = self.sandboxes.write().await;
+        let e = map
+            .get_mut(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        e.expires_unix = Some(expires);
+        e.persist(self.db.as_deref())?;
+        Ok(e.view())
+    }
+
+    /// Deletes a snapshot no sandbox (running or hibernated in it) depends on.
+    async fn delete_snapshot(&self, name: String) -> Result<Deleted, EngineError> {
+        let mut users = self.snapshot_users(&name).await;
+        for (id, s) in self.sleepers.read().await.iter() {
+            if s.snapshot == name {
+                users.push(format!("{id} (hibernated in it)"));
             }
         }
+        crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
+        Ok(Deleted { deleted: name })
+    }
+
+    /// Stops and removes a sandbox, or the snapshot a hibernated one sleeps in.
+    async fn delete(&self, id: String) -> Result<Deleted, EngineError> {
+        if let Some(s) = self.sleepers.write().await.remove(&id) {
+            crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
+            return Ok(Deleted { deleted: id });
+        }
+        let entry = self
+            .sandboxes
+            .write()
+            .await
+            .remove(&id)
+            .ok_or(EngineError::NoSuchSandbox(id.clone()))?;
+        self.removed(entry).await;
+        Ok(Deleted { deleted: id })
     }
 
     /// A live sandbox, for the streaming transfers (archives) that carry bodies and so are not
