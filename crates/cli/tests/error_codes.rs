@@ -198,10 +198,10 @@ fn through_rust_client(d: &Daemon) -> BTreeMap<String, String> {
 fn cli_code(cmd: &mut Command) -> String {
     let out = cmd.output().unwrap();
     let text = String::from_utf8_lossy(&out.stdout);
+    // One JSON document (pretty-printed over several lines) after whatever came before it.
     let v: serde_json::Value = text
-        .lines()
-        .rev()
-        .find_map(|l| serde_json::from_str(l).ok())
+        .find('{')
+        .and_then(|at| serde_json::from_str(text[at..].trim()).ok())
         .unwrap_or_default();
     v["error"]["code"]
         .as_str()
