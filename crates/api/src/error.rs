@@ -51,6 +51,8 @@ macro_rules! codes {
 codes! {
     /// The request is malformed or asks for something impossible (its message says what).
     BadRequest = "bad_request", 400;
+    /// A body over the API's limit for it (a JSON request's, a file's).
+    PayloadTooLarge = "payload_too_large", 413;
     /// No bearer token, or not a valid one (TCP listener).
     Unauthorized = "unauthorized", 401;
     /// The guest refused for lack of permission, or the request came from a web page.

@@ -17,10 +17,12 @@ pub(crate) struct Body<T>(pub T);
 pub(crate) struct Params<T>(pub T);
 
 fn bad_body(r: JsonRejection) -> ApiError {
-    ApiError(EngineError::BadRequest(format!(
-        "the request body: {}",
-        r.body_text()
-    )))
+    let words = format!("the request body: {}", r.body_text());
+    ApiError(if r.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
+        EngineError::TooLarge(words)
+    } else {
+        EngineError::BadRequest(words)
+    })
 }
 
 impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for Body<T> {

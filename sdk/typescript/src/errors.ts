@@ -47,6 +47,7 @@ type ErrorClass = new (m: string, s?: number, c?: string) => ForkboxError;
 /** Every code the API answers with (forkbox_api::Code; a Rust test holds this table to it). */
 const BY_CODE: Record<string, ErrorClass> = {
   bad_request: BadRequestError,
+  payload_too_large: BadRequestError,
   unauthorized: AuthError,
   permission_denied: AuthError,
   misdirected_request: AuthError,

@@ -21,6 +21,9 @@ pub enum EngineError {
     NoSuchCommand(String, String),
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// A request body over its limit.
+    #[error("the request is too large: {0}")]
+    TooLarge(String),
     #[error(transparent)]
     Snapshot(#[from] SnapshotError),
     #[error(transparent)]
@@ -53,6 +56,7 @@ impl EngineError {
             EngineError::Hibernated(_) => Code::SandboxHibernated,
             EngineError::NotHibernated(_) => Code::SandboxNotHibernated,
             EngineError::BadRequest(_) => Code::BadRequest,
+            EngineError::TooLarge(_) => Code::PayloadTooLarge,
             EngineError::Snapshot(e) => snapshot_code(e),
             EngineError::Sandbox(e) => sandbox_code(e),
             EngineError::Image(e) => image_code(e),

@@ -62,6 +62,7 @@ class ExecTimeout(ForkboxError):
 # Every code the API answers with (forkbox_api::Code; a Rust test holds this table to it).
 _BY_CODE = {
     "bad_request": BadRequest,
+    "payload_too_large": BadRequest,
     "unauthorized": AuthError,
     "permission_denied": AuthError,
     "misdirected_request": AuthError,
