@@ -226,6 +226,8 @@ fn main() -> ExitCode {
     // Nothing this process inherited reaches a child (a QEMU least of all); the daemon, which
     // lives long and starts every QEMU, drops it altogether.
     let inherited = forkbox_engine::fds::seal_inherited();
+    #[cfg(forkbox_embedded_agent)]
+    provide_embedded_agent();
     // `--json` anywhere: errors are JSON on stdout too, with a stable `error.code`.
     let json = std::env::args_os().any(|a| a == "--json");
     let cli = match Cli::try_parse() {
@@ -261,6 +263,38 @@ fn main() -> ExitCode {
             ExitCode::from(EXIT_FORKBOX)
         }
     }
+}
+
+/// The guest agent built into this binary (see build.rs), put in forkbox's home where the
+/// engine (and a daemon this process starts) finds it, when no agent lies where it looks: an
+/// installed `forkbox` needs nothing beside it. Runs before any thread starts.
+#[cfg(forkbox_embedded_agent)]
+fn provide_embedded_agent() {
+    const AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/forkbox-agent"));
+    if forkbox_engine::agent_bin::present() {
+        return;
+    }
+    let paths = Paths::from_env();
+    let path = paths.home().join("agent").join("forkbox-agent");
+    let same = std::fs::metadata(&path).is_ok_and(|m| m.len() == AGENT.len() as u64)
+        && std::fs::read(&path).is_ok_and(|b| b == AGENT);
+    if !same {
+        use std::os::unix::fs::PermissionsExt;
+        let written = paths
+            .secure_home()
+            .and_then(|_| std::fs::create_dir_all(paths.home().join("agent")))
+            .and_then(|()| forkbox_engine::paths::write_atomic(&path, AGENT))
+            .and_then(|()| std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)));
+        if let Err(e) = written {
+            // The engine then says in its own words that it has no agent.
+            eprintln!(
+                "forkbox: cannot put the built-in guest agent in {}: {e}",
+                path.display()
+            );
+            return;
+        }
+    }
+    std::env::set_var("FORKBOX_AGENT", &path);
 }
 
 /// `{"error": {"code": …, "message": …}}` on stdout.

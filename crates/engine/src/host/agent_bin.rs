@@ -32,6 +32,11 @@ fn candidates() -> Vec<PathBuf> {
     c
 }
 
+/// Whether any place the agent is looked for holds a file (nothing is read).
+pub fn present() -> bool {
+    candidates().iter().any(|p| p.is_file())
+}
+
 /// The agent's path and bytes: the first statically linked candidate. (A plain `cargo build`
 /// of the workspace can leave a dynamically linked copy beside the CLI; it is passed over.)
 pub fn locate() -> Result<(PathBuf, Vec<u8>), SetupError> {

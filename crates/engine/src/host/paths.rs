@@ -51,8 +51,12 @@ impl Paths {
     /// sandbox's disk, memory and logs. A home that was made looser is tightened; the returned
     /// sentence says so, for the caller to show. A home owned by another user is refused.
     pub fn secure_home(&self) -> std::io::Result<Option<String>> {
-        use std::os::unix::fs::{MetadataExt, PermissionsExt};
-        std::fs::create_dir_all(&self.home)?;
+        use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+        // A home made here is private from the start (not made 0755 and then noted).
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&self.home)?;
         let meta = std::fs::metadata(&self.home)?;
         let me = nix::unistd::geteuid().as_raw();
         if meta.uid() != me {
