@@ -193,7 +193,7 @@ fn typescript_sdk_installs_as_commonjs_and_as_esm() {
     let body = r#"
   const rt = new Runtime();
   const sbx = await rt.sandboxes.create({ ttlSeconds: 600 });
-  const r = await sbx.exec("echo hello from $KIND");
+  const r = await sbx.exec(`echo hello from ${process.env.KIND}`);
   const [copy] = await sbx.fork({ count: 1 });
   const c = await copy.exec("echo copy");
   await copy.stop();
@@ -203,27 +203,30 @@ fn typescript_sdk_installs_as_commonjs_and_as_esm() {
 "#;
     let d = Daemon::start("sdk-packaging");
     for kind in ["commonjs", "module"] {
-        let project = tempfile::tempdir().unwrap();
-        npm(&["init", "-y"], project.path());
-        npm(&["pkg", "set", &format!("type={kind}")], project.path());
-        npm(&["install", tarball.to_str().unwrap()], project.path());
+        // npm names the package after its directory, which must be a valid name.
+        let dir = tempfile::tempdir().unwrap();
+        let project = dir.path().join(format!("app-{kind}"));
+        std::fs::create_dir(&project).unwrap();
+        npm(&["init", "-y"], &project);
+        npm(&["pkg", "set", &format!("type={kind}")], &project);
+        npm(&["install", tarball.to_str().unwrap()], &project);
         let script = if kind == "commonjs" {
             format!("const {{ Runtime }} = require(\"forkbox\");\n(async () => {{{body}}})();\n")
         } else {
             format!("import {{ Runtime }} from \"forkbox\";\n{body}")
         };
-        std::fs::write(project.path().join("index.js"), script).unwrap();
+        std::fs::write(project.join("index.js"), script).unwrap();
         let out = d.check(
             d.client(Path::new("node"))
                 .arg("index.js")
                 .env("KIND", kind)
-                .current_dir(project.path()),
+                .current_dir(&project),
             &format!("a {kind} project's script"),
         );
         assert_eq!(out.trim(), format!("hello from {kind} copy 0"), "{kind}");
         // The types resolve for the project's kind, and say what the calls return.
         std::fs::write(
-            project.path().join("check.ts"),
+            project.join("check.ts"),
             "import { Runtime, NotFoundError } from \"forkbox\";\nconst n: number = new NotFoundError(\"x\", 404, \"image_not_found\").status ?? 0;\nexport async function f(): Promise<string> { const s = await new Runtime().sandboxes.create(); return (await s.exec(\"true\")).stdout + n; }\n",
         )
         .unwrap();
@@ -248,7 +251,7 @@ fn typescript_sdk_installs_as_commonjs_and_as_esm() {
             .arg("--typeRoots")
             .arg(sdk.join("node_modules/@types"))
             .arg("check.ts")
-            .current_dir(project.path())
+            .current_dir(&project)
             .output()
             .unwrap();
         assert!(
