@@ -79,6 +79,9 @@ codes! {
     DiskFull = "disk_full", 507;
     /// The host's file system is full; the sandbox is paused, nothing lost.
     HostDiskFull = "host_disk_full", 507;
+    /// The host is not set up for sandboxes yet (no guest kernel, no agent, a missing
+    /// program): `forkbox setup`, or the words say what.
+    SetupNeeded = "setup_needed", 503;
     /// An image build's step failed; nothing was kept.
     BuildFailed = "build_failed", 500;
     /// A bug in forkbox, or the host failing under it: never the request's fault.

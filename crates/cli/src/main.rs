@@ -324,7 +324,7 @@ fn error_code(e: &anyhow::Error) -> &str {
             return forkbox_engine::api::image_code(e).as_str();
         }
         if cause.downcast_ref::<SetupError>().is_some() {
-            return "setup_needed";
+            return forkbox_engine::api::Code::SetupNeeded.as_str();
         }
         if let Some(e) = cause.downcast_ref::<SandboxError>() {
             return forkbox_engine::api::sandbox_code(e).as_str();

@@ -66,6 +66,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   refused_from_guest: ForkboxError,
   disk_full: InsufficientStorageError,
   host_disk_full: InsufficientStorageError,
+  setup_needed: ForkboxError,
   build_failed: BuildError,
   internal: InternalError,
 };

@@ -77,6 +77,7 @@ pub fn sandbox_code(e: &SandboxError) -> Code {
         SandboxError::Snapshot(e) => snapshot_code(e),
         SandboxError::Image(e) => image_code(e),
         SandboxError::HostDiskFull { .. } => Code::HostDiskFull,
+        SandboxError::Setup(_) => Code::SetupNeeded,
         SandboxError::DiskTooSmall { .. } | SandboxError::Network(_) => Code::BadRequest,
         SandboxError::Agent(e) => agent_code(e),
         _ => Code::Internal,

@@ -81,6 +81,7 @@ _BY_CODE = {
     "refused_from_guest": ForkboxError,
     "disk_full": InsufficientStorage,
     "host_disk_full": InsufficientStorage,
+    "setup_needed": ForkboxError,
     "build_failed": BuildError,
     "internal": InternalError,
 }
