@@ -737,23 +737,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 };
                 exec(&c, &id, req, how).await
             }
-            SandboxCmd::Shell { id, cwd } => {
-                let req = ExecRequest {
-                    shell: Some(
-                        "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi"
-                            .into(),
-                    ),
-                    cwd,
-                    ..Default::default()
-                };
-                let how = How {
-                    interactive: true,
-                    tty: true,
-                    detach: false,
-                    json: false,
-                };
-                exec(&c, &id, req, how).await
-            }
+            SandboxCmd::Shell { id, cwd } => shell(&c, &id, cwd).await,
             SandboxCmd::Attach { id, command_id } => {
                 follow(c.attach(&id, &command_id).await?).await
             }
@@ -770,12 +754,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     || {},
                 )
             }
-            SandboxCmd::Ttl { id, seconds, json } => {
-                let v = c.set_ttl(&id, seconds).await?;
-                show(json, &v, || {
-                    println!("{id} expires at unix time {}", v.expires_unix.unwrap_or(0))
-                })
-            }
+            SandboxCmd::Ttl { id, seconds, json } => ttl(&c, &id, seconds, json).await,
             SandboxCmd::Upload {
                 id,
                 host_dir,
@@ -793,13 +772,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 state,
                 quiet,
                 json,
-            } => {
-                let all = c.list(label.as_deref(), state).await?;
-                show(json, &all, || match quiet {
-                    true => all.iter().for_each(|v| println!("{}", v.info.id)),
-                    false => print_sandboxes(&all),
-                })
-            }
+            } => ls(&c, label.as_deref(), state, quiet, json).await,
             SandboxCmd::Snapshot {
                 id,
                 name,
@@ -810,22 +783,73 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                     name,
                     stay_paused: paused,
                 };
-                let m = c.snapshot(&id, &req).await?;
-                show(json, &m, || {
-                    println!("{}", m.name);
-                    eprintln!(
-                        "saved in {} ms; the sandbox was paused {:.1} ms; {} MiB of RAM",
-                        m.took_ms,
-                        m.pause_ms.unwrap_or(f64::NAN),
-                        m.memory_bytes >> 20
-                    );
-                })
+                snapshot_one(&c, &id, &req, json).await
             }
             SandboxCmd::Fork(args) => fork(&c, args).await,
             SandboxCmd::Rm { ids, json } => {
                 each(&ids, json, "removed", async |id| c.delete(id).await).await
             }
         }
+    })
+}
+
+/// `forkbox sandbox ls`: the sandboxes (with a label, in a state), a table or their ids.
+async fn ls(
+    c: &Client,
+    label: Option<&str>,
+    state: Option<SandboxState>,
+    quiet: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let all = c.list(label, state).await?;
+    show(json, &all, || match quiet {
+        true => all.iter().for_each(|v| println!("{}", v.info.id)),
+        false => print_sandboxes(&all),
+    })
+}
+
+/// `forkbox sandbox ttl`: a new TTL, counted from now.
+async fn ttl(c: &Client, id: &str, seconds: u64, json: bool) -> anyhow::Result<ExitCode> {
+    let v = c.set_ttl(id, seconds).await?;
+    show(json, &v, || {
+        println!("{id} expires at unix time {}", v.expires_unix.unwrap_or(0))
+    })
+}
+
+/// `forkbox sandbox shell`: a login shell (bash if the image has it) on a terminal.
+async fn shell(c: &Client, id: &str, cwd: Option<String>) -> anyhow::Result<ExitCode> {
+    let req = ExecRequest {
+        shell: Some(
+            "if command -v bash >/dev/null 2>&1; then exec bash -l; else exec sh -l; fi".into(),
+        ),
+        cwd,
+        ..Default::default()
+    };
+    let how = How {
+        interactive: true,
+        tty: true,
+        detach: false,
+        json: false,
+    };
+    exec(c, id, req, how).await
+}
+
+/// `forkbox sandbox snapshot`: the snapshot's name on stdout, what the save took on stderr.
+async fn snapshot_one(
+    c: &Client,
+    id: &str,
+    req: &SnapshotRequest,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let m = c.snapshot(id, req).await?;
+    show(json, &m, || {
+        println!("{}", m.name);
+        eprintln!(
+            "saved in {} ms; the sandbox was paused {:.1} ms; {} MiB of RAM",
+            m.took_ms,
+            m.pause_ms.unwrap_or(f64::NAN),
+            m.memory_bytes >> 20
+        );
     })
 }
 
