@@ -102,13 +102,48 @@ fn usage(msg: impl std::fmt::Display) -> ExitCode {
 
 pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     forkbox_engine::limits::raise_open_files();
+    let json = a.json;
+    let cfg = match settle(a)? {
+        Ok(cfg) => cfg,
+        Err(usage) => return Ok(usage),
+    };
+    // The images forkbox carries build on first use, with their progress, as `run` does.
+    for (flag, image) in [("--from", &cfg.from), ("--to", &cfg.to)] {
+        match image.parse() {
+            Ok(reference) => crate::bundled::ensure(paths, &reference, false)?,
+            Err(e) => return Ok(usage(format!("{flag} {image}: {e}"))),
+        }
+    }
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    let board = Board::new(std::io::stderr().is_terminal());
+    let ticker = board.clone().tick();
+    let shown = board.clone();
+    let report = rt.block_on(forkbox_migrate::migrate(
+        paths,
+        &cfg,
+        Arc::new(move |ev: Event<'_>| shown.event(ev)),
+    ));
+    board.stop();
+    let _ = ticker.join();
+    let report = match report {
+        Ok(r) => r,
+        Err(e) => bail!("{e}"),
+    };
+    say_report(&report, cfg.out.clone(), json)
+}
+
+/// The migration's configuration from the flags over the `--config` file's table, checked;
+/// a usage error (said on stderr) as its exit code.
+fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
     let (table, base) = match &a.config {
         Some(p) => {
             let text =
                 std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
             let f: ConfigFile = match toml::from_str(&text) {
                 Ok(f) => f,
-                Err(e) => return Ok(usage(format!("{}: {e}", p.display()))),
+                Err(e) => return Ok(Err(usage(format!("{}: {e}", p.display())))),
             };
             (
                 f.migration,
@@ -125,14 +160,17 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         a.test.or(table.test),
         a.plans.or(table.plans.map(rel)),
     ) else {
-        return Ok(usage("migrate needs --from, --to, --code, --test and --plans (or a --config with a [migration] table)"));
+        return Ok(Err(usage("migrate needs --from, --to, --code, --test and --plans (or a --config with a [migration] table)")));
     };
     if !code.is_dir() {
-        return Ok(usage(format!("--code {}: not a directory", code.display())));
+        return Ok(Err(usage(format!(
+            "--code {}: not a directory",
+            code.display()
+        ))));
     }
     let plan_list = match forkbox_migrate::plans::load(&plans) {
         Ok(p) => p,
-        Err(e) => return Ok(usage(e)),
+        Err(e) => return Ok(Err(usage(e))),
     };
     let out = a
         .out
@@ -147,7 +185,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         allow: setup_allow,
     };
     if let Err(e) = setup_network.validate() {
-        return Ok(usage(format!("--setup-allow: {e}")));
+        return Ok(Err(usage(format!("--setup-allow: {e}"))));
     }
     let mut share = table.share;
     share.extend(a.share);
@@ -157,15 +195,15 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
                 .components()
                 .any(|c| !matches!(c, std::path::Component::Normal(_)))
     }) {
-        return Ok(usage(format!(
+        return Ok(Err(usage(format!(
             "--share {bad:?}: give a directory inside the code, relative to it (node_modules)"
-        )));
+        ))));
     }
     let mut test_globs = table.tests;
     test_globs.extend(a.tests);
     let tests = match forkbox_migrate::integrity::TestFiles::new(&test_globs) {
         Ok(t) => t,
-        Err(e) => return Ok(usage(e)),
+        Err(e) => return Ok(Err(usage(e))),
     };
     let cfg = MigrateConfig {
         from,
@@ -199,37 +237,23 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
         )
     });
     if uses_llm && cfg.llm.is_none() {
-        return Ok(usage(forkbox_migrate::llm::LlmError::NoEndpoint));
+        return Ok(Err(usage(forkbox_migrate::llm::LlmError::NoEndpoint)));
     }
     if cfg.runs == 0 {
-        return Ok(usage("--runs must be at least 1"));
+        return Ok(Err(usage("--runs must be at least 1")));
     }
-    // The images forkbox carries build on first use, with their progress, as `run` does.
-    for (flag, image) in [("--from", &cfg.from), ("--to", &cfg.to)] {
-        match image.parse() {
-            Ok(reference) => crate::bundled::ensure(paths, &reference, false)?,
-            Err(e) => return Ok(usage(format!("{flag} {image}: {e}"))),
-        }
-    }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    let board = Board::new(std::io::stderr().is_terminal());
-    let ticker = board.clone().tick();
-    let shown = board.clone();
-    let report = rt.block_on(forkbox_migrate::migrate(
-        paths,
-        &cfg,
-        Arc::new(move |ev: Event<'_>| shown.event(ev)),
-    ));
-    board.stop();
-    let _ = ticker.join();
-    let report = match report {
-        Ok(r) => r,
-        Err(e) => bail!("{e}"),
-    };
-    if a.json {
-        crate::print_json(&report)?;
+    Ok(Ok(cfg))
+}
+
+/// The verdicts and where the winner and the report are (or the report as JSON); 0 when a
+/// plan won.
+fn say_report(
+    report: &forkbox_migrate::flow::MigrateReport,
+    out: PathBuf,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    if json {
+        crate::print_json(report)?;
     } else {
         for v in &report.verdicts {
             println!(
