@@ -28,10 +28,15 @@ pub const RECIPES: &[(&str, &str)] = &[
     ),
 ];
 
+/// [`ensure`] on a runtime of its own, for callers outside one.
+pub fn ensure_blocking(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
+    crate::daemon::current_thread()?.block_on(ensure(paths, reference, quiet))
+}
+
 /// Builds the image `reference` names from forkbox's own recipe when the store has no version
 /// of it yet and the reference names no version; says what it does on standard error unless
 /// `quiet`.
-pub fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
+pub async fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
     if reference.version.is_some() || ImageStore::new(paths).resolve(reference).is_ok() {
         return Ok(());
     }
@@ -45,7 +50,12 @@ pub fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Resul
             reference.name
         );
     }
-    crate::local::build_image(paths, recipe, text, false, quiet, "forkbox's recipe")?;
+    let build = crate::local::Build {
+        recipe,
+        source: text,
+        from: "forkbox's recipe",
+    };
+    crate::local::build_image_async(paths, build, false, quiet).await?;
     Ok(())
 }
 

@@ -46,20 +46,40 @@ pub struct Built {
     pub up_to_date: bool,
 }
 
-/// Builds `recipe` (its text `source` kept with the image), a line on standard error per step
-/// and per line of its log unless `quiet`; `from` says where the recipe came from.
+/// What a build is of: the recipe, its text as written (kept with the image), where it came
+/// from (for the progress lines).
+pub struct Build<'a> {
+    pub recipe: Recipe,
+    pub source: &'a str,
+    pub from: &'a str,
+}
+
+/// [`build_image_async`] on a runtime of its own, for callers outside one.
 pub fn build_image(
     paths: &Paths,
-    recipe: Recipe,
-    source: &str,
+    b: Build<'_>,
     if_changed: bool,
     quiet: bool,
-    from: &str,
 ) -> anyhow::Result<Built> {
-    let rt = crate::daemon::current_thread()?;
+    crate::daemon::current_thread()?.block_on(build_image_async(paths, b, if_changed, quiet))
+}
+
+/// Builds `b.recipe`, a line on standard error per step and per line of its log unless
+/// `quiet`.
+pub async fn build_image_async(
+    paths: &Paths,
+    b: Build<'_>,
+    if_changed: bool,
+    quiet: bool,
+) -> anyhow::Result<Built> {
+    let Build {
+        recipe,
+        source,
+        from,
+    } = b;
     let next = ImageStore::new(paths).next_version(&recipe.name);
     let (name, from) = (recipe.name.clone(), from.to_string());
-    rt.block_on(async {
+    {
         let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildProgress>(4096);
         let printer = tokio::spawn(async move {
             let started = std::time::Instant::now();
@@ -98,5 +118,5 @@ pub fn build_image(
             image: result?,
             up_to_date,
         })
-    })
+    }
 }

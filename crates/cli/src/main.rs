@@ -271,7 +271,10 @@ fn main() -> ExitCode {
 #[cfg(forkbox_embedded_agent)]
 fn provide_embedded_agent() {
     const AGENT: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/forkbox-agent"));
-    if forkbox_engine::agent_bin::present() {
+    // An agent named by the user is theirs to get right: the engine's error names it.
+    if std::env::var_os("FORKBOX_AGENT").is_some_and(|p| !p.is_empty())
+        || forkbox_engine::agent_bin::present()
+    {
         return;
     }
     let paths = Paths::from_env();
@@ -488,7 +491,12 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
                 recipe.name = n;
             }
             let from = file.display().to_string();
-            let built = local::build_image(paths, recipe, &text, if_changed, false, &from)?;
+            let build = local::Build {
+                recipe,
+                source: &text,
+                from: &from,
+            };
+            let built = local::build_image(paths, build, if_changed, false)?;
             if built.up_to_date {
                 if json {
                     print_json(&built.image)?;

@@ -110,7 +110,7 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     // The images forkbox carries build on first use, with their progress, as `run` does.
     for (flag, image) in [("--from", &cfg.from), ("--to", &cfg.to)] {
         match image.parse() {
-            Ok(reference) => crate::bundled::ensure(paths, &reference, false)?,
+            Ok(reference) => crate::bundled::ensure_blocking(paths, &reference, false)?,
             Err(e) => return Ok(usage(format!("{flag} {image}: {e}"))),
         }
     }

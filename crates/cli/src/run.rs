@@ -93,7 +93,7 @@ pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
 async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let total = Instant::now();
     let image: ImageRef = args.image.parse()?;
-    crate::bundled::ensure(paths, &image, args.quiet)?;
+    crate::bundled::ensure(paths, &image, args.quiet).await?;
     // A running daemon hands out a ready copy from its warm pool: the command starts without
     // waiting for a restore (FORKBOX_RUN_LOCAL=1 makes the sandbox in this process instead).
     let local = std::env::var_os("FORKBOX_RUN_LOCAL").is_some_and(|v| !v.is_empty() && v != "0");

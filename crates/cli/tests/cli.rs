@@ -1966,8 +1966,9 @@ fn commands_run_on_a_terminal() {
     stop_daemon(&paths);
 }
 
-/// One restore. A forkbox installed as scripts/install.sh lays it out (PREFIX/bin/forkbox,
-/// PREFIX/lib/forkbox/forkbox-agent) finds its agent there, away from any build tree.
+/// Two restores. A forkbox installed as scripts/install.sh lays it out (PREFIX/bin/forkbox,
+/// PREFIX/lib/forkbox/forkbox-agent) finds its agent there, away from any build tree; alone,
+/// it uses the agent built into it.
 #[test]
 fn an_installed_forkbox_finds_its_agent_beside_it() {
     let paths = ready();
@@ -1989,11 +1990,34 @@ fn an_installed_forkbox_finds_its_agent_beside_it() {
         .unwrap();
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "installed\n");
-    // Without the agent there, the error says how to install it.
+    // Without the agent there, the one built into the binary (the build embeds the agent it
+    // finds, see crates/cli/build.rs) is put in a home of its own and used: a binary installed
+    // alone (`cargo install`) runs sandboxes.
     std::fs::remove_file(prefix.path().join("lib/forkbox/forkbox-agent")).unwrap();
+    let alone = tempfile::tempdir().unwrap();
+    for sub in ["kernels", "images", "cache", "templates"] {
+        std::os::unix::fs::symlink(paths.home().join(sub), alone.path().join(sub)).unwrap();
+    }
+    let out = Command::new(&bin)
+        .env("FORKBOX_HOME", alone.path())
+        .env_remove("FORKBOX_AGENT")
+        .env_remove("FORKBOX_IMAGE")
+        .env("FORKBOX_NO_TCG_NOTICE", "1")
+        .args(["run", "--", "echo", "built in"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "built in\n");
+    assert_eq!(
+        std::fs::read(alone.path().join("agent/forkbox-agent")).unwrap(),
+        std::fs::read(&agent).unwrap()
+    );
+    // An agent the user names is used or refused, never replaced: the error says how to
+    // install one.
     let out = Command::new(&bin)
         .env("FORKBOX_HOME", paths.home())
-        .env_remove("FORKBOX_AGENT")
+        .env("FORKBOX_AGENT", prefix.path().join("no-such-agent"))
         .args(["run", "--", "true"])
         .stdin(Stdio::null())
         .output()
