@@ -11,10 +11,11 @@ use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::time::Duration;
 
-use forkbox_engine::paths::Paths;
 use forkbox_test_infra as infra;
+
+mod common;
+use common::{forkbox, Daemon};
 
 /// The failures, and the code each must have everywhere.
 const EXPECTED: &[(&str, &str)] = &[
@@ -27,58 +28,6 @@ const EXPECTED: &[(&str, &str)] = &[
 ];
 
 const BAD_RECIPE: &str = r#"{"name": "codes-test", "recipe": {"bsae": "bookworm"}}"#;
-
-struct Daemon {
-    paths: Paths,
-    child: std::process::Child,
-}
-
-impl Daemon {
-    fn start() -> Daemon {
-        let paths = infra::isolated_home("error-codes");
-        let child = forkbox(&paths)
-            .arg("serve")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let socket = forkbox_server::socket_path(&paths);
-        assert!(
-            infra::wait_until(Duration::from_secs(60), || {
-                std::os::unix::net::UnixStream::connect(&socket).is_ok()
-            }),
-            "the daemon did not start listening"
-        );
-        Daemon { paths, child }
-    }
-
-    fn api(&self) -> String {
-        format!(
-            "unix:{}",
-            forkbox_server::socket_path(&self.paths).display()
-        )
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
-
-fn forkbox(paths: &Paths) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
-    c.env("FORKBOX_HOME", paths.home())
-        .env_remove("FORKBOX_API")
-        .env_remove("FORKBOX_TOKEN")
-        .env("FORKBOX_POOL_SIZE", "0");
-    c
-}
 
 /// A request on the daemon's socket, by hand: the answer's `code`.
 fn raw_http(d: &Daemon, method: &str, path: &str, body: &str) -> String {
@@ -401,7 +350,7 @@ console.log(JSON.stringify(out));
 fn one_failure_has_one_code_through_every_front_end() {
     let python = infra::sdk_python();
     infra::npm_ready("sdk/typescript");
-    let d = Daemon::start();
+    let d = Daemon::start("error-codes");
     let expected: BTreeMap<String, String> = EXPECTED
         .iter()
         .map(|(k, v)| (k.to_string(), v.to_string()))

@@ -7,120 +7,13 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::path::Path;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
-use forkbox_engine::paths::Paths;
 use forkbox_test_infra as infra;
 
-struct Daemon {
-    paths: Paths,
-    child: std::process::Child,
-    tcp: String,
-    token: String,
-}
-
-impl Daemon {
-    fn start(name: &str) -> Daemon {
-        Daemon::start_with(name, &[])
-    }
-
-    /// A daemon with these extra `forkbox serve` arguments.
-    fn start_with(name: &str, extra: &[&str]) -> Daemon {
-        let paths = infra::isolated_home(name);
-        let forkbox = |paths: &Paths| {
-            let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
-            c.env("FORKBOX_HOME", paths.home())
-                .env_remove("FORKBOX_API")
-                .env_remove("FORKBOX_ACCEL")
-                .env("FORKBOX_POOL_SIZE", "0");
-            c
-        };
-        // A daemon an earlier run left behind may be an older build.
-        stop_daemon_of(&paths);
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let tcp = format!("127.0.0.1:{port}");
-        let out = forkbox(&paths)
-            .args(["token", "create", "--name", "sdk-tests"])
-            .output()
-            .unwrap();
-        assert!(out.status.success());
-        let token = String::from_utf8(out.stdout).unwrap().trim().to_string();
-        let child = forkbox(&paths)
-            .args(["serve", "--listen", &tcp])
-            .args(extra)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap();
-        let socket = forkbox_server::socket_path(&paths);
-        assert!(
-            infra::wait_until(Duration::from_secs(60), || {
-                std::os::unix::net::UnixStream::connect(&socket).is_ok()
-                    && std::net::TcpStream::connect(&tcp).is_ok()
-            }),
-            "the daemon did not start listening"
-        );
-        Daemon {
-            paths,
-            child,
-            tcp: format!("http://{tcp}"),
-            token,
-        }
-    }
-
-    /// `program` with the daemon's address, token and home in its environment.
-    fn client(&self, program: &Path) -> Command {
-        let mut c = Command::new(program);
-        c.env(
-            "FORKBOX_API",
-            format!(
-                "unix:{}",
-                forkbox_server::socket_path(&self.paths).display()
-            ),
-        )
-        .env("FORKBOX_TEST_TCP", &self.tcp)
-        .env("FORKBOX_TEST_TOKEN", &self.token)
-        .env_remove("FORKBOX_TOKEN")
-        .current_dir(infra::repo_root())
-        .stdin(Stdio::null());
-        c
-    }
-
-    /// Runs `cmd`, prints its output, fails the test when it fails.
-    fn check(&self, cmd: &mut Command, what: &str) -> String {
-        let out = cmd.output().unwrap();
-        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-        println!("{stdout}");
-        eprintln!("{}", String::from_utf8_lossy(&out.stderr));
-        assert!(out.status.success(), "{what} failed: {}", out.status);
-        stdout
-    }
-
-    /// No sandbox is left when a run ends well.
-    fn assert_nothing_left(&self) {
-        let left: Vec<String> = infra::run_entries(&self.paths)
-            .into_iter()
-            .filter(|e| e.starts_with("sb-"))
-            .collect();
-        assert!(left.is_empty(), "sandboxes left behind: {left:?}");
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let _ = self.child.wait();
-    }
-}
+mod common;
+use common::{stop_daemon_of, Daemon};
 
 /// The Python SDK's suite (sdk/python/tests): every call and its errors, cleanup by context
 /// manager, 10 concurrent async execs, an image built from a seed.
@@ -312,20 +205,6 @@ fn accept_by_comparison_examples_in_python_and_typescript() {
     );
     assert!(out.contains(expect), "{out}");
     d.assert_nothing_left();
-}
-
-/// Stops the daemon of `paths`, if one runs, and waits for it to be gone.
-fn stop_daemon_of(paths: &Paths) {
-    // Only a PID file a live daemon holds: a stale one's number may be any process's now.
-    if let Some(pid) = forkbox_server::running_pid(paths) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(pid as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        infra::wait_until(Duration::from_secs(30), || {
-            !Path::new(&format!("/proc/{pid}")).exists()
-        });
-    }
 }
 
 /// With no address given and no daemon running, both SDKs start this host's daemon with
