@@ -3,7 +3,7 @@
 //! the same failure has the same words and code as over the daemon's API.
 
 use forkbox_engine::api::{BuildProgress, Command, Engine, EngineError, ImageView, Reply};
-use forkbox_engine::image::{ImageRef, ImageStore, Recipe};
+use forkbox_engine::image::{BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 
 /// Runs `cmd` on a private engine of `paths` (no pool, nothing recorded for a daemon).
@@ -79,44 +79,39 @@ pub async fn build_image_async(
     } = b;
     let next = ImageStore::new(paths).next_version(&recipe.name);
     let (name, from) = (recipe.name.clone(), from.to_string());
-    {
-        let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildProgress>(4096);
-        let printer = tokio::spawn(async move {
-            let started = std::time::Instant::now();
-            let mut up_to_date = false;
-            let mut announced = false;
-            while let Some(ev) = rx.recv().await {
-                match ev {
-                    BuildProgress::UpToDate { .. } => up_to_date = true,
-                    _ if quiet => {}
-                    BuildProgress::Step { n, total, what } => {
-                        if !announced {
-                            eprintln!("forkbox: building {name}@{next} from {from}");
-                            announced = true;
-                        }
-                        eprintln!(
-                            "[{n}/{total}] {what} (at {:.0} s)",
-                            started.elapsed().as_secs_f64()
-                        );
+    let (tx, mut rx) = tokio::sync::mpsc::channel::<BuildProgress>(4096);
+    let printer = tokio::spawn(async move {
+        let mut print = crate::bundled::printer();
+        let mut up_to_date = false;
+        let mut announced = false;
+        while let Some(ev) = rx.recv().await {
+            match ev {
+                BuildProgress::UpToDate { .. } => up_to_date = true,
+                _ if quiet => {}
+                BuildProgress::Step { n, total, what } => {
+                    if !announced {
+                        eprintln!("forkbox: building {name}@{next} from {from}");
+                        announced = true;
                     }
-                    BuildProgress::Log { line } => eprintln!("      {line}"),
-                    BuildProgress::Done { .. } | BuildProgress::Error { .. } => {}
+                    print(BuildEvent::Step { n, total, what });
                 }
+                BuildProgress::Log { line } => print(BuildEvent::Log(line)),
+                BuildProgress::Done { .. } | BuildProgress::Error { .. } => {}
             }
-            up_to_date
-        });
-        let cmd = Command::BuildImage {
-            recipe,
-            source: Some(source.to_string()),
-            if_changed,
-            events: Some(tx),
-        };
-        let result = handle(paths, cmd).await.and_then(image_of);
-        // The command's sender is gone with it: the printer ends after the last event.
-        let up_to_date = printer.await.unwrap_or(false);
-        Ok(Built {
-            image: result?,
-            up_to_date,
-        })
-    }
+        }
+        up_to_date
+    });
+    let cmd = Command::BuildImage {
+        recipe,
+        source: Some(source.to_string()),
+        if_changed,
+        events: Some(tx),
+    };
+    let result = handle(paths, cmd).await.and_then(image_of);
+    // The command's sender is gone with it: the printer ends after the last event.
+    let up_to_date = printer.await.unwrap_or(false);
+    Ok(Built {
+        image: result?,
+        up_to_date,
+    })
 }
