@@ -7,11 +7,10 @@
 use std::path::PathBuf;
 
 use axum::extract::{Request, State};
-use axum::http::{header, StatusCode};
+use axum::http::header;
 use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::Json;
-use forkbox_engine::api::{Code, ErrorBody};
+use axum::response::Response;
+use forkbox_engine::api::Code;
 use forkbox_engine::paths::Paths;
 use forkbox_engine::state::StateDb;
 use serde::{Deserialize, Serialize};
@@ -92,15 +91,17 @@ pub async fn require_token(State(paths): State<Paths>, req: Request, next: Next)
         .map(str::trim);
     match token {
         Some(t) if valid(&paths, t) => next.run(req).await,
-        _ => (
-            StatusCode::UNAUTHORIZED,
-            [(header::WWW_AUTHENTICATE, "Bearer")],
-            Json(ErrorBody::new(
+        _ => {
+            let mut r = crate::refusal(
                 Code::Unauthorized,
                 "a valid bearer token is required; create one with `forkbox token create`",
-            )),
-        )
-            .into_response(),
+            );
+            r.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer"),
+            );
+            r
+        }
     }
 }
 
@@ -130,13 +131,9 @@ pub fn host_allowed(host: &str, allowed: &str) -> bool {
 /// (no CORS grant is ever made, so a page may not read or drive the API), or with a `Host`
 /// that is not this daemon's (DNS rebinding; see [`host_allowed`]).
 pub async fn refuse_browsers(req: Request, next: Next) -> Response {
-    let refuse = |code: Code, msg: String| {
-        let status = StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::FORBIDDEN);
-        (status, Json(ErrorBody::new(code, msg))).into_response()
-    };
     if let Some(origin) = req.headers().get(header::ORIGIN) {
         let origin = String::from_utf8_lossy(origin.as_bytes());
-        return refuse(
+        return crate::refusal(
             Code::PermissionDenied,
             format!(
                 "requests from web pages are refused (this one came from {}); forkbox's API is for programs, which send no Origin",
@@ -151,7 +148,7 @@ pub async fn refuse_browsers(req: Request, next: Next) -> Response {
         .unwrap_or_default();
     let allowed = std::env::var("FORKBOX_ALLOWED_HOSTS").unwrap_or_default();
     if !host.is_empty() && !host_allowed(&host, &allowed) {
-        return refuse(
+        return crate::refusal(
             Code::MisdirectedRequest,
             format!(
                 "Host {} is not a name of this daemon; use its IP address or localhost, or list the name in FORKBOX_ALLOWED_HOSTS where the daemon runs",

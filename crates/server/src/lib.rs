@@ -77,14 +77,16 @@ pub use forkbox_engine::api::ErrorBody;
 /// Every error an HTTP client sees: the engine's status for it and `{"error": message}`.
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let status =
-            StatusCode::from_u16(self.0.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        (
-            status,
-            Json(ErrorBody::new(self.0.code(), self.0.to_string())),
-        )
-            .into_response()
+        refusal(self.0.code(), self.0.to_string())
     }
+}
+
+/// An error answer: the code's status and `{"error": message, "code": code}`. Every refusal
+/// the API makes (the engine's, the listener's) is one of these.
+pub(crate) fn refusal(code: forkbox_engine::api::Code, message: impl Into<String>) -> Response {
+    let status =
+        StatusCode::from_u16(code.http_status()).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    (status, Json(ErrorBody::new(code, message))).into_response()
 }
 
 impl From<EngineError> for ApiError {
