@@ -226,3 +226,13 @@ pub struct StdinWritten {
 pub struct Unpacked {
     pub bytes: u64,
 }
+
+/// The daemon answers.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Health {
+    pub ok: bool,
+    /// forkbox's version.
+    pub version: String,
+    /// The host <-> guest agent protocol's version.
+    pub protocol_version: u32,
+}

@@ -9,6 +9,22 @@ pub struct Route {
     pub method: Method,
     /// With `{name}` for each path parameter, as the router and OpenAPI spell them.
     pub path: &'static str,
+    /// Its success reply's type as the table spells it ([`reply`] has the type itself).
+    pub reply: &'static str,
+}
+
+/// Kinds of reply that are not one JSON document.
+pub mod body {
+    use std::marker::PhantomData;
+
+    /// Bytes as they are (`application/octet-stream`).
+    pub struct Octets;
+    /// Text in a format of its own (the metrics, the OpenAPI document).
+    pub struct Text;
+    /// Newline-delimited JSON (`application/x-ndjson`), a `T` a line, as it happens.
+    pub struct Lines<T>(PhantomData<T>);
+    /// No body: the status says it all.
+    pub struct Empty;
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -31,12 +47,27 @@ impl Method {
 }
 
 macro_rules! routes {
-    ($($op:ident: $method:ident $path:literal;)+) => {
+    ($($op:ident: $method:ident $path:literal -> $reply:ty;)+) => {
         /// Each operation's route by its name, checked when compiled: `op::create.fill(&[])`.
         #[allow(non_upper_case_globals)]
         pub mod op {
             use super::{Method, Route};
-            $(pub const $op: Route = Route { op: stringify!($op), method: Method::$method, path: $path };)+
+            $(pub const $op: Route = Route {
+                op: stringify!($op),
+                method: Method::$method,
+                path: $path,
+                reply: stringify!($reply),
+            };)+
+        }
+
+        /// Each operation's success reply by its name: the server's handler must produce it
+        /// and the Rust client returns it (both are checked when compiled).
+        #[allow(non_camel_case_types)]
+        pub mod reply {
+            #[allow(unused_imports)]
+            use super::body::*;
+            use crate::*;
+            $(pub type $op = $reply;)+
         }
 
         /// Every route of the API.
@@ -45,39 +76,39 @@ macro_rules! routes {
 }
 
 routes! {
-    metrics: Get "/metrics";
-    health: Get "/v1/health";
-    openapi: Get "/v1/openapi.json";
-    info: Get "/v1/info";
-    list_images: Get "/v1/images";
-    build_image: Post "/v1/images";
-    get_image: Get "/v1/images/{reference}";
-    remove_image: Delete "/v1/images/{reference}";
-    create: Post "/v1/sandboxes";
-    list: Get "/v1/sandboxes";
-    get_one: Get "/v1/sandboxes/{id}";
-    delete: Delete "/v1/sandboxes/{id}";
-    exec: Post "/v1/sandboxes/{id}/exec";
-    set_ttl: Post "/v1/sandboxes/{id}/ttl";
-    snapshot: Post "/v1/sandboxes/{id}/snapshot";
-    fork: Post "/v1/sandboxes/{id}/fork";
-    hibernate: Post "/v1/sandboxes/{id}/hibernate";
-    resume: Post "/v1/sandboxes/{id}/resume";
-    read_file: Get "/v1/sandboxes/{id}/files";
-    write_file: Put "/v1/sandboxes/{id}/files";
-    list_dir: Get "/v1/sandboxes/{id}/dir";
-    get_archive: Get "/v1/sandboxes/{id}/archive";
-    put_archive: Put "/v1/sandboxes/{id}/archive";
-    start_command: Post "/v1/sandboxes/{id}/commands";
-    command_poll: Get "/v1/sandboxes/{id}/commands/{cid}";
-    command_events: Get "/v1/sandboxes/{id}/commands/{cid}/events";
-    command_signal: Post "/v1/sandboxes/{id}/commands/{cid}/signal";
-    command_stdin: Post "/v1/sandboxes/{id}/commands/{cid}/stdin";
-    command_resize: Post "/v1/sandboxes/{id}/commands/{cid}/resize";
-    list_snapshots: Get "/v1/snapshots";
-    get_snapshot: Get "/v1/snapshots/{id}";
-    delete_snapshot: Delete "/v1/snapshots/{id}";
-    fork_snapshot: Post "/v1/snapshots/{id}/fork";
+    metrics: Get "/metrics" -> Text;
+    health: Get "/v1/health" -> Health;
+    openapi: Get "/v1/openapi.json" -> Text;
+    info: Get "/v1/info" -> InfoView;
+    list_images: Get "/v1/images" -> Vec<ImageView>;
+    build_image: Post "/v1/images" -> Lines<BuildProgress>;
+    get_image: Get "/v1/images/{reference}" -> ImageView;
+    remove_image: Delete "/v1/images/{reference}" -> ImageView;
+    create: Post "/v1/sandboxes" -> SandboxView;
+    list: Get "/v1/sandboxes" -> Vec<SandboxView>;
+    get_one: Get "/v1/sandboxes/{id}" -> SandboxView;
+    delete: Delete "/v1/sandboxes/{id}" -> Deleted;
+    exec: Post "/v1/sandboxes/{id}/exec" -> ExecResult;
+    set_ttl: Post "/v1/sandboxes/{id}/ttl" -> SandboxView;
+    snapshot: Post "/v1/sandboxes/{id}/snapshot" -> SnapshotMeta;
+    fork: Post "/v1/sandboxes/{id}/fork" -> ForkResult;
+    hibernate: Post "/v1/sandboxes/{id}/hibernate" -> SandboxView;
+    resume: Post "/v1/sandboxes/{id}/resume" -> SandboxView;
+    read_file: Get "/v1/sandboxes/{id}/files" -> Octets;
+    write_file: Put "/v1/sandboxes/{id}/files" -> Written;
+    list_dir: Get "/v1/sandboxes/{id}/dir" -> DirListing;
+    get_archive: Get "/v1/sandboxes/{id}/archive" -> Octets;
+    put_archive: Put "/v1/sandboxes/{id}/archive" -> Unpacked;
+    start_command: Post "/v1/sandboxes/{id}/commands" -> CommandStarted;
+    command_poll: Get "/v1/sandboxes/{id}/commands/{cid}" -> CommandPoll;
+    command_events: Get "/v1/sandboxes/{id}/commands/{cid}/events" -> Lines<CommandEvent>;
+    command_signal: Post "/v1/sandboxes/{id}/commands/{cid}/signal" -> Empty;
+    command_stdin: Post "/v1/sandboxes/{id}/commands/{cid}/stdin" -> StdinWritten;
+    command_resize: Post "/v1/sandboxes/{id}/commands/{cid}/resize" -> Empty;
+    list_snapshots: Get "/v1/snapshots" -> Vec<SnapshotMeta>;
+    get_snapshot: Get "/v1/snapshots/{id}" -> SnapshotMeta;
+    delete_snapshot: Delete "/v1/snapshots/{id}" -> Deleted;
+    fork_snapshot: Post "/v1/snapshots/{id}/fork" -> ForkResult;
 }
 
 /// The route of operation `op`.

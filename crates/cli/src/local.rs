@@ -1,42 +1,27 @@
 //! The engine in this process, for what the CLI does without a daemon (image builds, lists and
-//! removals, the bundled images): the same [`Command`]s through the same `Engine::handle`, so
+//! removals, the bundled images): the same operations through the same `Engine::call`, so
 //! the same failure has the same words and code as over the daemon's API.
 
-use forkbox_engine::api::{BuildProgress, Command, Engine, EngineError, ImageView, Reply};
+use forkbox_engine::api::{ops, BuildProgress, Engine, EngineError, ImageView, Operation};
 use forkbox_engine::image::{BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 
-/// Runs `cmd` on a private engine of `paths` (no pool, nothing recorded for a daemon).
-async fn handle(paths: &Paths, cmd: Command) -> Result<Reply, EngineError> {
-    Engine::private(paths.clone()).handle(cmd).await
-}
-
-fn image_of(reply: Reply) -> Result<ImageView, EngineError> {
-    match reply {
-        Reply::Image(v) => Ok(v),
-        _ => Err(EngineError::Internal(
-            "the engine answered an image command with another kind of reply".into(),
-        )),
-    }
+/// Carries out `op` on a private engine of `paths` (no pool, nothing recorded for a daemon).
+async fn call<O: Operation>(paths: &Paths, op: O) -> Result<O::Reply, EngineError> {
+    Engine::private(paths.clone()).call(op).await
 }
 
 pub fn list_images(paths: &Paths) -> anyhow::Result<Vec<ImageView>> {
     let rt = crate::daemon::current_thread()?;
-    match rt.block_on(handle(paths, Command::ListImages))? {
-        Reply::Images(v) => Ok(v),
-        _ => Err(EngineError::Internal(
-            "the engine answered a list of images with another kind of reply".into(),
-        )
-        .into()),
-    }
+    Ok(rt.block_on(call(paths, ops::ListImages {}))?)
 }
 
 pub fn remove_image(paths: &Paths, reference: &ImageRef) -> anyhow::Result<ImageView> {
     let rt = crate::daemon::current_thread()?;
-    let cmd = Command::RemoveImage {
+    let op = ops::RemoveImage {
         reference: reference.clone(),
     };
-    Ok(image_of(rt.block_on(handle(paths, cmd))?)?)
+    Ok(rt.block_on(call(paths, op))?)
 }
 
 /// What a build did.
@@ -101,13 +86,13 @@ pub async fn build_image_async(
         }
         up_to_date
     });
-    let cmd = Command::BuildImage {
+    let op = ops::BuildImage {
         recipe,
         source: Some(source.to_string()),
         if_changed,
         events: Some(tx),
     };
-    let result = handle(paths, cmd).await.and_then(image_of);
+    let result = call(paths, op).await;
     // The command's sender is gone with it: the printer ends after the last event.
     let up_to_date = printer.await.unwrap_or(false);
     Ok(Built {

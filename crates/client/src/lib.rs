@@ -7,13 +7,10 @@
 
 use std::path::PathBuf;
 
-use forkbox_api::routes::{op, Method, Route};
-use forkbox_api::SnapshotMeta;
+use forkbox_api::routes::{op, reply, Method, Route};
 use forkbox_api::{
-    ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
-    CreateRequest, Deleted, DirListing, ExecRequest, ExecResult, ForkRequest, ForkResult,
-    ImageView, InfoView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
-    Unpacked, Written,
+    ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CreateRequest, ExecRequest,
+    ForkRequest, ForkResult, SandboxState, SnapshotRequest, TerminalSize, Unpacked,
 };
 use forkbox_archive::ArchiveError;
 use futures_util::{Stream, StreamExt};
@@ -223,7 +220,7 @@ impl Client {
         self.send(self.at(op::health, &[])).await.is_ok()
     }
 
-    pub async fn info(&self) -> Result<InfoView, ClientError> {
+    pub async fn info(&self) -> Result<reply::info, ClientError> {
         self.json(self.at(op::info, &[])).await
     }
 
@@ -234,11 +231,11 @@ impl Client {
 
     // -- sandboxes ---------------------------------------------------------------------------
 
-    pub async fn create(&self, req: &CreateRequest) -> Result<SandboxView, ClientError> {
+    pub async fn create(&self, req: &CreateRequest) -> Result<reply::create, ClientError> {
         self.json(self.at(op::create, &[]).json(req)).await
     }
 
-    pub async fn get(&self, id: &str) -> Result<SandboxView, ClientError> {
+    pub async fn get(&self, id: &str) -> Result<reply::get_one, ClientError> {
         self.json(self.at(op::get_one, &[id])).await
     }
 
@@ -247,7 +244,7 @@ impl Client {
         &self,
         label: Option<&str>,
         state: Option<SandboxState>,
-    ) -> Result<Vec<SandboxView>, ClientError> {
+    ) -> Result<reply::list, ClientError> {
         let mut req = self.at(op::list, &[]);
         if let Some(l) = label {
             req = req.query(&[("label", l)]);
@@ -259,12 +256,12 @@ impl Client {
         self.json(req).await
     }
 
-    pub async fn delete(&self, id: &str) -> Result<Deleted, ClientError> {
+    pub async fn delete(&self, id: &str) -> Result<reply::delete, ClientError> {
         self.json(self.at(op::delete, &[id])).await
     }
 
     /// Runs a command and waits; output capped at 64 KiB per stream.
-    pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<ExecResult, ClientError> {
+    pub async fn exec(&self, id: &str, req: &ExecRequest) -> Result<reply::exec, ClientError> {
         self.json(self.at(op::exec, &[id]).json(req)).await
     }
 
@@ -286,7 +283,7 @@ impl Client {
         &self,
         id: &str,
         req: &ExecRequest,
-    ) -> Result<CommandStarted, ClientError> {
+    ) -> Result<reply::start_command, ClientError> {
         self.json(self.at(op::start_command, &[id]).json(req)).await
     }
 
@@ -305,7 +302,7 @@ impl Client {
         id: &str,
         command_id: &str,
         from: usize,
-    ) -> Result<CommandPoll, ClientError> {
+    ) -> Result<reply::command_poll, ClientError> {
         let req = self
             .at(op::command_poll, &[id, command_id])
             .query(&[("from", from)]);
@@ -338,7 +335,7 @@ impl Client {
         command_id: &str,
         rx: tokio::sync::mpsc::Receiver<std::io::Result<Vec<u8>>>,
         close: bool,
-    ) -> Result<StdinWritten, ClientError> {
+    ) -> Result<reply::command_stdin, ClientError> {
         let body = reqwest::Body::wrap_stream(tokio_stream::wrappers::ReceiverStream::new(rx));
         self.json(
             self.at(op::command_stdin, &[id, command_id])
@@ -348,7 +345,7 @@ impl Client {
         .await
     }
 
-    pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<SandboxView, ClientError> {
+    pub async fn set_ttl(&self, id: &str, ttl_seconds: u64) -> Result<reply::set_ttl, ClientError> {
         let req = self
             .at(op::set_ttl, &[id])
             .json(&serde_json::json!({ "ttl_seconds": ttl_seconds }));
@@ -359,7 +356,7 @@ impl Client {
         &self,
         id: &str,
         req: &SnapshotRequest,
-    ) -> Result<SnapshotMeta, ClientError> {
+    ) -> Result<reply::snapshot, ClientError> {
         self.json(self.at(op::snapshot, &[id]).json(req)).await
     }
 
@@ -373,11 +370,11 @@ impl Client {
         self.json(self.at(route, &[source]).json(req)).await
     }
 
-    pub async fn hibernate(&self, id: &str) -> Result<SandboxView, ClientError> {
+    pub async fn hibernate(&self, id: &str) -> Result<reply::hibernate, ClientError> {
         self.json(self.at(op::hibernate, &[id])).await
     }
 
-    pub async fn resume(&self, id: &str) -> Result<SandboxView, ClientError> {
+    pub async fn resume(&self, id: &str) -> Result<reply::resume, ClientError> {
         self.json(self.at(op::resume, &[id])).await
     }
 
@@ -394,7 +391,7 @@ impl Client {
         path: &str,
         data: Vec<u8>,
         mode: u32,
-    ) -> Result<Written, ClientError> {
+    ) -> Result<reply::write_file, ClientError> {
         let req = self
             .at(op::write_file, &[id])
             .query(&[("path", path), ("mode", &format!("{mode:o}"))])
@@ -402,7 +399,7 @@ impl Client {
         self.json(req).await
     }
 
-    pub async fn list_dir(&self, id: &str, path: &str) -> Result<DirListing, ClientError> {
+    pub async fn list_dir(&self, id: &str, path: &str) -> Result<reply::list_dir, ClientError> {
         let req = self.at(op::list_dir, &[id]).query(&[("path", path)]);
         self.json(req).await
     }
@@ -414,7 +411,7 @@ impl Client {
         path: &str,
         format: ArchiveFormat,
         body: reqwest::Body,
-    ) -> Result<Unpacked, ClientError> {
+    ) -> Result<reply::put_archive, ClientError> {
         let req = self
             .at(op::put_archive, &[id])
             .query(&[("path", path), ("format", format_name(format))])
@@ -496,27 +493,27 @@ impl Client {
 
     // -- snapshots and images ---------------------------------------------------------------
 
-    pub async fn list_snapshots(&self) -> Result<Vec<SnapshotMeta>, ClientError> {
+    pub async fn list_snapshots(&self) -> Result<reply::list_snapshots, ClientError> {
         self.json(self.at(op::list_snapshots, &[])).await
     }
 
-    pub async fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, ClientError> {
+    pub async fn get_snapshot(&self, name: &str) -> Result<reply::get_snapshot, ClientError> {
         self.json(self.at(op::get_snapshot, &[name])).await
     }
 
-    pub async fn delete_snapshot(&self, name: &str) -> Result<Deleted, ClientError> {
+    pub async fn delete_snapshot(&self, name: &str) -> Result<reply::delete_snapshot, ClientError> {
         self.json(self.at(op::delete_snapshot, &[name])).await
     }
 
-    pub async fn list_images(&self) -> Result<Vec<ImageView>, ClientError> {
+    pub async fn list_images(&self) -> Result<reply::list_images, ClientError> {
         self.json(self.at(op::list_images, &[])).await
     }
 
-    pub async fn get_image(&self, reference: &str) -> Result<ImageView, ClientError> {
+    pub async fn get_image(&self, reference: &str) -> Result<reply::get_image, ClientError> {
         self.json(self.at(op::get_image, &[reference])).await
     }
 
-    pub async fn remove_image(&self, reference: &str) -> Result<ImageView, ClientError> {
+    pub async fn remove_image(&self, reference: &str) -> Result<reply::remove_image, ClientError> {
         self.json(self.at(op::remove_image, &[reference])).await
     }
 

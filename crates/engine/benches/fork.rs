@@ -144,22 +144,22 @@ fn main() {
         let pause_ms = env_count("BENCH_POOL_PAUSE_MS", 500) as u64;
         for i in 0..n + 1 {
             let t = Instant::now();
-            let r = engine.handle(forkbox_engine::api::Command::Create(forkbox_engine::api::CreateRequest {
+            let request = forkbox_engine::api::CreateRequest {
                 image: Some(cfg.image.to_string()),
                 ..Default::default()
-            })).await.expect("create through the API");
+            };
+            let v = engine.call(forkbox_engine::api::ops::Create { request }).await.expect("create through the API");
             let took = ms(t.elapsed());
-            let forkbox_engine::api::Reply::Sandbox(v) = r else { panic!("not a sandbox") };
             if i > 0 {
                 // The first create finds the pool empty and starts filling it.
                 pooled.push(took);
                 hits += v.from_pool as usize;
             }
             let id = v.info.id.clone();
-            let out = engine.handle(forkbox_engine::api::Command::Exec { id: id.clone(), request: forkbox_engine::api::ExecRequest { argv: Some(vec!["true".into()]), ..Default::default() } }).await.expect("exec");
+            let out = engine.call(forkbox_engine::api::ops::Exec { id: id.clone(), request: forkbox_engine::api::ExecRequest { argv: Some(vec!["true".into()]), ..Default::default() } }).await.expect("exec");
             drop(out);
             let t = Instant::now();
-            engine.handle(forkbox_engine::api::Command::Delete { id }).await.expect("delete");
+            engine.call(forkbox_engine::api::ops::Delete { id }).await.expect("delete");
             deletes.push(ms(t.elapsed()));
             tokio::time::sleep(Duration::from_millis(pause_ms)).await;
         }

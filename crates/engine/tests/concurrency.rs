@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use forkbox_engine::api::{Command, CreateRequest, Engine, ExecRequest, Reply};
+use forkbox_engine::api::{ops, CreateRequest, Engine, ExecRequest};
 use forkbox_test_infra as infra;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -15,17 +15,12 @@ async fn twenty_sandboxes_exec_in_a_loop_at_once_without_failures() {
     let engine = Arc::new(Engine::new(paths.clone()));
     let mut ids = Vec::new();
     for _ in 0..20 {
-        let r = engine
-            .handle(Command::Create(CreateRequest {
-                image: Some(cfg.image.to_string()),
-                memory_mib: Some(512),
-                ..Default::default()
-            }))
-            .await
-            .expect("create");
-        let Reply::Sandbox(v) = r else {
-            panic!("not a sandbox")
+        let request = CreateRequest {
+            image: Some(cfg.image.to_string()),
+            memory_mib: Some(512),
+            ..Default::default()
         };
+        let v = engine.call(ops::Create { request }).await.expect("create");
         ids.push(v.info.id);
     }
     let mut tasks = tokio::task::JoinSet::new();
@@ -33,8 +28,8 @@ async fn twenty_sandboxes_exec_in_a_loop_at_once_without_failures() {
         let (engine, id) = (engine.clone(), id.clone());
         tasks.spawn(async move {
             for round in 0..5 {
-                let r = engine
-                    .handle(Command::Exec {
+                let x = engine
+                    .call(ops::Exec {
                         id: id.clone(),
                         request: ExecRequest {
                             shell: Some(format!("echo $(hostname) {n} {round}")),
@@ -44,9 +39,6 @@ async fn twenty_sandboxes_exec_in_a_loop_at_once_without_failures() {
                     })
                     .await
                     .unwrap_or_else(|e| panic!("exec in {id}: {e}"));
-                let Reply::Exec(x) = r else {
-                    panic!("not an exec result")
-                };
                 assert_eq!(x.exit_code, 0, "{id}: {}", x.stderr);
                 assert_eq!(x.stdout, format!("{id} {n} {round}\n"));
             }
@@ -56,7 +48,7 @@ async fn twenty_sandboxes_exec_in_a_loop_at_once_without_failures() {
         t.unwrap();
     }
     for id in ids {
-        engine.handle(Command::Delete { id }).await.unwrap();
+        engine.call(ops::Delete { id }).await.unwrap();
     }
     // The warm pool (restored copies kept ready) goes with the engine's shutdown.
     engine.shutdown().await;

@@ -5,7 +5,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use forkbox_engine::api::{Command, CreateRequest, Engine, ForkRequest, Reply};
+use forkbox_engine::api::{ops, CreateRequest, Engine, ForkRequest};
 use forkbox_engine::net::NetworkPolicy;
 use forkbox_engine::sandbox::Sandbox;
 use forkbox_test_infra as infra;
@@ -201,11 +201,13 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
     let (paths, cfg) = infra::sandbox_setup("python-bookworm");
     let engine = Engine::private(paths.clone());
     let bad = engine
-        .handle(Command::Create(CreateRequest {
-            image: Some(cfg.image.to_string()),
-            network: Some(policy(&["pypi.org/simple"])),
-            ..Default::default()
-        }))
+        .call(ops::Create {
+            request: CreateRequest {
+                image: Some(cfg.image.to_string()),
+                network: Some(policy(&["pypi.org/simple"])),
+                ..Default::default()
+            },
+        })
         .await;
     let e = bad.err().unwrap().to_string();
     assert!(e.contains("pypi.org/simple"), "{e}");
@@ -216,19 +218,19 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
     let host = net.peer_ips[1].clone();
     net.serve(&host, 8080, web.path());
     let allow = policy(&[&format!("{host}:8080")]);
-    let Ok(Reply::Sandbox(v)) = engine
-        .handle(Command::Create(CreateRequest {
-            image: Some(cfg.image.to_string()),
-            network: Some(allow.clone()),
-            ..Default::default()
-        }))
+    let v = engine
+        .call(ops::Create {
+            request: CreateRequest {
+                image: Some(cfg.image.to_string()),
+                network: Some(allow.clone()),
+                ..Default::default()
+            },
+        })
         .await
-    else {
-        panic!("create")
-    };
+        .expect("create");
     assert_eq!(v.network, allow);
-    let Ok(Reply::Forked(f)) = engine
-        .handle(Command::Fork {
+    let f = engine
+        .call(ops::Fork {
             source: v.info.id.clone(),
             request: ForkRequest {
                 count: 2,
@@ -239,9 +241,7 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
             },
         })
         .await
-    else {
-        panic!("fork")
-    };
+        .expect("fork");
     assert_eq!(f.sandboxes.len(), 2, "{:?}", f.failed);
     for copy in &f.sandboxes {
         assert_eq!(copy.network, allow);

@@ -330,17 +330,14 @@ fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words(
     let recipe = Recipe::from_seed("reg-private", seed).unwrap();
     let engine = forkbox_engine::api::Engine::private(paths.clone());
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let reply = rt
-        .block_on(engine.handle(forkbox_engine::api::Command::BuildImage {
+    let view = rt
+        .block_on(engine.call(forkbox_engine::api::ops::BuildImage {
             recipe,
             source: None,
             if_changed: false,
             events: None,
         }))
         .unwrap();
-    let forkbox_engine::api::Reply::Image(view) = reply else {
-        panic!("not an image")
-    };
     assert!(
         view.pulled
             .as_deref()

@@ -1,5 +1,6 @@
-//! forkbox's HTTP API, versioned under `/v1`: each route parses its request into one
-//! [`forkbox_engine::api::Command`] and renders the reply or the error. The daemon listens on a
+//! forkbox's HTTP API, versioned under `/v1`: each route parses its request into one of the
+//! engine's operations ([`forkbox_engine::api::ops`]), calls it, and renders its reply or the
+//! error. The daemon listens on a
 //! Unix socket in forkbox's home, mode 0600.
 #![forbid(unsafe_code)]
 
@@ -17,12 +18,13 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Json, Router};
+use forkbox_engine::api::routes::reply;
 #[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    ArchiveFormat, BuildProgress, BuildRequest, Command, CommandEvent, CommandPoll, CommandStarted,
+    ops, ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
-    ForkResult, GuestPath, ImageView, InfoView, PolledChunk, Reply, SandboxState, SandboxView,
-    SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    ForkResult, GuestPath, Health, ImageView, InfoView, Operation, PolledChunk, SandboxState,
+    SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -97,20 +99,20 @@ impl From<EngineError> for ApiError {
 
 type Api = Result<Response, ApiError>;
 
-/// Runs `cmd` to its end even if the client goes away meanwhile: a create or fork that was
-/// under way still registers its sandboxes (they are then listed), rather than being dropped
-/// halfway.
-async fn handle(engine: &Arc<Engine>, cmd: Command) -> Result<Reply, ApiError> {
+/// Carries out `op` to its end even if the client goes away meanwhile: a create or fork that
+/// was under way still registers its sandboxes (they are then listed), rather than being
+/// dropped halfway.
+async fn call<O: Operation>(engine: &Arc<Engine>, op: O) -> Result<O::Reply, ApiError> {
     let engine = engine.clone();
-    task_outcome(tokio::spawn(async move { engine.handle(cmd).await }).await)
+    task_outcome(tokio::spawn(async move { engine.call(op).await }).await)
 }
 
 /// A request task's reply or error; a task that panicked (a bug in forkbox, never the
 /// request's fault) is a 500 `internal`, logged with what it said (the panic hook of
 /// [`serve`] logs where, with the backtrace).
-fn task_outcome(
-    r: Result<Result<Reply, EngineError>, tokio::task::JoinError>,
-) -> Result<Reply, ApiError> {
+fn task_outcome<T>(
+    r: Result<Result<T, EngineError>, tokio::task::JoinError>,
+) -> Result<T, ApiError> {
     match r {
         Ok(r) => Ok(r?),
         Err(e) => {
@@ -144,28 +146,15 @@ fn log_panics() {
     });
 }
 
-/// The one place a reply becomes a response: JSON with `ok`, a file's bytes as they are.
-async fn run(engine: &Arc<Engine>, cmd: Command, ok: StatusCode) -> Api {
-    Ok(match handle(engine, cmd).await? {
-        Reply::File(bytes) => (
-            ok,
-            [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
-            bytes,
-        )
-            .into_response(),
-        Reply::Metrics(text) => (
-            ok,
-            [(
-                axum::http::header::CONTENT_TYPE,
-                "application/openmetrics-text; version=1.0.0; charset=utf-8",
-            )],
-            text,
-        )
-            .into_response(),
-        Reply::Sent => ok.into_response(),
-        Reply::Log(_) | Reply::Archive(_) => return Err(unexpected()),
-        reply => (ok, Json(reply)).into_response(),
-    })
+/// An operation's reply as JSON with status `ok`.
+/// `R` is the reply the route table names for the handler's route ([`reply`]): an operation
+/// that gives another does not compile.
+async fn answer<R, O>(engine: &Arc<Engine>, op: O, ok: StatusCode) -> Api
+where
+    O: Operation<Reply = R>,
+    R: serde::Serialize,
+{
+    Ok((ok, Json(call(engine, op).await?)).into_response())
 }
 
 /// Newline-delimited JSON from a channel of events.
@@ -183,7 +172,7 @@ fn ndjson<T: serde::Serialize + Send + 'static>(rx: tokio::sync::mpsc::Receiver<
         .into_response()
 }
 
-#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "this document")))]
+#[utoipa::path(get, path = "/v1/openapi.json", responses((status = 200, description = "this document (OpenAPI 3.1)", content_type = "application/json")))]
 async fn openapi() -> Response {
     (
         [(axum::http::header::CONTENT_TYPE, "application/json")],
@@ -192,19 +181,11 @@ async fn openapi() -> Response {
         .into_response()
 }
 
-/// The daemon answers.
-#[derive(serde::Serialize, utoipa::ToSchema)]
-struct Health {
-    ok: bool,
-    version: &'static str,
-    protocol_version: u32,
-}
-
 #[utoipa::path(get, path = "/v1/health", responses((status = 200, description = "the daemon answers", body = Health)))]
 async fn health() -> Response {
     Json(Health {
         ok: true,
-        version: env!("CARGO_PKG_VERSION"),
+        version: env!("CARGO_PKG_VERSION").into(),
         protocol_version: forkbox_protocol::PROTOCOL_VERSION,
     })
     .into_response()
@@ -212,7 +193,7 @@ async fn health() -> Response {
 
 #[utoipa::path(post, path = "/v1/sandboxes", request_body = CreateRequest, responses((status = 201, body = SandboxView), (status = 400, body = ErrorBody), (status = 404, description = "no such image or snapshot", body = ErrorBody), (status = 507, body = ErrorBody)))]
 async fn create(State(e): State<Arc<Engine>>, Body(r): Body<CreateRequest>) -> Api {
-    run(&e, Command::Create(r), StatusCode::CREATED).await
+    answer::<reply::create, _>(&e, ops::Create { request: r }, StatusCode::CREATED).await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query, description = "K=V"), ("state" = Option<SandboxState>, Query)), responses((status = 200, body = Vec<SandboxView>), (status = 400, body = ErrorBody)))]
@@ -238,17 +219,17 @@ async fn list(State(e): State<Arc<Engine>>, Params(q): Params<HashMap<String, St
             })?,
         ),
     };
-    run(&e, Command::List { label, state }, StatusCode::OK).await
+    answer::<reply::list, _>(&e, ops::List { label, state }, StatusCode::OK).await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody)))]
 async fn get_one(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
-    run(&e, Command::Get { id }, StatusCode::OK).await
+    answer::<reply::get_one, _>(&e, ops::Get { id }, StatusCode::OK).await
 }
 
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = Deleted), (status = 404, body = ErrorBody)))]
 async fn delete(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
-    run(&e, Command::Delete { id }, StatusCode::OK).await
+    answer::<reply::delete, _>(&e, ops::Delete { id }, StatusCode::OK).await
 }
 
 #[derive(serde::Deserialize, Default)]
@@ -269,27 +250,14 @@ async fn exec(
     Body(request): Body<ExecRequest>,
 ) -> Api {
     if !q.stream {
-        return run(&e, Command::Exec { id, request }, StatusCode::OK).await;
+        return answer::<reply::exec, _>(&e, ops::Exec { id, request }, StatusCode::OK).await;
     }
-    let Reply::CommandStarted(started) = handle(
-        &e,
-        Command::StartCommand {
-            id: id.clone(),
-            request,
-        },
-    )
-    .await?
-    else {
-        return Err(unexpected());
+    let op = ops::StartCommand {
+        id: id.clone(),
+        request,
     };
+    let started = call(&e, op).await?;
     attach(e, id, started.command_id).await
-}
-
-/// A reply of another kind than its command gives: a bug in this adapter.
-fn unexpected() -> ApiError {
-    ApiError(EngineError::Internal(
-        "the engine answered with an unexpected kind of reply".into(),
-    ))
 }
 
 /// NDJSON events of a command from its start, following it until it ends: first
@@ -297,17 +265,11 @@ fn unexpected() -> ApiError {
 /// `exit` (or `error`). Reattaching replays everything kept.
 async fn attach(e: Arc<Engine>, id: String, cid: String) -> Api {
     use base64::Engine as _;
-    let Reply::Log(log) = handle(
-        &e,
-        Command::AttachCommand {
-            id,
-            command_id: cid.clone(),
-        },
-    )
-    .await?
-    else {
-        return Err(unexpected());
+    let op = ops::AttachCommand {
+        id,
+        command_id: cid.clone(),
     };
+    let log = call(&e, op).await?;
     let (tx, rx) = tokio::sync::mpsc::channel::<CommandEvent>(16);
     tokio::spawn(async move {
         let b64 = base64::engine::general_purpose::STANDARD;
@@ -369,13 +331,13 @@ async fn put_archive(
     body: axum::body::Body,
 ) -> Api {
     let (rx, feed) = body_chunks(body);
-    let cmd = Command::PutArchive {
+    let cmd = ops::PutArchive {
         id,
         path: q.path,
         format: q.format,
         chunks: rx,
     };
-    let result = run(&e, cmd, StatusCode::OK).await;
+    let result = answer::<reply::put_archive, _>(&e, cmd, StatusCode::OK).await;
     feed.abort();
     result
 }
@@ -387,14 +349,12 @@ async fn get_archive(
     UrlPath(id): UrlPath<String>,
     Params(q): Params<ArchiveQuery>,
 ) -> Api {
-    let cmd = Command::GetArchive {
+    let op = ops::GetArchive {
         id,
         path: q.path,
         format: q.format,
     };
-    let Reply::Archive(rx) = handle(&e, cmd).await? else {
-        return Err(unexpected());
-    };
+    let rx = call(&e, op).await?;
     // An error from the guest ends the body early; the client then sees a broken transfer.
     Ok(
         axum::body::Body::from_stream(tokio_stream::wrappers::ReceiverStream::new(rx))
@@ -409,7 +369,7 @@ async fn snapshot(
     body: Option<Body<SnapshotRequest>>,
 ) -> Api {
     let request = body.map(|Body(r)| r).unwrap_or_default();
-    run(&e, Command::Snapshot { id, request }, StatusCode::CREATED).await
+    answer::<reply::snapshot, _>(&e, ops::Snapshot { id, request }, StatusCode::CREATED).await
 }
 
 /// Forks a sandbox (saving it first) into `count` new sandboxes.
@@ -419,7 +379,7 @@ async fn fork(
     UrlPath(source): UrlPath<String>,
     Body(request): Body<ForkRequest>,
 ) -> Api {
-    run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
+    answer::<reply::fork, _>(&e, ops::Fork { source, request }, StatusCode::CREATED).await
 }
 
 /// Forks a snapshot into `count` new sandboxes.
@@ -429,32 +389,32 @@ async fn fork_snapshot(
     UrlPath(source): UrlPath<String>,
     Body(request): Body<ForkRequest>,
 ) -> Api {
-    run(&e, Command::Fork { source, request }, StatusCode::CREATED).await
+    answer::<reply::fork_snapshot, _>(&e, ops::Fork { source, request }, StatusCode::CREATED).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn hibernate(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
-    run(&e, Command::Hibernate { id }, StatusCode::OK).await
+    answer::<reply::hibernate, _>(&e, ops::Hibernate { id }, StatusCode::OK).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn resume(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
-    run(&e, Command::Resume { id }, StatusCode::OK).await
+    answer::<reply::resume, _>(&e, ops::Resume { id }, StatusCode::OK).await
 }
 
 #[utoipa::path(get, path = "/v1/snapshots", responses((status = 200, body = Vec<SnapshotMeta>)))]
 async fn list_snapshots(State(e): State<Arc<Engine>>) -> Api {
-    run(&e, Command::ListSnapshots, StatusCode::OK).await
+    answer::<reply::list_snapshots, _>(&e, ops::ListSnapshots {}, StatusCode::OK).await
 }
 
 #[utoipa::path(get, path = "/v1/snapshots/{id}", params(("id" = String, Path, description = "the snapshot")), responses((status = 200, body = SnapshotMeta), (status = 404, body = ErrorBody)))]
 async fn get_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
-    run(&e, Command::GetSnapshot { name }, StatusCode::OK).await
+    answer::<reply::get_snapshot, _>(&e, ops::GetSnapshot { name }, StatusCode::OK).await
 }
 
 #[utoipa::path(delete, path = "/v1/snapshots/{id}", params(("id" = String, Path, description = "the snapshot")), responses((status = 200, body = Deleted), (status = 404, body = ErrorBody), (status = 409, description = "copies depend on it", body = ErrorBody)))]
 async fn delete_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
-    run(&e, Command::DeleteSnapshot { name }, StatusCode::OK).await
+    answer::<reply::delete_snapshot, _>(&e, ops::DeleteSnapshot { name }, StatusCode::OK).await
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -469,9 +429,9 @@ async fn set_ttl(
     UrlPath(id): UrlPath<String>,
     Body(r): Body<TtlRequest>,
 ) -> Api {
-    run(
+    answer::<reply::set_ttl, _>(
         &e,
-        Command::SetTtl {
+        ops::SetTtl {
             id,
             ttl_seconds: r.ttl_seconds,
         },
@@ -486,12 +446,8 @@ async fn start_command(
     UrlPath(id): UrlPath<String>,
     Body(request): Body<ExecRequest>,
 ) -> Api {
-    run(
-        &e,
-        Command::StartCommand { id, request },
-        StatusCode::ACCEPTED,
-    )
-    .await
+    answer::<reply::start_command, _>(&e, ops::StartCommand { id, request }, StatusCode::ACCEPTED)
+        .await
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/commands/{cid}/events", params(("id" = String, Path), ("cid" = String, Path)), responses((status = 200, description = "NDJSON CommandEvent lines from the start, following the command to its end", body = CommandEvent, content_type = "application/x-ndjson"), (status = 404, body = ErrorBody)))]
@@ -515,12 +471,12 @@ async fn command_poll(
     UrlPath((id, command_id)): UrlPath<(String, String)>,
     Params(q): Params<PollQuery>,
 ) -> Api {
-    let cmd = Command::PollCommand {
+    let cmd = ops::PollCommand {
         id,
         command_id,
         from: q.from,
     };
-    run(&e, cmd, StatusCode::OK).await
+    answer::<reply::command_poll, _>(&e, cmd, StatusCode::OK).await
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -535,12 +491,13 @@ async fn command_signal(
     UrlPath((id, command_id)): UrlPath<(String, String)>,
     Body(r): Body<SignalRequest>,
 ) -> Api {
-    let cmd = Command::SignalCommand {
+    let cmd = ops::SignalCommand {
         id,
         command_id,
         signal: r.signal,
     };
-    run(&e, cmd, StatusCode::ACCEPTED).await
+    call(&e, cmd).await?;
+    Ok(StatusCode::ACCEPTED.into_response())
 }
 
 /// Resizes the terminal of a command started with `tty`.
@@ -550,12 +507,13 @@ async fn command_resize(
     UrlPath((id, command_id)): UrlPath<(String, String)>,
     Body(size): Body<TerminalSize>,
 ) -> Api {
-    let cmd = Command::ResizeCommand {
+    let cmd = ops::ResizeCommand {
         id,
         command_id,
         size,
     };
-    run(&e, cmd, StatusCode::ACCEPTED).await
+    call(&e, cmd).await?;
+    Ok(StatusCode::ACCEPTED.into_response())
 }
 
 #[derive(serde::Deserialize, utoipa::IntoParams)]
@@ -581,13 +539,13 @@ async fn command_stdin(
     body: axum::body::Body,
 ) -> Api {
     let (chunks, feed) = body_chunks(body);
-    let cmd = Command::WriteStdin {
+    let cmd = ops::WriteStdin {
         id,
         command_id,
         chunks,
         close: q.close,
     };
-    let result = run(&e, cmd, StatusCode::OK).await;
+    let result = answer::<reply::command_stdin, _>(&e, cmd, StatusCode::OK).await;
     feed.abort();
     result
 }
@@ -614,12 +572,12 @@ fn body_chunks(
 
 #[utoipa::path(get, path = "/v1/info", responses((status = 200, body = InfoView)))]
 async fn info(State(e): State<Arc<Engine>>) -> Api {
-    run(&e, Command::Info, StatusCode::OK).await
+    answer::<reply::info, _>(&e, ops::Info {}, StatusCode::OK).await
 }
 
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, body = Vec<ImageView>)))]
 async fn list_images(State(e): State<Arc<Engine>>) -> Api {
-    run(&e, Command::ListImages, StatusCode::OK).await
+    answer::<reply::list_images, _>(&e, ops::ListImages {}, StatusCode::OK).await
 }
 
 fn image_ref(r: &str) -> Result<forkbox_engine::image::ImageRef, ApiError> {
@@ -630,13 +588,13 @@ fn image_ref(r: &str) -> Result<forkbox_engine::image::ImageRef, ApiError> {
 #[utoipa::path(get, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME (the newest) or NAME@N")), responses((status = 200, body = ImageView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
 async fn get_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
     let reference = image_ref(&r)?;
-    run(&e, Command::GetImage { reference }, StatusCode::OK).await
+    answer::<reply::get_image, _>(&e, ops::GetImage { reference }, StatusCode::OK).await
 }
 
 #[utoipa::path(delete, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME@N")), responses((status = 200, description = "the removed image", body = ImageView), (status = 404, body = ErrorBody), (status = 409, description = "in use", body = ErrorBody)))]
 async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
     let reference = image_ref(&r)?;
-    run(&e, Command::RemoveImage { reference }, StatusCode::OK).await
+    answer::<reply::remove_image, _>(&e, ops::RemoveImage { reference }, StatusCode::OK).await
 }
 
 /// Builds an image; the answer is newline-delimited JSON [`BuildProgress`] events, the last of
@@ -649,7 +607,7 @@ async fn build_image(State(e): State<Arc<Engine>>, Body(request): Body<BuildRequ
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
     tokio::spawn(async move {
         let result = e
-            .handle(Command::BuildImage {
+            .call(ops::BuildImage {
                 recipe,
                 source: None,
                 if_changed,
@@ -690,7 +648,12 @@ async fn read_file(
     Params(q): Params<FileQuery>,
 ) -> Api {
     let path = guest_path(&q)?;
-    run(&e, Command::ReadFile { id, path }, StatusCode::OK).await
+    let bytes = call(&e, ops::ReadFile { id, path }).await?;
+    Ok((
+        [(axum::http::header::CONTENT_TYPE, "application/octet-stream")],
+        bytes,
+    )
+        .into_response())
 }
 
 /// Writes the body to one file (parents made as needed), replacing it.
@@ -711,9 +674,9 @@ async fn write_file(
         })?,
     };
     let data = body.to_vec();
-    run(
+    answer::<reply::write_file, _>(
         &e,
-        Command::WriteFile {
+        ops::WriteFile {
             id,
             path,
             data,
@@ -731,70 +694,62 @@ async fn list_dir(
     Params(q): Params<FileQuery>,
 ) -> Api {
     let path = guest_path(&q)?;
-    run(&e, Command::ListDir { id, path }, StatusCode::OK).await
+    answer::<reply::list_dir, _>(&e, ops::ListDir { id, path }, StatusCode::OK).await
 }
 
 #[utoipa::path(get, path = "/metrics", responses((status = 200, description = "Prometheus/OpenMetrics text", content_type = "application/openmetrics-text")))]
 async fn metrics(State(e): State<Arc<Engine>>) -> Api {
-    run(&e, Command::Metrics, StatusCode::OK).await
+    let text = call(&e, ops::Metrics {}).await?;
+    Ok((
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        text,
+    )
+        .into_response())
 }
 
+/// Every route of the API at its path in the route table ([`forkbox_api::routes`]).
 pub fn router(engine: Arc<Engine>) -> Router {
+    use forkbox_engine::api::routes::op;
     Router::new()
-        .route("/metrics", get(metrics))
-        .route("/v1/health", get(health))
-        .route("/v1/openapi.json", get(openapi))
-        .route("/v1/info", get(info))
-        .route("/v1/images", get(list_images).post(build_image))
+        .route(op::metrics.path, get(metrics))
+        .route(op::health.path, get(health))
+        .route(op::openapi.path, get(openapi))
+        .route(op::info.path, get(info))
+        .route(op::list_images.path, get(list_images).post(build_image))
+        .route(op::get_image.path, get(get_image).delete(remove_image))
         .route(
-            "/v1/images/{reference}",
-            get(get_image).delete(remove_image),
-        )
-        .route(
-            "/v1/sandboxes/{id}/files",
+            op::read_file.path,
             get(read_file)
                 .put(write_file)
                 .layer(axum::extract::DefaultBodyLimit::max(
                     forkbox_engine::api::MAX_FILE_BYTES,
                 )),
         )
-        .route("/v1/sandboxes/{id}/dir", get(list_dir))
-        .route("/v1/sandboxes", post(create).get(list))
-        .route("/v1/sandboxes/{id}", get(get_one).delete(delete))
-        .route("/v1/sandboxes/{id}/exec", post(exec))
-        .route("/v1/sandboxes/{id}/ttl", post(set_ttl))
-        .route("/v1/sandboxes/{id}/snapshot", post(snapshot))
-        .route("/v1/sandboxes/{id}/fork", post(fork))
-        .route("/v1/sandboxes/{id}/hibernate", post(hibernate))
-        .route("/v1/sandboxes/{id}/resume", post(resume))
-        .route("/v1/snapshots", get(list_snapshots))
+        .route(op::list_dir.path, get(list_dir))
+        .route(op::create.path, post(create).get(list))
+        .route(op::get_one.path, get(get_one).delete(delete))
+        .route(op::exec.path, post(exec))
+        .route(op::set_ttl.path, post(set_ttl))
+        .route(op::snapshot.path, post(snapshot))
+        .route(op::fork.path, post(fork))
+        .route(op::hibernate.path, post(hibernate))
+        .route(op::resume.path, post(resume))
+        .route(op::list_snapshots.path, get(list_snapshots))
         .route(
-            "/v1/snapshots/{id}",
+            op::get_snapshot.path,
             get(get_snapshot).delete(delete_snapshot),
         )
-        .route("/v1/snapshots/{id}/fork", post(fork_snapshot))
-        .route("/v1/sandboxes/{id}/commands", post(start_command))
-        .route("/v1/sandboxes/{id}/commands/{cid}", get(command_poll))
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/events",
-            get(command_events),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/signal",
-            post(command_signal),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/stdin",
-            post(command_stdin),
-        )
-        .route(
-            "/v1/sandboxes/{id}/commands/{cid}/resize",
-            post(command_resize),
-        )
-        .route(
-            "/v1/sandboxes/{id}/archive",
-            get(get_archive).put(put_archive),
-        )
+        .route(op::fork_snapshot.path, post(fork_snapshot))
+        .route(op::start_command.path, post(start_command))
+        .route(op::command_poll.path, get(command_poll))
+        .route(op::command_events.path, get(command_events))
+        .route(op::command_signal.path, post(command_signal))
+        .route(op::command_stdin.path, post(command_stdin))
+        .route(op::command_resize.path, post(command_resize))
+        .route(op::get_archive.path, get(get_archive).put(put_archive))
         .with_state(engine)
 }
 
@@ -928,22 +883,26 @@ pub async fn is_running(socket: &Path) -> bool {
 mod tests {
     use super::*;
 
-    /// A request's task that panics is answered 500 with code `internal` and what it said,
-    /// never a 4xx (it was 400 Bad Request).
+    /// An operation that panics: a bug of forkbox's own, injected.
+    struct Panics;
+
+    impl Operation for Panics {
+        type Reply = Deleted;
+        async fn run(self, _: &Engine) -> Result<Deleted, EngineError> {
+            panic!("injected for the test")
+        }
+    }
+
+    /// An operation whose task panics is answered 500 with code `internal` and what it said,
+    /// never a 4xx (it was 400 Bad Request): through the path every handler takes.
     #[tokio::test]
     async fn a_panicked_request_is_a_500_internal() {
-        let joined = tokio::spawn(async {
-            let reply: Result<Reply, EngineError> = Err(EngineError::BadRequest("unused".into()));
-            if reply.is_err() {
-                panic!("injected for the test");
-            }
-            reply
-        })
-        .await;
-        let Err(err) = task_outcome(joined) else {
-            panic!("a panicked task gave a reply");
+        let home = tempfile::tempdir().unwrap();
+        let engine = Arc::new(Engine::private(Paths::new(home.path())));
+        let resp = match answer::<Deleted, _>(&engine, Panics, StatusCode::OK).await {
+            Ok(_) => panic!("a panicked operation gave a reply"),
+            Err(e) => e.into_response(),
         };
-        let resp = err.into_response();
         assert_eq!(resp.status(), StatusCode::INTERNAL_SERVER_ERROR);
         let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
             .await
@@ -957,11 +916,12 @@ mod tests {
                 .contains("injected for the test"),
             "{v}"
         );
-        // An error of the request's own stays what it is.
-        let joined = tokio::spawn(async { Err(EngineError::NoSuchSandbox("sb-x".into())) }).await;
-        let Err(err) = task_outcome(joined) else {
-            panic!("an error gave a reply");
+        // An error of the operation's own stays what it is.
+        let op = ops::Get { id: "sb-x".into() };
+        let resp = match answer::<SandboxView, _>(&engine, op, StatusCode::OK).await {
+            Ok(_) => panic!("a sandbox that is not there was found"),
+            Err(e) => e.into_response(),
         };
-        assert_eq!(err.into_response().status(), StatusCode::NOT_FOUND);
+        assert_eq!(resp.status(), StatusCode::NOT_FOUND);
     }
 }

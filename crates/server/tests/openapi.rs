@@ -63,17 +63,21 @@ async fn every_documented_operation_reaches_a_handler() {
 
 #[test]
 fn every_route_is_documented() {
+    use forkbox_engine::api::routes::route;
     let source = include_str!("../src/lib.rs");
     let doc = doc();
     let paths = doc["paths"].as_object().unwrap();
     let mut routes = 0;
+    // The router names each path by an operation of the route table: `.route(op::NAME.path`.
     for piece in source.split(".route(").skip(1) {
-        let path = piece
+        let name = piece
             .trim_start()
-            .trim_start_matches('"')
-            .split('"')
-            .next()
-            .unwrap();
+            .strip_prefix("op::")
+            .and_then(|p| p.split(".path").next())
+            .unwrap_or_else(|| panic!("a route not taken from the route table: {piece:.60}"));
+        let path = route(name)
+            .unwrap_or_else(|| panic!("no operation {name}"))
+            .path;
         assert!(
             paths.contains_key(path),
             "route {path} is not in openapi.json"
@@ -85,6 +89,67 @@ fn every_route_is_documented() {
         paths.len(),
         "openapi.json documents paths the router does not have"
     );
+}
+
+/// An operation's success reply as the document describes it, spelled as the route table
+/// spells replies: `SandboxView`, `Vec<ImageView>`, `Lines<CommandEvent>`, `Octets`, `Text`,
+/// `Empty`.
+fn documented_reply(op: &serde_json::Value) -> String {
+    let responses = op["responses"].as_object().unwrap();
+    let ok = responses
+        .keys()
+        .filter(|s| s.starts_with('2'))
+        .min()
+        .unwrap_or_else(|| panic!("no success documented: {op}"));
+    let Some(content) = responses[ok]["content"].as_object() else {
+        return "Empty".into();
+    };
+    let name = |schema: &serde_json::Value| -> Option<String> {
+        let r = schema["$ref"].as_str()?;
+        Some(r.rsplit('/').next()?.to_string())
+    };
+    // A reply with several kinds (exec: JSON, or NDJSON with `stream=true`) is its JSON one.
+    let (media, body) = content
+        .iter()
+        .find(|(m, _)| m.as_str() == "application/json")
+        .or_else(|| content.iter().next())
+        .unwrap();
+    let schema = &body["schema"];
+    match media.as_str() {
+        "application/octet-stream" => "Octets".into(),
+        "application/x-ndjson" => format!("Lines<{}>", name(schema).unwrap()),
+        "application/json" => match (name(schema), name(&schema["items"])) {
+            (Some(n), _) => n,
+            (None, Some(n)) if schema["type"] == "array" => format!("Vec<{n}>"),
+            _ => "Text".into(),
+        },
+        _ => "Text".into(),
+    }
+}
+
+/// Each operation's success reply in the document is the one the route table names (which the
+/// server's handlers and the Rust client are held to when compiled).
+#[test]
+fn every_documented_reply_is_the_route_tables() {
+    use forkbox_engine::api::routes::ROUTES;
+    let doc = doc();
+    for r in ROUTES {
+        let op = &doc["paths"][r.path][r.method.as_str().to_lowercase()];
+        assert!(
+            op.is_object(),
+            "{} {} is not documented",
+            r.method.as_str(),
+            r.path
+        );
+        assert_eq!(
+            documented_reply(op),
+            r.reply.replace(' ', ""),
+            "{} ({} {}): the document's reply is not the table's",
+            r.op,
+            r.method.as_str(),
+            r.path
+        );
+    }
 }
 
 /// Validates real answers against the document: each status must be documented for its

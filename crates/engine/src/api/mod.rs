@@ -1,13 +1,12 @@
-//! The engine's one command type. The HTTP daemon turns each request into a [`Command`] and
-//! gets a [`Reply`] or an [`EngineError`] back, and every client of the daemon (the CLI's
-//! sandbox commands, the Rust client, the SDKs, the MCP server) goes through it; the CLI's
-//! one-shot `run` and `forkbox migrate` still drive sandboxes directly. The request and reply
-//! types are `forkbox-api`'s, re-exported here.
+//! The one way into the engine: each operation a type of its own ([`ops`]), tied to its reply,
+//! carried out by [`Engine::call`]. The HTTP server turns each request into one, the CLI's
+//! in-process engine (image builds without a daemon, `forkbox run`) calls the same, and every
+//! client of the daemon (the CLI's sandbox commands, the Rust client, the SDKs, the MCP server)
+//! reaches it through the server. The request and reply types are `forkbox-api`'s, re-exported
+//! here.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-
-use serde::Serialize;
 
 use crate::error::SandboxError;
 use crate::image::ImageRef;
@@ -18,179 +17,15 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 mod commands;
 mod error;
 mod lifecycle;
+pub mod ops;
 mod request;
 mod store_ops;
 
 pub use error::{image_code, sandbox_code, EngineError};
 pub use forkbox_api::*;
+pub use ops::Operation;
 pub use request::*;
 pub use store_ops::up_to_date;
-
-/// One operation of the engine, as the HTTP server (and through it every client) asks for it.
-#[derive(Debug)]
-pub enum Command {
-    Create(CreateRequest),
-    Get {
-        id: String,
-    },
-    List {
-        label: Option<(String, String)>,
-        state: Option<SandboxState>,
-    },
-    Exec {
-        id: String,
-        request: ExecRequest,
-    },
-    Delete {
-        id: String,
-    },
-    /// Sets the TTL anew, counted from now.
-    SetTtl {
-        id: String,
-        ttl_seconds: u64,
-    },
-    Snapshot {
-        id: String,
-        request: SnapshotRequest,
-    },
-    /// `source` is a sandbox id or a snapshot name.
-    Fork {
-        source: String,
-        request: ForkRequest,
-    },
-    /// Saves a sandbox to disk and stops its VM; `Resume` brings it back with its processes.
-    Hibernate {
-        id: String,
-    },
-    Resume {
-        id: String,
-    },
-    ListSnapshots,
-    GetSnapshot {
-        name: String,
-    },
-    DeleteSnapshot {
-        name: String,
-    },
-    ListImages,
-    GetImage {
-        reference: ImageRef,
-    },
-    RemoveImage {
-        reference: ImageRef,
-    },
-    /// Progress goes to `events` when given.
-    BuildImage {
-        /// Parsed and checked from the front end's request ([`build_recipe`]).
-        recipe: crate::image::Recipe,
-        /// The recipe's text as its author wrote it, kept with the image (its TOML when
-        /// absent: an API dict has no text of its own).
-        source: Option<String>,
-        /// Build only if the newest version of the name came from a different recipe.
-        if_changed: bool,
-        events: Option<tokio::sync::mpsc::Sender<BuildProgress>>,
-    },
-    ReadFile {
-        id: String,
-        path: GuestPath,
-    },
-    WriteFile {
-        id: String,
-        path: GuestPath,
-        data: Vec<u8>,
-        mode: u32,
-    },
-    ListDir {
-        id: String,
-        path: GuestPath,
-    },
-    Info,
-    /// Starts a command that outlives the request; its output is kept (see `KEEP_COMMANDS`).
-    StartCommand {
-        id: String,
-        request: ExecRequest,
-    },
-    /// A started command's output past chunk `from`, and its exit once it ended.
-    PollCommand {
-        id: String,
-        command_id: String,
-        from: usize,
-    },
-    /// The log of a started command, to follow from its start ([`Reply::Log`]).
-    AttachCommand {
-        id: String,
-        command_id: String,
-    },
-    SignalCommand {
-        id: String,
-        command_id: String,
-        signal: i32,
-    },
-    /// A new size for a started command's terminal.
-    ResizeCommand {
-        id: String,
-        command_id: String,
-        size: TerminalSize,
-    },
-    /// Feeds a started command's standard input with chunks as they arrive; closes it after
-    /// them when `close`.
-    WriteStdin {
-        id: String,
-        command_id: String,
-        chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
-        close: bool,
-    },
-    /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
-    PutArchive {
-        id: String,
-        path: String,
-        format: ArchiveFormat,
-        chunks: tokio::sync::mpsc::Receiver<Vec<u8>>,
-    },
-    /// `path` in the sandbox as an archive ([`Reply::Archive`]).
-    GetArchive {
-        id: String,
-        path: String,
-        format: ArchiveFormat,
-    },
-    /// The metrics in the OpenMetrics text format.
-    Metrics,
-}
-
-#[derive(Serialize)]
-#[serde(untagged)]
-pub enum Reply {
-    Sandbox(SandboxView),
-    Sandboxes(Vec<SandboxView>),
-    Exec(ExecResult),
-    Deleted(Deleted),
-    Snapshot(crate::snapshot::SnapshotMeta),
-    Snapshots(Vec<crate::snapshot::SnapshotMeta>),
-    Forked(ForkResult),
-    Image(ImageView),
-    Images(Vec<ImageView>),
-    /// A file's bytes (front ends send them as they are, not as JSON).
-    File(Vec<u8>),
-    Written(Written),
-    Dir(DirListing),
-    Info(InfoView),
-    CommandStarted(CommandStarted),
-    CommandPoll(CommandPoll),
-    /// A command's log, followed by the front end (not a body).
-    #[serde(skip)]
-    Log(Arc<crate::commands::CommandLog>),
-    /// A signal or a new terminal size was sent to a running command.
-    #[serde(skip)]
-    Sent,
-    StdinWritten(StdinWritten),
-    Unpacked(Unpacked),
-    /// An archive's chunks as they come; an error ends it early (not a body).
-    #[serde(skip)]
-    Archive(tokio::sync::mpsc::Receiver<Result<Vec<u8>, crate::error::AgentError>>),
-    /// OpenMetrics text (not JSON).
-    #[serde(skip)]
-    Metrics(String),
-}
 
 /// Commands whose output a sandbox keeps at most (finished ones are dropped oldest first).
 pub const KEEP_COMMANDS: usize = 64;
@@ -540,117 +375,23 @@ impl Engine {
         self.metrics.sandboxes.inc();
     }
 
-    pub async fn handle(&self, cmd: Command) -> Result<Reply, EngineError> {
-        match cmd {
-            Command::Create(r) => self.create(r).await.map(Reply::Sandbox),
-            Command::Get { id } => self.view(&id).await.map(Reply::Sandbox),
-            Command::Hibernate { id } => self.hibernate(&id).await.map(Reply::Sandbox),
-            Command::Resume { id } => self.resume(&id).await.map(Reply::Sandbox),
-            Command::List { label, state } => Ok(Reply::Sandboxes(self.list(label, state).await)),
-            Command::Exec { id, request } => self.exec(&id, request).await.map(Reply::Exec),
-            Command::SetTtl { id, ttl_seconds } => {
-                self.set_ttl(&id, ttl_seconds).await.map(Reply::Sandbox)
-            }
-            Command::Snapshot { id, request } => {
-                Ok(Reply::Snapshot(self.snapshot(&id, request).await?.meta))
-            }
-            Command::Fork { source, request } => {
-                Ok(Reply::Forked(self.fork(&source, request).await?))
-            }
-            Command::ListSnapshots => Ok(Reply::Snapshots(
-                crate::snapshot::SnapshotStore::new(&self.paths)
-                    .list()
-                    .into_iter()
-                    .map(|s| s.meta)
-                    .collect(),
-            )),
-            Command::GetSnapshot { name } => Ok(Reply::Snapshot(
-                crate::snapshot::SnapshotStore::new(&self.paths)
-                    .get(&name)?
-                    .meta,
-            )),
-            Command::DeleteSnapshot { name } => {
-                self.delete_snapshot(name).await.map(Reply::Deleted)
-            }
-            Command::ListImages => Ok(Reply::Images(self.list_images())),
-            Command::GetImage { reference } => self.get_image(&reference).map(Reply::Image),
-            Command::RemoveImage { reference } => {
-                self.remove_image(&reference).await.map(Reply::Image)
-            }
-            Command::BuildImage {
-                recipe,
-                source,
-                if_changed,
-                events,
-            } => self
-                .build_image(recipe, source, if_changed, events)
-                .await
-                .map(Reply::Image),
-            Command::ReadFile { id, path } => self.read_file(&id, &path).await.map(Reply::File),
-            Command::WriteFile {
-                id,
-                path,
-                data,
-                mode,
-            } => self
-                .write_file(&id, &path, &data, mode)
-                .await
-                .map(Reply::Written),
-            Command::ListDir { id, path } => self.list_dir(&id, &path).await.map(Reply::Dir),
-            Command::Info => Ok(Reply::Info(self.info().await)),
-            Command::StartCommand { id, request } => Ok(Reply::CommandStarted(CommandStarted {
-                command_id: self.start_command(&id, request).await?,
-            })),
-            Command::PollCommand {
-                id,
-                command_id,
-                from,
-            } => Ok(Reply::CommandPoll(self.poll(&id, command_id, from).await?)),
-            Command::AttachCommand { id, command_id } => {
-                Ok(Reply::Log(self.command(&id, &command_id).await?))
-            }
-            Command::SignalCommand {
-                id,
-                command_id,
-                signal,
-            } => {
-                self.command(&id, &command_id).await?.signal(signal).await;
-                Ok(Reply::Sent)
-            }
-            Command::ResizeCommand {
-                id,
-                command_id,
-                size,
-            } => {
-                let size = size.checked()?;
-                self.command(&id, &command_id).await?.resize(size).await;
-                Ok(Reply::Sent)
-            }
-            Command::WriteStdin {
-                id,
-                command_id,
-                chunks,
-                close,
-            } => self
-                .write_stdin(&id, &command_id, chunks, close)
-                .await
-                .map(Reply::StdinWritten),
-            Command::PutArchive {
-                id,
-                path,
-                format,
-                chunks,
-            } => self
-                .put_archive(&id, &path, format, chunks)
-                .await
-                .map(Reply::Unpacked),
-            Command::GetArchive { id, path, format } => self
-                .get_archive(&id, &path, format)
-                .await
-                .map(Reply::Archive),
-            Command::Metrics => Ok(Reply::Metrics(self.metrics.encode())),
-            Command::Delete { id } => self.delete(id).await.map(Reply::Deleted),
-        }
+    /// Carries out `op`: the one way into the engine, whatever the front end.
+    pub async fn call<O: Operation>(&self, op: O) -> Result<O::Reply, EngineError> {
+        op.run(self).await
+    }
+
+    fn list_snapshots(&self) -> Vec<SnapshotMeta> {
+        crate::snapshot::SnapshotStore::new(&self.paths)
+            .list()
+            .into_iter()
+            .map(|s| s.meta)
+            .collect()
+    }
+
+    fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, EngineError> {
+        Ok(crate::snapshot::SnapshotStore::new(&self.paths)
+            .get(name)?
+            .meta)
     }
 
     /// A sandbox's view, hibernated or running.

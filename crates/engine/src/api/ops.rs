@@ -1,0 +1,135 @@
+//! Every operation of the engine as a type of its own, each tied to the one reply it gives
+//! ([`Operation::Reply`]): the HTTP server, the CLI's in-process engine and the tests call
+//! [`Engine::call`](super::Engine::call) with one of these and get that reply or an
+//! [`EngineError`]; an operation cannot answer with another kind of reply.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use tokio::sync::mpsc;
+
+use super::{
+    ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
+    Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
+    InfoView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize,
+    Unpacked, Written,
+};
+use crate::commands::CommandLog;
+use crate::error::AgentError;
+use crate::image::{ImageRef, Recipe};
+
+/// One operation of the engine: the request (the type's fields) and the reply it gives.
+pub trait Operation: Send + Sized + 'static {
+    type Reply: Send + 'static;
+    /// Carries the operation out on `engine`.
+    fn run(self, engine: &Engine) -> impl Future<Output = Result<Self::Reply, EngineError>> + Send;
+}
+
+/// Declares each operation: a struct with public fields, and its [`Operation`] impl running
+/// `body` with the engine as `e` and the operation as `op`.
+macro_rules! operations {
+    ($(
+        $(#[$doc:meta])*
+        $name:ident { $($field:ident : $ty:ty),* $(,)? } -> $reply:ty = |$e:ident, $op:ident| $body:expr;
+    )+) => {$(
+        $(#[$doc])*
+        #[derive(Debug)]
+        pub struct $name { $(pub $field: $ty),* }
+
+        impl Operation for $name {
+            type Reply = $reply;
+            #[allow(unused_variables)]
+            async fn run(self, $e: &Engine) -> Result<$reply, EngineError> {
+                let $op = self;
+                $body
+            }
+        }
+    )+};
+}
+
+operations! {
+    /// Makes a sandbox: from the warm pool, the image's template or a snapshot.
+    Create { request: CreateRequest } -> SandboxView = |e, op| e.create(op.request).await;
+    /// A sandbox's view, hibernated or running.
+    Get { id: String } -> SandboxView = |e, op| e.view(&op.id).await;
+    /// Sandboxes (hibernated ones too) with the label and in the state given, oldest first.
+    List { label: Option<(String, String)>, state: Option<SandboxState> } -> Vec<SandboxView>
+        = |e, op| Ok(e.list(op.label, op.state).await);
+    /// Runs a command to its end; its output capped.
+    Exec { id: String, request: ExecRequest } -> ExecResult
+        = |e, op| e.exec(&op.id, op.request).await;
+    /// Stops and removes a sandbox (or the snapshot a hibernated one sleeps in).
+    Delete { id: String } -> Deleted = |e, op| e.delete(op.id).await;
+    /// Sets the TTL anew, counted from now.
+    SetTtl { id: String, ttl_seconds: u64 } -> SandboxView
+        = |e, op| e.set_ttl(&op.id, op.ttl_seconds).await;
+    /// Saves a running sandbox: memory, processes, disk.
+    Snapshot { id: String, request: SnapshotRequest } -> SnapshotMeta
+        = |e, op| Ok(e.snapshot(&op.id, op.request).await?.meta);
+    /// Copies of a sandbox (saved first) or of a snapshot; `source` names either.
+    Fork { source: String, request: ForkRequest } -> ForkResult
+        = |e, op| e.fork(&op.source, op.request).await;
+    /// Saves a sandbox to disk and stops its VM; [`Resume`] brings it back with its processes.
+    Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
+    Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;
+    ListSnapshots {} -> Vec<SnapshotMeta> = |e, op| Ok(e.list_snapshots());
+    GetSnapshot { name: String } -> SnapshotMeta = |e, op| e.get_snapshot(&op.name);
+    /// Deletes a snapshot no sandbox depends on.
+    DeleteSnapshot { name: String } -> Deleted = |e, op| e.delete_snapshot(op.name).await;
+    ListImages {} -> Vec<ImageView> = |e, op| Ok(e.list_images());
+    GetImage { reference: ImageRef } -> ImageView = |e, op| e.get_image(&op.reference);
+    RemoveImage { reference: ImageRef } -> ImageView = |e, op| e.remove_image(&op.reference).await;
+    /// Builds an image; progress goes to `events` when given. `recipe` is parsed and checked
+    /// from the front end's request ([`build_recipe`](super::build_recipe)); `source` is its
+    /// text as its author wrote it, kept with the image (its TOML when absent: an API dict has
+    /// no text of its own); with `if_changed`, builds only if the newest version of the name
+    /// came from a different recipe.
+    BuildImage {
+        recipe: Recipe,
+        source: Option<String>,
+        if_changed: bool,
+        events: Option<mpsc::Sender<BuildProgress>>,
+    } -> ImageView = |e, op| e.build_image(op.recipe, op.source, op.if_changed, op.events).await;
+    /// A file's bytes.
+    ReadFile { id: String, path: GuestPath } -> Vec<u8> = |e, op| e.read_file(&op.id, &op.path).await;
+    WriteFile { id: String, path: GuestPath, data: Vec<u8>, mode: u32 } -> Written
+        = |e, op| e.write_file(&op.id, &op.path, &op.data, op.mode).await;
+    ListDir { id: String, path: GuestPath } -> DirListing = |e, op| e.list_dir(&op.id, &op.path).await;
+    /// What this host and engine are.
+    Info {} -> InfoView = |e, op| Ok(e.info().await);
+    /// Starts a command that outlives the request; its output is kept (see
+    /// [`KEEP_COMMANDS`](super::KEEP_COMMANDS)).
+    StartCommand { id: String, request: ExecRequest } -> CommandStarted
+        = |e, op| Ok(CommandStarted { command_id: e.start_command(&op.id, op.request).await? });
+    /// A started command's output past chunk `from`, and its exit once it ended.
+    PollCommand { id: String, command_id: String, from: usize } -> CommandPoll
+        = |e, op| e.poll(&op.id, op.command_id, op.from).await;
+    /// The log of a started command, to follow from its start.
+    AttachCommand { id: String, command_id: String } -> Arc<CommandLog>
+        = |e, op| e.command(&op.id, &op.command_id).await;
+    SignalCommand { id: String, command_id: String, signal: i32 } -> ()
+        = |e, op| {
+            e.command(&op.id, &op.command_id).await?.signal(op.signal).await;
+            Ok(())
+        };
+    /// A new size for a started command's terminal.
+    ResizeCommand { id: String, command_id: String, size: TerminalSize } -> ()
+        = |e, op| {
+            let size = op.size.checked()?;
+            e.command(&op.id, &op.command_id).await?.resize(size).await;
+            Ok(())
+        };
+    /// Feeds a started command's standard input with chunks as they arrive; closes it after
+    /// them when `close`.
+    WriteStdin { id: String, command_id: String, chunks: mpsc::Receiver<Vec<u8>>, close: bool }
+        -> StdinWritten = |e, op| e.write_stdin(&op.id, &op.command_id, op.chunks, op.close).await;
+    /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
+    PutArchive { id: String, path: String, format: ArchiveFormat, chunks: mpsc::Receiver<Vec<u8>> }
+        -> Unpacked = |e, op| e.put_archive(&op.id, &op.path, op.format, op.chunks).await;
+    /// `path` in the sandbox as an archive: its chunks as they come; an error ends it early.
+    GetArchive { id: String, path: String, format: ArchiveFormat }
+        -> mpsc::Receiver<Result<Vec<u8>, AgentError>>
+        = |e, op| e.get_archive(&op.id, &op.path, op.format).await;
+    /// The metrics in the OpenMetrics text format.
+    Metrics {} -> String = |e, op| Ok(e.metrics().encode());
+}
