@@ -1,16 +1,15 @@
 //! `forkbox run`: create a sandbox, run one command, stream its output, remove the sandbox.
 
-use std::io::Write;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use forkbox_engine::client::ExecEvent;
+use forkbox_engine::api::Engine;
 use forkbox_engine::image::ImageRef;
 use forkbox_engine::paths::Paths;
-use forkbox_engine::sandbox::{Sandbox, SandboxConfig, SandboxInfo};
+use forkbox_engine::sandbox::SandboxInfo;
 use forkbox_engine::vm::{Accel, AccelChoice};
-use forkbox_protocol::{ExecSpec, ExitStatus, Program};
 use tokio::signal::unix::{signal, SignalKind};
 
 #[derive(clap::Args)]
@@ -78,9 +77,8 @@ struct RunResult {
     duration_ms: u64,
     /// With the sandbox's start and removal.
     total_ms: u64,
-    /// Through a running daemon: whether the sandbox came ready-made from its warm pool.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    from_pool: Option<bool>,
+    /// Whether the sandbox came ready-made from a running daemon's warm pool.
+    from_pool: bool,
 }
 
 pub fn run(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
@@ -102,99 +100,36 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
             return on_daemon(&c, &args, total).await;
         }
     }
-    let cfg = SandboxConfig {
-        image,
-        cpus: args.cpus,
-        memory_mib: args.memory,
-        accel: args.accel,
-        die_with_parent: true,
-        max_procs: args.max_procs,
-        network: args.net.policy().unwrap_or_default(),
-        ..SandboxConfig::default()
-    };
-    let mut signals = Signals::new()?;
-    // Creation itself can be interrupted; the engine removes what it made when dropped.
-    let sandbox = tokio::select! {
-        s = crate::daemon::said_after(Sandbox::create(paths, &cfg), starting(args.quiet)) => {
-            s.context("could not start the sandbox")?
-        }
-        code = signals.next() => return Ok(ExitCode::from(code)),
-    };
-    let info = sandbox.info().clone();
-    tcg_notice(&info, args.quiet);
-    let spec = ExecSpec {
-        program: Program::Argv(args.command.clone()),
-        cwd: args.cwd.clone(),
-        env: {
-            let mut env = args.env.clone();
-            if args.tty && !env.iter().any(|(k, _)| k == "TERM") {
-                let term = std::env::var("TERM").unwrap_or_else(|_| "xterm-256color".into());
-                env.push(("TERM".into(), term));
-            }
-            env
-        },
-        timeout_ms: args.timeout.map(|s| s * 1000),
-        stdin: args.interactive,
-        tty: args.tty.then(crate::terminal::size),
-        user: None,
-    };
-    let exec_start = Instant::now();
-    let outcome = tokio::select! {
-        r = drive(&sandbox, spec, args.json, args.interactive) => Some(r),
-        _ = signals.next() => None,
-    };
-    let exec_ms = exec_start.elapsed().as_millis() as u64;
-    sandbox.destroy().await;
-    let Some(result) = outcome else {
-        eprintln!("forkbox: interrupted; the sandbox was removed");
-        return Ok(ExitCode::from(130));
-    };
-    let (status, timed_out, stdout, stderr) = match result {
-        Ok(r) => r,
-        Err(e) => {
-            // A command that cannot start exits as a shell would say: 127 not found, 126 not
-            // runnable, with the same words as `sandbox exec` and the API.
-            let cannot = e
-                .downcast_ref::<forkbox_engine::error::SandboxError>()
-                .and_then(forkbox_engine::commands::cannot_start);
-            if let Some((code, message)) = cannot {
-                eprintln!("forkbox: {message}");
-                return Ok(ExitCode::from(code.clamp(0, 255) as u8));
-            }
-            return Err(e);
-        }
-    };
-    if timed_out {
-        eprintln!(
-            "forkbox: the command timed out after {} s; it and every process it started were killed",
-            args.timeout.unwrap_or(0)
-        );
-    }
-    let code = status.as_shell_code();
-    if args.json {
-        let r = RunResult {
-            sandbox: info,
-            exit_code: code,
-            signal: status.signal(),
-            timed_out,
-            stdout: String::from_utf8_lossy(&stdout).into_owned(),
-            stderr: String::from_utf8_lossy(&stderr).into_owned(),
-            duration_ms: exec_ms,
-            total_ms: total.elapsed().as_millis() as u64,
-            from_pool: None,
-        };
-        crate::print_json(&r)?;
-    }
-    Ok(ExitCode::from(code.clamp(0, 255) as u8))
+    one_shot(paths, &args, total).await
+}
+
+/// `run` without a daemon: an engine of this process's own ([`Engine::one_shot`]: its VMs die
+/// with this thread), served on a private socket and driven by the same client calls as a
+/// daemon, so a run has one path and one set of errors whichever engine serves it.
+async fn one_shot(paths: &Paths, args: &RunArgs, total: Instant) -> anyhow::Result<ExitCode> {
+    let dir = tempfile::Builder::new()
+        .prefix("forkbox-run-")
+        .tempdir()
+        .context("could not make a directory for this run's socket")?;
+    let socket = dir.path().join("api.sock");
+    let engine = Arc::new(Engine::one_shot(paths.clone()));
+    let server = forkbox_server::spawn_private(engine.clone(), &socket)
+        .context("could not serve this run's engine on its socket")?;
+    let client = forkbox_client::Client::new(forkbox_client::Endpoint::Unix(socket))?;
+    let code = on_daemon(&client, args, total).await;
+    server.abort();
+    engine.shutdown().await;
+    code
 }
 
 /// How long a sandbox `run` made through the daemon outlives this process if it dies
 /// without removing it (its TTL, renewed while the command runs).
 const LEASE_SECS: u64 = 120;
 
-/// `run` through the daemon: a sandbox from its warm pool (or restored for this call), the
-/// command, the sandbox removed; a lease (TTL renewed while the command runs) removes it if
-/// this process is killed.
+/// `run` through an engine's API (a running daemon's, or this process's own): a sandbox
+/// (from a daemon's warm pool, or restored for this call), the command, the sandbox removed; a
+/// lease (TTL renewed while the command runs) removes it from a daemon if this process is
+/// killed.
 async fn on_daemon(
     c: &forkbox_client::Client,
     args: &RunArgs,
@@ -241,19 +176,22 @@ async fn on_daemon(
     let outcome = tokio::select! {
         r = async {
             if args.json {
-                let r = c.exec(&id, &exec).await?;
+                let (exit, stdout, stderr) = match collect(c.exec_events(&id, &exec).await?).await? {
+                    Ok(done) => done,
+                    Err(code) => return Ok(ExitCode::from(code.clamp(0, 255) as u8)),
+                };
                 crate::print_json(&RunResult {
                     sandbox: info.clone(),
-                    exit_code: r.exit_code,
-                    signal: r.signal,
-                    timed_out: r.timed_out,
-                    stdout: r.stdout,
-                    stderr: r.stderr,
+                    exit_code: exit.exit_code,
+                    signal: exit.signal,
+                    timed_out: exit.timed_out,
+                    stdout: String::from_utf8_lossy(&stdout).into_owned(),
+                    stderr: String::from_utf8_lossy(&stderr).into_owned(),
                     duration_ms: exec_start.elapsed().as_millis() as u64,
                     total_ms: total.elapsed().as_millis() as u64,
-                    from_pool: Some(view.from_pool),
+                    from_pool: view.from_pool,
                 })?;
-                Ok(ExitCode::from(r.exit_code.clamp(0, 255) as u8))
+                Ok(ExitCode::from(exit.exit_code.clamp(0, 255) as u8))
             } else {
                 let how = crate::daemon::How {
                     interactive: args.interactive,
@@ -323,70 +261,31 @@ fn tcg_notice(info: &SandboxInfo, quiet: bool) {
     }
 }
 
-type Driven = (ExitStatus, bool, Vec<u8>, Vec<u8>);
-
-async fn drive(
-    sandbox: &Sandbox,
-    spec: ExecSpec,
-    collect: bool,
-    interactive: bool,
-) -> anyhow::Result<Driven> {
-    let program = match &spec.program {
-        Program::Argv(a) => a.join(" "),
-        Program::Shell(s) => s.clone(),
-    };
-    let on_tty = spec.tty.is_some();
-    let mut ex = sandbox
-        .exec(spec)
-        .await
-        .with_context(|| format!("could not run `{program}`"))?;
-    // Keys go through as typed while the command runs on a terminal; restored when this ends.
-    let _raw = match on_tty && interactive {
-        true => crate::terminal::RawMode::enter(),
-        false => None,
-    };
-    let mut winch = match on_tty {
-        true => tokio::signal::unix::signal(tokio::signal::unix::SignalKind::window_change()).ok(),
-        false => None,
-    };
-    let mut stdin_rx = interactive.then(crate::terminal::stdin_chunks);
+/// A command's whole output (not capped, as a plain exec's reply is) and how it ended, for
+/// `--json`; the exit code a shell gives a command that could not start (127, 126), said on
+/// standard error as without `--json`.
+async fn collect(
+    mut events: forkbox_client::Events<forkbox_engine::api::CommandEvent>,
+) -> anyhow::Result<Result<(forkbox_engine::api::ExitInfo, Vec<u8>, Vec<u8>), i32>> {
+    use base64::Engine as _;
+    use forkbox_engine::api::CommandEvent;
+    let b64 = base64::engine::general_purpose::STANDARD;
     let (mut out, mut err) = (Vec::new(), Vec::new());
-    loop {
-        let ev = tokio::select! {
-            ev = ex.next() => ev?,
-            Some(()) = async { match winch.as_mut() { Some(w) => w.recv().await, None => std::future::pending().await } } => {
-                ex.resize(crate::terminal::size()).await?;
-                continue;
-            }
-            input = async { match stdin_rx.as_mut() { Some(rx) => rx.recv().await, None => std::future::pending().await } } => {
-                // A read error ends the input as its end does.
-                match input.and_then(Result::ok) {
-                    Some(data) => ex.stdin(data).await?,
-                    None => {
-                        ex.close_stdin().await?;
-                        stdin_rx = None;
-                    }
-                }
-                continue;
-            }
-        };
+    while let Some(ev) = events.next().await? {
         match ev {
-            ExecEvent::Started { .. } => {}
-            ExecEvent::Stdout(d) if collect => out.extend_from_slice(&d),
-            ExecEvent::Stderr(d) if collect => err.extend_from_slice(&d),
-            ExecEvent::Stdout(d) => {
-                let mut o = std::io::stdout().lock();
-                o.write_all(&d)?;
-                o.flush()?;
+            CommandEvent::Stdout { data_b64 } => out.extend(b64.decode(data_b64)?),
+            CommandEvent::Stderr { data_b64 } => err.extend(b64.decode(data_b64)?),
+            CommandEvent::Exit(exit) => return Ok(Ok((exit, out, err))),
+            CommandEvent::Error {
+                message,
+                exit_code: Some(code),
+            } => {
+                eprintln!("forkbox: {message}");
+                return Ok(Err(code));
             }
-            ExecEvent::Stderr(d) => {
-                let mut e = std::io::stderr().lock();
-                e.write_all(&d)?;
-                e.flush()?;
-            }
-            ExecEvent::Exited {
-                status, timed_out, ..
-            } => return Ok((status, timed_out, out, err)),
+            CommandEvent::Error { message, .. } => anyhow::bail!("{message}"),
+            CommandEvent::Command { .. } => {}
         }
     }
+    anyhow::bail!("the stream ended before the command did")
 }

@@ -147,6 +147,9 @@ pub struct Engine {
     sleepers: tokio::sync::RwLock<HashMap<String, Sleeper>>,
     /// The daemon's state database; none for an engine that lives only in its process.
     db: Option<Arc<crate::state::StateDb>>,
+    /// Its VMs die with the thread that started them (an engine of a one-shot command such
+    /// as `forkbox run`, on one thread); a daemon's outlive any one request.
+    vms_die_with_thread: bool,
 }
 
 fn now_unix() -> u64 {
@@ -165,6 +168,7 @@ impl Engine {
             pool: crate::pool::Pool::new(crate::pool::size_from_env()),
             sleepers: Default::default(),
             db: None,
+            vms_die_with_thread: false,
         }
     }
 
@@ -186,6 +190,17 @@ impl Engine {
         Engine {
             pool: crate::pool::Pool::new(0),
             ..Engine::new(paths)
+        }
+    }
+
+    /// The engine of one command run in this process (`forkbox run` without a daemon): no
+    /// warm pool, nothing recorded for a daemon, and every VM dies with the thread that
+    /// started it, so a process killed outright leaves no VM behind. Call it on one thread
+    /// (a current-thread runtime) that lives as long as the sandboxes should.
+    pub fn one_shot(paths: Paths) -> Engine {
+        Engine {
+            vms_die_with_thread: true,
+            ..Engine::private(paths)
         }
     }
 
@@ -513,7 +528,7 @@ impl Engine {
             cfg.disk_mib = Some(within("disk_gib", g, 1..=2048)? as u64 * 1024);
         }
         // The daemon outlives any one request; its VMs must not die with a request's thread.
-        cfg.die_with_parent = false;
+        cfg.die_with_parent = self.vms_die_with_thread;
         Ok(cfg)
     }
 
