@@ -191,98 +191,15 @@ impl Sandbox {
         );
         let max_procs = cfg.max_procs;
         let boot_timeout = cfg.boot_timeout;
-        let grow_to = match cfg.disk_mib {
-            None => None,
-            Some(mib) => {
-                let want = mib << 20;
-                let have = crate::snapshot::virtual_size(&snap.disk()).map_err(|e| {
-                    SandboxError::io(format!("read the size of {}", snap.disk().display()), e)
-                })?;
-                if want < have {
-                    return Err(SandboxError::DiskTooSmall {
-                        asked_mib: mib,
-                        minimum_mib: have.div_ceil(1 << 20),
-                    });
-                }
-                (want > have).then_some(want)
-            }
+        let grow_to = disk_growth(snap, cfg.disk_mib)?;
+        let copy = Copy {
+            id: &id,
+            max_procs,
+            boot_timeout,
+            grow_to,
+            started,
         };
-        let mark = |what: &str| {
-            tracing::debug!(
-                "restore {id}: {what} at {:.1} ms",
-                started.elapsed().as_secs_f64() * 1000.0
-            );
-        };
-        let restored = async {
-            vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;
-            mark("overlay");
-            let mut vm = Vm::spawn(&vm_cfg)?;
-            mark("spawned");
-            run.record.qemu_pid = Some(vm.pid);
-            run.record.qemu_start = crate::procfs::process_start(vm.pid);
-            run.save().map_err(|e| VmError::io("record the VM", e))?;
-            let ready = async {
-                let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
-                // A busy host can keep a starting QEMU from its CPU for seconds (10 s were seen
-                // beside two busy loops and three other restores): it gets as long as a boot.
-                tokio::task::spawn_blocking(move || {
-                    crate::snapshot::load_state(&qmp, &state, grow_to, boot_timeout)
-                })
-                .await
-                .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
-                mark("state loaded, running");
-                // A busy guest on a busy host can take a while to answer; as long as a boot.
-                let client = tokio::time::timeout(
-                    boot_timeout,
-                    AgentClient::connect(&vm_cfg.agent_socket()),
-                )
-                .await
-                .map_err(|_| VmError::BootTimeout {
-                    secs: boot_timeout.as_secs(),
-                    accel: vm_cfg.accel.to_string(),
-                    console_tail: "(restored from a snapshot; the agent did not answer)".into(),
-                })??;
-                mark("agent hello");
-                let mut refresh = fresh_identity(&id, max_procs, crate::random::fill)
-                    .map_err(|e| VmError::io("draw the copy's fresh entropy", e))?;
-                refresh.grow_root_to = grow_to.unwrap_or(0);
-                client.refresh(refresh).await?;
-                mark("refreshed");
-                Ok::<_, VmError>(client)
-            };
-            let outcome = tokio::select! {
-                r = ready => r,
-                (status, qemu_stderr) = vm.wait_exit() => Err(VmError::DiedDuringBoot {
-                    status,
-                    qemu_stderr,
-                    console_tail: "(restored from a snapshot)".into(),
-                }),
-            };
-            match outcome {
-                Ok(client) => Ok((vm, client)),
-                Err(VmError::Agent(AgentError::Disconnected)) => {
-                    // The copy died: say what QEMU and the guest said.
-                    let (status, qemu_stderr) =
-                        match tokio::time::timeout(Duration::from_secs(2), vm.wait_exit()).await {
-                            Ok(s) => s,
-                            Err(_) => {
-                                vm.kill().await;
-                                ("killed after its agent hung up".into(), String::new())
-                            }
-                        };
-                    Err(VmError::DiedDuringBoot {
-                        status,
-                        qemu_stderr,
-                        console_tail: vm.console.settled_tail(20).await,
-                    })
-                }
-                Err(e) => {
-                    vm.kill().await;
-                    Err(e)
-                }
-            }
-        }
-        .await;
+        let restored = start_copy(snap, &vm_cfg, &mut run, copy).await;
         let (vm, client) = match restored {
             Ok(v) => v,
             Err(e) => {
@@ -977,6 +894,123 @@ pub async fn ensure_template(
         let _ = std::fs::remove_dir_all(&tmp);
     }
     published
+}
+
+/// What a restore makes of a copy: its id and process cap, how long its start may take, the
+/// size its root disk grows to, and when the restore started (for the timings in the log).
+struct Copy<'a> {
+    id: &'a str,
+    max_procs: u32,
+    boot_timeout: Duration,
+    grow_to: Option<u64>,
+    started: Instant,
+}
+
+/// The size in bytes a copy's root disk grows to when `disk_mib` asks for more than the
+/// snapshot's; refused when it asks for less.
+fn disk_growth(snap: &Snapshot, disk_mib: Option<u64>) -> Result<Option<u64>, SandboxError> {
+    let Some(mib) = disk_mib else {
+        return Ok(None);
+    };
+    let want = mib << 20;
+    let have = crate::snapshot::virtual_size(&snap.disk())
+        .map_err(|e| SandboxError::io(format!("read the size of {}", snap.disk().display()), e))?;
+    if want < have {
+        return Err(SandboxError::DiskTooSmall {
+            asked_mib: mib,
+            minimum_mib: have.div_ceil(1 << 20),
+        });
+    }
+    Ok((want > have).then_some(want))
+}
+
+/// Starts the copy's QEMU on a new overlay, loads the snapshot's state and gives the guest its
+/// fresh identity; a copy that dies or hangs meanwhile is killed and said plainly.
+async fn start_copy(
+    snap: &Snapshot,
+    vm_cfg: &crate::vm::VmConfig,
+    run: &mut RunDir,
+    copy: Copy<'_>,
+) -> Result<(Vm, AgentClient), VmError> {
+    let Copy {
+        id,
+        max_procs,
+        boot_timeout,
+        grow_to,
+        started,
+    } = copy;
+    let mark = |what: &str| {
+        tracing::debug!(
+            "restore {id}: {what} at {:.1} ms",
+            started.elapsed().as_secs_f64() * 1000.0
+        );
+    };
+
+    vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;
+    mark("overlay");
+    let mut vm = Vm::spawn(&vm_cfg)?;
+    mark("spawned");
+    run.record.qemu_pid = Some(vm.pid);
+    run.record.qemu_start = crate::procfs::process_start(vm.pid);
+    run.save().map_err(|e| VmError::io("record the VM", e))?;
+    let ready = async {
+        let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
+        // A busy host can keep a starting QEMU from its CPU for seconds (10 s were seen
+        // beside two busy loops and three other restores): it gets as long as a boot.
+        tokio::task::spawn_blocking(move || {
+            crate::snapshot::load_state(&qmp, &state, grow_to, boot_timeout)
+        })
+        .await
+        .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;
+        mark("state loaded, running");
+        // A busy guest on a busy host can take a while to answer; as long as a boot.
+        let client =
+            tokio::time::timeout(boot_timeout, AgentClient::connect(&vm_cfg.agent_socket()))
+                .await
+                .map_err(|_| VmError::BootTimeout {
+                    secs: boot_timeout.as_secs(),
+                    accel: vm_cfg.accel.to_string(),
+                    console_tail: "(restored from a snapshot; the agent did not answer)".into(),
+                })??;
+        mark("agent hello");
+        let mut refresh = fresh_identity(&id, max_procs, crate::random::fill)
+            .map_err(|e| VmError::io("draw the copy's fresh entropy", e))?;
+        refresh.grow_root_to = grow_to.unwrap_or(0);
+        client.refresh(refresh).await?;
+        mark("refreshed");
+        Ok::<_, VmError>(client)
+    };
+    let outcome = tokio::select! {
+        r = ready => r,
+        (status, qemu_stderr) = vm.wait_exit() => Err(VmError::DiedDuringBoot {
+            status,
+            qemu_stderr,
+            console_tail: "(restored from a snapshot)".into(),
+        }),
+    };
+    match outcome {
+        Ok(client) => Ok((vm, client)),
+        Err(VmError::Agent(AgentError::Disconnected)) => {
+            // The copy died: say what QEMU and the guest said.
+            let (status, qemu_stderr) =
+                match tokio::time::timeout(Duration::from_secs(2), vm.wait_exit()).await {
+                    Ok(s) => s,
+                    Err(_) => {
+                        vm.kill().await;
+                        ("killed after its agent hung up".into(), String::new())
+                    }
+                };
+            Err(VmError::DiedDuringBoot {
+                status,
+                qemu_stderr,
+                console_tail: vm.console.settled_tail(20).await,
+            })
+        }
+        Err(e) => {
+            vm.kill().await;
+            Err(e)
+        }
+    }
 }
 
 /// A new identity for a restored copy: fresh entropy (from `draw`, the OS's RNG), the host's

@@ -167,78 +167,104 @@ fn ram_size_arg(accel: Accel, memory_mib: u32) -> String {
 /// QEMU's arguments for a VM: no default devices, no network device at all, the root disk,
 /// the agent's virtio-serial port, an entropy source, QMP, and QEMU's seccomp sandbox.
 pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
-    let p = |p: &Path| p.display().to_string();
-    let machine = "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on,memory-backend=ram";
-    let mut a: Vec<String> = vec![
-        "-M".into(),
-        match cfg.start {
-            Start::Devices => format!("{machine},suppress-vmdesc=on"),
-            _ => machine.into(),
-        },
-    ];
-    let ram_size = ram_size_arg(cfg.accel, cfg.memory_mib);
-    let size = format!("size={ram_size}");
-    let ram = match &cfg.memory {
-        Memory::Anonymous => format!("memory-backend-ram,id=ram,{size}"),
-        Memory::SharedFile(f) => {
-            format!(
-                "memory-backend-file,id=ram,{size},mem-path={},share=on",
-                p(f)
-            )
-        }
-        Memory::PrivateFile(f) => {
-            format!(
-                "memory-backend-file,id=ram,{size},mem-path={},share=off",
-                p(f)
-            )
-        }
-    };
-    a.extend(["-object".into(), ram]);
-    match cfg.accel {
-        Accel::Kvm => a.extend(["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()]),
-        Accel::Tcg => a.extend([
-            "-accel".into(),
-            // The translation cache defaults to 1 GiB; 256 MiB is ample for one small guest
-            // and keeps QEMU inside its host memory allowance (limits::OVERHEAD_MIB).
-            "tcg,thread=multi,tb-size=256".into(),
-            "-cpu".into(),
-            "max".into(),
-        ]),
-    }
+    let mut a = machine_args(cfg);
+    a.extend(accel_args(cfg.accel));
     a.extend([
         "-smp".into(),
         cfg.cpus.to_string(),
         "-m".into(),
-        ram_size,
+        ram_size_arg(cfg.accel, cfg.memory_mib),
         "-nodefaults".into(),
         "-no-user-config".into(),
         "-display".into(),
         "none".into(),
         "-no-reboot".into(),
     ]);
-    // The kernel and initramfs only for a boot. QEMU keeps a copy of both for its whole life
-    // (fw_cfg's data, ~16 MiB of its own memory), and a VM restored from a template or
-    // snapshot never reads them: its guest is past its boot, and -no-reboot makes a reboot
-    // the end of the VM, not a new boot.
-    if cfg.start == Start::Boot {
-        a.extend([
-            "-kernel".into(),
-            p(&cfg.kernel),
-            "-initrd".into(),
-            p(&cfg.initramfs),
-            "-append".into(),
+    a.extend(boot_args(cfg));
+    a.extend(device_args(cfg));
+    a.extend(start_args(cfg.start));
+    a
+}
+
+fn show(p: &Path) -> String {
+    p.display().to_string()
+}
+
+/// The microvm machine and the memory backend its RAM lives in.
+fn machine_args(cfg: &VmConfig) -> Vec<String> {
+    let machine = "microvm,x-option-roms=off,rtc=on,isa-serial=on,acpi=on,memory-backend=ram";
+    let size = format!("size={}", ram_size_arg(cfg.accel, cfg.memory_mib));
+    let ram = match &cfg.memory {
+        Memory::Anonymous => format!("memory-backend-ram,id=ram,{size}"),
+        Memory::SharedFile(f) => {
             format!(
-                "{} forkbox.max_procs={}",
-                kernel_cmdline(cfg.accel),
-                cfg.max_procs
-            ),
-        ]);
+                "memory-backend-file,id=ram,{size},mem-path={},share=on",
+                show(f)
+            )
+        }
+        Memory::PrivateFile(f) => {
+            format!(
+                "memory-backend-file,id=ram,{size},mem-path={},share=off",
+                show(f)
+            )
+        }
+    };
+    vec![
+        "-M".into(),
+        match cfg.start {
+            Start::Devices => format!("{machine},suppress-vmdesc=on"),
+            _ => machine.into(),
+        },
+        "-object".into(),
+        ram,
+    ]
+}
+
+/// The accelerator and the CPU model that goes with it: all that differs between KVM and TCG.
+fn accel_args(accel: Accel) -> [String; 4] {
+    match accel {
+        Accel::Kvm => ["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()],
+        Accel::Tcg => [
+            "-accel".into(),
+            // The translation cache defaults to 1 GiB; 256 MiB is ample for one small guest
+            // and keeps QEMU inside its host memory allowance (limits::OVERHEAD_MIB).
+            "tcg,thread=multi,tb-size=256".into(),
+            "-cpu".into(),
+            "max".into(),
+        ],
     }
-    a.extend([
+}
+
+/// The kernel and initramfs, only for a boot. QEMU keeps a copy of both for its whole life
+/// (fw_cfg's data, ~16 MiB of its own memory), and a VM restored from a template or snapshot
+/// never reads them: its guest is past its boot, and -no-reboot makes a reboot the end of the
+/// VM, not a new boot.
+fn boot_args(cfg: &VmConfig) -> Vec<String> {
+    if cfg.start != Start::Boot {
+        return Vec::new();
+    }
+    vec![
+        "-kernel".into(),
+        show(&cfg.kernel),
+        "-initrd".into(),
+        show(&cfg.initramfs),
+        "-append".into(),
+        format!(
+            "{} forkbox.max_procs={}",
+            kernel_cmdline(cfg.accel),
+            cfg.max_procs
+        ),
+    ]
+}
+
+/// The console, the disk watcher's monitor, the root disk, the agent's port, the entropy
+/// source, QMP and QEMU's seccomp sandbox.
+fn device_args(cfg: &VmConfig) -> Vec<String> {
+    vec![
         "-chardev".into(),
         format!(
             "socket,id=console,path={},server=on,wait=off",
-            p(&cfg.console_socket())
+            show(&cfg.console_socket())
         ),
         "-serial".into(),
         "chardev:console".into(),
@@ -246,7 +272,7 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-chardev".into(),
         format!(
             "socket,id=events,path={},server=on,wait=off",
-            p(&cfg.events_socket())
+            show(&cfg.events_socket())
         ),
         "-mon".into(),
         "chardev=events,mode=control".into(),
@@ -255,7 +281,7 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
             // A full host disk stops the guest and keeps the failed write for `cont`
             // (crate::diskwatch); a read error reaches the guest.
             "id=root,file={},format=qcow2,if=none,cache=unsafe,discard=unmap,werror=enospc,rerror=report",
-            p(&cfg.disk)
+            show(&cfg.disk)
         ),
         "-device".into(),
         "virtio-blk-device,drive=root".into(),
@@ -264,7 +290,7 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-chardev".into(),
         format!(
             "socket,id=agent,path={},server=on,wait=off",
-            p(&cfg.agent_socket())
+            show(&cfg.agent_socket())
         ),
         "-device".into(),
         format!(
@@ -276,24 +302,27 @@ pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
         "-device".into(),
         "virtio-rng-device,rng=rng0".into(),
         "-qmp".into(),
-        format!("unix:{},server=on,wait=off", p(&cfg.qmp_socket())),
+        format!("unix:{},server=on,wait=off", show(&cfg.qmp_socket())),
         "-sandbox".into(),
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
-    ]);
-    // `-S`: stay paused once the state is in, whatever the source's run state was; a copy is
-    // started by `cont` after its load.
-    match cfg.start {
-        Start::Boot => {}
-        Start::Incoming => a.extend(["-incoming".into(), "defer".into(), "-S".into()]),
-        Start::Devices => a.extend([
+    ]
+}
+
+/// How the VM starts: booting, or waiting for the state of a template or snapshot. `-S`: stay
+/// paused once the state is in, whatever the source's run state was; a copy is started by
+/// `cont` after its load.
+fn start_args(start: Start) -> Vec<String> {
+    match start {
+        Start::Boot => Vec::new(),
+        Start::Incoming => vec!["-incoming".into(), "defer".into(), "-S".into()],
+        Start::Devices => vec![
             "-global".into(),
             "migration.send-configuration=off".into(),
             "-incoming".into(),
             "defer".into(),
             "-S".into(),
-        ]),
+        ],
     }
-    a
 }
 
 /// Creates a copy-on-write qcow2 overlay over `base`: an image's raw root disk, or the frozen
