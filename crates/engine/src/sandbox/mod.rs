@@ -948,7 +948,7 @@ async fn start_copy(
 
     vm::create_overlay(&snap.disk(), &vm_cfg.disk).await?;
     mark("overlay");
-    let mut vm = Vm::spawn(&vm_cfg)?;
+    let mut vm = Vm::spawn(vm_cfg)?;
     mark("spawned");
     run.record.qemu_pid = Some(vm.pid);
     run.record.qemu_start = crate::procfs::process_start(vm.pid);
@@ -973,7 +973,7 @@ async fn start_copy(
                     console_tail: "(restored from a snapshot; the agent did not answer)".into(),
                 })??;
         mark("agent hello");
-        let mut refresh = fresh_identity(&id, max_procs, crate::random::fill)
+        let mut refresh = fresh_identity(id, max_procs, crate::random::fill)
             .map_err(|e| VmError::io("draw the copy's fresh entropy", e))?;
         refresh.grow_root_to = grow_to.unwrap_or(0);
         client.refresh(refresh).await?;

@@ -24,6 +24,7 @@
 //! `FORKBOX_JAIL=off` runs QEMU unconfined, as forkbox's own user (for debugging).
 
 use std::ffi::CString;
+use std::io::Error;
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
@@ -212,18 +213,32 @@ impl Jail {
     /// Only for a freshly forked child: it changes the calling process's namespaces, root,
     /// mounts and credentials for good. It makes system calls only (no allocation).
     pub fn enter(&self) -> std::io::Result<()> {
-        use std::io::Error;
-        // SAFETY: every pointer passed is a NUL-terminated string (a `CString` owned by `self`
-        // or a literal) or the group list owned by `self`, valid for the whole call; these
-        // calls read those and write no memory of this process.
+        self.unshare_onto_tmpfs()?;
+        for op in &self.ops {
+            self.apply(op)?;
+        }
+        self.seal_and_chroot()?;
+        self.drop_privileges()?;
+        // QEMU must be a child to be PID 1 of the new namespace.
+        // SAFETY: fork in a process that has only this thread (a freshly forked child); both
+        // sides go on with system calls only.
+        let qemu = unsafe { libc::fork() };
+        if qemu < 0 {
+            return Err(Error::last_os_error());
+        }
+        if qemu == 0 {
+            return qemu_side();
+        }
+        hold(qemu)
+    }
+
+    /// New namespaces (mount, IPC, UTS, network, PID), nothing propagating back to the host,
+    /// and the jail's root as a fresh small tmpfs.
+    fn unshare_onto_tmpfs(&self) -> std::io::Result<()> {
+        let none = std::ptr::null();
+        // SAFETY: the pointers are NUL-terminated literals or `self.root`, owned by `self`,
+        // valid for the whole call; these calls read them and write no memory of this process.
         unsafe {
-            let check = |r: libc::c_int| {
-                if r == 0 {
-                    Ok(())
-                } else {
-                    Err(Error::last_os_error())
-                }
-            };
             check(libc::unshare(
                 libc::CLONE_NEWNS
                     | libc::CLONE_NEWIPC
@@ -231,8 +246,6 @@ impl Jail {
                     | libc::CLONE_NEWNET
                     | libc::CLONE_NEWPID,
             ))?;
-            let none = std::ptr::null();
-            // Nothing mounted here propagates back to the host.
             check(libc::mount(
                 none,
                 c"/".as_ptr(),
@@ -246,58 +259,74 @@ impl Jail {
                 c"tmpfs".as_ptr(),
                 libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
                 c"mode=0755,size=1m".as_ptr().cast(),
-            ))?;
-            for op in &self.ops {
-                match op {
-                    // A path may already exist (inside an earlier, read-only bind): that is fine.
-                    Op::Dir(p) => {
-                        if libc::mkdir(p.as_ptr(), 0o755) != 0
-                            && libc::access(p.as_ptr(), libc::F_OK) != 0
-                        {
-                            return Err(Error::last_os_error());
-                        }
-                    }
-                    Op::File(p) => {
-                        let fd = libc::open(
-                            p.as_ptr(),
-                            libc::O_CREAT | libc::O_RDONLY | libc::O_CLOEXEC,
-                            0o644,
-                        );
-                        if fd < 0 {
-                            return Err(Error::last_os_error());
-                        }
-                        libc::close(fd);
-                    }
-                    Op::Link { target, at } => {
-                        if libc::symlink(target.as_ptr(), at.as_ptr()) != 0
-                            && Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
-                        {
-                            return Err(Error::last_os_error());
-                        }
-                    }
-                    Op::Bind { src, dst, ro } => {
-                        check(libc::mount(
-                            src.as_ptr(),
-                            dst.as_ptr(),
-                            none,
-                            libc::MS_BIND,
-                            std::ptr::null(),
-                        ))?;
-                        let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID;
-                        if *ro {
-                            flags |= libc::MS_RDONLY | libc::MS_NODEV;
-                        }
-                        check(libc::mount(
-                            none,
-                            dst.as_ptr(),
-                            none,
-                            flags,
-                            std::ptr::null(),
-                        ))?;
+            ))
+        }
+    }
+
+    /// One step of building the jail's tree.
+    fn apply(&self, op: &Op) -> std::io::Result<()> {
+        let none = std::ptr::null();
+        // SAFETY: every pointer is a NUL-terminated string owned by `op` (so by `self`), valid
+        // for the whole call; these calls read them and write no memory of this process.
+        unsafe {
+            match op {
+                // A path may already exist (inside an earlier, read-only bind): that is fine.
+                Op::Dir(p) => {
+                    if libc::mkdir(p.as_ptr(), 0o755) != 0
+                        && libc::access(p.as_ptr(), libc::F_OK) != 0
+                    {
+                        return Err(Error::last_os_error());
                     }
                 }
+                Op::File(p) => {
+                    let fd = libc::open(
+                        p.as_ptr(),
+                        libc::O_CREAT | libc::O_RDONLY | libc::O_CLOEXEC,
+                        0o644,
+                    );
+                    if fd < 0 {
+                        return Err(Error::last_os_error());
+                    }
+                    libc::close(fd);
+                }
+                Op::Link { target, at } => {
+                    if libc::symlink(target.as_ptr(), at.as_ptr()) != 0
+                        && Error::last_os_error().raw_os_error() != Some(libc::EEXIST)
+                    {
+                        return Err(Error::last_os_error());
+                    }
+                }
+                Op::Bind { src, dst, ro } => {
+                    check(libc::mount(
+                        src.as_ptr(),
+                        dst.as_ptr(),
+                        none,
+                        libc::MS_BIND,
+                        std::ptr::null(),
+                    ))?;
+                    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID;
+                    if *ro {
+                        flags |= libc::MS_RDONLY | libc::MS_NODEV;
+                    }
+                    check(libc::mount(
+                        none,
+                        dst.as_ptr(),
+                        none,
+                        flags,
+                        std::ptr::null(),
+                    ))?;
+                }
             }
-            // The jail's own skeleton is read-only from here.
+        }
+        Ok(())
+    }
+
+    /// The jail's own skeleton read-only, and the process inside it as its root.
+    fn seal_and_chroot(&self) -> std::io::Result<()> {
+        let none = std::ptr::null();
+        // SAFETY: the pointers are NUL-terminated literals or `self.root`, valid for the whole
+        // call; these calls read them and write no memory of this process.
+        unsafe {
             check(libc::mount(
                 none,
                 self.root.as_ptr(),
@@ -311,62 +340,87 @@ impl Jail {
             ))?;
             check(libc::chdir(self.root.as_ptr()))?;
             check(libc::chroot(c".".as_ptr()))?;
-            check(libc::chdir(c"/".as_ptr()))?;
+            check(libc::chdir(c"/".as_ptr()))
+        }
+    }
+
+    /// The VM's own user and groups, no new privileges ever, and the parent-death signal
+    /// (changing credentials cleared it) when the VM is to die with its starter.
+    fn drop_privileges(&self) -> std::io::Result<()> {
+        // SAFETY: the group list is owned by `self` and valid for the call, which only reads
+        // it; the other calls take plain integers.
+        unsafe {
             if self.uid != 0 {
                 check(libc::setgroups(self.groups.len(), self.groups.as_ptr()))?;
                 check(libc::setresgid(self.gid, self.gid, self.gid))?;
                 check(libc::setresuid(self.uid, self.uid, self.uid))?;
             }
             check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
-            // Changing credentials cleared any parent-death signal; set it now.
             if self.die_with_parent {
                 check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
             }
-            // QEMU must be a child to be PID 1 of the new namespace.
-            let qemu = libc::fork();
-            if qemu < 0 {
-                return Err(Error::last_os_error());
-            }
-            if qemu == 0 {
-                // QEMU dies with its holder.
-                check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
-                // QEMU gets standard input, output and error and nothing else: whatever this
-                // process held without close-on-exec (inherited by whoever started forkbox, or
-                // opened by a program that uses the engine) closes at exec. What QEMU creates
-                // (sockets, snapshot files) is no one else's.
-                if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 1u32 << 2) != 0 {
-                    for fd in 3..4096 {
-                        libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
-                    }
-                }
-                libc::umask(0o007);
-                return Ok(());
-            }
-            // The holder: no descriptors (among them the pipe through which the starting
-            // process learns that exec happened), just waiting.
-            if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
-                for fd in 3..1024 {
-                    libc::close(fd);
-                }
-            }
-            libc::prctl(libc::PR_SET_NAME, c"forkbox-holder".as_ptr());
-            let mut status = 0;
-            loop {
-                let r = libc::waitpid(qemu, &mut status, 0);
-                if r == qemu {
-                    break;
-                }
-                if r < 0 && *libc::__errno_location() != libc::EINTR {
-                    libc::_exit(127);
-                }
-            }
-            let code = if libc::WIFEXITED(status) {
-                libc::WEXITSTATUS(status)
-            } else {
-                128 + libc::WTERMSIG(status)
-            };
-            libc::_exit(code);
         }
+        Ok(())
+    }
+}
+
+/// A system call's result as an error from `errno` when it failed.
+fn check(r: libc::c_int) -> std::io::Result<()> {
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(Error::last_os_error())
+    }
+}
+
+/// QEMU's side of the jail's fork: it dies with its holder and keeps no descriptor but
+/// standard input, output and error past its exec.
+fn qemu_side() -> std::io::Result<()> {
+    // SAFETY: system calls on integers only, in the child of a fork that has one thread.
+    unsafe {
+        check(libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL))?;
+        // Whatever this process held without close-on-exec (inherited by whoever started
+        // forkbox, or opened by a program that uses the engine) closes at exec. What QEMU
+        // creates (sockets, snapshot files) is no one else's.
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 1u32 << 2) != 0 {
+            for fd in 3..4096 {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
+        }
+        libc::umask(0o007);
+    }
+    Ok(())
+}
+
+/// The holder: PID 1's parent in the jail, with no descriptors (among them the pipe through
+/// which the starting process learns that exec happened), waiting for QEMU and exiting as it
+/// did. Never returns.
+fn hold(qemu: libc::pid_t) -> ! {
+    // SAFETY: system calls on integers, a NUL-terminated literal and a local status word;
+    // `_exit` ends this process without running anything of the parent's.
+    unsafe {
+        if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, 0u32) != 0 {
+            for fd in 3..1024 {
+                libc::close(fd);
+            }
+        }
+        libc::prctl(libc::PR_SET_NAME, c"forkbox-holder".as_ptr());
+        let mut status = 0;
+        loop {
+            let r = libc::waitpid(qemu, &mut status, 0);
+            if r == qemu {
+                break;
+            }
+            if r < 0 && *libc::__errno_location() != libc::EINTR {
+                libc::_exit(127);
+            }
+        }
+        let code = if libc::WIFEXITED(status) {
+            libc::WEXITSTATUS(status)
+        } else {
+            128 + libc::WTERMSIG(status)
+        };
+        libc::_exit(code);
     }
 }
 
