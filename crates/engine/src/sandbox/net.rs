@@ -637,10 +637,10 @@ impl HostNet {
     /// server that speaks first (SSH, SMTP) has spoken by then and keeps its connection.
     async fn carry(self: Arc<Self>, tunnel: u32, addr: SocketAddr, stream: tokio::net::TcpStream) {
         let connected = std::time::Instant::now();
-        let (mut rd, mut wr) = stream.into_split();
-        let (swap_tx, mut swap_rx) = oneshot::channel::<Swap>();
+        let (rd, wr) = stream.into_split();
+        let (swap_tx, swap_rx) = oneshot::channel::<Swap>();
         let quiet_end = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let (tx, mut rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
+        let (tx, rx) = mpsc::unbounded_channel::<Option<Vec<u8>>>();
         let credit = Arc::new(Semaphore::new(TUNNEL_WINDOW as usize));
         let unacked = Arc::new(AtomicUsize::new(0));
         {
@@ -670,103 +670,23 @@ impl HostNet {
         {
             return;
         }
-        // Remote -> guest, within the agent's acknowledgements.
-        let down = {
-            let net = self.clone();
-            let quiet_end = quiet_end.clone();
-            tokio::spawn(async move {
-                let mut buf = vec![0u8; 64 * 1024];
-                let mut waiting_swap = true;
-                loop {
-                    let read = tokio::select! {
-                        biased;
-                        swap = &mut swap_rx, if waiting_swap => {
-                            waiting_swap = false;
-                            // Nothing was read from the old connection (the first read
-                            // ends the offer): the new one takes its place.
-                            if let Ok(swap) = swap {
-                                take_swap(&mut rd, swap);
-                            }
-                            continue;
-                        }
-                        r = rd.read(&mut buf) => r,
-                    };
-                    if waiting_swap {
-                        waiting_swap = false;
-                        if !matches!(read, Ok(n) if n > 0) {
-                            // Ended or reset before either side said anything (a server
-                            // tired of waiting): the guest's first bytes will go over a new
-                            // connection; if it sends none, this end is reported as it was.
-                            quiet_end.store(true, Ordering::SeqCst);
-                            if let Ok(swap) = (&mut swap_rx).await {
-                                take_swap(&mut rd, swap);
-                                continue;
-                            }
-                        }
-                        // The remote has spoken, or no new connection came: this one stays.
-                        swap_rx.close();
-                    }
-                    let n = match read {
-                        Ok(0) => {
-                            let _ = net.outbox.send(HostMsg::TunnelEof { tunnel }).await;
-                            net.end_of(tunnel, End::Remote);
-                            return;
-                        }
-                        Ok(n) => n,
-                        Err(e) => return net.remote_failed(tunnel, &e).await,
-                    };
-                    match credit.acquire_many(n as u32).await {
-                        Ok(p) => p.forget(),
-                        Err(_) => return,
-                    }
-                    net.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
-                    let data = buf[..n].to_vec();
-                    if net
-                        .outbox
-                        .send(HostMsg::TunnelData { tunnel, data })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            })
-        };
-        // Guest -> remote, acknowledged as written.
-        let up = {
-            let net = self.clone();
-            tokio::spawn(async move {
-                let mut swap_tx = Some(swap_tx);
-                while let Some(m) = rx.recv().await {
-                    if let Some(offer) = swap_tx.take_if(|_| m.is_some()) {
-                        if connected.elapsed() >= FRESH_FOR || quiet_end.load(Ordering::SeqCst) {
-                            if let Some(new_wr) = reconnect(addr, offer).await {
-                                tracing::debug!(
-                                    "{}: tunnel {tunnel}: the guest's first bytes came {} ms after the connect: sent over a new connection",
-                                    net.name(),
-                                    connected.elapsed().as_millis()
-                                );
-                                wr = new_wr;
-                            }
-                        }
-                    }
-                    match m {
-                        Some(d) => {
-                            if let Err(e) = wr.write_all(&d).await {
-                                return net.remote_failed(tunnel, &e).await;
-                            }
-                            unacked.fetch_sub(d.len(), Ordering::Relaxed);
-                            let bytes = d.len() as u32;
-                            let _ = net.outbox.send(HostMsg::TunnelAck { tunnel, bytes }).await;
-                        }
-                        None => {
-                            let _ = wr.shutdown().await;
-                            return;
-                        }
-                    }
-                }
-            })
-        };
+        let down = tokio::spawn(self.clone().remote_to_guest(Down {
+            tunnel,
+            rd,
+            swap_rx,
+            quiet_end: quiet_end.clone(),
+            credit,
+        }));
+        let up = tokio::spawn(self.clone().guest_to_remote(Up {
+            tunnel,
+            addr,
+            connected,
+            wr,
+            rx,
+            swap_tx,
+            quiet_end,
+            unacked,
+        }));
         match lock(&self.open).get_mut(&tunnel) {
             Some(Slot::Open(o)) => o.tasks.extend([down, up]),
             _ => {
@@ -775,6 +695,142 @@ impl HostNet {
             }
         }
     }
+
+    /// Remote -> guest, within the agent's acknowledgements. Until the remote or the guest
+    /// has said something, a fresh connection offered by [`Self::guest_to_remote`] may take
+    /// the old one's place.
+    async fn remote_to_guest(self: Arc<Self>, d: Down) {
+        let Down {
+            tunnel,
+            mut rd,
+            mut swap_rx,
+            quiet_end,
+            credit,
+        } = d;
+        let mut buf = vec![0u8; 64 * 1024];
+        let mut waiting_swap = true;
+        loop {
+            let read = tokio::select! {
+                biased;
+                swap = &mut swap_rx, if waiting_swap => {
+                    waiting_swap = false;
+                    // Nothing was read from the old connection (the first read
+                    // ends the offer): the new one takes its place.
+                    if let Ok(swap) = swap {
+                        take_swap(&mut rd, swap);
+                    }
+                    continue;
+                }
+                r = rd.read(&mut buf) => r,
+            };
+            if waiting_swap {
+                waiting_swap = false;
+                if !matches!(read, Ok(n) if n > 0) {
+                    // Ended or reset before either side said anything (a server
+                    // tired of waiting): the guest's first bytes will go over a new
+                    // connection; if it sends none, this end is reported as it was.
+                    quiet_end.store(true, Ordering::SeqCst);
+                    if let Ok(swap) = (&mut swap_rx).await {
+                        take_swap(&mut rd, swap);
+                        continue;
+                    }
+                }
+                // The remote has spoken, or no new connection came: this one stays.
+                swap_rx.close();
+            }
+            let n = match read {
+                Ok(0) => {
+                    let _ = self.outbox.send(HostMsg::TunnelEof { tunnel }).await;
+                    self.end_of(tunnel, End::Remote);
+                    return;
+                }
+                Ok(n) => n,
+                Err(e) => return self.remote_failed(tunnel, &e).await,
+            };
+            match credit.acquire_many(n as u32).await {
+                Ok(p) => p.forget(),
+                Err(_) => return,
+            }
+            self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+            let data = buf[..n].to_vec();
+            if self
+                .outbox
+                .send(HostMsg::TunnelData { tunnel, data })
+                .await
+                .is_err()
+            {
+                return;
+            }
+        }
+    }
+
+    /// Guest -> remote, acknowledged as written. The guest's first bytes go over a fresh
+    /// connection when they come late (see [`Self::carry`]).
+    async fn guest_to_remote(self: Arc<Self>, u: Up) {
+        let Up {
+            tunnel,
+            addr,
+            connected,
+            mut wr,
+            mut rx,
+            swap_tx,
+            quiet_end,
+            unacked,
+        } = u;
+        let mut swap_tx = Some(swap_tx);
+        while let Some(m) = rx.recv().await {
+            if let Some(offer) = swap_tx.take_if(|_| m.is_some()) {
+                if connected.elapsed() >= FRESH_FOR || quiet_end.load(Ordering::SeqCst) {
+                    if let Some(new_wr) = reconnect(addr, offer).await {
+                        tracing::debug!(
+                            "{}: tunnel {tunnel}: the guest's first bytes came {} ms after the connect: sent over a new connection",
+                            self.name(),
+                            connected.elapsed().as_millis()
+                        );
+                        wr = new_wr;
+                    }
+                }
+            }
+            match m {
+                Some(d) => {
+                    if let Err(e) = wr.write_all(&d).await {
+                        return self.remote_failed(tunnel, &e).await;
+                    }
+                    unacked.fetch_sub(d.len(), Ordering::Relaxed);
+                    let bytes = d.len() as u32;
+                    let _ = self.outbox.send(HostMsg::TunnelAck { tunnel, bytes }).await;
+                }
+                None => {
+                    let _ = wr.shutdown().await;
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// What a tunnel's reader (remote -> guest) works with.
+struct Down {
+    tunnel: u32,
+    rd: tokio::net::tcp::OwnedReadHalf,
+    /// A fresh connection offered by the writer, until either side has said something.
+    swap_rx: oneshot::Receiver<Swap>,
+    /// Set when the first connection ended before either side said anything.
+    quiet_end: Arc<std::sync::atomic::AtomicBool>,
+    /// The bytes the guest's agent may still take (its window).
+    credit: Arc<Semaphore>,
+}
+
+/// What a tunnel's writer (guest -> remote) works with.
+struct Up {
+    tunnel: u32,
+    addr: SocketAddr,
+    connected: std::time::Instant,
+    wr: tokio::net::tcp::OwnedWriteHalf,
+    rx: mpsc::UnboundedReceiver<Option<Vec<u8>>>,
+    swap_tx: oneshot::Sender<Swap>,
+    quiet_end: Arc<std::sync::atomic::AtomicBool>,
+    unacked: Arc<AtomicUsize>,
 }
 
 /// A fresh connection's read half for a tunnel's reader, and how it says it took it.
