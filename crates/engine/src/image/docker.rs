@@ -77,6 +77,15 @@ struct State {
     suite: Option<String>,
 }
 
+/// The Dockerfile's stages as a stage's instructions see them: which one is building (`i`),
+/// those built before it, and the sandboxes of those that `COPY --from` copies out of.
+struct Stages<'a> {
+    file: &'a df::Dockerfile,
+    i: usize,
+    done: &'a BTreeMap<usize, Done>,
+    lenders: &'a mut BTreeMap<usize, Sandbox>,
+}
+
 /// A finished stage: its disk (an unlisted image) and what it built up.
 struct Done {
     image: Image,
@@ -348,9 +357,15 @@ impl Ctx<'_, '_> {
             .map_err(|e| self.fail(st.line, "boot a sandbox of the base", e.to_string()))?;
         // Build arguments this stage declared (docker: only those are visible to it).
         let mut args: BTreeMap<String, String> = BTreeMap::new();
+        let mut stages = Stages {
+            file,
+            i,
+            done,
+            lenders,
+        };
         let result = async {
             for step in &st.steps {
-                self.instruction(file, i, step, &sb, &mut state, &mut args, done, lenders)
+                self.instruction(&mut stages, step, &sb, &mut state, &mut args)
                     .await?;
             }
             Ok::<(), ImageError>(())
@@ -386,41 +401,20 @@ impl Ctx<'_, '_> {
         v
     }
 
-    #[allow(clippy::too_many_arguments)]
+    /// Carries out one instruction of stage `stages.i` in its sandbox `sb`.
     async fn instruction(
         &mut self,
-        file: &df::Dockerfile,
-        i: usize,
+        stages: &mut Stages<'_>,
         step: &Step,
         sb: &Sandbox,
         state: &mut State,
         args: &mut BTreeMap<String, String>,
-        done: &BTreeMap<usize, Done>,
-        lenders: &mut BTreeMap<usize, Sandbox>,
     ) -> Result<(), ImageError> {
         let vars = Self::vars(state, args);
         let sub = |s: &str| df::substitute(s, &vars);
         match step {
             Step::Run { line, run } => {
-                let program = match run {
-                    RunForm::Shell(c) => {
-                        self.step(format!("line {line}: RUN {c}"));
-                        Program::Argv(vec!["/bin/sh".into(), "-c".into(), c.clone()])
-                    }
-                    RunForm::Exec(a) => {
-                        self.step(format!("line {line}: RUN {a:?}"));
-                        Program::Argv(a.clone())
-                    }
-                };
-                let spec = ExecSpec {
-                    program,
-                    cwd: Some(state.workdir.clone().unwrap_or_else(|| "/".into())),
-                    env: vars.into_iter().collect(),
-                    timeout_ms: Some(b::BUILD_STEP_MS),
-                    stdin: false,
-                    tty: None,
-                    user: Some(state.user.clone().unwrap_or_else(|| "0:0".into())),
-                };
+                let spec = self.run_spec(*line, run, state, vars);
                 b::run_in(sb, spec, &mut *self.log)
                     .await
                     .map_err(|m| self.fail(*line, "RUN", m))
@@ -483,69 +477,124 @@ impl Ctx<'_, '_> {
                 ));
                 Ok(())
             }
-            Step::Copy {
-                line,
-                add,
-                from,
-                chown,
-                chmod,
-                srcs,
-                dest,
-            } => {
-                let what = if *add { "ADD" } else { "COPY" };
-                let srcs: Vec<String> = srcs.iter().map(|s| sub(s)).collect();
-                let dest = absolute(state.workdir.as_deref(), &sub(dest));
-                self.step(format!("line {line}: {what} {} {dest}", srcs.join(" ")));
-                self.copies += 1;
-                let staging = format!("/.forkbox-copy-{}", self.copies);
-                let placed = match from {
-                    None => self.send_context(*line, what, &srcs, sb, &staging).await?,
-                    Some(f) => {
-                        let j = df::stage_index(&file.stages[..i], f)
-                            .ok_or_else(|| self.fail(*line, what, format!("no stage {f}")))?;
-                        let lender = match lenders.entry(j) {
-                            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
-                            std::collections::btree_map::Entry::Vacant(v) => {
-                                let d = done.get(&j).ok_or_else(|| {
-                                    failed(
-                                        self.name,
-                                        format!("line {line}: {what}"),
-                                        format!("stage {f} was not built"),
-                                    )
-                                })?;
-                                let lender = Sandbox::boot_unlisted(
-                                    self.paths,
-                                    &b::build_sandbox(self.name),
-                                    d.image.clone(),
-                                )
-                                .await
-                                .map_err(|e| {
-                                    failed(
-                                        self.name,
-                                        format!("line {line}: boot the stage to copy from"),
-                                        e.to_string(),
-                                    )
-                                })?;
-                                v.insert(lender)
-                            }
-                        };
-                        let lender: &Sandbox = lender;
-                        self.send_from_stage(*line, what, &srcs, lender, sb, &staging)
-                            .await?
-                    }
-                };
-                let script = place_script(
-                    &staging,
-                    &placed,
-                    &dest,
-                    *add,
-                    chown.as_deref(),
-                    chmod.as_deref(),
-                    dest.ends_with('/') || srcs.len() > 1,
-                );
-                root_sh(sb, &script, &mut *self.log)
-                    .await
-                    .map_err(|m| self.fail(*line, what, m))
+            Step::Copy { .. } => self.copy(stages, step, sb, state, &vars).await,
+        }
+    }
+
+    /// COPY or ADD: the sources (from the context, or from a built stage's sandbox) staged in
+    /// the guest, then placed at the destination with their owner and mode.
+    async fn copy(
+        &mut self,
+        stages: &mut Stages<'_>,
+        step: &Step,
+        sb: &Sandbox,
+        state: &State,
+        vars: &BTreeMap<String, String>,
+    ) -> Result<(), ImageError> {
+        let Step::Copy {
+            line,
+            add,
+            from,
+            chown,
+            chmod,
+            srcs,
+            dest,
+        } = step
+        else {
+            return Ok(());
+        };
+        let sub = |s: &str| df::substitute(s, vars);
+        let what = if *add { "ADD" } else { "COPY" };
+        let srcs: Vec<String> = srcs.iter().map(|s| sub(s)).collect();
+        let dest = absolute(state.workdir.as_deref(), &sub(dest));
+        self.step(format!("line {line}: {what} {} {dest}", srcs.join(" ")));
+        self.copies += 1;
+        let staging = format!("/.forkbox-copy-{}", self.copies);
+        let placed = match from {
+            None => self.send_context(*line, what, &srcs, sb, &staging).await?,
+            Some(f) => {
+                let j = df::stage_index(&stages.file.stages[..stages.i], f)
+                    .ok_or_else(|| self.fail(*line, what, format!("no stage {f}")))?;
+                let at = format!("line {line}: {what}");
+                let lender: &Sandbox = self.lender(&at, j, f, stages.done, stages.lenders).await?;
+                self.send_from_stage(*line, what, &srcs, lender, sb, &staging)
+                    .await?
+            }
+        };
+        let script = place_script(
+            &staging,
+            &placed,
+            &dest,
+            *add,
+            chown.as_deref(),
+            chmod.as_deref(),
+            dest.ends_with('/') || srcs.len() > 1,
+        );
+        root_sh(sb, &script, &mut *self.log)
+            .await
+            .map_err(|m| self.fail(*line, what, m))
+    }
+
+    /// A RUN instruction as a command in the build's sandbox: as the stage's user (root by
+    /// default), in its working directory, with its environment.
+    fn run_spec(
+        &mut self,
+        line: usize,
+        run: &RunForm,
+        state: &State,
+        vars: BTreeMap<String, String>,
+    ) -> ExecSpec {
+        let program = match run {
+            RunForm::Shell(c) => {
+                self.step(format!("line {line}: RUN {c}"));
+                Program::Argv(vec!["/bin/sh".into(), "-c".into(), c.clone()])
+            }
+            RunForm::Exec(a) => {
+                self.step(format!("line {line}: RUN {a:?}"));
+                Program::Argv(a.clone())
+            }
+        };
+        ExecSpec {
+            program,
+            cwd: Some(state.workdir.clone().unwrap_or_else(|| "/".into())),
+            env: vars.into_iter().collect(),
+            timeout_ms: Some(b::BUILD_STEP_MS),
+            stdin: false,
+            tty: None,
+            user: Some(state.user.clone().unwrap_or_else(|| "0:0".into())),
+        }
+    }
+
+    /// The sandbox of built stage `j` (named `f` in the Dockerfile) that `COPY --from` copies
+    /// from, booted on its first use and kept in `lenders` for the rest of the build.
+    async fn lender<'l>(
+        &self,
+        at: &str,
+        j: usize,
+        f: &str,
+        done: &BTreeMap<usize, Done>,
+        lenders: &'l mut BTreeMap<usize, Sandbox>,
+    ) -> Result<&'l Sandbox, ImageError> {
+        match lenders.entry(j) {
+            std::collections::btree_map::Entry::Occupied(o) => Ok(o.into_mut()),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let d = done
+                    .get(&j)
+                    .ok_or_else(|| failed(self.name, at, format!("stage {f} was not built")))?;
+                let lender = Sandbox::boot_unlisted(
+                    self.paths,
+                    &b::build_sandbox(self.name),
+                    d.image.clone(),
+                )
+                .await
+                .map_err(|e| {
+                    failed(
+                        self.name,
+                        format!("{at}: boot the stage to copy from"),
+                        e.to_string(),
+                    )
+                })?;
+                Ok(v.insert(lender))
             }
         }
     }
