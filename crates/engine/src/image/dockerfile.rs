@@ -245,34 +245,7 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
         let instr = word.to_ascii_uppercase();
         let rest = rest.trim();
         if instr == "FROM" {
-            let (fl, rest) = flags(rest);
-            for (k, v) in &fl {
-                if k != "platform"
-                    || !matches!(
-                        v.as_str(),
-                        "linux/amd64" | "$BUILDPLATFORM" | "$TARGETPLATFORM"
-                    )
-                {
-                    return err(
-                        line,
-                        format!("FROM --{k}={v} is not supported (forkbox builds linux/amd64)"),
-                    );
-                }
-            }
-            let ws = words(&rest);
-            let (from, name) = match ws.as_slice() {
-                [f] => (f.clone(), None),
-                [f, as_, n] if as_.eq_ignore_ascii_case("as") => {
-                    (f.clone(), Some(n.to_ascii_lowercase()))
-                }
-                _ => return err(line, "FROM takes IMAGE [AS NAME]"),
-            };
-            df.stages.push(Stage {
-                line,
-                from,
-                name,
-                steps: Vec::new(),
-            });
+            df.stages.push(from(line, rest)?);
             continue;
         }
         if instr == "ARG" && df.stages.is_empty() {
@@ -283,100 +256,152 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
         let Some(stage) = df.stages.last_mut() else {
             return err(line, format!("{instr} before the first FROM"));
         };
-        let step = match instr.as_str() {
-            "RUN" => {
-                let (fl, rest) = flags(rest);
-                refuse_flags(line, "RUN", &fl)?;
-                if rest.contains("<<") && rest.trim_start().starts_with("<<") {
-                    return err(line, "RUN with a here-document is not supported");
-                }
-                let run = match json_array(&rest) {
-                    Some(argv) if argv.is_empty() => return err(line, "RUN [] runs nothing"),
-                    Some(argv) => RunForm::Exec(argv),
-                    None if rest.trim().is_empty() => return err(line, "RUN needs a command"),
-                    None => RunForm::Shell(rest.trim().to_string()),
-                };
-                Step::Run { line, run }
-            }
-            "COPY" | "ADD" => {
-                let add = instr == "ADD";
-                let (fl, rest) = flags(rest);
-                let (mut from, mut chown, mut chmod) = (None, None, None);
-                for (k, v) in fl {
-                    match k.as_str() {
-                        "from" if !add => from = Some(v.to_ascii_lowercase()),
-                        "chown" => chown = Some(v),
-                        "chmod" => chmod = Some(v),
-                        _ => return err(line, format!("{instr} --{k} is not supported")),
-                    }
-                }
-                let mut parts = match json_array(&rest) {
-                    Some(a) => a,
-                    None => words(&rest),
-                };
-                if parts.len() < 2 {
-                    return err(line, format!("{instr} needs SOURCE... DEST"));
-                }
-                let dest = parts.pop().unwrap_or_default();
-                if add {
-                    if let Some(url) = parts.iter().find(|s| s.contains("://") || s.starts_with("git@")) {
-                        return err(line, format!("ADD from a URL ({url}) is not supported: download it in a RUN step"));
-                    }
-                }
-                Step::Copy {
-                    line,
-                    add,
-                    from,
-                    chown,
-                    chmod,
-                    srcs: parts,
-                    dest,
-                }
-            }
-            "ENV" => Step::Env {
-                line,
-                vars: pairs(line, rest, "ENV")?,
-            },
-            "ARG" => {
-                let (name, default) = arg(line, rest)?;
-                Step::Arg { line, name, default }
-            }
-            "WORKDIR" if !rest.is_empty() => Step::Workdir {
-                line,
-                path: rest.to_string(),
-            },
-            "USER" if !rest.is_empty() => Step::User {
-                line,
-                user: rest.to_string(),
-            },
-            "LABEL" => Step::Label {
-                line,
-                pairs: pairs(line, rest, "LABEL")?,
-            },
-            "MAINTAINER" => Step::Label {
-                line,
-                pairs: vec![("maintainer".into(), rest.to_string())],
-            },
-            "CMD" | "ENTRYPOINT" | "EXPOSE" => Step::Unused {
-                line,
-                instruction: instr.clone(),
-            },
-            "WORKDIR" | "USER" => return err(line, format!("{instr} needs a value")),
-            other => {
-                return err(
-                    line,
-                    format!(
-                        "{other} is not supported (forkbox builds FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR, USER and LABEL)"
-                    ),
-                )
-            }
-        };
-        stage.steps.push(step);
+        stage.steps.push(step(line, &instr, rest)?);
     }
     if df.stages.is_empty() {
         return err(1, "no FROM: a Dockerfile starts from an image");
     }
-    // Every COPY --from names an earlier stage (by name or number).
+    copies_name_earlier_stages(&df)?;
+    Ok(df)
+}
+
+/// `FROM [--platform=linux/amd64] IMAGE [AS NAME]`: a new stage.
+fn from(line: usize, rest: &str) -> Result<Stage, DockerfileError> {
+    let (fl, rest) = flags(rest);
+    for (k, v) in &fl {
+        if k != "platform"
+            || !matches!(
+                v.as_str(),
+                "linux/amd64" | "$BUILDPLATFORM" | "$TARGETPLATFORM"
+            )
+        {
+            return err(
+                line,
+                format!("FROM --{k}={v} is not supported (forkbox builds linux/amd64)"),
+            );
+        }
+    }
+    let ws = words(&rest);
+    let (from, name) = match ws.as_slice() {
+        [f] => (f.clone(), None),
+        [f, as_, n] if as_.eq_ignore_ascii_case("as") => (f.clone(), Some(n.to_ascii_lowercase())),
+        _ => return err(line, "FROM takes IMAGE [AS NAME]"),
+    };
+    Ok(Stage {
+        line,
+        from,
+        name,
+        steps: Vec::new(),
+    })
+}
+
+/// One instruction of a stage (`instr` in capitals, `rest` what follows it).
+fn step(line: usize, instr: &str, rest: &str) -> Result<Step, DockerfileError> {
+    Ok(match instr {
+        "RUN" => run(line, rest)?,
+        "COPY" | "ADD" => copy(line, instr, rest)?,
+        "ENV" => Step::Env {
+            line,
+            vars: pairs(line, rest, "ENV")?,
+        },
+        "ARG" => {
+            let (name, default) = arg(line, rest)?;
+            Step::Arg { line, name, default }
+        }
+        "WORKDIR" if !rest.is_empty() => Step::Workdir {
+            line,
+            path: rest.to_string(),
+        },
+        "USER" if !rest.is_empty() => Step::User {
+            line,
+            user: rest.to_string(),
+        },
+        "LABEL" => Step::Label {
+            line,
+            pairs: pairs(line, rest, "LABEL")?,
+        },
+        "MAINTAINER" => Step::Label {
+            line,
+            pairs: vec![("maintainer".into(), rest.to_string())],
+        },
+        "CMD" | "ENTRYPOINT" | "EXPOSE" => Step::Unused {
+            line,
+            instruction: instr.to_string(),
+        },
+        "WORKDIR" | "USER" => return err(line, format!("{instr} needs a value")),
+        other => {
+            return err(
+                line,
+                format!(
+                    "{other} is not supported (forkbox builds FROM, RUN, COPY, ADD, ENV, ARG, WORKDIR, USER and LABEL)"
+                ),
+            )
+        }
+    })
+}
+
+/// `RUN command` (a shell's) or `RUN ["program", "arg", ...]`.
+fn run(line: usize, rest: &str) -> Result<Step, DockerfileError> {
+    let (fl, rest) = flags(rest);
+    refuse_flags(line, "RUN", &fl)?;
+    if rest.contains("<<") && rest.trim_start().starts_with("<<") {
+        return err(line, "RUN with a here-document is not supported");
+    }
+    let run = match json_array(&rest) {
+        Some(argv) if argv.is_empty() => return err(line, "RUN [] runs nothing"),
+        Some(argv) => RunForm::Exec(argv),
+        None if rest.trim().is_empty() => return err(line, "RUN needs a command"),
+        None => RunForm::Shell(rest.trim().to_string()),
+    };
+    Ok(Step::Run { line, run })
+}
+
+/// `COPY`/`ADD [--from=STAGE] [--chown=..] [--chmod=..] SOURCE... DEST` (`--from` for COPY
+/// only; no URLs for ADD).
+fn copy(line: usize, instr: &str, rest: &str) -> Result<Step, DockerfileError> {
+    let add = instr == "ADD";
+    let (fl, rest) = flags(rest);
+    let (mut from, mut chown, mut chmod) = (None, None, None);
+    for (k, v) in fl {
+        match k.as_str() {
+            "from" if !add => from = Some(v.to_ascii_lowercase()),
+            "chown" => chown = Some(v),
+            "chmod" => chmod = Some(v),
+            _ => return err(line, format!("{instr} --{k} is not supported")),
+        }
+    }
+    let mut parts = match json_array(&rest) {
+        Some(a) => a,
+        None => words(&rest),
+    };
+    if parts.len() < 2 {
+        return err(line, format!("{instr} needs SOURCE... DEST"));
+    }
+    let dest = parts.pop().unwrap_or_default();
+    if add {
+        if let Some(url) = parts
+            .iter()
+            .find(|s| s.contains("://") || s.starts_with("git@"))
+        {
+            return err(
+                line,
+                format!("ADD from a URL ({url}) is not supported: download it in a RUN step"),
+            );
+        }
+    }
+    Ok(Step::Copy {
+        line,
+        add,
+        from,
+        chown,
+        chmod,
+        srcs: parts,
+        dest,
+    })
+}
+
+/// Every COPY --from names an earlier stage (by name or number).
+fn copies_name_earlier_stages(df: &Dockerfile) -> Result<(), DockerfileError> {
     for (i, st) in df.stages.iter().enumerate() {
         for step in &st.steps {
             if let Step::Copy {
@@ -394,7 +419,7 @@ pub fn parse(text: &str) -> Result<Dockerfile, DockerfileError> {
             }
         }
     }
-    Ok(df)
+    Ok(())
 }
 
 /// The stage `name` (its `AS` name, or its number) among `stages`.
