@@ -296,26 +296,10 @@ impl Root {
         }
         let (parent, name) = split(rel)?;
         let dir = self.dir(parent, rel)?;
-        let mode = header.mode().unwrap_or(0o644) & 0o7777;
         let io = io_at(rel);
         match kind {
             T::Directory => {
-                match nix::sys::stat::fstatat(
-                    Some(dir.as_raw_fd()),
-                    name,
-                    nix::fcntl::AtFlags::AT_SYMLINK_NOFOLLOW,
-                ) {
-                    Ok(st)
-                        if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT
-                            == SFlag::S_IFDIR => {}
-                    Ok(_) => {
-                        remove_at(&dir, name).map_err(&io)?;
-                        mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o700))
-                            .map_err(|e| io(errno(e)))?;
-                    }
-                    Err(_) => mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o700))
-                        .map_err(|e| io(errno(e)))?,
-                }
+                ensure_dir(&dir, name).map_err(&io)?;
                 stats.dirs += 1;
             }
             T::Regular | T::Continuous | T::GNUSparse => {
@@ -366,24 +350,8 @@ impl Root {
                 return Ok(());
             }
             T::Char | T::Block | T::Fifo => {
-                let sflag = match kind {
-                    T::Char => SFlag::S_IFCHR,
-                    T::Block => SFlag::S_IFBLK,
-                    _ => SFlag::S_IFIFO,
-                };
-                let dev = nix::sys::stat::makedev(
-                    u64::from(header.device_major().ok().flatten().unwrap_or(0)),
-                    u64::from(header.device_minor().ok().flatten().unwrap_or(0)),
-                );
                 remove_at(&dir, name).map_err(&io)?;
-                mknodat(
-                    Some(dir.as_raw_fd()),
-                    name,
-                    sflag,
-                    Mode::from_bits_truncate(0o600),
-                    dev,
-                )
-                .map_err(|e| io(errno(e)))?;
+                make_node(&dir, name, &header).map_err(&io)?;
                 stats.files += 1;
             }
             other => {
@@ -393,37 +361,71 @@ impl Root {
                 ));
             }
         }
-        let uid = header.uid().unwrap_or(0) as u32;
-        let gid = header.gid().unwrap_or(0) as u32;
-        fchownat(
-            Some(dir.as_raw_fd()),
-            name,
-            Some(Uid::from_raw(uid)),
-            Some(Gid::from_raw(gid)),
-            AtFlags::AT_SYMLINK_NOFOLLOW,
-        )
-        .map_err(|e| io(errno(e)))?;
-        if kind != T::Symlink {
-            // After the owner: chown clears set-id bits.
-            fchmodat(
-                Some(dir.as_raw_fd()),
-                name,
-                Mode::from_bits_truncate(mode),
-                FchmodatFlags::FollowSymlink,
-            )
-            .map_err(|e| io(errno(e)))?;
-        }
-        let mtime = TimeSpec::new(header.mtime().unwrap_or(0) as i64, 0);
-        utimensat(
-            Some(dir.as_raw_fd()),
-            name,
-            &mtime,
-            &mtime,
-            UtimensatFlags::NoFollowSymlink,
-        )
-        .map_err(|e| io(errno(e)))?;
-        Ok(())
+        set_metadata(&dir, name, &header).map_err(&io)
     }
+}
+
+/// A directory `name` in `dir`: kept if there is one, made (in place of anything else) if not.
+fn ensure_dir(dir: &OwnedFd, name: &OsStr) -> io::Result<()> {
+    let st = nix::sys::stat::fstatat(Some(dir.as_raw_fd()), name, AtFlags::AT_SYMLINK_NOFOLLOW);
+    match st {
+        Ok(st) if SFlag::from_bits_truncate(st.st_mode) & SFlag::S_IFMT == SFlag::S_IFDIR => {
+            return Ok(())
+        }
+        Ok(_) => remove_at(dir, name)?,
+        Err(_) => {}
+    }
+    mkdirat(Some(dir.as_raw_fd()), name, Mode::from_bits_truncate(0o700)).map_err(errno)
+}
+
+/// A device file or FIFO `name` in `dir`, as the entry `header` describes it.
+fn make_node(dir: &OwnedFd, name: &OsStr, header: &tar::Header) -> io::Result<()> {
+    let sflag = match header.entry_type() {
+        tar::EntryType::Char => SFlag::S_IFCHR,
+        tar::EntryType::Block => SFlag::S_IFBLK,
+        _ => SFlag::S_IFIFO,
+    };
+    let dev = nix::sys::stat::makedev(
+        u64::from(header.device_major().ok().flatten().unwrap_or(0)),
+        u64::from(header.device_minor().ok().flatten().unwrap_or(0)),
+    );
+    let mode = Mode::from_bits_truncate(0o600);
+    mknodat(Some(dir.as_raw_fd()), name, sflag, mode, dev).map_err(errno)
+}
+
+/// The entry's owner, mode (not a symbolic link's: it has none) and modification time, on
+/// `name` in `dir` (never through a link).
+fn set_metadata(dir: &OwnedFd, name: &OsStr, header: &tar::Header) -> io::Result<()> {
+    let mode = header.mode().unwrap_or(0o644) & 0o7777;
+    let uid = header.uid().unwrap_or(0) as u32;
+    let gid = header.gid().unwrap_or(0) as u32;
+    fchownat(
+        Some(dir.as_raw_fd()),
+        name,
+        Some(Uid::from_raw(uid)),
+        Some(Gid::from_raw(gid)),
+        AtFlags::AT_SYMLINK_NOFOLLOW,
+    )
+    .map_err(errno)?;
+    if header.entry_type() != tar::EntryType::Symlink {
+        // After the owner: chown clears set-id bits.
+        fchmodat(
+            Some(dir.as_raw_fd()),
+            name,
+            Mode::from_bits_truncate(mode),
+            FchmodatFlags::FollowSymlink,
+        )
+        .map_err(errno)?;
+    }
+    let mtime = TimeSpec::new(header.mtime().unwrap_or(0) as i64, 0);
+    utimensat(
+        Some(dir.as_raw_fd()),
+        name,
+        &mtime,
+        &mtime,
+        UtimensatFlags::NoFollowSymlink,
+    )
+    .map_err(errno)
 }
 
 /// What a layer held.
