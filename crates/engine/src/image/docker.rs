@@ -99,16 +99,7 @@ pub fn build_dockerfile(
 ) -> Result<Image, ImageError> {
     let started = std::time::Instant::now();
     let name = req.name;
-    if !super::recipe::valid_name(name) {
-        return Err(failed(
-            name,
-            "start",
-            "an image name is 1-64 letters, digits, '-', '_' or '.' (give it with --name)",
-        ));
-    }
-    if !nix::unistd::geteuid().is_root() {
-        return Err(failed(name, "start", "building an image needs root"));
-    }
+    may_build(name)?;
     let file = df::parse(req.dockerfile)
         .map_err(|e| failed(name, "read the Dockerfile", e.to_string()))?;
     let context = req.context.canonicalize().map_err(|e| {
@@ -178,7 +169,43 @@ pub fn build_dockerfile(
     }
     let _ = std::fs::remove_dir_all(&fin.image.dir);
     ctx.step("recording the image".into());
-    let st = fin.state;
+    let meta = meta_of(name, &fin, &ctx.kernel.release, &rootfs, started);
+    let labels = serde_json::to_vec_pretty(&fin.state.labels).unwrap_or_default();
+    ws.commit(
+        meta,
+        &[
+            ("Dockerfile", req.dockerfile.as_bytes()),
+            ("labels.json", &labels),
+        ],
+    )
+}
+
+/// An image may be built under `name` here: a valid name, and root.
+fn may_build(name: &str) -> Result<(), ImageError> {
+    if !super::recipe::valid_name(name) {
+        return Err(failed(
+            name,
+            "start",
+            "an image name is 1-64 letters, digits, '-', '_' or '.' (give it with --name)",
+        ));
+    }
+    if !nix::unistd::geteuid().is_root() {
+        return Err(failed(name, "start", "building an image needs root"));
+    }
+    Ok(())
+}
+
+/// What is recorded of the image whose last stage is `fin`, its disk at `rootfs`: the
+/// registry image it stands on (pinned), its suite, kernel, environment, working directory and
+/// user.
+fn meta_of(
+    name: &str,
+    fin: &Done,
+    kernel: &str,
+    rootfs: &Path,
+    started: std::time::Instant,
+) -> ImageMeta {
+    let st = &fin.state;
     let base = st
         .pinned
         .clone()
@@ -187,33 +214,25 @@ pub fn build_dockerfile(
         base: Some(base),
         ..blank_recipe(name)
     };
-    let meta = ImageMeta {
+    ImageMeta {
         format: IMAGE_FORMAT,
         name: name.into(),
         version: 0,
         suite: st.suite.clone().unwrap_or_else(|| "unknown".into()),
-        kernel: ctx.kernel.release.clone(),
+        kernel: kernel.into(),
         created_unix: std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        content_bytes: b::used_bytes(&rootfs).unwrap_or(0),
-        disk_bytes: std::fs::metadata(&rootfs).map(|m| m.len()).unwrap_or(0),
+        content_bytes: b::used_bytes(rootfs).unwrap_or(0),
+        disk_bytes: std::fs::metadata(rootfs).map(|m| m.len()).unwrap_or(0),
         env: st.env.clone(),
         recipe,
         build_seconds: started.elapsed().as_secs_f64(),
         workdir: st.workdir.clone(),
         user: st.user.clone(),
         pulled: st.pulled.clone(),
-    };
-    let labels = serde_json::to_vec_pretty(&st.labels).unwrap_or_default();
-    ws.commit(
-        meta,
-        &[
-            ("Dockerfile", req.dockerfile.as_bytes()),
-            ("labels.json", &labels),
-        ],
-    )
+    }
 }
 
 struct Ctx<'a, 'l> {
