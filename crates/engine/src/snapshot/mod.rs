@@ -481,15 +481,7 @@ pub fn save_running(
     // What the guest wrote so far, and so about what the file will hold.
     let runs = list()?;
     let need = allocated_bytes(ram.file()) + runs.iter().map(|r| r.end - r.start).sum::<u64>();
-    let mem = match to.in_memory.and_then(|p| p.new_dir(need)) {
-        Some(d) => {
-            let file = d.join(MEM);
-            std::os::unix::fs::symlink(&file, to.dir.join(MEM))
-                .map_err(|e| VmError::io("link the RAM file", e))?;
-            file
-        }
-        None => to.dir.join(MEM),
-    };
+    let mem = ram_file_path(to, need)?;
     let file = crate::ram::new_file(&mem, ram.len())
         .map_err(|e| VmError::io("create the new RAM file", e))?;
     // SAFETY: a file this save just made, in a directory nobody else writes until it is
@@ -500,33 +492,8 @@ pub fn save_running(
         ram.copy_into(runs, dest)
             .map_err(|e| VmError::io("copy the VM's written pages", e))
     };
-    // The file's data (in the kernel) and, at once, the pages the paused pass will write
-    // allocated and mapped (so that pass is a plain memory copy); where both write a page, the
-    // paused pass below writes it last.
-    std::thread::scope(|s| {
-        let base = s.spawn(|| {
-            crate::ram::copy_data(ram.file(), &mem, ram.len())
-                .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))
-        });
-        let first = if stay_paused {
-            Ok(0)
-        } else {
-            match crate::ram::populate(&dest, &runs) {
-                Ok(()) => Ok(0),
-                // A kernel before 5.14 (no MADV_POPULATE_WRITE): a first copy does it.
-                Err(_) => copy(&mut dest, &runs),
-            }
-        };
-        mark("written pages allocated, running");
-        let based = base.join().unwrap_or_else(|_| {
-            Err(VmError::io(
-                "copy the RAM file",
-                std::io::Error::other("the copy panicked"),
-            ))
-        });
-        mark("RAM file copied");
-        based.and(first)
-    })?;
+    running_pass(ram, &mem, &mut dest, &runs, stay_paused)?;
+    mark("RAM file copied, written pages allocated, running");
     let mut q = Qmp::connect(qmp_socket, Duration::from_secs(10))?;
     q.execute("stop", json!({}))?;
     mark("stopped");
@@ -571,6 +538,57 @@ pub fn save_running(
             paused_copy_bytes,
         },
     ))
+}
+
+/// Where a save's RAM file goes: in memory (linked from the snapshot's directory) when the
+/// in-memory store has room for `need` bytes, else in the snapshot's directory.
+fn ram_file_path(to: &SaveTarget, need: u64) -> Result<PathBuf, VmError> {
+    match to.in_memory.and_then(|p| p.new_dir(need)) {
+        Some(d) => {
+            let file = d.join(MEM);
+            std::os::unix::fs::symlink(&file, to.dir.join(MEM))
+                .map_err(|e| VmError::io("link the RAM file", e))?;
+            Ok(file)
+        }
+        None => Ok(to.dir.join(MEM)),
+    }
+}
+
+/// While the VM runs: the parent RAM file's data copied into the new one `mem` (in the
+/// kernel) and, at once, the pages the paused pass will write (`runs`) allocated and mapped in
+/// `dest`, so that pass is a plain memory copy; where both write a page, the paused pass
+/// writes it last.
+fn running_pass(
+    ram: &crate::ram::GuestRam,
+    mem: &Path,
+    dest: &mut memmap2::MmapMut,
+    runs: &[std::ops::Range<u64>],
+    stay_paused: bool,
+) -> Result<(), VmError> {
+    std::thread::scope(|s| {
+        let base = s.spawn(|| {
+            crate::ram::copy_data(ram.file(), mem, ram.len())
+                .map_err(|e| VmError::io(format!("copy {}", ram.file().display()), e))
+        });
+        let first = match stay_paused {
+            true => Ok(()),
+            false => match crate::ram::populate(dest, runs) {
+                Ok(()) => Ok(()),
+                // A kernel before 5.14 (no MADV_POPULATE_WRITE): a first copy does it.
+                Err(_) => ram
+                    .copy_into(runs, dest)
+                    .map(|_| ())
+                    .map_err(|e| VmError::io("copy the VM's written pages", e)),
+            },
+        };
+        let based = base.join().unwrap_or_else(|_| {
+            Err(VmError::io(
+                "copy the RAM file",
+                std::io::Error::other("the copy panicked"),
+            ))
+        });
+        based.and(first)
+    })
 }
 
 /// Resumes a paused VM. QEMU refuses `cont` for a moment after some operations ("Migration is
