@@ -792,27 +792,7 @@ pub async fn ensure_template(
     kit: &BootKit,
 ) -> Result<Snapshot, SandboxError> {
     use crate::snapshot::{self as snap, SnapshotKind};
-    // The image's build, not only its name: a version number comes back after its image is
-    // removed, and a template of the old build would show the new disk the old one's memory.
-    let build = format!(
-        "{}#{}#{}",
-        image.reference(),
-        image.meta.created_unix,
-        std::fs::metadata(image.rootfs())
-            .map(|m| {
-                use std::os::unix::fs::MetadataExt;
-                format!("{}.{}", m.mtime(), m.mtime_nsec())
-            })
-            .unwrap_or_default()
-    );
-    let key = snap::template_key(
-        &build,
-        cfg.cpus,
-        cfg.memory_mib,
-        cfg.max_procs,
-        &kit.initramfs,
-        &kit.accel,
-    );
+    let key = template_key(cfg, image, kit);
     let root = paths.templates();
     let dest = root.join(&key);
     if let Some(t) = Snapshot::load(&dest) {
@@ -820,15 +800,7 @@ pub async fn ensure_template(
     }
     std::fs::create_dir_all(&root)
         .map_err(|e| SandboxError::io(format!("create {}", root.display()), e))?;
-    let lock_path = root.join(format!(".{key}.lock"));
-    let lock = tokio::task::spawn_blocking(move || {
-        let f = std::fs::File::create(&lock_path)?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| std::io::Error::from(e))
-    })
-    .await
-    .map_err(|e| SandboxError::io("lock the template", std::io::Error::other(e)))?
-    .map_err(|e| SandboxError::io("lock the template", e))?;
+    let lock = lock_template(root.join(format!(".{key}.lock"))).await?;
     if let Some(t) = Snapshot::load(&dest) {
         return Ok(t);
     }
@@ -894,6 +866,45 @@ pub async fn ensure_template(
         let _ = std::fs::remove_dir_all(&tmp);
     }
     published
+}
+
+/// The template's key: the image's build (not only its name: a version number comes back
+/// after its image is removed, and a template of the old build would show the new disk the old
+/// one's memory), the VM's size and process cap, the initramfs and the accelerator.
+fn template_key(cfg: &SandboxConfig, image: &Image, kit: &BootKit) -> String {
+    let build = format!(
+        "{}#{}#{}",
+        image.reference(),
+        image.meta.created_unix,
+        std::fs::metadata(image.rootfs())
+            .map(|m| {
+                use std::os::unix::fs::MetadataExt;
+                format!("{}.{}", m.mtime(), m.mtime_nsec())
+            })
+            .unwrap_or_default()
+    );
+    crate::snapshot::template_key(
+        &build,
+        cfg.cpus,
+        cfg.memory_mib,
+        cfg.max_procs,
+        &kit.initramfs,
+        &kit.accel,
+    )
+}
+
+/// Holds the lock of a template being made (waited for off the runtime's threads).
+async fn lock_template(
+    path: std::path::PathBuf,
+) -> Result<nix::fcntl::Flock<std::fs::File>, SandboxError> {
+    tokio::task::spawn_blocking(move || {
+        let f = std::fs::File::create(&path)?;
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
+            .map_err(|(_, e)| std::io::Error::from(e))
+    })
+    .await
+    .map_err(|e| SandboxError::io("lock the template", std::io::Error::other(e)))?
+    .map_err(|e| SandboxError::io("lock the template", e))
 }
 
 /// What a restore makes of a copy: its id and process cap, how long its start may take, the
