@@ -268,6 +268,46 @@ fn qemu_version(installed: &[Option<String>]) -> Result<String, SetupError> {
     Ok(v)
 }
 
+/// `apt-get install` of `args` in one transaction (only simulated with `simulate`).
+fn apt_install(args: &[String], simulate: bool) -> Command {
+    let mut cmd = Command::new("apt-get");
+    cmd.args([
+        "install",
+        "-y",
+        "-q",
+        "--no-install-recommends",
+        "--allow-downgrades",
+    ]);
+    if simulate {
+        cmd.arg("--simulate");
+    }
+    cmd.args(args).env("DEBIAN_FRONTEND", "noninteractive");
+    cmd
+}
+
+/// The packages a simulated install (`plan`, apt's output) would remove: QEMU's own of another
+/// version only; any other is refused before anything changes.
+fn what_apt_removes(plan: &str, args: &[String]) -> Result<Vec<String>, SetupError> {
+    let removed: Vec<String> = plan
+        .lines()
+        .filter_map(|l| l.strip_prefix("Remv "))
+        .filter_map(|l| l.split_whitespace().next())
+        .map(str::to_string)
+        .collect();
+    let foreign: Vec<&str> = removed
+        .iter()
+        .map(String::as_str)
+        .filter(|p| !p.starts_with("qemu"))
+        .collect();
+    if !foreign.is_empty() {
+        return Err(SetupError::WouldRemove {
+            packages: foreign.join(", "),
+            command: format!("apt-get install {}", args.join(" ")),
+        });
+    }
+    Ok(removed)
+}
+
 /// Installs forkbox's host packages in one apt transaction when a program is missing or
 /// does not run, or the QEMU packages' versions differ; checks afterwards that every program
 /// runs. Returns whether apt's package lists were updated.
@@ -319,38 +359,7 @@ fn install_packages(
             false => p.name.to_string(),
         })
         .collect();
-    let apt = |simulate: bool| {
-        let mut cmd = Command::new("apt-get");
-        cmd.args([
-            "install",
-            "-y",
-            "-q",
-            "--no-install-recommends",
-            "--allow-downgrades",
-        ]);
-        if simulate {
-            cmd.arg("--simulate");
-        }
-        cmd.args(&args).env("DEBIAN_FRONTEND", "noninteractive");
-        cmd
-    };
-    let plan = run(&mut apt(true))?;
-    let removed: Vec<&str> = plan
-        .lines()
-        .filter_map(|l| l.strip_prefix("Remv "))
-        .filter_map(|l| l.split_whitespace().next())
-        .collect();
-    let foreign: Vec<&str> = removed
-        .iter()
-        .copied()
-        .filter(|p| !p.starts_with("qemu"))
-        .collect();
-    if !foreign.is_empty() {
-        return Err(SetupError::WouldRemove {
-            packages: foreign.join(", "),
-            command: format!("apt-get install {}", args.join(" ")),
-        });
-    }
+    let removed = what_apt_removes(&run(&mut apt_install(&args, true))?, &args)?;
     if !removed.is_empty() {
         progress(&format!(
             "apt replaces {} (QEMU packages of another version)",
@@ -358,7 +367,7 @@ fn install_packages(
         ));
     }
     progress(&format!("installing {} in one transaction", args.join(" ")));
-    run(&mut apt(false))?;
+    run(&mut apt_install(&args, false))?;
     for (p, before) in PACKAGES.iter().zip(&installed) {
         if !runs(p) {
             return Err(SetupError::DoesNotRun {
