@@ -263,21 +263,7 @@ pub async fn pull(
         digest.clone(),
     )
     .whole();
-    let config: oci_spec::image::ImageConfiguration =
-        serde_json::from_str(&config).map_err(|e| ImageError::Registry {
-            reference: reference.whole(),
-            message: format!("its config is not an OCI image config: {e}"),
-        })?;
-    if config.os().to_string() != "linux" || config.architecture().to_string() != "amd64" {
-        return Err(ImageError::Registry {
-            reference: reference.whole(),
-            message: format!(
-                "it is a {}/{} image; forkbox runs linux/amd64",
-                config.os(),
-                config.architecture()
-            ),
-        });
-    }
+    let config = linux_amd64_config(reference, &config)?;
     let defaults = defaults(&config);
     let bytes = manifest.layers.iter().map(|l| l.size.max(0) as u64).sum();
     progress(PullEvent::Manifest {
@@ -293,14 +279,7 @@ pub async fn pull(
     let of = manifest.layers.len();
     for (i, layer) in manifest.layers.iter().enumerate() {
         check_layer_type(reference, layer)?;
-        let hex = layer
-            .digest
-            .strip_prefix("sha256:")
-            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
-            .ok_or_else(|| ImageError::Registry {
-                reference: reference.whole(),
-                message: format!("layer digest {:?} is not a sha256 digest", layer.digest),
-            })?;
+        let hex = sha256_hex(reference, layer)?;
         let path = blobs.join(hex);
         let size = layer.size.max(0) as u64;
         let event = |done, cached| PullEvent::Layer {
@@ -349,6 +328,42 @@ pub async fn pull(
         layers,
         fetched,
     })
+}
+
+/// The image's config, which must be an OCI image config of a linux/amd64 image.
+fn linux_amd64_config(
+    reference: &Reference,
+    config: &str,
+) -> Result<oci_spec::image::ImageConfiguration, ImageError> {
+    let config: oci_spec::image::ImageConfiguration =
+        serde_json::from_str(config).map_err(|e| ImageError::Registry {
+            reference: reference.whole(),
+            message: format!("its config is not an OCI image config: {e}"),
+        })?;
+    if config.os().to_string() != "linux" || config.architecture().to_string() != "amd64" {
+        return Err(ImageError::Registry {
+            reference: reference.whole(),
+            message: format!(
+                "it is a {}/{} image; forkbox runs linux/amd64",
+                config.os(),
+                config.architecture()
+            ),
+        });
+    }
+    Ok(config)
+}
+
+/// A layer's digest as the 64 hex digits of its SHA-256 (its blob's file name): a registry
+/// that names it otherwise is refused.
+fn sha256_hex<'d>(reference: &Reference, layer: &'d OciDescriptor) -> Result<&'d str, ImageError> {
+    layer
+        .digest
+        .strip_prefix("sha256:")
+        .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+        .ok_or_else(|| ImageError::Registry {
+            reference: reference.whole(),
+            message: format!("layer digest {:?} is not a sha256 digest", layer.digest),
+        })
 }
 
 fn check_layer_type(reference: &Reference, layer: &OciDescriptor) -> Result<(), ImageError> {
