@@ -654,6 +654,65 @@ impl Ctx<'_, '_> {
         Ok(placed)
     }
 
+    /// Whether `src` is a directory (true) or another kind of file in the stage's sandbox
+    /// `lender`; refused, with what its directory holds, when it is not there.
+    async fn kind_in_stage(
+        &self,
+        line: usize,
+        what: &str,
+        lender: &Sandbox,
+        src: &str,
+    ) -> Result<bool, ImageError> {
+        let probe = lender
+            .run(ExecSpec {
+                program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), "if [ -d \"$1\" ]; then echo dir; elif [ -e \"$1\" ] || [ -L \"$1\" ]; then echo file; else echo none; ls -A \"$(dirname \"$1\")\" 2>&1 | head -20; fi".into(), "sh".into(), src.to_string()]),
+                cwd: Some("/".into()),
+                env: vec![],
+                timeout_ms: Some(60_000),
+                stdin: false,
+                tty: None,
+                user: Some("0:0".into()),
+            })
+            .await
+            .map_err(|e| self.fail(line, what, e.to_string()))?;
+        if probe.code() != 0 {
+            return Err(self.fail(
+                line,
+                what,
+                format!(
+                    "could not look for {src} in that stage: {}",
+                    String::from_utf8_lossy(&probe.stderr).trim()
+                ),
+            ));
+        }
+        let kind = probe.stdout_text();
+        let mut said = kind.lines();
+        match said.next().unwrap_or("") {
+            "dir" => Ok(true),
+            "file" => Ok(false),
+            "none" => {
+                let beside: Vec<&str> = said.collect();
+                Err(self.fail(
+                    line,
+                    what,
+                    format!(
+                        "{src} does not exist in that stage (its directory holds: {})",
+                        if beside.is_empty() {
+                            "nothing".to_string()
+                        } else {
+                            beside.join(" ")
+                        }
+                    ),
+                ))
+            }
+            other => Err(self.fail(
+                line,
+                what,
+                format!("could not look for {src} in that stage: it answered {other:?}"),
+            )),
+        }
+    }
+
     /// Streams each source from the lending stage's sandbox into `staging/K/` here.
     async fn send_from_stage(
         &mut self,
@@ -674,56 +733,7 @@ impl Ctx<'_, '_> {
                 ));
             }
             let src = absolute(None, s);
-            let probe = lender
-                .run(ExecSpec {
-                    program: Program::Argv(vec!["/bin/sh".into(), "-c".into(), "if [ -d \"$1\" ]; then echo dir; elif [ -e \"$1\" ] || [ -L \"$1\" ]; then echo file; else echo none; ls -A \"$(dirname \"$1\")\" 2>&1 | head -20; fi".into(), "sh".into(), src.clone()]),
-                    cwd: Some("/".into()),
-                    env: vec![],
-                    timeout_ms: Some(60_000),
-                    stdin: false,
-                    tty: None,
-                    user: Some("0:0".into()),
-                })
-                .await
-                .map_err(|e| self.fail(line, what, e.to_string()))?;
-            if probe.code() != 0 {
-                return Err(self.fail(
-                    line,
-                    what,
-                    format!(
-                        "could not look for {src} in that stage: {}",
-                        String::from_utf8_lossy(&probe.stderr).trim()
-                    ),
-                ));
-            }
-            let kind = probe.stdout_text();
-            let mut said = kind.lines();
-            let is_dir = match said.next().unwrap_or("") {
-                "dir" => true,
-                "file" => false,
-                "none" => {
-                    let beside: Vec<&str> = said.collect();
-                    return Err(self.fail(
-                        line,
-                        what,
-                        format!(
-                            "{src} does not exist in that stage (its directory holds: {})",
-                            if beside.is_empty() {
-                                "nothing".to_string()
-                            } else {
-                                beside.join(" ")
-                            }
-                        ),
-                    ));
-                }
-                other => {
-                    return Err(self.fail(
-                        line,
-                        what,
-                        format!("could not look for {src} in that stage: it answered {other:?}"),
-                    ))
-                }
-            };
+            let is_dir = self.kind_in_stage(line, what, lender, &src).await?;
             let mut from = crate::files::get_archive(lender.client(), &src)
                 .await
                 .map_err(|e| self.fail(line, what, e.to_string()))?;
