@@ -134,23 +134,39 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     say_report(&report, cfg.out.clone(), json)
 }
 
+/// The `[migration]` table of the `--config` file (empty without one) and the directory its
+/// paths are relative to; a usage error (said on stderr) as its exit code.
+fn config_table(
+    config: Option<&Path>,
+) -> anyhow::Result<Result<(MigrationTable, PathBuf), ExitCode>> {
+    let Some(p) = config else {
+        return Ok(Ok((MigrationTable::default(), PathBuf::new())));
+    };
+    let text = std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
+    let f: ConfigFile = match toml::from_str(&text) {
+        Ok(f) => f,
+        Err(e) => return Ok(Err(usage(format!("{}: {e}", p.display())))),
+    };
+    Ok(Ok((
+        f.migration,
+        p.parent().map(Path::to_path_buf).unwrap_or_default(),
+    )))
+}
+
+/// A shared directory is a relative path inside the code: no root, no `..`, not empty.
+fn inside_the_code(s: &str) -> bool {
+    !s.is_empty()
+        && Path::new(s)
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)))
+}
+
 /// The migration's configuration from the flags over the `--config` file's table, checked;
 /// a usage error (said on stderr) as its exit code.
 fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
-    let (table, base) = match &a.config {
-        Some(p) => {
-            let text =
-                std::fs::read_to_string(p).with_context(|| format!("read {}", p.display()))?;
-            let f: ConfigFile = match toml::from_str(&text) {
-                Ok(f) => f,
-                Err(e) => return Ok(Err(usage(format!("{}: {e}", p.display())))),
-            };
-            (
-                f.migration,
-                p.parent().map(Path::to_path_buf).unwrap_or_default(),
-            )
-        }
-        None => (MigrationTable::default(), PathBuf::new()),
+    let (table, base) = match config_table(a.config.as_deref())? {
+        Ok(t) => t,
+        Err(code) => return Ok(Err(code)),
     };
     let rel = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
     let (Some(from), Some(to), Some(code), Some(test), Some(plans)) = (
@@ -189,12 +205,7 @@ fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
     }
     let mut share = table.share;
     share.extend(a.share);
-    if let Some(bad) = share.iter().find(|s| {
-        s.is_empty()
-            || Path::new(s.as_str())
-                .components()
-                .any(|c| !matches!(c, std::path::Component::Normal(_)))
-    }) {
+    if let Some(bad) = share.iter().find(|s| !inside_the_code(s)) {
         return Ok(Err(usage(format!(
             "--share {bad:?}: give a directory inside the code, relative to it (node_modules)"
         ))));
