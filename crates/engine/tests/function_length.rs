@@ -21,7 +21,14 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// The name of the function a line starts, if it starts one.
 fn starts_fn(line: &str) -> Option<&str> {
     let mut rest = line.trim_start();
-    for word in ["pub(crate) ", "pub(super) ", "pub ", "const ", "async ", "unsafe "] {
+    for word in [
+        "pub(crate) ",
+        "pub(super) ",
+        "pub ",
+        "const ",
+        "async ",
+        "unsafe ",
+    ] {
         rest = rest.strip_prefix(word).unwrap_or(rest);
     }
     let rest = rest.strip_prefix("fn ")?;

@@ -5,8 +5,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use forkbox_engine::api::{ops, CreateRequest, Engine, EngineError, ForkRequest, MAX_FORK};
 use forkbox_engine::paths::Paths;
-use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
+use forkbox_engine::sandbox::Sandbox;
 use forkbox_protocol::{ExecSpec, Program};
 use serde::Serialize;
 
@@ -112,6 +113,8 @@ impl MigrateConfig {
 pub enum MigrateError {
     #[error(transparent)]
     Sandbox(#[from] forkbox_engine::error::SandboxError),
+    #[error(transparent)]
+    Engine(#[from] forkbox_engine::api::EngineError),
     #[error("uploading {what}: {message}")]
     Upload { what: String, message: String },
     #[error("the baseline on {image} could not be read: {message}")]
@@ -561,7 +564,7 @@ async fn pytest_shuffles(sb: &Sandbox, cfg: &MigrateConfig) -> bool {
 /// all at once (the guest is single-threaded Python: side by side they use the cores a single
 /// run leaves idle), and marks the tests whose outcome differed as flaky.
 async fn run_baseline(
-    paths: &Paths,
+    engine: &Engine,
     cfg: &MigrateConfig,
     progress: &Progress,
     shared: HandedOver,
@@ -585,7 +588,7 @@ async fn run_baseline(
                 })
             };
             phase("starting", 0);
-            let sb = Sandbox::create(paths, &image_cfg(&cfg.from)?).await?;
+            let sb = create(engine, &cfg.from, None).await?;
             let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
             let run = async {
                 phase("uploading", 0);
@@ -612,7 +615,7 @@ async fn run_baseline(
                 Ok::<_, MigrateError>((run, shuffled))
             }
             .await;
-            sb.destroy().await;
+            delete(engine, &sb).await;
             let (run, shuffled) = run?;
             let r = run.results.map_err(|message| MigrateError::Baseline {
                 image: cfg.from.clone(),
@@ -656,14 +659,13 @@ async fn run_baseline(
 }
 
 /// Prepares the code on the new toolchain (upload, a baseline commit, the setup steps, a
-/// "prepared" commit) and snapshots it; the snapshot and how long it took.
+/// "prepared" commit): the prepared sandbox, for the plans to fork, and how long it took.
 async fn prepare(
-    paths: &Paths,
+    engine: &Engine,
     cfg: &MigrateConfig,
-    name: &str,
     progress: &Progress,
     (hand, hand_dir): (HandOver, &Path),
-) -> Result<(forkbox_engine::snapshot::Snapshot, u64), MigrateError> {
+) -> Result<(Arc<Sandbox>, u64), MigrateError> {
     let t = Instant::now();
     if cfg.share.is_empty() {
         let _ = hand.send(Some(Ok(Arc::new(Vec::new()))));
@@ -676,14 +678,7 @@ async fn prepare(
         })
     };
     phase("starting");
-    let new = Sandbox::create(
-        paths,
-        &SandboxConfig {
-            network: cfg.setup_network.clone(),
-            ..image_cfg(&cfg.to)?
-        },
-    )
-    .await?;
+    let new = create(engine, &cfg.to, Some(cfg.setup_network.clone())).await?;
     let prepared = async {
         phase("uploading");
         upload(&new, &cfg.code, WORKDIR).await?;
@@ -724,17 +719,16 @@ async fn prepare(
             }
             let _ = hand.send(Some(Ok(Arc::new(list))));
         }
-        phase("snapshot");
-        let snap = new.snapshot(paths, name, false, false).await?;
         phase("done");
-        Ok::<_, MigrateError>(snap)
+        Ok::<_, MigrateError>(())
     }
     .await;
-    new.destroy().await;
-    if let Err(e) = &prepared {
+    if let Err(e) = prepared {
+        delete(engine, &new).await;
         let _ = hand.send(Some(Err(format!("the preparation failed: {e}"))));
+        return Err(e);
     }
-    Ok((prepared?, ms(t)))
+    Ok((new, ms(t)))
 }
 
 /// The baseline as the plans' tasks see it: none until it is done, then it or why it failed.
@@ -745,8 +739,11 @@ struct Shared {
     cfg: MigrateConfig,
     baseline: BaselineWatch,
     progress: Arc<Progress>,
-    /// The private API host porters drive their forks through, and its address.
-    api: Option<(Arc<forkbox_engine::api::Engine>, PathBuf)>,
+    /// The run's own engine: every sandbox of the migration is made, forked and deleted
+    /// through it.
+    engine: Arc<Engine>,
+    /// The address of its API, served to host porters to drive their forks through.
+    api: Option<PathBuf>,
 }
 
 impl Shared {
@@ -798,15 +795,10 @@ pub async fn migrate(
         .map_err(MigrateError::Report)?;
     let (hand, handed) = tokio::sync::watch::channel(None);
     let (told, baseline_rx) = tokio::sync::watch::channel(None);
-    let snap_name = format!(
-        "migrate-{}-{}",
-        std::process::id(),
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| d.subsec_nanos() % 100_000)
-    );
+    // The run's sandboxes die with this process, as the run's own.
+    let engine = Arc::new(Engine::one_shot(paths.clone()));
     let baseline = async {
-        let b = run_baseline(paths, cfg, &*progress, handed).await;
+        let b = run_baseline(&engine, cfg, &*progress, handed).await;
         let _ = told.send(Some(
             b.as_ref()
                 .map(|b| Arc::new(b.baseline.clone()))
@@ -815,17 +807,17 @@ pub async fn migrate(
         b
     };
     let plans = run_plans(
-        paths,
+        &engine,
         cfg,
         &progress,
         (hand, hand_dir.path()),
-        &snap_name,
         baseline_rx,
     );
     let (baseline, plans) = tokio::join!(baseline, plans);
     drop(hand_dir);
-    // The snapshot existed for this run only (whichever side failed).
-    let _ = forkbox_engine::snapshot::SnapshotStore::new(paths).remove(&snap_name, &[]);
+    // Whatever is left (a host porter's own sandboxes) goes with the run, and with the last
+    // copies the snapshot they were forked from.
+    engine.shutdown().await;
     let baseline = baseline?;
     let plans = plans?;
     finish(paths, cfg, started, &progress, baseline, plans)
@@ -833,31 +825,24 @@ pub async fn migrate(
 
 /// Prepares the new toolchain, forks it once per plan and runs every plan's port and tests.
 async fn run_plans(
-    paths: &Paths,
+    engine: &Arc<Engine>,
     cfg: &MigrateConfig,
     progress: &Arc<Progress>,
     hand: (HandOver, &Path),
-    snap_name: &str,
     baseline: BaselineWatch,
 ) -> Result<PlansRun, MigrateError> {
     let note = |s: &str| progress(Event::Note(s));
-    let (snap, prepare_ms) = prepare(paths, cfg, snap_name, &**progress, hand).await?;
-    note(&format!(
-        "prepare: snapshot {} ({} ms pause)",
-        snap.meta.name,
-        snap.meta.pause_ms.unwrap_or(0.0) as u64
-    ));
+    let (prepared, prepare_ms) = prepare(engine, cfg, &**progress, hand).await?;
 
-    // Host porters reach their forks through an API of this run's own, on a private socket.
+    // Host porters reach their forks through the run's engine, on a private socket.
     let (api, server, api_dir) = if let Some(serve) = cfg.api_host.filter(|_| cfg.needs_api()) {
         let dir = tempfile::Builder::new()
             .prefix("forkbox-migrate-")
             .tempdir()
             .map_err(MigrateError::Report)?;
-        let engine = Arc::new(forkbox_engine::api::Engine::private(paths.clone()));
         let socket = dir.path().join("api.sock");
         let server = serve(engine.clone(), &socket).map_err(MigrateError::Report)?;
-        (Some((engine, socket)), Some(server), Some(dir))
+        (Some(socket), Some(server), Some(dir))
     } else {
         (None, None, None)
     };
@@ -870,41 +855,19 @@ async fn run_plans(
             tests: 0,
         });
     }
-    let forks = {
-        let mut set = tokio::task::JoinSet::new();
-        for (i, _) in cfg.plans.iter().enumerate() {
-            let (paths, snap) = (paths.clone(), snap.clone());
-            set.spawn(async move {
-                let cfg = SandboxConfig {
-                    die_with_parent: true,
-                    ..SandboxConfig::default()
-                };
-                let origin = format!("snapshot:{}", snap.meta.name);
-                (
-                    i,
-                    Sandbox::restore(&paths, &snap, origin, &cfg, Instant::now(), None).await,
-                )
-            });
-        }
-        let mut forks: Vec<Option<Result<Arc<Sandbox>, String>>> =
-            (0..cfg.plans.len()).map(|_| None).collect();
-        while let Some(done) = set.join_next().await {
-            if let Ok((i, r)) = done {
-                forks[i] = Some(r.map(Arc::new).map_err(|e| e.to_string()));
-            }
-        }
-        forks
-    };
+    let forks = fork_plans(engine, &prepared, cfg.plans.len(), &note).await;
+    delete(engine, &prepared).await;
     let fork_ms = ms(t);
     note(&format!(
         "fork: {} copies in {fork_ms} ms",
-        forks.iter().filter(|f| matches!(f, Some(Ok(_)))).count()
+        forks.iter().filter(|f| f.is_ok()).count()
     ));
 
     let shared = Arc::new(Shared {
         cfg: cfg.clone(),
         baseline,
         progress: progress.clone(),
+        engine: engine.clone(),
         api,
     });
     let mut tasks = tokio::task::JoinSet::new();
@@ -925,10 +888,6 @@ async fn run_plans(
     }
     if let Some(server) = server {
         server.abort();
-    }
-    if let Some((engine, _)) = &shared.api {
-        // Whatever a host porter made through the API goes with the run.
-        engine.shutdown().await;
     }
     drop(api_dir);
     Ok(PlansRun {
@@ -1061,14 +1020,76 @@ fn finish(
     Ok(report)
 }
 
-fn image_cfg(image: &str) -> Result<SandboxConfig, MigrateError> {
-    Ok(SandboxConfig {
-        image: image
-            .parse()
-            .map_err(|e: forkbox_engine::error::ImageError| MigrateError::Sandbox(e.into()))?,
-        die_with_parent: true,
-        ..SandboxConfig::default()
-    })
+/// A sandbox of `image` on the run's engine (with `network` open, else none), and the
+/// handle the run works in it through.
+async fn create(
+    engine: &Engine,
+    image: &str,
+    network: Option<forkbox_engine::net::NetworkPolicy>,
+) -> Result<Arc<Sandbox>, MigrateError> {
+    let request = CreateRequest {
+        image: Some(image.into()),
+        network,
+        ..Default::default()
+    };
+    let view = engine.call(ops::Create { request }).await?;
+    Ok(engine.sandbox(&view.info.id).await?)
+}
+
+/// Deletes a sandbox of the run (one already gone, a host porter's doing, is no error).
+async fn delete(engine: &Engine, sb: &Sandbox) {
+    let id = sb.info().id.clone();
+    if let Err(e) = engine.call(ops::Delete { id: id.clone() }).await {
+        if !matches!(e, EngineError::NoSuchSandbox(_)) {
+            tracing::warn!("{id}: could not be deleted: {e}");
+        }
+    }
+}
+
+/// `n` copies of the prepared sandbox, one per plan, through the engine's fork (at most
+/// [`MAX_FORK`] a call), with no network; a copy that could not be made is its plan's failure.
+async fn fork_plans(
+    engine: &Engine,
+    prepared: &Sandbox,
+    n: usize,
+    note: &dyn Fn(&str),
+) -> Vec<Result<Arc<Sandbox>, String>> {
+    let mut forks = Vec::with_capacity(n);
+    let source = prepared.info().id.clone();
+    while forks.len() < n {
+        let count = (n - forks.len()).min(MAX_FORK as usize);
+        let request = ForkRequest {
+            count: count as u32,
+            labels: Default::default(),
+            ttl_seconds: None,
+            max_processes: None,
+            network: Some(Default::default()),
+        };
+        let source = source.clone();
+        let got = match engine.call(ops::Fork { source, request }).await {
+            Ok(f) => f,
+            Err(e) => {
+                forks.extend((0..count).map(|_| Err(e.to_string())));
+                continue;
+            }
+        };
+        note(&format!(
+            "fork: snapshot {} ({} ms pause)",
+            got.snapshot,
+            got.pause_ms.unwrap_or(0.0) as u64
+        ));
+        let short = count.saturating_sub(got.sandboxes.len());
+        for v in &got.sandboxes {
+            forks.push(engine.sandbox(&v.info.id).await.map_err(|e| e.to_string()));
+        }
+        let mut failed = got.failed.into_iter();
+        for _ in 0..short {
+            forks.push(Err(failed.next().unwrap_or_else(|| {
+                "the engine made fewer copies than asked".into()
+            })));
+        }
+    }
+    forks
 }
 
 /// How a porter ended: its exit code (None if it never ran), whether it timed out, the tail
@@ -1082,7 +1103,7 @@ struct Ported {
 /// A `host` porter: `sh -c` on the host, in the plans directory, with the fork's id and the
 /// private API's address in its environment; the whole process group dies on timeout.
 async fn host_porter(command: &str, plan: &Plan, id: &str, shared: &Shared) -> Ported {
-    let Some((_, socket)) = &shared.api else {
+    let Some(socket) = &shared.api else {
         return Ported {
             exit: None,
             timed_out: false,
@@ -1156,7 +1177,7 @@ async fn host_porter(command: &str, plan: &Plan, id: &str, shared: &Shared) -> P
 /// re-run; its run and the time its port and its verification took.
 async fn port_and_verify(
     plan: Plan,
-    fork: Option<Result<Arc<Sandbox>, String>>,
+    fork: Result<Arc<Sandbox>, String>,
     shared: &Shared,
 ) -> (PlanRun, u64, u64) {
     let cfg = &shared.cfg;
@@ -1197,14 +1218,9 @@ async fn port_and_verify(
         verdict: None,
     };
     let sb = match fork {
-        Some(Ok(sb)) => sb,
-        Some(Err(e)) => {
+        Ok(sb) => sb,
+        Err(e) => {
             run.failure = Some(format!("its fork could not be made: {e}"));
-            phase("failed", 0);
-            return (run, 0, 0);
-        }
-        None => {
-            run.failure = Some("its fork could not be made".into());
             phase("failed", 0);
             return (run, 0, 0);
         }
@@ -1242,7 +1258,7 @@ async fn port_and_verify(
     run.cpu_seconds = cpu;
     run.memory_gib_seconds = mem;
     run.cost = cpu * cfg.rate_cpu_second + mem * cfg.rate_gib_second;
-    sb.destroy().await;
+    delete(&shared.engine, &sb).await;
     (run, port_ms, verify_ms)
 }
 
@@ -1271,15 +1287,10 @@ async fn port(plan: &Plan, sb: &Arc<Sandbox>, shared: &Shared, run: &mut PlanRun
             }
         }
         Some(PorterKind::Host(command)) => {
-            let labels = [("plan".to_string(), plan.name.clone())].into();
-            if let Some((engine, _)) = &shared.api {
-                engine.attach(sb.clone(), labels).await;
-            }
             let p = host_porter(command, plan, &id, shared).await;
-            if let Some((engine, _)) = &shared.api {
-                if engine.detach(&id).await.is_none() {
-                    run.failure = Some("the host porter deleted its fork".into());
-                }
+            let op = ops::Get { id: id.clone() };
+            if let Err(EngineError::NoSuchSandbox(_)) = shared.engine.call(op).await {
+                run.failure = Some("the host porter deleted its fork".into());
             }
             p
         }

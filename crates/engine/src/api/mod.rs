@@ -193,10 +193,11 @@ impl Engine {
         }
     }
 
-    /// The engine of one command run in this process (`forkbox run` without a daemon): no
-    /// warm pool, nothing recorded for a daemon, and every VM dies with the thread that
-    /// started it, so a process killed outright leaves no VM behind. Call it on one thread
-    /// (a current-thread runtime) that lives as long as the sandboxes should.
+    /// The engine of one run in this process (`forkbox run` without a daemon, `forkbox
+    /// migrate`): no warm pool, nothing recorded for a daemon, and every VM dies with the
+    /// thread that started it, so a process killed outright leaves no VM behind. Call it from
+    /// threads that live as long as the sandboxes should (a runtime's own, not a blocking
+    /// pool's).
     pub fn one_shot(paths: Paths) -> Engine {
         Engine {
             vms_die_with_thread: true,
