@@ -184,8 +184,8 @@ impl Engine {
         })
     }
 
-    /// An engine with no warm pool, serving sandboxes another owner made (`attach`): the
-    /// private API `forkbox migrate` gives host-side porters.
+    /// An engine with no warm pool and nothing recorded for a daemon: the CLI's image
+    /// builds, lists and removals without a daemon.
     pub fn private(paths: Paths) -> Engine {
         Engine {
             pool: crate::pool::Pool::new(0),
@@ -203,31 +203,6 @@ impl Engine {
             vms_die_with_thread: true,
             ..Engine::private(paths)
         }
-    }
-
-    /// Serves a sandbox this process already owns, without recording it for re-adoption: it
-    /// lives as long as its owner keeps it. Returns its view.
-    pub async fn attach(
-        &self,
-        sandbox: Arc<Sandbox>,
-        labels: BTreeMap<String, String>,
-    ) -> SandboxView {
-        let entry = Entry::new(sandbox, labels, now_unix(), None, false, TtlAction::Delete);
-        let view = entry.view();
-        self.sandboxes
-            .write()
-            .await
-            .insert(view.info.id.clone(), entry);
-        self.added();
-        view
-    }
-
-    /// Stops serving an attached sandbox and hands it back (None if it was deleted meanwhile).
-    pub async fn detach(&self, id: &str) -> Option<Arc<Sandbox>> {
-        let entry = self.sandboxes.write().await.remove(id)?;
-        self.metrics.sandboxes.dec();
-        self.metrics.forget(id);
-        Some(entry.sandbox)
     }
 
     pub fn paths(&self) -> &Paths {
