@@ -90,3 +90,86 @@ where
         )))
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// One recipe, one meaning: each row is the same recipe as TOML (what `forkbox image
+    /// build -f` reads) and as the API's JSON body (what the SDKs and the CLI over the daemon
+    /// send), and both give the same recipe or the same refusal.
+    #[test]
+    fn a_recipe_means_the_same_as_toml_and_as_the_apis_json() {
+        let rows: &[(&str, serde_json::Value)] = &[
+            ("", serde_json::json!({})),
+            (
+                "base = \"bookworm\"",
+                serde_json::json!({"base": "bookworm"}),
+            ),
+            (
+                "base = \"trixie\"\npip = [\"pytest\"]\napt = [\"git\"]",
+                serde_json::json!({"base": "trixie", "pip": ["pytest"], "apt": ["git"]}),
+            ),
+            (
+                "base = \"bullseye\"\nnpm = [\"left-pad\"]\ndisk_free_mib = 512",
+                serde_json::json!({"base": "bullseye", "npm": ["left-pad"], "disk_free_mib": 512}),
+            ),
+            (
+                "base = \"python-bookworm\"\nrun = [\"echo hi\"]\n[env]\nA_B = \"1\"",
+                serde_json::json!({"base": "python-bookworm", "run": ["echo hi"], "env": {"A_B": "1"}}),
+            ),
+            (
+                "base = \"bookworm@2\"",
+                serde_json::json!({"base": "bookworm@2"}),
+            ),
+            (
+                "base = \"python:3.8-slim\"",
+                serde_json::json!({"base": "python:3.8-slim"}),
+            ),
+            (
+                "base = \"localhost:5000/team/node:18\"",
+                serde_json::json!({"base": "localhost:5000/team/node:18"}),
+            ),
+            (
+                "mirror = \"https://mirror.example/debian\"",
+                serde_json::json!({"mirror": "https://mirror.example/debian"}),
+            ),
+            // Refused alike, with the same words.
+            (
+                "base = \"no such thing!\"",
+                serde_json::json!({"base": "no such thing!"}),
+            ),
+            (
+                "pip = [\"-r requirements.txt\"]",
+                serde_json::json!({"pip": ["-r requirements.txt"]}),
+            ),
+            (
+                "[env]\n\"1X\" = \"y\"",
+                serde_json::json!({"env": {"1X": "y"}}),
+            ),
+            (
+                "mirror = \"ftp://old.example\"",
+                serde_json::json!({"mirror": "ftp://old.example"}),
+            ),
+        ];
+        for (toml, json) in rows {
+            let from_toml = crate::image::Recipe::parse(&format!("name = \"x\"\n{toml}\n"));
+            let body = serde_json::json!({"name": "x", "recipe": json});
+            let request: BuildRequest = serde_json::from_value(body).unwrap();
+            let from_json = build_recipe(&request);
+            match (from_toml, from_json) {
+                (Ok(t), Ok(j)) => assert_eq!(t, j, "{toml}"),
+                (Err(t), Err(j)) => {
+                    let j = j.to_string();
+                    assert!(j.ends_with(&t), "{toml}: TOML says {t:?}, the API {j:?}");
+                }
+                (t, j) => panic!("{toml}: TOML gives {t:?}, the API {j:?}"),
+            }
+        }
+        // A field neither knows is refused by both.
+        assert!(crate::image::Recipe::parse("name = \"x\"\npackages = [\"git\"]\n").is_err());
+        let body = serde_json::json!({"name": "x", "recipe": {"packages": ["git"]}});
+        assert!(serde_json::from_value::<BuildRequest>(body).is_err());
+    }
+}

@@ -124,11 +124,10 @@ impl Recipe {
 
     /// The recipe a [`Seed`] describes, checked.
     pub fn from_seed(name: &str, seed: Seed) -> Result<Recipe, String> {
-        let base = seed.base.or_else(|| Some(DEFAULT_SUITE.to_string()));
         let mut r = Recipe {
             name: name.to_string(),
             suite: String::new(),
-            base,
+            base: seed.base,
             mirror: seed.mirror.unwrap_or_else(default_mirror),
             apt: seed.apt,
             pip: seed.pip,
@@ -144,8 +143,12 @@ impl Recipe {
 
     /// One meaning for `base`, whatever the front end (TOML, an API dict, the SDKs): a base
     /// that names a Debian suite is that suite (`base = "bookworm"` is `suite = "bookworm"`;
-    /// an image of that name is `bookworm@N`); anything else is an image.
+    /// an image of that name is `bookworm@N`); anything else is an image. Neither base nor
+    /// suite: Debian bookworm, as an API dict without `base` is.
     fn settle_base(&mut self) -> Result<(), String> {
+        if self.base.is_none() && self.suite.is_empty() {
+            self.suite = DEFAULT_SUITE.to_string();
+        }
         let Some(base) = self.base.take_if(|b| SUITES.iter().any(|(s, _)| s == b)) else {
             return Ok(());
         };
