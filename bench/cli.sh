@@ -6,6 +6,9 @@
 #   - `forkbox run -- true` through the daemon (a ready copy from the pool), made in the CLI's
 #     own process (FORKBOX_RUN_LOCAL=1), and `podman run --rm IMAGE true` (runc; IMAGE a
 #     Debian bookworm minbase root imported once), interleaved, BENCH_RUNS (default 10) each.
+#   - with BENCH_BASELINE=PATH (another build's forkbox, e.g. the commit before a change),
+#     each `run` of the two above by that binary too, interleaved with this build's: an A/B in
+#     one run (Firecracker's ab_test habit), with the ratios of the medians.
 # Installs podman and runc when missing (one apt transaction, as scripts/test.sh does).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -72,15 +75,20 @@ create_times_10=$(creates_with_pool 10)
 # `run` against the default pool.
 (creates_with_pool default >/dev/null)
 sleep 5
-daemon_run=(); local_run=(); podman_run=()
+baseline="${BENCH_BASELINE:-}"
+daemon_run=(); local_run=(); podman_run=(); base_daemon=(); base_local=()
 for _ in $(seq "$runs"); do
   daemon_run+=($(ms "$forkbox" run -q -- true))
   local_run+=($(FORKBOX_RUN_LOCAL=1 ms "$forkbox" run -q -- true))
+  if [ -n "$baseline" ]; then
+    base_daemon+=($(ms "$baseline" run -q -- true))
+    base_local+=($(FORKBOX_RUN_LOCAL=1 ms "$baseline" run -q -- true))
+  fi
   podman_run+=($(ms podman run --rm --runtime runc --network none localhost/forkbox-bench-debian true))
   sleep 1
 done
 "$forkbox" daemon stop >/dev/null
-python3 - "$create_times" "${daemon_run[*]}" "${local_run[*]}" "${podman_run[*]}" "$(nproc)" "$create_times_10" <<'PY'
+python3 - "$create_times" "${daemon_run[*]}" "${local_run[*]}" "${podman_run[*]}" "$(nproc)" "$create_times_10" "${base_daemon[*]}" "${base_local[*]}" "$baseline" <<'PY'
 import statistics, sys
 def parse(s): return [int(x) for x in s.split()]
 first, second = (parse(b) for b in sys.argv[1].split("|"))
@@ -101,4 +109,11 @@ print(f"ratios (same run): run through the daemon / podman {m(daemon) / m(podman
       f"in its own process / podman {m(local) / m(podman):.2f}x; create median / 100 ms goal, default "
       f"pool: {m(first) / 100:.2f}x (1st burst), {m(second) / 100:.2f}x (next); pool of 10: "
       f"{m(first10) / 100:.2f}x, {m(second10) / 100:.2f}x")
+if sys.argv[9]:
+    base_daemon, base_local = parse(sys.argv[7]), parse(sys.argv[8])
+    print(f"A/B against {sys.argv[9]}, interleaved with the runs above:")
+    line("  baseline: `forkbox run -- true` through the daemon", base_daemon)
+    line("  baseline: `forkbox run -- true` in its own process", base_local)
+    print(f"ratios (same run): this build / baseline: through the daemon "
+          f"{m(daemon) / m(base_daemon):.2f}x; in its own process {m(local) / m(base_local):.2f}x")
 PY

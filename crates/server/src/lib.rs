@@ -754,7 +754,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
 }
 
 /// Serves `engine` on a Unix socket of its own (mode 0600) until the returned task is aborted:
-/// the private API a run such as `forkbox migrate` hands to host-side programs.
+/// the private API of a run in this process (`forkbox run` without a daemon drives its sandbox
+/// through it; `forkbox migrate` hands it to host porters).
 pub fn spawn_private(
     engine: Arc<Engine>,
     socket: &Path,
