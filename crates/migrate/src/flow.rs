@@ -856,8 +856,8 @@ async fn run_plans(
         });
     }
     let forks = fork_plans(engine, &prepared, cfg.plans.len(), &note).await;
-    delete(engine, &prepared).await;
     let fork_ms = ms(t);
+    delete(engine, &prepared).await;
     note(&format!(
         "fork: {} copies in {fork_ms} ms",
         forks.iter().filter(|f| f.is_ok()).count()
