@@ -658,33 +658,57 @@ pub async fn said_after<T>(fut: impl std::future::Future<Output = T>, what: Opti
 }
 
 /// Writes a command's events (stdout, stderr) as they come; returns its exit code.
-async fn follow(mut events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
+async fn follow(events: Events<CommandEvent>) -> anyhow::Result<ExitCode> {
+    let ended = drain(events, |stream, data| match stream {
+        forkbox_engine::api::Stream::Stdout => {
+            let mut o = std::io::stdout().lock();
+            o.write_all(data)?;
+            o.flush()
+        }
+        forkbox_engine::api::Stream::Stderr => {
+            let mut e = std::io::stderr().lock();
+            e.write_all(data)?;
+            e.flush()
+        }
+    })
+    .await?;
+    Ok(match ended {
+        Ok(exit) => {
+            if exit.timed_out {
+                eprintln!(
+                    "forkbox: the command timed out; it and every process it started were killed"
+                );
+            }
+            ExitCode::from(exit.exit_code.clamp(0, 255) as u8)
+        }
+        Err(code) => ExitCode::from(code.clamp(0, 255) as u8),
+    })
+}
+
+/// Hands a command's output to `sink` as it comes, to its end: how it exited, or the exit
+/// code a shell gives a command that could not start (127, 126), said on standard error.
+pub(crate) async fn drain(
+    mut events: Events<CommandEvent>,
+    mut sink: impl FnMut(forkbox_engine::api::Stream, &[u8]) -> std::io::Result<()>,
+) -> anyhow::Result<Result<forkbox_engine::api::ExitInfo, i32>> {
     use base64::Engine as _;
+    use forkbox_engine::api::Stream;
     let b64 = base64::engine::general_purpose::STANDARD;
     while let Some(ev) = events.next().await? {
         match ev {
             CommandEvent::Stdout { data_b64 } => {
-                let mut o = std::io::stdout().lock();
-                o.write_all(&b64.decode(data_b64).unwrap_or_default())?;
-                o.flush()?;
+                sink(Stream::Stdout, &b64.decode(data_b64).unwrap_or_default())?
             }
             CommandEvent::Stderr { data_b64 } => {
-                let mut e = std::io::stderr().lock();
-                e.write_all(&b64.decode(data_b64).unwrap_or_default())?;
-                e.flush()?;
+                sink(Stream::Stderr, &b64.decode(data_b64).unwrap_or_default())?
             }
-            CommandEvent::Exit(exit) => {
-                if exit.timed_out {
-                    eprintln!("forkbox: the command timed out; it and every process it started were killed");
-                }
-                return Ok(ExitCode::from(exit.exit_code.clamp(0, 255) as u8));
-            }
+            CommandEvent::Exit(exit) => return Ok(Ok(exit)),
             CommandEvent::Error {
                 message,
                 exit_code: Some(code),
             } => {
                 eprintln!("forkbox: {message}");
-                return Ok(ExitCode::from(code.clamp(0, 255) as u8));
+                return Ok(Err(code));
             }
             CommandEvent::Error { message, .. } => bail!("{message}"),
             CommandEvent::Command { .. } => {}

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::Context;
-use forkbox_engine::api::Engine;
+use forkbox_engine::api::{Engine, Stream};
 use forkbox_engine::image::ImageRef;
 use forkbox_engine::paths::Paths;
 use forkbox_engine::sandbox::SandboxInfo;
@@ -97,7 +97,7 @@ async fn run_async(paths: &Paths, args: RunArgs) -> anyhow::Result<ExitCode> {
     let local = std::env::var_os("FORKBOX_RUN_LOCAL").is_some_and(|v| !v.is_empty() && v != "0");
     if !local {
         if let Some(c) = crate::daemon::running_daemon(paths).await? {
-            return on_daemon(&c, &args, total).await;
+            return through_api(&c, &args, total).await;
         }
     }
     one_shot(paths, &args, total).await
@@ -116,7 +116,7 @@ async fn one_shot(paths: &Paths, args: &RunArgs, total: Instant) -> anyhow::Resu
     let server = forkbox_server::spawn_private(engine.clone(), &socket)
         .context("could not serve this run's engine on its socket")?;
     let client = forkbox_client::Client::new(forkbox_client::Endpoint::Unix(socket))?;
-    let code = on_daemon(&client, args, total).await;
+    let code = through_api(&client, args, total).await;
     server.abort();
     engine.shutdown().await;
     code
@@ -130,7 +130,7 @@ const LEASE_SECS: u64 = 120;
 /// (from a daemon's warm pool, or restored for this call), the command, the sandbox removed; a
 /// lease (TTL renewed while the command runs) removes it from a daemon if this process is
 /// killed.
-async fn on_daemon(
+async fn through_api(
     c: &forkbox_client::Client,
     args: &RunArgs,
     total: Instant,
@@ -176,8 +176,19 @@ async fn on_daemon(
     let outcome = tokio::select! {
         r = async {
             if args.json {
-                let (exit, stdout, stderr) = match collect(c.exec_events(&id, &exec).await?).await? {
-                    Ok(done) => done,
+                // The whole output (a plain exec's reply caps it).
+                let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+                let events = c.exec_events(&id, &exec).await?;
+                let ended = crate::daemon::drain(events, |stream, data| {
+                    match stream {
+                        Stream::Stdout => stdout.extend_from_slice(data),
+                        Stream::Stderr => stderr.extend_from_slice(data),
+                    }
+                    Ok(())
+                })
+                .await?;
+                let exit = match ended {
+                    Ok(exit) => exit,
                     Err(code) => return Ok(ExitCode::from(code.clamp(0, 255) as u8)),
                 };
                 crate::print_json(&RunResult {
@@ -259,33 +270,4 @@ fn tcg_notice(info: &SandboxInfo, quiet: bool) {
             info.accel.reason
         );
     }
-}
-
-/// A command's whole output (not capped, as a plain exec's reply is) and how it ended, for
-/// `--json`; the exit code a shell gives a command that could not start (127, 126), said on
-/// standard error as without `--json`.
-async fn collect(
-    mut events: forkbox_client::Events<forkbox_engine::api::CommandEvent>,
-) -> anyhow::Result<Result<(forkbox_engine::api::ExitInfo, Vec<u8>, Vec<u8>), i32>> {
-    use base64::Engine as _;
-    use forkbox_engine::api::CommandEvent;
-    let b64 = base64::engine::general_purpose::STANDARD;
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    while let Some(ev) = events.next().await? {
-        match ev {
-            CommandEvent::Stdout { data_b64 } => out.extend(b64.decode(data_b64)?),
-            CommandEvent::Stderr { data_b64 } => err.extend(b64.decode(data_b64)?),
-            CommandEvent::Exit(exit) => return Ok(Ok((exit, out, err))),
-            CommandEvent::Error {
-                message,
-                exit_code: Some(code),
-            } => {
-                eprintln!("forkbox: {message}");
-                return Ok(Err(code));
-            }
-            CommandEvent::Error { message, .. } => anyhow::bail!("{message}"),
-            CommandEvent::Command { .. } => {}
-        }
-    }
-    anyhow::bail!("the stream ended before the command did")
 }

@@ -1,7 +1,6 @@
 //! forkbox's HTTP API, versioned under `/v1`: each route parses its request into one of the
 //! engine's operations ([`forkbox_engine::api::ops`]), calls it, and renders its reply or the
-//! error. The daemon listens on a
-//! Unix socket in forkbox's home, mode 0600.
+//! error. The daemon listens on a Unix socket in forkbox's home, mode 0600.
 #![forbid(unsafe_code)]
 
 pub mod auth;
@@ -146,8 +145,7 @@ fn log_panics() {
     });
 }
 
-/// An operation's reply as JSON with status `ok`.
-/// `R` is the reply the route table names for the handler's route ([`reply`]): an operation
+/// An operation's reply as JSON with status `ok`. `R` is the reply the route table names for the handler's route ([`reply`]): an operation
 /// that gives another does not compile.
 async fn answer<R, O>(engine: &Arc<Engine>, op: O, ok: StatusCode) -> Api
 where
