@@ -1,0 +1,627 @@
+//! forkbox nodes as one cluster, on etcd v3.
+//!
+//! etcd holds the cluster's small, shared state; every node keeps its bulk data (images,
+//! snapshots, disks) itself. The keys, all under `/forkbox/`:
+//!
+//! | key | value | life |
+//! |---|---|---|
+//! | `nodes/NAME` | [`NodeRecord`]: where to reach it, capacity, what it holds | the node's lease |
+//! | `sandboxes/ID` | [`Ownership`]: the node that runs it, its view at creation | until deleted |
+//! | `drained/NAME` | empty: no new placements on NAME | until undrained |
+//! | `tokens/SHA256` | [`TokenRecord`]: a user token's hash, never the token | until revoked |
+//! | `cluster/secret-check` | an HMAC of a fixed text under the cluster secret | forever |
+//!
+//! A node's record lives exactly as long as its lease: a node that dies drops out of
+//! [`Cluster::nodes`] within the lease's time, and its sandboxes' ownership records then name a
+//! node that is not there (listed `lost`). Ownership is taken with a create-if-absent
+//! transaction (`create_revision == 0`), so two nodes can never both own one id. Every call to
+//! etcd has a deadline: with quorum lost, what needs the cluster state fails at once with
+//! [`Error::Unavailable`] instead of hanging.
+
+pub mod auth;
+pub mod placement;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp,
+    TxnOpResponse,
+};
+use serde::{Deserialize, Serialize};
+
+pub use forkbox_api::SandboxView;
+
+const ROOT: &str = "/forkbox/";
+/// How long one call to etcd may take before it is an error.
+pub const DEADLINE: Duration = Duration::from_secs(2);
+/// A node's lease unless told otherwise: a dead node's sandboxes are `lost` within this.
+pub const DEFAULT_LEASE_SECS: i64 = 5;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(
+        "the cluster state is unavailable (etcd at {endpoints} did not answer within {secs} s: \
+         no quorum, or no member reachable); creates, forks and deletes wait for it, running \
+         sandboxes still answer on their node: {detail}"
+    )]
+    Unavailable {
+        endpoints: String,
+        secs: u64,
+        detail: String,
+    },
+    #[error(
+        "node name {name:?} is held by a live node advertising {advertise} (its lease has {ttl} s \
+         left); choose another --node, or stop that node first"
+    )]
+    NameTaken {
+        name: String,
+        advertise: String,
+        ttl: i64,
+    },
+    #[error(
+        "this node's cluster secret differs from the one the cluster at {endpoints} was made \
+         with; give every node the same --cluster-secret (or FORKBOX_CLUSTER_SECRET)"
+    )]
+    SecretMismatch { endpoints: String },
+    #[error("sandbox {id} is already owned by node {node}")]
+    AlreadyOwned { id: String, node: String },
+    #[error("etcd answered with a record forkbox cannot read at {key}: {detail}")]
+    Corrupt { key: String, detail: String },
+    #[error("{0}")]
+    Invalid(String),
+}
+
+pub type Result<T> = std::result::Result<T, Error>;
+
+/// What a node publishes about itself under its lease.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct NodeRecord {
+    pub name: String,
+    /// Random, kept in the node's home: tells a restart of this node from another node that
+    /// wants its name.
+    pub node_id: String,
+    /// The base URL other nodes forward to (`http://10.0.0.2:7070`).
+    pub advertise: String,
+    pub cpus: u32,
+    /// Memory the host could still give guests (MemAvailable), MiB.
+    pub mem_free_mib: u64,
+    /// Free space in the node's home, MiB.
+    pub disk_free_mib: u64,
+    /// Sandboxes it runs (hibernated ones included).
+    pub sandboxes: u32,
+    /// Images it holds, `name@N`.
+    pub images: Vec<String>,
+    /// Snapshots it holds, by name.
+    pub snapshots: Vec<String>,
+    /// `kvm` or `tcg`.
+    pub accel: String,
+    /// The node's clock when it wrote this record (Unix ms): a node far off is refused.
+    pub updated_unix_ms: u64,
+    /// Its lease (set when read back).
+    #[serde(default)]
+    pub lease: i64,
+    /// Whether an operator drained it (set when read back from `drained/NAME`).
+    #[serde(default)]
+    pub drained: bool,
+}
+
+/// Who owns a sandbox, recorded once when it is made.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Ownership {
+    pub node: String,
+    /// Its view when it was made (what a `lost` listing shows).
+    pub view: SandboxView,
+    /// Set when its node found it gone (after a restart of that node's host).
+    #[serde(default)]
+    pub lost: bool,
+}
+
+/// A user token as the cluster keeps it: its hash only.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TokenRecord {
+    pub name: String,
+    pub sha256: String,
+    pub created_unix: u64,
+}
+
+/// One etcd member as `cluster status` shows it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct MemberStatus {
+    pub name: String,
+    pub id: String,
+    pub client_urls: Vec<String>,
+    /// Whether it answered a status call in time.
+    pub healthy: bool,
+    pub is_leader: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// How a node joins: where etcd is, its own name and address, and the cluster secret.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub endpoints: Vec<String>,
+    pub node: String,
+    pub advertise: String,
+    pub secret: String,
+    pub lease_secs: i64,
+    pub node_id: String,
+}
+
+impl Config {
+    /// Checks what can be checked before talking to etcd.
+    pub fn validate(&self) -> Result<()> {
+        if self.endpoints.is_empty() || self.endpoints.iter().any(|e| e.trim().is_empty()) {
+            return Err(Error::Invalid(
+                "--cluster needs etcd URLs, comma-separated (http://127.0.0.1:2379,…)".into(),
+            ));
+        }
+        for e in &self.endpoints {
+            if !(e.starts_with("http://") || e.starts_with("https://")) {
+                return Err(Error::Invalid(format!(
+                    "etcd URL {e:?} needs a scheme: http://HOST:PORT"
+                )));
+            }
+        }
+        let name_ok = !self.node.is_empty()
+            && self.node.len() <= 63
+            && self
+                .node
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+            && !self.node.starts_with('-');
+        if !name_ok {
+            return Err(Error::Invalid(format!(
+                "node name {:?} must be 1-63 of a-z, 0-9 and '-' (not first)",
+                self.node
+            )));
+        }
+        if !(self.advertise.starts_with("http://") || self.advertise.starts_with("https://")) {
+            return Err(Error::Invalid(format!(
+                "--advertise {:?} must be the URL other nodes reach this one at \
+                 (http://ADDRESS:PORT of its --listen)",
+                self.advertise
+            )));
+        }
+        if self.secret.len() < 16 {
+            return Err(Error::Invalid(
+                "the cluster secret must be at least 16 characters (--cluster-secret or \
+                 FORKBOX_CLUSTER_SECRET); every node needs the same one"
+                    .into(),
+            ));
+        }
+        if !(2..=60).contains(&self.lease_secs) {
+            return Err(Error::Invalid(format!(
+                "a lease of {} s is out of range: 2 to 60",
+                self.lease_secs
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn key(kind: &str, name: &str) -> String {
+    format!("{ROOT}{kind}/{name}")
+}
+
+fn prefix(kind: &str) -> String {
+    format!("{ROOT}{kind}/")
+}
+
+/// Now, in Unix milliseconds.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_millis() as u64)
+        .unwrap_or(0)
+}
+
+/// A node's handle on the cluster. Cheap to clone.
+#[derive(Clone)]
+pub struct Cluster {
+    client: Client,
+    cfg: Arc<Config>,
+    lease: Arc<AtomicI64>,
+}
+
+impl Cluster {
+    /// Connects to etcd (lazily: members that do not answer yet are retried) and checks the
+    /// cluster secret against the one the cluster was made with.
+    pub async fn connect(cfg: Config) -> Result<Cluster> {
+        cfg.validate()?;
+        let options = ConnectOptions::new()
+            .with_connect_timeout(DEADLINE)
+            .with_timeout(DEADLINE)
+            .with_keep_alive(Duration::from_secs(2), DEADLINE)
+            .with_require_leader(true);
+        let client = Client::connect(&cfg.endpoints, Some(options))
+            .await
+            .map_err(|e| Error::Invalid(format!("etcd endpoints {:?}: {e}", cfg.endpoints)))?;
+        let c = Cluster {
+            client,
+            cfg: Arc::new(cfg),
+            lease: Arc::new(AtomicI64::new(0)),
+        };
+        c.check_secret().await?;
+        Ok(c)
+    }
+
+    pub fn node(&self) -> &str {
+        &self.cfg.node
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.cfg
+    }
+
+    fn unavailable(&self, detail: impl std::fmt::Display) -> Error {
+        Error::Unavailable {
+            endpoints: self.cfg.endpoints.join(","),
+            secs: DEADLINE.as_secs(),
+            detail: detail.to_string(),
+        }
+    }
+
+    /// Runs one etcd call under the deadline.
+    async fn call<T, F>(&self, f: F) -> Result<T>
+    where
+        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    {
+        match tokio::time::timeout(DEADLINE, f).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(e)) => Err(self.unavailable(e)),
+            Err(_) => Err(self.unavailable("timed out")),
+        }
+    }
+
+    async fn check_secret(&self) -> Result<()> {
+        let k = key("cluster", "secret-check");
+        let mine = auth::secret_check(&self.cfg.secret);
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), mine.clone(), None)])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.call(kv.txn(txn)).await?;
+        if r.succeeded() {
+            return Ok(());
+        }
+        let held = first_value(&r.op_responses()).unwrap_or_default();
+        if auth::equal(&held, mine.as_bytes()) {
+            Ok(())
+        } else {
+            Err(Error::SecretMismatch {
+                endpoints: self.cfg.endpoints.join(","),
+            })
+        }
+    }
+
+    /// Whether etcd can commit now (a linearizable read answered within the deadline).
+    pub async fn require_quorum(&self) -> Result<()> {
+        let mut kv = self.client.kv_client();
+        self.call(kv.get(key("cluster", "secret-check"), None))
+            .await
+            .map(|_| ())
+    }
+
+    /// Registers this node under a new lease: refused when a live node of another identity
+    /// holds the name; a record of this node's own earlier life is taken over.
+    pub async fn join(&self, record: &NodeRecord) -> Result<i64> {
+        let mut lc = self.client.lease_client();
+        let lease = self.call(lc.grant(self.cfg.lease_secs, None)).await?.id();
+        let k = key("nodes", &self.cfg.node);
+        let value = encode(record);
+        let put = TxnOp::put(
+            k.clone(),
+            value.clone(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([put.clone()])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.call(kv.txn(txn)).await?;
+        if !r.succeeded() {
+            let held: NodeRecord = decode(&k, &first_value(&r.op_responses()).unwrap_or_default())?;
+            if held.node_id != self.cfg.node_id {
+                let _ = lc.revoke(lease).await;
+                let ttl = self
+                    .call(lc.time_to_live(held.lease, None))
+                    .await
+                    .map(|t| t.ttl())
+                    .unwrap_or(-1);
+                return Err(Error::NameTaken {
+                    name: self.cfg.node.clone(),
+                    advertise: held.advertise,
+                    ttl,
+                });
+            }
+            // This node before a crash: take its name over and end the old lease.
+            let swap = Txn::new()
+                .when([Compare::lease(k.clone(), CompareOp::Equal, held.lease)])
+                .and_then([put]);
+            self.call(kv.txn(swap)).await?;
+            let _ = lc.revoke(held.lease).await;
+        }
+        self.lease.store(lease, Ordering::SeqCst);
+        Ok(lease)
+    }
+
+    /// Rewrites this node's record (capacity, holdings) under its lease.
+    pub async fn publish(&self, record: &NodeRecord) -> Result<()> {
+        let lease = self.lease.load(Ordering::SeqCst);
+        let k = key("nodes", &self.cfg.node);
+        let mut kv = self.client.kv_client();
+        // Only while the lease is still the one on the key: after a lease loss, `join` again.
+        let txn = Txn::new()
+            .when([Compare::lease(k.clone(), CompareOp::Equal, lease)])
+            .and_then([TxnOp::put(
+                k,
+                encode(record),
+                Some(PutOptions::new().with_lease(lease)),
+            )]);
+        let r = self.call(kv.txn(txn)).await?;
+        if r.succeeded() {
+            Ok(())
+        } else {
+            Err(self.unavailable("this node's lease ended; it registers again"))
+        }
+    }
+
+    /// Keeps the lease alive until it is lost (returns then: the caller joins again).
+    pub async fn keep_alive(&self) -> Result<()> {
+        let lease = self.lease.load(Ordering::SeqCst);
+        let mut lc = self.client.lease_client();
+        let (mut keeper, mut stream) = self.call(lc.keep_alive(lease)).await?;
+        let every = Duration::from_millis((self.cfg.lease_secs as u64 * 1000) / 3);
+        loop {
+            self.call(keeper.keep_alive()).await?;
+            match self.call(stream.message()).await? {
+                Some(r) if r.ttl() > 0 => {}
+                _ => return Err(self.unavailable(format!("lease {lease:x} expired"))),
+            }
+            tokio::time::sleep(every).await;
+        }
+    }
+
+    /// Ends this node's lease at once (a clean stop: its record goes now, not in a lease time).
+    pub async fn leave(&self) {
+        let lease = self.lease.swap(0, Ordering::SeqCst);
+        if lease != 0 {
+            let mut lc = self.client.lease_client();
+            let _ = self.call(lc.revoke(lease)).await;
+        }
+    }
+
+    async fn list(&self, kind: &str, serializable: bool) -> Result<Vec<(String, Vec<u8>)>> {
+        let mut options = GetOptions::new().with_prefix();
+        if serializable {
+            options = options.with_serializable();
+        }
+        let mut kv = self.client.kv_client();
+        let mut r = self.call(kv.get(prefix(kind), Some(options))).await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .map(|kv| {
+                let name = String::from_utf8_lossy(kv.key())
+                    .trim_start_matches(&prefix(kind))
+                    .to_string();
+                (name, kv.value().to_vec())
+            })
+            .collect())
+    }
+
+    /// The live nodes (each with its lease and whether it is drained), by name. A member-local
+    /// read: it answers without quorum, from that member's latest state.
+    pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        let drained: BTreeSet<String> = self
+            .list("drained", true)
+            .await?
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        let mut kv = self.client.kv_client();
+        let options = GetOptions::new().with_prefix().with_serializable();
+        let mut r = self.call(kv.get(prefix("nodes"), Some(options))).await?;
+        let mut nodes = Vec::new();
+        for item in r.take_kvs() {
+            let k = String::from_utf8_lossy(item.key()).to_string();
+            let mut n: NodeRecord = decode(&k, item.value())?;
+            n.lease = item.lease();
+            n.drained = drained.contains(&n.name);
+            nodes.push(n);
+        }
+        Ok(nodes)
+    }
+
+    /// Stops (or, with `on == false`, resumes) placements on `node`.
+    pub async fn drain(&self, node: &str, on: bool) -> Result<()> {
+        let mut kv = self.client.kv_client();
+        let k = key("drained", node);
+        if on {
+            self.call(kv.put(k, "", None)).await?;
+        } else {
+            self.call(kv.delete(k, None)).await?;
+        }
+        Ok(())
+    }
+
+    /// Records `view` as owned by this node; refused if any node owns that id.
+    pub async fn own(&self, view: &SandboxView) -> Result<()> {
+        let k = key("sandboxes", &view.info.id);
+        let record = Ownership {
+            node: self.cfg.node.clone(),
+            view: view.clone(),
+            lost: false,
+        };
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([TxnOp::put(k.clone(), encode(&record), None)])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        let mut kv = self.client.kv_client();
+        let r = self.call(kv.txn(txn)).await?;
+        if r.succeeded() {
+            tracing::info!("{}: owned by {} (recorded in etcd)", view.info.id, self.cfg.node);
+            return Ok(());
+        }
+        let held: Ownership = decode(&k, &first_value(&r.op_responses()).unwrap_or_default())?;
+        if held.node == self.cfg.node {
+            return Ok(());
+        }
+        Err(Error::AlreadyOwned {
+            id: view.info.id.clone(),
+            node: held.node,
+        })
+    }
+
+    /// The owner of sandbox `id`, if any node owns it (member-local read).
+    pub async fn owner(&self, id: &str) -> Result<Option<Ownership>> {
+        let k = key("sandboxes", id);
+        let mut kv = self.client.kv_client();
+        let mut r = self
+            .call(kv.get(k.clone(), Some(GetOptions::new().with_serializable())))
+            .await?;
+        match r.take_kvs().into_iter().next() {
+            Some(item) => Ok(Some(decode(&k, item.value())?)),
+            None => Ok(None),
+        }
+    }
+
+    /// Every ownership record.
+    pub async fn owned(&self) -> Result<Vec<Ownership>> {
+        self.list("sandboxes", true)
+            .await?
+            .into_iter()
+            .map(|(id, v)| decode(&key("sandboxes", &id), &v))
+            .collect()
+    }
+
+    /// Removes the record of sandbox `id` if this node owns it.
+    pub async fn forget(&self, id: &str) -> Result<()> {
+        let k = key("sandboxes", id);
+        let Some(o) = self.owner(id).await? else {
+            return Ok(());
+        };
+        if o.node != self.cfg.node {
+            return Ok(());
+        }
+        let mut kv = self.client.kv_client();
+        self.call(kv.delete(k, None)).await?;
+        tracing::info!("{id}: no longer owned by {} (record removed)", self.cfg.node);
+        Ok(())
+    }
+
+    /// Marks this node's record of `id` lost (its VM is gone).
+    pub async fn mark_lost(&self, id: &str) -> Result<()> {
+        let k = key("sandboxes", id);
+        let Some(mut o) = self.owner(id).await? else {
+            return Ok(());
+        };
+        if o.node != self.cfg.node || o.lost {
+            return Ok(());
+        }
+        o.lost = true;
+        let mut kv = self.client.kv_client();
+        self.call(kv.put(k, encode(&o), None)).await?;
+        tracing::info!("{id}: marked lost by {} (its VM is gone)", self.cfg.node);
+        Ok(())
+    }
+
+    /// Stores a user token's hash cluster-wide.
+    pub async fn add_token(&self, t: &TokenRecord) -> Result<()> {
+        let mut kv = self.client.kv_client();
+        self.call(kv.put(key("tokens", &t.sha256), encode(t), None))
+            .await
+            .map(|_| ())
+    }
+
+    /// Every stored token hash (member-local read: works without quorum, sees a revocation as
+    /// soon as that member has applied it).
+    pub async fn tokens(&self) -> Result<Vec<TokenRecord>> {
+        self.list("tokens", true)
+            .await?
+            .into_iter()
+            .map(|(h, v)| decode(&key("tokens", &h), &v))
+            .collect()
+    }
+
+    /// Revokes every token named `name`; how many there were.
+    pub async fn revoke_tokens(&self, name: &str) -> Result<usize> {
+        let mut n = 0;
+        for t in self.tokens().await? {
+            if t.name == name {
+                let mut kv = self.client.kv_client();
+                self.call(kv.delete(key("tokens", &t.sha256), None)).await?;
+                n += 1;
+            }
+        }
+        Ok(n)
+    }
+
+    /// etcd's members, each asked for its status with the deadline.
+    pub async fn members(&self) -> Result<Vec<MemberStatus>> {
+        let mut cc = self.client.cluster_client();
+        let list = self.call(cc.member_list()).await?;
+        let mut out = Vec::new();
+        for m in list.members() {
+            let mut s = MemberStatus {
+                name: m.name().to_string(),
+                id: format!("{:x}", m.id()),
+                client_urls: m.client_urls().to_vec(),
+                healthy: false,
+                is_leader: false,
+                error: None,
+            };
+            match m.client_urls().first() {
+                Some(url) => match member_status(url).await {
+                    Ok(leader) => {
+                        s.healthy = true;
+                        s.is_leader = leader == m.id();
+                    }
+                    Err(e) => s.error = Some(e),
+                },
+                None => s.error = Some("no client URL".into()),
+            }
+            out.push(s);
+        }
+        Ok(out)
+    }
+}
+
+async fn member_status(url: &str) -> std::result::Result<u64, String> {
+    let options = ConnectOptions::new()
+        .with_connect_timeout(Duration::from_secs(1))
+        .with_timeout(Duration::from_secs(1));
+    let fut = async {
+        let mut c = Client::connect([url], Some(options)).await?;
+        c.status().await
+    };
+    match tokio::time::timeout(Duration::from_secs(2), fut).await {
+        Ok(Ok(s)) => Ok(s.leader()),
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(_) => Err("timed out".into()),
+    }
+}
+
+fn first_value(ops: &[TxnOpResponse]) -> Option<Vec<u8>> {
+    ops.iter().find_map(|op| match op {
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        _ => None,
+    })
+}
+
+fn encode<T: Serialize>(v: &T) -> Vec<u8> {
+    // Serializing these plain records cannot fail (no maps with non-string keys).
+    serde_json::to_vec(v).unwrap_or_default()
+}
+
+fn decode<T: for<'de> Deserialize<'de>>(key: &str, bytes: &[u8]) -> Result<T> {
+    serde_json::from_slice(bytes).map_err(|e| Error::Corrupt {
+        key: key.to_string(),
+        detail: e.to_string(),
+    })
+}
