@@ -39,6 +39,7 @@ const ROOT: &str = "/forkbox/";
 pub const DEADLINE: Duration = Duration::from_secs(2);
 /// A node's lease unless told otherwise: a dead node's sandboxes are `lost` within this.
 pub const DEFAULT_LEASE_SECS: i64 = 5;
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -265,11 +266,41 @@ impl Cluster {
         }
     }
 
-    /// Runs one etcd call under the deadline.
-    async fn call<T, F>(&self, f: F) -> Result<T>
+    /// Runs one etcd call under the deadline, again on a member that answers when one did not
+    /// (a killed member's connection fails once before the balancer drops it), as etcd's own
+    /// clients retry an unavailable endpoint.
+    async fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
     where
-        F: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+        F: FnMut(Client) -> Fut,
+        Fut: std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     {
+        let end = tokio::time::Instant::now() + DEADLINE;
+        loop {
+            let left = end.saturating_duration_since(tokio::time::Instant::now());
+            let e = match tokio::time::timeout(left, f(self.client.clone())).await {
+                Ok(Ok(v)) => return Ok(v),
+                Ok(Err(e)) => e,
+                Err(_) => return Err(self.unavailable("timed out")),
+            };
+            let transient = match &e {
+                etcd_client::Error::GRpcStatus(s) => {
+                    matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
+                }
+                etcd_client::Error::TransportError(_) => true,
+                _ => false,
+            };
+            if !transient || tokio::time::Instant::now() + RETRY_PAUSE >= end {
+                return Err(self.unavailable(e));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// One call under the deadline, not repeated (the lease's keep-alive stream).
+    async fn once<T>(
+        &self,
+        f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
+    ) -> Result<T> {
         match tokio::time::timeout(DEADLINE, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.unavailable(e)),
@@ -284,8 +315,7 @@ impl Cluster {
             .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(k.clone(), mine.clone(), None)])
             .or_else([TxnOp::get(k.clone(), None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.txn(txn)).await?;
+        let r = self.txn(txn).await?;
         if r.succeeded() {
             return Ok(());
         }
@@ -299,19 +329,57 @@ impl Cluster {
         }
     }
 
-    /// Whether etcd can commit now (a linearizable read answered within the deadline).
-    pub async fn require_quorum(&self) -> Result<()> {
-        let mut kv = self.client.kv_client();
-        self.call(kv.get(key("cluster", "secret-check"), None))
+    async fn txn(&self, txn: Txn) -> Result<etcd_client::TxnResponse> {
+        self.call(|mut c| {
+            let t = txn.clone();
+            async move { c.txn(t).await }
+        })
+        .await
+    }
+
+    async fn put(&self, k: &str, v: Vec<u8>) -> Result<()> {
+        self.call(|mut c| {
+            let (k, v) = (k.to_string(), v.clone());
+            async move { c.put(k, v, None).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn delete(&self, k: &str) -> Result<()> {
+        self.call(|mut c| {
+            let k = k.to_string();
+            async move { c.delete(k, None).await }
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn revoke(&self, lease: i64) -> Result<()> {
+        self.call(|mut c| async move { c.lease_revoke(lease).await })
             .await
             .map(|_| ())
+    }
+
+    /// Whether etcd can commit now (a linearizable read answered within the deadline).
+    pub async fn require_quorum(&self) -> Result<()> {
+        let k = key("cluster", "secret-check");
+        self.call(|mut c| {
+            let k = k.clone();
+            async move { c.get(k, None).await }
+        })
+        .await
+        .map(|_| ())
     }
 
     /// Registers this node under a new lease: refused when a live node of another identity
     /// holds the name; a record of this node's own earlier life is taken over.
     pub async fn join(&self, record: &NodeRecord) -> Result<i64> {
-        let mut lc = self.client.lease_client();
-        let lease = self.call(lc.grant(self.cfg.lease_secs, None)).await?.id();
+        let ttl = self.cfg.lease_secs;
+        let lease = self
+            .call(|mut c| async move { c.lease_grant(ttl, None).await })
+            .await?
+            .id();
         let k = key("nodes", &self.cfg.node);
         let value = encode(record);
         let put = TxnOp::put(
@@ -323,14 +391,14 @@ impl Cluster {
             .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
             .and_then([put.clone()])
             .or_else([TxnOp::get(k.clone(), None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.txn(txn)).await?;
+        let r = self.txn(txn).await?;
         if !r.succeeded() {
             let held: NodeRecord = decode(&k, &first_value(&r.op_responses()).unwrap_or_default())?;
             if held.node_id != self.cfg.node_id {
-                let _ = lc.revoke(lease).await;
+                let _ = self.revoke(lease).await;
+                let held_lease = held.lease;
                 let ttl = self
-                    .call(lc.time_to_live(held.lease, None))
+                    .call(|mut c| async move { c.lease_time_to_live(held_lease, None).await })
                     .await
                     .map(|t| t.ttl())
                     .unwrap_or(-1);
@@ -344,8 +412,8 @@ impl Cluster {
             let swap = Txn::new()
                 .when([Compare::lease(k.clone(), CompareOp::Equal, held.lease)])
                 .and_then([put]);
-            self.call(kv.txn(swap)).await?;
-            let _ = lc.revoke(held.lease).await;
+            self.txn(swap).await?;
+            let _ = self.revoke(held.lease).await;
         }
         self.lease.store(lease, Ordering::SeqCst);
         Ok(lease)
@@ -355,7 +423,6 @@ impl Cluster {
     pub async fn publish(&self, record: &NodeRecord) -> Result<()> {
         let lease = self.lease.load(Ordering::SeqCst);
         let k = key("nodes", &self.cfg.node);
-        let mut kv = self.client.kv_client();
         // Only while the lease is still the one on the key: after a lease loss, `join` again.
         let txn = Txn::new()
             .when([Compare::lease(k.clone(), CompareOp::Equal, lease)])
@@ -364,7 +431,7 @@ impl Cluster {
                 encode(record),
                 Some(PutOptions::new().with_lease(lease)),
             )]);
-        let r = self.call(kv.txn(txn)).await?;
+        let r = self.txn(txn).await?;
         if r.succeeded() {
             Ok(())
         } else {
@@ -376,11 +443,11 @@ impl Cluster {
     pub async fn keep_alive(&self) -> Result<()> {
         let lease = self.lease.load(Ordering::SeqCst);
         let mut lc = self.client.lease_client();
-        let (mut keeper, mut stream) = self.call(lc.keep_alive(lease)).await?;
+        let (mut keeper, mut stream) = self.once(lc.keep_alive(lease)).await?;
         let every = Duration::from_millis((self.cfg.lease_secs as u64 * 1000) / 3);
         loop {
-            self.call(keeper.keep_alive()).await?;
-            match self.call(stream.message()).await? {
+            self.once(keeper.keep_alive()).await?;
+            match self.once(stream.message()).await? {
                 Some(r) if r.ttl() > 0 => {}
                 _ => return Err(self.unavailable(format!("lease {lease:x} expired"))),
             }
@@ -392,8 +459,7 @@ impl Cluster {
     pub async fn leave(&self) {
         let lease = self.lease.swap(0, Ordering::SeqCst);
         if lease != 0 {
-            let mut lc = self.client.lease_client();
-            let _ = self.call(lc.revoke(lease)).await;
+            let _ = self.revoke(lease).await;
         }
     }
 
@@ -402,8 +468,13 @@ impl Cluster {
         if serializable {
             options = options.with_serializable();
         }
-        let mut kv = self.client.kv_client();
-        let mut r = self.call(kv.get(prefix(kind), Some(options))).await?;
+        let p = prefix(kind);
+        let mut r = self
+            .call(|mut c| {
+                let (p, o) = (p.clone(), options.clone());
+                async move { c.get(p, Some(o)).await }
+            })
+            .await?;
         Ok(r.take_kvs()
             .into_iter()
             .map(|kv| {
@@ -424,9 +495,13 @@ impl Cluster {
             .into_iter()
             .map(|(n, _)| n)
             .collect();
-        let mut kv = self.client.kv_client();
         let options = GetOptions::new().with_prefix().with_serializable();
-        let mut r = self.call(kv.get(prefix("nodes"), Some(options))).await?;
+        let mut r = self
+            .call(|mut c| {
+                let o = options.clone();
+                async move { c.get(prefix("nodes"), Some(o)).await }
+            })
+            .await?;
         let mut nodes = Vec::new();
         for item in r.take_kvs() {
             let k = String::from_utf8_lossy(item.key()).to_string();
@@ -440,12 +515,11 @@ impl Cluster {
 
     /// Stops (or, with `on == false`, resumes) placements on `node`.
     pub async fn drain(&self, node: &str, on: bool) -> Result<()> {
-        let mut kv = self.client.kv_client();
         let k = key("drained", node);
         if on {
-            self.call(kv.put(k, "", None)).await?;
+            self.put(&k, Vec::new()).await?;
         } else {
-            self.call(kv.delete(k, None)).await?;
+            self.delete(&k).await?;
         }
         Ok(())
     }
@@ -462,8 +536,7 @@ impl Cluster {
             .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
             .and_then([TxnOp::put(k.clone(), encode(&record), None)])
             .or_else([TxnOp::get(k.clone(), None)]);
-        let mut kv = self.client.kv_client();
-        let r = self.call(kv.txn(txn)).await?;
+        let r = self.txn(txn).await?;
         if r.succeeded() {
             tracing::info!("{}: owned by {} (recorded in etcd)", view.info.id, self.cfg.node);
             return Ok(());
@@ -481,9 +554,11 @@ impl Cluster {
     /// The owner of sandbox `id`, if any node owns it (member-local read).
     pub async fn owner(&self, id: &str) -> Result<Option<Ownership>> {
         let k = key("sandboxes", id);
-        let mut kv = self.client.kv_client();
         let mut r = self
-            .call(kv.get(k.clone(), Some(GetOptions::new().with_serializable())))
+            .call(|mut c| {
+                let k = k.clone();
+                async move { c.get(k, Some(GetOptions::new().with_serializable())).await }
+            })
             .await?;
         match r.take_kvs().into_iter().next() {
             Some(item) => Ok(Some(decode(&k, item.value())?)),
@@ -509,8 +584,7 @@ impl Cluster {
         if o.node != self.cfg.node {
             return Ok(());
         }
-        let mut kv = self.client.kv_client();
-        self.call(kv.delete(k, None)).await?;
+        self.delete(&k).await?;
         tracing::info!("{id}: no longer owned by {} (record removed)", self.cfg.node);
         Ok(())
     }
@@ -525,18 +599,14 @@ impl Cluster {
             return Ok(());
         }
         o.lost = true;
-        let mut kv = self.client.kv_client();
-        self.call(kv.put(k, encode(&o), None)).await?;
+        self.put(&k, encode(&o)).await?;
         tracing::info!("{id}: marked lost by {} (its VM is gone)", self.cfg.node);
         Ok(())
     }
 
     /// Stores a user token's hash cluster-wide.
     pub async fn add_token(&self, t: &TokenRecord) -> Result<()> {
-        let mut kv = self.client.kv_client();
-        self.call(kv.put(key("tokens", &t.sha256), encode(t), None))
-            .await
-            .map(|_| ())
+        self.put(&key("tokens", &t.sha256), encode(t)).await
     }
 
     /// Every stored token hash (member-local read: works without quorum, sees a revocation as
@@ -554,8 +624,7 @@ impl Cluster {
         let mut n = 0;
         for t in self.tokens().await? {
             if t.name == name {
-                let mut kv = self.client.kv_client();
-                self.call(kv.delete(key("tokens", &t.sha256), None)).await?;
+                self.delete(&key("tokens", &t.sha256)).await?;
                 n += 1;
             }
         }
@@ -564,8 +633,7 @@ impl Cluster {
 
     /// etcd's members, each asked for its status with the deadline.
     pub async fn members(&self) -> Result<Vec<MemberStatus>> {
-        let mut cc = self.client.cluster_client();
-        let list = self.call(cc.member_list()).await?;
+        let list = self.call(|mut c| async move { c.member_list().await }).await?;
         let mut out = Vec::new();
         for m in list.members() {
             let mut s = MemberStatus {

@@ -9,6 +9,7 @@
 //! image ~40 s once; every VM boot ~4-5 s.
 #![forbid(unsafe_code)]
 
+pub mod etcd;
 pub mod registry;
 
 use std::path::{Path, PathBuf};

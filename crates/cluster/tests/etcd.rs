@@ -1,0 +1,143 @@
+//! The cluster's state on a real 3-member etcd: leases, names, ownership, secrets, quorum.
+
+use std::time::{Duration, Instant};
+
+use forkbox_cluster::{Cluster, Config, Error, NodeRecord, SandboxView, TokenRecord};
+use forkbox_test_infra::etcd::EtcdCluster;
+
+const SECRET: &str = "a test cluster secret, long enough";
+
+fn config(etcd: &EtcdCluster, node: &str, node_id: &str) -> Config {
+    Config {
+        endpoints: etcd.endpoints(),
+        node: node.into(),
+        advertise: format!("http://127.0.0.1:1/{node}"),
+        secret: SECRET.into(),
+        lease_secs: 2,
+        node_id: node_id.into(),
+    }
+}
+
+fn record(c: &Config) -> NodeRecord {
+    NodeRecord {
+        name: c.node.clone(),
+        node_id: c.node_id.clone(),
+        advertise: c.advertise.clone(),
+        mem_free_mib: 4096,
+        disk_free_mib: 4096,
+        ..NodeRecord::default()
+    }
+}
+
+fn view(id: &str) -> SandboxView {
+    serde_json::from_value(serde_json::json!({
+        "id": id, "image": "python@1", "accel": {"accel": "tcg", "reason": "test"},
+        "cpus": 1, "memory_mib": 512, "guest_kernel": "6.1", "boot_ms": 1,
+        "labels": {}, "created_unix": 1, "expires_unix": null, "state": "running"
+    }))
+    .expect("a sandbox view")
+}
+
+async fn joined(etcd: &EtcdCluster, node: &str) -> Cluster {
+    let cfg = config(etcd, node, &format!("id-{node}"));
+    let c = Cluster::connect(cfg.clone()).await.expect("connects");
+    c.join(&record(&cfg)).await.expect("joins");
+    c
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
+    let mut etcd = EtcdCluster::start(3, "127.0.0.1");
+    let a = joined(&etcd, "a").await;
+    let b = joined(&etcd, "b").await;
+    let keeper = {
+        let a = a.clone();
+        tokio::spawn(async move { a.keep_alive().await })
+    };
+    let names = |v: Vec<NodeRecord>| v.into_iter().map(|n| n.name).collect::<Vec<_>>();
+    assert_eq!(names(a.nodes().await.expect("nodes")), ["a", "b"]);
+
+    // A name held by a live node of another identity is refused, naming it; the same node
+    // restarting (same id) takes its name over.
+    let thief = Cluster::connect(config(&etcd, "a", "someone-else")).await.expect("connects");
+    let e = thief.join(&record(thief.config())).await.expect_err("refused");
+    assert!(matches!(e, Error::NameTaken { .. }), "{e}");
+    assert!(e.to_string().contains("http://127.0.0.1:1/a"), "{e}");
+    let again = Cluster::connect(config(&etcd, "b", "id-b")).await.expect("connects");
+    again.join(&record(again.config())).await.expect("a restart of b takes its name");
+
+    // Another secret: refused at connect.
+    let mut other = config(&etcd, "c", "id-c");
+    other.secret = "another secret entirely, also long".into();
+    let e = Cluster::connect(other).await.err().expect("refused");
+    assert!(matches!(e, Error::SecretMismatch { .. }), "{e}");
+
+    // Ownership: create-if-absent; the other node cannot take it.
+    a.own(&view("s1")).await.expect("a owns s1");
+    let e = b.own(&view("s1")).await.expect_err("b cannot");
+    assert!(matches!(e, Error::AlreadyOwned { ref node, .. } if node == "a"), "{e}");
+    assert_eq!(b.owner("s1").await.expect("read").map(|o| o.node), Some("a".into()));
+    b.forget("s1").await.expect("not b's to forget: a no-op");
+    assert!(a.owner("s1").await.expect("read").is_some());
+
+    // Tokens: cluster-wide hashes, revocation seen by every node.
+    let t = TokenRecord { name: "ci".into(), sha256: "ab".repeat(32), created_unix: 1 };
+    a.add_token(&t).await.expect("added");
+    assert_eq!(b.tokens().await.expect("tokens").len(), 1);
+    assert_eq!(b.revoke_tokens("ci").await.expect("revoked"), 1);
+    assert!(a.tokens().await.expect("tokens").is_empty());
+
+    // A node whose lease is not kept alive drops out within the lease (2 s here).
+    let dropped = Instant::now();
+    assert!(
+        wait_async(Duration::from_secs(5), || async {
+            names(a.nodes().await.unwrap_or_default()) == ["a"]
+        })
+        .await,
+        "b's record outlived its lease"
+    );
+    assert!(dropped.elapsed() < Duration::from_secs(4));
+    // Its ownership record stays: the sandbox is listed lost, not forgotten.
+    assert!(a.owner("s1").await.expect("read").is_some());
+
+    // Drain is seen in the node list.
+    a.drain("a", true).await.expect("drained");
+    assert!(a.nodes().await.expect("nodes")[0].drained);
+    a.drain("a", false).await.expect("undrained");
+
+    // One member down: everything works.
+    etcd.stop(2);
+    a.require_quorum().await.expect("quorum with two of three");
+    a.own(&view("s2")).await.expect("owns with two of three");
+    // Two down: what needs quorum fails within the deadline, member-local reads still answer.
+    etcd.stop(1);
+    let t0 = Instant::now();
+    let e = a.own(&view("s3")).await.expect_err("no quorum");
+    assert!(matches!(e, Error::Unavailable { .. }), "{e}");
+    assert!(t0.elapsed() < Duration::from_secs(4), "took {:?}", t0.elapsed());
+    assert!(e.to_string().contains("running sandboxes still answer"), "{e}");
+    // Back: works again, same handle.
+    etcd.restart(1);
+    etcd.restart(2);
+    assert!(
+        wait_async(Duration::from_secs(20), || async { a.own(&view("s3")).await.is_ok() }).await,
+        "quorum came back but writes still fail: {}",
+        etcd.logs()
+    );
+    keeper.abort();
+}
+
+async fn wait_async<F, Fut>(limit: Duration, mut f: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + limit;
+    while Instant::now() < end {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    false
+}

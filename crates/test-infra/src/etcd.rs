@@ -1,0 +1,165 @@
+//! A real etcd cluster for tests: Debian's `etcd` members on loopback (or on an address the
+//! test's own namespaces reach), each with a data directory of its own, stopped on drop.
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+/// One member: its name, ports and process (none while stopped).
+struct Member {
+    name: String,
+    client: u16,
+    peer: u16,
+    child: Option<Child>,
+}
+
+pub struct EtcdCluster {
+    dir: tempfile::TempDir,
+    host: String,
+    initial: String,
+    members: Vec<Member>,
+}
+
+/// A port free now on `host` (the kernel's pick; the member binds it right after).
+pub fn free_port(host: &str) -> u16 {
+    std::net::TcpListener::bind((host, 0))
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
+}
+
+impl EtcdCluster {
+    /// Starts `n` members on `host` and waits until the cluster has a leader.
+    pub fn start(n: usize, host: &str) -> EtcdCluster {
+        let dir = tempfile::Builder::new()
+            .prefix("forkbox-etcd-")
+            .tempdir()
+            .expect("a temporary directory");
+        let members: Vec<Member> = (0..n)
+            .map(|i| Member {
+                name: format!("e{i}"),
+                client: free_port(host),
+                peer: free_port(host),
+                child: None,
+            })
+            .collect();
+        let initial = members
+            .iter()
+            .map(|m| format!("{}=http://{host}:{}", m.name, m.peer))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut c = EtcdCluster {
+            dir,
+            host: host.to_string(),
+            initial,
+            members,
+        };
+        for i in 0..n {
+            c.spawn(i, "new");
+        }
+        assert!(
+            crate::wait_until(Duration::from_secs(30), || c.healthy()),
+            "etcd did not become healthy: {}",
+            c.logs()
+        );
+        c
+    }
+
+    fn data_dir(&self, i: usize) -> PathBuf {
+        self.dir.path().join(&self.members[i].name)
+    }
+
+    fn spawn(&mut self, i: usize, state: &str) {
+        let host = self.host.clone();
+        let data = self.data_dir(i);
+        let log = std::fs::File::create(self.dir.path().join(format!("e{i}.log")))
+            .expect("an etcd log file");
+        let m = &mut self.members[i];
+        let client = format!("http://{host}:{}", m.client);
+        let peer = format!("http://{host}:{}", m.peer);
+        let child = Command::new("etcd")
+            .args(["--name", &m.name])
+            .arg("--data-dir")
+            .arg(&data)
+            .args(["--listen-client-urls", &client])
+            .args(["--advertise-client-urls", &client])
+            .args(["--listen-peer-urls", &peer])
+            .args(["--initial-advertise-peer-urls", &peer])
+            .args(["--initial-cluster", &self.initial])
+            .args(["--initial-cluster-token", "forkbox-test"])
+            .args(["--initial-cluster-state", state])
+            .args(["--heartbeat-interval", "100", "--election-timeout", "1000"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("a log handle"))
+            .stderr(log)
+            .spawn()
+            .expect("etcd runs (Debian's etcd-server; the test command installs it)");
+        m.child = Some(child);
+    }
+
+    /// Client URLs of every member, stopped ones included.
+    pub fn endpoints(&self) -> Vec<String> {
+        self.members
+            .iter()
+            .map(|m| format!("http://{}:{}", self.host, m.client))
+            .collect()
+    }
+
+    pub fn endpoints_arg(&self) -> String {
+        self.endpoints().join(",")
+    }
+
+    /// Kills member `i` (its data stays, so it can come back).
+    pub fn stop(&mut self, i: usize) {
+        if let Some(mut c) = self.members[i].child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Starts member `i` again on its data.
+    pub fn restart(&mut self, i: usize) {
+        if self.members[i].child.is_none() {
+            self.spawn(i, "existing");
+        }
+    }
+
+    /// Whether the running members answer as a cluster with a leader.
+    pub fn healthy(&self) -> bool {
+        let running: Vec<String> = self
+            .members
+            .iter()
+            .filter(|m| m.child.is_some())
+            .map(|m| format!("http://{}:{}", self.host, m.client))
+            .collect();
+        Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &running.join(","), "--command-timeout=2s"])
+            .args(["endpoint", "health"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    }
+
+    /// Every member's log, for a failure message.
+    pub fn logs(&self) -> String {
+        (0..self.members.len())
+            .map(|i| {
+                let p = self.dir.path().join(format!("e{i}.log"));
+                let text = std::fs::read_to_string(p).unwrap_or_default();
+                let tail: Vec<&str> = text.lines().rev().take(15).collect();
+                format!("-- e{i}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    }
+}
+
+impl Drop for EtcdCluster {
+    fn drop(&mut self) {
+        for i in 0..self.members.len() {
+            self.stop(i);
+        }
+    }
+}
