@@ -84,6 +84,14 @@ codes! {
     SetupNeeded = "setup_needed", 503;
     /// An image build's step failed; nothing was kept.
     BuildFailed = "build_failed", 500;
+    /// Its node left the cluster (died or lost its lease): nothing on that node can be reached.
+    SandboxLost = "sandbox_lost", 409;
+    /// The cluster's state (etcd) has no quorum: creates, forks and deletes wait for it.
+    ClusterUnavailable = "cluster_unavailable", 503;
+    /// No node of the cluster has room for what was asked (the message says what is short).
+    NoCapacity = "no_capacity", 503;
+    /// The node that owns the sandbox did not answer a forwarded call.
+    NodeUnreachable = "node_unreachable", 502;
     /// A bug in forkbox, or the host failing under it: never the request's fault.
     Internal = "internal", 500;
 }

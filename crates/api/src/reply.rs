@@ -20,7 +20,8 @@ pub struct SandboxView {
     pub from_pool: bool,
     /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
     /// itself once space is freed), `hibernated` (saved to disk, no VM, resumed by `resume`)
-    /// or `failed` (its guest broke the agent protocol; `failure` says how; delete it).
+    /// `failed` (its guest broke the agent protocol; `failure` says how; delete it), or in a
+    /// cluster `lost` (its node died or left; delete it).
     pub state: SandboxState,
     /// Why the sandbox failed, when it did.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -29,6 +30,9 @@ pub struct SandboxView {
     pub ttl_action: TtlAction,
     #[serde(default)]
     pub network: NetworkPolicy,
+    /// The node that runs it, in a cluster (`forkbox serve --cluster`); absent on one daemon.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -38,6 +42,8 @@ pub enum SandboxState {
     DiskFull,
     Hibernated,
     Failed,
+    /// Its node left the cluster (`node` says which); what it held is gone with that node.
+    Lost,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

@@ -36,6 +36,8 @@ pub struct CreateRequest {
     /// What it may reach: off (no network) when absent; `{"internet": true}` or
     /// `{"allow": ["pypi.org", "*.pythonhosted.org"]}` through the host-side proxy.
     pub network: Option<NetworkPolicy>,
+    /// In a cluster: the node to place it on (default: placed by capacity and locality).
+    pub node: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -68,6 +70,8 @@ pub struct ForkRequest {
     /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
     /// fork of a snapshot has none.
     pub network: Option<NetworkPolicy>,
+    /// In a cluster: the node the copies must go to (one that holds the snapshot).
+    pub node: Option<String>,
 }
 
 /// Most copies one fork call makes.

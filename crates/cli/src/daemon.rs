@@ -74,6 +74,9 @@ pub struct CreateArgs {
     pub disk_gib: Option<u32>,
     #[command(flatten)]
     pub net: NetArgs,
+    /// In a cluster: the node to put it on (default: chosen by room and what each holds).
+    #[arg(long)]
+    pub node: Option<String>,
     /// Print the new sandbox as JSON.
     #[arg(long)]
     pub json: bool,
@@ -97,6 +100,9 @@ pub struct ForkArgs {
     /// The copies' network (default: a sandbox's own; none for a snapshot).
     #[command(flatten)]
     pub net: NetArgs,
+    /// In a cluster: the node the copies go to (one that holds the snapshot).
+    #[arg(long)]
+    pub node: Option<String>,
     /// Print the copies (and any that failed) as JSON.
     #[arg(long)]
     pub json: bool,
@@ -249,9 +255,12 @@ pub enum SandboxCmd {
         /// Only sandboxes with this label K=V.
         #[arg(long)]
         label: Option<String>,
-        /// Only sandboxes in this state: running, disk_full, hibernated, failed.
+        /// Only sandboxes in this state: running, disk_full, hibernated, failed, lost.
         #[arg(long, value_parser = parse_state)]
         state: Option<SandboxState>,
+        /// In a cluster: only the sandboxes of this node.
+        #[arg(long)]
+        node: Option<String>,
         /// Print only the ids, one a line.
         #[arg(short = 'q', long, conflicts_with = "json")]
         quiet: bool,
@@ -794,9 +803,17 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Ls {
                 label,
                 state,
+                node,
                 quiet,
                 json,
-            } => ls(&c, label.as_deref(), state, quiet, json).await,
+            } => {
+                let filter = forkbox_client::ListFilter {
+                    label: label.as_deref(),
+                    state,
+                    node: node.as_deref(),
+                };
+                ls(&c, filter, quiet, json).await
+            }
             SandboxCmd::Snapshot {
                 id,
                 name,
@@ -820,12 +837,11 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
 /// `forkbox sandbox ls`: the sandboxes (with a label, in a state), a table or their ids.
 async fn ls(
     c: &Client,
-    label: Option<&str>,
-    state: Option<SandboxState>,
+    filter: forkbox_client::ListFilter<'_>,
     quiet: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let all = c.list(label, state).await?;
+    let all = c.list_where(filter).await?;
     show(json, &all, || match quiet {
         true => all.iter().for_each(|v| println!("{}", v.info.id)),
         false => print_sandboxes(&all),
@@ -898,6 +914,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
         max_processes: None,
         snapshot: a.snapshot,
         disk_gib: a.disk_gib,
+        node: a.node,
         ttl_action: a.ttl_action.map(|t| match t {
             TtlArg::Delete => TtlAction::Delete,
             TtlArg::Hibernate => TtlAction::Hibernate,
@@ -922,6 +939,7 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
         ttl_seconds: a.ttl,
         max_processes: None,
         network: a.net.policy(),
+        node: a.node,
     };
     let r = c.fork(&a.source, &req).await?;
     show(a.json, &r, || {
@@ -1119,9 +1137,21 @@ fn print_sandboxes(all: &[SandboxView]) {
         println!("no sandboxes");
         return;
     }
+    // A cluster's listing says each sandbox's node; one daemon's has no such column.
+    let nodes = all.iter().any(|v| v.node.is_some());
+    let node_col = |n: &str| match nodes {
+        true => format!(" {n:<12}"),
+        false => String::new(),
+    };
     println!(
-        "{:<16} {:<11} {:<24} {:<6} {:>5} {:>8}",
-        "ID", "STATE", "IMAGE", "ACCEL", "CPUS", "MEMORY"
+        "{:<16} {:<11}{} {:<24} {:<6} {:>5} {:>8}",
+        "ID",
+        "STATE",
+        node_col("NODE"),
+        "IMAGE",
+        "ACCEL",
+        "CPUS",
+        "MEMORY"
     );
     for v in all {
         let state = match v.state {
@@ -1129,10 +1159,17 @@ fn print_sandboxes(all: &[SandboxView]) {
             SandboxState::DiskFull => "disk-full",
             SandboxState::Hibernated => "hibernated",
             SandboxState::Failed => "failed",
+            SandboxState::Lost => "lost",
         };
         println!(
-            "{:<16} {:<11} {:<24} {:<6} {:>5} {:>5} MiB",
-            v.info.id, state, v.info.image, v.info.accel.accel, v.info.cpus, v.info.memory_mib
+            "{:<16} {:<11}{} {:<24} {:<6} {:>5} {:>5} MiB",
+            v.info.id,
+            state,
+            node_col(v.node.as_deref().unwrap_or("-")),
+            v.info.image,
+            v.info.accel.accel,
+            v.info.cpus,
+            v.info.memory_mib
         );
     }
 }
@@ -1154,5 +1191,5 @@ fn sandbox_id(s: &str) -> Result<String, String> {
 
 pub fn parse_state(s: &str) -> Result<SandboxState, String> {
     serde_json::from_value(serde_json::Value::String(s.replace('-', "_")))
-        .map_err(|_| format!("{s:?} is not one of running, disk_full, hibernated, failed"))
+        .map_err(|_| format!("{s:?} is not one of running, disk_full, hibernated, failed, lost"))
 }

@@ -147,6 +147,7 @@ async fn through_api(
         ttl_action: None,
         disk_gib: None,
         network: args.net.policy(),
+        node: None,
     };
     let mut signals = Signals::new()?;
     let view = tokio::select! {

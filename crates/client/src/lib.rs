@@ -112,6 +112,16 @@ impl Endpoint {
 }
 
 /// A connection to one forkbox API.
+/// Which sandboxes a listing keeps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct ListFilter<'a> {
+    /// `K=V`.
+    pub label: Option<&'a str>,
+    pub state: Option<SandboxState>,
+    /// In a cluster: one node's.
+    pub node: Option<&'a str>,
+}
+
 #[derive(Clone)]
 pub struct Client {
     http: reqwest::Client,
@@ -245,13 +255,26 @@ impl Client {
         label: Option<&str>,
         state: Option<SandboxState>,
     ) -> Result<reply::list, ClientError> {
+        self.list_where(ListFilter {
+            label,
+            state,
+            node: None,
+        })
+        .await
+    }
+
+    /// The sandboxes that pass every filter given (in a cluster: of every node).
+    pub async fn list_where(&self, f: ListFilter<'_>) -> Result<reply::list, ClientError> {
         let mut req = self.at(op::list, &[]);
-        if let Some(l) = label {
+        if let Some(l) = f.label {
             req = req.query(&[("label", l)]);
         }
-        if let Some(s) = state {
+        if let Some(s) = f.state {
             let s = serde_json::to_value(s).map_err(|e| ClientError::Decode(e.to_string()))?;
             req = req.query(&[("state", s.as_str().unwrap_or_default())]);
+        }
+        if let Some(n) = f.node {
+            req = req.query(&[("node", n)]);
         }
         self.json(req).await
     }

@@ -1064,6 +1064,7 @@ async fn fork_plans(
             ttl_seconds: None,
             max_processes: None,
             network: Some(Default::default()),
+            node: None,
         };
         let source = source.clone();
         let got = match engine.call(ops::Fork { source, request }).await {

@@ -194,7 +194,7 @@ async fn create(State(e): State<Arc<Engine>>, Body(r): Body<CreateRequest>) -> A
     answer::<reply::create, _>(&e, ops::Create { request: r }, StatusCode::CREATED).await
 }
 
-#[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query, description = "K=V"), ("state" = Option<SandboxState>, Query)), responses((status = 200, body = Vec<SandboxView>), (status = 400, body = ErrorBody)))]
+#[utoipa::path(get, path = "/v1/sandboxes", params(("label" = Option<String>, Query, description = "K=V"), ("state" = Option<SandboxState>, Query), ("node" = Option<String>, Query, description = "in a cluster: one node's")), responses((status = 200, body = Vec<SandboxView>), (status = 400, body = ErrorBody)))]
 async fn list(State(e): State<Arc<Engine>>, Params(q): Params<HashMap<String, String>>) -> Api {
     let label = match q.get("label") {
         None => None,
@@ -212,12 +212,17 @@ async fn list(State(e): State<Arc<Engine>>, Params(q): Params<HashMap<String, St
         Some(s) => Some(
             serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
                 ApiError(EngineError::BadRequest(format!(
-                    "state filter {s:?} is not one of running, disk_full, hibernated, failed"
+                    "state filter {s:?} is not one of running, disk_full, hibernated, failed, \
+                     lost"
                 )))
             })?,
         ),
     };
-    answer::<reply::list, _>(&e, ops::List { label, state }, StatusCode::OK).await
+    let mut all = call(&e, ops::List { label, state }).await?;
+    if let Some(node) = q.get("node") {
+        all.retain(|v| v.node.as_ref() == Some(node));
+    }
+    Ok(Json::<reply::list>(all).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody)))]

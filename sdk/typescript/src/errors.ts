@@ -68,6 +68,10 @@ const BY_CODE: Record<string, ErrorClass> = {
   host_disk_full: InsufficientStorageError,
   setup_needed: ForkboxError,
   build_failed: BuildError,
+  sandbox_lost: ConflictError,
+  cluster_unavailable: ForkboxError,
+  no_capacity: ForkboxError,
+  node_unreachable: ForkboxError,
   internal: InternalError,
 };
 

@@ -128,7 +128,9 @@ export interface DirEntry {
 export interface SandboxInfo {
   id: string;
   image: string;
-  state: "running" | "disk_full" | "hibernated" | "failed";
+  state: "running" | "disk_full" | "hibernated" | "failed" | "lost";
+  /** The node that runs it, in a cluster. */
+  node?: string;
   failure?: string;
   labels: Record<string, string>;
   ttl_action: "delete" | "hibernate";

@@ -166,7 +166,7 @@ impl Engine {
             record,
             snapshot: snap.meta.name.clone(),
         };
-        let view = sleeper.view();
+        let view = sleeper.view(self.node.get());
         self.sleepers.write().await.insert(id.to_string(), sleeper);
         Ok(view)
     }

@@ -50,7 +50,7 @@ struct Sleeper {
 }
 
 impl Sleeper {
-    fn view(&self) -> SandboxView {
+    fn view(&self, node: Option<&String>) -> SandboxView {
         SandboxView {
             // No VM while it sleeps.
             info: SandboxInfo {
@@ -65,6 +65,7 @@ impl Sleeper {
             failure: None,
             ttl_action: self.record.ttl_action,
             network: self.record.network.clone(),
+            node: node.cloned(),
         }
     }
 }
@@ -116,7 +117,7 @@ impl Entry {
         Ok(())
     }
 
-    fn view(&self) -> SandboxView {
+    fn view(&self, node: Option<&String>) -> SandboxView {
         let failure = self.sandbox.client().failure();
         SandboxView {
             info: self.sandbox.info().clone(),
@@ -134,6 +135,7 @@ impl Entry {
             failure,
             ttl_action: self.ttl_action,
             network: self.sandbox.network(),
+            node: node.cloned(),
         }
     }
 }
@@ -150,6 +152,8 @@ pub struct Engine {
     /// Its VMs die with the thread that started them (an engine of a one-shot command such
     /// as `forkbox run`, on one thread); a daemon's outlive any one request.
     vms_die_with_thread: bool,
+    /// Its node's name in a cluster, set once when the daemon joins one: every view says it.
+    node: std::sync::OnceLock<String>,
 }
 
 fn now_unix() -> u64 {
@@ -169,6 +173,7 @@ impl Engine {
             sleepers: Default::default(),
             db: None,
             vms_die_with_thread: false,
+            node: std::sync::OnceLock::new(),
         }
     }
 
@@ -186,6 +191,24 @@ impl Engine {
 
     /// An engine with no warm pool and nothing recorded for a daemon: the CLI's image
     /// builds, lists and removals without a daemon.
+    /// Names this engine's node in a cluster: every view it gives says `node`. Once; a second
+    /// name is refused.
+    pub fn set_node(&self, name: &str) -> Result<(), EngineError> {
+        match self.node.set(name.to_string()) {
+            Ok(()) => Ok(()),
+            Err(_) if self.node.get().map(String::as_str) == Some(name) => Ok(()),
+            Err(_) => Err(EngineError::BadRequest(format!(
+                "this engine is node {:?} already",
+                self.node.get().map(String::as_str).unwrap_or_default()
+            ))),
+        }
+    }
+
+    /// Its node's name in a cluster.
+    pub fn node(&self) -> Option<&str> {
+        self.node.get().map(String::as_str)
+    }
+
     pub fn private(paths: Paths) -> Engine {
         Engine {
             pool: crate::pool::Pool::new(0),
@@ -388,7 +411,7 @@ impl Engine {
     /// A sandbox's view, hibernated or running.
     async fn view(&self, id: &str) -> Result<SandboxView, EngineError> {
         if let Some(s) = self.sleepers.read().await.get(id) {
-            return Ok(s.view());
+            return Ok(s.view(self.node.get()));
         }
         self.get(id).await.map(|(_, v)| v)
     }
@@ -402,7 +425,7 @@ impl Engine {
             .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
         e.expires_unix = Some(expires);
         e.persist(self.db.as_deref())?;
-        Ok(e.view())
+        Ok(e.view(self.node.get()))
     }
 
     /// Deletes a snapshot no sandbox (running or hibernated in it) depends on.
@@ -456,7 +479,7 @@ impl Engine {
             .await
             .values()
             .filter(|e| labelled(&e.labels))
-            .map(Entry::view)
+            .map(|e| e.view(self.node.get()))
             .collect();
         all.extend(
             self.sleepers
@@ -464,7 +487,7 @@ impl Engine {
                 .await
                 .values()
                 .filter(|s| labelled(&s.record.labels))
-                .map(Sleeper::view),
+                .map(|s| s.view(self.node.get())),
         );
         all.retain(|v| state.is_none_or(|s| v.state == s));
         all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
@@ -479,7 +502,7 @@ impl Engine {
         let e = map
             .get(id)
             .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
-        Ok((e.sandbox.clone(), e.view()))
+        Ok((e.sandbox.clone(), e.view(self.node.get())))
     }
 
     /// The sandbox configuration a request asks for, checked.
@@ -597,7 +620,7 @@ impl Engine {
             entry.sandbox.destroy().await;
             return Err(e);
         }
-        let view = entry.view();
+        let view = entry.view(self.node.get());
         self.sandboxes
             .write()
             .await

@@ -83,6 +83,10 @@ _BY_CODE = {
     "host_disk_full": InsufficientStorage,
     "setup_needed": ForkboxError,
     "build_failed": BuildError,
+    "sandbox_lost": Conflict,
+    "cluster_unavailable": ForkboxError,
+    "no_capacity": ForkboxError,
+    "node_unreachable": ForkboxError,
     "internal": InternalError,
 }
 
