@@ -534,10 +534,77 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
     })
 }
 
+/// `forkbox serve`'s options for joining a cluster.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Join the cluster whose state is in this etcd (v3): its client URLs, comma-separated.
+    /// Needs --node, --advertise, --listen and the cluster secret.
+    #[arg(long, env = "FORKBOX_CLUSTER", value_name = "ETCD_URL[,…]", value_delimiter = ',')]
+    cluster: Vec<String>,
+    /// This node's name in the cluster (a-z, 0-9, '-').
+    #[arg(long, env = "FORKBOX_NODE", requires = "cluster")]
+    node: Option<String>,
+    /// The URL other nodes reach this one's --listen at (http://ADDRESS:PORT).
+    #[arg(long, env = "FORKBOX_ADVERTISE", requires = "cluster")]
+    advertise: Option<String>,
+    /// A file holding the secret every node of the cluster shares (not a user token); or set
+    /// FORKBOX_CLUSTER_SECRET.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    cluster_secret_file: Option<std::path::PathBuf>,
+    /// Seconds of the node's lease in etcd: a node that dies is seen gone within this.
+    #[arg(long, default_value_t = forkbox_cluster::DEFAULT_LEASE_SECS, requires = "cluster")]
+    lease: i64,
+}
+
+impl ClusterArgs {
+    /// The options to join with, or none without --cluster; what is missing is said at once.
+    pub fn options(
+        self,
+        listen: Option<std::net::SocketAddr>,
+    ) -> anyhow::Result<Option<forkbox_server::cluster::ClusterOptions>> {
+        if self.cluster.is_empty() {
+            return Ok(None);
+        }
+        let Some(node) = self.node else {
+            anyhow::bail!("--cluster needs --node NAME: this node's name in the cluster");
+        };
+        if listen.is_none() {
+            anyhow::bail!(
+                "--cluster needs --listen ADDRESS:PORT: other nodes forward calls to it"
+            );
+        }
+        let Some(advertise) = self.advertise else {
+            anyhow::bail!(
+                "--cluster needs --advertise http://ADDRESS:PORT: where other nodes reach \
+                 this one's --listen"
+            );
+        };
+        let secret = match (self.cluster_secret_file, std::env::var("FORKBOX_CLUSTER_SECRET")) {
+            (Some(f), _) => std::fs::read_to_string(&f)
+                .with_context(|| format!("reading the cluster secret from {}", f.display()))?
+                .trim()
+                .to_string(),
+            (None, Ok(s)) => s.trim().to_string(),
+            (None, Err(_)) => anyhow::bail!(
+                "--cluster needs the cluster secret: --cluster-secret-file FILE or \
+                 FORKBOX_CLUSTER_SECRET (the same on every node; `openssl rand -hex 32`)"
+            ),
+        };
+        Ok(Some(forkbox_server::cluster::ClusterOptions {
+            endpoints: self.cluster,
+            node,
+            advertise,
+            secret,
+            lease_secs: self.lease,
+        }))
+    }
+}
+
 pub fn serve(
     paths: Paths,
     listen: Option<std::net::SocketAddr>,
     mcp_roots: Vec<std::path::PathBuf>,
+    cluster: Option<forkbox_server::cluster::ClusterOptions>,
 ) -> anyhow::Result<ExitCode> {
     forkbox_engine::limits::raise_open_files();
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -552,7 +619,7 @@ pub fn serve(
         },
     );
     let extra = axum::Router::new().nest_service("/mcp", mcp);
-    rt.block_on(forkbox_server::serve(paths, listen, Some(extra)))
+    rt.block_on(forkbox_server::serve(paths, listen, Some(extra), cluster))
         .context("the forkbox daemon failed")?;
     Ok(ExitCode::SUCCESS)
 }

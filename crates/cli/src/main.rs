@@ -68,6 +68,8 @@ enum Cmd {
         /// (repeatable; none by default).
         #[arg(long = "mcp-root", value_name = "DIR")]
         mcp_roots: Vec<PathBuf>,
+        #[command(flatten)]
+        cluster: daemon::ClusterArgs,
     },
     /// Serve forkbox to a coding agent as an MCP server over stdin/stdout (tools: sandbox_create,
     /// exec, read/write/edit_file, list_dir, upload, download, git_diff, snapshot, fork,
@@ -437,8 +439,11 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Run(args) => run::run(&paths, args),
         Cmd::Serve { detach: true, .. } => daemon::serve_detached(&paths),
         Cmd::Serve {
-            listen, mcp_roots, ..
-        } => daemon::serve(paths, listen, mcp_roots),
+            listen,
+            mcp_roots,
+            cluster,
+            ..
+        } => daemon::serve(paths, listen, mcp_roots, cluster.options(listen)?),
         Cmd::Mcp { roots, all } => daemon::mcp(&paths, roots, all),
         Cmd::Token {
             command: TokenCmd::Create { name, json },

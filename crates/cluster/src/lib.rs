@@ -589,6 +589,22 @@ impl Cluster {
         Ok(())
     }
 
+    /// Removes the record of `id` owned by `node` (a lost sandbox's, by any node: its node is
+    /// gone, and a user deleted it).
+    pub async fn remove_record(&self, id: &str, node: &str) -> Result<()> {
+        let k = key("sandboxes", id);
+        let Some(o) = self.owner(id).await? else {
+            return Ok(());
+        };
+        if o.node != node {
+            return Err(Error::AlreadyOwned {
+                id: id.to_string(),
+                node: o.node,
+            });
+        }
+        self.delete(&k).await
+    }
+
     /// Marks this node's record of `id` lost (its VM is gone).
     pub async fn mark_lost(&self, id: &str) -> Result<()> {
         let k = key("sandboxes", id);

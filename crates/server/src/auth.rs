@@ -45,7 +45,7 @@ fn open(paths: &Paths) -> std::io::Result<StateDb> {
     Ok(db)
 }
 
-fn digest(token: &str) -> [u8; 32] {
+pub(crate) fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
@@ -81,17 +81,40 @@ pub fn valid(paths: &Paths, token: &str) -> bool {
         .into()
 }
 
-/// Refuses requests without a valid `Authorization: Bearer` token.
-pub async fn require_token(State(paths): State<Paths>, req: Request, next: Next) -> Response {
+/// What the TCP listener checks callers against.
+#[derive(Clone)]
+pub struct Gate {
+    pub paths: Paths,
+    /// In a cluster: peers' signatures and the cluster's tokens count too.
+    pub node: Option<std::sync::Arc<crate::cluster::Node>>,
+}
+
+/// Refuses requests without a valid `Authorization: Bearer` token (in a cluster: one of the
+/// cluster's, or a peer node's signature instead).
+pub async fn require_token(State(gate): State<Gate>, req: Request, next: Next) -> Response {
+    if let Some(node) = &gate.node {
+        if req.headers().contains_key(forkbox_cluster::auth::HEADER) {
+            return match crate::cluster::verify_peer(node, &req) {
+                Ok(()) => next.run(req).await,
+                Err(r) => r,
+            };
+        }
+    }
+    let paths = &gate.paths;
     let token = req
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "))
         .map(str::trim);
-    match token {
-        Some(t) if valid(&paths, t) => next.run(req).await,
-        _ => {
+    let ok = match (token, &gate.node) {
+        (Some(t), _) if valid(paths, t) => true,
+        (Some(t), Some(node)) => node.token_valid(&digest(t)).await,
+        _ => false,
+    };
+    match ok {
+        true => next.run(req).await,
+        false => {
             let mut r = crate::refusal(
                 Code::Unauthorized,
                 "a valid bearer token is required; create one with `forkbox token create`",

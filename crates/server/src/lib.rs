@@ -4,6 +4,7 @@
 #![forbid(unsafe_code)]
 
 pub mod auth;
+pub mod cluster;
 pub mod doc;
 pub mod listen;
 
@@ -780,6 +781,7 @@ pub async fn serve(
     paths: Paths,
     tcp: Option<std::net::SocketAddr>,
     extra: Option<Router>,
+    cluster: Option<cluster::ClusterOptions>,
 ) -> std::io::Result<()> {
     log_panics();
     let socket = socket_path(&paths);
@@ -805,21 +807,41 @@ pub async fn serve(
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     let pid_file = hold_pid_file(&paths)?;
+    // In a cluster, every call first passes the node's routing (here, or on the node that
+    // owns what it is about).
+    let node = match cluster {
+        Some(o) => Some(cluster::start(engine.clone(), paths.clone(), o).await?),
+        None => None,
+    };
 
     tracing::info!("forkbox daemon listening on {}", socket.display());
-    let with_extra = |r: Router| match &extra {
-        Some(x) => r.merge(x.clone()),
-        None => r,
+    let with_extra = |r: Router| {
+        let r = match &extra {
+            Some(x) => r.merge(x.clone()),
+            None => r,
+        };
+        match &node {
+            Some(n) => r.layer(axum::middleware::from_fn_with_state(
+                n.clone(),
+                cluster::route,
+            )),
+            None => r,
+        }
     };
     let app = with_extra(router(engine.clone()));
     // TTLs are absolute deadlines; a sweep enforces them each second, and samples every VM's
     // CPU and memory for the metrics.
     let sweeper = engine.clone();
+    let sweep_node = node.clone();
     let sweep = tokio::spawn(async move {
         loop {
             tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            for id in sweeper.expire().await {
+            let expired = sweeper.expire().await;
+            for id in &expired {
                 tracing::info!("{id}: TTL passed; deleted");
+            }
+            if let Some(n) = &sweep_node {
+                n.forget(&expired).await;
             }
             let shrunk = sweeper.shrink_pool().await;
             if shrunk > 0 {
@@ -836,9 +858,13 @@ pub async fn serve(
                 "forkbox daemon listening on {} (bearer tokens required)",
                 l.local_addr()?
             );
+            let gate = auth::Gate {
+                paths: paths.clone(),
+                node: node.clone(),
+            };
             let app = with_extra(router(engine.clone()))
                 .layer(axum::middleware::from_fn_with_state(
-                    paths.clone(),
+                    gate,
                     auth::require_token,
                 ))
                 .layer(axum::middleware::from_fn(auth::refuse_browsers));
@@ -856,6 +882,9 @@ pub async fn serve(
     }
     drop(stop_rx);
     sweep.abort();
+    if let Some(n) = &node {
+        n.leave().await;
+    }
     engine.shutdown().await;
     let _ = std::fs::remove_file(&socket);
     let _ = std::fs::remove_file(pid_path(&paths));

@@ -16,6 +16,8 @@ struct Member {
 pub struct EtcdCluster {
     dir: tempfile::TempDir,
     host: String,
+    /// The network namespace the members run in (none: this one).
+    netns: Option<String>,
     initial: String,
     members: Vec<Member>,
 }
@@ -31,6 +33,11 @@ pub fn free_port(host: &str) -> u16 {
 impl EtcdCluster {
     /// Starts `n` members on `host` and waits until the cluster has a leader.
     pub fn start(n: usize, host: &str) -> EtcdCluster {
+        EtcdCluster::start_in(n, host, None)
+    }
+
+    /// The same inside network namespace `netns` (fresh, so its ports are fixed ones).
+    pub fn start_in(n: usize, host: &str, netns: Option<&str>) -> EtcdCluster {
         let dir = tempfile::Builder::new()
             .prefix("forkbox-etcd-")
             .tempdir()
@@ -38,8 +45,14 @@ impl EtcdCluster {
         let members: Vec<Member> = (0..n)
             .map(|i| Member {
                 name: format!("e{i}"),
-                client: free_port(host),
-                peer: free_port(host),
+                client: match netns {
+                    Some(_) => 2379 + 10 * i as u16,
+                    None => free_port(host),
+                },
+                peer: match netns {
+                    Some(_) => 2380 + 10 * i as u16,
+                    None => free_port(host),
+                },
                 child: None,
             })
             .collect();
@@ -51,6 +64,7 @@ impl EtcdCluster {
         let mut c = EtcdCluster {
             dir,
             host: host.to_string(),
+            netns: netns.map(str::to_string),
             initial,
             members,
         };
@@ -65,6 +79,13 @@ impl EtcdCluster {
         c
     }
 
+    fn command(&self, program: &str) -> Command {
+        match &self.netns {
+            Some(ns) => crate::cluster_net::ClusterNet::command_in(ns, program),
+            None => Command::new(program),
+        }
+    }
+
     fn data_dir(&self, i: usize) -> PathBuf {
         self.dir.path().join(&self.members[i].name)
     }
@@ -74,10 +95,11 @@ impl EtcdCluster {
         let data = self.data_dir(i);
         let log = std::fs::File::create(self.dir.path().join(format!("e{i}.log")))
             .expect("an etcd log file");
+        let mut cmd = self.command("etcd");
         let m = &mut self.members[i];
         let client = format!("http://{host}:{}", m.client);
         let peer = format!("http://{host}:{}", m.peer);
-        let child = Command::new("etcd")
+        let child = cmd
             .args(["--name", &m.name])
             .arg("--data-dir")
             .arg(&data)
@@ -132,7 +154,7 @@ impl EtcdCluster {
             .filter(|m| m.child.is_some())
             .map(|m| format!("http://{}:{}", self.host, m.client))
             .collect();
-        Command::new("etcdctl")
+        self.command("etcdctl")
             .env("ETCDCTL_API", "3")
             .args(["--endpoints", &running.join(","), "--command-timeout=2s"])
             .args(["endpoint", "health"])

@@ -9,6 +9,7 @@
 //! image ~40 s once; every VM boot ~4-5 s.
 #![forbid(unsafe_code)]
 
+pub mod cluster_net;
 pub mod etcd;
 pub mod registry;
 

@@ -1,0 +1,868 @@
+//! A daemon as one node of a cluster (`forkbox serve --cluster`): one API on every node.
+//!
+//! Every `/v1` call is answered by the node that receives it, after one decision made here, in
+//! front of the router:
+//!
+//! - a call about a sandbox (`/v1/sandboxes/ID/…`) runs where the sandbox runs: here if this
+//!   node's engine has it, else forwarded to its owner as etcd records it (streams included:
+//!   the request and reply bodies are piped, not buffered); a sandbox whose node left is
+//!   `sandbox_lost`;
+//! - a create goes to the node placement picks ([`forkbox_cluster::placement`]), a copy of a
+//!   snapshot to a node that holds it;
+//! - a listing asks every live node for its own and adds the records of nodes that are gone,
+//!   as `lost`;
+//! - anything else (images, info, metrics) is this node's.
+//!
+//! A forwarded call carries the sending node's signature ([`forkbox_cluster::auth`]) and never
+//! the user's token; the receiving node serves it as its own and forwards nothing further.
+//! Creates, forks and deletes need etcd to record ownership: without quorum they are refused
+//! with `cluster_unavailable`, while calls about this node's own sandboxes go on.
+
+use std::collections::BTreeSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderValue, Method, StatusCode, Uri};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use forkbox_cluster::placement::{self, Want};
+use forkbox_cluster::{auth as node_auth, Cluster, Config, NodeRecord};
+use forkbox_engine::api::{ops, Code, Engine, ForkResult, SandboxState, SandboxView};
+use forkbox_engine::paths::Paths;
+use http_body_util::BodyExt;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::Client as HttpClient;
+use hyper_util::rt::TokioExecutor;
+
+use crate::refusal;
+
+/// How a daemon joins a cluster.
+#[derive(Debug, Clone)]
+pub struct ClusterOptions {
+    pub endpoints: Vec<String>,
+    pub node: String,
+    pub advertise: String,
+    pub secret: String,
+    pub lease_secs: i64,
+}
+
+/// Largest create or fork request body read to decide where it goes.
+const MAX_DECISION_BODY: usize = 1 << 20;
+/// How often a node rewrites its record and reconciles with etcd.
+const PUBLISH_EVERY: Duration = Duration::from_secs(2);
+/// Memory a create without `memory_mib` is placed for.
+const DEFAULT_MEMORY_MIB: u64 = 512;
+
+/// This daemon's part in the cluster.
+pub struct Node {
+    name: String,
+    secret: String,
+    engine: Arc<Engine>,
+    paths: Paths,
+    /// None until etcd first answered (the node serves its own sandboxes meanwhile).
+    cluster: tokio::sync::RwLock<Option<Cluster>>,
+    http: HttpClient<HttpConnector, Body>,
+    /// Sandboxes this node recorded as its own in etcd (kept in the home, so a restart tells
+    /// a record removed elsewhere from one never made).
+    ledger: Mutex<BTreeSet<String>>,
+}
+
+fn ledger_path(paths: &Paths) -> PathBuf {
+    paths.home().join("cluster-ledger.json")
+}
+
+/// This node's identity, made once and kept in its home.
+fn node_id(paths: &Paths) -> std::io::Result<String> {
+    let p = paths.home().join("node-id");
+    match std::fs::read_to_string(&p) {
+        Ok(s) if !s.trim().is_empty() => Ok(s.trim().to_string()),
+        _ => {
+            let id = forkbox_engine::random::hex(16)?;
+            std::fs::write(&p, &id)?;
+            Ok(id)
+        }
+    }
+}
+
+fn io(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::other(e.to_string())
+}
+
+/// Joins the cluster, or fails at once for what no retry mends (a bad option, another secret,
+/// a name a live node holds). An etcd that does not answer yet is retried in the background
+/// while the node serves its own sandboxes.
+pub async fn start(
+    engine: Arc<Engine>,
+    paths: Paths,
+    opts: ClusterOptions,
+) -> std::io::Result<Arc<Node>> {
+    let cfg = Config {
+        endpoints: opts.endpoints.clone(),
+        node: opts.node.clone(),
+        advertise: opts.advertise.clone(),
+        secret: opts.secret.clone(),
+        lease_secs: opts.lease_secs,
+        node_id: node_id(&paths)?,
+    };
+    cfg.validate().map_err(io)?;
+    engine.set_node(&opts.node).map_err(io)?;
+    let mut connector = HttpConnector::new();
+    connector.set_connect_timeout(Some(Duration::from_secs(2)));
+    connector.set_nodelay(true);
+    let ledger: BTreeSet<String> = std::fs::read(ledger_path(&paths))
+        .ok()
+        .and_then(|b| serde_json::from_slice(&b).ok())
+        .unwrap_or_default();
+    let node = Arc::new(Node {
+        name: opts.node.clone(),
+        secret: opts.secret.clone(),
+        engine,
+        paths,
+        cluster: Default::default(),
+        http: HttpClient::builder(TokioExecutor::new()).build(connector),
+        ledger: Mutex::new(ledger),
+    });
+    match node.join(&cfg).await {
+        Ok(()) => {}
+        Err(e @ forkbox_cluster::Error::Unavailable { .. }) => {
+            tracing::warn!("cluster: {e}; serving this node's own sandboxes, retrying")
+        }
+        Err(e) => return Err(io(e)),
+    }
+    tokio::spawn(node.clone().maintain(cfg));
+    Ok(node)
+}
+
+impl Node {
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn cluster(&self) -> Option<Cluster> {
+        self.cluster.read().await.clone()
+    }
+
+    async fn join(&self, cfg: &Config) -> forkbox_cluster::Result<()> {
+        let c = Cluster::connect(cfg.clone()).await?;
+        c.join(&self.record(cfg).await).await?;
+        tracing::info!(
+            "cluster: joined as node {} ({}), lease {} s",
+            cfg.node,
+            cfg.advertise,
+            cfg.lease_secs
+        );
+        *self.cluster.write().await = Some(c.clone());
+        self.reconcile(&c).await;
+        Ok(())
+    }
+
+    /// Keeps the lease, the record and the reconciliation going; joins again after a loss.
+    async fn maintain(self: Arc<Self>, cfg: Config) {
+        let mut publisher: Option<tokio::task::JoinHandle<()>> = None;
+        loop {
+            let Some(c) = self.cluster().await else {
+                tokio::time::sleep(PUBLISH_EVERY).await;
+                if let Err(e) = self.join(&cfg).await {
+                    tracing::warn!("cluster: {e}; retrying");
+                }
+                continue;
+            };
+            if publisher.is_none() {
+                let me = self.clone();
+                let cfg = cfg.clone();
+                publisher = Some(tokio::spawn(async move {
+                    loop {
+                        tokio::time::sleep(PUBLISH_EVERY).await;
+                        if let Some(c) = me.cluster().await {
+                            if let Err(e) = c.publish(&me.record(&cfg).await).await {
+                                tracing::warn!("cluster: publishing this node's record: {e}");
+                            }
+                            me.reconcile(&c).await;
+                        }
+                    }
+                }));
+            }
+            if let Err(e) = c.keep_alive().await {
+                tracing::warn!("cluster: {e}; registering again");
+            }
+            // The lease is gone or etcd is away: register anew (a new lease) once it answers.
+            loop {
+                match c.join(&self.record(&cfg).await).await {
+                    Ok(_) => {
+                        tracing::info!("cluster: registered again as {}", cfg.node);
+                        break;
+                    }
+                    Err(e) => {
+                        tracing::warn!("cluster: {e}; retrying");
+                        tokio::time::sleep(PUBLISH_EVERY).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// What this node publishes: its capacity and holdings now.
+    async fn record(&self, cfg: &Config) -> NodeRecord {
+        let images = match self.engine.call(ops::ListImages {}).await {
+            Ok(v) => v.into_iter().map(|i| i.reference).collect(),
+            Err(_) => Vec::new(),
+        };
+        let snapshots = match self.engine.call(ops::ListSnapshots {}).await {
+            Ok(v) => v.into_iter().map(|s| s.name).collect(),
+            Err(_) => Vec::new(),
+        };
+        let info = self.engine.call(ops::Info {}).await.ok();
+        NodeRecord {
+            name: cfg.node.clone(),
+            node_id: cfg.node_id.clone(),
+            advertise: cfg.advertise.clone(),
+            cpus: std::thread::available_parallelism().map_or(1, |n| n.get() as u32),
+            mem_free_mib: mem_available_mib(),
+            disk_free_mib: disk_free_mib(self.paths.home()),
+            sandboxes: info.as_ref().map_or(0, |i| i.sandboxes as u32),
+            images,
+            snapshots,
+            accel: info
+                .and_then(|i| i.accel)
+                .map(|a| a.accel.to_string())
+                .unwrap_or_default(),
+            updated_unix_ms: forkbox_cluster::now_ms(),
+            lease: 0,
+            drained: false,
+        }
+    }
+
+    fn save_ledger(&self, ledger: &BTreeSet<String>) {
+        if let Ok(bytes) = serde_json::to_vec(ledger) {
+            let tmp = ledger_path(&self.paths).with_extension("tmp");
+            if std::fs::write(&tmp, bytes).is_ok() {
+                let _ = std::fs::rename(&tmp, ledger_path(&self.paths));
+            }
+        }
+    }
+
+    fn ledger_edit(&self, f: impl FnOnce(&mut BTreeSet<String>)) {
+        let Ok(mut l) = self.ledger.lock() else {
+            return;
+        };
+        f(&mut l);
+        self.save_ledger(&l);
+    }
+
+    fn in_ledger(&self, id: &str) -> bool {
+        self.ledger.lock().is_ok_and(|l| l.contains(id))
+    }
+
+    /// Records a sandbox made here as this node's.
+    async fn own(&self, c: &Cluster, view: &SandboxView) -> forkbox_cluster::Result<()> {
+        c.own(view).await?;
+        self.ledger_edit(|l| {
+            l.insert(view.info.id.clone());
+        });
+        Ok(())
+    }
+
+    /// Observe both sides, compare, act: a record of this node's whose sandbox is gone is
+    /// marked lost; a sandbox whose record was removed elsewhere is stopped; a sandbox that
+    /// was never recorded (made before this node joined) is recorded now.
+    async fn reconcile(&self, c: &Cluster) {
+        let Ok(local) = self.engine.call(ops::List { label: None, state: None }).await else {
+            return;
+        };
+        let Ok(records) = c.owned().await else {
+            return;
+        };
+        let mine: BTreeSet<String> = records
+            .iter()
+            .filter(|o| o.node == self.name)
+            .map(|o| o.view.info.id.clone())
+            .collect();
+        let here: BTreeSet<String> = local.iter().map(|v| v.info.id.clone()).collect();
+        for o in records.iter().filter(|o| o.node == self.name && !o.lost) {
+            if !here.contains(&o.view.info.id) && !self.deleting(&o.view.info.id) {
+                let _ = c.mark_lost(&o.view.info.id).await;
+            }
+        }
+        for v in local.iter().filter(|v| !mine.contains(&v.info.id)) {
+            let id = &v.info.id;
+            if self.in_ledger(id) {
+                // Recorded once and removed since (deleted through another node while this
+                // one was away): the record is the truth.
+                tracing::info!("{id}: its cluster record is gone; stopping it");
+                let _ = self.engine.call(ops::Delete { id: id.clone() }).await;
+                self.ledger_edit(|l| {
+                    l.remove(id);
+                });
+            } else if let Err(e) = self.own(c, v).await {
+                tracing::warn!("{id}: could not record it in the cluster: {e}");
+            }
+        }
+    }
+
+    /// A delete of this node's is under way (its record goes after the VM).
+    fn deleting(&self, id: &str) -> bool {
+        !self.in_ledger(id)
+    }
+
+    /// Sandboxes the TTL sweep removed: their records go too.
+    pub async fn forget(&self, ids: &[String]) {
+        let Some(c) = self.cluster().await else {
+            return;
+        };
+        for id in ids {
+            self.ledger_edit(|l| {
+                l.remove(id);
+            });
+            if let Err(e) = c.forget(id).await {
+                tracing::warn!("{id}: its cluster record stays: {e}");
+            }
+        }
+    }
+
+    /// Whether a token's SHA-256 is one of the cluster's (a member-local read: a revocation is
+    /// seen as soon as that member applied it).
+    pub async fn token_valid(&self, digest: &[u8; 32]) -> bool {
+        let Some(c) = self.cluster().await else {
+            return false;
+        };
+        let want = forkbox_engine::random::to_hex(digest);
+        match c.tokens().await {
+            Ok(all) => all
+                .iter()
+                .fold(subtle::Choice::from(0), |acc, t| {
+                    use subtle::ConstantTimeEq;
+                    acc | t.sha256.as_bytes().ct_eq(want.as_bytes())
+                })
+                .into(),
+            Err(e) => {
+                tracing::warn!("cluster tokens unreadable: {e}");
+                false
+            }
+        }
+    }
+
+    /// Ends this node's lease (a clean stop).
+    pub async fn leave(&self) {
+        if let Some(c) = self.cluster().await {
+            c.leave().await;
+        }
+    }
+
+    fn unavailable(e: impl std::fmt::Display) -> Response {
+        refusal(Code::ClusterUnavailable, e.to_string())
+    }
+
+    async fn quorum(&self) -> Result<Cluster, Response> {
+        let Some(c) = self.cluster().await else {
+            return Err(Self::unavailable(
+                "this node has not reached etcd yet: creates, forks and deletes wait for it",
+            ));
+        };
+        c.require_quorum().await.map_err(Self::unavailable)?;
+        Ok(c)
+    }
+
+    /// Sends `req` to `target` as this node: signed, without the user's credentials.
+    async fn forward(&self, target: &NodeRecord, req: Request) -> Response {
+        let (mut parts, body) = req.into_parts();
+        let pq = parts
+            .uri
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        let url = format!("{}{pq}", target.advertise.trim_end_matches('/'));
+        let Ok(uri) = url.parse::<Uri>() else {
+            return refusal(
+                Code::Internal,
+                format!("node {} advertises {:?}, not a URL", target.name, target.advertise),
+            );
+        };
+        parts.uri = uri;
+        parts.headers.remove(header::AUTHORIZATION);
+        parts.headers.remove(header::HOST);
+        let sig = node_auth::sign(
+            &self.secret,
+            &self.name,
+            forkbox_cluster::now_ms(),
+            parts.method.as_str(),
+            &pq,
+        );
+        match HeaderValue::from_str(&sig) {
+            Ok(v) => parts.headers.insert(node_auth::HEADER, v),
+            Err(_) => return refusal(Code::Internal, "a node signature is not a header value"),
+        };
+        match self.http.request(Request::from_parts(parts, body)).await {
+            Ok(r) => r.map(Body::new),
+            Err(e) => refusal(
+                Code::NodeUnreachable,
+                format!(
+                    "node {} ({}) did not answer: {e}",
+                    target.name, target.advertise
+                ),
+            ),
+        }
+    }
+
+    /// A node's `GET` of `pq`, parsed.
+    async fn fetch<T: serde::de::DeserializeOwned>(
+        &self,
+        target: &NodeRecord,
+        pq: &str,
+    ) -> Result<T, String> {
+        let req = Request::builder()
+            .method(Method::GET)
+            .uri(pq)
+            .body(Body::empty())
+            .map_err(|e| e.to_string())?;
+        let r = self.forward(target, req).await;
+        let status = r.status();
+        let bytes = r
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| e.to_string())?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!(
+                "{status}: {}",
+                String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+            ));
+        }
+        serde_json::from_slice(&bytes).map_err(|e| e.to_string())
+    }
+}
+
+fn mem_available_mib() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemAvailable:"))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map_or(0, |kb| kb / 1024)
+}
+
+fn disk_free_mib(home: &std::path::Path) -> u64 {
+    nix::sys::statvfs::statvfs(home)
+        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64 >> 20)
+        .unwrap_or(0)
+}
+
+/// What a request is, for routing.
+enum Target {
+    List,
+    Create,
+    Sandbox(String),
+    Snapshot(String),
+    SnapshotList,
+    Local,
+}
+
+fn classify(method: &Method, path: &str) -> Target {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method, segs.as_slice()) {
+        (&Method::GET, ["v1", "sandboxes"]) => Target::List,
+        (&Method::POST, ["v1", "sandboxes"]) => Target::Create,
+        (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => Target::Sandbox(id.to_string()),
+        (&Method::GET, ["v1", "snapshots"]) => Target::SnapshotList,
+        (_, ["v1", "snapshots", name, ..]) if !name.is_empty() => {
+            Target::Snapshot(name.to_string())
+        }
+        _ => Target::Local,
+    }
+}
+
+/// What a locally served call changes in etcd.
+#[derive(Clone, Copy, PartialEq)]
+enum Effect {
+    None,
+    Creates,
+    Forks,
+    Deletes,
+}
+
+fn effect(method: &Method, path: &str) -> Effect {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (method, segs.as_slice()) {
+        (&Method::POST, ["v1", "sandboxes"]) => Effect::Creates,
+        (&Method::POST, ["v1", "sandboxes", _, "fork"]) => Effect::Forks,
+        (&Method::POST, ["v1", "snapshots", _, "fork"]) => Effect::Forks,
+        (&Method::DELETE, ["v1", "sandboxes", _]) => Effect::Deletes,
+        _ => Effect::None,
+    }
+}
+
+/// The middleware every request of a cluster node passes.
+pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    // A peer's call is this node's to serve: forwarded once, never again.
+    if req.headers().contains_key(node_auth::HEADER) {
+        return match verify_peer(&node, &req) {
+            Ok(()) => local(&node, req, next).await,
+            Err(r) => r,
+        };
+    }
+    match classify(req.method(), &path) {
+        Target::Local => next.run(req).await,
+        Target::List => list(&node, req).await,
+        Target::SnapshotList => list_snapshots(&node, req).await,
+        Target::Create => create(&node, req, next).await,
+        Target::Sandbox(id) => by_owner(&node, id, req, next).await,
+        Target::Snapshot(name) => by_holder(&node, name, req, next).await,
+    }
+}
+
+/// Whether the request's node signature verifies (a peer's call).
+pub fn verify_peer(node: &Node, req: &Request) -> Result<(), Response> {
+    let header = req
+        .headers()
+        .get(node_auth::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or_default();
+    let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
+    node_auth::verify(
+        &node.secret,
+        header,
+        forkbox_cluster::now_ms(),
+        req.method().as_str(),
+        pq,
+    )
+    .map(|_| ())
+    .map_err(|e| refusal(Code::Unauthorized, e.to_string()))
+}
+
+/// Serves a call here, recording in etcd what it creates or deletes.
+async fn local(node: &Node, req: Request, next: Next) -> Response {
+    let path = req.uri().path().to_string();
+    let effect = effect(req.method(), &path);
+    if effect == Effect::None {
+        return next.run(req).await;
+    }
+    let c = match node.quorum().await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
+    let (req, pinned) = match pinned_node(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if effect == Effect::Forks {
+        if let Some(p) = pinned.filter(|p| *p != node.name) {
+            return refusal(
+                Code::BadRequest,
+                format!(
+                    "the copies of a sandbox or snapshot on node {} are made on {} (asked: \
+                     {p}) until snapshots move between nodes",
+                    node.name, node.name
+                ),
+            );
+        }
+    }
+    let id = path.trim_matches('/').split('/').nth(2).unwrap_or_default().to_string();
+    if effect == Effect::Deletes {
+        node.ledger_edit(|l| {
+            l.remove(&id);
+        });
+    }
+    let r = next.run(req).await;
+    if !r.status().is_success() {
+        return r;
+    }
+    match effect {
+        Effect::Creates => record_created(node, &c, r).await,
+        Effect::Forks => record_forked(node, &c, r).await,
+        Effect::Deletes => {
+            if let Err(e) = c.forget(&id).await {
+                tracing::warn!("{id}: deleted; its cluster record stays until etcd answers: {e}");
+            }
+            r
+        }
+        Effect::None => r,
+    }
+}
+
+/// Reads a JSON body (bounded) and gives the request back with it, and its `node` field.
+async fn pinned_node(req: Request) -> Result<(Request, Option<String>), Response> {
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_DECISION_BODY).await {
+        Ok(b) => b,
+        Err(e) => return Err(refusal(Code::PayloadTooLarge, e.to_string())),
+    };
+    let node = serde_json::from_slice::<serde_json::Value>(&bytes)
+        .ok()
+        .and_then(|v| v.get("node").and_then(|n| n.as_str()).map(str::to_string));
+    Ok((Request::from_parts(parts, Body::from(bytes)), node))
+}
+
+async fn body_json<T: serde::de::DeserializeOwned>(r: Response) -> Result<(axum::http::response::Parts, T), Response> {
+    let (parts, body) = r.into_parts();
+    let bytes = match axum::body::to_bytes(body, usize::MAX).await {
+        Ok(b) => b,
+        Err(e) => return Err(refusal(Code::Internal, e.to_string())),
+    };
+    match serde_json::from_slice(&bytes) {
+        Ok(v) => Ok((parts, v)),
+        Err(e) => Err(refusal(Code::Internal, format!("an engine reply: {e}"))),
+    }
+}
+
+/// Records a new sandbox as this node's; one that cannot be recorded is removed again.
+async fn record_created(node: &Node, c: &Cluster, r: Response) -> Response {
+    let (parts, view) = match body_json::<SandboxView>(r).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    if let Err(e) = node.own(c, &view).await {
+        let _ = node.engine.call(ops::Delete { id: view.info.id.clone() }).await;
+        return Node::unavailable(format!("the sandbox was made and removed again: {e}"));
+    }
+    (parts, axum::Json(view)).into_response()
+}
+
+/// Records a fork's copies; a copy that cannot be recorded is removed and listed as failed.
+async fn record_forked(node: &Node, c: &Cluster, r: Response) -> Response {
+    let (parts, mut f) = match body_json::<ForkResult>(r).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let mut kept = Vec::new();
+    for v in std::mem::take(&mut f.sandboxes) {
+        match node.own(c, &v).await {
+            Ok(()) => kept.push(v),
+            Err(e) => {
+                let _ = node.engine.call(ops::Delete { id: v.info.id.clone() }).await;
+                f.failed.push(format!("{}: not recorded in the cluster, removed: {e}", v.info.id));
+            }
+        }
+    }
+    f.sandboxes = kept;
+    (parts, axum::Json(f)).into_response()
+}
+
+/// A call about sandbox `id`: here if it runs here, else on its owner.
+async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response {
+    if node.engine.call(ops::Get { id: id.clone() }).await.is_ok() {
+        return local(node, req, next).await;
+    }
+    let Some(c) = node.cluster().await else {
+        return local(node, req, next).await;
+    };
+    let owner = match c.owner(&id).await {
+        Ok(Some(o)) => o,
+        Ok(None) => return local(node, req, next).await,
+        Err(e) => return Node::unavailable(e),
+    };
+    if owner.node == node.name {
+        return local(node, req, next).await;
+    }
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    match live.iter().find(|n| n.name == owner.node) {
+        Some(target) if !owner.lost => node.forward(target, req).await,
+        _ if req.method() == Method::DELETE => match c.remove_record(&id, &owner.node).await {
+            Ok(()) => {
+                tracing::info!("{id}: lost with node {}; its record removed", owner.node);
+                axum::Json(forkbox_engine::api::Deleted { deleted: id }).into_response()
+            }
+            Err(e) => Node::unavailable(e),
+        },
+        _ => refusal(
+            Code::SandboxLost,
+            format!(
+                "sandbox {id} is lost: its node {} left the cluster (died or lost its lease); \
+                 delete it to remove its record",
+                owner.node
+            ),
+        ),
+    }
+}
+
+/// A call about snapshot `name`: on a node that holds it (this one first).
+async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Response {
+    let here = node
+        .engine
+        .call(ops::GetSnapshot { name: name.clone() })
+        .await
+        .is_ok();
+    let Some(c) = node.cluster().await.filter(|_| !here) else {
+        return local(node, req, next).await;
+    };
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    let (req, pinned) = match pinned_node(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let want = Want {
+        pinned: pinned.as_deref(),
+        snapshot: Some(&name),
+        memory_mib: DEFAULT_MEMORY_MIB,
+        count: 1,
+        ..Want::default()
+    };
+    match placement::place(&live, &want) {
+        Ok(n) if n == node.name => local(node, req, next).await,
+        Ok(n) => match live.iter().find(|r| r.name == n) {
+            Some(target) => node.forward(target, req).await,
+            None => local(node, req, next).await,
+        },
+        Err(placement::PlaceError::NoHolder(_)) => local(node, req, next).await,
+        Err(e) => place_refusal(e),
+    }
+}
+
+fn place_refusal(e: placement::PlaceError) -> Response {
+    use placement::PlaceError as P;
+    let code = match &e {
+        P::UnknownNode { .. } | P::NotHeld { .. } => Code::BadRequest,
+        P::Drained(_) => Code::Conflict,
+        P::NoHolder(_) => Code::SnapshotNotFound,
+        P::NoRoom { .. } => Code::NoCapacity,
+    };
+    refusal(code, e.to_string())
+}
+
+/// A create: placed, then made here or on the chosen node.
+async fn create(node: &Node, req: Request, next: Next) -> Response {
+    let Some(c) = node.cluster().await else {
+        return Node::unavailable("this node has not reached etcd yet: creates wait for it");
+    };
+    let (parts, body) = req.into_parts();
+    let bytes = match axum::body::to_bytes(body, MAX_DECISION_BODY).await {
+        Ok(b) => b,
+        Err(e) => return refusal(Code::PayloadTooLarge, e.to_string()),
+    };
+    let v: serde_json::Value = serde_json::from_slice(&bytes).unwrap_or_default();
+    let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
+    let (pinned, image, snapshot) = (text("node"), text("image"), text("snapshot"));
+    let memory = v.get("memory_mib").and_then(|m| m.as_u64());
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    let want = Want {
+        pinned: pinned.as_deref(),
+        image: image.as_deref(),
+        snapshot: snapshot.as_deref(),
+        memory_mib: memory.unwrap_or(DEFAULT_MEMORY_MIB),
+        count: 1,
+    };
+    let started = std::time::Instant::now();
+    let chosen = match placement::place(&live, &want) {
+        Ok(n) => n,
+        Err(e) => return place_refusal(e),
+    };
+    tracing::debug!("placed a create on {chosen} in {:?}", started.elapsed());
+    let req = Request::from_parts(parts, Body::from(bytes));
+    match live.iter().find(|n| n.name == chosen) {
+        Some(target) if chosen != node.name => node.forward(target, req).await,
+        _ => local(node, req, next).await,
+    }
+}
+
+/// Every live node's sandboxes, and the records of those whose node is gone, as `lost`.
+async fn list(node: &Node, req: Request) -> Response {
+    let Some(c) = node.cluster().await else {
+        return Node::unavailable("this node has not reached etcd yet: it cannot list the cluster");
+    };
+    let (live, records) = match tokio::try_join!(c.nodes(), c.owned()) {
+        Ok(x) => x,
+        Err(e) => return Node::unavailable(e),
+    };
+    let pq = req.uri().path_and_query().map_or("/v1/sandboxes", |p| p.as_str());
+    let query: std::collections::HashMap<String, String> = req
+        .uri()
+        .query()
+        .map(|q| {
+            q.split('&')
+                .filter_map(|kv| kv.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let answers = futures_util::future::join_all(
+        live.iter()
+            .map(|n| async move { (n, node.fetch::<Vec<SandboxView>>(n, pq).await) }),
+    )
+    .await;
+    let mut all: Vec<SandboxView> = Vec::new();
+    let mut answered = BTreeSet::new();
+    for (n, a) in answers {
+        match a {
+            Ok(views) => {
+                answered.insert(n.name.clone());
+                all.extend(views);
+            }
+            Err(e) => {
+                // A 4xx is the request's fault, the same on every node: say it once.
+                if e.starts_with("400") {
+                    return refusal(Code::BadRequest, e);
+                }
+                tracing::warn!("listing: node {} did not answer: {e}", n.name);
+            }
+        }
+    }
+    let seen: BTreeSet<String> = all.iter().map(|v| v.info.id.clone()).collect();
+    let wants_state = query.get("state").map(String::as_str);
+    for o in records {
+        if seen.contains(&o.view.info.id) || answered.contains(&o.node) && !o.lost {
+            continue;
+        }
+        let gone = o.lost || !live.iter().any(|n| n.name == o.node);
+        let mut v = o.view;
+        v.node = Some(o.node.clone());
+        if gone {
+            v.state = SandboxState::Lost;
+            v.failure = Some(format!("its node {} left the cluster", o.node));
+        } else {
+            v.failure = Some(format!("its node {} did not answer the listing", o.node));
+        }
+        let keep = query.get("node").is_none_or(|n| *n == o.node)
+            && wants_state.is_none_or(|s| s == "lost" && gone)
+            && query.get("label").is_none_or(|kv| {
+                kv.split_once('=')
+                    .is_some_and(|(k, val)| v.labels.get(k).map(String::as_str) == Some(val))
+            });
+        if keep {
+            all.push(v);
+        }
+    }
+    all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
+    (StatusCode::OK, axum::Json(all)).into_response()
+}
+
+/// Every live node's snapshots.
+async fn list_snapshots(node: &Node, req: Request) -> Response {
+    let Some(c) = node.cluster().await else {
+        return Node::unavailable("this node has not reached etcd yet");
+    };
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    let pq = req.uri().path_and_query().map_or("/v1/snapshots", |p| p.as_str());
+    let mut all: Vec<serde_json::Value> = Vec::new();
+    for n in &live {
+        match node.fetch::<Vec<serde_json::Value>>(n, pq).await {
+            Ok(mut v) => {
+                for s in &mut v {
+                    if let Some(o) = s.as_object_mut() {
+                        o.insert("node".into(), n.name.clone().into());
+                    }
+                }
+                all.extend(v);
+            }
+            Err(e) => tracing::warn!("listing snapshots: node {} did not answer: {e}", n.name),
+        }
+    }
+    axum::Json(all).into_response()
+}
