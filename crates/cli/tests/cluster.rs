@@ -1,0 +1,306 @@
+//! Three forkbox nodes as one cluster on a real 3-member etcd, each node in a network
+//! namespace of its own with a home of its own (sharing the test home's images), the etcd
+//! members on a bridge in a fourth namespace. Driven from outside through each node's CLI, as
+//! a user would: one API on every node, placement, forwarding, a node killed and restarted,
+//! etcd members stopped.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use forkbox_engine::paths::Paths;
+use forkbox_test_infra as infra;
+use infra::cluster_net::ClusterNet;
+use infra::etcd::EtcdCluster;
+
+mod common;
+
+const SECRET: &str = "the cluster secret of this test, long enough";
+const LEASE_SECS: u64 = 3;
+
+struct Node {
+    name: String,
+    ns: String,
+    addr: String,
+    paths: Paths,
+    child: Option<Child>,
+    endpoints: String,
+}
+
+impl Node {
+    fn new(name: &str, ns: &str, addr: &str, endpoints: &str) -> Node {
+        let paths = infra::isolated_home(&format!("cluster-{name}"));
+        common::stop_daemon_of(&paths);
+        let _ = std::fs::remove_file(paths.home().join("cluster-ledger.json"));
+        let mut n = Node {
+            name: name.into(),
+            ns: ns.into(),
+            addr: addr.into(),
+            paths,
+            child: None,
+            endpoints: endpoints.into(),
+        };
+        n.start();
+        n
+    }
+
+    /// `forkbox` of this build in the node's namespace and home.
+    fn forkbox(&self) -> Command {
+        let mut c = ClusterNet::command_in(&self.ns, env!("CARGO_BIN_EXE_forkbox"));
+        c.env("FORKBOX_HOME", self.paths.home())
+            .env_remove("FORKBOX_API")
+            .env_remove("FORKBOX_TOKEN")
+            .env_remove("FORKBOX_ACCEL")
+            .env("FORKBOX_POOL_SIZE", "0")
+            .env("FORKBOX_CLUSTER_SECRET", SECRET)
+            .stdin(Stdio::null());
+        c
+    }
+
+    fn start(&mut self) {
+        let log = std::fs::File::create(self.paths.home().join("daemon-test.log")).unwrap();
+        let child = self
+            .forkbox()
+            .args(["serve", "--listen", &format!("{}:7070", self.addr)])
+            .args(["--cluster", &self.endpoints, "--node", &self.name])
+            .args(["--advertise", &format!("http://{}:7070", self.addr)])
+            .args(["--lease", &LEASE_SECS.to_string()])
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let socket = forkbox_server::socket_path(&self.paths);
+        assert!(
+            infra::wait_until(Duration::from_secs(60), || {
+                std::os::unix::net::UnixStream::connect(&socket).is_ok()
+            }),
+            "node {} did not start: {}",
+            self.name,
+            self.log()
+        );
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.paths.home().join("daemon-test.log")).unwrap_or_default()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Runs `forkbox ARGS` here; its output.
+    fn run(&self, args: &[&str]) -> Output {
+        self.forkbox().args(args).output().unwrap()
+    }
+
+    /// Runs `forkbox ARGS` here and fails the test when it fails; its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let o = self.run(args);
+        assert!(
+            o.status.success(),
+            "forkbox {args:?} on {} failed: {}{}\n-- its log:\n{}",
+            self.name,
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr),
+            self.log()
+        );
+        String::from_utf8(o.stdout).unwrap()
+    }
+
+    /// The cluster's sandboxes as this node lists them: (id, state, node).
+    fn ls(&self) -> Vec<(String, String, String)> {
+        let v: serde_json::Value = serde_json::from_str(&self.ok(&["sandbox", "ls", "--json"])).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|s| {
+                (
+                    s["id"].as_str().unwrap().to_string(),
+                    s["state"].as_str().unwrap().to_string(),
+                    s["node"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect()
+    }
+
+    fn create(&self, extra: &[&str]) -> (String, String) {
+        let mut args = vec!["sandbox", "create", "--json"];
+        args.extend_from_slice(extra);
+        let v: serde_json::Value = serde_json::from_str(&self.ok(&args)).unwrap();
+        (
+            v["id"].as_str().unwrap().to_string(),
+            v["node"].as_str().unwrap().to_string(),
+        )
+    }
+
+    fn qemus(&self) -> usize {
+        infra::qemus_of(&self.paths).len()
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(c) = &self.child {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(c.id() as i32),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        if let Some(mut c) = self.child.take() {
+            let _ = c.wait();
+        }
+    }
+}
+
+fn stderr(o: &Output) -> String {
+    String::from_utf8_lossy(&o.stderr).into_owned()
+}
+
+#[test]
+fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
+    let net = ClusterNet::new(3);
+    let mut etcd = EtcdCluster::start_in(3, &net.hub_ip, Some(&net.hub));
+    let endpoints = etcd.endpoints_arg();
+    let mut nodes: Vec<Node> = ["a", "b", "c"]
+        .iter()
+        .zip(&net.nodes)
+        .map(|(name, (ns, addr))| Node::new(name, ns, addr, &endpoints))
+        .collect();
+
+    // A name held by a live node is refused at once, saying by whom.
+    let o = nodes[1]
+        .forkbox()
+        .env("FORKBOX_HOME", nodes[1].paths.home().join("other-home"))
+        .args(["serve", "--listen", &format!("{}:7071", nodes[1].addr)])
+        .args(["--cluster", &endpoints, "--node", "a"])
+        .args(["--advertise", &format!("http://{}:7071", nodes[1].addr)])
+        .output()
+        .unwrap();
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("held by a live node"), "{}", stderr(&o));
+
+    // Create through a (pinned to b: placed there and forwarded), exec through c; a streamed
+    // exec, files and the listing from every node.
+    let (id, owner) = nodes[0].create(&["--node", "b", "--ttl", "30m"]);
+    assert_eq!(owner, "b");
+    let out = nodes[2].ok(&["sandbox", "exec", &id, "--", "sh", "-c", "echo hello from $(hostname) >&2; echo out"]);
+    assert_eq!(out.trim(), "out");
+    nodes[2].ok(&["sandbox", "exec", &id, "--", "sh", "-c", "printf 'written via c' > /tmp/f"]);
+    assert_eq!(nodes[0].ok(&["sandbox", "exec", &id, "--", "cat", "/tmp/f"]), "written via c");
+    // An archive streamed up through a non-owner, and down through another.
+    let up = tempfile::tempdir().unwrap();
+    std::fs::write(up.path().join("data.txt"), "x".repeat(300_000)).unwrap();
+    nodes[2].ok(&["sandbox", "upload", &id, up.path().to_str().unwrap(), "/srv/up"]);
+    let down = up.path().join("down");
+    nodes[0].ok(&["sandbox", "download", &id, "/srv/up", down.to_str().unwrap()]);
+    assert_eq!(std::fs::read_to_string(down.join("data.txt")).unwrap().len(), 300_000);
+    for n in &nodes {
+        let ls = n.ls();
+        assert!(ls.contains(&(id.clone(), "running".into(), "b".into())), "{}: {ls:?}", n.name);
+    }
+    let only_a = nodes[1].ok(&["sandbox", "ls", "--node", "a", "-q"]);
+    assert!(!only_a.contains(&id), "{only_a}");
+
+    // Unpinned creates are placed by room; fork from c of the sandbox on b makes copies on b.
+    let (other, other_node) = nodes[2].create(&["--node", "c"]);
+    assert_eq!(other_node, "c");
+    let fork: serde_json::Value = serde_json::from_str(
+        &nodes[2].ok(&["sandbox", "fork", &id, "--count", "2", "--json"]),
+    )
+    .unwrap();
+    let copies: Vec<String> = fork["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| {
+            assert_eq!(v["node"], "b");
+            v["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(copies.len(), 2);
+    assert_eq!(nodes[0].ok(&["sandbox", "exec", &copies[0], "--", "cat", "/tmp/f"]), "written via c");
+    // Pinned elsewhere: a clear error (no transfer between nodes yet).
+    let o = nodes[0].run(&["sandbox", "fork", &id, "--node", "a"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("made on b"), "{}", stderr(&o));
+    // An unknown node: said, with the live ones.
+    let o = nodes[0].run(&["sandbox", "create", "--node", "zz"]);
+    assert!(stderr(&o).contains("no node named \"zz\""), "{}", stderr(&o));
+
+    // kill -9 of b: its sandboxes are listed lost within the lease (+1 s), c's untouched.
+    let b_qemus = nodes[1].qemus();
+    assert_eq!(b_qemus, 3, "b runs the sandbox and its two copies");
+    nodes[1].kill9();
+    let killed = Instant::now();
+    assert!(
+        infra::wait_until(Duration::from_secs(LEASE_SECS + 5), || {
+            nodes[0].ls().iter().filter(|(_, s, n)| s == "lost" && n == "b").count() == 3
+        }),
+        "b's sandboxes not listed lost: {:?}",
+        nodes[0].ls()
+    );
+    let took = killed.elapsed();
+    println!("kill -9 to lost: {took:?} (lease {LEASE_SECS} s)");
+    assert!(took <= Duration::from_secs(LEASE_SECS + 2), "{took:?}");
+    let o = nodes[0].run(&["sandbox", "exec", &id, "--", "true"]);
+    assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
+    assert_eq!(nodes[0].ok(&["sandbox", "exec", &other, "--", "echo", "still"]).trim(), "still");
+
+    // b comes back: it re-adopts its VMs (they outlived the daemon), no duplicate, no orphan.
+    nodes[1].start();
+    assert!(
+        infra::wait_until(Duration::from_secs(20), || {
+            nodes[2].ls().iter().filter(|(_, s, n)| s == "running" && n == "b").count() == 3
+        }),
+        "b's sandboxes not back: {:?}\n{}",
+        nodes[2].ls(),
+        nodes[1].log()
+    );
+    let ls = nodes[2].ls();
+    let mut ids: Vec<&String> = ls.iter().map(|(i, _, _)| i).collect();
+    ids.sort();
+    ids.dedup();
+    assert_eq!(ids.len(), ls.len(), "a sandbox listed twice: {ls:?}");
+    assert_eq!(nodes[1].qemus(), 3, "no orphan and no missing VM on b");
+    assert_eq!(nodes[2].ok(&["sandbox", "exec", &copies[1], "--", "cat", "/tmp/f"]), "written via c");
+
+    // One etcd member of three down: everything works.
+    etcd.stop(2);
+    let (third, _) = nodes[0].create(&["--node", "a"]);
+    nodes[1].ok(&["sandbox", "exec", &third, "--", "true"]);
+    // Two down: running sandboxes answer, creates are refused with the error; then back.
+    etcd.stop(1);
+    assert_eq!(nodes[0].ok(&["sandbox", "exec", &third, "--", "echo", "up"]).trim(), "up");
+    let o = nodes[0].run(&["sandbox", "create", "--json"]);
+    assert!(!o.status.success());
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(said.contains("\"cluster_unavailable\""), "{said}");
+    assert!(said.contains("running sandboxes still answer"), "{said}");
+    etcd.restart(1);
+    etcd.restart(2);
+    assert!(
+        infra::wait_until(Duration::from_secs(30), || {
+            nodes[0].run(&["sandbox", "rm", &third]).status.success()
+        }),
+        "deletes did not work again after quorum came back"
+    );
+
+    // Everything deleted through one node; nothing left anywhere.
+    for s in [&id, &other, &copies[0], &copies[1]] {
+        nodes[0].ok(&["sandbox", "rm", s]);
+    }
+    assert!(nodes[1].ls().is_empty(), "{:?}", nodes[1].ls());
+    for n in &nodes {
+        assert!(
+            infra::wait_until(Duration::from_secs(10), || n.qemus() == 0),
+            "{} left VMs",
+            n.name
+        );
+    }
+}
