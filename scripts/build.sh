@@ -6,6 +6,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 triple="x86_64-unknown-linux-gnu"
+# The cluster's etcd client is generated from etcd's .proto files when it is built: protoc.
+if ! command -v protoc >/dev/null; then
+  echo "== installing protobuf-compiler (protoc), which building the etcd client needs" >&2
+  apt-get update -q >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends protobuf-compiler >&2
+fi
 # --target keeps the static flag off build scripts and proc macros, and puts the agent in its own
 # directory, where the engine looks for it (target/$triple/agent/forkbox-agent).
 RUSTFLAGS="-C target-feature=+crt-static" cargo build --quiet --locked -p forkbox-agent --profile agent --target "$triple"

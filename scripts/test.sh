@@ -4,10 +4,6 @@
 # under $FORKBOX_TEST_HOME (default /var/tmp/forkbox-test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-echo "== building the static guest agent" >&2
-scripts/build.sh agent >/dev/null
-echo "== installing host packages (forkbox setup)" >&2
-cargo run --quiet --locked -p forkbox-cli -- setup
 # The SDK tests (crates/cli/tests/sdk.rs) make a Python venv from PyPI and run `npm ci` from
 # npm's registry; they need Node 18+ with npm and Python's venv module (Debian's packages).
 # The demo test opens the migration report in headless Chromium.
@@ -26,11 +22,23 @@ command -v chromium >/dev/null || need+=(chromium)
 command -v docker-registry >/dev/null || need+=(docker-registry)
 command -v skopeo >/dev/null || need+=(skopeo)
 command -v htpasswd >/dev/null || need+=(apache2-utils)
+# The cluster tests run a real 3-member etcd (Debian's etcd-server, etcdctl from etcd-client);
+# building the etcd client needs protoc.
+command -v etcd >/dev/null || need+=(etcd-server)
+command -v etcdctl >/dev/null || need+=(etcd-client)
+command -v protoc >/dev/null || need+=(protobuf-compiler)
 if [ "${#need[@]}" -gt 0 ]; then
-  echo "== installing ${need[*]} for the network and SDK tests" >&2
+  echo "== installing ${need[*]} for the network, cluster and SDK tests" >&2
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
+for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc; do
+  command -v "$p" >/dev/null || { echo "test: $p is still missing after the install" >&2; exit 1; }
+done
+echo "== building the static guest agent" >&2
+scripts/build.sh agent >/dev/null
+echo "== installing host packages (forkbox setup)" >&2
+cargo run --quiet --locked -p forkbox-cli -- setup
 command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no npm; install the npm that goes with it" >&2; exit 1; }
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' \
   || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }

@@ -539,7 +539,12 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
 pub struct ClusterArgs {
     /// Join the cluster whose state is in this etcd (v3): its client URLs, comma-separated.
     /// Needs --node, --advertise, --listen and the cluster secret.
-    #[arg(long, env = "FORKBOX_CLUSTER", value_name = "ETCD_URL[,…]", value_delimiter = ',')]
+    #[arg(
+        long,
+        env = "FORKBOX_CLUSTER",
+        value_name = "ETCD_URL[,…]",
+        value_delimiter = ','
+    )]
     cluster: Vec<String>,
     /// This node's name in the cluster (a-z, 0-9, '-').
     #[arg(long, env = "FORKBOX_NODE", requires = "cluster")]
@@ -569,9 +574,7 @@ impl ClusterArgs {
             anyhow::bail!("--cluster needs --node NAME: this node's name in the cluster");
         };
         if listen.is_none() {
-            anyhow::bail!(
-                "--cluster needs --listen ADDRESS:PORT: other nodes forward calls to it"
-            );
+            anyhow::bail!("--cluster needs --listen ADDRESS:PORT: other nodes forward calls to it");
         }
         let Some(advertise) = self.advertise else {
             anyhow::bail!(
@@ -579,7 +582,10 @@ impl ClusterArgs {
                  this one's --listen"
             );
         };
-        let secret = match (self.cluster_secret_file, std::env::var("FORKBOX_CLUSTER_SECRET")) {
+        let secret = match (
+            self.cluster_secret_file,
+            std::env::var("FORKBOX_CLUSTER_SECRET"),
+        ) {
             (Some(f), _) => std::fs::read_to_string(&f)
                 .with_context(|| format!("reading the cluster secret from {}", f.display()))?
                 .trim()

@@ -115,7 +115,8 @@ impl Node {
 
     /// The cluster's sandboxes as this node lists them: (id, state, node).
     fn ls(&self) -> Vec<(String, String, String)> {
-        let v: serde_json::Value = serde_json::from_str(&self.ok(&["sandbox", "ls", "--json"])).unwrap();
+        let v: serde_json::Value =
+            serde_json::from_str(&self.ok(&["sandbox", "ls", "--json"])).unwrap();
         v.as_array()
             .unwrap()
             .iter()
@@ -189,20 +190,60 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     // exec, files and the listing from every node.
     let (id, owner) = nodes[0].create(&["--node", "b", "--ttl", "30m"]);
     assert_eq!(owner, "b");
-    let out = nodes[2].ok(&["sandbox", "exec", &id, "--", "sh", "-c", "echo hello from $(hostname) >&2; echo out"]);
+    let out = nodes[2].ok(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo hello from $(hostname) >&2; echo out",
+    ]);
     assert_eq!(out.trim(), "out");
-    nodes[2].ok(&["sandbox", "exec", &id, "--", "sh", "-c", "printf 'written via c' > /tmp/f"]);
-    assert_eq!(nodes[0].ok(&["sandbox", "exec", &id, "--", "cat", "/tmp/f"]), "written via c");
+    nodes[2].ok(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "printf 'written via c' > /tmp/f",
+    ]);
+    assert_eq!(
+        nodes[0].ok(&["sandbox", "exec", &id, "--", "cat", "/tmp/f"]),
+        "written via c"
+    );
     // An archive streamed up through a non-owner, and down through another.
     let up = tempfile::tempdir().unwrap();
     std::fs::write(up.path().join("data.txt"), "x".repeat(300_000)).unwrap();
-    nodes[2].ok(&["sandbox", "upload", &id, up.path().to_str().unwrap(), "/srv/up"]);
+    nodes[2].ok(&[
+        "sandbox",
+        "upload",
+        &id,
+        up.path().to_str().unwrap(),
+        "/srv/up",
+    ]);
     let down = up.path().join("down");
-    nodes[0].ok(&["sandbox", "download", &id, "/srv/up", down.to_str().unwrap()]);
-    assert_eq!(std::fs::read_to_string(down.join("data.txt")).unwrap().len(), 300_000);
+    nodes[0].ok(&[
+        "sandbox",
+        "download",
+        &id,
+        "/srv/up",
+        down.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        std::fs::read_to_string(down.join("data.txt"))
+            .unwrap()
+            .len(),
+        300_000
+    );
     for n in &nodes {
         let ls = n.ls();
-        assert!(ls.contains(&(id.clone(), "running".into(), "b".into())), "{}: {ls:?}", n.name);
+        assert!(
+            ls.contains(&(id.clone(), "running".into(), "b".into())),
+            "{}: {ls:?}",
+            n.name
+        );
     }
     let only_a = nodes[1].ok(&["sandbox", "ls", "--node", "a", "-q"]);
     assert!(!only_a.contains(&id), "{only_a}");
@@ -210,10 +251,9 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     // Unpinned creates are placed by room; fork from c of the sandbox on b makes copies on b.
     let (other, other_node) = nodes[2].create(&["--node", "c"]);
     assert_eq!(other_node, "c");
-    let fork: serde_json::Value = serde_json::from_str(
-        &nodes[2].ok(&["sandbox", "fork", &id, "--count", "2", "--json"]),
-    )
-    .unwrap();
+    let fork: serde_json::Value =
+        serde_json::from_str(&nodes[2].ok(&["sandbox", "fork", &id, "--count", "2", "--json"]))
+            .unwrap();
     let copies: Vec<String> = fork["sandboxes"]
         .as_array()
         .unwrap()
@@ -224,14 +264,21 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
         })
         .collect();
     assert_eq!(copies.len(), 2);
-    assert_eq!(nodes[0].ok(&["sandbox", "exec", &copies[0], "--", "cat", "/tmp/f"]), "written via c");
+    assert_eq!(
+        nodes[0].ok(&["sandbox", "exec", &copies[0], "--", "cat", "/tmp/f"]),
+        "written via c"
+    );
     // Pinned elsewhere: a clear error (no transfer between nodes yet).
     let o = nodes[0].run(&["sandbox", "fork", &id, "--node", "a"]);
     assert!(!o.status.success());
     assert!(stderr(&o).contains("made on b"), "{}", stderr(&o));
     // An unknown node: said, with the live ones.
     let o = nodes[0].run(&["sandbox", "create", "--node", "zz"]);
-    assert!(stderr(&o).contains("no node named \"zz\""), "{}", stderr(&o));
+    assert!(
+        stderr(&o).contains("no node named \"zz\""),
+        "{}",
+        stderr(&o)
+    );
 
     // kill -9 of b: its sandboxes are listed lost within the lease (+1 s), c's untouched.
     let b_qemus = nodes[1].qemus();
@@ -240,7 +287,12 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     let killed = Instant::now();
     assert!(
         infra::wait_until(Duration::from_secs(LEASE_SECS + 5), || {
-            nodes[0].ls().iter().filter(|(_, s, n)| s == "lost" && n == "b").count() == 3
+            nodes[0]
+                .ls()
+                .iter()
+                .filter(|(_, s, n)| s == "lost" && n == "b")
+                .count()
+                == 3
         }),
         "b's sandboxes not listed lost: {:?}",
         nodes[0].ls()
@@ -250,13 +302,23 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     assert!(took <= Duration::from_secs(LEASE_SECS + 2), "{took:?}");
     let o = nodes[0].run(&["sandbox", "exec", &id, "--", "true"]);
     assert!(stderr(&o).contains("lost"), "{}", stderr(&o));
-    assert_eq!(nodes[0].ok(&["sandbox", "exec", &other, "--", "echo", "still"]).trim(), "still");
+    assert_eq!(
+        nodes[0]
+            .ok(&["sandbox", "exec", &other, "--", "echo", "still"])
+            .trim(),
+        "still"
+    );
 
     // b comes back: it re-adopts its VMs (they outlived the daemon), no duplicate, no orphan.
     nodes[1].start();
     assert!(
         infra::wait_until(Duration::from_secs(20), || {
-            nodes[2].ls().iter().filter(|(_, s, n)| s == "running" && n == "b").count() == 3
+            nodes[2]
+                .ls()
+                .iter()
+                .filter(|(_, s, n)| s == "running" && n == "b")
+                .count()
+                == 3
         }),
         "b's sandboxes not back: {:?}\n{}",
         nodes[2].ls(),
@@ -268,7 +330,10 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     ids.dedup();
     assert_eq!(ids.len(), ls.len(), "a sandbox listed twice: {ls:?}");
     assert_eq!(nodes[1].qemus(), 3, "no orphan and no missing VM on b");
-    assert_eq!(nodes[2].ok(&["sandbox", "exec", &copies[1], "--", "cat", "/tmp/f"]), "written via c");
+    assert_eq!(
+        nodes[2].ok(&["sandbox", "exec", &copies[1], "--", "cat", "/tmp/f"]),
+        "written via c"
+    );
 
     // One etcd member of three down: everything works.
     etcd.stop(2);
@@ -276,7 +341,12 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     nodes[1].ok(&["sandbox", "exec", &third, "--", "true"]);
     // Two down: running sandboxes answer, creates are refused with the error; then back.
     etcd.stop(1);
-    assert_eq!(nodes[0].ok(&["sandbox", "exec", &third, "--", "echo", "up"]).trim(), "up");
+    assert_eq!(
+        nodes[0]
+            .ok(&["sandbox", "exec", &third, "--", "echo", "up"])
+            .trim(),
+        "up"
+    );
     let o = nodes[0].run(&["sandbox", "create", "--json"]);
     assert!(!o.status.success());
     let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));

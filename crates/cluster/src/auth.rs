@@ -127,7 +127,13 @@ mod tests {
             Err(Refused::Signature { .. })
         ));
         assert!(matches!(
-            verify("another secret entirely", &h, 1_000_500, "GET", "/v1/sandboxes/x?local=1"),
+            verify(
+                "another secret entirely",
+                &h,
+                1_000_500,
+                "GET",
+                "/v1/sandboxes/x?local=1"
+            ),
             Err(Refused::Signature { .. })
         ));
         let swapped = h.replacen("a;", "b;", 1);

@@ -27,8 +27,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp,
-    TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse,
 };
 use serde::{Deserialize, Serialize};
 
@@ -538,7 +537,11 @@ impl Cluster {
             .or_else([TxnOp::get(k.clone(), None)]);
         let r = self.txn(txn).await?;
         if r.succeeded() {
-            tracing::info!("{}: owned by {} (recorded in etcd)", view.info.id, self.cfg.node);
+            tracing::info!(
+                "{}: owned by {} (recorded in etcd)",
+                view.info.id,
+                self.cfg.node
+            );
             return Ok(());
         }
         let held: Ownership = decode(&k, &first_value(&r.op_responses()).unwrap_or_default())?;
@@ -585,7 +588,10 @@ impl Cluster {
             return Ok(());
         }
         self.delete(&k).await?;
-        tracing::info!("{id}: no longer owned by {} (record removed)", self.cfg.node);
+        tracing::info!(
+            "{id}: no longer owned by {} (record removed)",
+            self.cfg.node
+        );
         Ok(())
     }
 
@@ -649,7 +655,9 @@ impl Cluster {
 
     /// etcd's members, each asked for its status with the deadline.
     pub async fn members(&self) -> Result<Vec<MemberStatus>> {
-        let list = self.call(|mut c| async move { c.member_list().await }).await?;
+        let list = self
+            .call(|mut c| async move { c.member_list().await })
+            .await?;
         let mut out = Vec::new();
         for m in list.members() {
             let mut s = MemberStatus {

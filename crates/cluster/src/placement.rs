@@ -123,8 +123,9 @@ pub fn place(nodes: &[NodeRecord], want: &Want) -> Result<String, PlaceError> {
             return Err(PlaceError::NoHolder(s.to_string()));
         }
     }
-    let (fit, short): (Vec<&NodeRecord>, Vec<&NodeRecord>) =
-        candidates.into_iter().partition(|n| shortfall(n, want).is_none());
+    let (fit, short): (Vec<&NodeRecord>, Vec<&NodeRecord>) = candidates
+        .into_iter()
+        .partition(|n| shortfall(n, want).is_none());
     if fit.is_empty() {
         let mut why: Vec<String> = short.iter().filter_map(|n| shortfall(n, want)).collect();
         if why.is_empty() {
@@ -195,12 +196,17 @@ mod tests {
             pinned: Some("a"),
             ..w.clone()
         };
-        assert!(matches!(place(&nodes, &pinned), Err(PlaceError::NotHeld { holders, .. }) if holders == "b"));
+        assert!(
+            matches!(place(&nodes, &pinned), Err(PlaceError::NotHeld { holders, .. }) if holders == "b")
+        );
         let none = Want {
             snapshot: Some("other"),
             ..want(512)
         };
-        assert_eq!(place(&nodes, &none), Err(PlaceError::NoHolder("other".into())));
+        assert_eq!(
+            place(&nodes, &none),
+            Err(PlaceError::NoHolder("other".into()))
+        );
     }
 
     #[test]
@@ -211,11 +217,19 @@ mod tests {
             pinned: Some(p),
             ..want(512)
         };
-        assert_eq!(place(&nodes, &pinned("a")), Err(PlaceError::Drained("a".into())));
-        assert!(matches!(place(&nodes, &pinned("zz")), Err(PlaceError::UnknownNode { live, .. }) if live == "a, b"));
+        assert_eq!(
+            place(&nodes, &pinned("a")),
+            Err(PlaceError::Drained("a".into()))
+        );
+        assert!(
+            matches!(place(&nodes, &pinned("zz")), Err(PlaceError::UnknownNode { live, .. }) if live == "a, b")
+        );
         // b lacks room (600 < 512 + reserve), a is drained: nothing fits.
         let e = place(&nodes, &want(512)).unwrap_err().to_string();
-        assert!(e.contains("b has 600 MiB free for guests (needs 768)"), "{e}");
+        assert!(
+            e.contains("b has 600 MiB free for guests (needs 768)"),
+            "{e}"
+        );
         // Ten copies need ten times the memory.
         nodes[0].drained = false;
         let ten = Want {

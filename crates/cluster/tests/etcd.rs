@@ -59,12 +59,22 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
 
     // A name held by a live node of another identity is refused, naming it; the same node
     // restarting (same id) takes its name over.
-    let thief = Cluster::connect(config(&etcd, "a", "someone-else")).await.expect("connects");
-    let e = thief.join(&record(thief.config())).await.expect_err("refused");
+    let thief = Cluster::connect(config(&etcd, "a", "someone-else"))
+        .await
+        .expect("connects");
+    let e = thief
+        .join(&record(thief.config()))
+        .await
+        .expect_err("refused");
     assert!(matches!(e, Error::NameTaken { .. }), "{e}");
     assert!(e.to_string().contains("http://127.0.0.1:1/a"), "{e}");
-    let again = Cluster::connect(config(&etcd, "b", "id-b")).await.expect("connects");
-    again.join(&record(again.config())).await.expect("a restart of b takes its name");
+    let again = Cluster::connect(config(&etcd, "b", "id-b"))
+        .await
+        .expect("connects");
+    again
+        .join(&record(again.config()))
+        .await
+        .expect("a restart of b takes its name");
 
     // Another secret: refused at connect.
     let mut other = config(&etcd, "c", "id-c");
@@ -75,13 +85,23 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
     // Ownership: create-if-absent; the other node cannot take it.
     a.own(&view("s1")).await.expect("a owns s1");
     let e = b.own(&view("s1")).await.expect_err("b cannot");
-    assert!(matches!(e, Error::AlreadyOwned { ref node, .. } if node == "a"), "{e}");
-    assert_eq!(b.owner("s1").await.expect("read").map(|o| o.node), Some("a".into()));
+    assert!(
+        matches!(e, Error::AlreadyOwned { ref node, .. } if node == "a"),
+        "{e}"
+    );
+    assert_eq!(
+        b.owner("s1").await.expect("read").map(|o| o.node),
+        Some("a".into())
+    );
     b.forget("s1").await.expect("not b's to forget: a no-op");
     assert!(a.owner("s1").await.expect("read").is_some());
 
     // Tokens: cluster-wide hashes, revocation seen by every node.
-    let t = TokenRecord { name: "ci".into(), sha256: "ab".repeat(32), created_unix: 1 };
+    let t = TokenRecord {
+        name: "ci".into(),
+        sha256: "ab".repeat(32),
+        created_unix: 1,
+    };
     a.add_token(&t).await.expect("added");
     assert_eq!(b.tokens().await.expect("tokens").len(), 1);
     assert_eq!(b.revoke_tokens("ci").await.expect("revoked"), 1);
@@ -114,13 +134,23 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
     let t0 = Instant::now();
     let e = a.own(&view("s3")).await.expect_err("no quorum");
     assert!(matches!(e, Error::Unavailable { .. }), "{e}");
-    assert!(t0.elapsed() < Duration::from_secs(4), "took {:?}", t0.elapsed());
-    assert!(e.to_string().contains("running sandboxes still answer"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(4),
+        "took {:?}",
+        t0.elapsed()
+    );
+    assert!(
+        e.to_string().contains("running sandboxes still answer"),
+        "{e}"
+    );
     // Back: works again, same handle.
     etcd.restart(1);
     etcd.restart(2);
     assert!(
-        wait_async(Duration::from_secs(20), || async { a.own(&view("s3")).await.is_ok() }).await,
+        wait_async(Duration::from_secs(20), || async {
+            a.own(&view("s3")).await.is_ok()
+        })
+        .await,
         "quorum came back but writes still fail: {}",
         etcd.logs()
     );

@@ -96,7 +96,7 @@ pub async fn require_token(State(gate): State<Gate>, req: Request, next: Next) -
         if req.headers().contains_key(forkbox_cluster::auth::HEADER) {
             return match crate::cluster::verify_peer(node, &req) {
                 Ok(()) => next.run(req).await,
-                Err(r) => r,
+                Err(e) => crate::refusal(Code::Unauthorized, e),
             };
         }
     }

@@ -269,7 +269,14 @@ impl Node {
     /// marked lost; a sandbox whose record was removed elsewhere is stopped; a sandbox that
     /// was never recorded (made before this node joined) is recorded now.
     async fn reconcile(&self, c: &Cluster) {
-        let Ok(local) = self.engine.call(ops::List { label: None, state: None }).await else {
+        let Ok(local) = self
+            .engine
+            .call(ops::List {
+                label: None,
+                state: None,
+            })
+            .await
+        else {
             return;
         };
         let Ok(records) = c.owned().await else {
@@ -377,7 +384,10 @@ impl Node {
         let Ok(uri) = url.parse::<Uri>() else {
             return refusal(
                 Code::Internal,
-                format!("node {} advertises {:?}, not a URL", target.name, target.advertise),
+                format!(
+                    "node {} advertises {:?}, not a URL",
+                    target.name, target.advertise
+                ),
             );
         };
         parts.uri = uri;
@@ -449,7 +459,7 @@ fn mem_available_mib() -> u64 {
 
 fn disk_free_mib(home: &std::path::Path) -> u64 {
     nix::sys::statvfs::statvfs(home)
-        .map(|s| s.blocks_available() as u64 * s.fragment_size() as u64 >> 20)
+        .map(|s| (s.blocks_available() * s.fragment_size()) >> 20)
         .unwrap_or(0)
 }
 
@@ -504,7 +514,7 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     if req.headers().contains_key(node_auth::HEADER) {
         return match verify_peer(&node, &req) {
             Ok(()) => local(&node, req, next).await,
-            Err(r) => r,
+            Err(e) => refusal(Code::Unauthorized, e),
         };
     }
     match classify(req.method(), &path) {
@@ -517,8 +527,8 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     }
 }
 
-/// Whether the request's node signature verifies (a peer's call).
-pub fn verify_peer(node: &Node, req: &Request) -> Result<(), Response> {
+/// Whether the request's node signature verifies (a peer's call); the refusal's words if not.
+pub fn verify_peer(node: &Node, req: &Request) -> Result<(), String> {
     let header = req
         .headers()
         .get(node_auth::HEADER)
@@ -533,7 +543,7 @@ pub fn verify_peer(node: &Node, req: &Request) -> Result<(), Response> {
         pq,
     )
     .map(|_| ())
-    .map_err(|e| refusal(Code::Unauthorized, e.to_string()))
+    .map_err(|e| e.to_string())
 }
 
 /// Serves a call here, recording in etcd what it creates or deletes.
@@ -563,7 +573,12 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
             );
         }
     }
-    let id = path.trim_matches('/').split('/').nth(2).unwrap_or_default().to_string();
+    let id = path
+        .trim_matches('/')
+        .split('/')
+        .nth(2)
+        .unwrap_or_default()
+        .to_string();
     if effect == Effect::Deletes {
         node.ledger_edit(|l| {
             l.remove(&id);
@@ -599,7 +614,9 @@ async fn pinned_node(req: Request) -> Result<(Request, Option<String>), Response
     Ok((Request::from_parts(parts, Body::from(bytes)), node))
 }
 
-async fn body_json<T: serde::de::DeserializeOwned>(r: Response) -> Result<(axum::http::response::Parts, T), Response> {
+async fn body_json<T: serde::de::DeserializeOwned>(
+    r: Response,
+) -> Result<(axum::http::response::Parts, T), Response> {
     let (parts, body) = r.into_parts();
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,
@@ -618,7 +635,12 @@ async fn record_created(node: &Node, c: &Cluster, r: Response) -> Response {
         Err(r) => return r,
     };
     if let Err(e) = node.own(c, &view).await {
-        let _ = node.engine.call(ops::Delete { id: view.info.id.clone() }).await;
+        let _ = node
+            .engine
+            .call(ops::Delete {
+                id: view.info.id.clone(),
+            })
+            .await;
         return Node::unavailable(format!("the sandbox was made and removed again: {e}"));
     }
     (parts, axum::Json(view)).into_response()
@@ -635,8 +657,16 @@ async fn record_forked(node: &Node, c: &Cluster, r: Response) -> Response {
         match node.own(c, &v).await {
             Ok(()) => kept.push(v),
             Err(e) => {
-                let _ = node.engine.call(ops::Delete { id: v.info.id.clone() }).await;
-                f.failed.push(format!("{}: not recorded in the cluster, removed: {e}", v.info.id));
+                let _ = node
+                    .engine
+                    .call(ops::Delete {
+                        id: v.info.id.clone(),
+                    })
+                    .await;
+                f.failed.push(format!(
+                    "{}: not recorded in the cluster, removed: {e}",
+                    v.info.id
+                ));
             }
         }
     }
@@ -778,7 +808,10 @@ async fn list(node: &Node, req: Request) -> Response {
         Ok(x) => x,
         Err(e) => return Node::unavailable(e),
     };
-    let pq = req.uri().path_and_query().map_or("/v1/sandboxes", |p| p.as_str());
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/v1/sandboxes", |p| p.as_str());
     let query: std::collections::HashMap<String, String> = req
         .uri()
         .query()
@@ -849,7 +882,10 @@ async fn list_snapshots(node: &Node, req: Request) -> Response {
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
-    let pq = req.uri().path_and_query().map_or("/v1/snapshots", |p| p.as_str());
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map_or("/v1/snapshots", |p| p.as_str());
     let mut all: Vec<serde_json::Value> = Vec::new();
     for n in &live {
         match node.fetch::<Vec<serde_json::Value>>(n, pq).await {

@@ -31,7 +31,15 @@ impl ClusterNet {
         ip(&["netns", "add", &hub]);
         ip(&["-n", &hub, "link", "set", "lo", "up"]);
         ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"]);
-        ip(&["-n", &hub, "addr", "add", &format!("{hub_ip}/24"), "dev", "br0"]);
+        ip(&[
+            "-n",
+            &hub,
+            "addr",
+            "add",
+            &format!("{hub_ip}/24"),
+            "dev",
+            "br0",
+        ]);
         ip(&["-n", &hub, "link", "set", "br0", "up"]);
         let mut nodes = Vec::new();
         for i in 0..n {
@@ -41,12 +49,20 @@ impl ClusterNet {
             ip(&["-n", &ns, "link", "set", "lo", "up"]);
             let (outer, inner) = (format!("v{i}h"), format!("v{i}n"));
             ip(&[
-                "-n", &hub, "link", "add", &outer, "type", "veth", "peer", "name", &inner,
-                "netns", &ns,
+                "-n", &hub, "link", "add", &outer, "type", "veth", "peer", "name", &inner, "netns",
+                &ns,
             ]);
             ip(&["-n", &hub, "link", "set", &outer, "master", "br0"]);
             ip(&["-n", &hub, "link", "set", &outer, "up"]);
-            ip(&["-n", &ns, "addr", "add", &format!("{addr}/24"), "dev", &inner]);
+            ip(&[
+                "-n",
+                &ns,
+                "addr",
+                "add",
+                &format!("{addr}/24"),
+                "dev",
+                &inner,
+            ]);
             ip(&["-n", &ns, "link", "set", &inner, "up"]);
             nodes.push((ns, addr));
         }
@@ -66,6 +82,8 @@ impl Drop for ClusterNet {
         for (ns, _) in &self.nodes {
             let _ = Command::new("ip").args(["netns", "del", ns]).status();
         }
-        let _ = Command::new("ip").args(["netns", "del", &self.hub]).status();
+        let _ = Command::new("ip")
+            .args(["netns", "del", &self.hub])
+            .status();
     }
 }

@@ -171,7 +171,10 @@ impl EtcdCluster {
                 let p = self.dir.path().join(format!("e{i}.log"));
                 let text = std::fs::read_to_string(p).unwrap_or_default();
                 let tail: Vec<&str> = text.lines().rev().take(15).collect();
-                format!("-- e{i}:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"))
+                format!(
+                    "-- e{i}:\n{}",
+                    tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+                )
             })
             .collect::<Vec<_>>()
             .join("\n")
