@@ -82,6 +82,26 @@ pub struct CreateArgs {
     pub json: bool,
 }
 
+/// `forkbox sandbox ls`'s arguments.
+#[derive(clap::Args)]
+pub struct LsArgs {
+    /// Only sandboxes with this label K=V.
+    #[arg(long)]
+    pub label: Option<String>,
+    /// Only sandboxes in this state: running, disk_full, hibernated, failed, lost.
+    #[arg(long, value_parser = parse_state)]
+    pub state: Option<SandboxState>,
+    /// In a cluster: only the sandboxes of this node.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Print only the ids, one a line.
+    #[arg(short = 'q', long, conflicts_with = "json")]
+    pub quiet: bool,
+    /// Print the sandboxes as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
 /// `forkbox sandbox fork`'s arguments.
 #[derive(clap::Args)]
 pub struct ForkArgs {
@@ -251,23 +271,7 @@ pub enum SandboxCmd {
         json: bool,
     },
     /// List sandboxes.
-    Ls {
-        /// Only sandboxes with this label K=V.
-        #[arg(long)]
-        label: Option<String>,
-        /// Only sandboxes in this state: running, disk_full, hibernated, failed, lost.
-        #[arg(long, value_parser = parse_state)]
-        state: Option<SandboxState>,
-        /// In a cluster: only the sandboxes of this node.
-        #[arg(long)]
-        node: Option<String>,
-        /// Print only the ids, one a line.
-        #[arg(short = 'q', long, conflicts_with = "json")]
-        quiet: bool,
-        /// Print the sandboxes as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    Ls(LsArgs),
     /// Stop and remove sandboxes.
     Rm {
         /// Sandbox ids.
@@ -873,20 +877,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 host_dir,
                 json,
             } => download(&c, &id, &guest_path, &host_dir, json).await,
-            SandboxCmd::Ls {
-                label,
-                state,
-                node,
-                quiet,
-                json,
-            } => {
-                let filter = forkbox_client::ListFilter {
-                    label: label.as_deref(),
-                    state,
-                    node: node.as_deref(),
-                };
-                ls(&c, filter, quiet, json).await
-            }
+            SandboxCmd::Ls(a) => ls(&c, a).await,
             SandboxCmd::Snapshot {
                 id,
                 name,
@@ -908,12 +899,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
 }
 
 /// `forkbox sandbox ls`: the sandboxes (with a label, in a state), a table or their ids.
-async fn ls(
-    c: &Client,
-    filter: forkbox_client::ListFilter<'_>,
-    quiet: bool,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
+async fn ls(c: &Client, a: LsArgs) -> anyhow::Result<ExitCode> {
+    let filter = forkbox_client::ListFilter {
+        label: a.label.as_deref(),
+        state: a.state,
+        node: a.node.as_deref(),
+    };
+    let (quiet, json) = (a.quiet, a.json);
     let all = c.list_where(filter).await?;
     show(json, &all, || match quiet {
         true => all.iter().for_each(|v| println!("{}", v.info.id)),

@@ -829,27 +829,7 @@ pub async fn serve(
         }
     };
     let app = with_extra(router(engine.clone()));
-    // TTLs are absolute deadlines; a sweep enforces them each second, and samples every VM's
-    // CPU and memory for the metrics.
-    let sweeper = engine.clone();
-    let sweep_node = node.clone();
-    let sweep = tokio::spawn(async move {
-        loop {
-            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
-            let expired = sweeper.expire().await;
-            for id in &expired {
-                tracing::info!("{id}: TTL passed; deleted");
-            }
-            if let Some(n) = &sweep_node {
-                n.forget(&expired).await;
-            }
-            let shrunk = sweeper.shrink_pool().await;
-            if shrunk > 0 {
-                tracing::info!("warm pool: {shrunk} sandbox(es) unused for a while stopped");
-            }
-            sweeper.sample(1.0).await;
-        }
-    });
+    let sweep = spawn_sweep(engine.clone(), node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let tcp_task = match tcp {
         Some(addr) => {
@@ -890,6 +870,32 @@ pub async fn serve(
     let _ = std::fs::remove_file(pid_path(&paths));
     drop(pid_file);
     Ok(())
+}
+
+/// TTLs are absolute deadlines; a sweep enforces them each second (in a cluster, the expired
+/// sandboxes' records go too), shrinks the warm pool, and samples every VM's CPU and memory for
+/// the metrics.
+fn spawn_sweep(
+    engine: Arc<Engine>,
+    node: Option<Arc<cluster::Node>>,
+) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+            let expired = engine.expire().await;
+            for id in &expired {
+                tracing::info!("{id}: TTL passed; deleted");
+            }
+            if let Some(n) = &node {
+                n.forget(&expired).await;
+            }
+            let shrunk = engine.shrink_pool().await;
+            if shrunk > 0 {
+                tracing::info!("warm pool: {shrunk} sandbox(es) unused for a while stopped");
+            }
+            engine.sample(1.0).await;
+        }
+    })
 }
 
 async fn shutdown_signal() {
