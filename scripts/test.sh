@@ -27,12 +27,13 @@ command -v htpasswd >/dev/null || need+=(apache2-utils)
 command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
+command -v curl >/dev/null || need+=(curl)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} for the network, cluster and SDK tests" >&2
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
-for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc; do
+for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl; do
   command -v "$p" >/dev/null || { echo "test: $p is still missing after the install" >&2; exit 1; }
 done
 echo "== building the static guest agent" >&2

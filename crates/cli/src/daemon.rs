@@ -610,6 +610,21 @@ impl ClusterArgs {
     }
 }
 
+/// The cluster secret: from `file`, or FORKBOX_CLUSTER_SECRET.
+pub fn cluster_secret(file: Option<std::path::PathBuf>) -> anyhow::Result<String> {
+    match (file, std::env::var("FORKBOX_CLUSTER_SECRET")) {
+        (Some(f), _) => Ok(std::fs::read_to_string(&f)
+            .with_context(|| format!("reading the cluster secret from {}", f.display()))?
+            .trim()
+            .to_string()),
+        (None, Ok(s)) => Ok(s.trim().to_string()),
+        (None, Err(_)) => anyhow::bail!(
+            "the cluster needs its secret: --cluster-secret-file FILE or \
+             FORKBOX_CLUSTER_SECRET (the same on every node; `openssl rand -hex 32`)"
+        ),
+    }
+}
+
 pub fn serve(
     paths: Paths,
     listen: Option<std::net::SocketAddr>,
@@ -1063,7 +1078,11 @@ async fn each<T: serde::Serialize>(
 }
 
 /// `v` as JSON, or as `text` prints it for people.
-fn show(json: bool, v: &impl serde::Serialize, text: impl FnOnce()) -> anyhow::Result<ExitCode> {
+pub(crate) fn show(
+    json: bool,
+    v: &impl serde::Serialize,
+    text: impl FnOnce(),
+) -> anyhow::Result<ExitCode> {
     if json {
         crate::print_json(v)?;
     } else {

@@ -2,6 +2,7 @@
 #![forbid(unsafe_code)]
 
 mod bundled;
+mod cluster;
 mod daemon;
 mod local;
 mod logfile;
@@ -84,6 +85,16 @@ enum Cmd {
         #[arg(long)]
         all: bool,
     },
+    /// A cluster of forkbox nodes on etcd: its nodes, their capacity and etcd's health.
+    Cluster {
+        #[command(subcommand)]
+        command: cluster::ClusterCmd,
+    },
+    /// One node of a cluster: drain it (no new placements).
+    Node {
+        #[command(subcommand)]
+        command: cluster::NodeCmd,
+    },
     /// Bearer tokens for the daemon's TCP listener.
     Token {
         #[command(subcommand)]
@@ -150,14 +161,27 @@ enum Cmd {
 
 #[derive(Subcommand)]
 enum TokenCmd {
-    /// Create a token; it is printed once and only its hash is kept.
+    /// Create a token; it is printed once and only its hash is kept (in this host's state, or
+    /// with --cluster in the cluster's etcd, where every node accepts it).
     Create {
         /// A name to tell the token by.
         #[arg(long, default_value = "default")]
         name: String,
+        /// Store it in this cluster's etcd (client URLs, comma-separated; the cluster secret
+        /// from --cluster-secret-file or FORKBOX_CLUSTER_SECRET).
+        #[arg(long, value_name = "ETCD_URL[,…]", value_delimiter = ',')]
+        cluster: Vec<String>,
+        #[arg(long, value_name = "FILE", requires = "cluster")]
+        cluster_secret_file: Option<PathBuf>,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Revoke the cluster's tokens of this name: every node refuses them within a second.
+    Revoke {
+        name: String,
+        #[command(flatten)]
+        reach: cluster::Reach,
     },
 }
 
@@ -445,8 +469,43 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             ..
         } => daemon::serve(paths, listen, mcp_roots, cluster.options(listen)?),
         Cmd::Mcp { roots, all } => daemon::mcp(&paths, roots, all),
+        Cmd::Cluster { command } => cluster::cluster(command),
+        Cmd::Node { command } => cluster::node(command),
         Cmd::Token {
-            command: TokenCmd::Create { name, json },
+            command: TokenCmd::Revoke { name, reach },
+        } => {
+            let n = cluster::revoke_tokens(reach, &name)?;
+            println!("revoked {n} token(s) named {name}");
+            Ok(if n == 0 {
+                ExitCode::FAILURE
+            } else {
+                ExitCode::SUCCESS
+            })
+        }
+        Cmd::Token {
+            command:
+                TokenCmd::Create {
+                    name,
+                    cluster: urls,
+                    cluster_secret_file,
+                    json,
+                },
+        } if !urls.is_empty() => {
+            let token = format!("fbx_{}", forkbox_engine::random::hex(32)?);
+            let reach = cluster::Reach {
+                cluster: urls,
+                cluster_secret_file,
+            };
+            cluster::add_token(reach, &name, &token)?;
+            if json {
+                print_json(&serde_json::json!({ "name": name, "token": token }))?;
+            } else {
+                println!("{token}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Token {
+            command: TokenCmd::Create { name, json, .. },
         } => {
             let token = forkbox_server::auth::create(&paths, &name)?;
             if json {

@@ -248,6 +248,43 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     let only_a = nodes[1].ok(&["sandbox", "ls", "--node", "a", "-q"]);
     assert!(!only_a.contains(&id), "{only_a}");
 
+    // Operators: the status names every node and member; a drained node takes no placement.
+    let status: serde_json::Value = serde_json::from_str(&nodes[0].ok(&[
+        "cluster", "status", "--cluster", &endpoints, "--json",
+    ]))
+    .unwrap();
+    assert_eq!(status["nodes"].as_array().unwrap().len(), 3, "{status}");
+    assert_eq!(status["etcd_members"].as_array().unwrap().len(), 3, "{status}");
+    assert!(status["etcd_members"].as_array().unwrap().iter().all(|m| m["healthy"] == true));
+    nodes[0].ok(&["node", "drain", "a", "--cluster", &endpoints]);
+    let o = nodes[0].run(&["sandbox", "create", "--node", "a"]);
+    assert!(stderr(&o).contains("node a is drained"), "{}", stderr(&o));
+    nodes[0].ok(&["node", "drain", "a", "--undo", "--cluster", &endpoints]);
+
+    // A cluster token made once works on every node's TCP listener; revoked, on none.
+    let token = nodes[0].ok(&["token", "create", "--name", "t1", "--cluster", &endpoints]);
+    let token = token.trim();
+    let curl = |n: &Node, token: &str| {
+        ClusterNet::command_in(&n.ns, "curl")
+            .args(["-s", "-o", "/dev/null", "-w", "%{http_code}"])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
+            .arg(format!("http://{}:7070/v1/sandboxes", n.addr))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap()
+    };
+    for n in &nodes {
+        assert_eq!(curl(n, token), "200", "node {}", n.name);
+        assert_eq!(curl(n, "fbx_not_a_token"), "401", "node {}", n.name);
+    }
+    nodes[1].ok(&["token", "revoke", "t1", "--cluster", &endpoints]);
+    let revoked = Instant::now();
+    assert!(
+        infra::wait_until(Duration::from_secs(1), || nodes.iter().all(|n| curl(n, token) == "401")),
+        "a revoked token still worked after {:?}",
+        revoked.elapsed()
+    );
+
     // Unpinned creates are placed by room; fork from c of the sandbox on b makes copies on b.
     let (other, other_node) = nodes[2].create(&["--node", "c"]);
     assert_eq!(other_node, "c");

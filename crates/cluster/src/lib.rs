@@ -249,6 +249,20 @@ impl Cluster {
         Ok(c)
     }
 
+    /// An operator's handle (`forkbox cluster status`, `node drain`, cluster tokens): not a
+    /// node, never registered.
+    pub async fn operator(endpoints: Vec<String>, secret: String) -> Result<Cluster> {
+        Cluster::connect(Config {
+            endpoints,
+            node: "operator".into(),
+            advertise: "http://operator".into(),
+            secret,
+            lease_secs: DEFAULT_LEASE_SECS,
+            node_id: String::new(),
+        })
+        .await
+    }
+
     pub fn node(&self) -> &str {
         &self.cfg.node
     }

@@ -49,6 +49,11 @@ pub(crate) fn digest(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
+/// A token's SHA-256 as stored (hex).
+pub fn hash_hex(token: &str) -> String {
+    forkbox_engine::random::to_hex(&digest(token))
+}
+
 /// Makes a new token, stores its hash, and returns the token (shown once).
 pub fn create(paths: &Paths, name: &str) -> std::io::Result<String> {
     let token = format!("fbx_{}", forkbox_engine::random::hex(32)?);
