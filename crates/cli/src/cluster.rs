@@ -49,6 +49,7 @@ pub enum ClusterCmd {
 pub enum NodeCmd {
     /// Stop placing new sandboxes on NAME (running ones stay, and are listed).
     Drain {
+        /// The node's name.
         name: String,
         /// Undo: place on it again.
         #[arg(long)]

@@ -171,6 +171,7 @@ enum TokenCmd {
         /// from --cluster-secret-file or FORKBOX_CLUSTER_SECRET).
         #[arg(long, value_name = "ETCD_URL[,…]", value_delimiter = ',')]
         cluster: Vec<String>,
+        /// A file holding the cluster secret (or set FORKBOX_CLUSTER_SECRET).
         #[arg(long, value_name = "FILE", requires = "cluster")]
         cluster_secret_file: Option<PathBuf>,
         /// Print the result as JSON.
@@ -179,6 +180,7 @@ enum TokenCmd {
     },
     /// Revoke the cluster's tokens of this name: every node refuses them within a second.
     Revoke {
+        /// The tokens' name (`token create --name`).
         name: String,
         #[command(flatten)]
         reach: cluster::Reach,
