@@ -28,12 +28,15 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v curl >/dev/null || need+=(curl)
+# The deployment test renders deploy/kubernetes with kubectl's kustomize (a kubectl of 1.2x or
+# newer; Debian's kubernetes-client is the fallback where none is installed).
+command -v kubectl >/dev/null || need+=(kubernetes-client)
 if [ "${#need[@]}" -gt 0 ]; then
   echo "== installing ${need[*]} for the network, cluster and SDK tests" >&2
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
-for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl; do
+for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl kubectl; do
   command -v "$p" >/dev/null || { echo "test: $p is still missing after the install" >&2; exit 1; }
 done
 echo "== building the static guest agent" >&2

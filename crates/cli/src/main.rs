@@ -174,6 +174,10 @@ enum TokenCmd {
         /// A file holding the cluster secret (or set FORKBOX_CLUSTER_SECRET).
         #[arg(long, value_name = "FILE", requires = "cluster")]
         cluster_secret_file: Option<PathBuf>,
+        /// Take the token from standard input instead of making one (a token kept in a
+        /// Kubernetes Secret, say; at least 32 characters).
+        #[arg(long, requires = "cluster")]
+        stdin: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -490,19 +494,25 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
                     name,
                     cluster: urls,
                     cluster_secret_file,
+                    stdin,
                     json,
                 },
         } if !urls.is_empty() => {
-            let token = format!("fbx_{}", forkbox_engine::random::hex(32)?);
+            let token = match stdin {
+                true => given_token()?,
+                false => format!("fbx_{}", forkbox_engine::random::hex(32)?),
+            };
             let reach = cluster::Reach {
                 cluster: urls,
                 cluster_secret_file,
             };
             cluster::add_token(reach, &name, &token)?;
-            if json {
-                print_json(&serde_json::json!({ "name": name, "token": token }))?;
-            } else {
-                println!("{token}");
+            // A token given on stdin is never echoed (a Job's log would keep it).
+            match (json, stdin) {
+                (true, false) => print_json(&serde_json::json!({ "name": name, "token": token }))?,
+                (true, true) => print_json(&serde_json::json!({ "name": name, "stored": true }))?,
+                (false, false) => println!("{token}"),
+                (false, true) => eprintln!("stored the hash of token {name} in the cluster"),
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -523,6 +533,21 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Info { json, accel } => info(&paths, json, accel),
         Cmd::Doctor { json, accel } => doctor(&paths, json, accel),
     }
+}
+
+/// A token read from standard input (one line), checked for length and characters.
+fn given_token() -> anyhow::Result<String> {
+    let mut s = String::new();
+    std::io::stdin().read_line(&mut s)?;
+    let t = s.trim();
+    if t.len() < 32 || !t.bytes().all(|b| b.is_ascii_graphic()) {
+        anyhow::bail!(
+            "the token on standard input must be at least 32 visible ASCII characters \
+             (got {} characters)",
+            t.len()
+        );
+    }
+    Ok(t.to_string())
 }
 
 fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {

@@ -250,12 +250,24 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
 
     // Operators: the status names every node and member; a drained node takes no placement.
     let status: serde_json::Value = serde_json::from_str(&nodes[0].ok(&[
-        "cluster", "status", "--cluster", &endpoints, "--json",
+        "cluster",
+        "status",
+        "--cluster",
+        &endpoints,
+        "--json",
     ]))
     .unwrap();
     assert_eq!(status["nodes"].as_array().unwrap().len(), 3, "{status}");
-    assert_eq!(status["etcd_members"].as_array().unwrap().len(), 3, "{status}");
-    assert!(status["etcd_members"].as_array().unwrap().iter().all(|m| m["healthy"] == true));
+    assert_eq!(
+        status["etcd_members"].as_array().unwrap().len(),
+        3,
+        "{status}"
+    );
+    assert!(status["etcd_members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .all(|m| m["healthy"] == true));
     nodes[0].ok(&["node", "drain", "a", "--cluster", &endpoints]);
     let o = nodes[0].run(&["sandbox", "create", "--node", "a"]);
     assert!(stderr(&o).contains("node a is drained"), "{}", stderr(&o));
@@ -280,7 +292,9 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     nodes[1].ok(&["token", "revoke", "t1", "--cluster", &endpoints]);
     let revoked = Instant::now();
     assert!(
-        infra::wait_until(Duration::from_secs(1), || nodes.iter().all(|n| curl(n, token) == "401")),
+        infra::wait_until(Duration::from_secs(1), || nodes
+            .iter()
+            .all(|n| curl(n, token) == "401")),
         "a revoked token still worked after {:?}",
         revoked.elapsed()
     );

@@ -166,16 +166,18 @@ impl Config {
                 )));
             }
         }
+        // A host name or a Kubernetes node name (a DNS subdomain).
         let name_ok = !self.node.is_empty()
-            && self.node.len() <= 63
+            && self.node.len() <= 253
             && self
                 .node
                 .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
-            && !self.node.starts_with('-');
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+            && !self.node.starts_with(['-', '.'])
+            && !self.node.ends_with(['-', '.']);
         if !name_ok {
             return Err(Error::Invalid(format!(
-                "node name {:?} must be 1-63 of a-z, 0-9 and '-' (not first)",
+                "node name {:?} must be 1-253 of a-z, 0-9, '-' and '.' (neither first nor last)",
                 self.node
             )));
         }

@@ -479,3 +479,38 @@ pub fn mcp_python() -> PathBuf {
     });
     python
 }
+
+/// The Python of a virtual environment (in the test home) with `kubernetes-validate` from PyPI
+/// (Kubernetes' schemas, offline) and PyYAML; made once per machine.
+pub fn kube_python() -> PathBuf {
+    let paths = home();
+    let venv = paths.home().join("kube-venv");
+    let python = venv.join("bin/python");
+    with_lock(&paths, || {
+        let has = std::process::Command::new(&python)
+            .args(["-c", "import kubernetes_validate, yaml"])
+            .output()
+            .is_ok_and(|o| o.status.success());
+        if !has {
+            must(
+                std::process::Command::new("python3")
+                    .args(["-m", "venv"])
+                    .arg(&venv),
+                "python3 -m venv",
+            );
+            must(
+                std::process::Command::new(&python).args([
+                    "-m",
+                    "pip",
+                    "install",
+                    "-q",
+                    "--disable-pip-version-check",
+                    "kubernetes-validate",
+                    "PyYAML",
+                ]),
+                "pip install kubernetes-validate",
+            );
+        }
+    });
+    python
+}
