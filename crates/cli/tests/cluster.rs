@@ -83,8 +83,10 @@ impl Node {
         );
     }
 
+    /// The daemon's log (its home's daemon.log) and what it printed.
     fn log(&self) -> String {
-        std::fs::read_to_string(self.paths.home().join("daemon-test.log")).unwrap_or_default()
+        let read = |f: &str| std::fs::read_to_string(self.paths.home().join(f)).unwrap_or_default();
+        format!("{}{}", read("daemon.log"), read("daemon-test.log"))
     }
 
     fn kill9(&mut self) {
@@ -245,6 +247,23 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
             n.name
         );
     }
+    // The owner's log says the ownership; its metrics carry its node's name.
+    assert!(
+        nodes[1].log().contains(&format!("{id}: owned by b")),
+        "{}",
+        nodes[1].log()
+    );
+    let metrics = Command::new("curl")
+        .args(["-s", "--unix-socket"])
+        .arg(forkbox_server::socket_path(&nodes[1].paths))
+        .arg("http://localhost/metrics")
+        .output()
+        .unwrap();
+    let metrics = String::from_utf8_lossy(&metrics.stdout);
+    assert!(
+        metrics.contains("forkbox_sandboxes_running{node=\"b\"}"),
+        "{metrics}"
+    );
     let only_a = nodes[1].ok(&["sandbox", "ls", "--node", "a", "-q"]);
     assert!(!only_a.contains(&id), "{only_a}");
 

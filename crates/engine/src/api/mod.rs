@@ -195,7 +195,10 @@ impl Engine {
     /// name is refused.
     pub fn set_node(&self, name: &str) -> Result<(), EngineError> {
         match self.node.set(name.to_string()) {
-            Ok(()) => Ok(()),
+            Ok(()) => {
+                self.metrics.label_node(name);
+                Ok(())
+            }
             Err(_) if self.node.get().map(String::as_str) == Some(name) => Ok(()),
             Err(_) => Err(EngineError::BadRequest(format!(
                 "this engine is node {:?} already",

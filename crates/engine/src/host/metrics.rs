@@ -32,6 +32,8 @@ pub struct NetCounts {
 
 pub struct Metrics {
     registry: Registry,
+    /// The same metrics, each with its node's name as the label `node` (a cluster node's).
+    labelled: std::sync::OnceLock<Registry>,
     pub sandboxes: Gauge,
     pub create_seconds: Histogram,
     pub exec_seconds: Histogram,
@@ -45,81 +47,91 @@ pub struct Metrics {
 
 impl Default for Metrics {
     fn default() -> Self {
-        let sandboxes = Gauge::default();
-        let create_seconds = Histogram::new(exponential_buckets(0.01, 2.0, 14));
-        let exec_seconds = Histogram::new(exponential_buckets(0.001, 2.0, 20));
-        let bytes_uploaded = Counter::default();
-        let bytes_downloaded = Counter::default();
-        let cpu_seconds = Family::<SandboxLabel, Gauge<f64, AtomicU64>>::default();
-        let memory_mib_seconds = Family::<SandboxLabel, Counter<f64, AtomicU64>>::default();
-        let network_bytes = Family::<NetLabel, Gauge>::default();
-        let network_refused = Family::<SandboxLabel, Gauge>::default();
-        let mut registry = Registry::with_prefix("forkbox");
-        registry.register(
-            "sandbox_network_bytes",
-            "Bytes a sandbox's proxy tunnels carried (out: to remote hosts, in: back)",
-            network_bytes.clone(),
-        );
-        registry.register(
-            "sandbox_network_refused",
-            "Connections of a sandbox the host refused by its network policy",
-            network_refused.clone(),
-        );
-        registry.register(
-            "sandboxes_running",
-            "Sandboxes the daemon runs",
-            sandboxes.clone(),
-        );
-        registry.register(
-            "create_seconds",
-            "Time to create a sandbox (to agent-ready)",
-            create_seconds.clone(),
-        );
-        registry.register(
-            "exec_seconds",
-            "Time of plain exec calls, start to exit",
-            exec_seconds.clone(),
-        );
-        registry.register(
-            "uploaded_bytes",
-            "Compressed bytes uploaded into sandboxes",
-            bytes_uploaded.clone(),
-        );
-        registry.register(
-            "downloaded_bytes",
-            "Compressed bytes downloaded from sandboxes",
-            bytes_downloaded.clone(),
-        );
-        registry.register(
-            "sandbox_cpu_seconds",
-            "CPU time of a sandbox's VM process",
-            cpu_seconds.clone(),
-        );
-        registry.register(
-            "sandbox_memory_mib_seconds",
-            "Resident memory of a sandbox's VM process integrated over time",
-            memory_mib_seconds.clone(),
-        );
-        Metrics {
-            registry,
-            sandboxes,
-            create_seconds,
-            exec_seconds,
-            bytes_uploaded,
-            bytes_downloaded,
-            cpu_seconds,
-            memory_mib_seconds,
-            network_bytes,
-            network_refused,
-        }
+        let mut m = Metrics {
+            registry: Registry::default(),
+            labelled: std::sync::OnceLock::new(),
+            sandboxes: Gauge::default(),
+            create_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            exec_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            bytes_uploaded: Counter::default(),
+            bytes_downloaded: Counter::default(),
+            cpu_seconds: Family::default(),
+            memory_mib_seconds: Family::default(),
+            network_bytes: Family::default(),
+            network_refused: Family::default(),
+        };
+        m.registry = m.registry_with(Registry::with_prefix("forkbox"));
+        m
     }
 }
 
 impl Metrics {
+    /// Every metric, registered in `registry` (handles share their values).
+    fn registry_with(&self, mut registry: Registry) -> Registry {
+        registry.register(
+            "sandbox_network_bytes",
+            "Bytes a sandbox's proxy tunnels carried (out: to remote hosts, in: back)",
+            self.network_bytes.clone(),
+        );
+        registry.register(
+            "sandbox_network_refused",
+            "Connections of a sandbox the host refused by its network policy",
+            self.network_refused.clone(),
+        );
+        registry.register(
+            "sandboxes_running",
+            "Sandboxes the daemon runs",
+            self.sandboxes.clone(),
+        );
+        registry.register(
+            "create_seconds",
+            "Time to create a sandbox (to agent-ready)",
+            self.create_seconds.clone(),
+        );
+        registry.register(
+            "exec_seconds",
+            "Time of plain exec calls, start to exit",
+            self.exec_seconds.clone(),
+        );
+        registry.register(
+            "uploaded_bytes",
+            "Compressed bytes uploaded into sandboxes",
+            self.bytes_uploaded.clone(),
+        );
+        registry.register(
+            "downloaded_bytes",
+            "Compressed bytes downloaded from sandboxes",
+            self.bytes_downloaded.clone(),
+        );
+        registry.register(
+            "sandbox_cpu_seconds",
+            "CPU time of a sandbox's VM process",
+            self.cpu_seconds.clone(),
+        );
+        registry.register(
+            "sandbox_memory_mib_seconds",
+            "Resident memory of a sandbox's VM process integrated over time",
+            self.memory_mib_seconds.clone(),
+        );
+        registry
+    }
+
+    /// From now on every metric carries `node="NAME"` (a cluster node's metrics, scraped from
+    /// many nodes, tell their node apart). Once.
+    pub fn label_node(&self, node: &str) {
+        let labels = [(
+            std::borrow::Cow::Borrowed("node"),
+            std::borrow::Cow::Owned(node.to_string()),
+        )];
+        let r = Registry::with_prefix_and_labels("forkbox", labels.into_iter());
+        let _ = self.labelled.set(self.registry_with(r));
+    }
+
     /// The metrics in Prometheus text format.
     pub fn encode(&self) -> String {
         let mut out = String::new();
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let registry = self.labelled.get().unwrap_or(&self.registry);
+        let _ = prometheus_client::encoding::text::encode(&mut out, registry);
         out
     }
 
@@ -233,5 +245,30 @@ mod tests {
         );
         m.forget("sb-self");
         assert!(!m.encode().contains("sb-self"));
+    }
+
+    #[test]
+    fn a_cluster_node_labels_every_metric_with_its_name() {
+        let m = Metrics::default();
+        m.bytes_uploaded.inc_by(5);
+        m.label_node("node-a");
+        m.bytes_uploaded.inc_by(2);
+        m.sample("sb-x", std::process::id(), 1.0, NetCounts::default());
+        let text = m.encode();
+        assert!(
+            text.contains("forkbox_uploaded_bytes_total{node=\"node-a\"} 7"),
+            "{text}"
+        );
+        assert!(
+            text.contains("forkbox_sandbox_cpu_seconds{node=\"node-a\",sandbox=\"sb-x\"}")
+                || text.contains("forkbox_sandbox_cpu_seconds{sandbox=\"sb-x\",node=\"node-a\"}"),
+            "{text}"
+        );
+        let samples = text
+            .lines()
+            .filter(|l| !l.starts_with('#') && !l.is_empty());
+        for line in samples {
+            assert!(line.contains("node=\"node-a\""), "{line}");
+        }
     }
 }
