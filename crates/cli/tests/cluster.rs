@@ -26,11 +26,19 @@ struct Node {
     paths: Paths,
     child: Option<Child>,
     endpoints: String,
+    extra: Vec<String>,
 }
 
 impl Node {
-    fn new(name: &str, ns: &str, addr: &str, endpoints: &str) -> Node {
-        let paths = infra::isolated_home(&format!("cluster-{name}"));
+    fn new(
+        home: &str,
+        name: &str,
+        ns: &str,
+        addr: &str,
+        endpoints: &str,
+        extra: &[String],
+    ) -> Node {
+        let paths = infra::isolated_home(&format!("{home}-{name}"));
         common::stop_daemon_of(&paths);
         let _ = std::fs::remove_file(paths.home().join("cluster-ledger.json"));
         let mut n = Node {
@@ -40,6 +48,7 @@ impl Node {
             paths,
             child: None,
             endpoints: endpoints.into(),
+            extra: extra.to_vec(),
         };
         n.start();
         n
@@ -66,6 +75,7 @@ impl Node {
             .args(["--cluster", &self.endpoints, "--node", &self.name])
             .args(["--advertise", &format!("http://{}:7070", self.addr)])
             .args(["--lease", &LEASE_SECS.to_string()])
+            .args(&self.extra)
             .env("RUST_LOG", "info")
             .stdout(Stdio::null())
             .stderr(log)
@@ -165,16 +175,42 @@ fn stderr(o: &Output) -> String {
     String::from_utf8_lossy(&o.stderr).into_owned()
 }
 
+/// A 3-member etcd in the hub's namespace and nodes a, b and c, each in its own; dropped in
+/// the order that stops the nodes before etcd and the namespaces.
+struct TestCluster {
+    nodes: Vec<Node>,
+    etcd: EtcdCluster,
+    endpoints: String,
+    _net: ClusterNet,
+}
+
+impl TestCluster {
+    fn start(home: &str, extra: &[String]) -> TestCluster {
+        let net = ClusterNet::new(3);
+        let etcd = EtcdCluster::start_in(3, &net.hub_ip, Some(&net.hub));
+        let endpoints = etcd.endpoints_arg();
+        let nodes = ["a", "b", "c"]
+            .iter()
+            .zip(&net.nodes)
+            .map(|(name, (ns, addr))| Node::new(home, name, ns, addr, &endpoints, extra))
+            .collect();
+        TestCluster {
+            nodes,
+            etcd,
+            endpoints,
+            _net: net,
+        }
+    }
+}
+
 #[test]
 fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
-    let net = ClusterNet::new(3);
-    let mut etcd = EtcdCluster::start_in(3, &net.hub_ip, Some(&net.hub));
-    let endpoints = etcd.endpoints_arg();
-    let mut nodes: Vec<Node> = ["a", "b", "c"]
-        .iter()
-        .zip(&net.nodes)
-        .map(|(name, (ns, addr))| Node::new(name, ns, addr, &endpoints))
-        .collect();
+    let TestCluster {
+        mut nodes,
+        mut etcd,
+        endpoints,
+        _net,
+    } = TestCluster::start("cluster", &[]);
 
     // A name held by a live node is refused at once, saying by whom.
     let o = nodes[1]
@@ -443,4 +479,84 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
             n.name
         );
     }
+}
+
+/// The Python and TypeScript SDKs' own suites and the MCP client over Streamable HTTP, pointed
+/// at node b of a cluster (with a cluster token; the TCP checks against node c): their
+/// sandboxes are placed on any node and reached through b.
+#[test]
+fn the_sdks_and_mcp_work_pointed_at_any_node() {
+    let root = common::mcp_root();
+    let extra = vec!["--mcp-root".to_string(), root.path().display().to_string()];
+    let c = TestCluster::start("cluster-sdk", &extra);
+    let token = c.nodes[0].ok(&[
+        "token",
+        "create",
+        "--name",
+        "sdk",
+        "--cluster",
+        &c.endpoints,
+    ]);
+    let token = token.trim();
+    let (b, other) = (&c.nodes[1], &c.nodes[2]);
+    let client = |program: &std::path::Path| {
+        let mut cmd = ClusterNet::command_in(&b.ns, program);
+        cmd.env("FORKBOX_API", format!("http://{}:7070", b.addr))
+            .env("FORKBOX_TOKEN", token)
+            .env("FORKBOX_TEST_TCP", format!("http://{}:7070", other.addr))
+            .env("FORKBOX_TEST_TOKEN", token)
+            .current_dir(infra::repo_root())
+            .stdin(Stdio::null());
+        cmd
+    };
+    let check = |cmd: &mut Command, what: &str| {
+        let o = cmd.output().unwrap();
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        println!("{out}");
+        assert!(
+            o.status.success(),
+            "{what} against the cluster failed:\n{out}{}\n-- node b:\n{}",
+            String::from_utf8_lossy(&o.stderr),
+            b.log()
+        );
+        out
+    };
+    let python = infra::sdk_python();
+    let out = check(
+        client(&python).args([
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "sdk/python/tests",
+        ]),
+        "the Python SDK's tests",
+    );
+    assert!(out.contains(" passed"), "{out}");
+    let dir = infra::npm_ready("sdk/typescript");
+    let out = check(
+        client(std::path::Path::new("node"))
+            .args(["--test", "--test-reporter=spec"])
+            .arg(dir.join("test")),
+        "the TypeScript SDK's tests",
+    );
+    assert!(out.contains("pass"), "{out}");
+    let mcp = infra::mcp_python();
+    let out = check(
+        client(&mcp)
+            .arg(infra::repo_root().join("crates/mcp/tests/mcp_client.py"))
+            .arg("http")
+            .arg(format!("http://{}:7070/mcp", b.addr))
+            .arg(token)
+            .arg(root.path()),
+        "the MCP client over Streamable HTTP",
+    );
+    assert!(out.contains("5 concurrent sessions"), "{out}");
+    // What the suites made went where placement put it; all of it is gone.
+    assert!(
+        infra::wait_until(Duration::from_secs(60), || b.ls().is_empty()),
+        "left in the cluster: {:?}",
+        b.ls()
+    );
 }

@@ -13,7 +13,7 @@ use std::time::Duration;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{stop_daemon_of, Daemon};
+use common::{mcp_root, stop_daemon_of, Daemon};
 
 /// The Python SDK's suite (sdk/python/tests): every call and its errors, cleanup by context
 /// manager, 10 concurrent async execs, an image built from a seed.
@@ -258,21 +258,6 @@ fn sdks_start_the_local_daemon_when_none_runs() {
         );
     }
     stop_daemon_of(&paths);
-}
-
-/// A directory holding a copy of examples/legacykit: the one host directory the MCP tests
-/// allow (`--root`), and where downloads land.
-fn mcp_root() -> tempfile::TempDir {
-    let root = tempfile::tempdir().unwrap();
-    let out = Command::new("cp")
-        .arg("-r")
-        .arg(infra::repo_root().join("examples/legacykit"))
-        .arg(infra::repo_root().join("examples/plans"))
-        .arg(root.path())
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    root
 }
 
 /// Waits for the daemon to hold no sandbox (an MCP session's end deletes its own).

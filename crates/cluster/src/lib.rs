@@ -627,18 +627,22 @@ impl Cluster {
         self.delete(&k).await
     }
 
-    /// Marks this node's record of `id` lost (its VM is gone).
-    pub async fn mark_lost(&self, id: &str) -> Result<()> {
+    /// Marks this node's record of `id` lost (its VM is gone), or, with `lost == false`, found
+    /// again (its VM is back: the node re-adopted it).
+    pub async fn mark_lost(&self, id: &str, lost: bool) -> Result<()> {
         let k = key("sandboxes", id);
         let Some(mut o) = self.owner(id).await? else {
             return Ok(());
         };
-        if o.node != self.cfg.node || o.lost {
+        if o.node != self.cfg.node || o.lost == lost {
             return Ok(());
         }
-        o.lost = true;
+        o.lost = lost;
         self.put(&k, encode(&o)).await?;
-        tracing::info!("{id}: marked lost by {} (its VM is gone)", self.cfg.node);
+        match lost {
+            true => tracing::info!("{id}: marked lost by {} (its VM is gone)", self.cfg.node),
+            false => tracing::info!("{id}: found again by {} (re-adopted)", self.cfg.node),
+        }
         Ok(())
     }
 

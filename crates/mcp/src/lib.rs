@@ -1038,6 +1038,9 @@ pub fn http_service(
             Ok(ForkboxMcp::new(client, options.clone()))
         },
         Arc::new(LocalSessionManager::default()),
-        StreamableHttpServerConfig::default(),
+        // The daemon's own gate checks `Host` on its TCP listener before /mcp is reached (IP
+        // literals, localhost, FORKBOX_ALLOWED_HOSTS: the same rule as every route), so a node
+        // reached at its address, as in a cluster, is not refused here by a narrower list.
+        StreamableHttpServerConfig::default().disable_allowed_hosts(),
     )
 }

@@ -65,6 +65,7 @@ pub struct Node {
     /// None until etcd first answered (the node serves its own sandboxes meanwhile).
     cluster: tokio::sync::RwLock<Option<Cluster>>,
     http: HttpClient<HttpConnector, Body>,
+    config: Config,
     /// Sandboxes this node recorded as its own in etcd (kept in the home, so a restart tells
     /// a record removed elsewhere from one never made).
     ledger: Mutex<BTreeSet<String>>,
@@ -123,6 +124,7 @@ pub async fn start(
         paths,
         cluster: Default::default(),
         http: HttpClient::builder(TokioExecutor::new()).build(connector),
+        config: cfg.clone(),
         ledger: Mutex::new(ledger),
     });
     match node.join(&cfg).await {
@@ -155,7 +157,7 @@ impl Node {
             cfg.lease_secs
         );
         *self.cluster.write().await = Some(c.clone());
-        self.reconcile(&c).await;
+        self.reconcile(&c, true).await;
         Ok(())
     }
 
@@ -180,7 +182,7 @@ impl Node {
                             if let Err(e) = c.publish(&me.record(&cfg).await).await {
                                 tracing::warn!("cluster: publishing this node's record: {e}");
                             }
-                            me.reconcile(&c).await;
+                            me.reconcile(&c, false).await;
                         }
                     }
                 }));
@@ -265,10 +267,13 @@ impl Node {
         Ok(())
     }
 
-    /// Observe both sides, compare, act: a record of this node's whose sandbox is gone is
-    /// marked lost; a sandbox whose record was removed elsewhere is stopped; a sandbox that
-    /// was never recorded (made before this node joined) is recorded now.
-    async fn reconcile(&self, c: &Cluster) {
+    /// Observe both sides, compare, act: when the node (re)joins, a record of this node's whose
+    /// sandbox is gone is marked lost (its host restarted under it); a record marked lost whose
+    /// sandbox is here again is found; a sandbox whose record was removed elsewhere is stopped;
+    /// a sandbox that was never recorded (made before this node joined) is recorded now. Only
+    /// at a join is an absence taken as a loss: while the node runs, its engine is the truth,
+    /// and a sandbox between two homes (being hibernated, say) is not lost.
+    async fn reconcile(&self, c: &Cluster, joining: bool) {
         let Ok(local) = self
             .engine
             .call(ops::List {
@@ -288,9 +293,12 @@ impl Node {
             .map(|o| o.view.info.id.clone())
             .collect();
         let here: BTreeSet<String> = local.iter().map(|v| v.info.id.clone()).collect();
-        for o in records.iter().filter(|o| o.node == self.name && !o.lost) {
-            if !here.contains(&o.view.info.id) && !self.deleting(&o.view.info.id) {
-                let _ = c.mark_lost(&o.view.info.id).await;
+        for o in records.iter().filter(|o| o.node == self.name) {
+            let id = &o.view.info.id;
+            if here.contains(id) && o.lost {
+                let _ = c.mark_lost(id, false).await;
+            } else if joining && !here.contains(id) && !o.lost && !self.deleting(id) {
+                let _ = c.mark_lost(id, true).await;
             }
         }
         for v in local.iter().filter(|v| !mine.contains(&v.info.id)) {
@@ -312,6 +320,15 @@ impl Node {
     /// A delete of this node's is under way (its record goes after the VM).
     fn deleting(&self, id: &str) -> bool {
         !self.in_ledger(id)
+    }
+
+    /// Rewrites this node's record now (after a change of what it holds).
+    async fn publish_now(&self) {
+        if let Some(c) = self.cluster().await {
+            if let Err(e) = c.publish(&self.record(&self.config).await).await {
+                tracing::warn!("cluster: publishing this node's record: {e}");
+            }
+        }
     }
 
     /// Sandboxes the TTL sweep removed: their records go too.
@@ -494,6 +511,9 @@ enum Effect {
     Creates,
     Forks,
     Deletes,
+    /// Makes or removes a snapshot: this node's record (what it holds) is rewritten at once,
+    /// so a fork of it through another node finds it.
+    Snapshots,
 }
 
 fn effect(method: &Method, path: &str) -> Effect {
@@ -503,6 +523,10 @@ fn effect(method: &Method, path: &str) -> Effect {
         (&Method::POST, ["v1", "sandboxes", _, "fork"]) => Effect::Forks,
         (&Method::POST, ["v1", "snapshots", _, "fork"]) => Effect::Forks,
         (&Method::DELETE, ["v1", "sandboxes", _]) => Effect::Deletes,
+        (&Method::POST, ["v1", "sandboxes", _, "snapshot" | "hibernate" | "resume"]) => {
+            Effect::Snapshots
+        }
+        (&Method::DELETE, ["v1", "snapshots", _]) => Effect::Snapshots,
         _ => Effect::None,
     }
 }
@@ -553,14 +577,22 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
     if effect == Effect::None {
         return next.run(req).await;
     }
+    if effect == Effect::Snapshots {
+        let r = next.run(req).await;
+        if r.status().is_success() {
+            node.publish_now().await;
+        }
+        return r;
+    }
     let c = match node.quorum().await {
         Ok(c) => c,
         Err(r) => return r,
     };
-    let (req, pinned) = match pinned_node(req).await {
+    let (req, body) = match read_json(req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
+    let pinned = body.get("node").and_then(|n| n.as_str());
     if effect == Effect::Forks {
         if let Some(p) = pinned.filter(|p| *p != node.name) {
             return refusal(
@@ -585,33 +617,45 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         });
     }
     let r = next.run(req).await;
+    if effect == Effect::Deletes && r.status() == StatusCode::NOT_FOUND {
+        // A record of this node's whose VM is gone (lost when the host restarted): deleting
+        // it removes the record.
+        if let Ok(Some(o)) = c.owner(&id).await {
+            if o.node == node.name && c.forget(&id).await.is_ok() {
+                return axum::Json(forkbox_engine::api::Deleted { deleted: id }).into_response();
+            }
+        }
+    }
     if !r.status().is_success() {
         return r;
     }
     match effect {
         Effect::Creates => record_created(node, &c, r).await,
-        Effect::Forks => record_forked(node, &c, r).await,
+        Effect::Forks => {
+            let r = record_forked(node, &c, r).await;
+            node.publish_now().await;
+            r
+        }
         Effect::Deletes => {
             if let Err(e) = c.forget(&id).await {
                 tracing::warn!("{id}: deleted; its cluster record stays until etcd answers: {e}");
             }
             r
         }
-        Effect::None => r,
+        Effect::None | Effect::Snapshots => r,
     }
 }
 
-/// Reads a JSON body (bounded) and gives the request back with it, and its `node` field.
-async fn pinned_node(req: Request) -> Result<(Request, Option<String>), Response> {
+/// Reads a JSON body (bounded) and gives the request back with it, and the body parsed (null
+/// when it is not JSON: the handler then says what is wrong with it).
+async fn read_json(req: Request) -> Result<(Request, serde_json::Value), Response> {
     let (parts, body) = req.into_parts();
     let bytes = match axum::body::to_bytes(body, MAX_DECISION_BODY).await {
         Ok(b) => b,
         Err(e) => return Err(refusal(Code::PayloadTooLarge, e.to_string())),
     };
-    let node = serde_json::from_slice::<serde_json::Value>(&bytes)
-        .ok()
-        .and_then(|v| v.get("node").and_then(|n| n.as_str()).map(str::to_string));
-    Ok((Request::from_parts(parts, Body::from(bytes)), node))
+    let v = serde_json::from_slice(&bytes).unwrap_or_default();
+    Ok((Request::from_parts(parts, Body::from(bytes)), v))
 }
 
 async fn body_json<T: serde::de::DeserializeOwned>(
@@ -684,7 +728,8 @@ async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response
     };
     let owner = match c.owner(&id).await {
         Ok(Some(o)) => o,
-        Ok(None) => return local(node, req, next).await,
+        // No sandbox of that id: a fork's source may be a snapshot's name.
+        Ok(None) => return by_holder(node, id, req, next).await,
         Err(e) => return Node::unavailable(e),
     };
     if owner.node == node.name {
@@ -695,7 +740,8 @@ async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response
         Err(e) => return Node::unavailable(e),
     };
     match live.iter().find(|n| n.name == owner.node) {
-        Some(target) if !owner.lost => node.forward(target, req).await,
+        // A live owner answers for its own, lost or not (it re-adopts what is back).
+        Some(target) => node.forward(target, req).await,
         _ if req.method() == Method::DELETE => match c.remove_record(&id, &owner.node).await {
             Ok(()) => {
                 tracing::info!("{id}: lost with node {}; its record removed", owner.node);
@@ -714,7 +760,8 @@ async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response
     }
 }
 
-/// A call about snapshot `name`: on a node that holds it (this one first).
+/// A call about snapshot `name`: on a node that holds it (this one first). A fork of it goes
+/// where placement puts the copies among the holders.
 async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Response {
     let here = node
         .engine
@@ -728,15 +775,24 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
-    let (req, pinned) = match pinned_node(req).await {
+    let is_fork = req.method() == Method::POST && req.uri().path().ends_with("/fork");
+    if !is_fork {
+        return match live.iter().find(|n| n.snapshots.contains(&name)) {
+            Some(holder) => node.forward(holder, req).await,
+            None => local(node, req, next).await,
+        };
+    }
+    let (req, body) = match read_json(req).await {
         Ok(x) => x,
         Err(r) => return r,
     };
+    let pinned = body.get("node").and_then(|n| n.as_str());
+    let count = body.get("count").and_then(|c| c.as_u64()).unwrap_or(1);
     let want = Want {
-        pinned: pinned.as_deref(),
+        pinned,
         snapshot: Some(&name),
         memory_mib: DEFAULT_MEMORY_MIB,
-        count: 1,
+        count: u32::try_from(count).unwrap_or(u32::MAX),
         ..Want::default()
     };
     match placement::place(&live, &want) {

@@ -139,3 +139,18 @@ pub fn stop_daemon_of(paths: &Paths) {
         });
     }
 }
+
+/// A directory holding a copy of examples/legacykit: the one host directory the MCP tests
+/// allow (`--root`), and where downloads land.
+pub fn mcp_root() -> tempfile::TempDir {
+    let root = tempfile::tempdir().unwrap();
+    let out = Command::new("cp")
+        .arg("-r")
+        .arg(infra::repo_root().join("examples/legacykit"))
+        .arg(infra::repo_root().join("examples/plans"))
+        .arg(root.path())
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    root
+}
