@@ -477,9 +477,19 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Mcp { roots, all } => daemon::mcp(&paths, roots, all),
         Cmd::Cluster { command } => cluster::cluster(command),
         Cmd::Node { command } => cluster::node(command),
-        Cmd::Token {
-            command: TokenCmd::Revoke { name, reach },
-        } => {
+        Cmd::Token { command } => token(&paths, command),
+        Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
+        Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
+        Cmd::Migrate(args) => migrate::migrate(&paths, args),
+        Cmd::Info { json, accel } => info(&paths, json, accel),
+        Cmd::Doctor { json, accel } => doctor(&paths, json, accel),
+    }
+}
+
+/// `forkbox token`: a token in this host's state, or in the cluster's etcd.
+fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
+    match cmd {
+        TokenCmd::Revoke { name, reach } => {
             let n = cluster::revoke_tokens(reach, &name)?;
             println!("revoked {n} token(s) named {name}");
             Ok(if n == 0 {
@@ -488,15 +498,12 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
                 ExitCode::SUCCESS
             })
         }
-        Cmd::Token {
-            command:
-                TokenCmd::Create {
-                    name,
-                    cluster: urls,
-                    cluster_secret_file,
-                    stdin,
-                    json,
-                },
+        TokenCmd::Create {
+            name,
+            cluster: urls,
+            cluster_secret_file,
+            stdin,
+            json,
         } if !urls.is_empty() => {
             let token = match stdin {
                 true => given_token()?,
@@ -516,9 +523,7 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Token {
-            command: TokenCmd::Create { name, json, .. },
-        } => {
+        TokenCmd::Create { name, json, .. } => {
             let token = forkbox_server::auth::create(&paths, &name)?;
             if json {
                 print_json(&serde_json::json!({ "name": name, "token": token }))?;
@@ -527,11 +532,6 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
-        Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
-        Cmd::Migrate(args) => migrate::migrate(&paths, args),
-        Cmd::Info { json, accel } => info(&paths, json, accel),
-        Cmd::Doctor { json, accel } => doctor(&paths, json, accel),
     }
 }
 
