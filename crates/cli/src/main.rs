@@ -524,7 +524,7 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         TokenCmd::Create { name, json, .. } => {
-            let token = forkbox_server::auth::create(&paths, &name)?;
+            let token = forkbox_server::auth::create(paths, &name)?;
             if json {
                 print_json(&serde_json::json!({ "name": name, "token": token }))?;
             } else {
