@@ -221,12 +221,56 @@ pub fn now_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// How far this node's clock may be from another node's before it is refused (the same window
+/// a node's signature is accepted in).
+pub const MAX_CLOCK_SKEW_MS: u64 = auth::MAX_SKEW_MS;
+
+/// Whether this node's clock (`now_ms`) agrees with the live `nodes`' own, read from their
+/// records (each rewritten at least every `publish_every_ms`): a node far off is refused at
+/// its join, by how much and against whom, instead of failing every forwarded call later.
+pub fn check_clock(
+    now_ms: u64,
+    nodes: &[NodeRecord],
+    me: &str,
+    publish_every_ms: u64,
+) -> Result<()> {
+    for n in nodes
+        .iter()
+        .filter(|n| n.name != me && n.updated_unix_ms > 0)
+    {
+        // Their record is at most publish_every old: their clock now is in
+        // [updated, updated + publish_every] (plus what reading took).
+        let (lo, hi) = (
+            n.updated_unix_ms,
+            n.updated_unix_ms + publish_every_ms + 1_000,
+        );
+        let off = if now_ms < lo {
+            lo - now_ms
+        } else {
+            now_ms.saturating_sub(hi)
+        };
+        if off > MAX_CLOCK_SKEW_MS {
+            let how = if now_ms < lo { "behind" } else { "ahead of" };
+            return Err(Error::Invalid(format!(
+                "this node's clock is {} s {how} node {}'s (at most {} s apart): fix the time \
+                 (NTP) on one of them",
+                off / 1000,
+                n.name,
+                MAX_CLOCK_SKEW_MS / 1000
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// A node's handle on the cluster. Cheap to clone.
 #[derive(Clone)]
 pub struct Cluster {
     client: Client,
     cfg: Arc<Config>,
     lease: Arc<AtomicI64>,
+    /// The endpoints the client balances over (the given ones, then etcd's member list).
+    endpoints: Arc<std::sync::Mutex<BTreeSet<String>>>,
 }
 
 impl Cluster {
@@ -244,6 +288,9 @@ impl Cluster {
             .map_err(|e| Error::Invalid(format!("etcd endpoints {:?}: {e}", cfg.endpoints)))?;
         let c = Cluster {
             client,
+            endpoints: Arc::new(std::sync::Mutex::new(
+                cfg.endpoints.iter().cloned().collect(),
+            )),
             cfg: Arc::new(cfg),
             lease: Arc::new(AtomicI64::new(0)),
         };
@@ -673,6 +720,41 @@ impl Cluster {
         Ok(n)
     }
 
+    /// Follows etcd's member list: members added since are reached too, removed ones no more
+    /// (the given endpoints are only where to start). What changed.
+    pub async fn sync_endpoints(&self) -> Result<Vec<String>> {
+        let list = self
+            .call(|mut c| async move { c.member_list().await })
+            .await?;
+        let now: BTreeSet<String> = list
+            .members()
+            .iter()
+            .flat_map(|m| m.client_urls().iter().cloned())
+            .collect();
+        if now.is_empty() {
+            return Ok(Vec::new());
+        }
+        let before = match self.endpoints.lock() {
+            Ok(e) => e.clone(),
+            Err(_) => return Ok(Vec::new()),
+        };
+        let mut changed = Vec::new();
+        for url in now.difference(&before) {
+            if self.client.add_endpoint(url).await.is_ok() {
+                changed.push(format!("+{url}"));
+            }
+        }
+        for url in before.difference(&now) {
+            if self.client.remove_endpoint(url).await.is_ok() {
+                changed.push(format!("-{url}"));
+            }
+        }
+        if let Ok(mut e) = self.endpoints.lock() {
+            *e = now;
+        }
+        Ok(changed)
+    }
+
     /// etcd's members, each asked for its status with the deadline.
     pub async fn members(&self) -> Result<Vec<MemberStatus>> {
         let list = self
@@ -736,4 +818,38 @@ fn decode<T: for<'de> Deserialize<'de>>(key: &str, bytes: &[u8]) -> Result<T> {
         key: key.to_string(),
         detail: e.to_string(),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(name: &str, updated_unix_ms: u64) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            updated_unix_ms,
+            ..NodeRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_clock_far_from_another_nodes_is_refused_saying_by_how_much() {
+        let now = 1_000_000_000;
+        let nodes = [
+            at("me", now - 90_000_000),
+            at("b", now - 1_500),
+            at("c", now + 400),
+        ];
+        // Its own old record is no measure; b wrote 1.5 s ago (its clock now at most 1.5 s past
+        // that, + 1 s of reading), c's clock is 0.4 s ahead.
+        assert!(check_clock(now, &nodes, "me", 2_000).is_ok());
+        let e = check_clock(now + 60_000, &nodes, "me", 2_000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("58 s ahead of node b's"), "{e}");
+        let e = check_clock(now - 45_000, &nodes, "me", 2_000)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("43 s behind node b's"), "{e}");
+    }
 }

@@ -125,6 +125,23 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
     assert!(a.nodes().await.expect("nodes")[0].drained);
     a.drain("a", false).await.expect("undrained");
 
+    // Given one endpoint of three, a node learns the others from etcd's member list, and
+    // keeps working when the one it was given stops.
+    let mut one = config(&etcd, "d", "id-d");
+    one.endpoints = vec![etcd.endpoints()[0].clone()];
+    let d = Cluster::connect(one).await.expect("connects");
+    let learned = d.sync_endpoints().await.expect("member list");
+    assert_eq!(learned.len(), 2, "{learned:?}");
+    etcd.stop(0);
+    d.require_quorum()
+        .await
+        .expect("reached through a learned member");
+    etcd.restart(0);
+    assert!(
+        wait_async(Duration::from_secs(20), || async { etcd.healthy() }).await,
+        "member 0 did not come back"
+    );
+
     // One member down: everything works.
     etcd.stop(2);
     a.require_quorum().await.expect("quorum with two of three");

@@ -149,6 +149,16 @@ impl Node {
 
     async fn join(&self, cfg: &Config) -> forkbox_cluster::Result<()> {
         let c = Cluster::connect(cfg.clone()).await?;
+        let every = PUBLISH_EVERY.as_millis() as u64;
+        forkbox_cluster::check_clock(
+            forkbox_cluster::now_ms(),
+            &c.nodes().await?,
+            &cfg.node,
+            every,
+        )?;
+        for change in c.sync_endpoints().await.unwrap_or_default() {
+            tracing::info!("cluster: etcd endpoint {change} (from its member list)");
+        }
         c.join(&self.record(cfg).await).await?;
         tracing::info!(
             "cluster: joined as node {} ({}), lease {} s",
@@ -183,6 +193,9 @@ impl Node {
                                 tracing::warn!("cluster: publishing this node's record: {e}");
                             }
                             me.reconcile(&c, false).await;
+                            for change in c.sync_endpoints().await.unwrap_or_default() {
+                                tracing::info!("cluster: etcd endpoint {change} (member list)");
+                            }
                         }
                     }
                 }));
