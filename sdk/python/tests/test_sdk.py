@@ -131,6 +131,13 @@ def test_errors_carry_the_daemons_message(rt):
         s.fork(count=21)
 
 
+def test_a_pin_to_a_node_that_is_not_there_is_refused(rt):
+    # One daemon: it is in no cluster; a cluster: no node has that name. Either says the name.
+    with pytest.raises(forkbox.BadRequest, match="no-such-node"):
+        rt.sandboxes.create(node="no-such-node", ttl_seconds=TTL)
+    assert not rt.sandboxes.list(node="no-such-node")
+
+
 def test_a_daemon_that_is_not_running_is_named():
     with pytest.raises(forkbox.DaemonNotRunning, match="no forkbox daemon answers on /nonexistent"):
         Runtime(api="unix:/nonexistent/forkbox.sock").info()

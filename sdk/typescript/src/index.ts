@@ -106,6 +106,8 @@ export interface CreateOptions {
   cpus?: number;
   memoryMib?: number;
   diskGib?: number;
+  /** In a cluster: the node to put it on (default: placed by room and what nodes hold). */
+  node?: string;
 }
 
 export interface ForkOptions {
@@ -290,6 +292,7 @@ export class Sandboxes {
     if (o.cpus !== undefined) body.cpus = o.cpus;
     if (o.memoryMib !== undefined) body.memory_mib = o.memoryMib;
     if (o.diskGib !== undefined) body.disk_gib = o.diskGib;
+    if (o.node !== undefined) body.node = o.node;
     const net = network(o.network);
     if (net) body.network = net;
     if (o.persistent) body.ttl_action = "hibernate";
@@ -300,10 +303,13 @@ export class Sandboxes {
     return new Sandbox(this.rt, await this.rt.t.json<SandboxInfo>("GET", `/sandboxes/${id}`));
   }
 
-  async list(filter: { label?: string; state?: string } = {}): Promise<Sandbox[]> {
+  /** Every sandbox (in a cluster: of every node), or those with `label` ("k=v"), in `state`,
+   * on `node`. */
+  async list(filter: { label?: string; state?: string; node?: string } = {}): Promise<Sandbox[]> {
     const query: Record<string, string> = {};
     if (filter.label) query.label = filter.label;
     if (filter.state) query.state = filter.state;
+    if (filter.node) query.node = filter.node;
     const all = await this.rt.t.json<SandboxInfo[]>("GET", "/sandboxes", { query });
     return all.map((v) => new Sandbox(this.rt, v));
   }

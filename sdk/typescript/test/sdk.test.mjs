@@ -108,6 +108,13 @@ test("errors carry the daemon's message", async () => {
   await assert.rejects(s.exec("true"), new RegExp(`no sandbox ${s.id}`));
   await s.stop();
   await assert.rejects(s.fork({ count: 21 }), (e) => e instanceof BadRequestError && e.code === "bad_request");
+  // A pin to a node that is not there: one daemon is in no cluster, a cluster has no such node.
+  await assert.rejects(rt.sandboxes.create({ node: "no-such-node", ttlSeconds: TTL }), (e) => {
+    assert.ok(e instanceof BadRequestError);
+    assert.match(e.message, /no-such-node/);
+    return true;
+  });
+  assert.equal((await rt.sandboxes.list({ node: "no-such-node" })).length, 0);
   await assert.rejects(new Runtime({ api: "unix:/nonexistent/forkbox.sock" }).info(), (e) => {
     assert.ok(e instanceof DaemonNotRunningError);
     assert.match(e.message, /no forkbox daemon answers on \/nonexistent/);

@@ -207,6 +207,22 @@ impl Engine {
         }
     }
 
+    /// A request pinned to a node must have reached that node: a daemon outside a cluster, or
+    /// another node, refuses it rather than place it silently elsewhere.
+    fn pinned_here(&self, pinned: Option<&str>) -> Result<(), EngineError> {
+        match (pinned, self.node()) {
+            (None, _) => Ok(()),
+            (Some(p), Some(me)) if p == me => Ok(()),
+            (Some(p), Some(me)) => Err(EngineError::BadRequest(format!(
+                "node {p:?} was asked for, and this is node {me}"
+            ))),
+            (Some(p), None) => Err(EngineError::BadRequest(format!(
+                "node {p:?} was asked for, and this daemon is not in a cluster (started without \
+                 --cluster): leave out the node"
+            ))),
+        }
+    }
+
     /// Its node's name in a cluster.
     pub fn node(&self) -> Option<&str> {
         self.node.get().map(String::as_str)
@@ -302,6 +318,7 @@ impl Engine {
 
     async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
         within("count", r.count, 1..=MAX_FORK)?;
+        self.pinned_here(r.node.as_deref())?;
         let started = std::time::Instant::now();
         let store = crate::snapshot::SnapshotStore::new(&self.paths);
         let source_network = self
@@ -535,6 +552,7 @@ impl Engine {
     }
 
     async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
+        self.pinned_here(r.node.as_deref())?;
         let cfg = self.config(&r)?;
         let network = r.network.clone().unwrap_or_default();
         network

@@ -135,9 +135,11 @@ class AsyncSandboxes:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         disk_gib: Optional[int] = None,
+        node: Optional[str] = None,
     ) -> "AsyncSandbox":
         body = c.create_body(
-            image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib
+            image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
+            node,
         )
         return AsyncSandbox(self._rt, await self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -145,9 +147,12 @@ class AsyncSandboxes:
         return AsyncSandbox(self._rt, await self._rt._call("GET", f"/sandboxes/{sandbox_id}"))
 
     async def list(
-        self, label: Optional[str] = None, state: Optional[str] = None
+        self,
+        label: Optional[str] = None,
+        state: Optional[str] = None,
+        node: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
-        params = {k: v for k, v in (("label", label), ("state", state)) if v}
+        params = {k: v for k, v in (("label", label), ("state", state), ("node", node)) if v}
         return [
             AsyncSandbox(self._rt, d)
             for d in await self._rt._call("GET", "/sandboxes", params=params)

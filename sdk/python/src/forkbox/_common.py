@@ -256,6 +256,7 @@ def create_body(
     cpus: Optional[int] = None,
     memory_mib: Optional[int] = None,
     disk_gib: Optional[int] = None,
+    node: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"labels": dict(labels or {})}
     for k, v in (
@@ -266,6 +267,7 @@ def create_body(
         ("memory_mib", memory_mib),
         ("disk_gib", disk_gib),
         ("network", network_body(network)),
+        ("node", node),
     ):
         if v is not None:
             body[k] = v

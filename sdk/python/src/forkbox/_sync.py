@@ -145,22 +145,30 @@ class Sandboxes:
         cpus: Optional[int] = None,
         memory_mib: Optional[int] = None,
         disk_gib: Optional[int] = None,
+        node: Optional[str] = None,
     ) -> "Sandbox":
         """A new running sandbox of ``image`` (NAME or NAME@N; the default image when None), or
-        of ``snapshot``. No network unless ``network={"internet": True}`` or
+        of ``snapshot``. In a cluster, ``node`` pins it to that node. No network unless ``network={"internet": True}`` or
         ``{"allow": ["pypi.org"]}``. ``persistent``: kept (hibernated) when its TTL passes and
         not deleted when a ``with`` block ends."""
         body = c.create_body(
-            image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib
+            image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
+            node,
         )
         return Sandbox(self._rt, self._rt._call("POST", "/sandboxes", json=body), persistent)
 
     def get(self, sandbox_id: str) -> "Sandbox":
         return Sandbox(self._rt, self._rt._call("GET", f"/sandboxes/{sandbox_id}"))
 
-    def list(self, label: Optional[str] = None, state: Optional[str] = None) -> List["Sandbox"]:
-        """All sandboxes, or those with ``label`` (``"k=v"``) and in ``state``."""
-        params = {k: v for k, v in (("label", label), ("state", state)) if v}
+    def list(
+        self,
+        label: Optional[str] = None,
+        state: Optional[str] = None,
+        node: Optional[str] = None,
+    ) -> List["Sandbox"]:
+        """All sandboxes, or those with ``label`` (``"k=v"``), in ``state``, and (in a cluster)
+        on ``node``."""
+        params = {k: v for k, v in (("label", label), ("state", state), ("node", node)) if v}
         return [Sandbox(self._rt, d) for d in self._rt._call("GET", "/sandboxes", params=params)]
 
 
