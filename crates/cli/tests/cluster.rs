@@ -379,6 +379,13 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     assert!(!o.status.success());
     assert!(stderr(&o).contains("made on b"), "{}", stderr(&o));
     // An unknown node: said, with the live ones.
+    // No room anywhere: said at once, naming what each node lacks; nothing is made.
+    let o = nodes[0].run(&["sandbox", "create", "--memory", "64g", "--json"]);
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(said.contains("no_capacity"), "{said}");
+    for n in ["a", "b", "c"] {
+        assert!(said.contains(&format!("{n} has ")), "{said}");
+    }
     let o = nodes[0].run(&["sandbox", "create", "--node", "zz"]);
     assert!(
         stderr(&o).contains("no node named \"zz\""),
@@ -559,4 +566,32 @@ fn the_sdks_and_mcp_work_pointed_at_any_node() {
         "left in the cluster: {:?}",
         b.ls()
     );
+}
+
+/// A node whose etcd does not answer yet starts anyway, says so, refuses what needs the
+/// cluster's state with the error, and joins by itself once etcd is there, without a restart.
+#[test]
+fn a_node_starts_before_its_etcd_and_joins_when_it_answers() {
+    let net = ClusterNet::new(1);
+    let (ns, addr) = net.nodes[0].clone();
+    // etcd's address in the node's own namespace, where nothing listens yet.
+    let endpoint = format!("http://{addr}:2379");
+    let node = Node::new("cluster-late", "a", &ns, &addr, &endpoint, &[]);
+    let o = node.run(&["sandbox", "create", "--json"]);
+    assert!(!o.status.success());
+    let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(said.contains("cluster_unavailable"), "{said}");
+    assert!(node.log().contains("retrying"), "{}", node.log());
+    let etcd = EtcdCluster::start_in(1, &addr, Some(&ns));
+    assert_eq!(etcd.endpoints_arg(), endpoint);
+    assert!(
+        infra::wait_until(Duration::from_secs(30), || node
+            .log()
+            .contains("joined as node a")),
+        "the node did not join once etcd answered: {}",
+        node.log()
+    );
+    let (id, on) = node.create(&["--ttl", "10m"]);
+    assert_eq!(on, "a");
+    node.ok(&["sandbox", "rm", &id]);
 }

@@ -53,8 +53,10 @@ pub struct ClusterOptions {
 const MAX_DECISION_BODY: usize = 1 << 20;
 /// How often a node rewrites its record and reconciles with etcd.
 const PUBLISH_EVERY: Duration = Duration::from_secs(2);
-/// Memory a create without `memory_mib` is placed for.
-const DEFAULT_MEMORY_MIB: u64 = 512;
+/// Memory a create without `memory_mib` is placed for: the engine's default guest's.
+fn default_memory_mib() -> u64 {
+    u64::from(forkbox_engine::sandbox::SandboxConfig::default().memory_mib)
+}
 
 /// This daemon's part in the cluster.
 pub struct Node {
@@ -333,6 +335,49 @@ impl Node {
     /// A delete of this node's is under way (its record goes after the VM).
     fn deleting(&self, id: &str) -> bool {
         !self.in_ledger(id)
+    }
+
+    /// Whether this node has memory for `count` copies of `source` (a sandbox or snapshot of
+    /// its own): the copies are made here until snapshots move between nodes, so a fork that
+    /// does not fit is refused, saying what is short, rather than half made.
+    async fn room_for_copies(&self, source: &str, count: u64) -> Option<Response> {
+        let memory = match self
+            .engine
+            .call(ops::Get {
+                id: source.to_string(),
+            })
+            .await
+        {
+            Ok(v) => u64::from(v.info.memory_mib),
+            Err(_) => match self
+                .engine
+                .call(ops::GetSnapshot {
+                    name: source.to_string(),
+                })
+                .await
+            {
+                Ok(s) => u64::from(s.memory_mib),
+                Err(_) => return None, // the engine says what is wrong with the source
+            },
+        };
+        let record = NodeRecord {
+            name: self.name.clone(),
+            mem_free_mib: mem_available_mib(),
+            disk_free_mib: disk_free_mib(self.paths.home()),
+            ..NodeRecord::default()
+        };
+        let want = Want {
+            pinned: Some(&self.name),
+            memory_mib: memory,
+            count: u32::try_from(count).unwrap_or(u32::MAX),
+            ..Want::default()
+        };
+        placement::place(&[record], &want).err().map(|e| {
+            refusal(
+                Code::NoCapacity,
+                format!("{e}; the copies are made on the node that holds the source, {} (until snapshots move between nodes)", self.name),
+            )
+        })
     }
 
     /// Rewrites this node's record now (after a change of what it holds).
@@ -617,6 +662,11 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
                 ),
             );
         }
+        let source = path.trim_matches('/').split('/').nth(2).unwrap_or_default();
+        let count = body.get("count").and_then(|c| c.as_u64()).unwrap_or(1);
+        if let Some(r) = node.room_for_copies(source, count).await {
+            return r;
+        }
     }
     let id = path
         .trim_matches('/')
@@ -804,7 +854,7 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
     let want = Want {
         pinned,
         snapshot: Some(&name),
-        memory_mib: DEFAULT_MEMORY_MIB,
+        memory_mib: default_memory_mib(),
         count: u32::try_from(count).unwrap_or(u32::MAX),
         ..Want::default()
     };
@@ -853,7 +903,7 @@ async fn create(node: &Node, req: Request, next: Next) -> Response {
         pinned: pinned.as_deref(),
         image: image.as_deref(),
         snapshot: snapshot.as_deref(),
-        memory_mib: memory.unwrap_or(DEFAULT_MEMORY_MIB),
+        memory_mib: memory.unwrap_or(default_memory_mib()),
         count: 1,
     };
     let chosen = match placement::place(&live, &want) {
