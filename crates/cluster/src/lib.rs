@@ -551,19 +551,16 @@ impl Cluster {
     /// The live nodes (each with its lease and whether it is drained), by name. A member-local
     /// read: it answers without quorum, from that member's latest state.
     pub async fn nodes(&self) -> Result<Vec<NodeRecord>> {
-        let drained: BTreeSet<String> = self
-            .list("drained", true)
-            .await?
-            .into_iter()
-            .map(|(n, _)| n)
-            .collect();
         let options = GetOptions::new().with_prefix().with_serializable();
-        let mut r = self
-            .call(|mut c| {
+        // Both reads at once: this is on every forwarded call's path.
+        let (drained, mut r) = tokio::try_join!(self.list("drained", true), async {
+            self.call(|mut c| {
                 let o = options.clone();
                 async move { c.get(prefix("nodes"), Some(o)).await }
             })
-            .await?;
+            .await
+        })?;
+        let drained: BTreeSet<String> = drained.into_iter().map(|(n, _)| n).collect();
         let mut nodes = Vec::new();
         for item in r.take_kvs() {
             let k = String::from_utf8_lossy(item.key()).to_string();

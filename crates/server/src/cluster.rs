@@ -642,10 +642,12 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         }
         return r;
     }
+    let asked = std::time::Instant::now();
     let c = match node.quorum().await {
         Ok(c) => c,
         Err(r) => return r,
     };
+    tracing::debug!("quorum confirmed in {:?}", asked.elapsed());
     let (req, body) = match read_json(req).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -783,25 +785,25 @@ async fn record_forked(node: &Node, c: &Cluster, r: Response) -> Response {
 
 /// A call about sandbox `id`: here if it runs here, else on its owner.
 async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response {
-    if node.engine.call(ops::Get { id: id.clone() }).await.is_ok() {
+    if node.engine.has(&id).await {
         return local(node, req, next).await;
     }
     let Some(c) = node.cluster().await else {
         return local(node, req, next).await;
     };
-    let owner = match c.owner(&id).await {
-        Ok(Some(o)) => o,
-        // No sandbox of that id: a fork's source may be a snapshot's name.
-        Ok(None) => return by_holder(node, id, req, next).await,
+    // The owner and the live nodes, read at once (member-local reads, no cache).
+    let (owner, live) = match tokio::try_join!(c.owner(&id), c.nodes()) {
+        Ok(x) => x,
         Err(e) => return Node::unavailable(e),
+    };
+    let owner = match owner {
+        Some(o) => o,
+        // No sandbox of that id: a fork's source may be a snapshot's name.
+        None => return by_holder(node, id, req, next).await,
     };
     if owner.node == node.name {
         return local(node, req, next).await;
     }
-    let live = match c.nodes().await {
-        Ok(n) => n,
-        Err(e) => return Node::unavailable(e),
-    };
     match live.iter().find(|n| n.name == owner.node) {
         // A live owner answers for its own, lost or not (it re-adopts what is back).
         Some(target) => node.forward(target, req).await,

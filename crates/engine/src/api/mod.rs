@@ -223,6 +223,11 @@ impl Engine {
         }
     }
 
+    /// Whether sandbox `id` is this engine's (running or hibernated): a map look-up, no view.
+    pub async fn has(&self, id: &str) -> bool {
+        self.sandboxes.read().await.contains_key(id) || self.sleepers.read().await.contains_key(id)
+    }
+
     /// Its node's name in a cluster.
     pub fn node(&self) -> Option<&str> {
         self.node.get().map(String::as_str)
