@@ -40,7 +40,10 @@ impl Node {
     ) -> Node {
         let paths = infra::isolated_home(&format!("{home}-{name}"));
         common::stop_daemon_of(&paths);
-        let _ = std::fs::remove_file(paths.home().join("cluster-ledger.json"));
+        // A new node: no ledger, and no log of an earlier run to be read as this one's.
+        for f in ["cluster-ledger.json", "daemon.log", "daemon-test.log"] {
+            let _ = std::fs::remove_file(paths.home().join(f));
+        }
         let mut n = Node {
             name: name.into(),
             ns: ns.into(),

@@ -162,14 +162,15 @@ impl Node {
             tracing::info!("cluster: etcd endpoint {change} (from its member list)");
         }
         c.join(&self.record(cfg).await).await?;
+        *self.cluster.write().await = Some(c.clone());
+        self.reconcile(&c, true).await;
+        // Said once the node serves as a member (a reader of this log may act on it).
         tracing::info!(
             "cluster: joined as node {} ({}), lease {} s",
             cfg.node,
             cfg.advertise,
             cfg.lease_secs
         );
-        *self.cluster.write().await = Some(c.clone());
-        self.reconcile(&c, true).await;
         Ok(())
     }
 
