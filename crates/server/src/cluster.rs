@@ -643,12 +643,22 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         }
         return r;
     }
-    let asked = std::time::Instant::now();
-    let c = match node.quorum().await {
-        Ok(c) => c,
-        Err(r) => return r,
-    };
-    tracing::debug!("quorum confirmed in {:?}", asked.elapsed());
+    // Forks and deletes ask etcd first (a delete must not remove a VM whose record then stays;
+    // a fork makes many). A create does not: its ownership write is the question, and a VM
+    // whose write fails is removed again before the error is answered.
+    let c =
+        match effect {
+            Effect::Creates => match node.cluster().await {
+                Some(c) => c,
+                None => return Node::unavailable(
+                    "this node has not reached etcd yet: creates, forks and deletes wait for it",
+                ),
+            },
+            _ => match node.quorum().await {
+                Ok(c) => c,
+                Err(r) => return r,
+            },
+        };
     let (req, body) = match read_json(req).await {
         Ok(x) => x,
         Err(r) => return r,
