@@ -614,13 +614,26 @@ impl Cluster {
         })
     }
 
-    /// The owner of sandbox `id`, if any node owns it (member-local read).
+    /// The owner of sandbox `id`, if any node owns it. A member-local read first (it answers
+    /// without quorum); a miss is asked again of the leader (a member that lags would not have
+    /// a record made a moment ago), and stands as a miss when that cannot answer.
     pub async fn owner(&self, id: &str) -> Result<Option<Ownership>> {
+        if let Some(o) = self.owner_read(id, true).await? {
+            return Ok(Some(o));
+        }
+        Ok(self.owner_read(id, false).await.unwrap_or(None))
+    }
+
+    async fn owner_read(&self, id: &str, serializable: bool) -> Result<Option<Ownership>> {
         let k = key("sandboxes", id);
+        let mut options = GetOptions::new();
+        if serializable {
+            options = options.with_serializable();
+        }
         let mut r = self
             .call(|mut c| {
-                let k = k.clone();
-                async move { c.get(k, Some(GetOptions::new().with_serializable())).await }
+                let (k, o) = (k.clone(), options.clone());
+                async move { c.get(k, Some(o)).await }
             })
             .await?;
         match r.take_kvs().into_iter().next() {
@@ -629,9 +642,44 @@ impl Cluster {
         }
     }
 
-    /// Every ownership record.
+    /// The live nodes as the leader knows them (a node that joined a moment ago included), or,
+    /// without quorum, as this member does: what decides that a node is gone.
+    pub async fn nodes_fresh(&self) -> Result<Vec<NodeRecord>> {
+        let options = GetOptions::new().with_prefix();
+        let fresh = self
+            .call(|mut c| {
+                let o = options.clone();
+                async move { c.get(prefix("nodes"), Some(o)).await }
+            })
+            .await;
+        match fresh {
+            Ok(mut r) => r
+                .take_kvs()
+                .into_iter()
+                .map(|item| {
+                    let k = String::from_utf8_lossy(item.key()).to_string();
+                    let mut n: NodeRecord = decode(&k, item.value())?;
+                    n.lease = item.lease();
+                    Ok(n)
+                })
+                .collect(),
+            Err(_) => self.nodes().await,
+        }
+    }
+
+    /// Every ownership record (member-local read: for listings).
     pub async fn owned(&self) -> Result<Vec<Ownership>> {
-        self.list("sandboxes", true)
+        self.owned_read(true).await
+    }
+
+    /// Every ownership record as the leader has them: what a node acts on (stopping a VM
+    /// whose record is gone must never follow a member that lags behind a record just made).
+    pub async fn owned_fresh(&self) -> Result<Vec<Ownership>> {
+        self.owned_read(false).await
+    }
+
+    async fn owned_read(&self, serializable: bool) -> Result<Vec<Ownership>> {
+        self.list("sandboxes", serializable)
             .await?
             .into_iter()
             .map(|(id, v)| decode(&key("sandboxes", &id), &v))
@@ -698,7 +746,16 @@ impl Cluster {
     /// Every stored token hash (member-local read: works without quorum, sees a revocation as
     /// soon as that member has applied it).
     pub async fn tokens(&self) -> Result<Vec<TokenRecord>> {
-        self.list("tokens", true)
+        self.tokens_read(true).await
+    }
+
+    /// The token hashes as the leader has them (a token made a moment ago included).
+    pub async fn tokens_fresh(&self) -> Result<Vec<TokenRecord>> {
+        self.tokens_read(false).await
+    }
+
+    async fn tokens_read(&self, serializable: bool) -> Result<Vec<TokenRecord>> {
+        self.list("tokens", serializable)
             .await?
             .into_iter()
             .map(|(h, v)| decode(&key("tokens", &h), &v))
@@ -708,7 +765,7 @@ impl Cluster {
     /// Revokes every token named `name`; how many there were.
     pub async fn revoke_tokens(&self, name: &str) -> Result<usize> {
         let mut n = 0;
-        for t in self.tokens().await? {
+        for t in self.tokens_fresh().await? {
             if t.name == name {
                 self.delete(&key("tokens", &t.sha256)).await?;
                 n += 1;

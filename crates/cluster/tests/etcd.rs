@@ -55,7 +55,14 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
         tokio::spawn(async move { a.keep_alive().await })
     };
     let names = |v: Vec<NodeRecord>| v.into_iter().map(|n| n.name).collect::<Vec<_>>();
-    assert_eq!(names(a.nodes().await.expect("nodes")), ["a", "b"]);
+    // Member-local reads: a member that lags sees b a moment later; the leader at once.
+    assert_eq!(names(a.nodes_fresh().await.expect("nodes")), ["a", "b"]);
+    assert!(
+        wait_async(Duration::from_secs(2), || async {
+            names(a.nodes().await.unwrap_or_default()) == ["a", "b"]
+        })
+        .await
+    );
 
     // A name held by a live node of another identity is refused, naming it; the same node
     // restarting (same id) takes its name over.
@@ -103,9 +110,16 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
         created_unix: 1,
     };
     a.add_token(&t).await.expect("added");
-    assert_eq!(b.tokens().await.expect("tokens").len(), 1);
+    assert_eq!(b.tokens_fresh().await.expect("tokens").len(), 1);
     assert_eq!(b.revoke_tokens("ci").await.expect("revoked"), 1);
-    assert!(a.tokens().await.expect("tokens").is_empty());
+    assert!(a.tokens_fresh().await.expect("tokens").is_empty());
+    assert!(
+        wait_async(Duration::from_secs(1), || async {
+            a.tokens().await.is_ok_and(|t| t.is_empty())
+        })
+        .await,
+        "a member-local read still saw the revoked token after a second"
+    );
 
     // A node whose lease is not kept alive drops out within the lease (2 s here).
     let dropped = Instant::now();
@@ -122,7 +136,12 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
 
     // Drain is seen in the node list.
     a.drain("a", true).await.expect("drained");
-    assert!(a.nodes().await.expect("nodes")[0].drained);
+    assert!(
+        wait_async(Duration::from_secs(2), || async {
+            a.nodes().await.is_ok_and(|n| n[0].drained)
+        })
+        .await
+    );
     a.drain("a", false).await.expect("undrained");
 
     // Given one endpoint of three, a node learns the others from etcd's member list, and

@@ -300,7 +300,9 @@ impl Node {
         else {
             return;
         };
-        let Ok(records) = c.owned().await else {
+        // The leader's records, never a lagging member's: this decides what to stop. Without
+        // quorum, nothing is decided this round.
+        let Ok(records) = c.owned_fresh().await else {
             return;
         };
         let mine: BTreeSet<String> = records
@@ -315,6 +317,9 @@ impl Node {
                 let _ = c.mark_lost(id, false).await;
             } else if joining && !here.contains(id) && !o.lost && !self.deleting(id) {
                 let _ = c.mark_lost(id, true).await;
+            } else if !joining && !here.contains(id) && self.deleting(id) {
+                // Deleted here while etcd could not take the record's removal: remove it now.
+                let _ = c.forget(id).await;
             }
         }
         for v in local.iter().filter(|v| !mine.contains(&v.info.id)) {
@@ -412,14 +417,19 @@ impl Node {
             return false;
         };
         let want = forkbox_engine::random::to_hex(digest);
-        match c.tokens().await {
-            Ok(all) => all
-                .iter()
+        let holds = |all: &[forkbox_cluster::TokenRecord]| -> bool {
+            all.iter()
                 .fold(subtle::Choice::from(0), |acc, t| {
                     use subtle::ConstantTimeEq;
                     acc | t.sha256.as_bytes().ct_eq(want.as_bytes())
                 })
-                .into(),
+                .into()
+        };
+        // This member's copy first; a miss is asked of the leader (a token made a moment ago
+        // on another node may not have reached this member yet).
+        match c.tokens().await {
+            Ok(all) if holds(&all) => true,
+            Ok(_) => c.tokens_fresh().await.is_ok_and(|all| holds(&all)),
             Err(e) => {
                 tracing::warn!("cluster tokens unreadable: {e}");
                 false
@@ -643,22 +653,10 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         }
         return r;
     }
-    // Forks and deletes ask etcd first (a delete must not remove a VM whose record then stays;
-    // a fork makes many). A create does not: its ownership write is the question, and a VM
-    // whose write fails is removed again before the error is answered.
-    let c =
-        match effect {
-            Effect::Creates => match node.cluster().await {
-                Some(c) => c,
-                None => return Node::unavailable(
-                    "this node has not reached etcd yet: creates, forks and deletes wait for it",
-                ),
-            },
-            _ => match node.quorum().await {
-                Ok(c) => c,
-                Err(r) => return r,
-            },
-        };
+    let c = match node.quorum().await {
+        Ok(c) => c,
+        Err(r) => return r,
+    };
     let (req, body) = match read_json(req).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -815,6 +813,11 @@ async fn by_owner(node: &Node, id: String, req: Request, next: Next) -> Response
     if owner.node == node.name {
         return local(node, req, next).await;
     }
+    // A node missing from this member's list may have joined a moment ago: the leader says.
+    let live = match live.iter().any(|n| n.name == owner.node) {
+        true => live,
+        false => c.nodes_fresh().await.unwrap_or(live),
+    };
     match live.iter().find(|n| n.name == owner.node) {
         // A live owner answers for its own, lost or not (it re-adopts what is back).
         Some(target) => node.forward(target, req).await,
