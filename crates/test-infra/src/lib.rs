@@ -449,46 +449,28 @@ pub fn npm_ready(dir: &str) -> PathBuf {
 /// The Python of a virtual environment (in the test home) with the official MCP client
 /// (`mcp` from PyPI); made once per machine.
 pub fn mcp_python() -> PathBuf {
-    let paths = home();
-    let venv = paths.home().join("mcp-venv");
-    let python = venv.join("bin/python");
-    with_lock(&paths, || {
-        let has = std::process::Command::new(&python)
-            .args(["-c", "import mcp, httpx2"])
-            .output()
-            .is_ok_and(|o| o.status.success());
-        if !has {
-            must(
-                std::process::Command::new("python3")
-                    .args(["-m", "venv"])
-                    .arg(&venv),
-                "python3 -m venv",
-            );
-            must(
-                std::process::Command::new(&python).args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--disable-pip-version-check",
-                    "mcp",
-                ]),
-                "pip install mcp",
-            );
-        }
-    });
-    python
+    python_venv("mcp-venv", "import mcp, httpx2", &["mcp"])
 }
 
 /// The Python of a virtual environment (in the test home) with `kubernetes-validate` from PyPI
 /// (Kubernetes' schemas, offline) and PyYAML; made once per machine.
 pub fn kube_python() -> PathBuf {
+    python_venv(
+        "kube-venv",
+        "import kubernetes_validate, yaml",
+        &["kubernetes-validate", "PyYAML"],
+    )
+}
+
+/// The Python of virtual environment `name` in the test home, with `packages` from PyPI
+/// installed unless `check` (Python code) already runs there; made once per machine.
+fn python_venv(name: &str, check: &str, packages: &[&str]) -> PathBuf {
     let paths = home();
-    let venv = paths.home().join("kube-venv");
+    let venv = paths.home().join(name);
     let python = venv.join("bin/python");
     with_lock(&paths, || {
         let has = std::process::Command::new(&python)
-            .args(["-c", "import kubernetes_validate, yaml"])
+            .args(["-c", check])
             .output()
             .is_ok_and(|o| o.status.success());
         if !has {
@@ -499,16 +481,10 @@ pub fn kube_python() -> PathBuf {
                 "python3 -m venv",
             );
             must(
-                std::process::Command::new(&python).args([
-                    "-m",
-                    "pip",
-                    "install",
-                    "-q",
-                    "--disable-pip-version-check",
-                    "kubernetes-validate",
-                    "PyYAML",
-                ]),
-                "pip install kubernetes-validate",
+                std::process::Command::new(&python)
+                    .args(["-m", "pip", "install", "-q", "--disable-pip-version-check"])
+                    .args(packages),
+                &format!("pip install {}", packages.join(" ")),
             );
         }
     });
