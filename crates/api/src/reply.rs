@@ -33,6 +33,37 @@ pub struct SandboxView {
     /// The node that runs it, in a cluster (`forkbox serve --cluster`); absent on one daemon.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// In a cluster, when the snapshot it started from was brought from other nodes for it:
+    /// what moved.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<Transfer>,
+}
+
+/// A snapshot brought to a node from the nodes that held it, by chunks: what moved and what
+/// the node already had.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct Transfer {
+    /// The snapshot brought.
+    pub snapshot: String,
+    /// The node it was brought to.
+    pub node: String,
+    /// The nodes chunks came from.
+    pub from: Vec<String>,
+    /// Bytes of chunks fetched from other nodes (the manifest not counted).
+    pub bytes_moved: u64,
+    /// Bytes of the manifest (the chunks' names, the device state).
+    pub manifest_bytes: u64,
+    pub chunks_fetched: u64,
+    /// Chunks this node read from files it already held.
+    pub chunks_local: u64,
+    /// RAM layers copied whole from a RAM file this node held, of the snapshot's layers.
+    pub layers_held: u32,
+    pub layers: u32,
+    /// Chunks that arrived corrupt (their bytes did not hash to their name) and were fetched
+    /// again elsewhere.
+    pub chunks_refetched: u64,
+    /// Wall time from asking for the manifest to the snapshot published here.
+    pub duration_ms: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]

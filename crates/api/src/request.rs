@@ -70,7 +70,8 @@ pub struct ForkRequest {
     /// The copies' network policy; when absent, a fork of a sandbox keeps the sandbox's and a
     /// fork of a snapshot has none.
     pub network: Option<NetworkPolicy>,
-    /// In a cluster: the node the copies must go to (one that holds the snapshot).
+    /// In a cluster: the node the copies must go to (one that lacks the snapshot gets it from
+    /// the nodes that hold it, by chunks).
     pub node: Option<String>,
 }
 
@@ -87,6 +88,10 @@ pub struct ForkResult {
     /// Copies that could not be made, with why; the others are unaffected.
     pub failed: Vec<String>,
     pub duration_ms: u64,
+    /// In a cluster, when the copies were made on a node that did not hold the snapshot: what
+    /// moved to it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub transfer: Option<crate::Transfer>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]

@@ -1,10 +1,10 @@
 //! Which node a new sandbox goes to: a pure decision over the live nodes' records.
 //!
-//! A pinned node must be live, not drained, and have room. Otherwise the nodes with room are
-//! ranked: one holding the snapshot a copy starts from is required (a node without it cannot
-//! restore it until snapshots move between nodes by chunks), one holding the image comes first,
-//! then the most memory free per sandbox already placed. No room anywhere is an error that names
-//! what is short on each node.
+//! A pinned node must be live, not drained, and have room (it brings a snapshot it lacks from
+//! the holders, by chunks). Otherwise the nodes with room are ranked: those holding the snapshot
+//! a copy starts from come first when one of them has room (else any node with room, which
+//! brings it), one holding the image comes next, then the most memory free per sandbox already
+//! placed. No room anywhere is an error that names what is short on each node.
 
 use crate::NodeRecord;
 
@@ -34,15 +34,6 @@ pub enum PlaceError {
     UnknownNode { name: String, live: String },
     #[error("node {0} is drained: it takes no new sandboxes (undrain it, or pick another)")]
     Drained(String),
-    #[error(
-        "snapshot {snapshot:?} is held by {holders}, not by {node}: a copy must start on a node \
-         that holds it until snapshots move between nodes"
-    )]
-    NotHeld {
-        snapshot: String,
-        node: String,
-        holders: String,
-    },
     #[error("no live node holds snapshot {0:?}")]
     NoHolder(String),
     #[error("no node has room for {count} × {memory_mib} MiB: {short}")]
@@ -98,15 +89,6 @@ pub fn place(nodes: &[NodeRecord], want: &Want) -> Result<String, PlaceError> {
         if n.drained {
             return Err(PlaceError::Drained(p.to_string()));
         }
-        if let Some(s) = want.snapshot {
-            if !holds(&n.snapshots, s) {
-                return Err(PlaceError::NotHeld {
-                    snapshot: s.to_string(),
-                    node: p.to_string(),
-                    holders: names(nodes.iter().filter(|n| holds(&n.snapshots, s))),
-                });
-            }
-        }
         return match shortfall(n, want) {
             Some(short) => Err(PlaceError::NoRoom {
                 count: want.count.max(1),
@@ -118,9 +100,15 @@ pub fn place(nodes: &[NodeRecord], want: &Want) -> Result<String, PlaceError> {
     }
     let mut candidates: Vec<&NodeRecord> = nodes.iter().filter(|n| !n.drained).collect();
     if let Some(s) = want.snapshot {
-        candidates.retain(|n| holds(&n.snapshots, s));
-        if candidates.is_empty() {
+        if !nodes.iter().any(|n| holds(&n.snapshots, s)) {
             return Err(PlaceError::NoHolder(s.to_string()));
+        }
+        // A holder with room restores at once; a node without the snapshot brings it first.
+        if candidates
+            .iter()
+            .any(|n| holds(&n.snapshots, s) && shortfall(n, want).is_none())
+        {
+            candidates.retain(|n| holds(&n.snapshots, s));
         }
     }
     let (fit, short): (Vec<&NodeRecord>, Vec<&NodeRecord>) = candidates
@@ -184,7 +172,7 @@ mod tests {
     }
 
     #[test]
-    fn a_snapshot_is_restored_only_where_it_is_held() {
+    fn a_holder_with_room_comes_first_and_any_node_with_room_brings_it() {
         let mut nodes = vec![node("a", 8000, 0), node("b", 1000, 0)];
         nodes[1].snapshots.push("base".into());
         let w = Want {
@@ -192,13 +180,15 @@ mod tests {
             ..want(512)
         };
         assert_eq!(place(&nodes, &w), Ok("b".into()));
+        // A pin to a node without it is that node (it brings the snapshot).
         let pinned = Want {
             pinned: Some("a"),
             ..w.clone()
         };
-        assert!(
-            matches!(place(&nodes, &pinned), Err(PlaceError::NotHeld { holders, .. }) if holders == "b")
-        );
+        assert_eq!(place(&nodes, &pinned), Ok("a".into()));
+        // The holder has no room for two: the roomiest other node.
+        let two = Want { count: 2, ..w.clone() };
+        assert_eq!(place(&nodes, &two), Ok("a".into()));
         let none = Want {
             snapshot: Some("other"),
             ..want(512)

@@ -30,7 +30,7 @@ use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use forkbox_cluster::placement::{self, Want};
 use forkbox_cluster::{auth as node_auth, Cluster, Config, NodeRecord};
-use forkbox_engine::api::{ops, Code, Engine, ForkResult, SandboxState, SandboxView};
+use forkbox_engine::api::{ops, Code, Engine, ForkResult, SandboxState, SandboxView, Transfer};
 use forkbox_engine::paths::Paths;
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -38,6 +38,9 @@ use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::rt::TokioExecutor;
 
 use crate::refusal;
+
+mod transfer;
+use transfer::HOLDER_HEADER;
 
 /// How a daemon joins a cluster.
 #[derive(Debug, Clone)]
@@ -71,6 +74,8 @@ pub struct Node {
     /// Sandboxes this node recorded as its own in etcd (kept in the home, so a restart tells
     /// a record removed elsewhere from one never made).
     ledger: Mutex<BTreeSet<String>>,
+    /// Snapshots being brought here from other nodes.
+    pulls: transfer::Pulls,
 }
 
 fn ledger_path(paths: &Paths) -> PathBuf {
@@ -128,6 +133,7 @@ pub async fn start(
         http: HttpClient::builder(TokioExecutor::new()).build(connector),
         config: cfg.clone(),
         ledger: Mutex::new(ledger),
+        pulls: Default::default(),
     });
     match node.join(&cfg).await {
         Ok(()) => {}
@@ -605,9 +611,12 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     let path = req.uri().path().to_string();
     // A peer's call is this node's to serve: forwarded once, never again.
     if req.headers().contains_key(node_auth::HEADER) {
-        return match verify_peer(&node, &req) {
-            Ok(()) => local(&node, req, next).await,
-            Err(e) => refusal(Code::Unauthorized, e),
+        if let Err(e) = verify_peer(&node, &req) {
+            return refusal(Code::Unauthorized, e);
+        }
+        return match transfer::serve(&node, req).await {
+            Ok(r) => r,
+            Err(req) => local(&node, req, next).await,
         };
     }
     match classify(req.method(), &path) {
@@ -662,18 +671,22 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         Err(r) => return r,
     };
     let pinned = body.get("node").and_then(|n| n.as_str());
+    let source = path.trim_matches('/').split('/').nth(2).unwrap_or_default();
     if effect == Effect::Forks {
         if let Some(p) = pinned.filter(|p| *p != node.name) {
-            return refusal(
-                Code::BadRequest,
-                format!(
-                    "the copies of a sandbox or snapshot on node {} are made on {} (asked: \
-                     {p}) until snapshots move between nodes",
-                    node.name, node.name
-                ),
-            );
+            return fork_elsewhere(node, &c, source, p, req).await;
         }
-        let source = path.trim_matches('/').split('/').nth(2).unwrap_or_default();
+    }
+    let hint = req
+        .headers()
+        .get(HOLDER_HEADER)
+        .and_then(|h| h.to_str().ok())
+        .map(str::to_string);
+    let transfer = match brought(node, hint, &path, effect, &body).await {
+        Ok(t) => t,
+        Err(r) => return r,
+    };
+    if effect == Effect::Forks {
         let count = body.get("count").and_then(|c| c.as_u64()).unwrap_or(1);
         if let Some(r) = node.room_for_copies(source, count).await {
             return r;
@@ -704,9 +717,9 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
         return r;
     }
     match effect {
-        Effect::Creates => record_created(node, &c, r).await,
+        Effect::Creates => record_created(node, &c, r, transfer).await,
         Effect::Forks => {
-            let r = record_forked(node, &c, r).await;
+            let r = record_forked(node, &c, r, transfer).await;
             node.publish_now().await;
             r
         }
@@ -717,6 +730,98 @@ async fn local(node: &Node, req: Request, next: Next) -> Response {
             r
         }
         Effect::None | Effect::Snapshots => r,
+    }
+}
+
+/// Brings here the snapshot a fork of a snapshot or a create from one starts from, when this
+/// node lacks it: what moved, if anything.
+async fn brought(
+    node: &Node,
+    hint: Option<String>,
+    path: &str,
+    effect: Effect,
+    body: &serde_json::Value,
+) -> Result<Option<Transfer>, Response> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let name = match (effect, segs.as_slice()) {
+        (Effect::Forks, ["v1", "snapshots", name, "fork"]) => name.to_string(),
+        (Effect::Creates, _) => match body.get("snapshot").and_then(|s| s.as_str()) {
+            Some(s) => s.to_string(),
+            None => return Ok(None),
+        },
+        _ => return Ok(None),
+    };
+    node.pull(&name, hint.as_deref()).await
+}
+
+/// Copies of `source` (a sandbox or snapshot of this node's) made on node `target`: a sandbox
+/// is saved here first; `target` brings the snapshot by chunks and makes the copies; the save
+/// made for it here goes once it answered.
+async fn fork_elsewhere(
+    node: &Node,
+    c: &Cluster,
+    source: &str,
+    target: &str,
+    req: Request,
+) -> Response {
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    let want = Want {
+        pinned: Some(target),
+        memory_mib: default_memory_mib(),
+        ..Want::default()
+    };
+    let to = match placement::place(&live, &want) {
+        Ok(n) => match live.iter().find(|r| r.name == n) {
+            Some(r) => r.clone(),
+            None => return Node::unavailable(format!("node {n}'s record went meanwhile")),
+        },
+        Err(e) => return place_refusal(e),
+    };
+    let started = std::time::Instant::now();
+    let is_sandbox = node.engine.has(source).await;
+    let (name, pause_ms) = if is_sandbox {
+        match node
+            .engine
+            .call(ops::SaveForCopies {
+                id: source.to_string(),
+            })
+            .await
+        {
+            Ok(m) => (m.name, m.pause_ms),
+            Err(e) => return crate::engine_error(e),
+        }
+    } else {
+        (source.to_string(), None)
+    };
+    let (mut parts, body) = req.into_parts();
+    let Ok(uri) = format!("/v1/snapshots/{name}/fork").parse::<Uri>() else {
+        return refusal(Code::BadRequest, format!("{name} cannot be in a path"));
+    };
+    parts.uri = uri;
+    if let Ok(v) = HeaderValue::from_str(&node.name) {
+        parts.headers.insert(HOLDER_HEADER, v);
+    }
+    let r = node.forward(&to, Request::from_parts(parts, body)).await;
+    if is_sandbox {
+        // The copies' node holds its own copy of the save now (or the fork failed).
+        if let Err(e) = node.engine.call(ops::DeleteSnapshot { name: name.clone() }).await {
+            tracing::warn!("{name}: made for copies on {target}, not removed: {e}");
+        }
+        node.publish_now().await;
+    }
+    if !r.status().is_success() {
+        return r;
+    }
+    match body_json::<ForkResult>(r).await {
+        Ok((parts, mut f)) => {
+            f.pause_ms = pause_ms.or(f.pause_ms);
+            f.duration_ms = started.elapsed().as_millis() as u64;
+            (parts, axum::Json(f)).into_response()
+        }
+        Err(r) => r,
     }
 }
 
@@ -747,8 +852,13 @@ async fn body_json<T: serde::de::DeserializeOwned>(
 }
 
 /// Records a new sandbox as this node's; one that cannot be recorded is removed again.
-async fn record_created(node: &Node, c: &Cluster, r: Response) -> Response {
-    let (parts, view) = match body_json::<SandboxView>(r).await {
+async fn record_created(
+    node: &Node,
+    c: &Cluster,
+    r: Response,
+    transfer: Option<Transfer>,
+) -> Response {
+    let (parts, mut view) = match body_json::<SandboxView>(r).await {
         Ok(x) => x,
         Err(r) => return r,
     };
@@ -761,11 +871,17 @@ async fn record_created(node: &Node, c: &Cluster, r: Response) -> Response {
             .await;
         return Node::unavailable(format!("the sandbox was made and removed again: {e}"));
     }
+    view.transfer = transfer;
     (parts, axum::Json(view)).into_response()
 }
 
 /// Records a fork's copies; a copy that cannot be recorded is removed and listed as failed.
-async fn record_forked(node: &Node, c: &Cluster, r: Response) -> Response {
+async fn record_forked(
+    node: &Node,
+    c: &Cluster,
+    r: Response,
+    transfer: Option<Transfer>,
+) -> Response {
     let (parts, mut f) = match body_json::<ForkResult>(r).await {
         Ok(x) => x,
         Err(r) => return r,
@@ -789,6 +905,7 @@ async fn record_forked(node: &Node, c: &Cluster, r: Response) -> Response {
         }
     }
     f.sandboxes = kept;
+    f.transfer = transfer;
     (parts, axum::Json(f)).into_response()
 }
 
@@ -888,7 +1005,7 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
 fn place_refusal(e: placement::PlaceError) -> Response {
     use placement::PlaceError as P;
     let code = match &e {
-        P::UnknownNode { .. } | P::NotHeld { .. } => Code::BadRequest,
+        P::UnknownNode { .. } => Code::BadRequest,
         P::Drained(_) => Code::Conflict,
         P::NoHolder(_) => Code::SnapshotNotFound,
         P::NoRoom { .. } => Code::NoCapacity,

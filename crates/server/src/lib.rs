@@ -91,6 +91,11 @@ pub(crate) fn refusal(code: forkbox_engine::api::Code, message: impl Into<String
     (status, Json(ErrorBody::new(code, message))).into_response()
 }
 
+/// An engine error as the answer to a call (the one mapping, [`ApiError`]'s).
+pub(crate) fn engine_error(e: EngineError) -> Response {
+    ApiError(e).into_response()
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> ApiError {
         ApiError(e)

@@ -104,6 +104,12 @@ fn snapshot_code(e: &SnapshotError) -> Code {
         SnapshotError::Exists(_) => Code::SnapshotExists,
         SnapshotError::InUse { .. } => Code::SnapshotInUse,
         SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => Code::BadRequest,
+        SnapshotError::Io { source, .. }
+            if source.kind() == std::io::ErrorKind::StorageFull
+                || source.raw_os_error() == Some(libc::ENOSPC) =>
+        {
+            Code::NoCapacity
+        }
         SnapshotError::Io { .. } => Code::Internal,
     }
 }

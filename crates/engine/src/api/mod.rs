@@ -20,6 +20,9 @@ mod lifecycle;
 pub mod ops;
 mod request;
 mod store_ops;
+mod transfer;
+
+pub use transfer::MAX_CHUNKS_PER_CALL;
 
 pub use error::{image_code, sandbox_code, EngineError};
 pub use forkbox_api::*;
@@ -66,6 +69,7 @@ impl Sleeper {
             ttl_action: self.record.ttl_action,
             network: self.record.network.clone(),
             node: node.cloned(),
+            transfer: None,
         }
     }
 }
@@ -136,6 +140,7 @@ impl Entry {
             ttl_action: self.ttl_action,
             network: self.sandbox.network(),
             node: node.cloned(),
+            transfer: None,
         }
     }
 }
@@ -154,6 +159,10 @@ pub struct Engine {
     vms_die_with_thread: bool,
     /// Its node's name in a cluster, set once when the daemon joins one: every view says it.
     node: std::sync::OnceLock<String>,
+    /// What this node told other nodes of its snapshots' chunks.
+    served: transfer::Served,
+    /// Held (read) while a snapshot is assembled from chunks, (write) while `objects/` is swept.
+    assembling: tokio::sync::RwLock<()>,
 }
 
 fn now_unix() -> u64 {
@@ -174,6 +183,8 @@ impl Engine {
             db: None,
             vms_die_with_thread: false,
             node: std::sync::OnceLock::new(),
+            served: Default::default(),
+            assembling: Default::default(),
         }
     }
 
@@ -293,6 +304,7 @@ impl Engine {
                 || origin.starts_with(crate::snapshot::HIBERNATION);
             if auto && self.snapshot_users(origin).await.is_empty() {
                 let _ = crate::snapshot::SnapshotStore::new(&self.paths).remove(origin, &[]);
+                self.sweep_objects().await;
             }
         }
     }
@@ -321,6 +333,17 @@ impl Engine {
         Ok(sb.snapshot(&self.paths, &name, r.stay_paused, true).await?)
     }
 
+    /// Saves sandbox `source` for copies of it: a snapshot that goes with its last copy (and
+    /// is not synced to the disk, see `snapshot::publish`).
+    async fn save_for_copies(
+        &self,
+        source: &str,
+    ) -> Result<crate::snapshot::Snapshot, EngineError> {
+        let (sb, _) = self.get(source).await?;
+        let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix()?);
+        Ok(sb.snapshot(&self.paths, &name, false, false).await?)
+    }
+
     async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
         within("count", r.count, 1..=MAX_FORK)?;
         self.pinned_here(r.node.as_deref())?;
@@ -338,10 +361,7 @@ impl Engine {
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
         let (snap, pause_ms) = if is_sandbox {
-            // Lives as long as its copies: not synced to the disk (see `snapshot::publish`).
-            let (sb, _) = self.get(source).await?;
-            let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix()?);
-            let s = sb.snapshot(&self.paths, &name, false, false).await?;
+            let s = self.save_for_copies(source).await?;
             let pause = s.meta.pause_ms;
             (s, pause)
         } else {
@@ -407,6 +427,7 @@ impl Engine {
             sandboxes,
             failed,
             duration_ms: started.elapsed().as_millis() as u64,
+            transfer: None,
         })
     }
 
@@ -462,6 +483,7 @@ impl Engine {
             }
         }
         crate::snapshot::SnapshotStore::new(&self.paths).remove(&name, &users)?;
+        self.sweep_objects().await;
         Ok(Deleted { deleted: name })
     }
 

@@ -66,6 +66,9 @@ operations! {
     /// Saves a running sandbox: memory, processes, disk.
     Snapshot { id: String, request: SnapshotRequest } -> SnapshotMeta
         = |e, op| Ok(e.snapshot(&op.id, op.request).await?.meta);
+    /// Saves a sandbox for copies made elsewhere (a cluster's other node): a snapshot removed
+    /// with its last copy here, or by its maker once the copies are made.
+    SaveForCopies { id: String } -> SnapshotMeta = |e, op| Ok(e.save_for_copies(&op.id).await?.meta);
     /// Copies of a sandbox (saved first) or of a snapshot; `source` names either.
     Fork { source: String, request: ForkRequest } -> ForkResult
         = |e, op| e.fork(&op.source, op.request).await;
@@ -130,6 +133,19 @@ operations! {
     GetArchive { id: String, path: String, format: ArchiveFormat }
         -> mpsc::Receiver<Result<Vec<u8>, AgentError>>
         = |e, op| e.get_archive(&op.id, &op.path, op.format).await;
+    /// A snapshot held here as chunks (see [`crate::snapshot::chunks`]), encoded.
+    SnapshotManifest { name: String } -> Vec<u8> = |e, op| e.manifest_of(&op.name).await;
+    /// Chunks of a snapshot held here, their bytes one after another.
+    SnapshotChunks { name: String, hashes: Vec<crate::snapshot::chunks::Hash> } -> Vec<u8>
+        = |e, op| e.chunks_of(&op.name, op.hashes).await;
+    /// How this node would assemble a snapshot it lacks; refused when it would not fit.
+    PlanPull { manifest: crate::snapshot::chunks::Manifest } -> crate::snapshot::chunks::Plan
+        = |e, op| e.plan_pull(op.manifest).await;
+    /// Assembles a planned snapshot from this node's files and `fetched` (verified) chunks.
+    AssemblePull {
+        plan: crate::snapshot::chunks::Plan,
+        fetched: std::collections::HashMap<crate::snapshot::chunks::Hash, Vec<u8>>,
+    } -> SnapshotMeta = |e, op| e.assemble(op.plan, op.fetched).await;
     /// The metrics in the OpenMetrics text format.
     Metrics {} -> String = |e, op| Ok(e.metrics().encode());
 }

@@ -43,6 +43,10 @@ pub struct Metrics {
     pub memory_mib_seconds: Family<SandboxLabel, Counter<f64, AtomicU64>>,
     pub network_bytes: Family<NetLabel, Gauge>,
     pub network_refused: Family<SandboxLabel, Gauge>,
+    /// Snapshots brought from other nodes, the chunks' bytes fetched, and those served.
+    pub snapshots_pulled: Counter,
+    pub chunk_bytes_fetched: Counter,
+    pub chunk_bytes_served: Counter,
 }
 
 impl Default for Metrics {
@@ -59,6 +63,9 @@ impl Default for Metrics {
             memory_mib_seconds: Family::default(),
             network_bytes: Family::default(),
             network_refused: Family::default(),
+            snapshots_pulled: Counter::default(),
+            chunk_bytes_fetched: Counter::default(),
+            chunk_bytes_served: Counter::default(),
         };
         m.registry = m.registry_with(Registry::with_prefix("forkbox"));
         m
@@ -112,6 +119,21 @@ impl Metrics {
             "sandbox_memory_mib_seconds",
             "Resident memory of a sandbox's VM process integrated over time",
             self.memory_mib_seconds.clone(),
+        );
+        registry.register(
+            "snapshots_pulled",
+            "Snapshots this node brought from other nodes by chunks",
+            self.snapshots_pulled.clone(),
+        );
+        registry.register(
+            "chunk_fetched_bytes",
+            "Bytes of snapshot chunks this node fetched from other nodes",
+            self.chunk_bytes_fetched.clone(),
+        );
+        registry.register(
+            "chunk_served_bytes",
+            "Bytes of snapshot chunks this node sent to other nodes",
+            self.chunk_bytes_served.clone(),
         );
         registry
     }

@@ -30,6 +30,7 @@
 
 // Saved state: RAM files (kept in memory when there is room), records of live VM processes,
 // the daemon's catalogue.
+pub mod chunks;
 pub mod fastram;
 pub mod ram;
 pub mod runstate;
@@ -433,13 +434,16 @@ pub fn save_shared(qmp_socket: &Path, vmstate: &Path) -> Result<(), VmError> {
     Ok(())
 }
 
-/// What saving a running VM measured.
-#[derive(Debug, Clone, Copy)]
+/// What saving a running VM measured, and what it wrote on top of the RAM file it started from.
+#[derive(Debug, Clone)]
 pub struct SaveTiming {
     /// From the VM's STOP to its RESUME, by QEMU's own clock (NaN when it stays paused).
     pub pause_ms: f64,
     /// Bytes of written pages copied while it was paused.
     pub paused_copy_bytes: u64,
+    /// The RAM file the VM started from and the pages written on top of it (see
+    /// [`chunks::Written`]).
+    pub written: chunks::Written,
 }
 
 /// Where a running VM is saved: `dir` gets `mem` and `vmstate`; `devstate` is a path in the
@@ -508,14 +512,15 @@ pub fn save_running(
             json!({"device": "root", "snapshot-file": to.new_overlay.display().to_string(), "format": "qcow2"}),
         )?;
         mark("device state saved, disk frozen");
-        let copied = copy(&mut dest, &list()?)?;
+        let last = list()?;
+        let copied = copy(&mut dest, &last)?;
         mark("written pages copied, paused");
         if !stay_paused {
             resume(&mut q)?;
         }
-        Ok((frozen, copied))
+        Ok((frozen, copied, last))
     })();
-    let (frozen, paused_copy_bytes) = match result {
+    let (frozen, paused_copy_bytes, last) = match result {
         Ok(v) => v,
         Err(e) => {
             if !stay_paused {
@@ -536,6 +541,10 @@ pub fn save_running(
         SaveTiming {
             pause_ms,
             paused_copy_bytes,
+            written: chunks::Written {
+                parent_mem: ram.file().to_path_buf(),
+                runs: last.iter().map(|r| (r.start, r.end)).collect(),
+            },
         },
     ))
 }

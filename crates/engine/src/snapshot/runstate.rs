@@ -291,6 +291,11 @@ pub fn sweep(paths: &Paths) -> Swept {
         .flat_map(|root| crate::snapshot::SnapshotStore::sweep_dir(root))
         .collect();
     unfinished.extend(crate::fastram::sweep(paths));
+    // Disk files brought from other nodes that no disk chain goes through any more.
+    unfinished.extend(crate::snapshot::chunks::sweep_objects(
+        paths,
+        std::time::Duration::from_secs(60),
+    ));
     let cgroups = crate::limits::sweep();
     // Disk overlays of sandboxes that are gone and that no snapshot needs.
     crate::snapshot::release_disk_dirs(

@@ -1,0 +1,144 @@
+//! The engine's side of moving snapshots between nodes (see [`crate::snapshot::chunks`]): a
+//! holder's manifests and chunks, a receiver's plan and assembly, and the sweep of disk files
+//! made from chunks that nothing uses any more.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use super::{Engine, EngineError};
+use crate::snapshot::chunks::{self, Hash, Manifest, Plan, Source};
+use crate::snapshot::{SnapshotError, SnapshotMeta, SnapshotStore};
+
+/// Most chunks one request may ask for.
+pub const MAX_CHUNKS_PER_CALL: usize = 1024;
+
+/// What a holder has told of its snapshots: where it reads each chunk it named.
+#[derive(Default)]
+pub struct Served {
+    sources: std::sync::Mutex<HashMap<String, Arc<HashMap<Hash, Source>>>>,
+}
+
+fn blocking_failed(e: tokio::task::JoinError) -> EngineError {
+    EngineError::Snapshot(SnapshotError::Io {
+        what: "a snapshot's chunks".into(),
+        source: std::io::Error::other(e),
+    })
+}
+
+impl Engine {
+    /// The manifest of snapshot `name` (held here), encoded; its chunks can be asked for
+    /// from now on.
+    pub(super) async fn manifest_of(&self, name: &str) -> Result<Vec<u8>, EngineError> {
+        let snap = SnapshotStore::new(&self.paths).get(name)?;
+        let paths = self.paths.clone();
+        let (m, bytes) = tokio::task::spawn_blocking(move || {
+            let m = chunks::manifest(&paths, &snap)?;
+            let bytes = m.encode()?;
+            Ok::<_, SnapshotError>((chunks::sources(&m, &crate::fastram::resolve(&snap.mem())), bytes))
+        })
+        .await
+        .map_err(blocking_failed)??;
+        if let Ok(mut s) = self.served.sources.lock() {
+            s.insert(name.to_string(), Arc::new(m));
+        }
+        Ok(bytes)
+    }
+
+    /// The bytes of chunks `hashes` of snapshot `name`, one after another in that order (as
+    /// this node's files hold them, not verified here: the receiver verifies).
+    pub(super) async fn chunks_of(
+        &self,
+        name: &str,
+        hashes: Vec<Hash>,
+    ) -> Result<Vec<u8>, EngineError> {
+        if hashes.len() > MAX_CHUNKS_PER_CALL {
+            return Err(EngineError::BadRequest(format!(
+                "{} chunks asked at once; at most {MAX_CHUNKS_PER_CALL}",
+                hashes.len()
+            )));
+        }
+        let known = self
+            .served
+            .sources
+            .lock()
+            .ok()
+            .and_then(|s| s.get(name).cloned());
+        let sources = match known {
+            Some(s) => s,
+            None => {
+                self.manifest_of(name).await?;
+                self.served
+                    .sources
+                    .lock()
+                    .ok()
+                    .and_then(|s| s.get(name).cloned())
+                    .unwrap_or_default()
+            }
+        };
+        let name = name.to_string();
+        tokio::task::spawn_blocking(move || {
+            let mut out = Vec::new();
+            for h in &hashes {
+                let Some(src) = sources.get(h) else {
+                    return Err(EngineError::BadRequest(format!(
+                        "snapshot {name} has no chunk {}",
+                        blake3::Hash::from(*h).to_hex()
+                    )));
+                };
+                let bytes = chunks::read_chunk(&src.file, &src.chunk).map_err(|e| {
+                    EngineError::Snapshot(SnapshotError::Io {
+                        what: format!("read a chunk of {}", src.file.display()),
+                        source: e,
+                    })
+                })?;
+                out.extend_from_slice(&bytes);
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(blocking_failed)?
+    }
+
+    /// How this node would assemble the snapshot of `manifest`: refused at once when it
+    /// exists here already or would not fit this node's disk.
+    pub(super) async fn plan_pull(&self, manifest: Manifest) -> Result<Plan, EngineError> {
+        let paths = self.paths.clone();
+        tokio::task::spawn_blocking(move || {
+            let plan = chunks::plan(&paths, manifest)?;
+            chunks::check_room(&paths, &plan)?;
+            Ok(plan)
+        })
+        .await
+        .map_err(blocking_failed)?
+    }
+
+    /// Assembles a planned snapshot from this node's files and `fetched` chunks (verified by
+    /// the caller); no sweep of `objects/` runs meanwhile.
+    pub(super) async fn assemble(
+        &self,
+        plan: Plan,
+        fetched: HashMap<Hash, Vec<u8>>,
+    ) -> Result<SnapshotMeta, EngineError> {
+        let _held = self.assembling.read().await;
+        let paths = self.paths.clone();
+        let durable = !plan
+            .manifest
+            .meta()
+            .is_ok_and(|m| m.name.starts_with(super::AUTO_SNAPSHOT));
+        let snap = tokio::task::spawn_blocking(move || chunks::assemble(&paths, &plan, &fetched, durable))
+            .await
+            .map_err(blocking_failed)??;
+        Ok(snap.meta)
+    }
+
+    /// Removes the disk files made from chunks that no disk chain here goes through.
+    pub(super) async fn sweep_objects(&self) {
+        let _alone = self.assembling.write().await;
+        let paths = self.paths.clone();
+        if let Ok(removed) = tokio::task::spawn_blocking(move || chunks::sweep_objects(&paths, std::time::Duration::ZERO)).await {
+            for f in removed {
+                tracing::info!("removed {} (no disk chain uses it)", f.display());
+            }
+        }
+    }
+}

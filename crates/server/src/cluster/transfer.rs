@@ -1,0 +1,408 @@
+//! Snapshots between nodes by chunks (see `forkbox_engine::snapshot::chunks`).
+//!
+//! A holder answers two calls, from signed peers only: `GET /v1/cluster/snapshots/NAME/manifest`
+//! (the manifest, encoded) and `POST /v1/cluster/snapshots/NAME/chunks` (a body of 32-byte chunk
+//! names; the reply is their bytes one after another). A node that must restore a snapshot it
+//! lacks asks a holder for the manifest, plans what it holds already, fetches the rest in
+//! batches on a few connections at once from the holders etcd names (the next holder when one
+//! fails or sends a chunk that does not verify), and has the engine assemble and publish it.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::body::Body;
+use axum::extract::Request;
+use axum::http::{Method, StatusCode};
+use axum::response::{IntoResponse, Response};
+use forkbox_cluster::NodeRecord;
+use forkbox_engine::api::{ops, Code, Transfer, MAX_CHUNKS_PER_CALL};
+use forkbox_engine::snapshot::chunks::{self, Chunk, Hash, Manifest};
+use futures_util::StreamExt;
+use http_body_util::BodyExt;
+
+use super::Node;
+use crate::refusal;
+
+/// Bytes of chunks one request asks for, at most.
+const BATCH_BYTES: usize = 4 << 20;
+/// Requests in flight at once.
+const PARALLEL: usize = 4;
+/// The header a node forwarding a fork sets: the node that holds the snapshot (its record may
+/// not list it yet).
+pub const HOLDER_HEADER: &str = "x-forkbox-holder";
+
+/// Per snapshot name: one assembly at a time (a second fork waits and finds it here).
+#[derive(Default)]
+pub struct Pulls {
+    locks: std::sync::Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+impl Pulls {
+    fn lock_for(&self, name: &str) -> Arc<tokio::sync::Mutex<()>> {
+        let mut m = self.locks.lock().unwrap_or_else(|p| p.into_inner());
+        m.retain(|_, l| Arc::strong_count(l) > 1);
+        m.entry(name.to_string()).or_default().clone()
+    }
+}
+
+/// A peer's call on `/v1/cluster/snapshots/NAME/...`, if this is one.
+pub async fn serve(node: &Node, req: Request) -> Result<Response, Request> {
+    let path = req.uri().path().to_string();
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    match (req.method().clone(), segs.as_slice()) {
+        (Method::GET, ["v1", "cluster", "snapshots", name, "manifest"]) => {
+            let name = name.to_string();
+            Ok(answer(node.engine.call(ops::SnapshotManifest { name }).await))
+        }
+        (Method::POST, ["v1", "cluster", "snapshots", name, "chunks"]) => {
+            let name = name.to_string();
+            let limit = MAX_CHUNKS_PER_CALL * 32;
+            let body = match axum::body::to_bytes(req.into_body(), limit).await {
+                Ok(b) => b,
+                Err(e) => return Ok(refusal(Code::PayloadTooLarge, e.to_string())),
+            };
+            if body.len() % 32 != 0 {
+                return Ok(refusal(Code::BadRequest, "chunk names are 32 bytes each"));
+            }
+            let hashes = body
+                .chunks(32)
+                .map(|h| {
+                    let mut a = [0u8; 32];
+                    a.copy_from_slice(h);
+                    a
+                })
+                .collect();
+            let r = node.engine.call(ops::SnapshotChunks { name, hashes }).await;
+            if let Ok(b) = &r {
+                node.engine.metrics().chunk_bytes_served.inc_by(b.len() as u64);
+            }
+            Ok(answer(r))
+        }
+        _ => Err(req),
+    }
+}
+
+fn answer(r: Result<Vec<u8>, forkbox_engine::api::EngineError>) -> Response {
+    match r {
+        Ok(bytes) => (
+            StatusCode::OK,
+            [("content-type", "application/octet-stream")],
+            bytes,
+        )
+            .into_response(),
+        Err(e) => crate::engine_error(e),
+    }
+}
+
+/// Why a pull failed, as the reply to the call that needed it.
+fn failed(code: Code, what: impl std::fmt::Display) -> Response {
+    refusal(code, what.to_string())
+}
+
+impl Node {
+    /// A peer's call, signed; the reply's bytes or why not.
+    async fn peer_call(
+        &self,
+        target: &NodeRecord,
+        method: Method,
+        pq: &str,
+        body: Vec<u8>,
+    ) -> Result<axum::body::Bytes, String> {
+        let req = Request::builder()
+            .method(method)
+            .uri(pq)
+            .body(Body::from(body))
+            .map_err(|e| e.to_string())?;
+        let r = self.forward(target, req).await;
+        let status = r.status();
+        let bytes = r
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| format!("node {} broke off: {e}", target.name))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!(
+                "node {}: {status}: {}",
+                target.name,
+                String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
+            ));
+        }
+        Ok(bytes)
+    }
+
+    /// The nodes that hold snapshot `name` (`hint` first), this one left out.
+    async fn holders(&self, name: &str, hint: Option<&str>) -> Vec<NodeRecord> {
+        let Some(c) = self.cluster().await else {
+            return Vec::new();
+        };
+        let live = match c.nodes().await {
+            Ok(n) => n,
+            Err(_) => return Vec::new(),
+        };
+        let mut out: Vec<NodeRecord> = live
+            .iter()
+            .filter(|n| n.name != self.name)
+            .filter(|n| Some(n.name.as_str()) == hint)
+            .cloned()
+            .collect();
+        out.extend(
+            live.into_iter()
+                .filter(|n| n.name != self.name && Some(n.name.as_str()) != hint)
+                .filter(|n| n.snapshots.iter().any(|s| s == name)),
+        );
+        out
+    }
+
+    /// Makes sure snapshot `name` is held here, bringing it from the nodes that hold it when it
+    /// is not: what moved, or `None` when it was here already. A failure leaves nothing behind.
+    pub async fn pull(&self, name: &str, hint: Option<&str>) -> Result<Option<Transfer>, Response> {
+        let here = || async {
+            self.engine
+                .call(ops::GetSnapshot {
+                    name: name.to_string(),
+                })
+                .await
+                .is_ok()
+        };
+        if here().await {
+            return Ok(None);
+        }
+        let lock = self.pulls.lock_for(name);
+        let _one = lock.lock().await;
+        if here().await {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let holders = self.holders(name, hint).await;
+        if holders.is_empty() {
+            return Err(failed(
+                Code::SnapshotNotFound,
+                format!("no snapshot {name} on this node ({}) or any live node", self.name),
+            ));
+        }
+        let (manifest, manifest_bytes, first) = self.fetch_manifest(name, &holders).await?;
+        let layers = manifest.mem.len() as u32;
+        let plan = self
+            .engine
+            .call(ops::PlanPull { manifest })
+            .await
+            .map_err(crate::engine_error)?;
+        let (layers_held, chunks_local) = (
+            plan.base.as_ref().map_or(0, |b| b.1 as u32),
+            plan.local.len() as u64,
+        );
+        // The holder that gave the manifest is asked first.
+        let mut order = holders.clone();
+        order.rotate_left(first);
+        let got = self.fetch_chunks(name, &plan.missing, &order).await?;
+        let (bytes_moved, chunks_fetched) = (
+            got.fetched.values().map(|b| b.len() as u64).sum::<u64>(),
+            got.fetched.len() as u64,
+        );
+        self.engine
+            .call(ops::AssemblePull {
+                plan,
+                fetched: got.fetched,
+            })
+            .await
+            .map_err(crate::engine_error)?;
+        let t = Transfer {
+            snapshot: name.to_string(),
+            node: self.name.clone(),
+            from: got.from,
+            bytes_moved,
+            manifest_bytes,
+            chunks_fetched,
+            chunks_local,
+            layers_held,
+            layers,
+            chunks_refetched: got.refetched,
+            duration_ms: started.elapsed().as_millis() as u64,
+        };
+        let m = self.engine.metrics();
+        m.snapshots_pulled.inc();
+        m.chunk_bytes_fetched.inc_by(bytes_moved);
+        tracing::info!(
+            "snapshot {name}: brought from {} in {} ms: {} chunks fetched ({:.1} MiB, {} \
+             refetched), {} read from this node's files, {} of {} RAM layers held here, \
+             manifest {} KiB",
+            t.from.join(", "),
+            t.duration_ms,
+            t.chunks_fetched,
+            t.bytes_moved as f64 / 1048576.0,
+            t.chunks_refetched,
+            t.chunks_local,
+            t.layers_held,
+            t.layers,
+            t.manifest_bytes >> 10
+        );
+        self.publish_now().await;
+        Ok(Some(t))
+    }
+
+    /// The manifest from the first holder that gives one: it, its size, and that holder's
+    /// place in `holders`.
+    async fn fetch_manifest(
+        &self,
+        name: &str,
+        holders: &[NodeRecord],
+    ) -> Result<(Manifest, u64, usize), Response> {
+        let pq = format!("/v1/cluster/snapshots/{name}/manifest");
+        let mut why = Vec::new();
+        for (i, h) in holders.iter().enumerate() {
+            match self.peer_call(h, Method::GET, &pq, Vec::new()).await {
+                Ok(b) => match Manifest::decode(&b) {
+                    Ok(m) => return Ok((m, b.len() as u64, i)),
+                    Err(e) => why.push(format!("node {}: {e}", h.name)),
+                },
+                Err(e) => why.push(e),
+            }
+        }
+        Err(failed(
+            Code::NodeUnreachable,
+            format!(
+                "snapshot {name} could not be brought to {}: no holder gave its manifest ({})",
+                self.name,
+                why.join("; ")
+            ),
+        ))
+    }
+
+    /// Fetches `missing` from `holders` (batches on a few connections; a batch that fails or
+    /// holds a chunk that does not verify is asked of the next holder), every chunk verified.
+    async fn fetch_chunks(
+        &self,
+        name: &str,
+        missing: &[Chunk],
+        holders: &[NodeRecord],
+    ) -> Result<Fetched, Response> {
+        let mut batches: Vec<Vec<Chunk>> = Vec::new();
+        let mut size = 0usize;
+        for c in missing {
+            if batches.is_empty() || size + c.len() > BATCH_BYTES || batches.last().is_some_and(|b| b.len() >= MAX_CHUNKS_PER_CALL) {
+                batches.push(Vec::new());
+                size = 0;
+            }
+            size += c.len();
+            if let Some(b) = batches.last_mut() {
+                b.push(*c);
+            }
+        }
+        let dead: std::sync::Mutex<HashSet<String>> = Default::default();
+        let results: Vec<Result<BatchGot, String>> = futures_util::stream::iter(batches)
+            .map(|b| self.fetch_batch(name, b, holders, &dead))
+            .buffer_unordered(PARALLEL)
+            .collect()
+            .await;
+        let mut out = Fetched::default();
+        let mut from: HashSet<String> = HashSet::new();
+        for r in results {
+            let got = r.map_err(|e| {
+                failed(
+                    Code::NodeUnreachable,
+                    format!("snapshot {name} could not be brought to {}: {e}; nothing of it was kept", self.name),
+                )
+            })?;
+            out.fetched.extend(got.chunks);
+            out.refetched += got.refetched;
+            from.insert(got.from);
+        }
+        out.from = from.into_iter().collect();
+        out.from.sort();
+        Ok(out)
+    }
+
+    /// One batch, from the first holder (not known dead) whose chunks all verify.
+    async fn fetch_batch(
+        &self,
+        name: &str,
+        batch: Vec<Chunk>,
+        holders: &[NodeRecord],
+        dead: &std::sync::Mutex<HashSet<String>>,
+    ) -> Result<BatchGot, String> {
+        let pq = format!("/v1/cluster/snapshots/{name}/chunks");
+        let body: Vec<u8> = batch.iter().flat_map(|c| c.hash).collect();
+        let mut why = Vec::new();
+        let mut refetched = 0u64;
+        for h in holders {
+            if dead.lock().is_ok_and(|d| d.contains(&h.name)) {
+                continue;
+            }
+            let bytes = match self.peer_call(h, Method::POST, &pq, body.clone()).await {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!("snapshot {name}: fetching chunks from {}: {e}", h.name);
+                    if let Ok(mut d) = dead.lock() {
+                        d.insert(h.name.clone());
+                    }
+                    why.push(e);
+                    continue;
+                }
+            };
+            match split_verified(&batch, &bytes) {
+                Ok(chunks) => {
+                    return Ok(BatchGot {
+                        chunks,
+                        refetched,
+                        from: h.name.clone(),
+                    })
+                }
+                Err(bad) => {
+                    refetched += 1;
+                    tracing::warn!(
+                        "snapshot {name}: chunk {bad} from node {} does not match its name \
+                         (corrupt there); asking another holder",
+                        h.name
+                    );
+                    why.push(format!("node {} sent chunk {bad} corrupt", h.name));
+                }
+            }
+        }
+        Err(format!(
+            "no holder gave {} of its chunks intact ({})",
+            batch.len(),
+            if why.is_empty() { "every holder failed before".to_string() } else { why.join("; ") }
+        ))
+    }
+}
+
+#[derive(Default)]
+struct Fetched {
+    fetched: HashMap<Hash, Vec<u8>>,
+    from: Vec<String>,
+    refetched: u64,
+}
+
+struct BatchGot {
+    chunks: Vec<(Hash, Vec<u8>)>,
+    refetched: u64,
+    from: String,
+}
+
+/// The batch's chunks cut from `bytes`, each verified; the first that does not verify (its
+/// name in hex) otherwise.
+fn split_verified(batch: &[Chunk], bytes: &[u8]) -> Result<Vec<(Hash, Vec<u8>)>, String> {
+    let mut out = Vec::with_capacity(batch.len());
+    let mut at = 0usize;
+    for c in batch {
+        let end = at + c.len();
+        let Some(b) = bytes.get(at..end) else {
+            return Err(format!("{} (the reply ended early)", hex(&c.hash)));
+        };
+        if !chunks::verify(c, b) {
+            return Err(hex(&c.hash));
+        }
+        out.push((c.hash, b.to_vec()));
+        at = end;
+    }
+    if at != bytes.len() {
+        return Err("(a reply longer than the chunks asked)".into());
+    }
+    Ok(out)
+}
+
+fn hex(h: &Hash) -> String {
+    h.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
