@@ -120,7 +120,7 @@ pub struct ForkArgs {
     /// The copies' network (default: a sandbox's own; none for a snapshot).
     #[command(flatten)]
     pub net: NetArgs,
-    /// In a cluster: the node the copies go to (one that holds the snapshot).
+    /// In a cluster: the node the copies go to (one without the snapshot brings it by chunks).
     #[arg(long)]
     pub node: Option<String>,
     /// Print the copies (and any that failed) as JSON.
@@ -1012,6 +1012,25 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
 }
 
 /// `forkbox sandbox fork`: prints the copies' ids, says any that failed (exit 1 then).
+/// What a snapshot's move to another node cost, in words.
+fn transfer_line(t: &forkbox_engine::api::Transfer) -> String {
+    format!(
+        "snapshot {} brought to node {} from {}: {:.1} MiB moved in {} chunks ({} read from \
+         files node {} held, {} of {} RAM layers held), manifest {} KiB, {} ms",
+        t.snapshot,
+        t.node,
+        t.from.join(", "),
+        t.bytes_moved as f64 / 1048576.0,
+        t.chunks_fetched,
+        t.chunks_local,
+        t.node,
+        t.layers_held,
+        t.layers,
+        t.manifest_bytes >> 10,
+        t.duration_ms
+    )
+}
+
 async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
     let req = ForkRequest {
         count: a.count,
@@ -1036,6 +1055,9 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
             r.snapshot,
             r.duration_ms
         );
+        if let Some(t) = &r.transfer {
+            eprintln!("{}", transfer_line(t));
+        }
     })?;
     Ok(if r.failed.is_empty() {
         ExitCode::SUCCESS

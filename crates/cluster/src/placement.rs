@@ -187,7 +187,10 @@ mod tests {
         };
         assert_eq!(place(&nodes, &pinned), Ok("a".into()));
         // The holder has no room for two: the roomiest other node.
-        let two = Want { count: 2, ..w.clone() };
+        let two = Want {
+            count: 2,
+            ..w.clone()
+        };
         assert_eq!(place(&nodes, &two), Ok("a".into()));
         let none = Want {
             snapshot: Some("other"),

@@ -744,7 +744,13 @@ async fn brought(
 ) -> Result<Option<Transfer>, Response> {
     let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
     let name = match (effect, segs.as_slice()) {
-        (Effect::Forks, ["v1", "snapshots", name, "fork"]) => name.to_string(),
+        // `/v1/sandboxes/NAME/fork` names a snapshot too when no sandbox has that id.
+        (Effect::Forks, ["v1", "snapshots" | "sandboxes", name, "fork"]) => {
+            if node.engine.has(name).await {
+                return Ok(None);
+            }
+            name.to_string()
+        }
         (Effect::Creates, _) => match body.get("snapshot").and_then(|s| s.as_str()) {
             Some(s) => s.to_string(),
             None => return Ok(None),
@@ -807,7 +813,11 @@ async fn fork_elsewhere(
     let r = node.forward(&to, Request::from_parts(parts, body)).await;
     if is_sandbox {
         // The copies' node holds its own copy of the save now (or the fork failed).
-        if let Err(e) = node.engine.call(ops::DeleteSnapshot { name: name.clone() }).await {
+        if let Err(e) = node
+            .engine
+            .call(ops::DeleteSnapshot { name: name.clone() })
+            .await
+        {
             tracing::warn!("{name}: made for copies on {target}, not removed: {e}");
         }
         node.publish_now().await;
@@ -840,7 +850,9 @@ async fn read_json(req: Request) -> Result<(Request, serde_json::Value), Respons
 async fn body_json<T: serde::de::DeserializeOwned>(
     r: Response,
 ) -> Result<(axum::http::response::Parts, T), Response> {
-    let (parts, body) = r.into_parts();
+    let (mut parts, body) = r.into_parts();
+    // The reply is written anew (another length).
+    parts.headers.remove(header::CONTENT_LENGTH);
     let bytes = match axum::body::to_bytes(body, usize::MAX).await {
         Ok(b) => b,
         Err(e) => return Err(refusal(Code::Internal, e.to_string())),

@@ -34,7 +34,10 @@ impl Engine {
         let (m, bytes) = tokio::task::spawn_blocking(move || {
             let m = chunks::manifest(&paths, &snap)?;
             let bytes = m.encode()?;
-            Ok::<_, SnapshotError>((chunks::sources(&m, &crate::fastram::resolve(&snap.mem())), bytes))
+            Ok::<_, SnapshotError>((
+                chunks::sources(&m, &crate::fastram::resolve(&snap.mem())),
+                bytes,
+            ))
         })
         .await
         .map_err(blocking_failed)??;
@@ -125,9 +128,10 @@ impl Engine {
             .manifest
             .meta()
             .is_ok_and(|m| m.name.starts_with(super::AUTO_SNAPSHOT));
-        let snap = tokio::task::spawn_blocking(move || chunks::assemble(&paths, &plan, &fetched, durable))
-            .await
-            .map_err(blocking_failed)??;
+        let snap =
+            tokio::task::spawn_blocking(move || chunks::assemble(&paths, &plan, &fetched, durable))
+                .await
+                .map_err(blocking_failed)??;
         Ok(snap.meta)
     }
 
@@ -135,7 +139,11 @@ impl Engine {
     pub(super) async fn sweep_objects(&self) {
         let _alone = self.assembling.write().await;
         let paths = self.paths.clone();
-        if let Ok(removed) = tokio::task::spawn_blocking(move || chunks::sweep_objects(&paths, std::time::Duration::ZERO)).await {
+        if let Ok(removed) = tokio::task::spawn_blocking(move || {
+            chunks::sweep_objects(&paths, std::time::Duration::ZERO)
+        })
+        .await
+        {
             for f in removed {
                 tracing::info!("removed {} (no disk chain uses it)", f.display());
             }

@@ -357,13 +357,10 @@ impl Sandbox {
             };
             meta.took_ms = started.elapsed().as_millis() as u64;
             // What it wrote on its parent's RAM: a node holding the parent needs only that.
-            timing
-                .written
-                .save(&tmp)
-                .map_err(|e| SnapshotError::Io {
-                    what: "record the written pages".into(),
-                    source: e,
-                })?;
+            timing.written.save(&tmp).map_err(|e| SnapshotError::Io {
+                what: "record the written pages".into(),
+                source: e,
+            })?;
             snap::publish(&tmp, &dest, &meta, durable)
         };
         match finish() {

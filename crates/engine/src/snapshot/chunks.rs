@@ -48,6 +48,11 @@ pub struct Chunk {
     pub region: u32,
     pub mask: u16,
     pub hash: Hash,
+    /// The first region of a qcow2 file: hashed with its backing file's name (and that name's
+    /// place) left out, so the same overlay backed by a file elsewhere on another node has the
+    /// same chunk (each node writes its own name, see [`normalize_qcow2_head`]).
+    #[serde(default)]
+    pub qcow2_head: bool,
 }
 
 impl Chunk {
@@ -69,6 +74,29 @@ pub fn hash(mask: u16, data: &[u8]) -> Hash {
     h.update(&mask.to_le_bytes());
     h.update(data);
     *h.finalize().as_bytes()
+}
+
+/// A chunk's hash as its name says it was made (see [`Chunk::qcow2_head`]).
+fn hash_as(mask: u16, qcow2_head: bool, data: &[u8]) -> Hash {
+    if !qcow2_head || mask & 1 == 0 {
+        return hash(mask, data);
+    }
+    let mut d = data.to_vec();
+    normalize_qcow2_head(&mut d[..PAGE as usize]);
+    hash(mask, &d)
+}
+
+/// A qcow2 header's first page without what names its backing file: the name's offset and
+/// length, and everything from the name on (nothing else lives past it in that page).
+pub fn normalize_qcow2_head(page: &mut [u8]) {
+    if page.len() < 20 || page[..4] != *b"QFI\xfb" {
+        return;
+    }
+    let off = u64::from_be_bytes(page[8..16].try_into().unwrap_or_default());
+    page[8..20].fill(0);
+    if off >= 20 && (off as usize) < page.len() {
+        page[off as usize..].fill(0);
+    }
 }
 
 /// Chunks, and an id that names them and every layer below.
@@ -143,10 +171,12 @@ impl Manifest {
         postcard::to_stdvec(self).map_err(|e| bad(format!("encode a manifest: {e}")))
     }
     pub fn decode(bytes: &[u8]) -> Result<Manifest, SnapshotError> {
-        postcard::from_bytes(bytes).map_err(|e| bad(format!("a manifest that does not decode: {e}")))
+        postcard::from_bytes(bytes)
+            .map_err(|e| bad(format!("a manifest that does not decode: {e}")))
     }
     pub fn meta(&self) -> Result<SnapshotMeta, SnapshotError> {
-        serde_json::from_str(&self.meta).map_err(|e| bad(format!("a manifest's snapshot.json: {e}")))
+        serde_json::from_str(&self.meta)
+            .map_err(|e| bad(format!("a manifest's snapshot.json: {e}")))
     }
     /// Every chunk it names, each once.
     pub fn chunks(&self) -> impl Iterator<Item = &Chunk> {
@@ -177,11 +207,17 @@ pub struct Written {
 }
 
 impl Written {
+    /// Bytes of the pages written.
+    pub fn bytes(&self) -> u64 {
+        self.runs.iter().map(|(s, e)| e - s).sum()
+    }
+
     pub fn save(&self, dir: &Path) -> std::io::Result<()> {
         let bytes = postcard::to_stdvec(self).map_err(std::io::Error::other)?;
         write_atomic(&dir.join(WRITTEN), &bytes)
     }
-    fn load(dir: &Path) -> Option<Written> {
+    /// The record in snapshot directory `dir`, if its save made one.
+    pub fn load(dir: &Path) -> Option<Written> {
         postcard::from_bytes(&std::fs::read(dir.join(WRITTEN)).ok()?).ok()
     }
 }
@@ -194,7 +230,7 @@ fn is_zero(page: &[u8]) -> bool {
 
 /// The chunk of `region` holding the pages of `mask` (the region's bytes in `buf`), or the
 /// non-zero ones when `mask` is `None`.
-fn chunk_of(region: u64, buf: &[u8], mask: Option<u16>) -> Option<(Chunk, Vec<u8>)> {
+fn chunk_of(region: u64, buf: &[u8], mask: Option<u16>, qcow2: bool) -> Option<(Chunk, Vec<u8>)> {
     let mut m = 0u16;
     let mut data = Vec::new();
     for (i, page) in buf.chunks(PAGE as usize).enumerate() {
@@ -208,11 +244,13 @@ fn chunk_of(region: u64, buf: &[u8], mask: Option<u16>) -> Option<(Chunk, Vec<u8
             data.resize(data.len() + (PAGE as usize - page.len()), 0);
         }
     }
+    let head = qcow2 && region == 0;
     (m != 0).then(|| {
         let c = Chunk {
             region: region as u32,
             mask: m,
-            hash: hash(m, &data),
+            hash: hash_as(m, head, &data),
+            qcow2_head: head,
         };
         (c, data)
     })
@@ -260,11 +298,12 @@ fn data_regions(f: &std::fs::File, len: u64) -> std::io::Result<Vec<u64>> {
 pub fn file_layer(path: &Path) -> std::io::Result<(u64, Layer)> {
     let f = std::fs::File::open(path)?;
     let len = f.metadata()?.len();
+    let qcow2 = format_of(path)? == DiskFormat::Qcow2;
     let mut buf = vec![0u8; REGION as usize];
     let mut chunks = Vec::new();
     for r in data_regions(&f, len)? {
         read_region(&f, r, &mut buf)?;
-        if let Some((c, _)) = chunk_of(r, &buf, None) {
+        if let Some((c, _)) = chunk_of(r, &buf, None, qcow2) {
             chunks.push(c);
         }
     }
@@ -286,7 +325,7 @@ fn written_layer(mem: &Path, runs: &[(u64, u64)], below: &Hash) -> std::io::Resu
     let mut chunks = Vec::with_capacity(masks.len());
     for (r, m) in masks {
         read_region(&f, r, &mut buf)?;
-        if let Some((c, _)) = chunk_of(r, &buf, Some(m)) {
+        if let Some((c, _)) = chunk_of(r, &buf, Some(m), false) {
             chunks.push(c);
         }
     }
@@ -300,7 +339,7 @@ fn cached_file_layer(paths: &Paths, path: &Path) -> std::io::Result<(u64, Layer)
     let m = std::fs::metadata(path)?;
     let key = blake3::hash(
         format!(
-            "{}\0{}\0{}\0{}.{}",
+            "chunks-v1\0{}\0{}\0{}\0{}.{}",
             path.display(),
             m.ino(),
             m.len(),
@@ -309,7 +348,10 @@ fn cached_file_layer(paths: &Paths, path: &Path) -> std::io::Result<(u64, Layer)
         )
         .as_bytes(),
     );
-    let cache = paths.home().join("cache/chunks").join(key.to_hex().as_str());
+    let cache = paths
+        .home()
+        .join("cache/chunks")
+        .join(key.to_hex().as_str());
     if let Some(l) = std::fs::read(&cache)
         .ok()
         .and_then(|b| postcard::from_bytes::<(u64, Layer)>(&b).ok())
@@ -433,7 +475,8 @@ pub fn manifest(paths: &Paths, snap: &Snapshot) -> Result<Manifest, SnapshotErro
     let vmstate = std::fs::read(snap.vmstate()).map_err(io("read the device state"))?;
     let mut disks = Vec::new();
     for path in disk_chain(&snap.disk()).map_err(io("follow the disk chain"))? {
-        let (len, layer) = cached_file_layer(paths, &path).map_err(io(format!("hash {}", path.display())))?;
+        let (len, layer) =
+            cached_file_layer(paths, &path).map_err(io(format!("hash {}", path.display())))?;
         let format = format_of(&path).map_err(io(format!("read {}", path.display())))?;
         disks.push(DiskFile {
             path,
@@ -535,23 +578,75 @@ pub fn objects_dir(paths: &Paths) -> PathBuf {
     paths.home().join("objects")
 }
 
-fn object_path(paths: &Paths, d: &DiskFile) -> PathBuf {
+/// Ids of each disk file with the files below it (top first): two overlays of the same
+/// content on different backing files are different files.
+fn chain_ids(disks: &[DiskFile]) -> Vec<Hash> {
+    let mut below = [0u8; 32];
+    let mut ids: Vec<Hash> = disks
+        .iter()
+        .rev()
+        .map(|d| {
+            let mut h = blake3::Hasher::new();
+            h.update(&d.layer.id);
+            h.update(&below);
+            below = *h.finalize().as_bytes();
+            below
+        })
+        .collect();
+    ids.reverse();
+    ids
+}
+
+fn object_path(paths: &Paths, d: &DiskFile, chain_id: &Hash) -> PathBuf {
     objects_dir(paths).join(format!(
         "{}.{}",
-        blake3::Hash::from(d.layer.id).to_hex(),
+        blake3::Hash::from(*chain_id).to_hex(),
         d.format.ext()
     ))
 }
 
-/// A local file with `d`'s content: the same path when this node keeps it there, else the
-/// object made from it earlier.
-fn disk_here(paths: &Paths, d: &DiskFile) -> Option<PathBuf> {
-    let obj = object_path(paths, d);
-    if obj.exists() {
-        return Some(obj);
+/// Whether `path` is one of this home's stores (images, templates, snapshots, disks, objects;
+/// any of them may be a link to a store shared by several homes).
+fn in_home(paths: &Paths, path: &Path) -> bool {
+    let Ok(p) = path.canonicalize() else {
+        return false;
+    };
+    ["images", "templates", "snapshots", "disks", "objects"]
+        .iter()
+        .filter_map(|s| paths.home().join(s).canonicalize().ok())
+        .any(|root| p.starts_with(root))
+}
+
+/// For each file of a disk chain (top first), a local file with its content backed by the
+/// local file of the one below: the same path when this node keeps it there, else the object
+/// made from it earlier.
+fn disks_here(paths: &Paths, disks: &[DiskFile]) -> Vec<Option<PathBuf>> {
+    let ids = chain_ids(disks);
+    let mut out: Vec<Option<PathBuf>> = vec![None; disks.len()];
+    let mut below: Option<PathBuf> = None;
+    for i in (0..disks.len()).rev() {
+        let d = &disks[i];
+        let below_ok = |p: &Path| backing_of(p).ok().flatten() == below;
+        let obj = object_path(paths, d, &ids[i]);
+        let here = if obj.exists() && below_ok(&obj) {
+            Some(obj)
+        } else if in_home(paths, &d.path)
+            && below_ok(&d.path)
+            && cached_file_layer(paths, &d.path)
+                .is_ok_and(|(len, l)| len == d.len && l.id == d.layer.id)
+        {
+            Some(d.path.clone())
+        } else {
+            None
+        };
+        // A file made here sits on the one below as made here: nothing above it is here.
+        if here.is_none() {
+            return out;
+        }
+        out[i] = here.clone();
+        below = here;
     }
-    let same = cached_file_layer(paths, &d.path).ok()?;
-    (same.0 == d.len && same.1.id == d.layer.id).then(|| d.path.clone())
+    out
 }
 
 /// Decides how to assemble `m` here (see [`Plan`]).
@@ -564,7 +659,9 @@ pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
         if s.meta.memory_mib != meta.memory_mib || s.meta.cpus != meta.cpus {
             continue;
         }
-        let Ok(layers) = mem_layers(paths, &s) else { continue };
+        let Ok(layers) = mem_layers(paths, &s) else {
+            continue;
+        };
         let mem = crate::fastram::resolve(&s.mem());
         if let Some(top) = layers.last() {
             if let Some(k) = manifest.mem.iter().position(|l| l.id == top.id) {
@@ -582,8 +679,7 @@ pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
             }
         }
     }
-    let disks_here: Vec<Option<PathBuf>> =
-        manifest.disks.iter().map(|d| disk_here(paths, d)).collect();
+    let disks_here = disks_here(paths, &manifest.disks);
     for (d, here) in manifest.disks.iter().zip(&disks_here) {
         if let Some(file) = here {
             for c in &d.layer.chunks {
@@ -617,7 +713,7 @@ pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
         let bytes = index
             .get(&c.hash)
             .and_then(|s| read_chunk(&s.file, &s.chunk).ok())
-            .filter(|b| hash(c.mask, b) == c.hash);
+            .filter(|b| verify(c, b));
         match bytes {
             Some(b) => {
                 local.insert(c.hash, b);
@@ -636,7 +732,7 @@ pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
 
 /// Whether `bytes` are the chunk `c` names.
 pub fn verify(c: &Chunk, bytes: &[u8]) -> bool {
-    bytes.len() == c.len() && hash(c.mask, bytes) == c.hash
+    bytes.len() == c.len() && hash_as(c.mask, c.qcow2_head, bytes) == c.hash
 }
 
 /// Free bytes of the file system holding `dir`.
@@ -687,7 +783,12 @@ fn bytes_of<'a>(
         .get(&c.hash)
         .or_else(|| fetched.get(&c.hash))
         .map(Vec::as_slice)
-        .ok_or_else(|| bad(format!("chunk {} was not fetched", blake3::Hash::from(c.hash).to_hex())))
+        .ok_or_else(|| {
+            bad(format!(
+                "chunk {} was not fetched",
+                blake3::Hash::from(c.hash).to_hex()
+            ))
+        })
 }
 
 /// Makes the disk files this node lacks under `objects/` (base first, each rebased onto where
@@ -699,28 +800,36 @@ fn assemble_disks(
     made: &mut Vec<PathBuf>,
 ) -> Result<PathBuf, SnapshotError> {
     let disks = &plan.manifest.disks;
+    let ids = chain_ids(disks);
     let mut below: Option<(PathBuf, DiskFormat)> = None;
-    for (d, here) in disks.iter().zip(&plan.disks_here).rev() {
+    for ((d, here), id) in disks.iter().zip(&plan.disks_here).zip(&ids).rev() {
         let path = match here {
             Some(p) => p.clone(),
             None => {
-                let dest = object_path(paths, d);
+                let dest = object_path(paths, d, id);
                 let tmp = objects_dir(paths).join(format!(
                     ".tmp-{}-{}",
-                    blake3::Hash::from(d.layer.id).to_hex(),
+                    blake3::Hash::from(*id).to_hex(),
                     std::process::id()
                 ));
                 std::fs::create_dir_all(objects_dir(paths)).map_err(io("create objects/"))?;
                 made.push(tmp.clone());
-                let f = crate::ram::new_file(&tmp, d.len).map_err(io(format!("create {}", tmp.display())))?;
+                let f = crate::ram::new_file(&tmp, d.len)
+                    .map_err(io(format!("create {}", tmp.display())))?;
                 for c in &d.layer.chunks {
                     write_chunk(&f, c, bytes_of(plan, fetched, c)?)
                         .map_err(io(format!("write {}", tmp.display())))?;
                 }
-                f.set_len(d.len).map_err(io(format!("size {}", tmp.display())))?;
-                f.sync_all().map_err(io(format!("sync {}", tmp.display())))?;
+                f.set_len(d.len)
+                    .map_err(io(format!("size {}", tmp.display())))?;
+                f.sync_all()
+                    .map_err(io(format!("sync {}", tmp.display())))?;
                 if let (DiskFormat::Qcow2, Some((b, fmt))) = (d.format, &below) {
-                    if backing_of(&tmp).map_err(io("read a qcow2 header"))?.as_ref() != Some(b) {
+                    if backing_of(&tmp)
+                        .map_err(io("read a qcow2 header"))?
+                        .as_ref()
+                        != Some(b)
+                    {
                         rebase(&tmp, b, *fmt)?;
                     }
                 }
@@ -778,8 +887,10 @@ pub fn assemble(
     let mut made = Vec::new();
     let result = (|| {
         let top = assemble_disks(paths, plan, fetched, &mut made)?;
+        disk_chain(&top).map_err(io("check the disk chain made"))?;
         assemble_mem(plan, fetched, &tmp)?;
-        std::fs::write(tmp.join(VMSTATE), &plan.manifest.vmstate).map_err(io("write the device state"))?;
+        std::fs::write(tmp.join(VMSTATE), &plan.manifest.vmstate)
+            .map_err(io("write the device state"))?;
         let layers = postcard::to_stdvec(&plan.manifest.mem).map_err(|e| bad(e.to_string()))?;
         write_atomic(&tmp.join(LAYERS), &layers).map_err(io("write the RAM layers"))?;
         meta.disk = Some(top);
@@ -789,7 +900,10 @@ pub fn assemble(
     })();
     if result.is_err() {
         let _ = crate::fastram::remove_snapshot_dir(&tmp);
-        for f in made.iter().filter(|f| f.file_name().is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))) {
+        for f in made.iter().filter(|f| {
+            f.file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
+        }) {
             let _ = std::fs::remove_file(f);
         }
     }
@@ -816,7 +930,8 @@ fn assemble_mem(
             write_chunk(&f, c, bytes_of(plan, fetched, c)?).map_err(io("write the RAM file"))?;
         }
     }
-    f.set_len(plan.manifest.mem_len).map_err(io("size the RAM file"))
+    f.set_len(plan.manifest.mem_len)
+        .map_err(io("size the RAM file"))
 }
 
 /// Removes `objects/` files no disk chain of this home goes through (snapshots, templates,
@@ -839,8 +954,15 @@ pub fn sweep_objects(paths: &Paths, min_age: std::time::Duration) -> Vec<PathBuf
             }
         }
     }
+    // Every file a chain reaches is kept, however the chain ends (a file unreadable or a loop
+    // ends the walk, never the keeping).
     for t in tops {
-        used.extend(disk_chain(&t).unwrap_or_default());
+        let mut at = Some(t);
+        while let Some(p) = at.take() {
+            if used.insert(p.clone()) {
+                at = backing_of(&p).ok().flatten();
+            }
+        }
     }
     let mut removed = Vec::new();
     for e in entries.flatten() {
@@ -875,23 +997,28 @@ mod tests {
     #[test]
     fn a_region_of_zeros_is_no_chunk_and_a_mask_names_its_pages() {
         let buf = vec![0u8; REGION as usize];
-        assert!(chunk_of(0, &buf, None).is_none());
+        assert!(chunk_of(0, &buf, None, false).is_none());
         let mut buf = buf;
         buf[5 * PAGE as usize] = 7;
-        let (c, data) = chunk_of(3, &buf, None).unwrap_or_else(|| panic!("a chunk"));
+        let (c, data) = chunk_of(3, &buf, None, false).unwrap_or_else(|| panic!("a chunk"));
         assert_eq!((c.region, c.mask, data.len()), (3, 1 << 5, PAGE as usize));
         assert!(verify(&c, &data));
         let mut flipped = data.clone();
         flipped[1] ^= 1;
         assert!(!verify(&c, &flipped));
         // A written page of zeros is still carried (it overwrites the layer below).
-        let (w, wdata) = chunk_of(3, &buf, Some(0b11)).unwrap_or_else(|| panic!("a chunk"));
+        let (w, wdata) = chunk_of(3, &buf, Some(0b11), false).unwrap_or_else(|| panic!("a chunk"));
         assert_eq!((w.mask, wdata.len()), (0b11, 2 * PAGE as usize));
     }
 
     #[test]
     fn a_layers_id_covers_the_layers_below() {
-        let c = Chunk { region: 1, mask: 1, hash: [9; 32] };
+        let c = Chunk {
+            region: 1,
+            mask: 1,
+            hash: [9; 32],
+            qcow2_head: false,
+        };
         let a = Layer::new(None, vec![c]);
         let b1 = Layer::new(Some(&a.id), vec![c]);
         let b2 = Layer::new(Some(&[1; 32]), vec![c]);
@@ -900,15 +1027,66 @@ mod tests {
     }
 
     #[test]
+    fn a_qcow2_overlay_has_the_same_chunks_whatever_its_backing_files_name() {
+        let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
+        let img = |args: &[&str]| {
+            let ok = std::process::Command::new("qemu-img")
+                .args(args)
+                .current_dir(dir.path())
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "qemu-img {args:?}");
+        };
+        img(&["create", "-q", "-f", "raw", "base.raw", "8M"]);
+        let base = dir.path().join("base.raw");
+        let far = dir.path().join("a-much-longer-name-for-the-same-base.raw");
+        std::fs::copy(&base, &far).unwrap_or_else(|e| panic!("{e}"));
+        let b = base.to_string_lossy().into_owned();
+        img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "raw",
+            "-b",
+            &b,
+            "top.qcow2",
+        ]);
+        let top = dir.path().join("top.qcow2");
+        let moved = dir.path().join("moved.qcow2");
+        std::fs::copy(&top, &moved).unwrap_or_else(|e| panic!("{e}"));
+        rebase(&moved, &far, DiskFormat::Raw).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(backing_of(&moved).ok().flatten(), Some(far));
+        let (l1, l2) = (
+            file_layer(&top).unwrap_or_else(|e| panic!("{e}")).1,
+            file_layer(&moved).unwrap_or_else(|e| panic!("{e}")).1,
+        );
+        assert_eq!(l1.id, l2.id);
+        assert!(l1.chunks[0].qcow2_head);
+        // Its bytes still verify against the name; any other change does not.
+        let head = read_chunk(&moved, &l1.chunks[0]).unwrap_or_else(|e| panic!("{e}"));
+        assert!(verify(&l1.chunks[0], &head));
+        let mut other = head.clone();
+        other[100] ^= 1;
+        assert!(!verify(&l1.chunks[0], &other));
+    }
+
+    #[test]
     fn a_sparse_file_is_chunked_by_its_data_and_rebuilt_exactly() {
         let dir = tempfile::tempdir().unwrap_or_else(|e| panic!("{e}"));
         let p = dir.path().join("f");
         let f = crate::ram::new_file(&p, 10 * REGION + 100).unwrap_or_else(|e| panic!("{e}"));
-        f.write_all_at(b"hello", 2 * REGION + 10).unwrap_or_else(|e| panic!("{e}"));
-        f.write_all_at(b"tail", 10 * REGION + 96).unwrap_or_else(|e| panic!("{e}"));
+        f.write_all_at(b"hello", 2 * REGION + 10)
+            .unwrap_or_else(|e| panic!("{e}"));
+        f.write_all_at(b"tail", 10 * REGION + 96)
+            .unwrap_or_else(|e| panic!("{e}"));
         let (len, layer) = file_layer(&p).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(len, 10 * REGION + 100);
-        assert_eq!(layer.chunks.iter().map(|c| c.region).collect::<Vec<_>>(), vec![2, 10]);
+        assert_eq!(
+            layer.chunks.iter().map(|c| c.region).collect::<Vec<_>>(),
+            vec![2, 10]
+        );
         let q = dir.path().join("g");
         let g = crate::ram::new_file(&q, len).unwrap_or_else(|e| panic!("{e}"));
         for c in &layer.chunks {

@@ -53,7 +53,9 @@ pub async fn serve(node: &Node, req: Request) -> Result<Response, Request> {
     match (req.method().clone(), segs.as_slice()) {
         (Method::GET, ["v1", "cluster", "snapshots", name, "manifest"]) => {
             let name = name.to_string();
-            Ok(answer(node.engine.call(ops::SnapshotManifest { name }).await))
+            Ok(answer(
+                node.engine.call(ops::SnapshotManifest { name }).await,
+            ))
         }
         (Method::POST, ["v1", "cluster", "snapshots", name, "chunks"]) => {
             let name = name.to_string();
@@ -75,7 +77,10 @@ pub async fn serve(node: &Node, req: Request) -> Result<Response, Request> {
                 .collect();
             let r = node.engine.call(ops::SnapshotChunks { name, hashes }).await;
             if let Ok(b) = &r {
-                node.engine.metrics().chunk_bytes_served.inc_by(b.len() as u64);
+                node.engine
+                    .metrics()
+                    .chunk_bytes_served
+                    .inc_by(b.len() as u64);
             }
             Ok(answer(r))
         }
@@ -179,10 +184,15 @@ impl Node {
         if holders.is_empty() {
             return Err(failed(
                 Code::SnapshotNotFound,
-                format!("no snapshot {name} on this node ({}) or any live node", self.name),
+                format!(
+                    "no snapshot {name} on this node ({}) or any live node",
+                    self.name
+                ),
             ));
         }
         let (manifest, manifest_bytes, first) = self.fetch_manifest(name, &holders).await?;
+        let ms = |t: Instant| t.elapsed().as_millis();
+        let (got_manifest, planning) = (ms(started), Instant::now());
         let layers = manifest.mem.len() as u32;
         let plan = self
             .engine
@@ -193,10 +203,24 @@ impl Node {
             plan.base.as_ref().map_or(0, |b| b.1 as u32),
             plan.local.len() as u64,
         );
+        tracing::info!(
+            "snapshot {name}: bringing it from {}: {} chunks ({:.1} MiB) to fetch, {} read from \
+             this node's files, {layers_held} of {layers} RAM layers held here",
+            holders
+                .iter()
+                .map(|h| h.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+            plan.missing.len(),
+            plan.missing_bytes() as f64 / 1048576.0,
+            chunks_local
+        );
         // The holder that gave the manifest is asked first.
         let mut order = holders.clone();
         order.rotate_left(first);
+        let (planned, fetching) = (ms(planning), Instant::now());
         let got = self.fetch_chunks(name, &plan.missing, &order).await?;
+        let (fetched, assembling) = (ms(fetching), Instant::now());
         let (bytes_moved, chunks_fetched) = (
             got.fetched.values().map(|b| b.len() as u64).sum::<u64>(),
             got.fetched.len() as u64,
@@ -208,6 +232,7 @@ impl Node {
             })
             .await
             .map_err(crate::engine_error)?;
+        let assembled = ms(assembling);
         let t = Transfer {
             snapshot: name.to_string(),
             node: self.name.clone(),
@@ -227,7 +252,8 @@ impl Node {
         tracing::info!(
             "snapshot {name}: brought from {} in {} ms: {} chunks fetched ({:.1} MiB, {} \
              refetched), {} read from this node's files, {} of {} RAM layers held here, \
-             manifest {} KiB",
+             manifest {} KiB (manifest {got_manifest} ms, plan {planned} ms, chunks {fetched} \
+             ms, assembly {assembled} ms)",
             t.from.join(", "),
             t.duration_ms,
             t.chunks_fetched,
@@ -281,7 +307,12 @@ impl Node {
         let mut batches: Vec<Vec<Chunk>> = Vec::new();
         let mut size = 0usize;
         for c in missing {
-            if batches.is_empty() || size + c.len() > BATCH_BYTES || batches.last().is_some_and(|b| b.len() >= MAX_CHUNKS_PER_CALL) {
+            if batches.is_empty()
+                || size + c.len() > BATCH_BYTES
+                || batches
+                    .last()
+                    .is_some_and(|b| b.len() >= MAX_CHUNKS_PER_CALL)
+            {
                 batches.push(Vec::new());
                 size = 0;
             }
@@ -302,7 +333,10 @@ impl Node {
             let got = r.map_err(|e| {
                 failed(
                     Code::NodeUnreachable,
-                    format!("snapshot {name} could not be brought to {}: {e}; nothing of it was kept", self.name),
+                    format!(
+                        "snapshot {name} could not be brought to {}: {e}; nothing of it was kept",
+                        self.name
+                    ),
                 )
             })?;
             out.fetched.extend(got.chunks);
@@ -363,7 +397,11 @@ impl Node {
         Err(format!(
             "no holder gave {} of its chunks intact ({})",
             batch.len(),
-            if why.is_empty() { "every holder failed before".to_string() } else { why.join("; ") }
+            if why.is_empty() {
+                "every holder failed before".to_string()
+            } else {
+                why.join("; ")
+            }
         ))
     }
 }
