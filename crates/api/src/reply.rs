@@ -39,12 +39,16 @@ pub struct SandboxView {
     pub transfer: Option<Transfer>,
 }
 
-/// A snapshot brought to a node from the nodes that held it, by chunks: what moved and what
-/// the node already had.
+/// A snapshot or image brought to a node from the nodes that held it, by chunks: what moved
+/// and what the node already had.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct Transfer {
-    /// The snapshot brought.
-    pub snapshot: String,
+    /// The snapshot brought (with the image it needs, when the node lacked that too).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+    /// The image brought (`NAME@N`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub image: Option<String>,
     /// The node it was brought to.
     pub node: String,
     /// The nodes chunks came from.

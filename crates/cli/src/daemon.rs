@@ -1014,10 +1014,15 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
 /// `forkbox sandbox fork`: prints the copies' ids, says any that failed (exit 1 then).
 /// What a snapshot's move to another node cost, in words.
 fn transfer_line(t: &forkbox_engine::api::Transfer) -> String {
+    let what = match (&t.snapshot, &t.image) {
+        (Some(s), Some(i)) => format!("snapshot {s} (and image {i})"),
+        (Some(s), None) => format!("snapshot {s}"),
+        (None, Some(i)) => format!("image {i}"),
+        (None, None) => "nothing".into(),
+    };
     format!(
-        "snapshot {} brought to node {} from {}: {:.1} MiB moved in {} chunks ({} read from \
+        "{what} brought to node {} from {}: {:.1} MiB moved in {} chunks ({} read from \
          files node {} held, {} of {} RAM layers held), manifest {} KiB, {} ms",
-        t.snapshot,
         t.node,
         t.from.join(", "),
         t.bytes_moved as f64 / 1048576.0,

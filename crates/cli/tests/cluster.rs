@@ -529,6 +529,7 @@ fn the_sdks_and_mcp_work_pointed_at_any_node() {
             .env("FORKBOX_TOKEN", token)
             .env("FORKBOX_TEST_TCP", format!("http://{}:7070", other.addr))
             .env("FORKBOX_TEST_TOKEN", token)
+            .env("FORKBOX_TEST_OTHER_NODE", &other.name)
             .current_dir(infra::repo_root())
             .stdin(Stdio::null());
         cmd
@@ -689,6 +690,11 @@ fn leftovers(dir: &std::path::Path) -> Vec<String> {
 #[test]
 fn snapshots_move_between_nodes_by_chunks() {
     use forkbox_engine::snapshot::chunks::Written;
+    // Node c keeps images of its own (none at first); a and b share the test's.
+    let c_images = infra::home().home().join("homes/xfer-c/images");
+    let _ = std::fs::remove_file(&c_images);
+    let _ = std::fs::remove_dir_all(&c_images);
+    std::fs::create_dir_all(&c_images).unwrap();
     let TestCluster {
         mut nodes,
         etcd: _etcd,
@@ -698,6 +704,55 @@ fn snapshots_move_between_nodes_by_chunks() {
     let homes: Vec<std::path::PathBuf> =
         nodes.iter().map(|n| n.paths.home().to_path_buf()).collect();
     let home = |i: usize| homes[i].clone();
+
+    // A create on c of an image only a and b hold: c brings it (its data, once), then boots.
+    let o: serde_json::Value = serde_json::from_str(&nodes[0].ok(&[
+        "sandbox",
+        "create",
+        "--json",
+        "--node",
+        "c",
+        "--image",
+        "python-bookworm",
+        "--ttl",
+        "10m",
+    ]))
+    .unwrap();
+    let t = &o["transfer"];
+    assert_eq!(t["image"], "python-bookworm@1", "{o}");
+    let a_rootfs = infra::home()
+        .home()
+        .join("images/python-bookworm/1/rootfs.ext4");
+    let data = forkbox_engine::snapshot::allocated_bytes(&a_rootfs);
+    let moved = t["bytes_moved"].as_u64().unwrap();
+    println!("image to c: {moved} bytes moved of {data} allocated; {t}");
+    assert!(moved > 0 && moved <= data, "{moved} vs {data}");
+    assert!(same_bytes(
+        &a_rootfs,
+        &c_images.join("python-bookworm/1/rootfs.ext4")
+    ));
+    let id = o["id"].as_str().unwrap();
+    assert_eq!(
+        nodes[2]
+            .ok(&["sandbox", "exec", id, "--", "echo", "up"])
+            .trim(),
+        "up"
+    );
+    nodes[2].ok(&["sandbox", "rm", id]);
+    let again: serde_json::Value = serde_json::from_str(&nodes[0].ok(&[
+        "sandbox",
+        "create",
+        "--json",
+        "--node",
+        "c",
+        "--image",
+        "python-bookworm",
+        "--ttl",
+        "10m",
+    ]))
+    .unwrap();
+    assert!(again["transfer"].is_null(), "{again}");
+    nodes[2].ok(&["sandbox", "rm", again["id"].as_str().unwrap()]);
 
     // A sandbox on a with data in memory (tmpfs) and on disk, and a process that counts.
     let (src, _) = nodes[0].create(&["--node", "a", "--ttl", "30m"]);

@@ -753,7 +753,13 @@ async fn brought(
         }
         (Effect::Creates, _) => match body.get("snapshot").and_then(|s| s.as_str()) {
             Some(s) => s.to_string(),
-            None => return Ok(None),
+            None => {
+                let image = body.get("image").and_then(|s| s.as_str());
+                return match image {
+                    Some(i) => node.pull_image(i).await,
+                    None => Ok(None),
+                };
+            }
         },
         _ => return Ok(None),
     };
@@ -915,6 +921,9 @@ async fn record_forked(
                 ));
             }
         }
+    }
+    for v in &mut kept {
+        v.transfer = transfer.clone();
     }
     f.sandboxes = kept;
     f.transfer = transfer;

@@ -138,6 +138,25 @@ def test_a_pin_to_a_node_that_is_not_there_is_refused(rt):
     assert not rt.sandboxes.list(node="no-such-node")
 
 
+def test_a_fork_goes_to_the_node_it_is_pinned_to(rt):
+    # In a cluster (the test names another node): the copy runs there, its snapshot brought by
+    # chunks. One daemon: a pin is refused, naming the node.
+    other = os.environ.get("FORKBOX_TEST_OTHER_NODE")
+    with rt.sandboxes.create(ttl_seconds=TTL) as s:
+        s.files.write_bytes("/root/moved", b"with the copy")
+        if other is None:
+            with pytest.raises(forkbox.BadRequest, match="no-such-node"):
+                s.fork(node="no-such-node")
+            return
+        (copy,) = s.fork(node=other)
+        try:
+            assert copy.info["node"] == other
+            assert copy.info["transfer"]["bytes_moved"] > 0
+            assert copy.files.read_bytes("/root/moved") == b"with the copy"
+        finally:
+            copy.stop()
+
+
 def test_a_daemon_that_is_not_running_is_named():
     with pytest.raises(forkbox.DaemonNotRunning, match="no forkbox daemon answers on /nonexistent"):
         Runtime(api="unix:/nonexistent/forkbox.sock").info()

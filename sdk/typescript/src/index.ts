@@ -110,12 +110,30 @@ export interface CreateOptions {
   node?: string;
 }
 
+/** A snapshot brought to a node by chunks (the daemon's `Transfer`). */
+export interface Transfer {
+  snapshot?: string;
+  image?: string;
+  node: string;
+  from: string[];
+  bytes_moved: number;
+  manifest_bytes: number;
+  chunks_fetched: number;
+  chunks_local: number;
+  layers_held: number;
+  layers: number;
+  chunks_refetched: number;
+  duration_ms: number;
+}
+
 export interface ForkOptions {
   /** 1 to 20 copies. */
   count?: number;
   ttlSeconds?: number;
   network?: NetworkPolicy;
   labels?: Record<string, string>;
+  /** In a cluster: the node the copies run on (one without the snapshot brings it first). */
+  node?: string;
 }
 
 export interface DirEntry {
@@ -133,6 +151,8 @@ export interface SandboxInfo {
   state: "running" | "disk_full" | "hibernated" | "failed" | "lost";
   /** The node that runs it, in a cluster. */
   node?: string;
+  /** In a cluster, when the snapshot it started from was brought to its node: what moved. */
+  transfer?: Transfer;
   failure?: string;
   labels: Record<string, string>;
   ttl_action: "delete" | "hibernate";
@@ -334,6 +354,7 @@ function forkBody(o: ForkOptions): Record<string, unknown> {
   const body: Record<string, unknown> = { count, labels: o.labels ?? {} };
   if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
   if (o.network) body.network = network(o.network) ?? { internet: false, allow: [] };
+  if (o.node !== undefined) body.node = o.node;
   return body;
 }
 

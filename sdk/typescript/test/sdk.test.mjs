@@ -123,6 +123,30 @@ test("errors carry the daemon's message", async () => {
   assert.throws(() => new Runtime({ api: "localhost:1" }), ForkboxError);
 });
 
+test("a fork goes to the node it is pinned to", async () => {
+  // In a cluster (the test names another node): the copy runs there, its snapshot brought by
+  // chunks. One daemon: a pin is refused, naming the node.
+  const other = process.env.FORKBOX_TEST_OTHER_NODE;
+  const s = await rt.sandboxes.create({ ttlSeconds: TTL });
+  try {
+    await s.files.writeText("/root/moved", "with the copy");
+    if (other === undefined) {
+      await assert.rejects(s.fork({ node: "no-such-node" }), /no-such-node/);
+      return;
+    }
+    const [copy] = await s.fork({ node: other });
+    try {
+      assert.equal(copy.info.node, other);
+      assert.ok(copy.info.transfer.bytes_moved > 0);
+      assert.equal(await copy.files.readText("/root/moved"), "with the copy");
+    } finally {
+      await copy.stop();
+    }
+  } finally {
+    await s.stop();
+  }
+});
+
 test("TCP needs the right token", async () => {
   const bad = new Runtime({ api: process.env.FORKBOX_TEST_TCP, token: "fbx_wrong" });
   await assert.rejects(bad.info(), AuthError);

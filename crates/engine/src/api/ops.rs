@@ -146,6 +146,16 @@ operations! {
         plan: crate::snapshot::chunks::Plan,
         fetched: std::collections::HashMap<crate::snapshot::chunks::Hash, Vec<u8>>,
     } -> SnapshotMeta = |e, op| e.assemble(op.plan, op.fetched).await;
+    /// An image held here as chunks, encoded.
+    ImageManifest { reference: ImageRef } -> Vec<u8> = |e, op| e.image_manifest_of(&op.reference).await;
+    /// How this node would assemble an image it lacks; refused when it would not fit.
+    PlanImagePull { manifest: crate::snapshot::chunks::ImageManifest }
+        -> crate::snapshot::chunks::ImagePlan = |e, op| e.plan_image_pull(op.manifest).await;
+    /// Assembles a planned image from this node's files and `fetched` (verified) chunks.
+    AssembleImagePull {
+        plan: crate::snapshot::chunks::ImagePlan,
+        fetched: std::collections::HashMap<crate::snapshot::chunks::Hash, Vec<u8>>,
+    } -> ImageView = |e, op| e.assemble_image(op.plan, op.fetched).await;
     /// The metrics in the OpenMetrics text format.
     Metrics {} -> String = |e, op| Ok(e.metrics().encode());
 }

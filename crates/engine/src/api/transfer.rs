@@ -6,7 +6,8 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use super::{Engine, EngineError};
-use crate::snapshot::chunks::{self, Hash, Manifest, Plan, Source};
+use crate::image::{ImageRef, ImageStore};
+use crate::snapshot::chunks::{self, Hash, ImageManifest, ImagePlan, Manifest, Plan, Source};
 use crate::snapshot::{SnapshotError, SnapshotMeta, SnapshotStore};
 
 /// Most chunks one request may ask for.
@@ -47,8 +48,57 @@ impl Engine {
         Ok(bytes)
     }
 
-    /// The bytes of chunks `hashes` of snapshot `name`, one after another in that order (as
-    /// this node's files hold them, not verified here: the receiver verifies).
+    /// The manifest of image `reference` (held here), encoded; its chunks can be asked for
+    /// from now on (as those of `image:NAME@N`).
+    pub(super) async fn image_manifest_of(
+        &self,
+        reference: &ImageRef,
+    ) -> Result<Vec<u8>, EngineError> {
+        let image = ImageStore::new(&self.paths).resolve(reference)?;
+        let key = format!("image:{}", image.reference());
+        let paths = self.paths.clone();
+        let (sources, bytes) = tokio::task::spawn_blocking(move || {
+            let m = chunks::image_manifest(&paths, &image)?;
+            Ok::<_, SnapshotError>((chunks::image_sources(&m), m.encode()?))
+        })
+        .await
+        .map_err(blocking_failed)??;
+        if let Ok(mut s) = self.served.sources.lock() {
+            s.insert(key, Arc::new(sources));
+        }
+        Ok(bytes)
+    }
+
+    /// How this node would assemble image `manifest`; refused when it would not fit.
+    pub(super) async fn plan_image_pull(
+        &self,
+        manifest: ImageManifest,
+    ) -> Result<ImagePlan, EngineError> {
+        let paths = self.paths.clone();
+        Ok(
+            tokio::task::spawn_blocking(move || chunks::plan_image(&paths, manifest))
+                .await
+                .map_err(blocking_failed)??,
+        )
+    }
+
+    /// Assembles a planned image from this node's files and `fetched` (verified) chunks.
+    pub(super) async fn assemble_image(
+        &self,
+        plan: ImagePlan,
+        fetched: HashMap<Hash, Vec<u8>>,
+    ) -> Result<super::ImageView, EngineError> {
+        let paths = self.paths.clone();
+        let reference = plan.manifest.reference();
+        tokio::task::spawn_blocking(move || chunks::assemble_image(&paths, &plan, &fetched))
+            .await
+            .map_err(blocking_failed)??;
+        self.get_image(&reference.parse()?)
+    }
+
+    /// The bytes of chunks `hashes` of snapshot `name` (or of `image:NAME@N`), one after
+    /// another in that order (as this node's files hold them, not verified here: the receiver
+    /// verifies).
     pub(super) async fn chunks_of(
         &self,
         name: &str,
@@ -69,7 +119,10 @@ impl Engine {
         let sources = match known {
             Some(s) => s,
             None => {
-                self.manifest_of(name).await?;
+                match name.strip_prefix("image:") {
+                    Some(r) => self.image_manifest_of(&r.parse()?).await?,
+                    None => self.manifest_of(name).await?,
+                };
                 self.served
                     .sources
                     .lock()

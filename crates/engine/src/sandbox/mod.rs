@@ -331,11 +331,8 @@ impl Sandbox {
                 return Err(e.into());
             }
         };
-        tracing::debug!(
-            "snapshot {name}: {} MiB copied while paused {:.1} ms",
-            timing.paused_copy_bytes >> 20,
-            timing.pause_ms
-        );
+        let (copied, paused) = (timing.paused_copy_bytes >> 20, timing.pause_ms);
+        tracing::debug!("snapshot {name}: {copied} MiB copied while paused {paused:.1} ms");
         let finish = || -> Result<Snapshot, SnapshotError> {
             let mut meta = snap::SnapshotMeta {
                 state: snap::StateFormat::Devices,

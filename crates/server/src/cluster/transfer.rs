@@ -57,8 +57,18 @@ pub async fn serve(node: &Node, req: Request) -> Result<Response, Request> {
                 node.engine.call(ops::SnapshotManifest { name }).await,
             ))
         }
-        (Method::POST, ["v1", "cluster", "snapshots", name, "chunks"]) => {
-            let name = name.to_string();
+        (Method::GET, ["v1", "cluster", "images", reference, "manifest"]) => {
+            let r = match reference.parse() {
+                Ok(r) => node.engine.call(ops::ImageManifest { reference: r }).await,
+                Err(e) => Err(forkbox_engine::api::EngineError::from(e)),
+            };
+            Ok(answer(r))
+        }
+        (Method::POST, ["v1", "cluster", kind @ ("snapshots" | "images"), name, "chunks"]) => {
+            let name = match *kind {
+                "images" => format!("image:{name}"),
+                _ => name.to_string(),
+            };
             let limit = MAX_CHUNKS_PER_CALL * 32;
             let body = match axum::body::to_bytes(req.into_body(), limit).await {
                 Ok(b) => b,
@@ -182,15 +192,15 @@ impl Node {
         let started = Instant::now();
         let holders = self.holders(name, hint).await;
         if holders.is_empty() {
-            return Err(failed(
-                Code::SnapshotNotFound,
-                format!(
-                    "no snapshot {name} on this node ({}) or any live node",
-                    self.name
-                ),
-            ));
+            // Held nowhere: the engine says what is wrong with the request, as on one daemon.
+            return Ok(None);
         }
         let (manifest, manifest_bytes, first) = self.fetch_manifest(name, &holders).await?;
+        // A copy needs its image here too: brought first, so its root disk is here for the plan.
+        let image = match manifest.meta() {
+            Ok(m) => self.pull_image(&m.image).await?,
+            Err(e) => return Err(crate::engine_error(e.into())),
+        };
         let ms = |t: Instant| t.elapsed().as_millis();
         let (got_manifest, planning) = (ms(started), Instant::now());
         let layers = manifest.mem.len() as u32;
@@ -219,7 +229,9 @@ impl Node {
         let mut order = holders.clone();
         order.rotate_left(first);
         let (planned, fetching) = (ms(planning), Instant::now());
-        let got = self.fetch_chunks(name, &plan.missing, &order).await?;
+        let pq = format!("/v1/cluster/snapshots/{name}/chunks");
+        let what = format!("snapshot {name}");
+        let got = self.fetch_chunks(&what, &pq, &plan.missing, &order).await?;
         let (fetched, assembling) = (ms(fetching), Instant::now());
         let (bytes_moved, chunks_fetched) = (
             got.fetched.values().map(|b| b.len() as u64).sum::<u64>(),
@@ -234,10 +246,11 @@ impl Node {
             .map_err(crate::engine_error)?;
         let assembled = ms(assembling);
         let t = Transfer {
-            snapshot: name.to_string(),
+            snapshot: Some(name.to_string()),
+            image: image.as_ref().and_then(|i| i.image.clone()),
             node: self.name.clone(),
             from: got.from,
-            bytes_moved,
+            bytes_moved: bytes_moved + image.as_ref().map_or(0, |i| i.bytes_moved),
             manifest_bytes,
             chunks_fetched,
             chunks_local,
@@ -250,22 +263,142 @@ impl Node {
         m.snapshots_pulled.inc();
         m.chunk_bytes_fetched.inc_by(bytes_moved);
         tracing::info!(
-            "snapshot {name}: brought from {} in {} ms: {} chunks fetched ({:.1} MiB, {} \
-             refetched), {} read from this node's files, {} of {} RAM layers held here, \
-             manifest {} KiB (manifest {got_manifest} ms, plan {planned} ms, chunks {fetched} \
-             ms, assembly {assembled} ms)",
-            t.from.join(", "),
-            t.duration_ms,
-            t.chunks_fetched,
-            t.bytes_moved as f64 / 1048576.0,
-            t.chunks_refetched,
-            t.chunks_local,
-            t.layers_held,
-            t.layers,
-            t.manifest_bytes >> 10
+            "{} (manifest {got_manifest} ms, plan {planned} ms, chunks {fetched} ms, assembly \
+             {assembled} ms)",
+            brought_line(&t)
         );
         self.publish_now().await;
         Ok(Some(t))
+    }
+
+    /// Makes sure image `reference` (`NAME` or `NAME@N`) is held here, bringing it from a node
+    /// that holds it when it is not: what moved, or `None` when it was here (or is held
+    /// nowhere: the create then says the image is unknown, as on one daemon).
+    pub async fn pull_image(&self, reference: &str) -> Result<Option<Transfer>, Response> {
+        let Ok(want) = reference.parse::<forkbox_engine::image::ImageRef>() else {
+            return Ok(None);
+        };
+        let here = || async {
+            self.engine
+                .call(ops::GetImage {
+                    reference: want.clone(),
+                })
+                .await
+                .is_ok()
+        };
+        if here().await {
+            return Ok(None);
+        }
+        let lock = self.pulls.lock_for(&format!("image:{}", want.name));
+        let _one = lock.lock().await;
+        if here().await {
+            return Ok(None);
+        }
+        let started = Instant::now();
+        let Some((exact, holders)) = self.image_holders(&want).await else {
+            return Ok(None);
+        };
+        let pq = format!("/v1/cluster/images/{exact}/manifest");
+        let mut why = Vec::new();
+        let mut got = None;
+        for h in &holders {
+            match self.peer_call(h, Method::GET, &pq, Vec::new()).await {
+                Ok(b) => match chunks::ImageManifest::decode(&b) {
+                    Ok(m) => {
+                        got = Some((m, b.len() as u64));
+                        break;
+                    }
+                    Err(e) => why.push(format!("node {}: {e}", h.name)),
+                },
+                Err(e) => why.push(e),
+            }
+        }
+        let Some((manifest, manifest_bytes)) = got else {
+            return Err(failed(
+                Code::NodeUnreachable,
+                format!(
+                    "image {exact} could not be brought to {}: {}",
+                    self.name,
+                    why.join("; ")
+                ),
+            ));
+        };
+        let plan = self
+            .engine
+            .call(ops::PlanImagePull { manifest })
+            .await
+            .map_err(crate::engine_error)?;
+        let chunks_local = plan.local.len() as u64;
+        let what = format!("image {exact}");
+        let pq = format!("/v1/cluster/images/{exact}/chunks");
+        let fetched = self
+            .fetch_chunks(&what, &pq, &plan.missing, &holders)
+            .await?;
+        let bytes_moved = fetched
+            .fetched
+            .values()
+            .map(|b| b.len() as u64)
+            .sum::<u64>();
+        let t = Transfer {
+            snapshot: None,
+            image: Some(exact.clone()),
+            node: self.name.clone(),
+            from: fetched.from.clone(),
+            bytes_moved,
+            manifest_bytes,
+            chunks_fetched: fetched.fetched.len() as u64,
+            chunks_local,
+            layers_held: 0,
+            layers: 0,
+            chunks_refetched: fetched.refetched,
+            duration_ms: 0,
+        };
+        self.engine
+            .call(ops::AssembleImagePull {
+                plan,
+                fetched: fetched.fetched,
+            })
+            .await
+            .map_err(crate::engine_error)?;
+        let t = Transfer {
+            duration_ms: started.elapsed().as_millis() as u64,
+            ..t
+        };
+        self.engine
+            .metrics()
+            .chunk_bytes_fetched
+            .inc_by(bytes_moved);
+        tracing::info!("{}", brought_line(&t));
+        self.publish_now().await;
+        Ok(Some(t))
+    }
+
+    /// The exact reference (`NAME@N`, the newest version held when `want` names none) and the
+    /// live nodes holding it; `None` when no other node does.
+    async fn image_holders(
+        &self,
+        want: &forkbox_engine::image::ImageRef,
+    ) -> Option<(String, Vec<NodeRecord>)> {
+        let c = self.cluster().await?;
+        let live = c.nodes().await.ok()?;
+        let version_of = |r: &str| -> Option<u32> {
+            let (n, v) = r.split_once('@')?;
+            (n == want.name).then(|| v.parse().ok())?
+        };
+        let version = match want.version {
+            Some(v) => v,
+            None => live
+                .iter()
+                .filter(|n| n.name != self.name)
+                .flat_map(|n| n.images.iter().filter_map(|r| version_of(r)))
+                .max()?,
+        };
+        let exact = format!("{}@{version}", want.name);
+        let holders: Vec<NodeRecord> = live
+            .into_iter()
+            .filter(|n| n.name != self.name && n.images.contains(&exact))
+            .collect();
+        (!holders.is_empty()).then_some((exact, holders))
     }
 
     /// The manifest from the first holder that gives one: it, its size, and that holder's
@@ -301,6 +434,7 @@ impl Node {
     async fn fetch_chunks(
         &self,
         name: &str,
+        pq: &str,
         missing: &[Chunk],
         holders: &[NodeRecord],
     ) -> Result<Fetched, Response> {
@@ -323,7 +457,7 @@ impl Node {
         }
         let dead: std::sync::Mutex<HashSet<String>> = Default::default();
         let results: Vec<Result<BatchGot, String>> = futures_util::stream::iter(batches)
-            .map(|b| self.fetch_batch(name, b, holders, &dead))
+            .map(|b| self.fetch_batch(name, pq, b, holders, &dead))
             .buffer_unordered(PARALLEL)
             .collect()
             .await;
@@ -334,7 +468,7 @@ impl Node {
                 failed(
                     Code::NodeUnreachable,
                     format!(
-                        "snapshot {name} could not be brought to {}: {e}; nothing of it was kept",
+                        "{name} could not be brought to {}: {e}; nothing of it was kept",
                         self.name
                     ),
                 )
@@ -352,11 +486,11 @@ impl Node {
     async fn fetch_batch(
         &self,
         name: &str,
+        pq: &str,
         batch: Vec<Chunk>,
         holders: &[NodeRecord],
         dead: &std::sync::Mutex<HashSet<String>>,
     ) -> Result<BatchGot, String> {
-        let pq = format!("/v1/cluster/snapshots/{name}/chunks");
         let body: Vec<u8> = batch.iter().flat_map(|c| c.hash).collect();
         let mut why = Vec::new();
         let mut refetched = 0u64;
@@ -364,10 +498,10 @@ impl Node {
             if dead.lock().is_ok_and(|d| d.contains(&h.name)) {
                 continue;
             }
-            let bytes = match self.peer_call(h, Method::POST, &pq, body.clone()).await {
+            let bytes = match self.peer_call(h, Method::POST, pq, body.clone()).await {
                 Ok(b) => b,
                 Err(e) => {
-                    tracing::warn!("snapshot {name}: fetching chunks from {}: {e}", h.name);
+                    tracing::warn!("{name}: fetching chunks from {}: {e}", h.name);
                     if let Ok(mut d) = dead.lock() {
                         d.insert(h.name.clone());
                     }
@@ -386,8 +520,8 @@ impl Node {
                 Err(bad) => {
                     refetched += 1;
                     tracing::warn!(
-                        "snapshot {name}: chunk {bad} from node {} does not match its name \
-                         (corrupt there); asking another holder",
+                        "{name}: chunk {bad} from node {} does not match its name (corrupt \
+                         there); asking another holder",
                         h.name
                     );
                     why.push(format!("node {} sent chunk {bad} corrupt", h.name));
@@ -439,6 +573,28 @@ fn split_verified(batch: &[Chunk], bytes: &[u8]) -> Result<Vec<(Hash, Vec<u8>)>,
         return Err("(a reply longer than the chunks asked)".into());
     }
     Ok(out)
+}
+
+/// What a transfer moved, in words.
+fn brought_line(t: &Transfer) -> String {
+    format!(
+        "{}: brought from {} in {} ms: {} chunks fetched ({:.1} MiB, {} refetched), {} read \
+         from this node's files, {} of {} RAM layers held here, manifest {} KiB",
+        match (&t.snapshot, &t.image) {
+            (Some(s), _) => format!("snapshot {s}"),
+            (None, Some(i)) => format!("image {i}"),
+            _ => String::new(),
+        },
+        t.from.join(", "),
+        t.duration_ms,
+        t.chunks_fetched,
+        t.bytes_moved as f64 / 1048576.0,
+        t.chunks_refetched,
+        t.chunks_local,
+        t.layers_held,
+        t.layers,
+        t.manifest_bytes >> 10
+    )
 }
 
 fn hex(h: &Hash) -> String {

@@ -185,8 +185,11 @@ class AsyncSnapshot:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> "AsyncSandbox":
-        return (await self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels))[0]
+        return (
+            await self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node)
+        )[0]
 
     async def fork_many(
         self,
@@ -195,8 +198,9 @@ class AsyncSnapshot:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels)
+        body = c.fork_body(count, ttl_seconds, network, labels, node)
         reply = await self._rt._call("POST", f"/snapshots/{self.name}/fork", json=body)
         return await _forked(self._rt, reply)
 
@@ -336,8 +340,9 @@ class AsyncSandbox:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> List["AsyncSandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels)
+        body = c.fork_body(count, ttl_seconds, network, labels, node)
         reply = await self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body)
         return await _forked(self._rt, reply)
 

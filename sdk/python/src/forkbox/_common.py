@@ -281,10 +281,13 @@ def fork_body(
     ttl_seconds: Optional[int],
     network: Optional[Mapping[str, Any]],
     labels: Optional[Mapping[str, str]],
+    node: Optional[str] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"count": count, "labels": dict(labels or {})}
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds
+    if node is not None:
+        body["node"] = node
     if network is not None:
         body["network"] = network_body(network) or {"internet": False, "allow": []}
     return body

@@ -200,10 +200,13 @@ class Snapshot:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> "Sandbox":
         """One new running sandbox from this snapshot; ``with snapshot.fork() as sbx:`` deletes
-        it when the block ends and leaves the snapshot as it was."""
-        return self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels)[0]
+        it when the block ends and leaves the snapshot as it was. ``node``: in a cluster, the
+        node it runs on (one without the snapshot brings it first; ``info["transfer"]`` says
+        what moved)."""
+        return self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node)[0]
 
     def fork_many(
         self,
@@ -212,8 +215,9 @@ class Snapshot:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> List["Sandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels)
+        body = c.fork_body(count, ttl_seconds, network, labels, node)
         return _forked(self._rt, self._rt._call("POST", f"/snapshots/{self.name}/fork", json=body))
 
     def delete(self) -> None:
@@ -362,9 +366,11 @@ class Sandbox:
         ttl_seconds: Optional[int] = None,
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
+        node: Optional[str] = None,
     ) -> List["Sandbox"]:
-        """``count`` (1-20) running copies of this sandbox as it is now; it keeps running."""
-        body = c.fork_body(count, ttl_seconds, network, labels)
+        """``count`` (1-20) running copies of this sandbox as it is now; it keeps running.
+        ``node``: in a cluster, the node the copies run on (saved here, brought there by chunks)."""
+        body = c.fork_body(count, ttl_seconds, network, labels, node)
         return _forked(self._rt, self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body))
 
     def hibernate(self) -> "Sandbox":
