@@ -55,6 +55,9 @@ pub struct Transfer {
     pub from: Vec<String>,
     /// Bytes of chunks fetched from other nodes (the manifest not counted).
     pub bytes_moved: u64,
+    /// Bytes of the RAM layers and disk files this node lacked (what a copy of everything
+    /// above what it held would move; chunks found in its own files are not moved).
+    pub needed_bytes: u64,
     /// Bytes of the manifest (the chunks' names, the device state).
     pub manifest_bytes: u64,
     pub chunks_fetched: u64,

@@ -529,7 +529,7 @@ fn the_sdks_and_mcp_work_pointed_at_any_node() {
             .env("FORKBOX_TOKEN", token)
             .env("FORKBOX_TEST_TCP", format!("http://{}:7070", other.addr))
             .env("FORKBOX_TEST_TOKEN", token)
-            .env("FORKBOX_TEST_OTHER_NODE", &other.name)
+            .env("FORKBOX_TEST_NODES", "a,b,c")
             .current_dir(infra::repo_root())
             .stdin(Stdio::null());
         cmd

@@ -350,8 +350,8 @@ impl Node {
     }
 
     /// Whether this node has memory for `count` copies of `source` (a sandbox or snapshot of
-    /// its own): the copies are made here until snapshots move between nodes, so a fork that
-    /// does not fit is refused, saying what is short, rather than half made.
+    /// its own) made here: a fork that does not fit is refused, saying what is short and how
+    /// to make the copies elsewhere, rather than half made.
     async fn room_for_copies(&self, source: &str, count: u64) -> Option<Response> {
         let memory = match self
             .engine
@@ -387,7 +387,11 @@ impl Node {
         placement::place(&[record], &want).err().map(|e| {
             refusal(
                 Code::NoCapacity,
-                format!("{e}; the copies are made on the node that holds the source, {} (until snapshots move between nodes)", self.name),
+                format!(
+                    "{e}; the copies of a sandbox are made on its node, {}, unless pinned to \
+                     another (--node / node=: the snapshot is brought there)",
+                    self.name
+                ),
             )
         })
     }

@@ -139,15 +139,16 @@ def test_a_pin_to_a_node_that_is_not_there_is_refused(rt):
 
 
 def test_a_fork_goes_to_the_node_it_is_pinned_to(rt):
-    # In a cluster (the test names another node): the copy runs there, its snapshot brought by
-    # chunks. One daemon: a pin is refused, naming the node.
-    other = os.environ.get("FORKBOX_TEST_OTHER_NODE")
+    # In a cluster (the test names its nodes): a copy pinned to another node than its source's
+    # runs there, its snapshot brought by chunks. One daemon: a pin is refused, naming the node.
+    nodes = [n for n in os.environ.get("FORKBOX_TEST_NODES", "").split(",") if n]
     with rt.sandboxes.create(ttl_seconds=TTL) as s:
         s.files.write_bytes("/root/moved", b"with the copy")
-        if other is None:
+        if not nodes:
             with pytest.raises(forkbox.BadRequest, match="no-such-node"):
                 s.fork(node="no-such-node")
             return
+        other = next(n for n in nodes if n != s.info["node"])
         (copy,) = s.fork(node=other)
         try:
             assert copy.info["node"] == other

@@ -117,6 +117,7 @@ export interface Transfer {
   node: string;
   from: string[];
   bytes_moved: number;
+  needed_bytes: number;
   manifest_bytes: number;
   chunks_fetched: number;
   chunks_local: number;

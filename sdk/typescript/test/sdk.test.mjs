@@ -124,16 +124,17 @@ test("errors carry the daemon's message", async () => {
 });
 
 test("a fork goes to the node it is pinned to", async () => {
-  // In a cluster (the test names another node): the copy runs there, its snapshot brought by
-  // chunks. One daemon: a pin is refused, naming the node.
-  const other = process.env.FORKBOX_TEST_OTHER_NODE;
+  // In a cluster (the test names its nodes): a copy pinned to another node than its source's
+  // runs there, its snapshot brought by chunks. One daemon: a pin is refused, naming the node.
+  const nodes = (process.env.FORKBOX_TEST_NODES ?? "").split(",").filter((n) => n);
   const s = await rt.sandboxes.create({ ttlSeconds: TTL });
   try {
     await s.files.writeText("/root/moved", "with the copy");
-    if (other === undefined) {
+    if (nodes.length === 0) {
       await assert.rejects(s.fork({ node: "no-such-node" }), /no-such-node/);
       return;
     }
+    const other = nodes.find((n) => n !== s.info.node);
     const [copy] = await s.fork({ node: other });
     try {
       assert.equal(copy.info.node, other);

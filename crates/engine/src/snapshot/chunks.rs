@@ -565,7 +565,7 @@ impl Plan {
         self.missing.iter().map(|c| c.len() as u64).sum()
     }
     /// Bytes the assembled files take (RAM data above the base, disk files made here).
-    fn bytes_written(&self) -> u64 {
+    pub fn bytes_written(&self) -> u64 {
         let from = self.base.as_ref().map_or(0, |b| b.1);
         let mem: u64 = self.manifest.mem[from..].iter().map(Layer::bytes).sum();
         let disks: u64 = self

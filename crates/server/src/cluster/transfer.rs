@@ -209,6 +209,7 @@ impl Node {
             .call(ops::PlanPull { manifest })
             .await
             .map_err(crate::engine_error)?;
+        let needed_bytes = plan.bytes_written();
         let (layers_held, chunks_local) = (
             plan.base.as_ref().map_or(0, |b| b.1 as u32),
             plan.local.len() as u64,
@@ -251,6 +252,7 @@ impl Node {
             node: self.name.clone(),
             from: got.from,
             bytes_moved: bytes_moved + image.as_ref().map_or(0, |i| i.bytes_moved),
+            needed_bytes: needed_bytes + image.as_ref().map_or(0, |i| i.needed_bytes),
             manifest_bytes,
             chunks_fetched,
             chunks_local,
@@ -329,6 +331,7 @@ impl Node {
             .await
             .map_err(crate::engine_error)?;
         let chunks_local = plan.local.len() as u64;
+        let needed_bytes = plan.manifest.rootfs.layer.bytes();
         let what = format!("image {exact}");
         let pq = format!("/v1/cluster/images/{exact}/chunks");
         let fetched = self
@@ -345,6 +348,7 @@ impl Node {
             node: self.name.clone(),
             from: fetched.from.clone(),
             bytes_moved,
+            needed_bytes,
             manifest_bytes,
             chunks_fetched: fetched.fetched.len() as u64,
             chunks_local,
