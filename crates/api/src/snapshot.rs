@@ -79,6 +79,10 @@ pub struct SnapshotMeta {
     /// and to resume it under the same id.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hibernated: Option<DaemonRecord>,
+    /// In listings: bytes only this snapshot holds on its node (its RAM file, device state and
+    /// the disk files no other snapshot, template or sandbox uses): what deleting it frees.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub held_alone_bytes: Option<u64>,
 }
 
 impl SnapshotMeta {

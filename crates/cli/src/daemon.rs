@@ -512,17 +512,18 @@ pub fn snapshot(paths: &Paths, cmd: SnapshotCmd) -> anyhow::Result<ExitCode> {
                     println!("no snapshots");
                 } else {
                     println!(
-                        "{:<32} {:<24} {:<16} {:<24} {:>8}",
-                        "NAME", "IMAGE", "FROM", "PARENT", "RAM"
+                        "{:<32} {:<24} {:<16} {:<24} {:>8} {:>9}",
+                        "NAME", "IMAGE", "FROM", "PARENT", "RAM", "ALONE"
                     );
                     for m in all {
                         println!(
-                            "{:<32} {:<24} {:<16} {:<24} {:>4} MiB",
+                            "{:<32} {:<24} {:<16} {:<24} {:>4} MiB {:>5} MiB",
                             m.name,
                             m.image,
                             m.from_sandbox.as_deref().unwrap_or("-"),
                             m.parent.as_deref().unwrap_or("-"),
-                            m.memory_bytes >> 20
+                            m.memory_bytes >> 20,
+                            m.held_alone_bytes.unwrap_or(0) >> 20
                         );
                     }
                 }

@@ -816,6 +816,22 @@ fn snapshots_move_between_nodes_by_chunks() {
         ]) != t0),
         "the counting process did not come along"
     );
+    // b's listing says what snap1 holds alone there: its RAM file at least.
+    let ls: serde_json::Value =
+        serde_json::from_str(&nodes[1].ok(&["snapshot", "ls", "--json"])).unwrap();
+    let alone = ls
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["name"] == "snap1" && m["node"] == "b")
+        .and_then(|m| m["held_alone_bytes"].as_u64())
+        .unwrap_or_else(|| panic!("{ls}"));
+    let ram = forkbox_engine::snapshot::allocated_bytes(&b_snap.join("mem"));
+    assert!(alone >= ram && ram > 0, "{alone} < {ram}: {ls}");
+    // A snapshot no node holds: said plainly, nothing made.
+    let o = nodes[1].run(&["sandbox", "fork", "no-such-snap", "--node", "c"]);
+    assert!(!o.status.success());
+    assert!(stderr(&o).contains("no-such-snap"), "{}", stderr(&o));
     // A second fork of it to b moves nothing.
     let again = fork_json(&nodes[0], &["snap1", "--node", "b"]);
     assert!(again["transfer"].is_null(), "{again}");

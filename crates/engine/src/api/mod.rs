@@ -441,10 +441,13 @@ impl Engine {
     }
 
     fn list_snapshots(&self) -> Vec<SnapshotMeta> {
-        crate::snapshot::SnapshotStore::new(&self.paths)
-            .list()
-            .into_iter()
-            .map(|s| s.meta)
+        let all = crate::snapshot::SnapshotStore::new(&self.paths).list();
+        let alone = crate::snapshot::chunks::held_alone(&self.paths, &all);
+        all.into_iter()
+            .map(|s| SnapshotMeta {
+                held_alone_bytes: alone.get(&s.meta.name).copied(),
+                ..s.meta
+            })
             .collect()
     }
 

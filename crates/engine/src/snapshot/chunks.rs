@@ -1146,6 +1146,64 @@ pub fn assemble_image(
     Ok(dest)
 }
 
+/// For each snapshot of this home (by name): the bytes only it holds (its RAM file, device
+/// state, and the files of its disk chain no other snapshot, template or sandbox overlay
+/// reaches).
+pub fn held_alone(paths: &Paths, snaps: &[Snapshot]) -> HashMap<String, u64> {
+    let mut users: HashMap<PathBuf, usize> = HashMap::new();
+    let mut chains: Vec<(String, Vec<PathBuf>)> = Vec::new();
+    let walk = |top: PathBuf| -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        let mut at = Some(top);
+        while let Some(p) = at.take() {
+            if out.contains(&p) {
+                break;
+            }
+            at = backing_of(&p).ok().flatten();
+            out.push(p);
+        }
+        out
+    };
+    let names: BTreeSet<&str> = snaps.iter().map(|s| s.meta.name.as_str()).collect();
+    for s in local_snapshots(paths) {
+        let chain = walk(s.disk());
+        for f in &chain {
+            *users.entry(f.clone()).or_default() += 1;
+        }
+        if names.contains(s.meta.name.as_str()) {
+            chains.push((s.meta.name.clone(), chain));
+        }
+    }
+    for root in [paths.disks(), paths.run()] {
+        for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
+            for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
+                if f.path().extension().is_some_and(|x| x == "qcow2") {
+                    // An overlay reaches the files below it, not itself (a frozen one is a
+                    // snapshot's own top).
+                    for p in walk(f.path()).into_iter().skip(1) {
+                        *users.entry(p).or_default() += 1;
+                    }
+                }
+            }
+        }
+    }
+    let by_name: HashMap<&str, &Snapshot> = snaps.iter().map(|s| (s.meta.name.as_str(), s)).collect();
+    chains
+        .into_iter()
+        .filter_map(|(name, chain)| {
+            let s = by_name.get(name.as_str())?;
+            let own = super::allocated_bytes(&crate::fastram::resolve(&s.mem()))
+                + super::allocated_bytes(&s.vmstate());
+            let disks: u64 = chain
+                .iter()
+                .filter(|f| users.get(*f).copied().unwrap_or(0) <= 1)
+                .map(|f| super::allocated_bytes(f))
+                .sum();
+            Some((name, own + disks))
+        })
+        .collect()
+}
+
 /// Removes `objects/` files no disk chain of this home goes through (snapshots, templates,
 /// sandboxes' overlays), and leftovers of assemblies whose process is gone; returns what it
 /// removed. An object younger than `min_age` is kept (another process may be assembling the

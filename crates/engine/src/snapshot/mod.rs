@@ -747,6 +747,7 @@ pub(crate) fn new_meta(
         disk: None,
         disk_dirs: Vec::new(),
         hibernated: None,
+        held_alone_bytes: None,
     }
 }
 
