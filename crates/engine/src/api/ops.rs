@@ -141,11 +141,21 @@ operations! {
     /// How this node would assemble a snapshot it lacks; refused when it would not fit.
     PlanPull { manifest: crate::snapshot::chunks::Manifest } -> crate::snapshot::chunks::Plan
         = |e, op| e.plan_pull(op.manifest).await;
-    /// Assembles a planned snapshot from this node's files and `fetched` (verified) chunks.
+    /// Starts assembling a snapshot (its RAM file, the base copied) while its chunks come.
+    StagePull { base: Option<std::path::PathBuf>, mem_len: u64 } -> std::path::PathBuf
+        = |e, op| e.stage(op.base, op.mem_len).await;
+    /// Drops a staged assembly whose chunks did not all come.
+    DiscardStaged { staged: std::path::PathBuf } -> ()
+        = |e, op| {
+            crate::snapshot::chunks::discard(&op.staged);
+            Ok(())
+        };
+    /// Finishes a staged snapshot from this node's files and `fetched` (verified) chunks.
     AssemblePull {
         plan: crate::snapshot::chunks::Plan,
         fetched: std::collections::HashMap<crate::snapshot::chunks::Hash, Vec<u8>>,
-    } -> SnapshotMeta = |e, op| e.assemble(op.plan, op.fetched).await;
+        staged: std::path::PathBuf,
+    } -> SnapshotMeta = |e, op| e.assemble(op.plan, op.fetched, op.staged).await;
     /// An image held here as chunks, encoded.
     ImageManifest { reference: ImageRef } -> Vec<u8> = |e, op| e.image_manifest_of(&op.reference).await;
     /// How this node would assemble an image it lacks; refused when it would not fit.

@@ -170,10 +170,23 @@ impl Engine {
 
     /// Assembles a planned snapshot from this node's files and `fetched` chunks (verified by
     /// the caller); no sweep of `objects/` runs meanwhile.
+    /// Starts an assembly while the chunks are fetched (see [`chunks::stage`]).
+    pub(super) async fn stage(
+        &self,
+        base: Option<std::path::PathBuf>,
+        mem_len: u64,
+    ) -> Result<std::path::PathBuf, EngineError> {
+        let paths = self.paths.clone();
+        Ok(tokio::task::spawn_blocking(move || chunks::stage(&paths, base.as_deref(), mem_len))
+            .await
+            .map_err(blocking_failed)??)
+    }
+
     pub(super) async fn assemble(
         &self,
         plan: Plan,
         fetched: HashMap<Hash, Vec<u8>>,
+        staged: std::path::PathBuf,
     ) -> Result<SnapshotMeta, EngineError> {
         let _held = self.assembling.read().await;
         let paths = self.paths.clone();
@@ -181,10 +194,11 @@ impl Engine {
             .manifest
             .meta()
             .is_ok_and(|m| m.name.starts_with(super::AUTO_SNAPSHOT));
-        let snap =
-            tokio::task::spawn_blocking(move || chunks::assemble(&paths, &plan, &fetched, durable))
-                .await
-                .map_err(blocking_failed)??;
+        let snap = tokio::task::spawn_blocking(move || {
+            chunks::assemble(&paths, &plan, &fetched, durable, &staged)
+        })
+        .await
+        .map_err(blocking_failed)??;
         Ok(snap.meta)
     }
 

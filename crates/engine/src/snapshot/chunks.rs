@@ -321,13 +321,37 @@ fn written_layer(mem: &Path, runs: &[(u64, u64)], below: &Hash) -> std::io::Resu
             p += 1;
         }
     }
-    let mut buf = vec![0u8; REGION as usize];
+    let masks: Vec<(u64, u16)> = masks.into_iter().collect();
+    // Hashed on every core, in order (a save's written pages are what a cross-node fork waits
+    // for its holder to name).
+    let threads = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let per = masks.len().div_ceil(threads.max(1)).max(1);
+    let parts: Vec<std::io::Result<Vec<Chunk>>> = std::thread::scope(|s| {
+        let handles: Vec<_> = masks
+            .chunks(per)
+            .map(|part| {
+                let f = &f;
+                s.spawn(move || {
+                    let mut buf = vec![0u8; REGION as usize];
+                    let mut out = Vec::with_capacity(part.len());
+                    for &(r, m) in part {
+                        read_region(f, r, &mut buf)?;
+                        if let Some((c, _)) = chunk_of(r, &buf, Some(m), false) {
+                            out.push(c);
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a hashing thread panicked"))))
+            .collect()
+    });
     let mut chunks = Vec::with_capacity(masks.len());
-    for (r, m) in masks {
-        read_region(&f, r, &mut buf)?;
-        if let Some((c, _)) = chunk_of(r, &buf, Some(m), false) {
-            chunks.push(c);
-        }
+    for p in parts {
+        chunks.extend(p?);
     }
     Ok(Layer::new(Some(below), chunks))
 }
@@ -881,42 +905,71 @@ fn rebase(file: &Path, backing: &Path, fmt: DiskFormat) -> Result<(), SnapshotEr
     Ok(())
 }
 
-/// Assembles the snapshot of `plan` under `snapshots/<name>` from this node's files and the
-/// `fetched` chunks (every one verified by the caller with [`verify`]); whole or not at all.
+/// Starts a snapshot's assembly while its chunks are fetched: a `.tmp-` directory under
+/// `snapshots/` with the RAM file made and `base` (a RAM file this node holds, see
+/// [`Plan::base`]) copied into it. [`assemble`] finishes it; [`discard`] drops it.
+pub fn stage(paths: &Paths, base: Option<&Path>, mem_len: u64) -> Result<PathBuf, SnapshotError> {
+    let tmp = paths
+        .snapshots()
+        .join(super::tmp_name().map_err(io("name a snapshot's directory"))?);
+    std::fs::create_dir_all(&tmp).map_err(io(format!("create {}", tmp.display())))?;
+    let made = (|| {
+        let mem = tmp.join(MEM);
+        crate::ram::new_file(&mem, mem_len).map_err(io("create the RAM file"))?;
+        if let Some(base) = base {
+            crate::ram::copy_data(base, &mem, mem_len)
+                .map_err(io(format!("copy {}", base.display())))?;
+        }
+        Ok(())
+    })();
+    match made {
+        Ok(()) => Ok(tmp),
+        Err(e) => {
+            discard(&tmp);
+            Err(e)
+        }
+    }
+}
+
+/// Drops a staged assembly (see [`stage`]).
+pub fn discard(staged: &Path) {
+    let _ = crate::fastram::remove_snapshot_dir(staged);
+}
+
+/// Finishes the snapshot of `plan` staged in `staged` (see [`stage`]), under
+/// `snapshots/<name>`, from this node's files and the `fetched` chunks (every one verified by
+/// the caller with [`verify`]); whole or not at all (the staged directory goes either way).
 pub fn assemble(
     paths: &Paths,
     plan: &Plan,
     fetched: &HashMap<Hash, Vec<u8>>,
     durable: bool,
+    staged: &Path,
 ) -> Result<Snapshot, SnapshotError> {
-    let mut meta = plan.manifest.meta()?;
-    if !super::valid_name(&meta.name) {
-        return Err(SnapshotError::BadName(meta.name));
-    }
-    let dest = paths.snapshots().join(&meta.name);
-    if dest.exists() {
-        return Err(SnapshotError::Exists(meta.name));
-    }
-    let tmp = paths
-        .snapshots()
-        .join(super::tmp_name().map_err(io("name a snapshot's directory"))?);
-    std::fs::create_dir_all(&tmp).map_err(io(format!("create {}", tmp.display())))?;
     let mut made = Vec::new();
     let result = (|| {
+        let mut meta = plan.manifest.meta()?;
+        if !super::valid_name(&meta.name) {
+            return Err(SnapshotError::BadName(meta.name));
+        }
+        let dest = paths.snapshots().join(&meta.name);
+        if dest.exists() {
+            return Err(SnapshotError::Exists(meta.name));
+        }
         let top = assemble_disks(paths, plan, fetched, &mut made)?;
         disk_chain(&top).map_err(io("check the disk chain made"))?;
-        assemble_mem(plan, fetched, &tmp)?;
-        std::fs::write(tmp.join(VMSTATE), &plan.manifest.vmstate)
+        assemble_mem(plan, fetched, staged)?;
+        std::fs::write(staged.join(VMSTATE), &plan.manifest.vmstate)
             .map_err(io("write the device state"))?;
         let layers = postcard::to_stdvec(&plan.manifest.mem).map_err(|e| bad(e.to_string()))?;
-        write_atomic(&tmp.join(LAYERS), &layers).map_err(io("write the RAM layers"))?;
+        write_atomic(&staged.join(LAYERS), &layers).map_err(io("write the RAM layers"))?;
         meta.disk = Some(top);
         meta.disk_dirs = Vec::new();
-        meta.memory_bytes = super::allocated_bytes(&tmp.join(MEM));
-        super::publish(&tmp, &dest, &meta, durable)
+        meta.memory_bytes = super::allocated_bytes(&staged.join(MEM));
+        super::publish(staged, &dest, &meta, durable)
     })();
     if result.is_err() {
-        let _ = crate::fastram::remove_snapshot_dir(&tmp);
+        discard(staged);
         for f in made.iter().filter(|f| {
             f.file_name()
                 .is_some_and(|n| n.to_string_lossy().starts_with(".tmp-"))
@@ -932,16 +985,11 @@ fn assemble_mem(
     fetched: &HashMap<Hash, Vec<u8>>,
     dir: &Path,
 ) -> Result<(), SnapshotError> {
-    let mem = dir.join(MEM);
-    let f = crate::ram::new_file(&mem, plan.manifest.mem_len).map_err(io("create the RAM file"))?;
-    let from = match &plan.base {
-        Some((base, n)) => {
-            crate::ram::copy_data(base, &mem, plan.manifest.mem_len)
-                .map_err(io(format!("copy {}", base.display())))?;
-            *n
-        }
-        None => 0,
-    };
+    let f = std::fs::OpenOptions::new()
+        .write(true)
+        .open(dir.join(MEM))
+        .map_err(io("open the staged RAM file"))?;
+    let from = plan.base.as_ref().map_or(0, |b| b.1);
     for l in &plan.manifest.mem[from..] {
         for c in &l.chunks {
             write_chunk(&f, c, bytes_of(plan, fetched, c)?).map_err(io("write the RAM file"))?;

@@ -229,23 +229,10 @@ impl Node {
         // The holder that gave the manifest is asked first.
         let mut order = holders.clone();
         order.rotate_left(first);
-        let (planned, fetching) = (ms(planning), Instant::now());
-        let pq = format!("/v1/cluster/snapshots/{name}/chunks");
-        let what = format!("snapshot {name}");
-        let got = self.fetch_chunks(&what, &pq, &plan.missing, &order).await?;
-        let (fetched, assembling) = (ms(fetching), Instant::now());
-        let (bytes_moved, chunks_fetched) = (
-            got.fetched.values().map(|b| b.len() as u64).sum::<u64>(),
-            got.fetched.len() as u64,
-        );
-        self.engine
-            .call(ops::AssemblePull {
-                plan,
-                fetched: got.fetched,
-            })
-            .await
-            .map_err(crate::engine_error)?;
-        let assembled = ms(assembling);
+        let planned = ms(planning);
+        let got = self.fetch_and_assemble(name, plan, &order).await?;
+        let (fetched, assembled) = (got.fetch_ms, got.assemble_ms);
+        let (bytes_moved, chunks_fetched) = (got.bytes, got.count);
         let t = Transfer {
             snapshot: Some(name.to_string()),
             image: image.as_ref().and_then(|i| i.image.clone()),
@@ -271,6 +258,48 @@ impl Node {
         );
         self.publish_now().await;
         Ok(Some(t))
+    }
+
+    /// Fetches a planned snapshot's missing chunks while its RAM file is made and its base
+    /// copied, then has the engine finish it; nothing is kept when either fails.
+    async fn fetch_and_assemble(
+        &self,
+        name: &str,
+        plan: chunks::Plan,
+        order: &[NodeRecord],
+    ) -> Result<Fetched, Response> {
+        let started = Instant::now();
+        let pq = format!("/v1/cluster/snapshots/{name}/chunks");
+        let what = format!("snapshot {name}");
+        let stage = self.engine.call(ops::StagePull {
+            base: plan.base.as_ref().map(|b| b.0.clone()),
+            mem_len: plan.manifest.mem_len,
+        });
+        let fetch = self.fetch_chunks(&what, &pq, &plan.missing, order);
+        let (staged, mut got) = match tokio::join!(stage, fetch) {
+            (Ok(s), Ok(g)) => (s, g),
+            (Ok(s), Err(r)) => {
+                let _ = self.engine.call(ops::DiscardStaged { staged: s }).await;
+                return Err(r);
+            }
+            (Err(_), Err(r)) => return Err(r),
+            (Err(e), Ok(_)) => return Err(crate::engine_error(e)),
+        };
+        got.fetch_ms = started.elapsed().as_millis();
+        let assembling = Instant::now();
+        let fetched = std::mem::take(&mut got.fetched);
+        got.bytes = fetched.values().map(|b| b.len() as u64).sum();
+        got.count = fetched.len() as u64;
+        self.engine
+            .call(ops::AssemblePull {
+                plan,
+                fetched,
+                staged,
+            })
+            .await
+            .map_err(crate::engine_error)?;
+        got.assemble_ms = assembling.elapsed().as_millis();
+        Ok(got)
     }
 
     /// Makes sure image `reference` (`NAME` or `NAME@N`) is held here, bringing it from a node
@@ -549,6 +578,11 @@ struct Fetched {
     fetched: HashMap<Hash, Vec<u8>>,
     from: Vec<String>,
     refetched: u64,
+    fetch_ms: u128,
+    assemble_ms: u128,
+    /// What `fetched` held before it went to the assembly.
+    bytes: u64,
+    count: u64,
 }
 
 struct BatchGot {
