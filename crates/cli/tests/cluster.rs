@@ -828,7 +828,10 @@ fn snapshots_move_between_nodes_by_chunks() {
         .collect();
     let ram = forkbox_engine::snapshot::allocated_bytes(&b_snap.join("mem"));
     assert_eq!(alone.len(), 2, "a's and b's: {ls}");
-    assert!(alone.iter().all(|a| *a >= ram) && ram > 0, "{alone:?} < {ram}: {ls}");
+    assert!(
+        alone.iter().all(|a| *a >= ram) && ram > 0,
+        "{alone:?} < {ram}: {ls}"
+    );
     // A snapshot no node holds: said plainly, nothing made.
     let o = nodes[1].run(&["sandbox", "fork", "no-such-snap", "--node", "c"]);
     assert!(!o.status.success());

@@ -177,9 +177,11 @@ impl Engine {
         mem_len: u64,
     ) -> Result<std::path::PathBuf, EngineError> {
         let paths = self.paths.clone();
-        Ok(tokio::task::spawn_blocking(move || chunks::stage(&paths, base.as_deref(), mem_len))
-            .await
-            .map_err(blocking_failed)??)
+        Ok(
+            tokio::task::spawn_blocking(move || chunks::stage(&paths, base.as_deref(), mem_len))
+                .await
+                .map_err(blocking_failed)??,
+        )
     }
 
     pub(super) async fn assemble(

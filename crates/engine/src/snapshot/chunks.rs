@@ -346,7 +346,10 @@ fn written_layer(mem: &Path, runs: &[(u64, u64)], below: &Hash) -> std::io::Resu
             .collect();
         handles
             .into_iter()
-            .map(|h| h.join().unwrap_or_else(|_| Err(std::io::Error::other("a hashing thread panicked"))))
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err(std::io::Error::other("a hashing thread panicked")))
+            })
             .collect()
     });
     let mut chunks = Vec::with_capacity(masks.len());
@@ -1235,7 +1238,8 @@ pub fn held_alone(paths: &Paths, snaps: &[Snapshot]) -> HashMap<String, u64> {
             }
         }
     }
-    let by_name: HashMap<&str, &Snapshot> = snaps.iter().map(|s| (s.meta.name.as_str(), s)).collect();
+    let by_name: HashMap<&str, &Snapshot> =
+        snaps.iter().map(|s| (s.meta.name.as_str(), s)).collect();
     chains
         .into_iter()
         .filter_map(|(name, chain)| {
