@@ -27,6 +27,15 @@ fn blocking_failed(e: tokio::task::JoinError) -> EngineError {
 }
 
 impl Engine {
+    /// The root disks of this node's images.
+    fn image_roots(&self) -> Vec<std::path::PathBuf> {
+        ImageStore::new(&self.paths)
+            .list()
+            .iter()
+            .map(|i| i.rootfs())
+            .collect()
+    }
+
     /// The manifest of snapshot `name` (held here), encoded; its chunks can be asked for
     /// from now on.
     pub(super) async fn manifest_of(&self, name: &str) -> Result<Vec<u8>, EngineError> {
@@ -58,7 +67,8 @@ impl Engine {
         let key = format!("image:{}", image.reference());
         let paths = self.paths.clone();
         let (sources, bytes) = tokio::task::spawn_blocking(move || {
-            let m = chunks::image_manifest(&paths, &image)?;
+            let m =
+                chunks::image_manifest(&paths, &image.meta.name, image.meta.version, &image.dir)?;
             Ok::<_, SnapshotError>((chunks::image_sources(&m), m.encode()?))
         })
         .await
@@ -75,8 +85,9 @@ impl Engine {
         manifest: ImageManifest,
     ) -> Result<ImagePlan, EngineError> {
         let paths = self.paths.clone();
+        let images = self.image_roots();
         Ok(
-            tokio::task::spawn_blocking(move || chunks::plan_image(&paths, manifest))
+            tokio::task::spawn_blocking(move || chunks::plan_image(&paths, manifest, &images))
                 .await
                 .map_err(blocking_failed)??,
         )
@@ -159,8 +170,9 @@ impl Engine {
     /// exists here already or would not fit this node's disk.
     pub(super) async fn plan_pull(&self, manifest: Manifest) -> Result<Plan, EngineError> {
         let paths = self.paths.clone();
+        let images = self.image_roots();
         tokio::task::spawn_blocking(move || {
-            let plan = chunks::plan(&paths, manifest)?;
+            let plan = chunks::plan(&paths, manifest, &images)?;
             chunks::check_room(&paths, &plan)?;
             Ok(plan)
         })

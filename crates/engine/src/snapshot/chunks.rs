@@ -654,7 +654,7 @@ fn in_home(paths: &Paths, path: &Path) -> bool {
 /// For each file of a disk chain (top first), a local file with its content backed by the
 /// local file of the one below: the same path when this node keeps it there, else the object
 /// made from it earlier.
-fn disks_here(paths: &Paths, disks: &[DiskFile]) -> Vec<Option<PathBuf>> {
+fn disks_here(paths: &Paths, disks: &[DiskFile], images: &[PathBuf]) -> Vec<Option<PathBuf>> {
     let ids = chain_ids(disks);
     let mut out: Vec<Option<PathBuf>> = vec![None; disks.len()];
     let mut below: Option<PathBuf> = None;
@@ -672,14 +672,13 @@ fn disks_here(paths: &Paths, disks: &[DiskFile]) -> Vec<Option<PathBuf>> {
             Some(d.path.clone())
         } else if below.is_none() {
             // A base image this node keeps elsewhere (brought here, or built alike).
-            crate::image::ImageStore::new(paths)
-                .list()
-                .into_iter()
-                .map(|i| i.rootfs())
+            images
+                .iter()
                 .find(|r| {
                     known_file_layer(paths, r)
                         .is_some_and(|(len, l)| len == d.len && l.id == d.layer.id)
                 })
+                .cloned()
         } else {
             None
         };
@@ -693,8 +692,9 @@ fn disks_here(paths: &Paths, disks: &[DiskFile]) -> Vec<Option<PathBuf>> {
     out
 }
 
-/// Decides how to assemble `m` here (see [`Plan`]).
-pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
+/// Decides how to assemble `m` here (see [`Plan`]); `images`: the root disks of this node's
+/// images.
+pub fn plan(paths: &Paths, manifest: Manifest, images: &[PathBuf]) -> Result<Plan, SnapshotError> {
     let meta = manifest.meta()?;
     // RAM files of the same shape; the one sharing the most layers is the base.
     let mut base: Option<(PathBuf, usize)> = None;
@@ -723,7 +723,7 @@ pub fn plan(paths: &Paths, manifest: Manifest) -> Result<Plan, SnapshotError> {
             }
         }
     }
-    let disks_here = disks_here(paths, &manifest.disks);
+    let disks_here = disks_here(paths, &manifest.disks, images);
     for (d, here) in manifest.disks.iter().zip(&disks_here) {
         if let Some(file) = here {
             for c in &d.layer.chunks {
@@ -1026,16 +1026,19 @@ impl ImageManifest {
 }
 
 /// The manifest of an image this node holds (its root disk's chunks computed once).
+/// (`dir`: the image's directory, holding `rootfs.ext4` and its small files.)
 pub fn image_manifest(
     paths: &Paths,
-    image: &crate::image::Image,
+    name: &str,
+    version: u32,
+    dir: &Path,
 ) -> Result<ImageManifest, SnapshotError> {
-    let rootfs = image.rootfs();
+    let rootfs = dir.join("rootfs.ext4");
     let (len, layer) =
         cached_file_layer(paths, &rootfs).map_err(io(format!("hash {}", rootfs.display())))?;
     let mut files = Vec::new();
-    for e in std::fs::read_dir(&image.dir)
-        .map_err(io(format!("read {}", image.dir.display())))?
+    for e in std::fs::read_dir(dir)
+        .map_err(io(format!("read {}", dir.display())))?
         .flatten()
     {
         let name = e.file_name().to_string_lossy().into_owned();
@@ -1046,8 +1049,8 @@ pub fn image_manifest(
         files.push((name, bytes));
     }
     Ok(ImageManifest {
-        name: image.meta.name.clone(),
-        version: image.meta.version,
+        name: name.to_string(),
+        version,
         files,
         rootfs: DiskFile {
             path: rootfs,
@@ -1085,15 +1088,19 @@ pub struct ImagePlan {
 }
 
 /// Decides how to assemble image `m` here: chunks found in the root disks of this node's
-/// images (those whose chunks are known already) are read, the rest fetched. Refused when it
-/// would not fit.
-pub fn plan_image(paths: &Paths, manifest: ImageManifest) -> Result<ImagePlan, SnapshotError> {
+/// images (`images`: their root disks; those whose chunks are known already) are read, the
+/// rest fetched. Refused when it would not fit.
+pub fn plan_image(
+    paths: &Paths,
+    manifest: ImageManifest,
+    images: &[PathBuf],
+) -> Result<ImagePlan, SnapshotError> {
     let mut index: HashMap<Hash, Source> = HashMap::new();
-    for img in crate::image::ImageStore::new(paths).list() {
-        if let Some((_, layer)) = known_file_layer(paths, &img.rootfs()) {
+    for rootfs in images {
+        if let Some((_, layer)) = known_file_layer(paths, rootfs) {
             for c in layer.chunks {
                 index.entry(c.hash).or_insert(Source {
-                    file: img.rootfs(),
+                    file: rootfs.clone(),
                     chunk: c,
                 });
             }
