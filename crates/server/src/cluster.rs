@@ -780,7 +780,7 @@ async fn fork_elsewhere(
     target: &str,
     req: Request,
 ) -> Response {
-    let live = match c.nodes().await {
+    let live = match live_nodes(c, Some(target)).await {
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
@@ -1009,6 +1009,10 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
     };
     let pinned = body.get("node").and_then(|n| n.as_str());
     let count = body.get("count").and_then(|c| c.as_u64()).unwrap_or(1);
+    let live = match pinned.filter(|p| !live.iter().any(|n| n.name == *p)) {
+        Some(_) => c.nodes_fresh().await.unwrap_or(live),
+        None => live,
+    };
     let want = Want {
         pinned,
         snapshot: Some(&name),
@@ -1024,6 +1028,16 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
         },
         Err(placement::PlaceError::NoHolder(_)) => local(node, req, next).await,
         Err(e) => place_refusal(e),
+    }
+}
+
+/// The live nodes as this etcd member has them; when `pinned` names one it lacks (a node that
+/// joined a moment ago), as the leader has them.
+async fn live_nodes(c: &Cluster, pinned: Option<&str>) -> forkbox_cluster::Result<Vec<NodeRecord>> {
+    let live = c.nodes().await?;
+    match pinned {
+        Some(p) if !live.iter().any(|n| n.name == p) => c.nodes_fresh().await,
+        _ => Ok(live),
     }
 }
 
@@ -1053,7 +1067,7 @@ async fn create(node: &Node, req: Request, next: Next) -> Response {
     let (pinned, image, snapshot) = (text("node"), text("image"), text("snapshot"));
     let memory = v.get("memory_mib").and_then(|m| m.as_u64());
     let decided = std::time::Instant::now();
-    let live = match c.nodes().await {
+    let live = match live_nodes(&c, pinned.as_deref()).await {
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
