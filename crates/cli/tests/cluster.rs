@@ -200,7 +200,19 @@ impl TestCluster {
             .iter()
             .zip(&net.nodes)
             .map(|(name, (ns, addr))| Node::new(home, name, ns, addr, &endpoints, extra))
-            .collect();
+            .collect::<Vec<Node>>();
+        // A node serves before it joins when etcd is slow to answer at its start: wait until
+        // every one has joined, so a pin to any of them is placed.
+        for n in &nodes {
+            assert!(
+                infra::wait_until(Duration::from_secs(30), || n
+                    .log()
+                    .contains(&format!("joined as node {}", n.name))),
+                "node {} did not join: {}",
+                n.name,
+                n.log()
+            );
+        }
         TestCluster {
             nodes,
             etcd,
