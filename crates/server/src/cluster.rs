@@ -512,16 +512,19 @@ impl Node {
         }
     }
 
-    /// A node's `GET` of `pq`, parsed.
-    async fn fetch<T: serde::de::DeserializeOwned>(
+    /// A signed call of this node's to `target`: the reply's bytes, or why not (its status
+    /// and the start of its body for an answer that is not a success).
+    async fn peer_call(
         &self,
         target: &NodeRecord,
+        method: Method,
         pq: &str,
-    ) -> Result<T, String> {
+        body: Vec<u8>,
+    ) -> Result<axum::body::Bytes, String> {
         let req = Request::builder()
-            .method(Method::GET)
+            .method(method)
             .uri(pq)
-            .body(Body::empty())
+            .body(Body::from(body))
             .map_err(|e| e.to_string())?;
         let r = self.forward(target, req).await;
         let status = r.status();
@@ -529,7 +532,7 @@ impl Node {
             .into_body()
             .collect()
             .await
-            .map_err(|e| e.to_string())?
+            .map_err(|e| format!("the reply broke off: {e}"))?
             .to_bytes();
         if !status.is_success() {
             return Err(format!(
@@ -537,6 +540,16 @@ impl Node {
                 String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
             ));
         }
+        Ok(bytes)
+    }
+
+    /// A node's `GET` of `pq`, parsed.
+    async fn fetch<T: serde::de::DeserializeOwned>(
+        &self,
+        target: &NodeRecord,
+        pq: &str,
+    ) -> Result<T, String> {
+        let bytes = self.peer_call(target, Method::GET, pq, Vec::new()).await?;
         serde_json::from_slice(&bytes).map_err(|e| e.to_string())
     }
 }

@@ -11,7 +11,6 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{Method, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -19,7 +18,6 @@ use forkbox_cluster::NodeRecord;
 use forkbox_engine::api::{ops, Code, Transfer, MAX_CHUNKS_PER_CALL};
 use forkbox_engine::snapshot::chunks::{self, Chunk, Hash, Manifest};
 use futures_util::StreamExt;
-use http_body_util::BodyExt;
 
 use super::Node;
 use crate::refusal;
@@ -116,37 +114,6 @@ fn failed(code: Code, what: impl std::fmt::Display) -> Response {
 }
 
 impl Node {
-    /// A peer's call, signed; the reply's bytes or why not.
-    async fn peer_call(
-        &self,
-        target: &NodeRecord,
-        method: Method,
-        pq: &str,
-        body: Vec<u8>,
-    ) -> Result<axum::body::Bytes, String> {
-        let req = Request::builder()
-            .method(method)
-            .uri(pq)
-            .body(Body::from(body))
-            .map_err(|e| e.to_string())?;
-        let r = self.forward(target, req).await;
-        let status = r.status();
-        let bytes = r
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| format!("node {} broke off: {e}", target.name))?
-            .to_bytes();
-        if !status.is_success() {
-            return Err(format!(
-                "node {}: {status}: {}",
-                target.name,
-                String::from_utf8_lossy(&bytes[..bytes.len().min(300)])
-            ));
-        }
-        Ok(bytes)
-    }
-
     /// The nodes that hold snapshot `name` (`hint` first), this one left out.
     async fn holders(&self, name: &str, hint: Option<&str>) -> Vec<NodeRecord> {
         let Some(c) = self.cluster().await else {
@@ -341,7 +308,7 @@ impl Node {
                     }
                     Err(e) => why.push(format!("node {}: {e}", h.name)),
                 },
-                Err(e) => why.push(e),
+                Err(e) => why.push(format!("node {}: {e}", h.name)),
             }
         }
         let Some((manifest, manifest_bytes)) = got else {
@@ -449,7 +416,7 @@ impl Node {
                     Ok(m) => return Ok((m, b.len() as u64, i)),
                     Err(e) => why.push(format!("node {}: {e}", h.name)),
                 },
-                Err(e) => why.push(e),
+                Err(e) => why.push(format!("node {}: {e}", h.name)),
             }
         }
         Err(failed(
@@ -538,7 +505,7 @@ impl Node {
                     if let Ok(mut d) = dead.lock() {
                         d.insert(h.name.clone());
                     }
-                    why.push(e);
+                    why.push(format!("node {}: {e}", h.name));
                     continue;
                 }
             };
