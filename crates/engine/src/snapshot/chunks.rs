@@ -271,25 +271,13 @@ fn read_region(f: &std::fs::File, region: u64, buf: &mut [u8]) -> std::io::Resul
 
 /// The regions of `f` that hold data (holes skipped), in order.
 fn data_regions(f: &std::fs::File, len: u64) -> std::io::Result<Vec<u64>> {
-    use nix::unistd::{lseek, Whence};
-    use std::os::fd::AsRawFd;
     let mut out = Vec::new();
-    let mut pos = 0i64;
-    let end = len as i64;
-    while pos < end {
-        let data = match lseek(f.as_raw_fd(), pos, Whence::SeekData) {
-            Ok(d) => d,
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = lseek(f.as_raw_fd(), data, Whence::SeekHole)?.min(end);
-        let (first, last) = (data as u64 / REGION, (hole as u64).div_ceil(REGION));
-        for r in first..last {
+    for run in crate::ram::data_extents(f, len)? {
+        for r in run.start / REGION..run.end.div_ceil(REGION) {
             if out.last() != Some(&r) {
                 out.push(r);
             }
         }
-        pos = hole;
     }
     Ok(out)
 }

@@ -346,6 +346,28 @@ pub fn new_file(path: &Path, len: u64) -> io::Result<std::fs::File> {
     Ok(f)
 }
 
+/// The byte ranges of `f` up to `end` that hold data (its holes skipped), in order.
+pub fn data_extents(f: &std::fs::File, end: u64) -> io::Result<Vec<Range<u64>>> {
+    use nix::unistd::{lseek, Whence};
+    use std::os::fd::AsRawFd;
+    let end = end as i64;
+    let mut out = Vec::new();
+    let mut pos = 0i64;
+    while pos < end {
+        let data = match lseek(f.as_raw_fd(), pos, Whence::SeekData) {
+            Ok(d) => d,
+            Err(nix::errno::Errno::ENXIO) => break,
+            Err(e) => return Err(e.into()),
+        };
+        let hole = lseek(f.as_raw_fd(), data, Whence::SeekHole)?.min(end);
+        if data < hole {
+            out.push(data as u64..hole as u64);
+        }
+        pos = hole;
+    }
+    Ok(out)
+}
+
 /// Copies `from`'s data (its holes skipped) into the same places of the existing file `to`,
 /// up to `len` bytes, in the kernel (`to` may be mapped and written by others meanwhile).
 pub fn copy_data(from: &Path, to: &Path, len: u64) -> io::Result<()> {
@@ -353,17 +375,11 @@ pub fn copy_data(from: &Path, to: &Path, len: u64) -> io::Result<()> {
     use std::os::fd::AsRawFd;
     let src = std::fs::File::open(from)?;
     let dst = &std::fs::OpenOptions::new().write(true).open(to)?;
-    let end = src.metadata()?.len().min(len) as i64;
-    let mut pos = 0i64;
+    let end = src.metadata()?.len().min(len);
     let mut in_kernel = true;
-    while pos < end {
-        let data = match lseek(src.as_raw_fd(), pos, Whence::SeekData) {
-            Ok(d) => d,
-            Err(nix::errno::Errno::ENXIO) => break,
-            Err(e) => return Err(e.into()),
-        };
-        let hole = lseek(src.as_raw_fd(), data, Whence::SeekHole)?.min(end);
-        let (mut off_in, mut off_out) = (data, data);
+    for run in data_extents(&src, end)? {
+        let (mut off_in, mut off_out) = (run.start as i64, run.start as i64);
+        let hole = run.end as i64;
         while off_in < hole {
             let want = (hole - off_in) as usize;
             let n = if in_kernel {
@@ -396,7 +412,6 @@ pub fn copy_data(from: &Path, to: &Path, len: u64) -> io::Result<()> {
                 )));
             }
         }
-        pos = hole;
     }
     Ok(())
 }
