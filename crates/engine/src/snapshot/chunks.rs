@@ -1192,27 +1192,41 @@ pub fn assemble_image(
     Ok(dest)
 }
 
+/// The files of the disk chain from `top` down, as far as it can be followed (an unreadable
+/// header or a loop ends it).
+fn chain_files(top: PathBuf) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
+    let mut at = Some(top);
+    while let Some(p) = at.take() {
+        if out.contains(&p) {
+            break;
+        }
+        at = backing_of(&p).ok().flatten();
+        out.push(p);
+    }
+    out
+}
+
+/// The qcow2 overlays of this home's sandboxes, live (`run/`) and kept for snapshots (`disks/`).
+fn sandbox_overlays(paths: &Paths) -> Vec<PathBuf> {
+    [paths.disks(), paths.run()]
+        .iter()
+        .flat_map(|root| std::fs::read_dir(root).into_iter().flatten().flatten())
+        .flat_map(|e| std::fs::read_dir(e.path()).into_iter().flatten().flatten())
+        .map(|f| f.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "qcow2"))
+        .collect()
+}
+
 /// For each snapshot of this home (by name): the bytes only it holds (its RAM file, device
 /// state, and the files of its disk chain no other snapshot, template or sandbox overlay
 /// reaches).
 pub fn held_alone(paths: &Paths, snaps: &[Snapshot]) -> HashMap<String, u64> {
     let mut users: HashMap<PathBuf, usize> = HashMap::new();
     let mut chains: Vec<(String, Vec<PathBuf>)> = Vec::new();
-    let walk = |top: PathBuf| -> Vec<PathBuf> {
-        let mut out = Vec::new();
-        let mut at = Some(top);
-        while let Some(p) = at.take() {
-            if out.contains(&p) {
-                break;
-            }
-            at = backing_of(&p).ok().flatten();
-            out.push(p);
-        }
-        out
-    };
     let names: BTreeSet<&str> = snaps.iter().map(|s| s.meta.name.as_str()).collect();
     for s in local_snapshots(paths) {
-        let chain = walk(s.disk());
+        let chain = chain_files(s.disk());
         for f in &chain {
             *users.entry(f.clone()).or_default() += 1;
         }
@@ -1220,17 +1234,10 @@ pub fn held_alone(paths: &Paths, snaps: &[Snapshot]) -> HashMap<String, u64> {
             chains.push((s.meta.name.clone(), chain));
         }
     }
-    for root in [paths.disks(), paths.run()] {
-        for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                if f.path().extension().is_some_and(|x| x == "qcow2") {
-                    // An overlay reaches the files below it, not itself (a frozen one is a
-                    // snapshot's own top).
-                    for p in walk(f.path()).into_iter().skip(1) {
-                        *users.entry(p).or_default() += 1;
-                    }
-                }
-            }
+    // An overlay reaches the files below it, not itself (a frozen one is a snapshot's own top).
+    for o in sandbox_overlays(paths) {
+        for p in chain_files(o).into_iter().skip(1) {
+            *users.entry(p).or_default() += 1;
         }
     }
     let by_name: HashMap<&str, &Snapshot> =
@@ -1260,37 +1267,17 @@ pub fn sweep_objects(paths: &Paths, min_age: std::time::Duration) -> Vec<PathBuf
     let Ok(entries) = std::fs::read_dir(&dir) else {
         return Vec::new();
     };
-    let mut used: BTreeSet<PathBuf> = BTreeSet::new();
     let mut tops: Vec<PathBuf> = local_snapshots(paths).iter().map(Snapshot::disk).collect();
-    for root in [paths.disks(), paths.run()] {
-        for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
-            for f in std::fs::read_dir(e.path()).into_iter().flatten().flatten() {
-                if f.path().extension().is_some_and(|x| x == "qcow2") {
-                    tops.push(f.path());
-                }
-            }
-        }
-    }
+    tops.extend(sandbox_overlays(paths));
     // Every file a chain reaches is kept, however the chain ends (a file unreadable or a loop
     // ends the walk, never the keeping).
-    for t in tops {
-        let mut at = Some(t);
-        while let Some(p) = at.take() {
-            if used.insert(p.clone()) {
-                at = backing_of(&p).ok().flatten();
-            }
-        }
-    }
+    let used: BTreeSet<PathBuf> = tops.into_iter().flat_map(chain_files).collect();
     let mut removed = Vec::new();
     for e in entries.flatten() {
         let p = e.path();
         let name = e.file_name().to_string_lossy().into_owned();
         let keep = match name.strip_prefix(".tmp-") {
-            Some(rest) => rest
-                .rsplit('-')
-                .next()
-                .and_then(|pid| pid.parse::<u32>().ok())
-                .is_some_and(|pid| Path::new(&format!("/proc/{pid}")).exists()),
+            Some(rest) => super::maker_alive(rest),
             None => {
                 used.contains(&p)
                     || e.metadata()

@@ -252,9 +252,7 @@ impl SnapshotStore {
         for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
             let n = e.file_name().to_string_lossy().into_owned();
             if let Some(rest) = n.strip_prefix(".tmp-").or(n.strip_prefix(".deleting-")) {
-                let pid = rest.rsplit('-').next().and_then(|p| p.parse::<u32>().ok());
-                let alive = pid.is_some_and(|p| Path::new(&format!("/proc/{p}")).exists());
-                if !alive {
+                if !maker_alive(rest) {
                     crate::runstate::kill_qemus_of(&e.path());
                     if crate::fastram::remove_snapshot_dir(&e.path()).is_ok() {
                         removed.push(e.path());
@@ -264,6 +262,15 @@ impl SnapshotStore {
         }
         removed
     }
+}
+
+/// Whether the process that named a leftover `NAME-PID` (what follows `.tmp-` or
+/// `.deleting-`) still runs.
+pub(crate) fn maker_alive(rest: &str) -> bool {
+    rest.rsplit('-')
+        .next()
+        .and_then(|p| p.parse::<u32>().ok())
+        .is_some_and(|p| Path::new(&format!("/proc/{p}")).exists())
 }
 
 /// Rewrites a snapshot's metadata (for the hibernation record, which comes and goes).
