@@ -234,10 +234,11 @@ impl Node {
             Ok(v) => v.into_iter().map(|i| i.reference).collect(),
             Err(_) => Vec::new(),
         };
-        let snapshots = match self.engine.call(ops::ListSnapshots {}).await {
-            Ok(v) => v.into_iter().map(|s| s.name).collect(),
-            Err(_) => Vec::new(),
-        };
+        let snapshots = self
+            .engine
+            .call(ops::SnapshotNames {})
+            .await
+            .unwrap_or_default();
         let info = self.engine.call(ops::Info {}).await.ok();
         NodeRecord {
             name: cfg.node.clone(),

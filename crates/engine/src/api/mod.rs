@@ -451,6 +451,14 @@ impl Engine {
             .collect()
     }
 
+    fn snapshot_names(&self) -> Vec<String> {
+        crate::snapshot::SnapshotStore::new(&self.paths)
+            .list()
+            .into_iter()
+            .map(|s| s.meta.name)
+            .collect()
+    }
+
     fn get_snapshot(&self, name: &str) -> Result<SnapshotMeta, EngineError> {
         Ok(crate::snapshot::SnapshotStore::new(&self.paths)
             .get(name)?

@@ -76,6 +76,8 @@ operations! {
     Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
     Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;
     ListSnapshots {} -> Vec<SnapshotMeta> = |e, op| Ok(e.list_snapshots());
+    /// The names of the snapshots held here (a cluster node's record: no figures computed).
+    SnapshotNames {} -> Vec<String> = |e, op| Ok(e.snapshot_names());
     GetSnapshot { name: String } -> SnapshotMeta = |e, op| e.get_snapshot(&op.name);
     /// Deletes a snapshot no sandbox depends on.
     DeleteSnapshot { name: String } -> Deleted = |e, op| e.delete_snapshot(op.name).await;
