@@ -19,11 +19,20 @@ pub struct Served {
     sources: std::sync::Mutex<HashMap<String, Arc<HashMap<Hash, Source>>>>,
 }
 
-fn blocking_failed(e: tokio::task::JoinError) -> EngineError {
-    EngineError::Snapshot(SnapshotError::Io {
-        what: "a snapshot's chunks".into(),
-        source: std::io::Error::other(e),
-    })
+/// Runs `f` on the blocking pool (it reads, hashes or writes files): its result, or the
+/// task's failure as an engine error.
+async fn blocking<T, E>(f: impl FnOnce() -> Result<T, E> + Send + 'static) -> Result<T, EngineError>
+where
+    T: Send + 'static,
+    E: Into<EngineError> + Send + 'static,
+{
+    match tokio::task::spawn_blocking(f).await {
+        Ok(r) => r.map_err(Into::into),
+        Err(e) => Err(EngineError::Snapshot(SnapshotError::Io {
+            what: "a snapshot's chunks".into(),
+            source: std::io::Error::other(e),
+        })),
+    }
 }
 
 impl Engine {
@@ -41,7 +50,7 @@ impl Engine {
     pub(super) async fn manifest_of(&self, name: &str) -> Result<Vec<u8>, EngineError> {
         let snap = SnapshotStore::new(&self.paths).get(name)?;
         let paths = self.paths.clone();
-        let (m, bytes) = tokio::task::spawn_blocking(move || {
+        let (m, bytes) = blocking(move || {
             let m = chunks::manifest(&paths, &snap)?;
             let bytes = m.encode()?;
             Ok::<_, SnapshotError>((
@@ -49,8 +58,7 @@ impl Engine {
                 bytes,
             ))
         })
-        .await
-        .map_err(blocking_failed)??;
+        .await?;
         if let Ok(mut s) = self.served.sources.lock() {
             s.insert(name.to_string(), Arc::new(m));
         }
@@ -66,13 +74,12 @@ impl Engine {
         let image = ImageStore::new(&self.paths).resolve(reference)?;
         let key = format!("image:{}", image.reference());
         let paths = self.paths.clone();
-        let (sources, bytes) = tokio::task::spawn_blocking(move || {
+        let (sources, bytes) = blocking(move || {
             let m =
                 chunks::image_manifest(&paths, &image.meta.name, image.meta.version, &image.dir)?;
             Ok::<_, SnapshotError>((chunks::image_sources(&m), m.encode()?))
         })
-        .await
-        .map_err(blocking_failed)??;
+        .await?;
         if let Ok(mut s) = self.served.sources.lock() {
             s.insert(key, Arc::new(sources));
         }
@@ -86,11 +93,7 @@ impl Engine {
     ) -> Result<ImagePlan, EngineError> {
         let paths = self.paths.clone();
         let images = self.image_roots();
-        Ok(
-            tokio::task::spawn_blocking(move || chunks::plan_image(&paths, manifest, &images))
-                .await
-                .map_err(blocking_failed)??,
-        )
+        blocking(move || chunks::plan_image(&paths, manifest, &images)).await
     }
 
     /// Assembles a planned image from this node's files and `fetched` (verified) chunks.
@@ -101,9 +104,7 @@ impl Engine {
     ) -> Result<super::ImageView, EngineError> {
         let paths = self.paths.clone();
         let reference = plan.manifest.reference();
-        tokio::task::spawn_blocking(move || chunks::assemble_image(&paths, &plan, &fetched))
-            .await
-            .map_err(blocking_failed)??;
+        blocking(move || chunks::assemble_image(&paths, &plan, &fetched)).await?;
         self.get_image(&reference.parse()?)
     }
 
@@ -143,7 +144,7 @@ impl Engine {
             }
         };
         let name = name.to_string();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             let mut out = Vec::new();
             for h in &hashes {
                 let Some(src) = sources.get(h) else {
@@ -163,7 +164,6 @@ impl Engine {
             Ok(out)
         })
         .await
-        .map_err(blocking_failed)?
     }
 
     /// How this node would assemble the snapshot of `manifest`: refused at once when it
@@ -171,17 +171,14 @@ impl Engine {
     pub(super) async fn plan_pull(&self, manifest: Manifest) -> Result<Plan, EngineError> {
         let paths = self.paths.clone();
         let images = self.image_roots();
-        tokio::task::spawn_blocking(move || {
+        blocking(move || {
             let plan = chunks::plan(&paths, manifest, &images)?;
             chunks::check_room(&paths, &plan)?;
-            Ok(plan)
+            Ok::<_, SnapshotError>(plan)
         })
         .await
-        .map_err(blocking_failed)?
     }
 
-    /// Assembles a planned snapshot from this node's files and `fetched` chunks (verified by
-    /// the caller); no sweep of `objects/` runs meanwhile.
     /// Starts an assembly while the chunks are fetched (see [`chunks::stage`]).
     pub(super) async fn stage(
         &self,
@@ -189,13 +186,11 @@ impl Engine {
         mem_len: u64,
     ) -> Result<std::path::PathBuf, EngineError> {
         let paths = self.paths.clone();
-        Ok(
-            tokio::task::spawn_blocking(move || chunks::stage(&paths, base.as_deref(), mem_len))
-                .await
-                .map_err(blocking_failed)??,
-        )
+        blocking(move || chunks::stage(&paths, base.as_deref(), mem_len)).await
     }
 
+    /// Finishes a staged snapshot from this node's files and `fetched` chunks (verified by
+    /// the caller); no sweep of `objects/` runs meanwhile.
     pub(super) async fn assemble(
         &self,
         plan: Plan,
@@ -208,11 +203,8 @@ impl Engine {
             .manifest
             .meta()
             .is_ok_and(|m| m.name.starts_with(super::AUTO_SNAPSHOT));
-        let snap = tokio::task::spawn_blocking(move || {
-            chunks::assemble(&paths, &plan, &fetched, durable, &staged)
-        })
-        .await
-        .map_err(blocking_failed)??;
+        let snap =
+            blocking(move || chunks::assemble(&paths, &plan, &fetched, durable, &staged)).await?;
         Ok(snap.meta)
     }
 
