@@ -639,6 +639,16 @@ fn sums(n: &Node, id: &str, files: &str) -> String {
     ])
 }
 
+/// `bytes` of fresh random data written to `file` in sandbox `id` (on node `n`), then the
+/// sandbox saved as snapshot `name`: the file's `sha256sum` line.
+fn write_and_save(n: &Node, id: &str, file: &str, bytes: u64, name: &str) -> String {
+    let write = format!("head -c {bytes} /dev/urandom > {file}");
+    n.ok(&["sandbox", "exec", id, "--", "sh", "-c", &write]);
+    let sum = sums(n, id, file);
+    n.ok(&["sandbox", "snapshot", id, "--name", name]);
+    sum
+}
+
 /// A fork through `n` (`args` after `sandbox fork`), parsed.
 fn fork_json(n: &Node, args: &[&str]) -> serde_json::Value {
     let mut all = vec!["sandbox", "fork", "--json"];
@@ -878,17 +888,7 @@ fn snapshots_move_between_nodes_by_chunks() {
     assert!(repeat * 4 < first_moved, "{repeat} vs {first_moved}: {f}");
 
     // A corrupt chunk at one holder is fetched again from another and never restored.
-    nodes[0].ok(&[
-        "sandbox",
-        "exec",
-        &src,
-        "--",
-        "sh",
-        "-c",
-        "head -c 8000000 /dev/urandom > /dev/shm/m2",
-    ]);
-    let want2 = sums(&nodes[0], &src, "/dev/shm/m2");
-    nodes[0].ok(&["sandbox", "snapshot", &src, "--name", "snap2"]);
+    let want2 = write_and_save(&nodes[0], &src, "/dev/shm/m2", 8000000, "snap2");
     let (on_c, _) = first_copy(&fork_json(&nodes[2], &["snap2", "--node", "c"]));
     let a_snap2 = home(0).join("snapshots/snap2");
     let mem = std::fs::OpenOptions::new()
@@ -955,17 +955,7 @@ fn snapshots_move_between_nodes_by_chunks() {
     );
 
     // A holder killed mid-transfer: the rest comes from the other holder.
-    nodes[0].ok(&[
-        "sandbox",
-        "exec",
-        &src,
-        "--",
-        "sh",
-        "-c",
-        "head -c 48000000 /dev/urandom > /dev/shm/m3",
-    ]);
-    let want3 = sums(&nodes[0], &src, "/dev/shm/m3");
-    nodes[0].ok(&["sandbox", "snapshot", &src, "--name", "snap3"]);
+    let want3 = write_and_save(&nodes[0], &src, "/dev/shm/m3", 48000000, "snap3");
     let (on_c3, _) = first_copy(&fork_json(&nodes[2], &["snap3", "--node", "c"]));
     nodes[2].ok(&["sandbox", "rm", &on_c3]);
     let slow = ClusterNet::command_in(&nodes[0].ns, "tc")
