@@ -54,6 +54,9 @@ pub struct ClusterOptions {
 
 /// Largest create or fork request body read to decide where it goes.
 const MAX_DECISION_BODY: usize = 1 << 20;
+/// Most bytes this node reads of another node's reply to its own call (a listing, a manifest,
+/// a batch of chunks: each far smaller): a node never holds more of a peer's answer.
+const MAX_PEER_REPLY: usize = 64 << 20;
 /// How often a node rewrites its record and reconciles with etcd.
 const PUBLISH_EVERY: Duration = Duration::from_secs(2);
 /// Memory a create without `memory_mib` is placed for: the engine's default guest's.
@@ -529,11 +532,10 @@ impl Node {
             .map_err(|e| e.to_string())?;
         let r = self.forward(target, req).await;
         let status = r.status();
-        let bytes = r
-            .into_body()
+        let bytes = http_body_util::Limited::new(r.into_body(), MAX_PEER_REPLY)
             .collect()
             .await
-            .map_err(|e| format!("the reply broke off: {e}"))?
+            .map_err(|e| format!("the reply broke off or passed {MAX_PEER_REPLY} bytes: {e}"))?
             .to_bytes();
         if !status.is_success() {
             return Err(format!(
