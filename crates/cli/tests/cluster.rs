@@ -471,12 +471,15 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
         "written via c"
     );
 
-    // One etcd member of three down: everything works.
-    etcd.stop(2);
+    // One etcd member of three down, the leader: the calls wait out the election, and
+    // everything works.
+    let leader = etcd.leader().expect("etcd has a leader");
+    etcd.stop(leader);
     let (third, _) = nodes[0].create(&["--node", "a"]);
     nodes[1].ok(&["sandbox", "exec", &third, "--", "true"]);
     // Two down: running sandboxes answer, creates are refused with the error; then back.
-    etcd.stop(1);
+    let second = (leader + 1) % 3;
+    etcd.stop(second);
     assert_eq!(
         nodes[0]
             .ok(&["sandbox", "exec", &third, "--", "echo", "up"])
@@ -488,8 +491,8 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
     assert!(said.contains("\"cluster_unavailable\""), "{said}");
     assert!(said.contains("running sandboxes still answer"), "{said}");
-    etcd.restart(1);
-    etcd.restart(2);
+    etcd.restart(leader);
+    etcd.restart(second);
     assert!(
         infra::wait_until(Duration::from_secs(30), || {
             nodes[0].run(&["sandbox", "rm", &third]).status.success()

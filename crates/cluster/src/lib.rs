@@ -34,8 +34,17 @@ use serde::{Deserialize, Serialize};
 pub use forkbox_api::SandboxView;
 
 const ROOT: &str = "/forkbox/";
-/// How long one call to etcd may take before it is an error.
-pub const DEADLINE: Duration = Duration::from_secs(2);
+/// How long one call to etcd may take before it is an error: longer than an etcd election
+/// (a follower calls one after an election timeout, 1 s by etcd's default, randomized up to
+/// twice that, and a vote takes a round trip), so the death of a leader costs a call a wait
+/// and not an error. Without a quorum no leader comes, and every call fails within this.
+pub const DEADLINE: Duration = Duration::from_secs(5);
+/// How long a connection to one member may take to open, and one attempt of a call may take
+/// before it is made again within the deadline (a write a follower forwarded to a leader that
+/// died is never answered: etcd gives up on it only after 7 s).
+const ATTEMPT_DEADLINE: Duration = Duration::from_secs(2);
+/// How long one step of the lease's keep-alive stream may take.
+const KEEP_ALIVE_DEADLINE: Duration = Duration::from_secs(2);
 /// A node's lease unless told otherwise: a dead node's sandboxes are `lost` within this.
 pub const DEFAULT_LEASE_SECS: i64 = 5;
 const RETRY_PAUSE: Duration = Duration::from_millis(100);
@@ -279,9 +288,9 @@ impl Cluster {
     pub async fn connect(cfg: Config) -> Result<Cluster> {
         cfg.validate()?;
         let options = ConnectOptions::new()
-            .with_connect_timeout(DEADLINE)
-            .with_timeout(DEADLINE)
-            .with_keep_alive(Duration::from_secs(2), DEADLINE)
+            .with_connect_timeout(ATTEMPT_DEADLINE)
+            .with_timeout(ATTEMPT_DEADLINE)
+            .with_keep_alive(Duration::from_secs(2), ATTEMPT_DEADLINE)
             .with_require_leader(true);
         let client = Client::connect(&cfg.endpoints, Some(options))
             .await
@@ -329,8 +338,12 @@ impl Cluster {
     }
 
     /// Runs one etcd call under the deadline, again on a member that answers when one did not
-    /// (a killed member's connection fails once before the balancer drops it), as etcd's own
-    /// clients retry an unavailable endpoint.
+    /// (a killed member's connection fails once before the balancer drops it), again while the
+    /// members elect a leader ("no leader", "leader changed": a killed leader), and again when
+    /// an attempt was not answered in its own bound (a follower forwarded it to a leader that
+    /// died), as etcd's own clients retry an unavailable endpoint. Every call made here is safe
+    /// to make twice: reads, puts and deletes of whole values, lease grants (an extra one
+    /// expires), and transactions whose compare recognizes this node's own earlier write.
     async fn call<T, F, Fut>(&self, mut f: F) -> Result<T>
     where
         F: FnMut(Client) -> Fut,
@@ -339,15 +352,24 @@ impl Cluster {
         let end = tokio::time::Instant::now() + DEADLINE;
         loop {
             let left = end.saturating_duration_since(tokio::time::Instant::now());
-            let e = match tokio::time::timeout(left, f(self.client.clone())).await {
+            let attempt = left.min(ATTEMPT_DEADLINE);
+            let e = match tokio::time::timeout(attempt, f(self.client.clone())).await {
                 Ok(Ok(v)) => return Ok(v),
                 Ok(Err(e)) => e,
+                Err(_) if attempt < left => continue,
                 Err(_) => return Err(self.unavailable("timed out")),
             };
+            // Unavailable: no leader, leader changed, a member stopping; Unknown: a stream
+            // cut; Cancelled and DeadlineExceeded: an attempt's bound passed in the transport
+            // ("Timeout expired"); the transport: a member's connection refused or reset.
             let transient = match &e {
-                etcd_client::Error::GRpcStatus(s) => {
-                    matches!(s.code(), tonic::Code::Unavailable | tonic::Code::Unknown)
-                }
+                etcd_client::Error::GRpcStatus(s) => matches!(
+                    s.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::Unknown
+                        | tonic::Code::Cancelled
+                        | tonic::Code::DeadlineExceeded
+                ),
                 etcd_client::Error::TransportError(_) => true,
                 _ => false,
             };
@@ -358,12 +380,14 @@ impl Cluster {
         }
     }
 
-    /// One call under the deadline, not repeated (the lease's keep-alive stream).
+    /// One call of the lease's keep-alive stream, not repeated: under a bound no longer than the
+    /// shortest lease (2 s), so a stream stuck on a dead leader is dropped and the node joins
+    /// again instead of losing its lease silently.
     async fn once<T>(
         &self,
         f: impl std::future::Future<Output = std::result::Result<T, etcd_client::Error>>,
     ) -> Result<T> {
-        match tokio::time::timeout(DEADLINE, f).await {
+        match tokio::time::timeout(KEEP_ALIVE_DEADLINE, f).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(e)) => Err(self.unavailable(e)),
             Err(_) => Err(self.unavailable("timed out")),
@@ -455,7 +479,9 @@ impl Cluster {
             .or_else([TxnOp::get(k.clone(), None)]);
         let r = self.txn(txn).await?;
         if !r.succeeded() {
-            let held: NodeRecord = decode(&k, &first_value(&r.op_responses()).unwrap_or_default())?;
+            let (value, held_lease) = first_kv(&r.op_responses()).unwrap_or_default();
+            let mut held: NodeRecord = decode(&k, &value)?;
+            held.lease = held_lease;
             if held.node_id != self.cfg.node_id {
                 let _ = self.revoke(lease).await;
                 let held_lease = held.lease;
@@ -469,6 +495,11 @@ impl Cluster {
                     advertise: held.advertise,
                     ttl,
                 });
+            }
+            if held.lease == lease {
+                // The first attempt of the put above landed; its answer was lost.
+                self.lease.store(lease, Ordering::SeqCst);
+                return Ok(lease);
             }
             // This node before a crash: take its name over and end the old lease.
             let swap = Txn::new()
@@ -856,8 +887,13 @@ async fn member_status(url: &str) -> std::result::Result<u64, String> {
 }
 
 fn first_value(ops: &[TxnOpResponse]) -> Option<Vec<u8>> {
+    first_kv(ops).map(|(value, _)| value)
+}
+
+/// The value and lease of the first key a transaction's get read.
+fn first_kv(ops: &[TxnOpResponse]) -> Option<(Vec<u8>, i64)> {
     ops.iter().find_map(|op| match op {
-        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| kv.value().to_vec()),
+        TxnOpResponse::Get(g) => g.kvs().first().map(|kv| (kv.value().to_vec(), kv.lease())),
         _ => None,
     })
 }

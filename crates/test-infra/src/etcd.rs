@@ -39,7 +39,7 @@ impl EtcdCluster {
     /// The same inside network namespace `netns` (fresh, so its ports are fixed ones).
     pub fn start_in(n: usize, host: &str, netns: Option<&str>) -> EtcdCluster {
         // In memory when the host has a tmpfs: etcd syncs every write, and a disk busy with
-        // the suite's VMs would stall it past the cluster's 2 s deadlines (what is under test
+        // the suite's VMs would stall it past the cluster's deadlines (what is under test
         // is forkbox's use of etcd, not etcd's durability).
         let builder = tempfile::Builder::new().prefix("forkbox-etcd-").clone();
         let dir = match std::path::Path::new("/dev/shm").is_dir() {
@@ -167,6 +167,27 @@ impl EtcdCluster {
             .stderr(Stdio::null())
             .status()
             .is_ok_and(|s| s.success())
+    }
+
+    /// The index of the member that leads now, as the running members say (None while they
+    /// elect, or without a quorum).
+    pub fn leader(&self) -> Option<usize> {
+        let endpoints = self.endpoints();
+        let out = self
+            .command("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .args(["--endpoints", &endpoints.join(","), "--command-timeout=2s"])
+            .args(["endpoint", "status", "-w", "json"])
+            .stderr(Stdio::null())
+            .output()
+            .ok()?;
+        let status: serde_json::Value = serde_json::from_slice(&out.stdout).ok()?;
+        status.as_array()?.iter().find_map(|e| {
+            let s = &e["Status"];
+            let leads = s["leader"].as_u64()? == s["header"]["member_id"].as_u64()?;
+            let at = e["Endpoint"].as_str()?;
+            leads.then(|| endpoints.iter().position(|x| x == at))?
+        })
     }
 
     /// Every member's log, for a failure message.
