@@ -166,7 +166,9 @@ async fn nodes_leases_ownership_and_quorum_on_a_real_etcd() {
     let leader = etcd.leader().expect("a leader");
     etcd.stop(leader);
     let t0 = Instant::now();
-    a.own(&view("s2")).await.expect("owns while a new leader is elected");
+    a.own(&view("s2"))
+        .await
+        .expect("owns while a new leader is elected");
     a.require_quorum().await.expect("quorum with two of three");
     println!("leader killed to a write done: {:?}", t0.elapsed());
     etcd.restart(leader);
