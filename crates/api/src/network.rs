@@ -26,14 +26,14 @@ pub enum PolicyError {
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
-struct Entry {
+pub(crate) struct Entry {
     /// Lowercase name or IP text; for `*.x`, `x` with `subdomains`.
-    host: String,
-    subdomains: bool,
-    port: Option<u16>,
+    pub(crate) host: String,
+    pub(crate) subdomains: bool,
+    pub(crate) port: Option<u16>,
 }
 
-fn parse_entry(e: &str) -> Option<Entry> {
+pub(crate) fn parse_entry(e: &str) -> Option<Entry> {
     let e = e.trim().to_ascii_lowercase();
     let (host, port) = if let Some(rest) = e.strip_prefix('[') {
         let (h, p) = rest.split_once(']')?;
@@ -74,6 +74,26 @@ fn parse_entry(e: &str) -> Option<Entry> {
     })
 }
 
+/// Whether allow-list entry `entry` (a secret's host, too) names `host`:`port`: the name
+/// itself, or for `*.x` a subdomain of `x`; the entry's port, or 80 and 443 when it has none.
+pub fn entry_matches(entry: &str, host: &str, port: u16) -> bool {
+    let Some(e) = parse_entry(entry) else {
+        return false;
+    };
+    let host = host.trim_end_matches('.').to_ascii_lowercase();
+    let host = host.trim_start_matches('[').trim_end_matches(']');
+    let name_ok = if e.subdomains {
+        host.ends_with(&format!(".{}", e.host))
+    } else {
+        host == e.host
+    };
+    let port_ok = match e.port {
+        Some(p) => p == port,
+        None => port == 80 || port == 443,
+    };
+    name_ok && port_ok
+}
+
 /// Checks one allow entry as [`NetworkPolicy::validate`] would.
 pub fn check_allow_entry(e: &str) -> Result<String, PolicyError> {
     parse_entry(e)
@@ -104,19 +124,7 @@ impl NetworkPolicy {
         if self.internet {
             return Ok(());
         }
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let allowed = self.allow.iter().filter_map(|e| parse_entry(e)).any(|e| {
-            let name_ok = if e.subdomains {
-                host.ends_with(&format!(".{}", e.host))
-            } else {
-                host == e.host
-            };
-            let port_ok = match e.port {
-                Some(p) => p == port,
-                None => port == 80 || port == 443,
-            };
-            name_ok && port_ok
-        });
+        let allowed = self.allow.iter().any(|e| entry_matches(e, host, port));
         if allowed {
             Ok(())
         } else {

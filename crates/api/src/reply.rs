@@ -37,6 +37,9 @@ pub struct SandboxView {
     /// what moved.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<Transfer>,
+    /// Its secrets' names and hosts (never their values).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretView>,
 }
 
 /// A snapshot or image brought to a node from the nodes that held it, by chunks: what moved

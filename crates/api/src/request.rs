@@ -38,6 +38,11 @@ pub struct CreateRequest {
     pub network: Option<NetworkPolicy>,
     /// In a cluster: the node to place it on (default: placed by capacity and locality).
     pub node: Option<String>,
+    /// Secrets its requests carry: the guest's commands see a placeholder in `$NAME`, and the
+    /// host puts the value in its place in HTTPS requests to the secret's hosts (which the
+    /// network policy then allows). Values are write-only.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretSpec>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -73,6 +78,10 @@ pub struct ForkRequest {
     /// In a cluster: the node the copies must go to (one that lacks the snapshot gets it from
     /// the nodes that hold it, by chunks).
     pub node: Option<String>,
+    /// The copies' secrets, each copy with placeholders of its own; a copy never carries the
+    /// source's secrets.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<crate::SecretSpec>,
 }
 
 /// Most copies one fork call makes.

@@ -96,6 +96,9 @@ impl Engine {
                         created_unix: record.created_unix,
                         record,
                         snapshot: snap.meta.name.clone(),
+                        // A daemon that starts holds no secrets: they were in the memory of
+                        // the one before.
+                        secrets: None,
                     },
                 );
                 adopted.push(id);
@@ -165,6 +168,7 @@ impl Engine {
             created_unix: record.created_unix,
             record,
             snapshot: snap.meta.name.clone(),
+            secrets: entry.sandbox.secrets(),
         };
         let view = sleeper.view(self.node.get());
         self.sleepers.write().await.insert(id.to_string(), sleeper);
@@ -214,6 +218,13 @@ impl Engine {
         if let Err(e) = sb.set_network(sleeper.record.network.clone()).await {
             sb.destroy().await;
             return Err(e.into());
+        }
+        // Its secrets, with the placeholders its processes hold, come back with it.
+        if let Some(secrets) = sleeper.secrets.clone() {
+            if let Err(e) = sb.set_secrets(secrets).await {
+                sb.destroy().await;
+                return Err(e.into());
+            }
         }
         // The same sandbox as before it slept: it keeps when it was created.
         self.keep(Entry::new(

@@ -50,6 +50,8 @@ struct Sleeper {
     record: crate::runstate::DaemonRecord,
     snapshot: String,
     created_unix: u64,
+    /// Its secrets, held in memory while it sleeps (never in its snapshot).
+    secrets: Option<Arc<crate::secrets::Secrets>>,
 }
 
 impl Sleeper {
@@ -70,6 +72,7 @@ impl Sleeper {
             network: self.record.network.clone(),
             node: node.cloned(),
             transfer: None,
+            secrets: self.secrets.as_ref().map(|s| s.views()).unwrap_or_default(),
         }
     }
 }
@@ -141,6 +144,11 @@ impl Entry {
             network: self.sandbox.network(),
             node: node.cloned(),
             transfer: None,
+            secrets: self
+                .sandbox
+                .secrets()
+                .map(|s| s.views())
+                .unwrap_or_default(),
         }
     }
 }
@@ -356,7 +364,11 @@ impl Engine {
             .get(source)
             .map(|e| e.sandbox.network());
         let is_sandbox = source_network.is_some();
-        let network = r.network.clone().or(source_network).unwrap_or_default();
+        validate_secrets(&r.secrets).map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        let network = with_secret_hosts(
+            r.network.clone().or(source_network).unwrap_or_default(),
+            &r.secrets,
+        );
         network
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
@@ -390,9 +402,18 @@ impl Engine {
                 network: network.clone(),
                 ..self.config(&req)?
             };
+            let secrets = r.secrets.clone();
             tasks.spawn(async move {
                 let origin = format!("snapshot:{}", snap.meta.name);
-                Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now(), None).await
+                let sb =
+                    Sandbox::restore(&paths, &snap, origin, &cfg, std::time::Instant::now(), None)
+                        .await?;
+                // Each copy its own placeholders and CA; none carries the source's secrets.
+                if let Err(e) = give_secrets(&sb, &secrets).await {
+                    sb.destroy().await;
+                    return Err(e);
+                }
+                Ok::<_, EngineError>(sb)
             });
         }
         let mut sandboxes = Vec::new();
@@ -592,7 +613,8 @@ impl Engine {
     async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
         self.pinned_here(r.node.as_deref())?;
         let cfg = self.config(&r)?;
-        let network = r.network.clone().unwrap_or_default();
+        validate_secrets(&r.secrets).map_err(|e| EngineError::BadRequest(e.to_string()))?;
+        let network = with_secret_hosts(r.network.clone().unwrap_or_default(), &r.secrets);
         network
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
@@ -636,6 +658,10 @@ impl Engine {
         if let Err(e) = sandbox.set_network(network).await {
             sandbox.destroy().await;
             return Err(e.into());
+        }
+        if let Err(e) = give_secrets(&sandbox, &r.secrets).await {
+            sandbox.destroy().await;
+            return Err(e);
         }
         let view = self
             .register(
@@ -687,6 +713,30 @@ impl Engine {
         self.added();
         Ok(view)
     }
+}
+
+/// `policy` allowing the hosts of `secrets` too (a policy that allows the internet already does).
+fn with_secret_hosts(mut policy: NetworkPolicy, secrets: &[SecretSpec]) -> NetworkPolicy {
+    if policy.internet {
+        return policy;
+    }
+    for h in secrets.iter().flat_map(|s| &s.hosts) {
+        if !policy.allow.contains(h) {
+            policy.allow.push(h.clone());
+        }
+    }
+    policy
+}
+
+/// Gives `sandbox` secrets made from `specs` (none when empty).
+async fn give_secrets(sandbox: &Sandbox, specs: &[SecretSpec]) -> Result<(), EngineError> {
+    if specs.is_empty() {
+        return Ok(());
+    }
+    let secrets = crate::secrets::Secrets::new(&sandbox.info().id, specs)
+        .map_err(EngineError::Internal)?;
+    sandbox.set_secrets(Arc::new(secrets)).await?;
+    Ok(())
 }
 
 /// Six random hex digits that tell apart names made for one sandbox.

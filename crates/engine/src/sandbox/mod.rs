@@ -6,6 +6,7 @@ pub mod client;
 pub mod diskwatch;
 pub mod files;
 pub mod net;
+pub mod secrets;
 
 use std::time::{Duration, Instant};
 
@@ -262,6 +263,40 @@ impl Sandbox {
         Ok(())
     }
 
+    /// Gives the sandbox `secrets` (see [`crate::secrets`]): its connections to their hosts
+    /// end at a listener of its own, and the guest trusts the sandbox's CA (with the host's
+    /// bundle) from now on. Call after [`Sandbox::set_network`] with a policy that allows the
+    /// hosts.
+    pub async fn set_secrets(
+        &self,
+        secrets: std::sync::Arc<crate::secrets::Secrets>,
+    ) -> Result<(), SandboxError> {
+        let proxy = crate::secrets::SecretProxy::start(secrets.clone())
+            .await
+            .map_err(|e| SandboxError::io("listen for the secrets' connections", e))?;
+        let mut bundle = crate::net::host_ca_bundle()
+            .and_then(|p| std::fs::read(p).ok())
+            .unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with(b"\n") {
+            bundle.push(b'\n');
+        }
+        bundle.extend_from_slice(secrets.ca_pem().as_bytes());
+        if let Err(e) = self
+            .client
+            .write_file(crate::net::GUEST_CA, &bundle, 0o644)
+            .await
+        {
+            return Err(died(e, &self.console, self.client.failure()).await);
+        }
+        self.client.net.set_secrets(Some(std::sync::Arc::new(proxy)));
+        Ok(())
+    }
+
+    /// The secrets in force.
+    pub fn secrets(&self) -> Option<std::sync::Arc<crate::secrets::Secrets>> {
+        self.client.net.secrets()
+    }
+
     /// The network policy in force.
     pub fn network(&self) -> crate::net::NetworkPolicy {
         self.client.net.policy()
@@ -456,11 +491,14 @@ impl Sandbox {
             for k in ["no_proxy", "NO_PROXY"] {
                 env.push((k.into(), "localhost,127.0.0.1,::1".into()));
             }
-            if crate::net::host_ca_bundle().is_some() {
+            let secrets = self.client.net.secrets();
+            if crate::net::host_ca_bundle().is_some() || secrets.is_some() {
                 for k in crate::net::CA_ENV {
                     env.push(((*k).into(), crate::net::GUEST_CA.into()));
                 }
             }
+            // The secrets' placeholders, never their values.
+            env.extend(secrets.iter().flat_map(|s| s.env()));
         }
         env.append(&mut spec.env);
         spec.env = env;

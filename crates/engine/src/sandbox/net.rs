@@ -258,6 +258,8 @@ pub struct HostNet {
     pub bytes_out: AtomicU64,
     pub bytes_in: AtomicU64,
     pub refused: AtomicU64,
+    /// The sandbox's secrets and the listener their connections end at, when it has any.
+    secrets: RwLock<Option<Arc<crate::secrets::SecretProxy>>>,
 }
 
 type Writer = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
@@ -298,7 +300,23 @@ impl HostNet {
             bytes_out: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            secrets: RwLock::new(None),
         }
+    }
+
+    /// Gives this sandbox's connections to its secrets' hosts to `proxy` from now on (none:
+    /// every connection is a plain tunnel again, and the placeholders are worth nothing).
+    pub fn set_secrets(&self, proxy: Option<Arc<crate::secrets::SecretProxy>>) {
+        *self.secrets.write().unwrap_or_else(|p| p.into_inner()) = proxy;
+    }
+
+    /// The secrets in force.
+    pub fn secrets(&self) -> Option<Arc<crate::secrets::Secrets>> {
+        self.secrets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.secrets.clone())
     }
 
     /// Names the sandbox in this connection's log lines.
@@ -612,6 +630,25 @@ impl HostNet {
                 return refuse(why).await;
             }
         };
+        // A connection a secret may go into ends at the sandbox's secret listener instead.
+        let proxy = self
+            .secrets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .filter(|p| p.secrets.scoped(&host, port));
+        if let Some(proxy) = proxy {
+            let target = crate::secrets::Target {
+                host: host.clone(),
+                port,
+                addr,
+                sandbox: self.name().to_string(),
+            };
+            return match proxy.connect(target).await {
+                Ok(s) => self.carry(tunnel, addr, s, false).await,
+                Err(e) => refuse(format!("{host}:{port}: the secrets' listener: {e}")).await,
+            };
+        }
         let stream =
             match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await
             {
@@ -621,7 +658,7 @@ impl HostNet {
                     return refuse(format!("{host}:{port} ({addr}): connection timed out")).await
                 }
             };
-        self.carry(tunnel, addr, stream).await;
+        self.carry(tunnel, addr, stream, true).await;
     }
 
     /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote at `addr`:
@@ -635,7 +672,15 @@ impl HostNet {
     /// bytes come more than [`FRESH_FOR`] after the connect, and the remote has said nothing,
     /// they go over a new connection to the same address (the old one closed unused); a
     /// server that speaks first (SSH, SMTP) has spoken by then and keeps its connection.
-    async fn carry(self: Arc<Self>, tunnel: u32, addr: SocketAddr, stream: tokio::net::TcpStream) {
+    /// `may_swap` is false for a connection to the secrets' listener (it waits as long as the
+    /// guest takes).
+    async fn carry(
+        self: Arc<Self>,
+        tunnel: u32,
+        addr: SocketAddr,
+        stream: tokio::net::TcpStream,
+        may_swap: bool,
+    ) {
         let connected = std::time::Instant::now();
         let (rd, wr) = stream.into_split();
         let (swap_tx, swap_rx) = oneshot::channel::<Swap>();
@@ -686,6 +731,7 @@ impl HostNet {
             swap_tx,
             quiet_end,
             unacked,
+            may_swap,
         }));
         match lock(&self.open).get_mut(&tunnel) {
             Some(Slot::Open(o)) => o.tasks.extend([down, up]),
@@ -776,11 +822,13 @@ impl HostNet {
             swap_tx,
             quiet_end,
             unacked,
+            may_swap,
         } = u;
         let mut swap_tx = Some(swap_tx);
         while let Some(m) = rx.recv().await {
             if let Some(offer) = swap_tx.take_if(|_| m.is_some()) {
-                if connected.elapsed() >= FRESH_FOR || quiet_end.load(Ordering::SeqCst) {
+                let late = connected.elapsed() >= FRESH_FOR || quiet_end.load(Ordering::SeqCst);
+                if may_swap && late {
                     if let Some(new_wr) = reconnect(addr, offer).await {
                         tracing::debug!(
                             "{}: tunnel {tunnel}: the guest's first bytes came {} ms after the connect: sent over a new connection",
@@ -831,6 +879,8 @@ struct Up {
     swap_tx: oneshot::Sender<Swap>,
     quiet_end: Arc<std::sync::atomic::AtomicBool>,
     unacked: Arc<AtomicUsize>,
+    /// Whether late first bytes may go over a fresh connection (see [`HostNet::carry`]).
+    may_swap: bool,
 }
 
 /// A fresh connection's read half for a tunnel's reader, and how it says it took it.
@@ -1115,7 +1165,7 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         lock(&net.open).insert(9, Slot::Pending);
         let addr = listener.local_addr().unwrap();
-        net.clone().carry(9, addr, remote).await;
+        net.clone().carry(9, addr, remote, true).await;
         assert_eq!(net.tunnels(), 1);
         // The guest speaks, the server reads it and resets.
         guest_sends(&net, 9, b"ping").await;
@@ -1190,7 +1240,7 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(3, Slot::Pending);
-        net.clone().carry(3, addr, remote).await;
+        net.clone().carry(3, addr, remote, true).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 3, b"hello").await;
         let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
@@ -1228,7 +1278,7 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(4, Slot::Pending);
-        net.clone().carry(4, addr, remote).await;
+        net.clone().carry(4, addr, remote, true).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 4, b"reply").await;
         let got = tokio::time::timeout(Duration::from_secs(10), server)
