@@ -11,9 +11,9 @@ mod pool;
 mod recipe;
 mod reply;
 mod request;
-mod secret;
 pub mod routes;
 mod sandbox;
+mod secret;
 mod snapshot;
 
 pub use command::*;
@@ -23,6 +23,6 @@ pub use pool::*;
 pub use recipe::*;
 pub use reply::*;
 pub use request::*;
-pub use secret::*;
 pub use sandbox::*;
+pub use secret::*;
 pub use snapshot::*;

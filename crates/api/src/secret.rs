@@ -138,7 +138,9 @@ mod tests {
             (spec("T", &["a.com"], "a\r\nX-Evil: 1"), "line break"),
         ];
         for (s, says) in cases {
-            let e = validate_secrets(&[s.clone()]).expect_err(&s.name).to_string();
+            let e = validate_secrets(&[s.clone()])
+                .expect_err(&s.name)
+                .to_string();
             assert!(e.contains(says), "{e}");
         }
         let e = validate_secrets(&[ok.clone(), ok]).unwrap_err().to_string();

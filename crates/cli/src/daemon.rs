@@ -25,6 +25,53 @@ pub struct NetArgs {
     /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
     #[arg(long = "allow", value_name = "HOST", value_parser = allow_entry)]
     pub allow: Vec<String>,
+    /// A secret the guest never holds (repeatable): NAME@HOST[,HOST...] takes the value of
+    /// this host's $NAME, NAME=env:VAR@HOSTS of $VAR, NAME=file:PATH@HOSTS of a file. The
+    /// guest's $NAME is a placeholder; HTTPS requests to the HOSTS carry the value in its
+    /// place (headers, Basic credentials). Allows the HOSTS.
+    #[arg(long = "secret", value_name = "NAME@HOSTS", value_parser = secret_arg)]
+    pub secrets: Vec<forkbox_engine::api::SecretSpec>,
+}
+
+/// One `--secret`: the value read here, on the host, from the variable or file it names.
+fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
+    let (left, hosts) = s.rsplit_once('@').ok_or_else(|| {
+        format!("{s:?}: name the hosts the secret may go to: NAME@HOST[,HOST...]")
+    })?;
+    let hosts: Vec<String> = hosts
+        .split(',')
+        .map(str::trim)
+        .filter(|h| !h.is_empty())
+        .map(str::to_string)
+        .collect();
+    let (name, value) = match left.split_once('=') {
+        None => {
+            let v = std::env::var(left).map_err(|_| {
+                format!("--secret {left}@...: ${left} is not set in this environment (or give NAME=env:VAR@HOSTS, NAME=file:PATH@HOSTS)")
+            })?;
+            (left.to_string(), v)
+        }
+        Some((name, source)) => {
+            let value = if let Some(var) = source.strip_prefix("env:") {
+                std::env::var(var).map_err(|_| {
+                    format!("--secret {name}: ${var} is not set in this environment")
+                })?
+            } else if let Some(path) = source.strip_prefix("file:") {
+                let text = std::fs::read_to_string(path)
+                    .map_err(|e| format!("--secret {name}: cannot read {path}: {e}"))?;
+                text.trim_end_matches(['\n', '\r']).to_string()
+            } else {
+                return Err(format!(
+                    "--secret {name}={source}: the value comes from env:VAR or file:PATH (never the command line, where other users of this host can read it)"
+                ));
+            };
+            (name.to_string(), value)
+        }
+    };
+    let spec = forkbox_engine::api::SecretSpec { name, hosts, value };
+    forkbox_engine::api::validate_secrets(std::slice::from_ref(&spec))
+        .map_err(|e| e.to_string())?;
+    Ok(spec)
 }
 
 fn allow_entry(s: &str) -> Result<String, String> {
@@ -996,6 +1043,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
         snapshot: a.snapshot,
         disk_gib: a.disk_gib,
         node: a.node,
+        secrets: a.net.secrets.clone(),
         ttl_action: a.ttl_action.map(|t| match t {
             TtlArg::Delete => TtlAction::Delete,
             TtlArg::Hibernate => TtlAction::Hibernate,
@@ -1045,6 +1093,7 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
         max_processes: None,
         network: a.net.policy(),
         node: a.node,
+        secrets: a.net.secrets.clone(),
     };
     let r = c.fork(&a.source, &req).await?;
     show(a.json, &r, || {

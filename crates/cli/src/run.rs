@@ -148,6 +148,7 @@ async fn through_api(
         disk_gib: None,
         network: args.net.policy(),
         node: None,
+        secrets: args.net.secrets.clone(),
     };
     let mut signals = Signals::new()?;
     let view = tokio::select! {

@@ -239,6 +239,7 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
                 max_processes: None,
                 network: None,
                 node: None,
+                secrets: Vec::new(),
             },
         })
         .await

@@ -1065,6 +1065,7 @@ async fn fork_plans(
             max_processes: None,
             network: Some(Default::default()),
             node: None,
+            secrets: Vec::new(),
         };
         let source = source.clone();
         let got = match engine.call(ops::Fork { source, request }).await {

@@ -275,6 +275,28 @@ impl TestNet {
         log
     }
 
+    /// Runs `program` with `args` inside the namespace as a server that listens on
+    /// `addr`:`port` (stopped with the namespace); its output goes to `log`.
+    pub fn run_server(
+        &mut self,
+        program: &str,
+        args: &[&str],
+        addr: &str,
+        port: u16,
+        log: &std::path::Path,
+    ) {
+        let out = std::fs::File::create(log).expect("create server log");
+        let child = std::process::Command::new("ip")
+            .args(["netns", "exec", &self.name, program])
+            .args(args)
+            .stdout(out.try_clone().expect("a log handle"))
+            .stderr(out)
+            .spawn()
+            .expect("start a test server");
+        self.servers.push(child);
+        self.wait_listening(addr, port, program);
+    }
+
     /// Waits until something in the namespace accepts connections on `addr`:`port`.
     fn wait_listening(&self, addr: &str, port: u16, what: &str) {
         assert!(

@@ -733,8 +733,8 @@ async fn give_secrets(sandbox: &Sandbox, specs: &[SecretSpec]) -> Result<(), Eng
     if specs.is_empty() {
         return Ok(());
     }
-    let secrets = crate::secrets::Secrets::new(&sandbox.info().id, specs)
-        .map_err(EngineError::Internal)?;
+    let secrets =
+        crate::secrets::Secrets::new(&sandbox.info().id, specs).map_err(EngineError::Internal)?;
     sandbox.set_secrets(Arc::new(secrets)).await?;
     Ok(())
 }

@@ -288,7 +288,9 @@ impl Sandbox {
         {
             return Err(died(e, &self.console, self.client.failure()).await);
         }
-        self.client.net.set_secrets(Some(std::sync::Arc::new(proxy)));
+        self.client
+            .net
+            .set_secrets(Some(std::sync::Arc::new(proxy)));
         Ok(())
     }
 

@@ -92,9 +92,10 @@ impl Secrets {
             .collect::<Result<Vec<_>, String>>()?;
         let ca_key = rcgen::KeyPair::generate().map_err(|e| format!("make a CA key: {e}"))?;
         let mut params = rcgen::CertificateParams::default();
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, format!("forkbox sandbox {id} CA"));
+        params.distinguished_name.push(
+            rcgen::DnType::CommonName,
+            format!("forkbox sandbox {id} CA"),
+        );
         params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
         params.key_usages = vec![
             rcgen::KeyUsagePurpose::KeyCertSign,
@@ -361,7 +362,11 @@ async fn serve(guest: TcpStream, t: Target, secrets: Arc<Secrets>) {
         }
     };
     if let Err(e) = served {
-        tracing::debug!("{}: secrets: a connection to {} ended: {e}", t.sandbox, t.host);
+        tracing::debug!(
+            "{}: secrets: a connection to {} ended: {e}",
+            t.sandbox,
+            t.host
+        );
     }
 }
 
@@ -401,7 +406,14 @@ async fn upstream(t: &Target) -> Result<hyper::client::conn::http1::SendRequest<
     };
     let (sender, conn) = tokio::time::timeout(UPSTREAM, connect)
         .await
-        .map_err(|_| format!("{}:{}: no answer within {} s", t.host, t.port, UPSTREAM.as_secs()))??;
+        .map_err(|_| {
+            format!(
+                "{}:{}: no answer within {} s",
+                t.host,
+                t.port,
+                UPSTREAM.as_secs()
+            )
+        })??;
     tokio::spawn(async move {
         let _ = conn.await;
     });
@@ -519,12 +531,18 @@ mod tests {
         let p = placeholder(&s, "TOKEN");
         assert!(!p.contains("real-value"));
         let mut h = hyper::HeaderMap::new();
-        h.insert(AUTHORIZATION, format!("Bearer {p}").parse().expect("header"));
+        h.insert(
+            AUTHORIZATION,
+            format!("Bearer {p}").parse().expect("header"),
+        );
         h.insert("x-api-key", p.parse().expect("header"));
         let used = put_secrets(&mut h.clone(), &s, "elsewhere.example.com", 443);
         assert!(used.is_empty());
         let mut there = h.clone();
-        assert_eq!(put_secrets(&mut there, &s, "api.example.com", 443), ["TOKEN"]);
+        assert_eq!(
+            put_secrets(&mut there, &s, "api.example.com", 443),
+            ["TOKEN"]
+        );
         assert_eq!(there[AUTHORIZATION], "Bearer real-value-1");
         assert_eq!(there["x-api-key"], "real-value-1");
         // The entry's port, not another.
@@ -533,7 +551,10 @@ mod tests {
         assert!(s.scoped("pkg.other.org", 443) && !s.scoped("other.org", 443));
         let q = placeholder(&s, "OTHER");
         let mut cross = hyper::HeaderMap::new();
-        cross.insert(AUTHORIZATION, format!("Bearer {q}").parse().expect("header"));
+        cross.insert(
+            AUTHORIZATION,
+            format!("Bearer {q}").parse().expect("header"),
+        );
         assert!(put_secrets(&mut cross, &s, "api.example.com", 443).is_empty());
         assert_eq!(cross[AUTHORIZATION], format!("Bearer {q}").as_str());
     }
@@ -562,6 +583,7 @@ mod tests {
         let c1 = a.server_config("api.example.com").expect("config");
         let c2 = a.server_config("api.example.com").expect("config");
         assert!(Arc::ptr_eq(&c1, &c2));
-        a.server_config("10.9.8.7").expect("an IP address gets a certificate too");
+        a.server_config("10.9.8.7")
+            .expect("an IP address gets a certificate too");
     }
 }
