@@ -127,7 +127,7 @@ mod tests {
     #[test]
     fn bad_secrets_say_what_is_wrong() {
         let ok = spec("NPM_TOKEN", &["registry.example.com", "*.example.org"], "v");
-        assert_eq!(validate_secrets(&[ok.clone()]), Ok(()));
+        assert_eq!(validate_secrets(std::slice::from_ref(&ok)), Ok(()));
         let cases = [
             (spec("1X", &["a.com"], "v"), "environment variable"),
             (spec("A-B", &["a.com"], "v"), "environment variable"),
@@ -138,7 +138,7 @@ mod tests {
             (spec("T", &["a.com"], "a\r\nX-Evil: 1"), "line break"),
         ];
         for (s, says) in cases {
-            let e = validate_secrets(&[s.clone()])
+            let e = validate_secrets(std::slice::from_ref(&s))
                 .expect_err(&s.name)
                 .to_string();
             assert!(e.contains(says), "{e}");
