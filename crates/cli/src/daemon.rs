@@ -34,7 +34,7 @@ pub struct NetArgs {
 }
 
 /// One `--secret`: the value read here, on the host, from the variable or file it names.
-fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
+pub(crate) fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
     let (left, hosts) = s.rsplit_once('@').ok_or_else(|| {
         format!("{s:?}: name the hosts the secret may go to: NAME@HOST[,HOST...]")
     })?;

@@ -46,6 +46,11 @@ pub struct MigrateArgs {
     /// files.pythonhosted.org; baseline and forks have no network.
     #[arg(long = "setup-allow", value_name = "HOST")]
     setup_allow: Vec<String>,
+    /// A secret the setup commands' HTTPS requests carry (repeatable): NAME@HOST[,HOST...]
+    /// from this host's $NAME, NAME=env:VAR@HOSTS or NAME=file:PATH@HOSTS; the guest sees a
+    /// placeholder. Allows the HOSTS during setup; baseline and forks have no network.
+    #[arg(long = "secret", value_name = "NAME@HOSTS", value_parser = crate::daemon::secret_arg)]
+    secrets: Vec<forkbox_engine::api::SecretSpec>,
     /// A directory (relative to the code) the setup commands make that the baseline runs get
     /// too, copied from the prepared sandbox (repeatable): `node_modules`, so `npm ci` runs once.
     #[arg(long = "share", value_name = "DIR")]
@@ -76,6 +81,9 @@ struct MigrationTable {
     setup: Vec<String>,
     #[serde(default)]
     setup_allow: Vec<String>,
+    /// `--secret`'s forms (the value from the environment or a file, never the config).
+    #[serde(default)]
+    secrets: Vec<String>,
     #[serde(default)]
     share: Vec<String>,
     rate_cpu_second: Option<f64>,
@@ -203,6 +211,14 @@ fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
     if let Err(e) = setup_network.validate() {
         return Ok(Err(usage(format!("--setup-allow: {e}"))));
     }
+    let mut setup_secrets = Vec::new();
+    for s in &table.secrets {
+        match crate::daemon::secret_arg(s) {
+            Ok(spec) => setup_secrets.push(spec),
+            Err(e) => return Ok(Err(usage(format!("secrets in the config: {e}")))),
+        }
+    }
+    setup_secrets.extend(a.secrets);
     let mut share = table.share;
     share.extend(a.share);
     if let Some(bad) = share.iter().find(|s| !inside_the_code(s)) {
@@ -230,6 +246,7 @@ fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
         runs: a.runs.or(table.runs).unwrap_or(2),
         setup,
         setup_network,
+        setup_secrets,
         share,
         format: Format::Auto,
         test_timeout_secs: 3600,

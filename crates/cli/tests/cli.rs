@@ -253,6 +253,27 @@ fn bad_input_gives_clear_errors() {
         err.contains("--allow") && err.matches("use a host name").count() == 1,
         "{err}"
     );
+
+    // A bad --secret: a usage error at once, naming what is wrong; nothing made.
+    for (arg, says) in [
+        (
+            "FORKBOX_TEST_UNSET_VAR@api.example.com",
+            "$FORKBOX_TEST_UNSET_VAR is not set",
+        ),
+        (
+            "T=file:/nonexistent/token@api.example.com",
+            "cannot read /nonexistent/token",
+        ),
+        ("T=env:HOME", "name the hosts"),
+        ("T=env:HOME@*", "is not a host"),
+        ("T=env:HOME@*.com", "top-level"),
+        ("T=s3cr3t@api.example.com", "never the command line"),
+    ] {
+        let out = run(&paths, &["run", "--secret", arg, "--", "true"]);
+        assert_eq!(out.status.code(), Some(2), "{arg}");
+        let err = text(&out.stderr);
+        assert!(err.contains(says), "{arg}: {err}");
+    }
 }
 
 /// No VM here (the KVM probe verdict is cached); one boot on a host where KVM works.

@@ -205,6 +205,42 @@ pub struct CreateArgs {
     pub allow: Option<Vec<String>>,
     /// Keep the sandbox when this session ends (it is hibernated when its TTL passes).
     pub persistent: Option<bool>,
+    /// Secrets its HTTPS requests to the named hosts carry (e.g. a registry token). The value
+    /// is read from this server's own environment (the variable `env`, or `name`), so it
+    /// passes through neither the conversation nor the sandbox: the guest's $NAME holds a
+    /// placeholder the host replaces in requests to `hosts`.
+    pub secrets: Option<Vec<SecretArg>>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct SecretArg {
+    /// The guest's environment variable (e.g. "NPM_TOKEN").
+    pub name: String,
+    /// Where the value may go (e.g. ["registry.npmjs.org"]).
+    pub hosts: Vec<String>,
+    /// The variable of this server's environment that holds the value (default: `name`).
+    pub env: Option<String>,
+}
+
+/// Secrets for a create, their values from this server's environment.
+fn secret_specs(args: Option<Vec<SecretArg>>) -> Result<Vec<forkbox_api::SecretSpec>, String> {
+    args.unwrap_or_default()
+        .into_iter()
+        .map(|a| {
+            let var = a.env.unwrap_or_else(|| a.name.clone());
+            let value = std::env::var(&var).map_err(|_| {
+                format!(
+                    "secret {}: ${var} is not set in the MCP server's environment (set it where the server is started; values never pass through the conversation)",
+                    a.name
+                )
+            })?;
+            Ok(forkbox_api::SecretSpec {
+                name: a.name,
+                hosts: a.hosts,
+                value,
+            })
+        })
+        .collect()
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
@@ -495,11 +531,16 @@ impl ForkboxMcp {
             allow: a.allow.unwrap_or_default(),
         });
         let persistent = a.persistent.unwrap_or(false);
+        let secrets = match secret_specs(a.secrets) {
+            Ok(s) => s,
+            Err(why) => return failed(why),
+        };
         let req = CreateRequest {
             image: a.image,
             ttl_seconds: Some(a.ttl_seconds.unwrap_or(3600)),
             network,
             ttl_action: persistent.then_some(TtlAction::Hibernate),
+            secrets,
             ..Default::default()
         };
         let v = try_tool!(self.c().create(&req).await);
@@ -509,6 +550,7 @@ impl ForkboxMcp {
             "image": v.info.image,
             "accel": v.info.accel,
             "network": v.network,
+            "secrets": v.secrets,
             "expires_unix": v.expires_unix,
             "persistent": persistent,
         }))

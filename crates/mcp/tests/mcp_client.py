@@ -99,6 +99,19 @@ async def scenario(s, root):
     return {sid, *copies[:2]}
 
 
+async def secrets(s):
+    """stdio: a secret's value comes from the server's environment, never the conversation."""
+    value = os.environ["MCP_TEST_SECRET"]
+    made = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, secrets=[
+        {"name": "T", "hosts": ["api.example.com"], "env": "MCP_TEST_SECRET"}]))
+    assert made["secrets"] == [{"name": "T", "hosts": ["api.example.com"]}], made
+    r = json.loads(await ok(s, "exec", sandbox=made["sandbox"], command="echo $T"))
+    assert r["stdout"].startswith("fbxs_") and value not in r["stdout"], r
+    await ok(s, "destroy", sandbox=made["sandbox"])
+    err, text = await call(s, "sandbox_create", secrets=[{"name": "T", "hosts": ["a.example.com"], "env": "NOT_SET_ANYWHERE"}])
+    assert err and "$NOT_SET_ANYWHERE is not set" in text, text
+
+
 async def resources_and_prompt(s, made):
     listed = {r.uri for r in (await s.list_resources()).resources}
     assert "forkbox://sandboxes" in listed and all(f"forkbox://sandboxes/{m}" in listed for m in made), listed
@@ -152,10 +165,13 @@ async def main():
     mode = sys.argv[1]
     if mode == "stdio":
         exe, root = sys.argv[2], sys.argv[3]
-        params = StdioServerParameters(command=exe, args=["mcp", "--root", root], env=dict(os.environ))
+        env = dict(os.environ, MCP_TEST_SECRET="mcp-secret-" + os.urandom(8).hex())
+        os.environ["MCP_TEST_SECRET"] = env["MCP_TEST_SECRET"]
+        params = StdioServerParameters(command=exe, args=["mcp", "--root", root], env=env)
         async with stdio_client(params) as (r, w):
             async with ClientSession(r, w) as s:
                 await s.initialize()
+                await secrets(s)
                 made = await scenario(s, root)
                 await resources_and_prompt(s, made)
                 await port(s, root)

@@ -38,6 +38,9 @@ pub struct MigrateConfig {
     /// The network the setup steps may use (e.g. an allow list with the package registry);
     /// baseline runs and forks have none.
     pub setup_network: forkbox_engine::net::NetworkPolicy,
+    /// Secrets the setup steps' HTTPS requests carry (a private registry's token): the
+    /// setup sandbox gets placeholders; the snapshot, baseline and forks never hold a value.
+    pub setup_secrets: Vec<forkbox_engine::api::SecretSpec>,
     /// Directories (relative to the code) the setup steps make that the baseline runs get
     /// too, copied from the prepared sandbox: what `npm ci` installed, so that it runs once
     /// (and the baseline, which has no network, has it).
@@ -88,6 +91,7 @@ impl MigrateConfig {
             runs: 2,
             setup: vec![],
             setup_network: Default::default(),
+            setup_secrets: Vec::new(),
             share: vec![],
             format: Format::Auto,
             test_timeout_secs: 3600,
@@ -588,7 +592,7 @@ async fn run_baseline(
                 })
             };
             phase("starting", 0);
-            let sb = create(engine, &cfg.from, None).await?;
+            let sb = create(engine, &cfg.from, None, Vec::new()).await?;
             let accelerator = format!("{} ({})", sb.info().accel.accel, sb.info().accel.reason);
             let run = async {
                 phase("uploading", 0);
@@ -678,7 +682,13 @@ async fn prepare(
         })
     };
     phase("starting");
-    let new = create(engine, &cfg.to, Some(cfg.setup_network.clone())).await?;
+    let new = create(
+        engine,
+        &cfg.to,
+        Some(cfg.setup_network.clone()),
+        cfg.setup_secrets.clone(),
+    )
+    .await?;
     let prepared = async {
         phase("uploading");
         upload(&new, &cfg.code, WORKDIR).await?;
@@ -1020,16 +1030,18 @@ fn finish(
     Ok(report)
 }
 
-/// A sandbox of `image` on the run's engine (with `network` open, else none), and the
-/// handle the run works in it through.
+/// A sandbox of `image` on the run's engine (with `network` open and `secrets`, else none),
+/// and the handle the run works in it through.
 async fn create(
     engine: &Engine,
     image: &str,
     network: Option<forkbox_engine::net::NetworkPolicy>,
+    secrets: Vec<forkbox_engine::api::SecretSpec>,
 ) -> Result<Arc<Sandbox>, MigrateError> {
     let request = CreateRequest {
         image: Some(image.into()),
         network,
+        secrets,
         ..Default::default()
     };
     let view = engine.call(ops::Create { request }).await?;

@@ -2,6 +2,7 @@
 which sets FORKBOX_API, FORKBOX_TEST_TCP and FORKBOX_TEST_TOKEN)."""
 
 import asyncio
+import json
 import os
 import tempfile
 
@@ -129,6 +130,20 @@ def test_errors_carry_the_daemons_message(rt):
     s.stop()  # already gone: no error
     with pytest.raises(ValueError):
         s.fork(count=21)
+
+
+def test_a_secret_stays_outside_the_guest(rt):
+    value = "sdk-secret-" + os.urandom(8).hex()
+    with pytest.raises(forkbox.BadRequest, match="no hosts"):
+        rt.sandboxes.create(secrets=[{"name": "T", "hosts": [], "value": value}], ttl_seconds=TTL)
+    with rt.sandboxes.create(
+        secrets=[{"name": "T", "hosts": ["api.example.com"], "value": value}], ttl_seconds=TTL
+    ) as s:
+        assert s.info["secrets"] == [{"name": "T", "hosts": ["api.example.com"]}]
+        assert value not in json.dumps(s.info)
+        seen = s.exec(["sh", "-c", "echo $T"]).stdout.strip()
+        assert seen.startswith("fbxs_") and value not in seen
+        assert "api.example.com" in s.info["network"]["allow"]
 
 
 def test_a_pin_to_a_node_that_is_not_there_is_refused(rt):

@@ -108,6 +108,20 @@ export interface CreateOptions {
   diskGib?: number;
   /** In a cluster: the node to put it on (default: placed by room and what nodes hold). */
   node?: string;
+  /** Secrets the sandbox's requests carry: the guest sees a placeholder in `$NAME`, and
+   * HTTPS requests to `hosts` carry `value` in its place; the value never enters the guest
+   * and is never returned. */
+  secrets?: Secret[];
+}
+
+/** A secret for a sandbox (see `CreateOptions.secrets`). */
+export interface Secret {
+  /** The environment variable its placeholder is in. */
+  name: string;
+  /** Where the value may go: `api.example.com`, `*.example.com`, `host:port`, an IP. */
+  hosts: string[];
+  /** Write-only. */
+  value: string;
 }
 
 /** A snapshot brought to a node by chunks (the daemon's `Transfer`). */
@@ -135,6 +149,9 @@ export interface ForkOptions {
   labels?: Record<string, string>;
   /** In a cluster: the node the copies run on (one without the snapshot brings it first). */
   node?: string;
+  /** The copies' secrets, each copy with placeholders of its own (a copy never carries the
+   * source's). */
+  secrets?: Secret[];
 }
 
 export interface DirEntry {
@@ -154,6 +171,8 @@ export interface SandboxInfo {
   node?: string;
   /** In a cluster, when the snapshot it started from was brought to its node: what moved. */
   transfer?: Transfer;
+  /** Its secrets' names and hosts (never their values). */
+  secrets?: Array<{ name: string; hosts: string[] }>;
   failure?: string;
   labels: Record<string, string>;
   ttl_action: "delete" | "hibernate";
@@ -314,6 +333,7 @@ export class Sandboxes {
     if (o.memoryMib !== undefined) body.memory_mib = o.memoryMib;
     if (o.diskGib !== undefined) body.disk_gib = o.diskGib;
     if (o.node !== undefined) body.node = o.node;
+    if (o.secrets?.length) body.secrets = secretsBody(o.secrets);
     const net = network(o.network);
     if (net) body.network = net;
     if (o.persistent) body.ttl_action = "hibernate";
@@ -356,7 +376,12 @@ function forkBody(o: ForkOptions): Record<string, unknown> {
   if (o.ttlSeconds !== undefined) body.ttl_seconds = o.ttlSeconds;
   if (o.network) body.network = network(o.network) ?? { internet: false, allow: [] };
   if (o.node !== undefined) body.node = o.node;
+  if (o.secrets?.length) body.secrets = secretsBody(o.secrets);
   return body;
+}
+
+function secretsBody(secrets: Secret[]): Secret[] {
+  return secrets.map((s) => ({ name: s.name, hosts: [...s.hosts], value: s.value }));
 }
 
 async function forked(rt: Runtime, route: string, o: ForkOptions): Promise<Sandbox[]> {

@@ -123,6 +123,26 @@ test("errors carry the daemon's message", async () => {
   assert.throws(() => new Runtime({ api: "localhost:1" }), ForkboxError);
 });
 
+test("a secret stays outside the guest", async () => {
+  const value = `sdk-secret-${Math.random().toString(16).slice(2)}`;
+  await assert.rejects(
+    rt.sandboxes.create({ secrets: [{ name: "T", hosts: ["*"], value }], ttlSeconds: TTL }),
+    (e) => e instanceof BadRequestError && /"\*"/.test(e.message),
+  );
+  const s = await rt.sandboxes.create({
+    secrets: [{ name: "T", hosts: ["api.example.com"], value }],
+    ttlSeconds: TTL,
+  });
+  try {
+    assert.deepEqual(s.info.secrets, [{ name: "T", hosts: ["api.example.com"] }]);
+    assert.ok(!JSON.stringify(s.info).includes(value));
+    const seen = (await s.exec(["sh", "-c", "echo $T"])).stdout.trim();
+    assert.ok(seen.startsWith("fbxs_") && !seen.includes(value), seen);
+  } finally {
+    await s.stop();
+  }
+});
+
 test("a fork goes to the node it is pinned to", async () => {
   // In a cluster (the test names its nodes): a copy pinned to another node than its source's
   // runs there, its snapshot brought by chunks. One daemon: a pin is refused, naming the node.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import tempfile
-from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional
+from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, Sequence
 
 import httpx
 
@@ -136,10 +136,11 @@ class AsyncSandboxes:
         memory_mib: Optional[int] = None,
         disk_gib: Optional[int] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "AsyncSandbox":
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node,
+            node, secrets,
         )
         return AsyncSandbox(self._rt, await self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -186,9 +187,10 @@ class AsyncSnapshot:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "AsyncSandbox":
         return (
-            await self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node)
+            await self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node, secrets=secrets)
         )[0]
 
     async def fork_many(
@@ -199,8 +201,9 @@ class AsyncSnapshot:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List["AsyncSandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels, node)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
         reply = await self._rt._call("POST", f"/snapshots/{self.name}/fork", json=body)
         return await _forked(self._rt, reply)
 
@@ -341,8 +344,9 @@ class AsyncSandbox:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List["AsyncSandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels, node)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
         reply = await self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body)
         return await _forked(self._rt, reply)
 

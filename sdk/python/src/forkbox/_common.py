@@ -246,6 +246,24 @@ def network_body(network: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any
     return {"internet": bool(network.get("internet")), "allow": list(network.get("allow") or [])}
 
 
+def secrets_body(secrets: Optional[Sequence[Mapping[str, Any]]]) -> Optional[List[Dict[str, Any]]]:
+    """``[{"name": "NPM_TOKEN", "hosts": ["registry.npmjs.org"], "value": "..."}]``: the guest's
+    ``$NAME`` is a placeholder; HTTPS requests to ``hosts`` carry the value in its place. The
+    value is sent to the daemon once and never returned."""
+    if not secrets:
+        return None
+    out = []
+    for s in secrets:
+        unknown = set(s) - {"name", "hosts", "value"}
+        if unknown or not {"name", "hosts", "value"} <= set(s):
+            raise TypeError(f"a secret is {{'name', 'hosts', 'value'}}, not {sorted(s)}")
+        hosts = s["hosts"]
+        if isinstance(hosts, str):
+            hosts = [hosts]
+        out.append({"name": str(s["name"]), "hosts": [str(h) for h in hosts], "value": str(s["value"])})
+    return out
+
+
 def create_body(
     image: Optional[str] = None,
     snapshot: Optional[str] = None,
@@ -257,6 +275,7 @@ def create_body(
     memory_mib: Optional[int] = None,
     disk_gib: Optional[int] = None,
     node: Optional[str] = None,
+    secrets: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"labels": dict(labels or {})}
     for k, v in (
@@ -268,6 +287,7 @@ def create_body(
         ("disk_gib", disk_gib),
         ("network", network_body(network)),
         ("node", node),
+        ("secrets", secrets_body(secrets)),
     ):
         if v is not None:
             body[k] = v
@@ -282,8 +302,11 @@ def fork_body(
     network: Optional[Mapping[str, Any]],
     labels: Optional[Mapping[str, str]],
     node: Optional[str] = None,
+    secrets: Optional[Sequence[Mapping[str, Any]]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"count": count, "labels": dict(labels or {})}
+    if secrets:
+        body["secrets"] = secrets_body(secrets)
     if ttl_seconds is not None:
         body["ttl_seconds"] = ttl_seconds
     if node is not None:

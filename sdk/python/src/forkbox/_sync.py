@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence
 
 import httpx
 
@@ -146,14 +146,17 @@ class Sandboxes:
         memory_mib: Optional[int] = None,
         disk_gib: Optional[int] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "Sandbox":
         """A new running sandbox of ``image`` (NAME or NAME@N; the default image when None), or
         of ``snapshot``. In a cluster, ``node`` pins it to that node. No network unless ``network={"internet": True}`` or
         ``{"allow": ["pypi.org"]}``. ``persistent``: kept (hibernated) when its TTL passes and
-        not deleted when a ``with`` block ends."""
+        not deleted when a ``with`` block ends. ``secrets``: ``[{"name", "hosts", "value"}]``;
+        the guest sees a placeholder in ``$NAME`` and HTTPS requests to ``hosts`` carry the value
+        (which never enters the sandbox)."""
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node,
+            node, secrets,
         )
         return Sandbox(self._rt, self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -201,12 +204,13 @@ class Snapshot:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> "Sandbox":
         """One new running sandbox from this snapshot; ``with snapshot.fork() as sbx:`` deletes
         it when the block ends and leaves the snapshot as it was. ``node``: in a cluster, the
         node it runs on (one without the snapshot brings it first; ``info["transfer"]`` says
         what moved)."""
-        return self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node)[0]
+        return self.fork_many(1, ttl_seconds=ttl_seconds, network=network, labels=labels, node=node, secrets=secrets)[0]
 
     def fork_many(
         self,
@@ -216,8 +220,9 @@ class Snapshot:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List["Sandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels, node)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
         return _forked(self._rt, self._rt._call("POST", f"/snapshots/{self.name}/fork", json=body))
 
     def delete(self) -> None:
@@ -367,10 +372,11 @@ class Sandbox:
         network: Optional[Mapping[str, Any]] = None,
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
+        secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     ) -> List["Sandbox"]:
         """``count`` (1-20) running copies of this sandbox as it is now; it keeps running.
         ``node``: in a cluster, the node the copies run on (saved here, brought there by chunks)."""
-        body = c.fork_body(count, ttl_seconds, network, labels, node)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
         return _forked(self._rt, self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body))
 
     def hibernate(self) -> "Sandbox":
