@@ -280,6 +280,53 @@ fn serve_client(mut c: TcpStream, out: &Outbox) {
     lock(&t.open).remove(&id);
 }
 
+/// A port forward from the host: connects to 127.0.0.1:`port` (in a thread of its own) and
+/// carries the connection as a tunnel numbered `tunnel` by the host.
+pub fn forward(tunnel: u32, port: u16, out: &Outbox) {
+    let out = out.clone();
+    std::thread::spawn(move || {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+        let mut c = match TcpStream::connect_timeout(&addr, Duration::from_secs(10)) {
+            Ok(c) => c,
+            Err(e) => {
+                return out.send(&AgentMsg::ForwardReady {
+                    tunnel,
+                    error: Some(format!("127.0.0.1:{port} in the guest: {e}")),
+                })
+            }
+        };
+        let (to_guest, from_host) = channel();
+        let t = Arc::new(Tunnel {
+            ready: Mutex::new(None),
+            to_guest,
+            credit: Mutex::new(u64::from(TUNNEL_WINDOW)),
+            more: Condvar::new(),
+            closed: AtomicBool::new(false),
+        });
+        let writer = match c.try_clone() {
+            Ok(w) => w,
+            Err(e) => {
+                return out.send(&AgentMsg::ForwardReady {
+                    tunnel,
+                    error: Some(format!("127.0.0.1:{port} in the guest: {e}")),
+                })
+            }
+        };
+        lock(&tunnels().open).insert(tunnel, t.clone());
+        out.send(&AgentMsg::ForwardReady {
+            tunnel,
+            error: None,
+        });
+        let down = {
+            let out = out.clone();
+            std::thread::spawn(move || to_client(tunnel, writer, from_host, &out))
+        };
+        from_client(tunnel, &mut c, Vec::new(), &t, &out);
+        let _ = down.join();
+        lock(&tunnels().open).remove(&tunnel);
+    });
+}
+
 /// Guest program -> host, within the window.
 fn from_client(id: u32, c: &mut TcpStream, first: Vec<u8>, t: &Tunnel, out: &Outbox) {
     let mut buf = vec![0u8; 64 * 1024];

@@ -221,5 +221,6 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive:
         HostMsg::TunnelEof { tunnel } => crate::net::eof(tunnel),
         HostMsg::TunnelAck { tunnel, bytes } => crate::net::ack(tunnel, bytes),
         HostMsg::TunnelClose { tunnel } => crate::net::close(tunnel),
+        HostMsg::ForwardOpen { tunnel, port } => crate::net::forward(tunnel, port, out),
     }
 }

@@ -94,6 +94,9 @@ routes! {
     fork: Post "/v1/sandboxes/{id}/fork" -> ForkResult;
     hibernate: Post "/v1/sandboxes/{id}/hibernate" -> SandboxView;
     resume: Post "/v1/sandboxes/{id}/resume" -> SandboxView;
+    forward_port: Post "/v1/sandboxes/{id}/ports" -> PortView;
+    list_ports: Get "/v1/sandboxes/{id}/ports" -> Vec<PortView>;
+    close_port: Delete "/v1/sandboxes/{id}/ports/{port}" -> Deleted;
     read_file: Get "/v1/sandboxes/{id}/files" -> Octets;
     write_file: Put "/v1/sandboxes/{id}/files" -> Written;
     list_dir: Get "/v1/sandboxes/{id}/dir" -> DirListing;

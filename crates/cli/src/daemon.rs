@@ -33,6 +33,66 @@ pub struct NetArgs {
     pub secrets: Vec<forkbox_engine::api::SecretSpec>,
 }
 
+/// `[HOST_PORT:]GUEST_PORT`, each 1-65535.
+fn port_spec(s: &str) -> Result<(Option<u16>, u16), String> {
+    let port = |p: &str| -> Result<u16, String> {
+        match p.parse::<u32>() {
+            Ok(n @ 1..=65535) => Ok(n as u16),
+            _ => Err(format!(
+                "{p:?} is not a port: give a number from 1 to 65535"
+            )),
+        }
+    };
+    match s.split_once(':') {
+        Some((h, g)) => Ok((Some(port(h)?), port(g)?)),
+        None => Ok((None, port(s)?)),
+    }
+}
+
+/// `forkbox sandbox port-forward`: starts, closes or lists forwards.
+async fn port_forward(
+    c: &Client,
+    id: &str,
+    ports: Option<(Option<u16>, u16)>,
+    address: Option<String>,
+    close: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    match (ports, close) {
+        (None, true) => anyhow::bail!("--close needs the forward's HOST_PORT"),
+        (Some((Some(_), _)), true) => {
+            anyhow::bail!("--close takes the forward's HOST_PORT alone")
+        }
+        (Some((None, host_port)), true) => {
+            let d = c.close_port(id, host_port).await?;
+            show(json, &d, || println!("closed {}", d.deleted))
+        }
+        (Some((host_port, guest_port)), false) => {
+            let req = forkbox_engine::api::PortRequest {
+                guest_port,
+                host_port,
+                address,
+            };
+            let v = c.forward_port(id, &req).await?;
+            show(json, &v, || {
+                println!("{}", v.url);
+                eprintln!(
+                    "{}:{} -> guest port {} of {id} (until `forkbox sandbox port-forward {id} --close {}` or the sandbox goes)",
+                    v.address, v.host_port, v.guest_port, v.host_port
+                );
+            })
+        }
+        (None, false) => {
+            let all = c.list_ports(id).await?;
+            show(json, &all, || {
+                for v in &all {
+                    println!("{}:{}\t{}\t{}", v.address, v.host_port, v.guest_port, v.url);
+                }
+            })
+        }
+    }
+}
+
 /// One `--secret`: the value read here, on the host, from the variable or file it names.
 pub(crate) fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
     let (left, hosts) = s.rsplit_once('@').ok_or_else(|| {
@@ -185,6 +245,27 @@ pub enum SandboxCmd {
         #[arg(required = true, value_parser = sandbox_id)]
         ids: Vec<String>,
         /// Print the hibernated sandboxes as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Reach a port a program in the guest listens on from this host: prints the URL. The
+    /// forward lasts until closed (--close) or the sandbox goes (a hibernation ends it too).
+    /// Without a port: lists the sandbox's forwards.
+    PortForward {
+        /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
+        id: String,
+        /// [HOST_PORT:]GUEST_PORT (the host port free when left out); with --close, the host
+        /// port of the forward to close.
+        #[arg(value_parser = port_spec)]
+        ports: Option<(Option<u16>, u16)>,
+        /// The host address to listen on (default 127.0.0.1).
+        #[arg(long)]
+        address: Option<String>,
+        /// Close the forward on HOST_PORT instead.
+        #[arg(long)]
+        close: bool,
+        /// Print the forward(s) as JSON.
         #[arg(long)]
         json: bool,
     },
@@ -875,6 +956,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Hibernate { ids, json } => {
                 each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
             }
+            SandboxCmd::PortForward {
+                id,
+                ports,
+                address,
+                close,
+                json,
+            } => port_forward(&c, &id, ports, address, close, json).await,
             SandboxCmd::Resume { id, json } => {
                 let v = c.resume(&id).await?;
                 show(json, &v, || {

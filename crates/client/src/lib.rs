@@ -401,6 +401,30 @@ impl Client {
         self.json(self.at(op::resume, &[id])).await
     }
 
+    // -- ports -------------------------------------------------------------------------------
+
+    /// A host port whose connections reach `req.guest_port` in the guest.
+    pub async fn forward_port(
+        &self,
+        id: &str,
+        req: &forkbox_api::PortRequest,
+    ) -> Result<reply::forward_port, ClientError> {
+        self.json(self.at(op::forward_port, &[id]).json(req)).await
+    }
+
+    pub async fn list_ports(&self, id: &str) -> Result<reply::list_ports, ClientError> {
+        self.json(self.at(op::list_ports, &[id])).await
+    }
+
+    pub async fn close_port(
+        &self,
+        id: &str,
+        host_port: u16,
+    ) -> Result<reply::close_port, ClientError> {
+        let port = host_port.to_string();
+        self.json(self.at(op::close_port, &[id, &port])).await
+    }
+
     // -- files -------------------------------------------------------------------------------
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<bytes::Bytes, ClientError> {

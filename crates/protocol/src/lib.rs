@@ -257,6 +257,13 @@ pub enum HostMsg {
     TunnelClose {
         tunnel: u32,
     },
+    /// A connection to the guest's 127.0.0.1:`port` for a port forward: the agent connects and
+    /// answers [`AgentMsg::ForwardReady`]; the bytes then flow as on any tunnel. `tunnel` is
+    /// numbered by the host, with [`HOST_TUNNEL`] set (the agent's own never have it).
+    ForwardOpen {
+        tunnel: u32,
+        port: u16,
+    },
     /// A command run on a terminal (`ExecSpec::tty`) gets a new terminal size.
     Resize {
         id: u32,
@@ -346,7 +353,17 @@ pub enum AgentMsg {
     TunnelClose {
         tunnel: u32,
     },
+    /// The agent's answer to [`HostMsg::ForwardOpen`]: connected, or why not (nobody listens
+    /// on that port, say).
+    ForwardReady {
+        tunnel: u32,
+        error: Option<String>,
+    },
 }
+
+/// The bit set in the numbers of tunnels the host opens (port forwards), so that they never
+/// meet the agent's own.
+pub const HOST_TUNNEL: u32 = 1 << 31;
 
 impl AgentMsg {
     /// The tunnel a message belongs to, for tunnel messages.
@@ -356,7 +373,8 @@ impl AgentMsg {
             | AgentMsg::TunnelData { tunnel, .. }
             | AgentMsg::TunnelEof { tunnel }
             | AgentMsg::TunnelAck { tunnel, .. }
-            | AgentMsg::TunnelClose { tunnel } => Some(*tunnel),
+            | AgentMsg::TunnelClose { tunnel }
+            | AgentMsg::ForwardReady { tunnel, .. } => Some(*tunnel),
             _ => None,
         }
     }
@@ -376,7 +394,8 @@ impl AgentMsg {
             | AgentMsg::TunnelData { .. }
             | AgentMsg::TunnelEof { .. }
             | AgentMsg::TunnelAck { .. }
-            | AgentMsg::TunnelClose { .. } => 0,
+            | AgentMsg::TunnelClose { .. }
+            | AgentMsg::ForwardReady { .. } => 0,
         }
     }
 }

@@ -23,8 +23,9 @@ use forkbox_engine::api::routes::reply;
 use forkbox_engine::api::{
     ops, ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
-    ForkResult, GuestPath, Health, ImageView, InfoView, Operation, PolledChunk, SandboxState,
-    SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    ForkResult, GuestPath, Health, ImageView, InfoView, Operation, PolledChunk, PortRequest,
+    PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked,
+    Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -406,6 +407,29 @@ async fn hibernate(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -
     answer::<reply::hibernate, _>(&e, ops::Hibernate { id }, StatusCode::OK).await
 }
 
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/ports", params(("id" = String, Path)), request_body = PortRequest, responses((status = 201, description = "a host port whose connections reach the guest's port", body = PortView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn forward_port(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Body(request): Body<PortRequest>,
+) -> Api {
+    answer::<reply::forward_port, _>(&e, ops::ForwardPort { id, request }, StatusCode::CREATED)
+        .await
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", params(("id" = String, Path)), responses((status = 200, body = Vec<PortView>), (status = 404, body = ErrorBody)))]
+async fn list_ports(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
+    answer::<reply::list_ports, _>(&e, ops::ListPorts { id }, StatusCode::OK).await
+}
+
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/ports/{port}", params(("id" = String, Path), ("port" = u16, Path, description = "the forward's host port")), responses((status = 200, body = Deleted), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn close_port(
+    State(e): State<Arc<Engine>>,
+    UrlPath((id, host_port)): UrlPath<(String, u16)>,
+) -> Api {
+    answer::<reply::close_port, _>(&e, ops::ClosePort { id, host_port }, StatusCode::OK).await
+}
+
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/resume", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
 async fn resume(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
     answer::<reply::resume, _>(&e, ops::Resume { id }, StatusCode::OK).await
@@ -745,6 +769,8 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::snapshot.path, post(snapshot))
         .route(op::fork.path, post(fork))
         .route(op::hibernate.path, post(hibernate))
+        .route(op::forward_port.path, post(forward_port).get(list_ports))
+        .route(op::close_port.path, axum::routing::delete(close_port))
         .route(op::resume.path, post(resume))
         .route(op::list_snapshots.path, get(list_snapshots))
         .route(

@@ -18,6 +18,7 @@ mod commands;
 mod error;
 mod lifecycle;
 pub mod ops;
+mod ports;
 mod request;
 mod store_ops;
 mod transfer;
@@ -42,6 +43,8 @@ struct Entry {
     expires_unix: Option<u64>,
     from_pool: bool,
     ttl_action: TtlAction,
+    /// Its port forwards (their listeners end with it).
+    ports: std::sync::Mutex<Vec<ports::Forward>>,
 }
 
 /// A hibernated sandbox: its whole state is the snapshot `snapshot`.
@@ -95,6 +98,7 @@ impl Entry {
             expires_unix,
             from_pool,
             ttl_action,
+            ports: Default::default(),
         }
     }
 
@@ -298,6 +302,7 @@ impl Engine {
 
     async fn removed(&self, entry: Entry) {
         let id = entry.sandbox.info().id.clone();
+        Engine::end_ports(&entry.ports).await;
         entry.sandbox.destroy().await;
         if let Some(db) = &self.db {
             if let Err(e) = db.remove(&id) {

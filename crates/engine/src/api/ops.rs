@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use super::{
     ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
     Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
-    InfoView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize,
-    Unpacked, Written,
+    InfoView, PortRequest, PortView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest,
+    StdinWritten, TerminalSize, Unpacked, Written,
 };
 use crate::commands::CommandLog;
 use crate::error::AgentError;
@@ -72,6 +72,13 @@ operations! {
     /// Copies of a sandbox (saved first) or of a snapshot; `source` names either.
     Fork { source: String, request: ForkRequest } -> ForkResult
         = |e, op| e.fork(&op.source, op.request).await;
+    /// A host port whose connections reach a port in the guest (until closed, or the sandbox
+    /// goes: a hibernation ends its forwards too).
+    ForwardPort { id: String, request: PortRequest } -> PortView
+        = |e, op| e.forward_port(&op.id, op.request).await;
+    ListPorts { id: String } -> Vec<PortView> = |e, op| e.ports(&op.id).await;
+    ClosePort { id: String, host_port: u16 } -> Deleted
+        = |e, op| e.close_port(&op.id, op.host_port).await;
     /// Saves a sandbox to disk and stops its VM; [`Resume`] brings it back with its processes.
     Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
     Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;

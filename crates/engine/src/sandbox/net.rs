@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::Duration;
 
-use forkbox_protocol::{encode_frame, HostMsg, TUNNEL_WINDOW};
+use forkbox_protocol::{encode_frame, HostMsg, HOST_TUNNEL, TUNNEL_WINDOW};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::OwnedWriteHalf;
 use tokio::sync::{mpsc, oneshot, Semaphore};
@@ -260,6 +260,9 @@ pub struct HostNet {
     pub refused: AtomicU64,
     /// The sandbox's secrets and the listener their connections end at, when it has any.
     secrets: RwLock<Option<Arc<crate::secrets::SecretProxy>>>,
+    /// Port forwards waiting for the agent's `ForwardReady`.
+    forwards: Mutex<HashMap<u32, oneshot::Sender<Option<String>>>>,
+    next_forward: AtomicU32,
 }
 
 type Writer = Arc<tokio::sync::Mutex<OwnedWriteHalf>>;
@@ -301,7 +304,83 @@ impl HostNet {
             bytes_in: AtomicU64::new(0),
             refused: AtomicU64::new(0),
             secrets: RwLock::new(None),
+            forwards: Mutex::new(HashMap::new()),
+            next_forward: AtomicU32::new(0),
         }
+    }
+
+    /// Carries `stream` (a connection a host program made to a port forward's listener) to
+    /// the guest's 127.0.0.1:`port`, as a tunnel the host opens: within [`MAX_TUNNELS`] and the
+    /// windows, like the guest's own. A port nobody listens on in the guest ends `stream` at
+    /// once with a reset (what a refused connection looks like), never a hang.
+    pub async fn forward(
+        self: &Arc<Self>,
+        port: u16,
+        stream: tokio::net::TcpStream,
+    ) -> Result<(), String> {
+        let refuse = |stream: tokio::net::TcpStream, why: String| {
+            let _ = stream.set_zero_linger();
+            drop(stream);
+            Err(why)
+        };
+        let tunnel = {
+            let mut open = lock(&self.open);
+            if open.len() >= MAX_TUNNELS {
+                drop(open);
+                return refuse(stream, format!("{MAX_TUNNELS} tunnels are open already"));
+            }
+            let tunnel = loop {
+                let n = self.next_forward.fetch_add(1, Ordering::Relaxed);
+                let t = HOST_TUNNEL | (n & !HOST_TUNNEL);
+                if !open.contains_key(&t) {
+                    break t;
+                }
+            };
+            open.insert(tunnel, Slot::Pending);
+            tunnel
+        };
+        let (tx, rx) = oneshot::channel();
+        lock(&self.forwards).insert(tunnel, tx);
+        let forget = |net: &Self| {
+            lock(&net.forwards).remove(&tunnel);
+            if matches!(lock(&net.open).get(&tunnel), Some(Slot::Pending)) {
+                lock(&net.open).remove(&tunnel);
+            }
+        };
+        if self
+            .outbox
+            .send(HostMsg::ForwardOpen { tunnel, port })
+            .await
+            .is_err()
+        {
+            forget(self);
+            return refuse(stream, "the sandbox's agent connection is gone".into());
+        }
+        match tokio::time::timeout(FORWARD_TIMEOUT, rx).await {
+            Ok(Ok(None)) => {}
+            Ok(Ok(Some(why))) => {
+                forget(self);
+                return refuse(stream, why);
+            }
+            _ => {
+                forget(self);
+                let _ = self.outbox.send(HostMsg::TunnelClose { tunnel }).await;
+                return refuse(
+                    stream,
+                    format!(
+                        "the guest's agent did not connect to port {port} within {} s",
+                        FORWARD_TIMEOUT.as_secs()
+                    ),
+                );
+            }
+        }
+        let addr = stream
+            .peer_addr()
+            .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
+        self.clone()
+            .carry(tunnel, addr, stream, Carry::Forward)
+            .await;
+        Ok(())
     }
 
     /// Gives this sandbox's connections to its secrets' hosts to `proxy` from now on (none:
@@ -406,7 +485,16 @@ impl HostNet {
     pub async fn on_agent(self: &Arc<Self>, msg: forkbox_protocol::AgentMsg) -> Result<(), String> {
         use forkbox_protocol::AgentMsg as A;
         match msg {
+            A::TunnelOpen { tunnel, .. } if tunnel & HOST_TUNNEL != 0 => {
+                self.violation(format!("tunnel {tunnel} opened with a host's number"))
+            }
             A::TunnelOpen { tunnel, host, port } => self.request(tunnel, host, port).await,
+            A::ForwardReady { tunnel, error } => {
+                if let Some(tx) = lock(&self.forwards).remove(&tunnel) {
+                    let _ = tx.send(error);
+                }
+                Ok(())
+            }
             A::TunnelData { tunnel, data } => {
                 self.bytes_out
                     .fetch_add(data.len() as u64, Ordering::Relaxed);
@@ -645,7 +733,7 @@ impl HostNet {
                 sandbox: self.name().to_string(),
             };
             return match proxy.connect(target).await {
-                Ok(s) => self.carry(tunnel, addr, s, false).await,
+                Ok(s) => self.carry(tunnel, addr, s, Carry::Secrets).await,
                 Err(e) => refuse(format!("{host}:{port}: the secrets' listener: {e}")).await,
             };
         }
@@ -658,7 +746,7 @@ impl HostNet {
                     return refuse(format!("{host}:{port} ({addr}): connection timed out")).await
                 }
             };
-        self.carry(tunnel, addr, stream, true).await;
+        self.carry(tunnel, addr, stream, Carry::Remote).await;
     }
 
     /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote at `addr`:
@@ -672,15 +760,16 @@ impl HostNet {
     /// bytes come more than [`FRESH_FOR`] after the connect, and the remote has said nothing,
     /// they go over a new connection to the same address (the old one closed unused); a
     /// server that speaks first (SSH, SMTP) has spoken by then and keeps its connection.
-    /// `may_swap` is false for a connection to the secrets' listener (it waits as long as the
-    /// guest takes).
+    /// Only a remote's connection is swapped so: the secrets' listener waits as long as the
+    /// guest takes, and a port forward's connection is a host program's.
     async fn carry(
         self: Arc<Self>,
         tunnel: u32,
         addr: SocketAddr,
         stream: tokio::net::TcpStream,
-        may_swap: bool,
+        kind: Carry,
     ) {
+        let may_swap = kind == Carry::Remote;
         let connected = std::time::Instant::now();
         let (rd, wr) = stream.into_split();
         let (swap_tx, swap_rx) = oneshot::channel::<Swap>();
@@ -703,15 +792,17 @@ impl HostNet {
                 remote_done: false,
             });
         }
-        // Ready goes into the queue before any data of this tunnel can.
-        if self
-            .outbox
-            .send(HostMsg::TunnelReady {
-                tunnel,
-                error: None,
-            })
-            .await
-            .is_err()
+        // Ready goes into the queue before any data of this tunnel can (a forward's tunnel
+        // the agent opened itself).
+        if kind != Carry::Forward
+            && self
+                .outbox
+                .send(HostMsg::TunnelReady {
+                    tunnel,
+                    error: None,
+                })
+                .await
+                .is_err()
         {
             return;
         }
@@ -856,6 +947,20 @@ impl HostNet {
         }
     }
 }
+
+/// What a tunnel carries, from the host's side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Carry {
+    /// A connection to the remote a guest program asked for.
+    Remote,
+    /// A connection to the sandbox's secrets' listener, for a secret's host.
+    Secrets,
+    /// A host program's connection to a port forward.
+    Forward,
+}
+
+/// How long the agent may take to connect a port forward in the guest.
+const FORWARD_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// What a tunnel's reader (remote -> guest) works with.
 struct Down {
@@ -1165,7 +1270,7 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         lock(&net.open).insert(9, Slot::Pending);
         let addr = listener.local_addr().unwrap();
-        net.clone().carry(9, addr, remote, true).await;
+        net.clone().carry(9, addr, remote, Carry::Remote).await;
         assert_eq!(net.tunnels(), 1);
         // The guest speaks, the server reads it and resets.
         guest_sends(&net, 9, b"ping").await;
@@ -1240,7 +1345,7 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(3, Slot::Pending);
-        net.clone().carry(3, addr, remote, true).await;
+        net.clone().carry(3, addr, remote, Carry::Remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 3, b"hello").await;
         let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
@@ -1278,7 +1383,7 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(4, Slot::Pending);
-        net.clone().carry(4, addr, remote, true).await;
+        net.clone().carry(4, addr, remote, Carry::Remote).await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 4, b"reply").await;
         let got = tokio::time::timeout(Duration::from_secs(10), server)
