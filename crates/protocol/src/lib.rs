@@ -257,17 +257,17 @@ pub enum HostMsg {
     TunnelClose {
         tunnel: u32,
     },
-    /// A connection to the guest's 127.0.0.1:`port` for a port forward: the agent connects and
+    /// A command run on a terminal (`ExecSpec::tty`) gets a new terminal size.
+    Resize {
+        id: u32,
+        size: WinSize,
+    },
+    /// (After `Resize`: the encodings of the messages before stay as they were.) A connection to the guest's 127.0.0.1:`port` for a port forward: the agent connects and
     /// answers [`AgentMsg::ForwardReady`]; the bytes then flow as on any tunnel. `tunnel` is
     /// numbered by the host, with [`HOST_TUNNEL`] set (the agent's own never have it).
     ForwardOpen {
         tunnel: u32,
         port: u16,
-    },
-    /// A command run on a terminal (`ExecSpec::tty`) gets a new terminal size.
-    Resize {
-        id: u32,
-        size: WinSize,
     },
 }
 

@@ -87,6 +87,10 @@ fn host_messages_encoding_is_pinned() {
             id: 2,
             size: WinSize { rows: 24, cols: 80 },
         }),
+        hex(&HostMsg::ForwardOpen {
+            tunnel: 1 << 31,
+            port: 8000,
+        }),
     ];
     let want = vec![
         "0001",
@@ -101,6 +105,7 @@ fn host_messages_encoding_is_pinned() {
         "0807022f64",
         "090802090901020168016d0304",
         "10021850",
+        "118080808008c03e",
     ];
     assert_eq!(got, want);
 }
@@ -206,10 +211,21 @@ fn tunnel_messages_encoding_is_pinned() {
             bytes: 10,
         }),
         hex(&AgentMsg::TunnelClose { tunnel: 1 }),
+        hex(&AgentMsg::ForwardReady {
+            tunnel: 1 << 31,
+            error: None,
+        }),
     ];
     assert_eq!(
         agent,
-        ["08010168bb03", "09010109", "0a01", "0b010a", "0c01"]
+        [
+            "08010168bb03",
+            "09010109",
+            "0a01",
+            "0b010a",
+            "0c01",
+            "0d808080800800"
+        ]
     );
 }
 
