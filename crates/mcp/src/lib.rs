@@ -244,6 +244,13 @@ fn secret_specs(args: Option<Vec<SecretArg>>) -> Result<Vec<forkbox_api::SecretS
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct PortArgs {
+    pub sandbox: String,
+    /// The port a server in the sandbox listens on (e.g. 3000).
+    pub guest_port: u16,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
 pub struct SandboxArgs {
     /// The sandbox id (sb-...).
     pub sandbox: String,
@@ -746,6 +753,22 @@ impl ForkboxMcp {
         try_tool!(self.session.check_visible(&a.sandbox));
         let v = try_tool!(self.c().resume(&a.sandbox).await);
         ok(serde_json::json!({ "sandbox": v.info.id, "state": v.state }))
+    }
+
+    #[tool(
+        description = "Make a port a server in the sandbox listens on reachable from the host: returns a URL (http://127.0.0.1:PORT/) whose connections reach the sandbox's 127.0.0.1:guest_port (HTTP, WebSocket or TCP), until the sandbox goes."
+    )]
+    async fn port_forward(&self, Parameters(a): Parameters<PortArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let req = forkbox_api::PortRequest {
+            guest_port: a.guest_port,
+            host_port: None,
+            address: None,
+        };
+        let v = try_tool!(self.c().forward_port(&a.sandbox, &req).await);
+        ok(
+            serde_json::json!({ "url": v.url, "host_port": v.host_port, "guest_port": v.guest_port }),
+        )
     }
 
     #[tool(description = "Delete a sandbox and its VM.")]

@@ -18,7 +18,7 @@ from mcp.client.streamable_http import streamable_http_client
 TOOLS = {
     "sandbox_create", "exec", "read_file", "write_file", "edit_file", "list_dir", "upload",
     "download", "git_diff", "snapshot", "fork", "hibernate", "resume", "destroy",
-    "list_sandboxes", "run_tests",
+    "list_sandboxes", "run_tests", "port_forward",
 }
 
 
@@ -107,6 +107,8 @@ async def secrets(s):
     assert made["secrets"] == [{"name": "T", "hosts": ["api.example.com"]}], made
     r = json.loads(await ok(s, "exec", sandbox=made["sandbox"], command="echo $T"))
     assert r["stdout"].startswith("fbxs_") and value not in r["stdout"], r
+    fwd = json.loads(await ok(s, "port_forward", sandbox=made["sandbox"], guest_port=8000))
+    assert fwd["url"].startswith("http://127.0.0.1:") and fwd["guest_port"] == 8000, fwd
     await ok(s, "destroy", sandbox=made["sandbox"])
     err, text = await call(s, "sandbox_create", secrets=[{"name": "T", "hosts": ["a.example.com"], "env": "NOT_SET_ANYWHERE"}])
     assert err and "$NOT_SET_ANYWHERE is not set" in text, text

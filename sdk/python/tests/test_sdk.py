@@ -5,6 +5,7 @@ import asyncio
 import json
 import os
 import tempfile
+import time
 
 import pytest
 
@@ -144,6 +145,29 @@ def test_a_secret_stays_outside_the_guest(rt):
         seen = s.exec(["sh", "-c", "echo $T"]).stdout.strip()
         assert seen.startswith("fbxs_") and value not in seen
         assert "api.example.com" in s.info["network"]["allow"]
+
+
+def test_a_guest_port_is_reached_through_a_forward(rt):
+    with rt.sandboxes.create(ttl_seconds=TTL) as s:
+        s.exec(["sh", "-c", "mkdir -p /tmp/w && echo served-by-the-guest > /tmp/w/i.txt"])
+        s.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp/w"])
+        url = s.ports.forward(8000)
+        assert url.startswith("http://") and [p["url"] for p in s.ports.list()] == [url]
+        with pytest.raises(ValueError):
+            s.ports.forward(0)
+        if os.environ.get("FORKBOX_TEST_NODES"):
+            return  # in a cluster the forward listens on the sandbox's node
+        import httpx
+        body = ""
+        for _ in range(240):
+            try:
+                body = httpx.get(url + "i.txt", timeout=30).text
+                break
+            except httpx.HTTPError:
+                time.sleep(0.5)
+        assert body.strip() == "served-by-the-guest", body
+        s.ports.close(int(url.rsplit(":", 1)[1].strip("/")))
+        assert s.ports.list() == []
 
 
 def test_a_pin_to_a_node_that_is_not_there_is_refused(rt):

@@ -421,6 +421,8 @@ export class Sandbox {
   readonly id: string;
   info: SandboxInfo;
   readonly files: Files;
+  /** Ports of the guest reached from this host: `await sbx.ports.forward(3000)` is a URL. */
+  readonly ports: Ports;
 
   constructor(
     private readonly rt: Runtime,
@@ -429,6 +431,7 @@ export class Sandbox {
     this.id = info.id;
     this.info = info;
     this.files = new Files(rt, info.id);
+    this.ports = new Ports(rt, info.id);
   }
 
   get persistent(): boolean {
@@ -531,6 +534,47 @@ export class DetachedCommand {
 }
 
 /** Files of a sandbox. Relative guest paths are taken from `/root`. */
+/** A port forward in force (the daemon's `PortView`). */
+export interface PortForward {
+  guest_port: number;
+  host_port: number;
+  address: string;
+  url: string;
+}
+
+/** Ports of a sandbox reached from this host: connections to the forward's host port reach
+ * the guest's 127.0.0.1:PORT (HTTP, WebSocket or plain TCP), until closed or the sandbox goes. */
+export class Ports {
+  constructor(
+    private readonly rt: Runtime,
+    private readonly id: string,
+  ) {}
+
+  /** Starts a forward; its URL (`http://127.0.0.1:HOST_PORT/`). */
+  async forward(guestPort: number, o: { hostPort?: number; address?: string } = {}): Promise<string> {
+    return (await this.open(guestPort, o)).url;
+  }
+
+  /** Starts a forward; all of it. */
+  open(guestPort: number, o: { hostPort?: number; address?: string } = {}): Promise<PortForward> {
+    if (!Number.isInteger(guestPort) || guestPort < 1 || guestPort > 65535) {
+      throw new ForkboxError(`guestPort ${guestPort}: give a port from 1 to 65535`);
+    }
+    const body: Record<string, unknown> = { guest_port: guestPort };
+    if (o.hostPort !== undefined) body.host_port = o.hostPort;
+    if (o.address !== undefined) body.address = o.address;
+    return this.rt.t.json<PortForward>("POST", `/sandboxes/${this.id}/ports`, { json: body });
+  }
+
+  list(): Promise<PortForward[]> {
+    return this.rt.t.json<PortForward[]>("GET", `/sandboxes/${this.id}/ports`);
+  }
+
+  async close(hostPort: number): Promise<void> {
+    await this.rt.t.json("DELETE", `/sandboxes/${this.id}/ports/${hostPort}`);
+  }
+}
+
 export class Files {
   constructor(
     private readonly rt: Runtime,

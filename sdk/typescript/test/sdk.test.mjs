@@ -143,6 +143,29 @@ test("a secret stays outside the guest", async () => {
   }
 });
 
+test("a guest port is reached through a forward", async () => {
+  const s = await rt.sandboxes.create({ ttlSeconds: TTL });
+  try {
+    await s.exec(["sh", "-c", "mkdir -p /tmp/w && echo served-by-the-guest > /tmp/w/i.txt"]);
+    await s.start(["python3", "-m", "http.server", "8000", "--bind", "127.0.0.1", "--directory", "/tmp/w"]);
+    const url = await s.ports.forward(8000);
+    assert.deepEqual((await s.ports.list()).map((p) => p.url), [url]);
+    assert.throws(() => s.ports.open(70000), ForkboxError);
+    if (process.env.FORKBOX_TEST_NODES) return; // in a cluster the forward listens on the sandbox's node
+    let body = "";
+    for (let i = 0; i < 240 && !body; i++) {
+      try {
+        body = await (await fetch(`${url}i.txt`)).text();
+      } catch {
+        await new Promise((r) => setTimeout(r, 500));
+      }
+    }
+    assert.equal(body.trim(), "served-by-the-guest");
+  } finally {
+    await s.stop();
+  }
+});
+
 test("a fork goes to the node it is pinned to", async () => {
   // In a cluster (the test names its nodes): a copy pinned to another node than its source's
   // runs there, its snapshot brought by chunks. One daemon: a pin is refused, naming the node.

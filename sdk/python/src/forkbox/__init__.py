@@ -13,12 +13,13 @@ Async: ``AsyncRuntime``, ``AsyncSandbox``. Where the daemon is: ``$FORKBOX_API``
 from ._async import (
     AsyncDetachedCommand,
     AsyncFiles,
+    AsyncPorts,
     AsyncRuntime,
     AsyncSandbox,
     AsyncSnapshot,
 )
 from ._common import DirEntry, ExecResult, Image, OutputEvent
-from ._sync import DetachedCommand, ExecStream, Files, Runtime, Sandbox, Snapshot
+from ._sync import DetachedCommand, ExecStream, Files, Ports, Runtime, Sandbox, Snapshot
 from .errors import (
     AuthError,
     BadRequest,
@@ -35,6 +36,7 @@ from .errors import (
 __all__ = [
     "AsyncDetachedCommand",
     "AsyncFiles",
+    "AsyncPorts",
     "AsyncRuntime",
     "AsyncSandbox",
     "AsyncSnapshot",
@@ -49,6 +51,7 @@ __all__ = [
     "ExecStream",
     "ExecTimeout",
     "Files",
+    "Ports",
     "ForkboxError",
     "Image",
     "InsufficientStorage",

@@ -230,6 +230,7 @@ class AsyncSandbox:
         self.id: str = view["id"]
         self.persistent = persistent or view.get("ttl_action") == "hibernate"
         self.files = AsyncFiles(self)
+        self.ports = AsyncPorts(self)
 
     @classmethod
     async def create(
@@ -401,6 +402,26 @@ class AsyncDetachedCommand:
 
     async def kill(self, signal: int = 15) -> None:
         await self.sandbox._rt._send("POST", self._path() + "/signal", json={"signal": signal})
+
+
+class AsyncPorts:
+    """Ports of a sandbox reached from this host (see ``Ports``)."""
+
+    def __init__(self, sandbox: "AsyncSandbox") -> None:
+        self._sbx = sandbox
+
+    async def forward(self, guest_port: int, *, host_port: Optional[int] = None, address: Optional[str] = None) -> str:
+        return (await self.open(guest_port, host_port=host_port, address=address))["url"]
+
+    async def open(self, guest_port: int, *, host_port: Optional[int] = None, address: Optional[str] = None) -> Dict[str, Any]:
+        body = c.port_body(guest_port, host_port, address)
+        return await self._sbx._rt._call("POST", f"/sandboxes/{self._sbx.id}/ports", json=body)
+
+    async def list(self) -> List[Dict[str, Any]]:
+        return await self._sbx._rt._call("GET", f"/sandboxes/{self._sbx.id}/ports")
+
+    async def close(self, host_port: int) -> None:
+        await self._sbx._rt._call("DELETE", f"/sandboxes/{self._sbx.id}/ports/{int(host_port)}")
 
 
 class AsyncFiles:

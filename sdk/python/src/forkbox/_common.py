@@ -264,6 +264,17 @@ def secrets_body(secrets: Optional[Sequence[Mapping[str, Any]]]) -> Optional[Lis
     return out
 
 
+def port_body(guest_port: int, host_port: Optional[int], address: Optional[str]) -> Dict[str, Any]:
+    if not isinstance(guest_port, int) or not 1 <= guest_port <= 65535:
+        raise ValueError(f"guest_port {guest_port!r}: give a port from 1 to 65535")
+    body: Dict[str, Any] = {"guest_port": guest_port}
+    if host_port is not None:
+        body["host_port"] = int(host_port)
+    if address is not None:
+        body["address"] = address
+    return body
+
+
 def create_body(
     image: Optional[str] = None,
     snapshot: Optional[str] = None,

@@ -250,6 +250,7 @@ class Sandbox:
         self.id: str = view["id"]
         self.persistent = persistent or view.get("ttl_action") == "hibernate"
         self.files = Files(self)
+        self.ports = Ports(self)
 
     @classmethod
     def create(
@@ -461,6 +462,30 @@ class DetachedCommand:
 
     def kill(self, signal: int = 15) -> None:
         self.sandbox._rt._send("POST", self._path() + "/signal", json={"signal": signal})
+
+
+class Ports:
+    """Ports of a sandbox reached from this host: ``sbx.ports.forward(3000)`` is a URL whose
+    connections reach the guest's 127.0.0.1:3000 (HTTP, WebSocket or plain TCP), until closed
+    or the sandbox goes."""
+
+    def __init__(self, sandbox: "Sandbox") -> None:
+        self._sbx = sandbox
+
+    def forward(self, guest_port: int, *, host_port: Optional[int] = None, address: Optional[str] = None) -> str:
+        """Starts a forward; returns its URL (``http://127.0.0.1:HOST_PORT/``)."""
+        return self.open(guest_port, host_port=host_port, address=address)["url"]
+
+    def open(self, guest_port: int, *, host_port: Optional[int] = None, address: Optional[str] = None) -> Dict[str, Any]:
+        """Starts a forward; returns it whole (``guest_port``, ``host_port``, ``address``, ``url``)."""
+        body = c.port_body(guest_port, host_port, address)
+        return self._sbx._rt._call("POST", f"/sandboxes/{self._sbx.id}/ports", json=body)
+
+    def list(self) -> List[Dict[str, Any]]:
+        return self._sbx._rt._call("GET", f"/sandboxes/{self._sbx.id}/ports")
+
+    def close(self, host_port: int) -> None:
+        self._sbx._rt._call("DELETE", f"/sandboxes/{self._sbx.id}/ports/{int(host_port)}")
 
 
 class Files:
