@@ -23,4 +23,8 @@ pub struct PortView {
     pub address: String,
     /// `http://ADDRESS:HOST_PORT/`, for a guest port that serves HTTP.
     pub url: String,
+    /// Through the daemon's TCP listener, when it has one: `http://PORT-ID.localhost:P/?
+    /// forkbox_preview=TOKEN`, the token good for this sandbox and port alone.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preview_url: Option<String>,
 }

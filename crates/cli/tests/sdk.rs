@@ -346,3 +346,158 @@ fn mcp_over_streamable_http_on_the_daemon() {
     assert!(out.contains("5 concurrent sessions"), "{out}");
     wait_nothing_left(&d);
 }
+
+/// One HTTP/1.0 request to `addr` with `Host: host` and the extra header lines `extra`; the
+/// whole answer.
+fn http(addr: &str, host: &str, path: &str, extra: &str) -> String {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(120))).unwrap();
+    write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}\r\n").unwrap();
+    let mut out = Vec::new();
+    let _ = s.read_to_end(&mut out);
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// `forkbox sandbox port-forward` through the daemon, and its preview URL on the daemon's TCP
+/// listener: the right token opens it (then a cookie of that host name), the token of another
+/// port or none is refused, a deleted sandbox's preview says so; bad ports are usage errors.
+#[test]
+fn port_forwards_and_preview_urls_through_the_daemon() {
+    let d = Daemon::start("ports-preview");
+    let cli = |args: &[&str]| {
+        d.client(Path::new(env!("CARGO_BIN_EXE_forkbox")))
+            .env("FORKBOX_HOME", d.paths.home())
+            .args(args)
+            .output()
+            .unwrap()
+    };
+    let text = |b: &[u8]| String::from_utf8_lossy(b).into_owned();
+    let out = cli(&["sandbox", "create", "--ttl", "900"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let id = text(&out.stdout).trim().to_string();
+    let out = cli(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /tmp/w && echo served-by-the-guest > /tmp/w/i.txt",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let out = cli(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--detach",
+        "--",
+        "python3",
+        "-m",
+        "http.server",
+        "3000",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        "/tmp/w",
+    ]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = cli(&["sandbox", "port-forward", &id, "3000", "--json"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let url = v["url"].as_str().unwrap().to_string();
+    let preview = v["preview_url"].as_str().unwrap().to_string();
+    let direct = url
+        .trim_start_matches("http://")
+        .trim_end_matches('/')
+        .to_string();
+    assert!(
+        infra::wait_until(Duration::from_secs(120), || {
+            http(&direct, "x", "/i.txt", "").contains("served-by-the-guest")
+        }),
+        "the guest's server never answered through {url}"
+    );
+
+    // The preview: Host PORT-ID.localhost:P, the token in the query once, then the cookie.
+    let tcp = d.tcp.trim_start_matches("http://").to_string();
+    let (host, query) = preview
+        .trim_start_matches("http://")
+        .split_once("/?")
+        .unwrap();
+    assert_eq!(
+        host,
+        format!("3000-{id}.localhost:{}", tcp.rsplit(':').next().unwrap())
+    );
+    let first = http(&tcp, host, &format!("/i.txt?{query}"), "");
+    assert!(
+        first.starts_with("HTTP/1.0 200") || first.starts_with("HTTP/1.1 200"),
+        "{first}"
+    );
+    assert!(first.contains("served-by-the-guest"), "{first}");
+    let cookie = first
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("set-cookie: ")
+                .or(l.strip_prefix("Set-Cookie: "))
+        })
+        .unwrap()
+        .split(';')
+        .next()
+        .unwrap()
+        .to_string();
+    assert!(
+        cookie.contains("HttpOnly") || first.contains("HttpOnly"),
+        "{first}"
+    );
+    let again = http(&tcp, host, "/i.txt", &format!("Cookie: {cookie}\r\n"));
+    assert!(again.contains("served-by-the-guest"), "{again}");
+    // No token; the token of port 3000 on port 5432's name; the API's own bearer token.
+    let none = http(&tcp, host, "/i.txt", "");
+    assert!(
+        none.contains(" 401 ") && none.contains("needs its token"),
+        "{none}"
+    );
+    let other = format!("5432-{id}.localhost:{}", tcp.rsplit(':').next().unwrap());
+    let wrong = http(&tcp, &other, &format!("/i.txt?{query}"), "");
+    assert!(wrong.contains(" 401 "), "{wrong}");
+    let bearer = http(
+        &tcp,
+        host,
+        "/v1/sandboxes",
+        &format!("Authorization: Bearer {}\r\n", d.token),
+    );
+    assert!(bearer.contains(" 401 "), "{bearer}");
+
+    // Bad ports: usage errors at once; a host port in use, said by the daemon.
+    let out = cli(&["sandbox", "port-forward", &id, "70000"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        text(&out.stderr).contains("not a port"),
+        "{}",
+        text(&out.stderr)
+    );
+    let taken = direct.rsplit(':').next().unwrap().to_string();
+    let out = cli(&["sandbox", "port-forward", &id, &format!("{taken}:3000")]);
+    assert!(!out.status.success());
+    assert!(
+        text(&out.stderr).contains("is in use"),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = cli(&["sandbox", "port-forward", &id]);
+    assert_eq!(
+        text(&out.stdout).lines().count(),
+        1,
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Gone: the preview says so, the forward's listener is closed.
+    let out = cli(&["sandbox", "rm", &id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let gone = http(&tcp, host, &format!("/i.txt?{query}"), "");
+    assert!(gone.contains(" 404 ") && gone.contains("is gone"), "{gone}");
+    assert!(std::net::TcpStream::connect(&direct).is_err());
+    d.assert_nothing_left();
+}

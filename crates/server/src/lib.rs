@@ -7,6 +7,7 @@ pub mod auth;
 pub mod cluster;
 pub mod doc;
 pub mod listen;
+pub mod preview;
 
 use std::collections::HashMap;
 use std::os::unix::fs::PermissionsExt;
@@ -413,8 +414,17 @@ async fn forward_port(
     UrlPath(id): UrlPath<String>,
     Body(request): Body<PortRequest>,
 ) -> Api {
-    answer::<reply::forward_port, _>(&e, ops::ForwardPort { id, request }, StatusCode::CREATED)
-        .await
+    let guest_port = request.guest_port;
+    let mut v: reply::forward_port = call(
+        &e,
+        ops::ForwardPort {
+            id: id.clone(),
+            request,
+        },
+    )
+    .await?;
+    v.preview_url = preview::url(&id, guest_port);
+    Ok((StatusCode::CREATED, Json(v)).into_response())
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/ports", params(("id" = String, Path)), responses((status = 200, body = Vec<PortView>), (status = 404, body = ErrorBody)))]
@@ -878,7 +888,12 @@ pub async fn serve(
                     gate,
                     auth::require_token,
                 ))
-                .layer(axum::middleware::from_fn(auth::refuse_browsers));
+                .layer(axum::middleware::from_fn(auth::refuse_browsers))
+                .layer(axum::middleware::from_fn_with_state(
+                    engine.clone(),
+                    preview::intercept,
+                ));
+            preview::enable(l.local_addr()?.port())?;
             let mut rx = stop_rx.clone();
             Some(tokio::spawn(listen::serve(l, app, async move {
                 let _ = rx.wait_for(|s| *s).await;

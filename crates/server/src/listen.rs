@@ -180,7 +180,9 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
                 .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(io), service);
+                .serve_connection(TokioIo::new(io), service)
+                // A preview URL's WebSocket (see `preview`) takes its connection over.
+                .with_upgrades();
             tokio::pin!(conn);
             let stopping = tokio::select! {
                 _ = conn.as_mut() => false,

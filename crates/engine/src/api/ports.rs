@@ -81,6 +81,7 @@ impl Engine {
             host_port: local.port(),
             address: local.ip().to_string(),
             url: format!("http://{host}:{}/", local.port()),
+            preview_url: None,
         };
         let net = sandbox.client().net.clone();
         let (guest_port, who) = (r.guest_port, id.to_string());
@@ -120,6 +121,39 @@ impl Engine {
             view.guest_port
         );
         Ok(view)
+    }
+
+    /// A connection to the guest's `guest_port` of sandbox `id`, for a proxy of the daemon's
+    /// own (a preview URL): this end of a loopback pair whose other end is carried to the
+    /// guest as a forward's connection is. A port nobody listens on resets it.
+    pub async fn connect_port(
+        &self,
+        id: &str,
+        guest_port: u16,
+    ) -> Result<tokio::net::TcpStream, EngineError> {
+        let sandbox = self.sandbox(id).await?;
+        let io = |e: std::io::Error| EngineError::Internal(format!("a loopback connection: {e}"));
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(io)?;
+        let addr = listener.local_addr().map_err(io)?;
+        let ours = tokio::net::TcpStream::connect(addr).await.map_err(io)?;
+        let mine = ours.local_addr().map_err(io)?;
+        // Only the connection just made (nothing else on the host can have its address).
+        let theirs = loop {
+            let (s, peer) = listener.accept().await.map_err(io)?;
+            if peer == mine {
+                break s;
+            }
+        };
+        let net = sandbox.client().net.clone();
+        let who = id.to_string();
+        tokio::spawn(async move {
+            if let Err(why) = net.forward(guest_port, theirs).await {
+                tracing::debug!("{who}: a preview of guest port {guest_port}: {why}");
+            }
+        });
+        Ok(ours)
     }
 
     /// The forwards of sandbox `id`.
