@@ -7,7 +7,11 @@
 #   fork_running - fork of a running sandbox that wrote ~100 MB into 1/3/10/20 copies at 1 and
 #           4 GiB, three generations, PSS per idle copy, idle CPU and memory per sandbox with 10
 #           and BENCH_IDLE (default 100) alive
-# `bench/run.sh boot` (or fork, fork_running) runs one of them; no argument runs all three.
+#   net   - secrets: an HTTPS request through a secret's connection against a plain CONNECT
+#           tunnel; ports: 100 MB and HTTP requests through a forward against `podman run -p`
+#           (or a veth into a namespace where podman cannot start a container)
+# `bench/run.sh boot` (or fork, fork_running, net) runs one of them; no argument runs the first
+# three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FORKBOX_BIN="$(scripts/build.sh)"

@@ -179,33 +179,13 @@ fn holding(dirs: &[&Path], since: std::time::SystemTime, needle: &[u8]) -> Vec<S
         .collect()
 }
 
-/// A CA of the test's own and a certificate for `ips` it issued: (CA PEM, cert PEM, key PEM).
-fn test_pki(ips: &[String]) -> (String, String, String) {
-    let ca_key = rcgen::KeyPair::generate().unwrap();
-    let mut ca = rcgen::CertificateParams::default();
-    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-    ca.distinguished_name
-        .push(rcgen::DnType::CommonName, "secrets test CA");
-    ca.key_usages = vec![
-        rcgen::KeyUsagePurpose::KeyCertSign,
-        rcgen::KeyUsagePurpose::DigitalSignature,
-    ];
-    let ca_cert = ca.self_signed(&ca_key).unwrap();
-    let issuer = rcgen::Issuer::new(ca, ca_key);
-    let key = rcgen::KeyPair::generate().unwrap();
-    let mut leaf = rcgen::CertificateParams::new(ips.to_vec()).unwrap();
-    leaf.use_authority_key_identifier_extension = true;
-    let cert = leaf.signed_by(&key, &issuer).unwrap();
-    (ca_cert.pem(), cert.pem(), key.serialize_pem())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
     let started = std::time::SystemTime::now() - std::time::Duration::from_secs(1);
     let dir = tempfile::tempdir().unwrap();
     let mut net = infra::TestNet::new();
     let [a, b] = net.peer_ips.clone();
-    let (ca, cert, key) = test_pki(&[a.clone(), b.clone()]);
+    let (ca, cert, key) = infra::test_pki(&[a.clone(), b.clone()]);
     let (ca_file, cert_file, key_file) = (
         dir.path().join("ca.pem"),
         dir.path().join("cert.pem"),

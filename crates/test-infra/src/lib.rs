@@ -512,3 +512,24 @@ fn python_venv(name: &str, check: &str, packages: &[&str]) -> PathBuf {
     });
     python
 }
+
+/// A CA of a test's own and a certificate for `ips` it issued: (CA PEM, certificate PEM, key
+/// PEM), for HTTPS servers the test runs in its network namespaces.
+pub fn test_pki(ips: &[String]) -> (String, String, String) {
+    let ca_key = rcgen::KeyPair::generate().expect("a CA key");
+    let mut ca = rcgen::CertificateParams::default();
+    ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+    ca.distinguished_name
+        .push(rcgen::DnType::CommonName, "forkbox test CA");
+    ca.key_usages = vec![
+        rcgen::KeyUsagePurpose::KeyCertSign,
+        rcgen::KeyUsagePurpose::DigitalSignature,
+    ];
+    let ca_cert = ca.self_signed(&ca_key).expect("a CA certificate");
+    let issuer = rcgen::Issuer::new(ca, ca_key);
+    let key = rcgen::KeyPair::generate().expect("a key");
+    let mut leaf = rcgen::CertificateParams::new(ips.to_vec()).expect("certificate parameters");
+    leaf.use_authority_key_identifier_extension = true;
+    let cert = leaf.signed_by(&key, &issuer).expect("a certificate");
+    (ca_cert.pem(), cert.pem(), key.serialize_pem())
+}
