@@ -313,6 +313,35 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
         "{out}"
     );
 
+    // The secrets' listener is on the host's loopback: a guest that asks its proxy for it
+    // (by address or name) is refused like for any host address.
+    let listener = sb.client().net.secrets_listener().unwrap();
+    let (code, probe) = run(
+        &sb,
+        &[
+            "python3",
+            "-c",
+            &format!(
+                "import http.client\n\
+                 for h in ['127.0.0.1', 'localhost']:\n\
+                 \x20   c = http.client.HTTPConnection('127.0.0.1', 3128, timeout=60)\n\
+                 \x20   c.set_tunnel(h, {})\n\
+                 \x20   try:\n\
+                 \x20       c.request('GET', '/'); print('REACHED', h)\n\
+                 \x20   except OSError as e:\n\
+                 \x20       print('refused', h, e)\n",
+                listener.port()
+            ),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{probe}");
+    assert!(
+        !probe.contains("REACHED") && probe.matches("refused").count() == 2,
+        "{probe}"
+    );
+
     // git: Basic credentials carrying the placeholder, after the server's 401.
     let (code, git) = run(
         &sb,

@@ -389,6 +389,15 @@ impl HostNet {
         *self.secrets.write().unwrap_or_else(|p| p.into_inner()) = proxy;
     }
 
+    /// Where the secrets' listener is, when the sandbox has secrets.
+    pub fn secrets_listener(&self) -> Option<SocketAddr> {
+        self.secrets
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .map(|p| p.addr())
+    }
+
     /// The secrets in force.
     pub fn secrets(&self) -> Option<Arc<crate::secrets::Secrets>> {
         self.secrets

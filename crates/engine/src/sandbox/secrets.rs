@@ -287,6 +287,11 @@ impl SecretProxy {
         })
     }
 
+    /// Where the listener is (on the host's loopback, which no guest may reach).
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
     /// A connection for a tunnel to `target`, served by this listener.
     pub(crate) async fn connect(&self, target: Target) -> std::io::Result<TcpStream> {
         let socket = TcpSocket::new_v4()?;
@@ -320,11 +325,13 @@ async fn serve(guest: TcpStream, t: Target, secrets: Arc<Secrets>) {
             return;
         }
     };
-    let accepted = tokio::time::timeout(
+    // The connection to the real host is made while the guest's handshake runs (a guest
+    // under emulation takes tens of ms for it): the request then waits for neither in turn.
+    let accept = tokio::time::timeout(
         HANDSHAKE,
         tokio_rustls::TlsAcceptor::from(config).accept(guest),
-    )
-    .await;
+    );
+    let (accepted, up) = tokio::join!(accept, upstream(&t));
     let guest_tls = match accepted {
         Ok(Ok(s)) => s,
         Ok(Err(e)) => {
@@ -338,7 +345,7 @@ async fn serve(guest: TcpStream, t: Target, secrets: Arc<Secrets>) {
         Err(_) => return,
     };
     let io = TokioIo::new(guest_tls);
-    let served = match upstream(&t).await {
+    let served = match up {
         Ok(sender) => {
             let sender = Arc::new(tokio::sync::Mutex::new(sender));
             let t = t.clone();
