@@ -50,15 +50,9 @@ fn port_spec(s: &str) -> Result<(Option<u16>, u16), String> {
 }
 
 /// `forkbox sandbox port-forward`: starts, closes or lists forwards.
-async fn port_forward(
-    c: &Client,
-    id: &str,
-    ports: Option<(Option<u16>, u16)>,
-    address: Option<String>,
-    close: bool,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    match (ports, close) {
+async fn port_forward(c: &Client, a: PortArgs) -> anyhow::Result<ExitCode> {
+    let (id, json, address) = (a.id.as_str(), a.json, a.address);
+    match (a.ports, a.close) {
         (None, true) => anyhow::bail!("--close needs the forward's HOST_PORT"),
         (Some((Some(_), _)), true) => {
             anyhow::bail!("--close takes the forward's HOST_PORT alone")
@@ -145,6 +139,27 @@ impl NetArgs {
             allow: self.allow.clone(),
         })
     }
+}
+
+/// `forkbox sandbox port-forward`'s arguments.
+#[derive(clap::Args)]
+pub struct PortArgs {
+    /// Sandbox id.
+    #[arg(value_parser = sandbox_id)]
+    pub id: String,
+    /// [HOST_PORT:]GUEST_PORT (the host port free when left out); with --close, the host port
+    /// of the forward to close.
+    #[arg(value_parser = port_spec)]
+    pub ports: Option<(Option<u16>, u16)>,
+    /// The host address to listen on (default 127.0.0.1).
+    #[arg(long)]
+    pub address: Option<String>,
+    /// Close the forward on HOST_PORT instead.
+    #[arg(long)]
+    pub close: bool,
+    /// Print the forward(s) as JSON.
+    #[arg(long)]
+    pub json: bool,
 }
 
 /// `forkbox sandbox create`'s arguments.
@@ -251,24 +266,7 @@ pub enum SandboxCmd {
     /// Reach a port a program in the guest listens on from this host: prints the URL. The
     /// forward lasts until closed (--close) or the sandbox goes (a hibernation ends it too).
     /// Without a port: lists the sandbox's forwards.
-    PortForward {
-        /// Sandbox id.
-        #[arg(value_parser = sandbox_id)]
-        id: String,
-        /// [HOST_PORT:]GUEST_PORT (the host port free when left out); with --close, the host
-        /// port of the forward to close.
-        #[arg(value_parser = port_spec)]
-        ports: Option<(Option<u16>, u16)>,
-        /// The host address to listen on (default 127.0.0.1).
-        #[arg(long)]
-        address: Option<String>,
-        /// Close the forward on HOST_PORT instead.
-        #[arg(long)]
-        close: bool,
-        /// Print the forward(s) as JSON.
-        #[arg(long)]
-        json: bool,
-    },
+    PortForward(PortArgs),
     /// Bring a hibernated sandbox back, with its processes.
     Resume {
         /// Sandbox id.
@@ -956,13 +954,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::Hibernate { ids, json } => {
                 each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
             }
-            SandboxCmd::PortForward {
-                id,
-                ports,
-                address,
-                close,
-                json,
-            } => port_forward(&c, &id, ports, address, close, json).await,
+            SandboxCmd::PortForward(a) => port_forward(&c, a).await,
             SandboxCmd::Resume { id, json } => {
                 let v = c.resume(&id).await?;
                 show(json, &v, || {

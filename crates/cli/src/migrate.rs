@@ -100,6 +100,14 @@ struct ConfigFile {
     migration: MigrationTable,
 }
 
+/// The config's `secrets` (`--secret`'s forms), their values read from the environment or files.
+fn config_secrets(forms: &[String]) -> Result<Vec<forkbox_engine::api::SecretSpec>, String> {
+    forms
+        .iter()
+        .map(|s| crate::daemon::secret_arg(s).map_err(|e| format!("secrets in the config: {e}")))
+        .collect()
+}
+
 /// Exit code of a usage error (as clap's own).
 const USAGE: u8 = 2;
 
@@ -211,13 +219,10 @@ fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
     if let Err(e) = setup_network.validate() {
         return Ok(Err(usage(format!("--setup-allow: {e}"))));
     }
-    let mut setup_secrets = Vec::new();
-    for s in &table.secrets {
-        match crate::daemon::secret_arg(s) {
-            Ok(spec) => setup_secrets.push(spec),
-            Err(e) => return Ok(Err(usage(format!("secrets in the config: {e}")))),
-        }
-    }
+    let mut setup_secrets = match config_secrets(&table.secrets) {
+        Ok(s) => s,
+        Err(e) => return Ok(Err(usage(e))),
+    };
     setup_secrets.extend(a.secrets);
     let mut share = table.share;
     share.extend(a.share);

@@ -16,7 +16,15 @@ const LAYERS: &[(&str, &[&str])] = &[
     ("lifecycle", &["lifecycle", "pool", "commands", "doctor"]),
     (
         "sandbox",
-        &["sandbox", "client", "files", "net", "diskwatch", "image"],
+        &[
+            "sandbox",
+            "client",
+            "files",
+            "net",
+            "secrets",
+            "diskwatch",
+            "image",
+        ],
     ),
     (
         "snapshot",
