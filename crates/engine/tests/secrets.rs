@@ -21,6 +21,20 @@ use forkbox_test_infra as infra;
 const SERVER: &str = r#"
 import base64, http.server, os, ssl, subprocess, sys
 addr, port, cert, key, value, repos = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6]
+WHEEL_NAME = 'tinypkg-1.0-py3-none-any.whl'
+def wheel():
+    import io, zipfile
+    b = io.BytesIO()
+    files = {
+        'tinypkg/__init__.py': 'VALUE = "installed through a secret"\n',
+        'tinypkg-1.0.dist-info/METADATA': 'Metadata-Version: 2.1\nName: tinypkg\nVersion: 1.0\n',
+        'tinypkg-1.0.dist-info/WHEEL': 'Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n',
+    }
+    files['tinypkg-1.0.dist-info/RECORD'] = ''.join('%s,,\n' % f for f in list(files) + ['tinypkg-1.0.dist-info/RECORD'])
+    with zipfile.ZipFile(b, 'w') as z:
+        for name, text in files.items():
+            z.writestr(name, text)
+    return b.getvalue()
 class H(http.server.BaseHTTPRequestHandler):
     protocol_version = 'HTTP/1.1'
     def reply(self, code, body, headers=()):
@@ -49,6 +63,11 @@ class H(http.server.BaseHTTPRequestHandler):
             ok = base64.b64decode(auth[6:]).decode().partition(':')[2] == value
         if not ok:
             return self.reply(401, 'credentials needed', [('WWW-Authenticate', 'Basic realm="t"')])
+        if self.path.startswith('/simple/'):
+            page = '<a href="/files/%s">%s</a>' % (WHEEL_NAME, WHEEL_NAME)
+            return self.reply(200, page, [('Content-Type', 'text/html')])
+        if self.path == '/files/' + WHEEL_NAME:
+            return self.reply(200, wheel(), [('Content-Type', 'application/octet-stream')])
         path, _, query = self.path[len('/git'):].partition('?')
         n = int(self.headers.get('Content-Length') or 0)
         body = self.rfile.read(n) if n else b''
@@ -355,6 +374,40 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
     .await;
     assert_eq!(code, 0, "{git}");
     assert!(git.contains("cloned through a secret"), "{git}");
+
+    // pip: an index URL with Basic credentials carrying the placeholder (pip run from the
+    // wheel Debian ships for venvs: the image has no pip of its own).
+    let (code, pip) = run(
+        &sb,
+        &[
+            "sh",
+            "-c",
+            &format!(
+                "python3 $(ls /usr/share/python-wheels/pip-*.whl)/pip install -q \
+                 --disable-pip-version-check --no-cache-dir --target /tmp/t \
+                 --index-url https://u:$TOKEN@{a}/simple tinypkg && \
+                 PYTHONPATH=/tmp/t python3 -c 'import tinypkg; print(tinypkg.VALUE)'"
+            ),
+        ],
+        &[],
+    )
+    .await;
+    assert_eq!(code, 0, "{pip}");
+    assert!(pip.contains("installed through a secret"), "{pip}");
+    // The guest's own store trusts the sandbox's CA too (programs that read no variable).
+    let (code, store) = run(
+        &sb,
+        &[
+            "python3",
+            "-c",
+            "a = open('/run/forkbox-host-ca.crt').read()\n\
+             ca = a[a.rindex('-----BEGIN CERTIFICATE-----'):].strip()\n\
+             print('in store' if ca in open('/etc/ssl/certs/ca-certificates.crt').read() else 'missing')",
+        ],
+        &[],
+    )
+    .await;
+    assert!(code == 0 && store.contains("in store"), "{store}");
 
     // A fork given the secret gets a placeholder of its own; one given none carries nothing
     // (the parent's placeholder goes out as it is).

@@ -86,6 +86,9 @@ fn new_id() -> Result<String, SandboxError> {
     Ok(format!("sb-{hex}"))
 }
 
+/// Debian's system CA bundle in the guest (OpenSSL's default file there).
+const GUEST_STORE: &str = "/etc/ssl/certs/ca-certificates.crt";
+
 impl Sandbox {
     pub async fn create(paths: &Paths, cfg: &SandboxConfig) -> Result<Sandbox, SandboxError> {
         runstate::sweep(paths);
@@ -287,6 +290,23 @@ impl Sandbox {
             .await
         {
             return Err(died(e, &self.console, self.client.failure()).await);
+        }
+        // And the guest's own store, for programs that read none of the variables (a public
+        // certificate; an image without the store keeps the variables alone).
+        let pem = secrets.ca_pem().as_bytes();
+        if let Ok(mut store) = self.client.read_file(GUEST_STORE).await {
+            if !store.windows(pem.len()).any(|w| w == pem) {
+                if !store.is_empty() && !store.ends_with(b"\n") {
+                    store.push(b'\n');
+                }
+                store.extend_from_slice(pem);
+                if let Err(e) = self.client.write_file(GUEST_STORE, &store, 0o644).await {
+                    tracing::info!(
+                        "{}: the sandbox CA is not in the guest's store: {e}",
+                        self.info.id
+                    );
+                }
+            }
         }
         self.client
             .net
