@@ -88,6 +88,8 @@ impl Engine {
         let task = tokio::spawn(async move {
             loop {
                 let Ok((stream, _)) = listener.accept().await else {
+                    // Out of descriptors, say: wait a moment rather than spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 };
                 let net = net.clone();

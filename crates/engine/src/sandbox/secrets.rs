@@ -269,6 +269,8 @@ impl SecretProxy {
         let accept = tokio::spawn(async move {
             loop {
                 let Ok((stream, peer)) = listener.accept().await else {
+                    // Out of descriptors, say: wait a moment rather than spin.
+                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 };
                 // Only connections this process registered: anyone else on the host gets
