@@ -86,21 +86,7 @@ while True:
 "#;
 
 async fn run(sb: &Sandbox, argv: &[&str], env: &[(&str, &str)]) -> String {
-    let out = sb
-        .run(forkbox_protocol::ExecSpec {
-            program: forkbox_protocol::Program::Argv(argv.iter().map(|a| a.to_string()).collect()),
-            cwd: None,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            timeout_ms: Some(1_800_000),
-            stdin: false,
-            tty: None,
-            user: None,
-        })
-        .await
-        .unwrap();
+    let out = sb.run(infra::argv(argv, env, 1_800_000)).await.unwrap();
     assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));
     out.stdout_text()
 }

@@ -12,19 +12,7 @@ use forkbox_test_infra as infra;
 
 async fn py(sb: &Sandbox, code: &str) -> String {
     let out = sb
-        .run(forkbox_protocol::ExecSpec {
-            program: forkbox_protocol::Program::Argv(vec![
-                "python3".into(),
-                "-c".into(),
-                code.into(),
-            ]),
-            cwd: None,
-            env: vec![],
-            timeout_ms: Some(120_000),
-            stdin: false,
-            tty: None,
-            user: None,
-        })
+        .run(infra::argv(&["python3", "-c", code], &[], 120_000))
         .await
         .unwrap();
     assert_eq!(out.code(), 0, "{}", String::from_utf8_lossy(&out.stderr));

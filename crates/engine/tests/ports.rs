@@ -88,20 +88,8 @@ async fn guest_ports_are_reached_from_the_host() {
     let sb = engine.sandbox(&id).await.unwrap();
     let sb2 = sb.clone();
     let servers = tokio::spawn(async move {
-        sb2.run(forkbox_protocol::ExecSpec {
-            program: forkbox_protocol::Program::Argv(vec![
-                "python3".into(),
-                "-c".into(),
-                SERVERS.into(),
-            ]),
-            cwd: None,
-            env: vec![],
-            timeout_ms: Some(3_600_000),
-            stdin: false,
-            tty: None,
-            user: None,
-        })
-        .await
+        sb2.run(infra::argv(&["python3", "-c", SERVERS], &[], 3_600_000))
+            .await
     });
     let forward = |guest_port: u16, host_port: Option<u16>| {
         let (engine, id) = (&engine, id.clone());

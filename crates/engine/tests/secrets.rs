@@ -107,21 +107,7 @@ print('placeholder', t)
 "#;
 
 async fn run(sb: &Sandbox, argv: &[&str], env: &[(&str, &str)]) -> (i32, String) {
-    let out = sb
-        .run(forkbox_protocol::ExecSpec {
-            program: forkbox_protocol::Program::Argv(argv.iter().map(|a| a.to_string()).collect()),
-            cwd: None,
-            env: env
-                .iter()
-                .map(|(k, v)| (k.to_string(), v.to_string()))
-                .collect(),
-            timeout_ms: Some(300_000),
-            stdin: false,
-            tty: None,
-            user: None,
-        })
-        .await
-        .unwrap();
+    let out = sb.run(infra::argv(argv, env, 300_000)).await.unwrap();
     let text = format!(
         "{}{}",
         out.stdout_text(),

@@ -199,6 +199,19 @@ pub fn sh(script: &str, timeout_ms: Option<u64>) -> ExecSpec {
     }
 }
 
+/// `argv` run directly, with `env` over the image's and a timeout.
+pub fn argv(argv: &[&str], env: &[(&str, &str)], timeout_ms: u64) -> ExecSpec {
+    ExecSpec {
+        program: Program::Argv(argv.iter().map(|a| a.to_string()).collect()),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        timeout_ms: Some(timeout_ms),
+        ..sh("", None)
+    }
+}
+
 /// A network namespace of the test's own, joined to the host by a veth pair: the host end has
 /// `host_ip`, the namespace end has `peer_ips` (two addresses), listeners started with
 /// [`TestNet::serve`] run inside it. Nothing here touches any other network; all of it is
