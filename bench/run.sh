@@ -10,7 +10,10 @@
 #   net   - secrets: an HTTPS request through a secret's connection against a plain CONNECT
 #           tunnel; ports: 100 MB and HTTP requests through a forward against `podman run -p`
 #           (or a veth into a namespace where podman cannot start a container)
-# `bench/run.sh boot` (or fork, fork_running, net) runs one of them; no argument runs the first
+#   console - the web console with 100 sandboxes: first paint and first draw in Chromium
+#           (BENCH_LOADS), the daemon's idle CPU with no page, one page and ten event streams open
+#           (BENCH_IDLE_SECS)
+# `bench/run.sh boot` (or fork, fork_running, net, console) runs one of them; no argument runs the first
 # three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,6 +22,8 @@ scripts/build.sh agent >/dev/null
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 for b in ${1:-boot fork fork_running}; do
     echo "== bench $b"
-    cargo bench --quiet --locked -p forkbox-engine --bench "$b"
+    pkg=forkbox-engine
+    [ "$b" = console ] && pkg=forkbox-cli
+    cargo bench --quiet --locked -p "$pkg" --bench "$b"
     echo
 done

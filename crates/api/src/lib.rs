@@ -6,6 +6,7 @@
 
 mod command;
 mod error;
+mod migration;
 mod network;
 mod pool;
 mod port;
@@ -19,6 +20,7 @@ mod snapshot;
 
 pub use command::*;
 pub use error::{Code, ErrorBody, Invalid};
+pub use migration::*;
 pub use network::*;
 pub use pool::*;
 pub use port::*;

@@ -112,6 +112,9 @@ routes! {
     get_snapshot: Get "/v1/snapshots/{id}" -> SnapshotMeta;
     delete_snapshot: Delete "/v1/snapshots/{id}" -> Deleted;
     fork_snapshot: Post "/v1/snapshots/{id}/fork" -> ForkResult;
+    list_migrations: Get "/v1/migrations" -> Vec<MigrationView>;
+    start_migration: Post "/v1/migrations" -> MigrationView;
+    migration_event: Post "/v1/migrations/{id}/events" -> MigrationView;
 }
 
 /// The route of operation `op`.

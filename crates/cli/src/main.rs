@@ -1,6 +1,7 @@
 //! `forkbox`: the command line. A thin adapter over `forkbox-engine`.
 #![forbid(unsafe_code)]
 
+mod announce;
 mod bundled;
 mod cluster;
 mod daemon;

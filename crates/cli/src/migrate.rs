@@ -136,13 +136,21 @@ pub fn migrate(paths: &Paths, a: MigrateArgs) -> anyhow::Result<ExitCode> {
     let board = Board::new(std::io::stderr().is_terminal());
     let ticker = board.clone().tick();
     let shown = board.clone();
+    // A daemon of this home shows the run in its console.
+    let told = Arc::new(rt.block_on(crate::announce::Announcer::start(paths, &cfg)));
+    let teller = told.clone();
     let report = rt.block_on(forkbox_migrate::migrate(
         paths,
         &cfg,
-        Arc::new(move |ev: Event<'_>| shown.event(ev)),
+        Arc::new(move |ev: Event<'_>| {
+            shown.event(ev);
+            teller.event(ev);
+        }),
     ));
     board.stop();
     let _ = ticker.join();
+    let said = report.as_ref().map_err(|e| e.to_string());
+    rt.block_on(told.finish(said, &cfg.out));
     let report = match report {
         Ok(r) => r,
         Err(e) => bail!("{e}"),

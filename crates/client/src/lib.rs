@@ -10,7 +10,8 @@ use std::path::PathBuf;
 use forkbox_api::routes::{op, reply, Method, Route};
 use forkbox_api::{
     ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CreateRequest, ExecRequest,
-    ForkRequest, ForkResult, SandboxState, SnapshotRequest, TerminalSize, Unpacked,
+    ForkRequest, ForkResult, MigrationEvent, MigrationStart, SandboxState, SnapshotRequest,
+    TerminalSize, Unpacked,
 };
 use forkbox_archive::ArchiveError;
 use futures_util::{Stream, StreamExt};
@@ -536,6 +537,29 @@ impl Client {
         };
         let (files, ()) = tokio::join!(forkbox_archive::unpack_into(rx, host_dir), feed);
         Ok(files?)
+    }
+
+    // -- migrations --------------------------------------------------------------------------
+
+    /// Registers a run of `forkbox migrate` with the daemon.
+    pub async fn start_migration(
+        &self,
+        start: &MigrationStart,
+    ) -> Result<reply::start_migration, ClientError> {
+        self.json(self.at(op::start_migration, &[]).json(start)).await
+    }
+
+    /// A registered run's progress, or its end.
+    pub async fn migration_event(
+        &self,
+        id: &str,
+        event: &MigrationEvent,
+    ) -> Result<reply::migration_event, ClientError> {
+        self.json(self.at(op::migration_event, &[id]).json(event)).await
+    }
+
+    pub async fn list_migrations(&self) -> Result<reply::list_migrations, ClientError> {
+        self.json(self.at(op::list_migrations, &[])).await
     }
 
     // -- snapshots and images ---------------------------------------------------------------

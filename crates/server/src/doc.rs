@@ -52,6 +52,9 @@ use super::*;
         get_snapshot,
         delete_snapshot,
         fork_snapshot,
+        list_migrations,
+        start_migration,
+        migration_event,
     ),
     components(schemas(ErrorBody, BuildProgress, CommandEvent, ArchiveFormat))
 )]

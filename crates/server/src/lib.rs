@@ -5,6 +5,7 @@
 
 pub mod auth;
 pub mod cluster;
+pub mod console;
 pub mod doc;
 pub mod listen;
 pub mod preview;
@@ -24,7 +25,8 @@ use forkbox_engine::api::routes::reply;
 use forkbox_engine::api::{
     ops, ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
-    ForkResult, GuestPath, Health, ImageView, InfoView, Operation, PolledChunk, PortRequest,
+    ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent, MigrationStart,
+    MigrationView, Operation, PolledChunk, PortRequest,
     PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked,
     Written,
 };
@@ -460,6 +462,27 @@ async fn delete_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<St
     answer::<reply::delete_snapshot, _>(&e, ops::DeleteSnapshot { name }, StatusCode::OK).await
 }
 
+#[utoipa::path(get, path = "/v1/migrations", responses((status = 200, description = "runs of `forkbox migrate` this daemon knows, newest first", body = Vec<MigrationView>)))]
+async fn list_migrations(State(e): State<Arc<Engine>>) -> Api {
+    answer::<reply::list_migrations, _>(&e, ops::ListMigrations {}, StatusCode::OK).await
+}
+
+#[utoipa::path(post, path = "/v1/migrations", request_body = MigrationStart, responses((status = 201, description = "the run, registered", body = MigrationView), (status = 400, body = ErrorBody)))]
+async fn start_migration(State(e): State<Arc<Engine>>, Body(start): Body<MigrationStart>) -> Api {
+    answer::<reply::start_migration, _>(&e, ops::StartMigration { start }, StatusCode::CREATED)
+        .await
+}
+
+#[utoipa::path(post, path = "/v1/migrations/{id}/events", params(("id" = String, Path, description = "the run")), request_body = MigrationEvent, responses((status = 200, body = MigrationView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn migration_event(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Body(event): Body<MigrationEvent>,
+) -> Api {
+    answer::<reply::migration_event, _>(&e, ops::MigrationProgress { id, event }, StatusCode::OK)
+        .await
+}
+
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TtlRequest {
@@ -788,6 +811,16 @@ pub fn router(engine: Arc<Engine>) -> Router {
             get(get_snapshot).delete(delete_snapshot),
         )
         .route(op::fork_snapshot.path, post(fork_snapshot))
+        .route(
+            op::list_migrations.path,
+            get(list_migrations).post(start_migration),
+        )
+        .route(
+            op::migration_event.path,
+            post(migration_event).layer(axum::extract::DefaultBodyLimit::max(
+                forkbox_engine::api::MAX_REPORT_BYTES * 2 + 65536,
+            )),
+        )
         .route(op::start_command.path, post(start_command))
         .route(op::command_poll.path, get(command_poll))
         .route(op::command_events.path, get(command_events))
@@ -869,35 +902,22 @@ pub async fn serve(
             None => r,
         }
     };
-    let app = with_extra(router(engine.clone()));
+    let console = console::Console::new(engine.clone(), with_extra(router(engine.clone())));
+    let app = with_extra(router(engine.clone())).layer(axum::middleware::from_fn_with_state(
+        console.on_socket(),
+        console::intercept,
+    ));
     let sweep = spawn_sweep(engine.clone(), node.clone());
     let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
     let tcp_task = match tcp {
         Some(addr) => {
-            let l = tokio::net::TcpListener::bind(addr).await?;
-            tracing::info!(
-                "forkbox daemon listening on {} (bearer tokens required)",
-                l.local_addr()?
-            );
             let gate = auth::Gate {
                 paths: paths.clone(),
                 node: node.clone(),
             };
-            let app = with_extra(router(engine.clone()))
-                .layer(axum::middleware::from_fn_with_state(
-                    gate,
-                    auth::require_token,
-                ))
-                .layer(axum::middleware::from_fn(auth::refuse_browsers))
-                .layer(axum::middleware::from_fn_with_state(
-                    engine.clone(),
-                    preview::intercept,
-                ));
-            preview::enable(l.local_addr()?.port())?;
-            let mut rx = stop_rx.clone();
-            Some(tokio::spawn(listen::serve(l, app, async move {
-                let _ = rx.wait_for(|s| *s).await;
-            })))
+            let api = with_extra(router(engine.clone()));
+            let tcp = serve_tcp(addr, api, &engine, gate, &console, stop_rx.clone());
+            Some(tcp.await?)
         }
         None => None,
     };
@@ -916,6 +936,41 @@ pub async fn serve(
     let _ = std::fs::remove_file(pid_path(&paths));
     drop(pid_file);
     Ok(())
+}
+
+/// Serves `api` on TCP at `addr` until `stop`: a bearer token for every call, nothing for a
+/// web page, the console at `/ui` and previews ahead of both.
+async fn serve_tcp(
+    addr: std::net::SocketAddr,
+    api: Router,
+    engine: &Arc<Engine>,
+    gate: auth::Gate,
+    console: &Arc<console::Console>,
+    mut stop: tokio::sync::watch::Receiver<bool>,
+) -> std::io::Result<tokio::task::JoinHandle<()>> {
+    let l = tokio::net::TcpListener::bind(addr).await?;
+    tracing::info!(
+        "forkbox daemon listening on {} (bearer tokens required)",
+        l.local_addr()?
+    );
+    let app = api
+        .layer(axum::middleware::from_fn_with_state(
+            gate.clone(),
+            auth::require_token,
+        ))
+        .layer(axum::middleware::from_fn(auth::refuse_browsers))
+        .layer(axum::middleware::from_fn_with_state(
+            console.on_tcp(gate),
+            console::intercept,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            engine.clone(),
+            preview::intercept,
+        ));
+    preview::enable(l.local_addr()?.port())?;
+    Ok(tokio::spawn(listen::serve(l, app, async move {
+        let _ = stop.wait_for(|s| *s).await;
+    })))
 }
 
 /// TTLs are absolute deadlines; a sweep enforces them each second (in a cluster, the expired

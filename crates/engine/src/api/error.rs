@@ -19,6 +19,8 @@ pub enum EngineError {
     NotHibernated(String),
     #[error("sandbox {0} has no command {1}")]
     NoSuchCommand(String, String),
+    #[error("no migration run {0}")]
+    NoSuchMigration(String),
     #[error("bad request: {0}")]
     BadRequest(String),
     /// A request body over its limit.
@@ -55,6 +57,7 @@ impl EngineError {
             EngineError::NoSuchCommand(..) => Code::CommandNotFound,
             EngineError::Hibernated(_) => Code::SandboxHibernated,
             EngineError::NotHibernated(_) => Code::SandboxNotHibernated,
+            EngineError::NoSuchMigration(_) => Code::NotFound,
             EngineError::BadRequest(_) => Code::BadRequest,
             EngineError::TooLarge(_) => Code::PayloadTooLarge,
             EngineError::Snapshot(e) => snapshot_code(e),

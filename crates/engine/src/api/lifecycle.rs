@@ -261,6 +261,7 @@ impl Engine {
             .filter(|(_, e)| e.ttl_action == TtlAction::Hibernate)
             .map(|(id, _)| id.clone())
             .collect();
+        let hibernated = !sleepy.is_empty();
         for id in sleepy {
             if let Err(e) = self.hibernate(&id).await {
                 tracing::warn!("{id}: its TTL passed but it could not be hibernated: {e}");
@@ -270,6 +271,9 @@ impl Engine {
         for e in expired {
             ids.push(e.sandbox.info().id.clone());
             self.removed(e).await;
+        }
+        if hibernated || !ids.is_empty() {
+            self.changed();
         }
         ids
     }

@@ -17,6 +17,7 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 mod commands;
 mod error;
 mod lifecycle;
+mod migrations;
 pub mod ops;
 mod ports;
 mod request;
@@ -175,6 +176,27 @@ pub struct Engine {
     served: transfer::Served,
     /// Held (read) while a snapshot is assembled from chunks, (write) while `objects/` is swept.
     assembling: tokio::sync::RwLock<()>,
+    /// Moves on with every change an operation or the sweep makes.
+    changes: Changes,
+    /// Runs of `forkbox migrate` that registered here.
+    migrations: migrations::Migrations,
+}
+
+/// A counter that moves on with every change to what the engine holds (an operation that is
+/// not marked `[keeps]`, a TTL that ran out): what a live view (the console's event stream)
+/// waits on, instead of asking again and again.
+struct Changes(tokio::sync::watch::Sender<u64>);
+
+impl Default for Changes {
+    fn default() -> Self {
+        Changes(tokio::sync::watch::channel(0).0)
+    }
+}
+
+impl Changes {
+    fn bump(&self) {
+        self.0.send_modify(|n| *n = n.wrapping_add(1));
+    }
 }
 
 fn now_unix() -> u64 {
@@ -197,7 +219,19 @@ impl Engine {
             node: std::sync::OnceLock::new(),
             served: Default::default(),
             assembling: Default::default(),
+            changes: Default::default(),
+            migrations: Default::default(),
         }
+    }
+
+    /// A receiver that sees a new value after each change to what this engine holds.
+    pub fn changes(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.changes.0.subscribe()
+    }
+
+    /// Says that what this engine holds changed outside an operation.
+    pub(crate) fn changed(&self) {
+        self.changes.bump();
     }
 
     /// The daemon's engine: what it reports created is in `state.db` in forkbox's home, and a
@@ -463,7 +497,11 @@ impl Engine {
 
     /// Carries out `op`: the one way into the engine, whatever the front end.
     pub async fn call<O: Operation>(&self, op: O) -> Result<O::Reply, EngineError> {
-        op.run(self).await
+        let reply = op.run(self).await;
+        if O::CHANGES {
+            self.changed();
+        }
+        reply
     }
 
     fn list_snapshots(&self) -> Vec<SnapshotMeta> {

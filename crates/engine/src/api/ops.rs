@@ -11,7 +11,7 @@ use tokio::sync::mpsc;
 use super::{
     ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
     Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
-    InfoView, PortRequest, PortView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest,
+    InfoView, MigrationStart, MigrationView, PortRequest, PortView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest,
     StdinWritten, TerminalSize, Unpacked, Written,
 };
 use crate::commands::CommandLog;
@@ -21,6 +21,11 @@ use crate::image::{ImageRef, Recipe};
 /// One operation of the engine: the request (the type's fields) and the reply it gives.
 pub trait Operation: Send + Sized + 'static {
     type Reply: Send + 'static;
+    /// Whether carrying it out may change what the engine holds (sandboxes, snapshots,
+    /// images, ports): [`Engine::call`](super::Engine::call) then moves the engine's change
+    /// counter on, which live views wait on. Those that keep them as they were (reads,
+    /// commands in a guest, files) are marked `[keeps]` below.
+    const CHANGES: bool = true;
     /// Carries the operation out on `engine`.
     fn run(self, engine: &Engine) -> impl Future<Output = Result<Self::Reply, EngineError>> + Send;
 }
@@ -28,9 +33,11 @@ pub trait Operation: Send + Sized + 'static {
 /// Declares each operation: a struct with public fields, and its [`Operation`] impl running
 /// `body` with the engine as `e` and the operation as `op`.
 macro_rules! operations {
+    (@changes) => { true };
+    (@changes keeps) => { false };
     ($(
         $(#[$doc:meta])*
-        $name:ident { $($field:ident : $ty:ty),* $(,)? } -> $reply:ty = |$e:ident, $op:ident| $body:expr;
+        $name:ident { $($field:ident : $ty:ty),* $(,)? } -> $reply:ty $([$kind:ident])? = |$e:ident, $op:ident| $body:expr;
     )+) => {$(
         $(#[$doc])*
         #[derive(Debug)]
@@ -38,6 +45,7 @@ macro_rules! operations {
 
         impl Operation for $name {
             type Reply = $reply;
+            const CHANGES: bool = operations!(@changes $($kind)?);
             #[allow(unused_variables)]
             async fn run(self, $e: &Engine) -> Result<$reply, EngineError> {
                 let $op = self;
@@ -51,12 +59,12 @@ operations! {
     /// Makes a sandbox: from the warm pool, the image's template or a snapshot.
     Create { request: CreateRequest } -> SandboxView = |e, op| e.create(op.request).await;
     /// A sandbox's view, hibernated or running.
-    Get { id: String } -> SandboxView = |e, op| e.view(&op.id).await;
+    Get { id: String } -> SandboxView [keeps] = |e, op| e.view(&op.id).await;
     /// Sandboxes (hibernated ones too) with the label and in the state given, oldest first.
-    List { label: Option<(String, String)>, state: Option<SandboxState> } -> Vec<SandboxView>
+    List { label: Option<(String, String)>, state: Option<SandboxState> } -> Vec<SandboxView> [keeps]
         = |e, op| Ok(e.list(op.label, op.state).await);
     /// Runs a command to its end; its output capped.
-    Exec { id: String, request: ExecRequest } -> ExecResult
+    Exec { id: String, request: ExecRequest } -> ExecResult [keeps]
         = |e, op| e.exec(&op.id, op.request).await;
     /// Stops and removes a sandbox (or the snapshot a hibernated one sleeps in).
     Delete { id: String } -> Deleted = |e, op| e.delete(op.id).await;
@@ -76,20 +84,20 @@ operations! {
     /// goes: a hibernation ends its forwards too).
     ForwardPort { id: String, request: PortRequest } -> PortView
         = |e, op| e.forward_port(&op.id, op.request).await;
-    ListPorts { id: String } -> Vec<PortView> = |e, op| e.ports(&op.id).await;
+    ListPorts { id: String } -> Vec<PortView> [keeps] = |e, op| e.ports(&op.id).await;
     ClosePort { id: String, host_port: u16 } -> Deleted
         = |e, op| e.close_port(&op.id, op.host_port).await;
     /// Saves a sandbox to disk and stops its VM; [`Resume`] brings it back with its processes.
     Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
     Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;
-    ListSnapshots {} -> Vec<SnapshotMeta> = |e, op| Ok(e.list_snapshots());
+    ListSnapshots {} -> Vec<SnapshotMeta> [keeps] = |e, op| Ok(e.list_snapshots());
     /// The names of the snapshots held here (a cluster node's record: no figures computed).
-    SnapshotNames {} -> Vec<String> = |e, op| Ok(e.snapshot_names());
-    GetSnapshot { name: String } -> SnapshotMeta = |e, op| e.get_snapshot(&op.name);
+    SnapshotNames {} -> Vec<String> [keeps] = |e, op| Ok(e.snapshot_names());
+    GetSnapshot { name: String } -> SnapshotMeta [keeps] = |e, op| e.get_snapshot(&op.name);
     /// Deletes a snapshot no sandbox depends on.
     DeleteSnapshot { name: String } -> Deleted = |e, op| e.delete_snapshot(op.name).await;
-    ListImages {} -> Vec<ImageView> = |e, op| Ok(e.list_images());
-    GetImage { reference: ImageRef } -> ImageView = |e, op| e.get_image(&op.reference);
+    ListImages {} -> Vec<ImageView> [keeps] = |e, op| Ok(e.list_images());
+    GetImage { reference: ImageRef } -> ImageView [keeps] = |e, op| e.get_image(&op.reference);
     RemoveImage { reference: ImageRef } -> ImageView = |e, op| e.remove_image(&op.reference).await;
     /// Builds an image; progress goes to `events` when given. `recipe` is parsed and checked
     /// from the front end's request ([`build_recipe`](super::build_recipe)); `source` is its
@@ -103,29 +111,29 @@ operations! {
         events: Option<mpsc::Sender<BuildProgress>>,
     } -> ImageView = |e, op| e.build_image(op.recipe, op.source, op.if_changed, op.events).await;
     /// A file's bytes.
-    ReadFile { id: String, path: GuestPath } -> Vec<u8> = |e, op| e.read_file(&op.id, &op.path).await;
-    WriteFile { id: String, path: GuestPath, data: Vec<u8>, mode: u32 } -> Written
+    ReadFile { id: String, path: GuestPath } -> Vec<u8> [keeps] = |e, op| e.read_file(&op.id, &op.path).await;
+    WriteFile { id: String, path: GuestPath, data: Vec<u8>, mode: u32 } -> Written [keeps]
         = |e, op| e.write_file(&op.id, &op.path, &op.data, op.mode).await;
-    ListDir { id: String, path: GuestPath } -> DirListing = |e, op| e.list_dir(&op.id, &op.path).await;
+    ListDir { id: String, path: GuestPath } -> DirListing [keeps] = |e, op| e.list_dir(&op.id, &op.path).await;
     /// What this host and engine are.
-    Info {} -> InfoView = |e, op| Ok(e.info().await);
+    Info {} -> InfoView [keeps] = |e, op| Ok(e.info().await);
     /// Starts a command that outlives the request; its output is kept (see
     /// [`KEEP_COMMANDS`](super::KEEP_COMMANDS)).
-    StartCommand { id: String, request: ExecRequest } -> CommandStarted
+    StartCommand { id: String, request: ExecRequest } -> CommandStarted [keeps]
         = |e, op| Ok(CommandStarted { command_id: e.start_command(&op.id, op.request).await? });
     /// A started command's output past chunk `from`, and its exit once it ended.
-    PollCommand { id: String, command_id: String, from: usize } -> CommandPoll
+    PollCommand { id: String, command_id: String, from: usize } -> CommandPoll [keeps]
         = |e, op| e.poll(&op.id, op.command_id, op.from).await;
     /// The log of a started command, to follow from its start.
-    AttachCommand { id: String, command_id: String } -> Arc<CommandLog>
+    AttachCommand { id: String, command_id: String } -> Arc<CommandLog> [keeps]
         = |e, op| e.command(&op.id, &op.command_id).await;
-    SignalCommand { id: String, command_id: String, signal: i32 } -> ()
+    SignalCommand { id: String, command_id: String, signal: i32 } -> () [keeps]
         = |e, op| {
             e.command(&op.id, &op.command_id).await?.signal(op.signal).await;
             Ok(())
         };
     /// A new size for a started command's terminal.
-    ResizeCommand { id: String, command_id: String, size: TerminalSize } -> ()
+    ResizeCommand { id: String, command_id: String, size: TerminalSize } -> () [keeps]
         = |e, op| {
             let size = op.size.checked()?;
             e.command(&op.id, &op.command_id).await?.resize(size).await;
@@ -134,27 +142,27 @@ operations! {
     /// Feeds a started command's standard input with chunks as they arrive; closes it after
     /// them when `close`.
     WriteStdin { id: String, command_id: String, chunks: mpsc::Receiver<Vec<u8>>, close: bool }
-        -> StdinWritten = |e, op| e.write_stdin(&op.id, &op.command_id, op.chunks, op.close).await;
+        -> StdinWritten [keeps] = |e, op| e.write_stdin(&op.id, &op.command_id, op.chunks, op.close).await;
     /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
     PutArchive { id: String, path: String, format: ArchiveFormat, chunks: mpsc::Receiver<Vec<u8>> }
-        -> Unpacked = |e, op| e.put_archive(&op.id, &op.path, op.format, op.chunks).await;
+        -> Unpacked [keeps] = |e, op| e.put_archive(&op.id, &op.path, op.format, op.chunks).await;
     /// `path` in the sandbox as an archive: its chunks as they come; an error ends it early.
     GetArchive { id: String, path: String, format: ArchiveFormat }
-        -> mpsc::Receiver<Result<Vec<u8>, AgentError>>
+        -> mpsc::Receiver<Result<Vec<u8>, AgentError>> [keeps]
         = |e, op| e.get_archive(&op.id, &op.path, op.format).await;
     /// A snapshot held here as chunks (see [`crate::snapshot::chunks`]), encoded.
-    SnapshotManifest { name: String } -> Vec<u8> = |e, op| e.manifest_of(&op.name).await;
+    SnapshotManifest { name: String } -> Vec<u8> [keeps] = |e, op| e.manifest_of(&op.name).await;
     /// Chunks of a snapshot held here, their bytes one after another.
-    SnapshotChunks { name: String, hashes: Vec<crate::snapshot::chunks::Hash> } -> Vec<u8>
+    SnapshotChunks { name: String, hashes: Vec<crate::snapshot::chunks::Hash> } -> Vec<u8> [keeps]
         = |e, op| e.chunks_of(&op.name, op.hashes).await;
     /// How this node would assemble a snapshot it lacks; refused when it would not fit.
-    PlanPull { manifest: crate::snapshot::chunks::Manifest } -> crate::snapshot::chunks::Plan
+    PlanPull { manifest: crate::snapshot::chunks::Manifest } -> crate::snapshot::chunks::Plan [keeps]
         = |e, op| e.plan_pull(op.manifest).await;
     /// Starts assembling a snapshot (its RAM file, the base copied) while its chunks come.
     StagePull { base: Option<std::path::PathBuf>, mem_len: u64 } -> std::path::PathBuf
         = |e, op| e.stage(op.base, op.mem_len).await;
     /// Drops a staged assembly whose chunks did not all come.
-    DiscardStaged { staged: std::path::PathBuf } -> ()
+    DiscardStaged { staged: std::path::PathBuf } -> () [keeps]
         = |e, op| {
             crate::snapshot::chunks::discard(&op.staged);
             Ok(())
@@ -166,15 +174,52 @@ operations! {
         staged: std::path::PathBuf,
     } -> SnapshotMeta = |e, op| e.assemble(op.plan, op.fetched, op.staged).await;
     /// An image held here as chunks, encoded.
-    ImageManifest { reference: ImageRef } -> Vec<u8> = |e, op| e.image_manifest_of(&op.reference).await;
+    ImageManifest { reference: ImageRef } -> Vec<u8> [keeps] = |e, op| e.image_manifest_of(&op.reference).await;
     /// How this node would assemble an image it lacks; refused when it would not fit.
     PlanImagePull { manifest: crate::snapshot::chunks::ImageManifest }
-        -> crate::snapshot::chunks::ImagePlan = |e, op| e.plan_image_pull(op.manifest).await;
+        -> crate::snapshot::chunks::ImagePlan [keeps] = |e, op| e.plan_image_pull(op.manifest).await;
     /// Assembles a planned image from this node's files and `fetched` (verified) chunks.
     AssembleImagePull {
         plan: crate::snapshot::chunks::ImagePlan,
         fetched: std::collections::HashMap<crate::snapshot::chunks::Hash, Vec<u8>>,
     } -> ImageView = |e, op| e.assemble_image(op.plan, op.fetched).await;
+    /// Runs of `forkbox migrate` this daemon knows, newest first.
+    ListMigrations {} -> Vec<MigrationView> [keeps] = |e, op| e.migrations();
+    /// A run of `forkbox migrate` registers.
+    StartMigration { start: MigrationStart } -> MigrationView = |e, op| e.start_migration(op.start);
+    /// A registered run's progress, or its end.
+    MigrationProgress { id: String, event: super::MigrationEvent } -> MigrationView
+        = |e, op| e.migration_event(&op.id, op.event);
     /// The metrics in the OpenMetrics text format.
-    Metrics {} -> String = |e, op| Ok(e.metrics().encode());
+    Metrics {} -> String [keeps] = |e, op| Ok(e.metrics().encode());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_keep_and_changes_change() {
+        // What a live view waits on: every change moves the counter, no read does.
+        const KEEPS: [bool; 6] = [
+            Get::CHANGES,
+            List::CHANGES,
+            ListSnapshots::CHANGES,
+            Exec::CHANGES,
+            ListMigrations::CHANGES,
+            Metrics::CHANGES,
+        ];
+        const CHANGE: [bool; 8] = [
+            Create::CHANGES,
+            Delete::CHANGES,
+            Fork::CHANGES,
+            Snapshot::CHANGES,
+            Hibernate::CHANGES,
+            Resume::CHANGES,
+            DeleteSnapshot::CHANGES,
+            MigrationProgress::CHANGES,
+        ];
+        assert_eq!(KEEPS, [false; 6]);
+        assert_eq!(CHANGE, [true; 8]);
+    }
 }

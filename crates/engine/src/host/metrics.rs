@@ -47,6 +47,16 @@ pub struct Metrics {
     pub snapshots_pulled: Counter,
     pub chunk_bytes_fetched: Counter,
     pub chunk_bytes_served: Counter,
+    /// Each sandbox's VM at its last sample: what a live view shows as "now".
+    usage: std::sync::Mutex<std::collections::HashMap<String, Usage>>,
+}
+
+/// A sandbox's VM at one sample: the share of a core it used since the sample before, and
+/// its resident memory.
+#[derive(Debug, Clone, Copy, Default, serde::Serialize)]
+pub struct Usage {
+    pub cpu_percent: f64,
+    pub rss_mib: f64,
 }
 
 impl Default for Metrics {
@@ -66,6 +76,7 @@ impl Default for Metrics {
             snapshots_pulled: Counter::default(),
             chunk_bytes_fetched: Counter::default(),
             chunk_bytes_served: Counter::default(),
+            usage: Default::default(),
         };
         m.registry = m.registry_with(Registry::with_prefix("forkbox"));
         m
@@ -175,17 +186,35 @@ impl Metrics {
         self.network_refused
             .get_or_create(&label)
             .set(i64::try_from(net.refused).unwrap_or(i64::MAX));
+        let mut now = Usage::default();
         if let Some(cpu) = process_cpu_seconds(pid) {
-            self.cpu_seconds.get_or_create(&label).set(cpu);
+            let gauge = self.cpu_seconds.get_or_create(&label);
+            let before = gauge.get();
+            gauge.set(cpu);
+            if before > 0.0 && interval_s > 0.0 {
+                now.cpu_percent = ((cpu - before).max(0.0) / interval_s * 100.0).min(100.0 * 1024.0);
+            }
         }
         if let Some(rss) = process_rss_mib(pid) {
             self.memory_mib_seconds
                 .get_or_create(&label)
                 .inc_by(rss * interval_s);
+            now.rss_mib = rss;
+        }
+        if let Ok(mut u) = self.usage.lock() {
+            u.insert(sandbox.to_string(), now);
         }
     }
 
+    /// Every sampled sandbox's VM at its last sample.
+    pub fn usage(&self) -> std::collections::HashMap<String, Usage> {
+        self.usage.lock().map(|u| u.clone()).unwrap_or_default()
+    }
+
     pub fn forget(&self, sandbox: &str) {
+        if let Ok(mut u) = self.usage.lock() {
+            u.remove(sandbox);
+        }
         let label = SandboxLabel {
             sandbox: sandbox.to_string(),
         };

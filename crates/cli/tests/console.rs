@@ -1,0 +1,345 @@
+//! The web console in Debian's Chromium against a real daemon on TCP: log in with a token, see a
+//! sandbox another process creates appear, run a command and read its output, fork ×3 and see
+//! the tree, delete and see it go; no element wider than the viewport at 1280×800 or 390×844;
+//! nothing without the session, and no action a page of another origin starts.
+
+#![allow(clippy::unwrap_used)] // a failed step fails the test
+
+mod common;
+
+use std::io::{Read, Write};
+use std::time::{Duration, Instant};
+
+use common::{forkbox, Daemon};
+use forkbox_test_infra as infra;
+use headless_chrome::protocol::cdp::Emulation;
+use headless_chrome::{Browser, LaunchOptions, Tab};
+
+fn chromium() -> std::path::PathBuf {
+    ["chromium", "chromium-browser", "google-chrome"]
+        .iter()
+        .find_map(|n| {
+            std::env::var_os("PATH").and_then(|paths| {
+                std::env::split_paths(&paths)
+                    .map(|d| d.join(n))
+                    .find(|p| p.is_file())
+            })
+        })
+        .expect("chromium is not installed (scripts/test.sh installs Debian's)")
+}
+
+fn browser() -> Browser {
+    let options = LaunchOptions::default_builder()
+        .path(Some(chromium()))
+        .headless(true)
+        .sandbox(false)
+        .window_size(Some((1280, 800)))
+        .idle_browser_timeout(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    Browser::new(options).unwrap()
+}
+
+/// `expr` (a JavaScript expression) in the page, as JSON.
+fn js(tab: &Tab, expr: &str) -> serde_json::Value {
+    let v = tab
+        .evaluate(&format!("JSON.stringify({expr})"), true)
+        .unwrap_or_else(|e| panic!("{expr}: {e}"));
+    v.value
+        .and_then(|s| s.as_str().map(str::to_string))
+        .and_then(|s| serde_json::from_str(&s).ok())
+        .unwrap_or(serde_json::Value::Null)
+}
+
+/// Waits until `expr` is true in the page; how long it took.
+fn until(tab: &Tab, expr: &str, limit: Duration) -> Duration {
+    let t = Instant::now();
+    while t.elapsed() < limit {
+        if js(tab, expr) == serde_json::Value::Bool(true) {
+            return t.elapsed();
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!(
+        "not within {limit:?}: {expr}\npage: {}",
+        js(tab, "document.getElementById('main') && document.getElementById('main').innerText")
+    );
+}
+
+/// A raw HTTP/1.1 request to the daemon; the status and the body.
+fn http(addr: &str, request: &str) -> (u16, String) {
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    s.write_all(request.as_bytes()).unwrap();
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    let status = out
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, out)
+}
+
+fn post(addr: &str, path: &str, headers: &str, body: &str) -> (u16, String) {
+    http(
+        addr,
+        &format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n{headers}\r\n{body}",
+            body.len()
+        ),
+    )
+}
+
+/// Elements that reach past the viewport's right edge, or the page scrolling sideways.
+const OVERFLOW: &str = "(() => { const w = document.documentElement.clientWidth; \
+    const wide = [...document.querySelectorAll('body *')].filter(e => { const r = e.getBoundingClientRect(); \
+    return r.width > 0 && r.right > w + 1; }).map(e => e.tagName + (e.id ? '#' + e.id : '') + '.' + e.className); \
+    if (document.documentElement.scrollWidth > w + 1) wide.push('page scrolls sideways: ' + document.documentElement.scrollWidth + ' > ' + w); \
+    return wide.slice(0, 10); })()";
+
+fn viewport(tab: &Tab, width: u32, height: u32, mobile: bool) {
+    tab.call_method(Emulation::SetDeviceMetricsOverride {
+        width,
+        height,
+        device_scale_factor: 1.0,
+        mobile,
+        scale: None,
+        screen_width: None,
+        screen_height: None,
+        position_x: None,
+        position_y: None,
+        dont_set_visible_size: None,
+        screen_orientation: None,
+        viewport: None,
+        display_feature: None,
+        device_posture: None,
+    })
+    .unwrap();
+}
+
+/// Every page at both sizes: nothing wider than the viewport; a screenshot of each kept.
+fn no_overflow(tab: &Tab, shots: &std::path::Path) {
+    for (w, h, mobile) in [(1280, 800, false), (390, 844, true)] {
+        viewport(tab, w, h, mobile);
+        for page in ["sandboxes", "tree", "images", "migrations", "host"] {
+            tab.evaluate(&format!("location.hash = '#/{page}'"), false)
+                .unwrap();
+            until(
+                tab,
+                &format!("document.querySelector('nav a[aria-current=page]').dataset.page === '{page}'"),
+                Duration::from_secs(5),
+            );
+            let wide = js(tab, OVERFLOW);
+            let png = tab
+                .capture_screenshot(
+                    headless_chrome::protocol::cdp::Page::CaptureScreenshotFormatOption::Png,
+                    None,
+                    None,
+                    true,
+                )
+                .unwrap();
+            let file = shots.join(format!("console-{page}-{w}x{h}.png"));
+            std::fs::write(&file, png).unwrap();
+            assert_eq!(wide, serde_json::json!([]), "{page} at {w}×{h} overflows ({})", file.display());
+        }
+    }
+    viewport(tab, 1280, 800, false);
+    tab.evaluate("location.hash = '#/sandboxes'", false).unwrap();
+}
+
+/// Serves one page that posts a form to the console (a page of another origin: another port).
+fn hostile_page(target: &str) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let html = format!(
+        "<!doctype html><form id=f method=post action=\"{target}\" enctype=\"text/plain\">\
+         <input name='{{\"count\":1,\"x' value='\"}}'></form><script>document.getElementById('f').submit()</script>"
+    );
+    std::thread::spawn(move || {
+        for s in l.incoming().flatten().take(4) {
+            let mut s = s;
+            let mut buf = [0u8; 4096];
+            let _ = s.read(&mut buf);
+            let _ = write!(
+                s,
+                "HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{html}",
+                html.len()
+            );
+        }
+    });
+    format!("http://{addr}/")
+}
+
+fn login(tab: &Tab, base: &str, token: &str) {
+    tab.navigate_to(&format!("{base}/ui/")).unwrap();
+    tab.wait_until_navigated().unwrap();
+    assert!(tab.get_url().ends_with("/ui/login"), "{}", tab.get_url());
+    // A wrong token: the page says so, and no session.
+    tab.wait_for_element("#token").unwrap().click().unwrap();
+    tab.type_str("fbx_not-a-token").unwrap().press_key("Enter").unwrap();
+    until(tab, "!!document.querySelector('.error')", Duration::from_secs(10));
+    tab.wait_for_element("#token").unwrap().click().unwrap();
+    tab.type_str(token).unwrap().press_key("Enter").unwrap();
+    until(tab, "!!document.getElementById('rows')", Duration::from_secs(10));
+    until(tab, "document.getElementById('live').textContent === 'live'", Duration::from_secs(10));
+}
+
+#[test]
+fn the_console_shows_sandboxes_live_and_acts_on_them() {
+    let d = Daemon::start("console");
+    let addr = d.tcp.trim_start_matches("http://").to_string();
+    // Nothing of the console without a session, not even with the API's token.
+    let (s, out) = http(&addr, &format!("GET /ui/ HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"));
+    assert_eq!(s, 303, "{out}");
+    assert!(out.contains("location: /ui/login"), "{out}");
+    for path in ["/ui/events", "/ui/api/v1/sandboxes"] {
+        let (s, out) = http(
+            &addr,
+            &format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\nConnection: close\r\n\r\n", d.token),
+        );
+        assert_eq!(s, 401, "{path}: {out}");
+    }
+
+    let b = browser();
+    let tab = b.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(30));
+    login(&tab, &d.tcp, &d.token);
+
+    // A sandbox created by another process shows up without the page asking.
+    let out = forkbox(&d.paths)
+        .args(["sandbox", "create", "--label", "who=console-test"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
+    let seen = until(&tab, &format!("!!document.querySelector('tr[data-id=\"{id}\"]')"), Duration::from_secs(10));
+    println!("FIGURE console: {id} shown {} ms after `sandbox create` returned", seen.as_millis());
+    assert!(seen < Duration::from_secs(1), "shown after {seen:?}");
+
+    // A command from the console, its output streamed into the page.
+    tab.wait_for_element(&format!("tr[data-id=\"{id}\"]")).unwrap().click().unwrap();
+    tab.wait_for_element("#command").unwrap().click().unwrap();
+    tab.type_str("echo hello-from-the-console; python3 -c 'print(6*7)'").unwrap().press_key("Enter").unwrap();
+    until(&tab, "document.getElementById('output').textContent === 'hello-from-the-console\\n42\\n'", Duration::from_secs(60));
+    until(&tab, "document.getElementById('message').textContent.startsWith('exit 0')", Duration::from_secs(10));
+
+    // Fork ×3: three copies in the table and under one snapshot in the tree.
+    tab.evaluate("document.getElementById('fork-count').value = '3'", false).unwrap();
+    tab.wait_for_element("#fork").unwrap().click().unwrap();
+    until(&tab, "document.getElementById('message').textContent.startsWith('3 copies of ')", Duration::from_secs(180));
+    let snapshot = js(&tab, "document.getElementById('message').textContent.split(' ')[3]");
+    let snapshot = snapshot.as_str().unwrap().to_string();
+    until(&tab, "document.querySelectorAll('#rows tr[data-id]').length === 4", Duration::from_secs(10));
+    tab.evaluate("location.hash = '#/tree'", false).unwrap();
+    until(
+        &tab,
+        &format!("document.querySelectorAll('li[data-key=\"b:{id}\"] li[data-key=\"s:{snapshot}\"] > ul > li[data-key^=\"b:\"]').length === 3"),
+        Duration::from_secs(10),
+    );
+
+    // Delete one copy from the console; it goes from the table and the tree.
+    tab.evaluate("location.hash = '#/sandboxes'", false).unwrap();
+    let copy = js(&tab, &format!("[...document.querySelectorAll('#rows tr[data-id]')].map(r => r.dataset.id).find(i => i !== '{id}')"));
+    let copy = copy.as_str().unwrap().to_string();
+    tab.wait_for_element(&format!("tr[data-id=\"{copy}\"]")).unwrap().click().unwrap();
+    tab.evaluate("window.confirm = () => true", false).unwrap();
+    tab.wait_for_element("#delete").unwrap().click().unwrap();
+    until(&tab, &format!("!document.querySelector('tr[data-id=\"{copy}\"]')"), Duration::from_secs(60));
+
+    no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+
+    // The session's cookie alone does not act: the CSRF token is needed, and an Origin of
+    // this daemon when one is sent.
+    let cookie = tab
+        .get_cookies()
+        .unwrap()
+        .into_iter()
+        .find(|c| c.name == "forkbox_console")
+        .expect("the session cookie");
+    assert!(cookie.http_only);
+    let csrf = js(&tab, "document.querySelector('meta[name=\"forkbox-csrf\"]').content");
+    let csrf = csrf.as_str().unwrap();
+    let hib = format!("/ui/api/v1/sandboxes/{copy}/hibernate");
+    let c = format!("Cookie: forkbox_console={}\r\n", cookie.value);
+    let (s, out) = post(&addr, &hib, &c, "");
+    assert_eq!(s, 403, "{out}");
+    let (s, out) = post(&addr, &hib, &format!("{c}X-Forkbox-CSRF: {csrf}\r\nOrigin: http://evil.example\r\n"), "");
+    assert_eq!(s, 403, "{out}");
+    let (s, out) = post(&addr, &hib, &format!("{c}X-Forkbox-CSRF: wrong\r\n"), "");
+    assert_eq!(s, 403, "{out}");
+
+    // A page of another origin posting a form, in the same browser (its cookie would go: the
+    // same site): refused, nothing made.
+    let before = js(&tab, "document.querySelectorAll('#rows tr[data-id]').length");
+    let evil = b.new_tab().unwrap();
+    evil.navigate_to(&hostile_page(&format!("{}/ui/api/v1/sandboxes/{id}/fork", d.tcp))).unwrap();
+    std::thread::sleep(Duration::from_secs(2));
+    let body = evil.get_content().unwrap_or_default();
+    assert!(body.contains("permission_denied") || body.contains("CSRF"), "{body}");
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(js(&tab, "document.querySelectorAll('#rows tr[data-id]').length"), before);
+
+    // Logging out ends the session.
+    tab.wait_for_element("#logout").unwrap().click().unwrap();
+    until(&tab, "location.pathname === '/ui/login'", Duration::from_secs(10));
+    let (s, _) = http(&addr, &format!("GET /ui/events HTTP/1.1\r\nHost: {addr}\r\n{c}Connection: close\r\n\r\n"));
+    assert_eq!(s, 401);
+
+    for v in infra::run_entries(&d.paths).into_iter().filter(|e| e.starts_with("sb-")) {
+        let _ = forkbox(&d.paths).args(["sandbox", "rm", &v]).output();
+    }
+}
+
+/// `forkbox migrate` of examples/legacykit (Python 3.9 → 3.13, three plans) beside a daemon:
+/// its console shows the run while it goes, then its verdicts and its report.
+#[test]
+fn a_migration_shows_live_to_its_verdicts() {
+    let d = Daemon::start("console-migrate");
+    let b = browser();
+    let tab = b.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(30));
+    login(&tab, &d.tcp, &d.token);
+    tab.evaluate("location.hash = '#/migrations'", false).unwrap();
+    until(&tab, "document.querySelector('nav a[aria-current=page]').dataset.page === 'migrations'", Duration::from_secs(5));
+
+    let out = tempfile::tempdir().unwrap();
+    let mut run = forkbox(&d.paths)
+        .current_dir(infra::repo_root())
+        .args(["migrate", "--config", "examples/migration.toml", "--out"])
+        .arg(out.path())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Live: the run appears while it runs, and a plan's phase moves on before the end.
+    until(&tab, "document.querySelectorAll('[data-run] .run-state').length === 1 && document.querySelector('[data-run] .run-state').textContent === 'running'", Duration::from_secs(120));
+    until(
+        &tab,
+        "[...document.querySelectorAll('[data-run] tr[data-plan] td:nth-child(2)')].some(td => td.textContent !== 'waiting') && document.querySelector('[data-run] .run-state').textContent === 'running'",
+        Duration::from_secs(600),
+    );
+    let status = run.wait().unwrap();
+    let mut stderr = String::new();
+    let _ = run.stderr.take().unwrap().read_to_string(&mut stderr);
+    assert!(status.success(), "migrate: {status}\n{stderr}");
+    // Its verdicts as the run decided them.
+    until(&tab, "document.querySelector('[data-run] .run-state').textContent === 'done'", Duration::from_secs(30));
+    let verdicts = js(&tab, "Object.fromEntries([...document.querySelectorAll('[data-run] tr[data-plan]')].map(r => [r.dataset.plan, r.querySelector('.verdict') && r.querySelector('.verdict').textContent]))");
+    assert_eq!(
+        verdicts,
+        serde_json::json!({"minimal": "accepted", "modernize": "accepted", "wrong": "rejected"})
+    );
+    let lost = js(&tab, "document.querySelector('[data-run] tr[data-plan=\"wrong\"] td:nth-child(7)').textContent");
+    assert!(lost.as_str().unwrap().contains("test_compare"), "{lost}");
+    assert_eq!(js(&tab, "document.querySelector('[data-run] .winner').textContent"), "Winner: minimal");
+    // Its report, served by the daemon in a document of its own.
+    let href = js(&tab, "document.querySelector('[data-run] a[href$=\"/report\"]').getAttribute('href')");
+    let report = b.new_tab().unwrap();
+    // (Tabs share the browser's cookies: the session goes with it.)
+    report.navigate_to(&format!("{}{}", d.tcp, href.as_str().unwrap())).unwrap();
+    report.wait_until_navigated().unwrap();
+    let html = report.get_content().unwrap();
+    assert!(html.contains("Winner: minimal"), "{html}");
+    no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
+}
