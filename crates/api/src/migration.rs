@@ -104,7 +104,8 @@ pub struct MigrationView {
     pub ended_unix: Option<u64>,
     /// The last steps of the run (at most 20).
     pub notes: Vec<String>,
-    pub plans: Vec<PlanProgress>,
+    /// Each plan's progress, in the order of `plans`.
+    pub progress: Vec<PlanProgress>,
     pub baseline: Option<(usize, usize)>,
     pub verdicts: Vec<PlanVerdict>,
     pub winner: Option<String>,
@@ -112,4 +113,48 @@ pub struct MigrationView {
     /// Whether the daemon holds its report (`/ui/migrations/{id}/report`).
     pub has_report: bool,
     pub out_dir: Option<String>,
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_run_reads_back_as_it_was_written() {
+        // (Its start is flattened into it: no field of the view may share a start's name.)
+        let v = MigrationView {
+            id: "mg-1".into(),
+            start: MigrationStart {
+                code: "/c".into(),
+                from: "a".into(),
+                to: "b".into(),
+                test: "t".into(),
+                plans: vec!["p".into()],
+                pid: 1,
+            },
+            state: MigrationState::Running,
+            started_unix: 1,
+            ended_unix: None,
+            notes: vec![],
+            progress: vec![PlanProgress {
+                plan: "p".into(),
+                phase: "testing".into(),
+                tests: 2,
+                since_unix: 1,
+            }],
+            baseline: Some((1, 2)),
+            verdicts: vec![],
+            winner: None,
+            error: None,
+            has_report: false,
+            out_dir: None,
+        };
+        let json = serde_json::to_string(&v).unwrap();
+        let back: MigrationView = serde_json::from_str(&json).unwrap();
+        assert_eq!(serde_json::to_string(&back).unwrap(), json);
+        let ev: MigrationEvent =
+            serde_json::from_str(r#"{"type":"phase","plan":"p","phase":"x","tests":1}"#).unwrap();
+        assert!(matches!(ev, MigrationEvent::Phase { tests: 1, .. }));
+    }
 }

@@ -332,43 +332,63 @@ fn a_migration_shows_live_to_its_verdicts() {
     tab.evaluate("location.hash = '#/migrations'", false).unwrap();
     until(&tab, "document.querySelector('nav a[aria-current=page]').dataset.page === 'migrations'", Duration::from_secs(5));
 
+    // Runs of earlier test runs on this home may be listed.
+    let before = js(&tab, "[...document.querySelectorAll('[data-run]')].map(e => e.dataset.run)");
     let out = tempfile::tempdir().unwrap();
+    let log = out.path().join("migrate.log");
     let mut run = forkbox(&d.paths)
         .current_dir(infra::repo_root())
         .args(["migrate", "--config", "examples/migration.toml", "--out"])
-        .arg(out.path())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::piped())
+        .arg(out.path().join("out"))
+        .stdout(std::fs::File::create(out.path().join("migrate.out")).unwrap())
+        .stderr(std::fs::File::create(&log).unwrap())
         .spawn()
         .unwrap();
-    // Live: the run appears while it runs, and a plan's phase moves on before the end.
-    until(&tab, "document.querySelectorAll('[data-run] .run-state').length === 1 && document.querySelector('[data-run] .run-state').textContent === 'running'", Duration::from_secs(120));
+    println!("step: migrate started");
+    // Live: the run appears while it runs (above those of earlier test runs),
+    // and a plan's phase moves on before the end.
+    let known = format!("{before}");
     until(
         &tab,
-        "[...document.querySelectorAll('[data-run] tr[data-plan] td:nth-child(2)')].some(td => td.textContent !== 'waiting') && document.querySelector('[data-run] .run-state').textContent === 'running'",
+        &format!("(() => {{ const r = document.querySelector('[data-run]'); return !!r && !{known}.includes(r.dataset.run) && r.querySelector('.run-state').textContent === 'running'; }})()"),
+        Duration::from_secs(300),
+    );
+    let id = js(&tab, "document.querySelector('[data-run]').dataset.run");
+    let run_sel = format!("[data-run=\"{}\"]", id.as_str().unwrap());
+    let q = |rest: &str| format!("document.querySelector('{run_sel}{rest}')");
+    until(
+        &tab,
+        &format!(
+            "[...document.querySelectorAll('{run_sel} tr[data-plan] td:nth-child(2)')].some(td => td.textContent !== 'waiting') && {}.textContent === 'running'",
+            q(" .run-state")
+        ),
         Duration::from_secs(600),
     );
+    println!("step: a plan moved on, live");
     let status = run.wait().unwrap();
-    let mut stderr = String::new();
-    let _ = run.stderr.take().unwrap().read_to_string(&mut stderr);
-    assert!(status.success(), "migrate: {status}\n{stderr}");
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(status.success(), "migrate: {status}\n{said}");
+    println!("step: migrate ended");
     // Its verdicts as the run decided them.
-    until(&tab, "document.querySelector('[data-run] .run-state').textContent === 'done'", Duration::from_secs(30));
-    let verdicts = js(&tab, "Object.fromEntries([...document.querySelectorAll('[data-run] tr[data-plan]')].map(r => [r.dataset.plan, r.querySelector('.verdict') && r.querySelector('.verdict').textContent]))");
+    until(&tab, &format!("{}.textContent === 'done'", q(" .run-state")), Duration::from_secs(30));
+    let verdicts = js(&tab, &format!("Object.fromEntries([...document.querySelectorAll('{run_sel} tr[data-plan]')].map(r => [r.dataset.plan, r.querySelector('.verdict') && r.querySelector('.verdict').textContent]))"));
     assert_eq!(
         verdicts,
         serde_json::json!({"minimal": "accepted", "modernize": "accepted", "wrong": "rejected"})
     );
-    let lost = js(&tab, "document.querySelector('[data-run] tr[data-plan=\"wrong\"] td:nth-child(7)').textContent");
+    let lost = js(&tab, &format!("{}.textContent", q(" tr[data-plan=\"wrong\"] td:nth-child(7)")));
     assert!(lost.as_str().unwrap().contains("test_compare"), "{lost}");
-    assert_eq!(js(&tab, "document.querySelector('[data-run] .winner').textContent"), "Winner: minimal");
-    // Its report, served by the daemon in a document of its own.
-    let href = js(&tab, "document.querySelector('[data-run] a[href$=\"/report\"]').getAttribute('href')");
+    assert_eq!(js(&tab, &format!("{}.textContent", q(" .winner"))), "Winner: minimal");
+    assert!(js(&tab, &format!("{}.textContent", q(" .steps"))).as_str().unwrap().contains("baseline 1/2: done"));
+    let href = js(&tab, &format!("{}.getAttribute('href')", q(" a[href$=\"/report\"]")));
     let report = b.new_tab().unwrap();
+    // Its report, served by the daemon in a document of its own.
     // (Tabs share the browser's cookies: the session goes with it.)
     report.navigate_to(&format!("{}{}", d.tcp, href.as_str().unwrap())).unwrap();
     report.wait_until_navigated().unwrap();
     let html = report.get_content().unwrap();
     assert!(html.contains("Winner: minimal"), "{html}");
+    report.close(false).unwrap();
+    tab.activate().unwrap();
     no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
 }

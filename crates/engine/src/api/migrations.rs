@@ -60,7 +60,7 @@ impl Engine {
         let now = super::now_unix();
         let view = MigrationView {
             id,
-            plans: start
+            progress: start
                 .plans
                 .iter()
                 .map(|p| PlanProgress {
@@ -166,7 +166,7 @@ fn apply(run: &mut MigrationView, event: MigrationEvent) {
             run.notes.drain(..excess);
         }
         MigrationEvent::Phase { plan, phase, tests } => {
-            match run.plans.iter_mut().find(|p| p.plan == plan) {
+            match run.progress.iter_mut().find(|p| p.plan == plan) {
                 Some(p) => {
                     if p.phase != phase {
                         p.since_unix = now;
@@ -174,7 +174,7 @@ fn apply(run: &mut MigrationView, event: MigrationEvent) {
                     p.phase = phase;
                     p.tests = tests;
                 }
-                None => run.plans.push(PlanProgress {
+                None => run.progress.push(PlanProgress {
                     plan,
                     phase,
                     tests,

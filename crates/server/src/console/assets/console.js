@@ -319,7 +319,7 @@ function runCard(m) {
     m.state === 'done' ? h('p', { class: 'winner' }, m.winner ? 'Winner: ' + m.winner : 'No plan was accepted.') : null,
     h('table', {},
       h('thead', {}, h('tr', {}, heads.map((t) => h('th', { scope: 'col' }, t)))),
-      h('tbody', {}, m.plans.map((p) => {
+      h('tbody', {}, m.progress.filter((p) => m.plans.includes(p.plan)).map((p) => {
         const v = verdict(p.plan);
         return h('tr', { 'data-plan': p.plan },
           cell('Plan', h('span', { class: 'mono' }, p.plan)),
@@ -331,6 +331,11 @@ function runCard(m) {
           cell('Lost tests', v && v.lost.length ? h('span', { class: 'mono' }, v.lost.join(', ')) : '–'),
           cell('Diff', v ? h('span', { class: 'mono', title: v.diff_stat }, v.diff_lines + ' lines') : '–'));
       }))),
+    (() => {
+      // The run's own steps (the baseline runs, preparing the new image) beside the plans.
+      const steps = m.progress.filter((p) => !m.plans.includes(p.plan));
+      return steps.length ? h('p', { class: 'muted steps' }, steps.map((p) => p.plan + ': ' + p.phase + (p.tests ? ' (' + p.tests + ' tests)' : '')).join(' · ')) : null;
+    })(),
     m.notes.length ? h('p', { class: 'muted' }, 'Last step: ' + m.notes[m.notes.length - 1]) : null,
     m.has_report ? h('p', {}, h('a', { href: '/ui/migrations/' + encodeURIComponent(m.id) + '/report', target: '_blank', rel: 'noopener' }, 'report.html'),
       h('span', { class: 'muted' }, ' (plans, verdicts, lost tests and each plan\'s diff)' + (m.out_dir ? '; also in ' + m.out_dir : ''))) : null);
