@@ -39,6 +39,17 @@ fi
 for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl kubectl; do
   command -v "$p" >/dev/null || { echo "test: $p is still missing after the install" >&2; exit 1; }
 done
+# A run writes ~4 GB of build output and up to ~15 GB under the test home on a fresh machine
+# (images, templates, a guest disk filled on purpose): say so now rather than fail tests mid-run.
+export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
+mkdir -p "$FORKBOX_TEST_HOME"
+free_gib=$(df --output=avail -BG "$FORKBOX_TEST_HOME" | tail -1 | tr -dc 0-9)
+if [ "$free_gib" -lt 8 ]; then
+  echo "test: only ${free_gib} GiB free under $FORKBOX_TEST_HOME; the tests need about 20 (free some, or set FORKBOX_TEST_HOME elsewhere)" >&2
+  exit 1
+elif [ "$free_gib" -lt 20 ]; then
+  echo "== warning: ${free_gib} GiB free under $FORKBOX_TEST_HOME; a run on a fresh machine needs about 20" >&2
+fi
 echo "== building the static guest agent" >&2
 scripts/build.sh agent >/dev/null
 echo "== installing host packages (forkbox setup)" >&2
@@ -46,7 +57,6 @@ cargo run --quiet --locked -p forkbox-cli -- setup
 command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no npm; install the npm that goes with it" >&2; exit 1; }
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' \
   || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }
-export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 # The corpus test (crates/migrate/tests/corpus.rs) runs real PyPI projects natively and through
 # forkbox migrate; FORKBOX_CORPUS=0 leaves it out (it needs PyPI and a Debian mirror).
 export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
