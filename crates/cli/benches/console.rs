@@ -85,7 +85,10 @@ fn main() {
     // 100 sandboxes: one, its snapshot, five forks of 20 (the last one replaces the first).
     let t = Instant::now();
     let first = cli(&d, &["sandbox", "create"]).trim().to_string();
-    cli(&d, &["sandbox", "snapshot", &first, "--name", "bench-console"]);
+    cli(
+        &d,
+        &["sandbox", "snapshot", &first, "--name", "bench-console"],
+    );
     for _ in 0..5 {
         cli(&d, &["sandbox", "fork", "bench-console", "--count", "20"]);
     }
@@ -175,7 +178,9 @@ fn main() {
         (ten - none) / 10.0
     );
     for id in cli(&d, &["sandbox", "ls", "--quiet"]).lines() {
-        let _ = forkbox(&d.paths).args(["sandbox", "rm", id.trim()]).output();
+        let _ = forkbox(&d.paths)
+            .args(["sandbox", "rm", id.trim()])
+            .output();
     }
     let _ = forkbox(&d.paths)
         .args(["snapshot", "rm", "bench-console"])

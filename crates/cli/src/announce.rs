@@ -104,7 +104,10 @@ impl Announcer {
 fn baseline(r: &MigrateReport) -> Option<MigrationEvent> {
     let results = serde_json::to_value(&r.baseline.results).ok()?;
     let all = results.as_object()?;
-    let passed = all.values().filter(|o| o.as_str() == Some("passed")).count();
+    let passed = all
+        .values()
+        .filter(|o| o.as_str() == Some("passed"))
+        .count();
     Some(MigrationEvent::Baseline {
         passed,
         total: all.len(),

@@ -62,7 +62,10 @@ fn until(tab: &Tab, expr: &str, limit: Duration) -> Duration {
     }
     panic!(
         "not within {limit:?}: {expr}\npage: {}",
-        js(tab, "document.getElementById('main') && document.getElementById('main').innerText")
+        js(
+            tab,
+            "document.getElementById('main') && document.getElementById('main').innerText"
+        )
     );
 }
 
@@ -144,7 +147,9 @@ fn no_overflow(tab: &Tab, shots: &std::path::Path) {
                 .unwrap();
             until(
                 tab,
-                &format!("document.querySelector('nav a[aria-current=page]').dataset.page === '{page}'"),
+                &format!(
+                    "document.querySelector('nav a[aria-current=page]').dataset.page === '{page}'"
+                ),
                 Duration::from_secs(5),
             );
             let wide = js(tab, OVERFLOW);
@@ -158,11 +163,17 @@ fn no_overflow(tab: &Tab, shots: &std::path::Path) {
                 .unwrap();
             let file = shots.join(format!("console-{page}-{w}x{h}.png"));
             std::fs::write(&file, png).unwrap();
-            assert_eq!(wide, serde_json::json!([]), "{page} at {w}×{h} overflows ({})", file.display());
+            assert_eq!(
+                wide,
+                serde_json::json!([]),
+                "{page} at {w}×{h} overflows ({})",
+                file.display()
+            );
         }
     }
     viewport(tab, 1280, 800, false);
-    tab.evaluate("location.hash = '#/sandboxes'", false).unwrap();
+    tab.evaluate("location.hash = '#/sandboxes'", false)
+        .unwrap();
 }
 
 /// Serves one page that posts a form to the console (a page of another origin: another port).
@@ -194,12 +205,27 @@ fn login(tab: &Tab, base: &str, token: &str) {
     assert!(tab.get_url().ends_with("/ui/login"), "{}", tab.get_url());
     // A wrong token: the page says so, and no session.
     tab.wait_for_element("#token").unwrap().click().unwrap();
-    tab.type_str("fbx_not-a-token").unwrap().press_key("Enter").unwrap();
-    until(tab, "!!document.querySelector('.error')", Duration::from_secs(10));
+    tab.type_str("fbx_not-a-token")
+        .unwrap()
+        .press_key("Enter")
+        .unwrap();
+    until(
+        tab,
+        "!!document.querySelector('.error')",
+        Duration::from_secs(10),
+    );
     tab.wait_for_element("#token").unwrap().click().unwrap();
     tab.type_str(token).unwrap().press_key("Enter").unwrap();
-    until(tab, "!!document.getElementById('rows')", Duration::from_secs(10));
-    until(tab, "document.getElementById('live').textContent === 'live'", Duration::from_secs(10));
+    until(
+        tab,
+        "!!document.getElementById('rows')",
+        Duration::from_secs(10),
+    );
+    until(
+        tab,
+        "document.getElementById('live').textContent === 'live'",
+        Duration::from_secs(10),
+    );
 }
 
 #[test]
@@ -207,7 +233,10 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
     let d = Daemon::start("console");
     let addr = d.tcp.trim_start_matches("http://").to_string();
     // Nothing of the console without a session, not even with the API's token.
-    let (s, out) = http(&addr, &format!("GET /ui/ HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"));
+    let (s, out) = http(
+        &addr,
+        &format!("GET /ui/ HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"),
+    );
     assert_eq!(s, 303, "{out}");
     assert!(out.contains("location: /ui/login"), "{out}");
     for path in ["/ui/events", "/ui/api/v1/sandboxes"] {
@@ -228,28 +257,65 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
         .args(["sandbox", "create", "--label", "who=console-test"])
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let id = String::from_utf8(out.stdout).unwrap().trim().to_string();
-    let seen = until(&tab, &format!("!!document.querySelector('tr[data-id=\"{id}\"]')"), Duration::from_secs(10));
-    println!("FIGURE console: {id} shown {} ms after `sandbox create` returned", seen.as_millis());
+    let seen = until(
+        &tab,
+        &format!("!!document.querySelector('tr[data-id=\"{id}\"]')"),
+        Duration::from_secs(10),
+    );
+    println!(
+        "FIGURE console: {id} shown {} ms after `sandbox create` returned",
+        seen.as_millis()
+    );
     assert!(seen < Duration::from_secs(1), "shown after {seen:?}");
 
     println!("step: a command");
     // A command from the console, its output streamed into the page.
-    tab.wait_for_element(&format!("tr[data-id=\"{id}\"]")).unwrap().click().unwrap();
+    tab.wait_for_element(&format!("tr[data-id=\"{id}\"]"))
+        .unwrap()
+        .click()
+        .unwrap();
     tab.wait_for_element("#command").unwrap().click().unwrap();
-    tab.type_str("echo hello-from-the-console; python3 -c 'print(6*7)'").unwrap().press_key("Enter").unwrap();
-    until(&tab, "document.getElementById('output').textContent === 'hello-from-the-console\\n42\\n'", Duration::from_secs(60));
-    until(&tab, "document.getElementById('message').textContent.startsWith('exit 0')", Duration::from_secs(10));
+    tab.type_str("echo hello-from-the-console; python3 -c 'print(6*7)'")
+        .unwrap()
+        .press_key("Enter")
+        .unwrap();
+    until(
+        &tab,
+        "document.getElementById('output').textContent === 'hello-from-the-console\\n42\\n'",
+        Duration::from_secs(60),
+    );
+    until(
+        &tab,
+        "document.getElementById('message').textContent.startsWith('exit 0')",
+        Duration::from_secs(10),
+    );
 
     println!("step: fork x3");
     // Fork ×3: three copies in the table and under one snapshot in the tree.
-    tab.evaluate("document.getElementById('fork-count').value = '3'", false).unwrap();
+    tab.evaluate("document.getElementById('fork-count').value = '3'", false)
+        .unwrap();
     tab.wait_for_element("#fork").unwrap().click().unwrap();
-    until(&tab, "document.getElementById('message').textContent.startsWith('3 copies of ')", Duration::from_secs(180));
-    let snapshot = js(&tab, "document.getElementById('message').textContent.split(' ')[3]");
+    until(
+        &tab,
+        "document.getElementById('message').textContent.startsWith('3 copies of ')",
+        Duration::from_secs(180),
+    );
+    let snapshot = js(
+        &tab,
+        "document.getElementById('message').textContent.split(' ')[3]",
+    );
     let snapshot = snapshot.as_str().unwrap().to_string();
-    until(&tab, "document.querySelectorAll('#rows tr[data-id]').length === 4", Duration::from_secs(10));
+    until(
+        &tab,
+        "document.querySelectorAll('#rows tr[data-id]').length === 4",
+        Duration::from_secs(10),
+    );
     tab.evaluate("location.hash = '#/tree'", false).unwrap();
     until(
         &tab,
@@ -259,13 +325,21 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
 
     println!("step: delete");
     // Delete one copy from the console; it goes from the table and the tree.
-    tab.evaluate("location.hash = '#/sandboxes'", false).unwrap();
+    tab.evaluate("location.hash = '#/sandboxes'", false)
+        .unwrap();
     let copy = js(&tab, &format!("[...document.querySelectorAll('#rows tr[data-id]')].map(r => r.dataset.id).find(i => i !== '{id}')"));
     let copy = copy.as_str().unwrap().to_string();
-    tab.wait_for_element(&format!("tr[data-id=\"{copy}\"]")).unwrap().click().unwrap();
+    tab.wait_for_element(&format!("tr[data-id=\"{copy}\"]"))
+        .unwrap()
+        .click()
+        .unwrap();
     tab.evaluate("window.confirm = () => true", false).unwrap();
     tab.wait_for_element("#delete").unwrap().click().unwrap();
-    until(&tab, &format!("!document.querySelector('tr[data-id=\"{copy}\"]')"), Duration::from_secs(60));
+    until(
+        &tab,
+        &format!("!document.querySelector('tr[data-id=\"{copy}\"]')"),
+        Duration::from_secs(60),
+    );
 
     println!("step: overflow");
     no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
@@ -280,7 +354,10 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
         .find(|c| c.name == "forkbox_console")
         .expect("the session cookie");
     assert!(cookie.http_only);
-    let csrf = js(&tab, "document.querySelector('meta[name=\"forkbox-csrf\"]').content");
+    let csrf = js(
+        &tab,
+        "document.querySelector('meta[name=\"forkbox-csrf\"]').content",
+    );
     let csrf = csrf.as_str().unwrap();
     let hib = format!("/ui/api/v1/sandboxes/{copy}/hibernate");
     let c = format!("Cookie: forkbox_console={}\r\n", cookie.value);
@@ -288,7 +365,12 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
     let (s, out) = post(&addr, &hib, &c, "");
     assert_eq!(s, 403, "{out}");
     println!("step: foreign origin");
-    let (s, out) = post(&addr, &hib, &format!("{c}X-Forkbox-CSRF: {csrf}\r\nOrigin: http://evil.example\r\n"), "");
+    let (s, out) = post(
+        &addr,
+        &hib,
+        &format!("{c}X-Forkbox-CSRF: {csrf}\r\nOrigin: http://evil.example\r\n"),
+        "",
+    );
     assert_eq!(s, 403, "{out}");
     let (s, out) = post(&addr, &hib, &format!("{c}X-Forkbox-CSRF: wrong\r\n"), "");
     assert_eq!(s, 403, "{out}");
@@ -296,26 +378,50 @@ fn the_console_shows_sandboxes_live_and_acts_on_them() {
     // A page of another origin posting a form, in the same browser (its cookie would go: the
     // same site): refused, nothing made.
     println!("step: another origin's form");
-    let before = js(&tab, "document.querySelectorAll('#rows tr[data-id]').length");
+    let before = js(
+        &tab,
+        "document.querySelectorAll('#rows tr[data-id]').length",
+    );
     let evil = b.new_tab().unwrap();
-    evil.navigate_to(&hostile_page(&format!("{}/ui/api/v1/sandboxes/{id}/fork", d.tcp))).unwrap();
+    evil.navigate_to(&hostile_page(&format!(
+        "{}/ui/api/v1/sandboxes/{id}/fork",
+        d.tcp
+    )))
+    .unwrap();
     std::thread::sleep(Duration::from_secs(2));
     let body = evil.get_content().unwrap_or_default();
-    assert!(body.contains("permission_denied") || body.contains("CSRF"), "{body}");
+    assert!(
+        body.contains("permission_denied") || body.contains("CSRF"),
+        "{body}"
+    );
     std::thread::sleep(Duration::from_secs(1));
-    assert_eq!(js(&tab, "document.querySelectorAll('#rows tr[data-id]').length"), before);
+    assert_eq!(
+        js(
+            &tab,
+            "document.querySelectorAll('#rows tr[data-id]').length"
+        ),
+        before
+    );
     evil.close(false).unwrap();
     tab.activate().unwrap();
 
     println!("step: log out");
     // Logging out ends the session.
-    tab.evaluate("document.getElementById('logout').click()", false).unwrap();
-    until(&tab, "location.pathname === '/ui/login'", Duration::from_secs(10));
+    tab.evaluate("document.getElementById('logout').click()", false)
+        .unwrap();
+    until(
+        &tab,
+        "location.pathname === '/ui/login'",
+        Duration::from_secs(10),
+    );
     println!("step: the session is gone");
     let events = format!("GET /ui/events HTTP/1.1\r\nHost: {addr}\r\n{c}Connection: close\r\n\r\n");
     assert_eq!(status(&addr, &events), 401);
 
-    for v in infra::run_entries(&d.paths).into_iter().filter(|e| e.starts_with("sb-")) {
+    for v in infra::run_entries(&d.paths)
+        .into_iter()
+        .filter(|e| e.starts_with("sb-"))
+    {
         let _ = forkbox(&d.paths).args(["sandbox", "rm", &v]).output();
     }
 }
@@ -329,11 +435,19 @@ fn a_migration_shows_live_to_its_verdicts() {
     let tab = b.new_tab().unwrap();
     tab.set_default_timeout(Duration::from_secs(30));
     login(&tab, &d.tcp, &d.token);
-    tab.evaluate("location.hash = '#/migrations'", false).unwrap();
-    until(&tab, "document.querySelector('nav a[aria-current=page]').dataset.page === 'migrations'", Duration::from_secs(5));
+    tab.evaluate("location.hash = '#/migrations'", false)
+        .unwrap();
+    until(
+        &tab,
+        "document.querySelector('nav a[aria-current=page]').dataset.page === 'migrations'",
+        Duration::from_secs(5),
+    );
 
     // Runs of earlier test runs on this home may be listed.
-    let before = js(&tab, "[...document.querySelectorAll('[data-run]')].map(e => e.dataset.run)");
+    let before = js(
+        &tab,
+        "[...document.querySelectorAll('[data-run]')].map(e => e.dataset.run)",
+    );
     let out = tempfile::tempdir().unwrap();
     let log = out.path().join("migrate.log");
     let mut run = forkbox(&d.paths)
@@ -370,21 +484,42 @@ fn a_migration_shows_live_to_its_verdicts() {
     assert!(status.success(), "migrate: {status}\n{said}");
     println!("step: migrate ended");
     // Its verdicts as the run decided them.
-    until(&tab, &format!("{}.textContent === 'done'", q(" .run-state")), Duration::from_secs(30));
+    until(
+        &tab,
+        &format!("{}.textContent === 'done'", q(" .run-state")),
+        Duration::from_secs(30),
+    );
     let verdicts = js(&tab, &format!("Object.fromEntries([...document.querySelectorAll('{run_sel} tr[data-plan]')].map(r => [r.dataset.plan, r.querySelector('.verdict') && r.querySelector('.verdict').textContent]))"));
     assert_eq!(
         verdicts,
         serde_json::json!({"minimal": "accepted", "modernize": "accepted", "wrong": "rejected"})
     );
-    let lost = js(&tab, &format!("{}.textContent", q(" tr[data-plan=\"wrong\"] td:nth-child(7)")));
+    let lost = js(
+        &tab,
+        &format!(
+            "{}.textContent",
+            q(" tr[data-plan=\"wrong\"] td:nth-child(7)")
+        ),
+    );
     assert!(lost.as_str().unwrap().contains("test_compare"), "{lost}");
-    assert_eq!(js(&tab, &format!("{}.textContent", q(" .winner"))), "Winner: minimal");
-    assert!(js(&tab, &format!("{}.textContent", q(" .steps"))).as_str().unwrap().contains("baseline 1/2: done"));
-    let href = js(&tab, &format!("{}.getAttribute('href')", q(" a[href$=\"/report\"]")));
+    assert_eq!(
+        js(&tab, &format!("{}.textContent", q(" .winner"))),
+        "Winner: minimal"
+    );
+    assert!(js(&tab, &format!("{}.textContent", q(" .steps")))
+        .as_str()
+        .unwrap()
+        .contains("baseline 1/2: done"));
+    let href = js(
+        &tab,
+        &format!("{}.getAttribute('href')", q(" a[href$=\"/report\"]")),
+    );
     let report = b.new_tab().unwrap();
     // Its report, served by the daemon in a document of its own.
     // (Tabs share the browser's cookies: the session goes with it.)
-    report.navigate_to(&format!("{}{}", d.tcp, href.as_str().unwrap())).unwrap();
+    report
+        .navigate_to(&format!("{}{}", d.tcp, href.as_str().unwrap()))
+        .unwrap();
     report.wait_until_navigated().unwrap();
     let html = report.get_content().unwrap();
     assert!(html.contains("Winner: minimal"), "{html}");

@@ -546,7 +546,8 @@ impl Client {
         &self,
         start: &MigrationStart,
     ) -> Result<reply::start_migration, ClientError> {
-        self.json(self.at(op::start_migration, &[]).json(start)).await
+        self.json(self.at(op::start_migration, &[]).json(start))
+            .await
     }
 
     /// A registered run's progress, or its end.
@@ -555,7 +556,8 @@ impl Client {
         id: &str,
         event: &MigrationEvent,
     ) -> Result<reply::migration_event, ClientError> {
-        self.json(self.at(op::migration_event, &[id]).json(event)).await
+        self.json(self.at(op::migration_event, &[id]).json(event))
+            .await
     }
 
     pub async fn list_migrations(&self) -> Result<reply::list_migrations, ClientError> {

@@ -169,22 +169,41 @@ pub async fn refuse_browsers(req: Request, next: Next) -> Response {
             ),
         );
     }
+    if let Some(refused) = misdirected(&req) {
+        return refused;
+    }
+    next.run(req).await
+}
+
+/// The refusal of a request whose `Host` is not this daemon's (see [`host_allowed`]).
+pub fn misdirected(req: &Request) -> Option<Response> {
     let host = req
         .headers()
         .get(header::HOST)
         .map(|h| String::from_utf8_lossy(h.as_bytes()).into_owned())
         .unwrap_or_default();
     let allowed = std::env::var("FORKBOX_ALLOWED_HOSTS").unwrap_or_default();
-    if !host.is_empty() && !host_allowed(&host, &allowed) {
-        return crate::refusal(
+    (!host.is_empty() && !host_allowed(&host, &allowed)).then(|| {
+        crate::refusal(
             Code::MisdirectedRequest,
             format!(
                 "Host {} is not a name of this daemon; use its IP address or localhost, or list the name in FORKBOX_ALLOWED_HOSTS where the daemon runs",
                 forkbox_engine::guestlog::quote(&host)
             ),
-        );
-    }
-    next.run(req).await
+        )
+    })
+}
+
+/// The value of cookie `name` a request carries.
+pub fn cookie(req: &Request, name: &str) -> Option<String> {
+    req.headers()
+        .get_all(header::COOKIE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(';'))
+        .filter_map(|kv| kv.trim().split_once('='))
+        .find(|(k, _)| *k == name)
+        .map(|(_, v)| v.to_string())
 }
 
 #[cfg(test)]

@@ -26,9 +26,8 @@ use forkbox_engine::api::{
     ops, ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
     CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
     ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent, MigrationStart,
-    MigrationView, Operation, PolledChunk, PortRequest,
-    PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked,
-    Written,
+    MigrationView, Operation, PolledChunk, PortRequest, PortView, SandboxState, SandboxView,
+    SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]

@@ -84,16 +84,7 @@ fn given(req: &Request) -> (Option<String>, bool) {
     if from_query.is_some() {
         return (from_query, true);
     }
-    let from_cookie = req
-        .headers()
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == PARAM)
-        .map(|(_, v)| v.to_string());
-    (from_cookie, false)
+    (crate::auth::cookie(req, PARAM), false)
 }
 
 /// The request's path and query without the token.

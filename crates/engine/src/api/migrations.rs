@@ -56,7 +56,10 @@ impl Engine {
                 "a migration names 1 to 64 plans".into(),
             ));
         }
-        let id = format!("mg-{}", crate::random::hex(5).map_err(|e| io("draw an id", e))?);
+        let id = format!(
+            "mg-{}",
+            crate::random::hex(5).map_err(|e| io("draw an id", e))?
+        );
         let now = super::now_unix();
         let view = MigrationView {
             id,

@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use super::{
     ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
     Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
-    InfoView, MigrationStart, MigrationView, PortRequest, PortView, SandboxState, SandboxView, SnapshotMeta, SnapshotRequest,
-    StdinWritten, TerminalSize, Unpacked, Written,
+    InfoView, MigrationStart, MigrationView, PortRequest, PortView, SandboxState, SandboxView,
+    SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use crate::commands::CommandLog;
 use crate::error::AgentError;

@@ -192,7 +192,8 @@ impl Metrics {
             let before = gauge.get();
             gauge.set(cpu);
             if before > 0.0 && interval_s > 0.0 {
-                now.cpu_percent = ((cpu - before).max(0.0) / interval_s * 100.0).min(100.0 * 1024.0);
+                now.cpu_percent =
+                    ((cpu - before).max(0.0) / interval_s * 100.0).min(100.0 * 1024.0);
             }
         }
         if let Some(rss) = process_rss_mib(pid) {

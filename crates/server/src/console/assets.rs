@@ -68,7 +68,10 @@ mod tests {
 
     #[test]
     fn state_cannot_close_its_script_element() {
-        let page = index_page("c\"sr<f", r#"{"labels":{"x":"</script><script>alert(1)</script>&"}}"#);
+        let page = index_page(
+            "c\"sr<f",
+            r#"{"labels":{"x":"</script><script>alert(1)</script>&"}}"#,
+        );
         assert!(!page.contains("</script><script>alert"));
         assert!(page.contains("\\u003c/script\\u003e"));
         assert!(page.contains("content=\"c&quot;sr&lt;f\""));

@@ -117,10 +117,7 @@ impl State {
     pub async fn now(engine: &Engine) -> State {
         State {
             sandboxes: sandboxes(engine).await,
-            snapshots: engine
-                .call(ops::ListSnapshots {})
-                .await
-                .unwrap_or_default(),
+            snapshots: engine.call(ops::ListSnapshots {}).await.unwrap_or_default(),
             images: engine.call(ops::ListImages {}).await.unwrap_or_default(),
             info: engine.call(ops::Info {}).await.ok(),
             migrations: engine

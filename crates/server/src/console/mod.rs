@@ -107,10 +107,7 @@ fn page(status: StatusCode, html: String) -> Response {
         header::CONTENT_SECURITY_POLICY,
         HeaderValue::from_static(assets::CSP),
     );
-    h.insert(
-        header::X_FRAME_OPTIONS,
-        HeaderValue::from_static("DENY"),
-    );
+    h.insert(header::X_FRAME_OPTIONS, HeaderValue::from_static("DENY"));
     h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
     h.insert(
         header::REFERRER_POLICY,
@@ -160,18 +157,12 @@ fn foreign(req: &Request) -> Option<String> {
 
 impl Access {
     async fn handle(self, req: Request) -> Response {
-        if self.gate.is_some() {
-            let host = host_of(&req);
-            let allowed = std::env::var("FORKBOX_ALLOWED_HOSTS").unwrap_or_default();
-            if !host.is_empty() && !crate::auth::host_allowed(&host, &allowed) {
-                return crate::refusal(
-                    Code::MisdirectedRequest,
-                    format!(
-                        "Host {} is not a name of this daemon; use its IP address or localhost, or list the name in FORKBOX_ALLOWED_HOSTS where the daemon runs",
-                        forkbox_engine::guestlog::quote(&host)
-                    ),
-                );
-            }
+        if let Some(refused) = self
+            .gate
+            .as_ref()
+            .and_then(|_| crate::auth::misdirected(&req))
+        {
+            return refused;
         }
         let path = req.uri().path().to_string();
         match (req.method().clone(), path.as_str()) {
@@ -197,12 +188,10 @@ impl Access {
             None if req.method() == Method::GET && matches!(path, "/ui" | "/ui/") => {
                 return redirect("/ui/login");
             }
-            None => {
-                return crate::refusal(
-                    Code::Unauthorized,
-                    "log in to the console first (/ui/login, with a token from `forkbox token create`)",
-                )
-            }
+            None => return crate::refusal(
+                Code::Unauthorized,
+                "log in to the console first (/ui/login, with a token from `forkbox token create`)",
+            ),
         };
         let changes = !matches!(*req.method(), Method::GET | Method::HEAD);
         if changes {
@@ -221,13 +210,15 @@ impl Access {
                 let state = live::State::now(&self.console.engine).await;
                 page(
                     StatusCode::OK,
-                    assets::index_page(&csrf, &state.initial(&self.console.engine, &self.console.series)),
+                    assets::index_page(
+                        &csrf,
+                        &state.initial(&self.console.engine, &self.console.series),
+                    ),
                 )
             }
-            (Method::GET, "/ui/events") => live::events(
-                self.console.engine.clone(),
-                self.console.series.clone(),
-            ),
+            (Method::GET, "/ui/events") => {
+                live::events(self.console.engine.clone(), self.console.series.clone())
+            }
             (Method::POST, "/ui/logout") => {
                 if let Some(c) = session::cookie(&req) {
                     self.console.sessions.end(&c);
@@ -244,7 +235,10 @@ impl Access {
             }
             _ => crate::refusal(
                 Code::NotFound,
-                format!("the console has no page {}", forkbox_engine::guestlog::quote(path)),
+                format!(
+                    "the console has no page {}",
+                    forkbox_engine::guestlog::quote(path)
+                ),
             ),
         }
     }
@@ -349,10 +343,7 @@ fn asset(content_type: &'static str, body: &'static str) -> Response {
     let mut r = Response::new(Body::from(body));
     let h = r.headers_mut();
     h.insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
-    h.insert(
-        header::CACHE_CONTROL,
-        HeaderValue::from_static("no-cache"),
-    );
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-cache"));
     h.insert(
         header::X_CONTENT_TYPE_OPTIONS,
         HeaderValue::from_static("nosniff"),

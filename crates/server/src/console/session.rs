@@ -6,7 +6,7 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::extract::Request;
-use axum::http::{header, HeaderValue};
+use axum::http::HeaderValue;
 use subtle::ConstantTimeEq;
 
 use super::{COOKIE, CSRF_HEADER};
@@ -80,14 +80,7 @@ impl Sessions {
 
 /// The console's cookie of a request.
 pub fn cookie(req: &Request) -> Option<String> {
-    req.headers()
-        .get_all(header::COOKIE)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(';'))
-        .filter_map(|kv| kv.trim().split_once('='))
-        .find(|(k, _)| *k == COOKIE)
-        .map(|(_, v)| v.to_string())
+    crate::auth::cookie(req, COOKIE)
 }
 
 /// Whether the request carries `csrf` in its header (compared in constant time).
@@ -163,7 +156,10 @@ mod tests {
             form_field(b"a=1&token=fbx_ab%2Bc+d", "token").as_deref(),
             Some("fbx_ab+c d")
         );
-        assert_eq!(form_field(b"token=%zz%4", "token").as_deref(), Some("%zz%4"));
+        assert_eq!(
+            form_field(b"token=%zz%4", "token").as_deref(),
+            Some("%zz%4")
+        );
         assert_eq!(form_field(b"x=1", "token"), None);
     }
 
@@ -171,7 +167,12 @@ mod tests {
     fn the_cookie_is_http_only_strict_and_scoped_to_the_console() {
         let v = set_cookie("abc");
         let v = v.to_str().unwrap();
-        for part in ["forkbox_console=abc", "Path=/ui", "HttpOnly", "SameSite=Strict"] {
+        for part in [
+            "forkbox_console=abc",
+            "Path=/ui",
+            "HttpOnly",
+            "SameSite=Strict",
+        ] {
             assert!(v.contains(part), "{v}");
         }
     }
