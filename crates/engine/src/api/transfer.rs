@@ -51,12 +51,8 @@ impl Engine {
         let snap = SnapshotStore::new(&self.paths).get(name)?;
         let paths = self.paths.clone();
         let (m, bytes) = blocking(move || {
-            let m = chunks::manifest(&paths, &snap)?;
-            let bytes = m.encode()?;
-            Ok::<_, SnapshotError>((
-                chunks::sources(&m, &crate::fastram::resolve(&snap.mem())),
-                bytes,
-            ))
+            let (m, sources) = chunks::manifest(&paths, &snap)?;
+            Ok::<_, SnapshotError>((sources, m.encode()?))
         })
         .await?;
         if let Ok(mut s) = self.served.sources.lock() {
