@@ -48,6 +48,36 @@ impl Node {
         for d in ["snapshots", "objects"] {
             let _ = std::fs::remove_dir_all(paths.home().join(d));
         }
+        Node::in_home(paths, name, ns, addr, endpoints, extra)
+    }
+
+    /// A node on a home that holds nothing but the guest kernel (and, `with_images`, the
+    /// test home's images): a node as it is on its first day.
+    fn fresh(
+        home: &str,
+        name: &str,
+        ns: &str,
+        addr: &str,
+        endpoints: &str,
+        with_images: bool,
+    ) -> Node {
+        let fresh = infra::home()
+            .home()
+            .join("fresh")
+            .join(format!("{home}-{name}"));
+        common::stop_daemon_of(&Paths::new(fresh));
+        let paths = infra::fresh_home(&format!("{home}-{name}"), with_images);
+        Node::in_home(paths, name, ns, addr, endpoints, &[])
+    }
+
+    fn in_home(
+        paths: Paths,
+        name: &str,
+        ns: &str,
+        addr: &str,
+        endpoints: &str,
+        extra: &[String],
+    ) -> Node {
         let mut n = Node {
             name: name.into(),
             ns: ns.into(),
@@ -193,13 +223,26 @@ struct TestCluster {
 
 impl TestCluster {
     fn start(home: &str, extra: &[String]) -> TestCluster {
+        TestCluster::start_with(|name, ns, addr, endpoints| {
+            Node::new(home, name, ns, addr, endpoints, extra)
+        })
+    }
+
+    /// Nodes on fresh homes (see [`Node::fresh`]); those named in `built` hold the images.
+    fn start_fresh(home: &str, built: &[&str]) -> TestCluster {
+        TestCluster::start_with(|name, ns, addr, endpoints| {
+            Node::fresh(home, name, ns, addr, endpoints, built.contains(&name))
+        })
+    }
+
+    fn start_with(node: impl Fn(&str, &str, &str, &str) -> Node) -> TestCluster {
         let net = ClusterNet::new(3);
         let etcd = EtcdCluster::start_in(3, &net.hub_ip, Some(&net.hub));
         let endpoints = etcd.endpoints_arg();
         let nodes = ["a", "b", "c"]
             .iter()
             .zip(&net.nodes)
-            .map(|(name, (ns, addr))| Node::new(home, name, ns, addr, &endpoints, extra))
+            .map(|(name, (ns, addr))| node(name, ns, addr, &endpoints))
             .collect::<Vec<Node>>();
         // A node serves before it joins when etcd is slow to answer at its start: wait until
         // every one has joined, so a pin to any of them is placed.
@@ -705,6 +748,178 @@ fn leftovers(dir: &std::path::Path) -> Vec<String> {
         .map(|e| e.file_name().to_string_lossy().into_owned())
         .filter(|n| n.starts_with(".tmp-"))
         .collect()
+}
+
+/// A cluster on its first day: the image built on node a only, b and c holding nothing (no
+/// image, no template, no snapshot). A running sandbox of a forked to each of them brings all
+/// it needs, verified, and its copies are exact and run on; a create on each brings the image;
+/// a repeat moves nothing (a create) or only what changed (a fork).
+#[test]
+fn fresh_nodes_bring_everything_they_need() {
+    let TestCluster {
+        nodes,
+        etcd: _etcd,
+        endpoints: _,
+        _net,
+    } = TestCluster::start_fresh("first-day", &["a"]);
+    for n in &nodes[1..] {
+        for d in ["images", "templates", "snapshots"] {
+            let held = std::fs::read_dir(n.paths.home().join(d)).map_or(0, |r| r.count());
+            assert_eq!(held, 0, "{} is not fresh: {d} holds {held}", n.name);
+        }
+    }
+    let (src, on) = nodes[0].create(&["--node", "a", "--ttl", "30m"]);
+    assert_eq!(on, "a");
+    nodes[0].ok(&[
+        "sandbox",
+        "exec",
+        &src,
+        "--",
+        "sh",
+        "-c",
+        "head -c 24000000 /dev/urandom > /dev/shm/m && head -c 8000000 /dev/urandom > /root/d \
+         && sync; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
+         sleep 0.2; done' >/dev/null 2>&1 </dev/null &",
+    ]);
+    let want = sums(&nodes[0], &src, "/dev/shm/m /root/d");
+    let tick = |n: &Node, id: &str| n.ok(&["sandbox", "exec", id, "--", "cat", "/tmp/tick"]);
+    let (mut copies, mut first_moved) = (Vec::new(), 0);
+    for (via, to) in [(2, "b"), (1, "c")] {
+        let f = fork_json(&nodes[via], &[&src, "--count", "1", "--node", to]);
+        let (copy, on) = first_copy(&f);
+        assert_eq!(on, to, "{f}");
+        let t = &f["transfer"];
+        println!(
+            "running fork of a to fresh {to}: {} ms; {t}",
+            f["duration_ms"]
+        );
+        assert_eq!(t["layers_held"], 0, "{to} held no RAM of it: {t}");
+        assert_eq!(
+            t["image"], "python-bookworm@1",
+            "the image comes first: {t}"
+        );
+        assert_eq!(t["chunks_refetched"], 0, "{t}");
+        let moved = t["bytes_moved"].as_u64().unwrap();
+        assert!(moved > 24_000_000, "{t}");
+        first_moved = first_moved.max(moved);
+        assert_eq!(sums(&nodes[via], &copy, "/dev/shm/m /root/d"), want);
+        let t0 = tick(&nodes[via], &copy);
+        assert!(
+            infra::wait_until(Duration::from_secs(10), || tick(&nodes[via], &copy) != t0),
+            "the counting process did not come along to {to}"
+        );
+        copies.push(copy);
+    }
+    // A create on each: the image came with the fork; the node makes a template of its own
+    // and moves nothing.
+    for to in ["b", "c"] {
+        let o: serde_json::Value = serde_json::from_str(
+            &nodes[0].ok(&["sandbox", "create", "--json", "--node", to, "--ttl", "10m"]),
+        )
+        .unwrap();
+        assert_eq!(o["node"], to, "{o}");
+        assert!(o["transfer"].is_null(), "a create moved something: {o}");
+        let id = o["id"].as_str().unwrap();
+        assert_eq!(
+            nodes[1]
+                .ok(&["sandbox", "exec", id, "--", "echo", "up"])
+                .trim(),
+            "up"
+        );
+        nodes[2].ok(&["sandbox", "rm", id]);
+    }
+    // A repeat fork to b: b holds the last save while its copy lives; only what changed moves.
+    let f = fork_json(&nodes[0], &[&src, "--node", "b"]);
+    let t = &f["transfer"];
+    println!("repeat fork to b: {} ms; {t}", f["duration_ms"]);
+    assert!(t["bytes_moved"].as_u64().unwrap() * 4 < first_moved, "{t}");
+    let (repeat, _) = first_copy(&f);
+    assert_eq!(sums(&nodes[1], &repeat, "/dev/shm/m /root/d"), want);
+    copies.push(repeat);
+    for id in copies.iter().chain([&src]) {
+        nodes[0].ok(&["sandbox", "rm", id]);
+    }
+    for n in &nodes {
+        assert!(
+            infra::wait_until(Duration::from_secs(10), || n.qemus() == 0),
+            "{} left VMs",
+            n.name
+        );
+    }
+}
+
+/// Two first creates of a carried image that no node holds, at once on two nodes of a fresh
+/// cluster: it is built once, on one of them, and the other brings it by chunks; a create on
+/// the third brings it too.
+#[test]
+fn a_missing_carried_image_is_built_once_for_the_cluster() {
+    let TestCluster {
+        nodes,
+        etcd: _etcd,
+        endpoints: _,
+        _net,
+    } = TestCluster::start_fresh("first-build", &[]);
+    let create = |n: &Node| {
+        n.forkbox()
+            .args([
+                "sandbox", "create", "--json", "--node", &n.name, "--ttl", "10m",
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let racing = [create(&nodes[0]), create(&nodes[1])];
+    let mut made = Vec::new();
+    for (i, p) in racing.into_iter().enumerate() {
+        let o = p.wait_with_output().unwrap();
+        assert!(
+            o.status.success(),
+            "the create on {} failed: {}\n-- a:\n{}\n-- b:\n{}",
+            nodes[i].name,
+            stderr(&o),
+            nodes[0].log(),
+            nodes[1].log()
+        );
+        assert!(
+            stderr(&o).contains("the cluster builds it"),
+            "{}",
+            stderr(&o)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["node"], nodes[i].name.as_str(), "{v}");
+        made.push(v);
+    }
+    let builders: Vec<&str> = nodes
+        .iter()
+        .filter(|n| {
+            n.log()
+                .contains("building it here from forkbox's own recipe")
+        })
+        .map(|n| n.name.as_str())
+        .collect();
+    assert_eq!(builders.len(), 1, "built on {builders:?}");
+    let brought: Vec<&serde_json::Value> = made
+        .iter()
+        .filter(|v| v["transfer"]["image"] == "python-bookworm@1")
+        .collect();
+    assert_eq!(brought.len(), 1, "one create brings the image: {made:?}");
+    assert_ne!(brought[0]["node"], builders[0]);
+    let third: serde_json::Value =
+        serde_json::from_str(&nodes[0].ok(&["sandbox", "create", "--json", "--node", "c"]))
+            .unwrap();
+    assert_eq!(third["transfer"]["image"], "python-bookworm@1", "{third}");
+    made.push(third);
+    for v in &made {
+        let id = v["id"].as_str().unwrap();
+        assert_eq!(
+            nodes[2]
+                .ok(&["sandbox", "exec", id, "--", "echo", "up"])
+                .trim(),
+            "up"
+        );
+        nodes[2].ok(&["sandbox", "rm", id]);
+    }
 }
 
 /// Snapshots move between nodes by chunks: a fork pinned to a node that lacks the snapshot

@@ -103,6 +103,32 @@ pub fn image_from(paths: &Paths, file: &Path) -> ImageRef {
     })
 }
 
+/// A home that holds nothing from an earlier run (made anew at each call), as a new node's:
+/// only the guest kernel is shared (what `forkbox setup` installs once per host), and with
+/// `with_images` the test home's images (a node that has built them). Stop any daemon of the
+/// home before calling this.
+pub fn fresh_home(name: &str, with_images: bool) -> Paths {
+    let shared = home();
+    if with_images {
+        image(&shared, "python-bookworm");
+    }
+    let dir = shared.home().join("fresh").join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir).expect("remove the fresh home of an earlier run");
+    }
+    std::fs::create_dir_all(&dir).expect("create a fresh home");
+    let shared_dirs: &[&str] = if with_images {
+        &["kernels", "images"]
+    } else {
+        &["kernels"]
+    };
+    for sub in shared_dirs {
+        std::os::unix::fs::symlink(shared.home().join(sub), dir.join(sub))
+            .expect("link the kernel (and images) into a fresh home");
+    }
+    Paths::new(dir)
+}
+
 /// A home of its own (own `run/`, daemon socket and state) that shares the test home's kernels,
 /// images and caches: for tests that must not see each other's sandboxes or daemon.
 pub fn isolated_home(name: &str) -> Paths {
