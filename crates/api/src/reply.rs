@@ -227,6 +227,9 @@ pub struct InfoView {
     pub sandboxes: usize,
     /// The warm pool: ready sandboxes per configuration, and its bounds.
     pub pool: PoolView,
+    /// This daemon's node name when it is a cluster's node (`serve --cluster`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
 }
 
 /// What a delete removed.

@@ -1,32 +1,8 @@
 //! The image recipes that ship inside forkbox, so its default image builds itself on first use
 //! wherever the binary was installed.
 
-use forkbox_engine::image::{BuildEvent, ImageRef, ImageStore, Recipe};
+use forkbox_engine::image::{bundled, BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
-
-/// (name, recipe text) of every recipe in the repository's `images/`.
-pub const RECIPES: &[(&str, &str)] = &[
-    (
-        "python-bookworm",
-        include_str!("../../../images/python-bookworm.toml"),
-    ),
-    (
-        "python-bullseye",
-        include_str!("../../../images/python-bullseye.toml"),
-    ),
-    (
-        "python-trixie",
-        include_str!("../../../images/python-trixie.toml"),
-    ),
-    (
-        "node-bookworm",
-        include_str!("../../../images/node-bookworm.toml"),
-    ),
-    (
-        "node-trixie",
-        include_str!("../../../images/node-trixie.toml"),
-    ),
-];
 
 /// [`ensure`] on a runtime of its own, for callers outside one.
 pub fn ensure_blocking(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
@@ -40,7 +16,7 @@ pub async fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow:
     if reference.version.is_some() || ImageStore::new(paths).resolve(reference).is_ok() {
         return Ok(());
     }
-    let Some((_, text)) = RECIPES.iter().find(|(n, _)| *n == reference.name) else {
+    let Some(text) = bundled::recipe(&reference.name) else {
         return Ok(());
     };
     let recipe = Recipe::parse(text).map_err(anyhow::Error::msg)?;
@@ -57,6 +33,34 @@ pub async fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow:
     };
     crate::local::build_image_async(paths, build, false, quiet).await?;
     Ok(())
+}
+
+/// [`ensure`] before a create through this host's daemon, unless that daemon is a cluster's
+/// node: a cluster builds a carried image itself, once, on the node the create is placed on
+/// (which then serves it to the others), so it is not built here beside it.
+pub async fn ensure_for(
+    paths: &Paths,
+    daemon: &forkbox_client::Client,
+    reference: &ImageRef,
+) -> anyhow::Result<()> {
+    let missing = reference.version.is_none()
+        && bundled::recipe(&reference.name).is_some()
+        && ImageStore::new(paths).resolve(reference).is_err();
+    if !missing {
+        return Ok(());
+    }
+    match daemon.info().await?.node {
+        Some(node) => {
+            eprintln!(
+                "forkbox: image {} is not built here (node {node}); the cluster builds it from \
+                 forkbox's own recipe on the node the sandbox is placed on, once, unless a node \
+                 holds it already (a minute or two)",
+                reference.name
+            );
+            Ok(())
+        }
+        None => ensure(paths, reference, false).await,
+    }
 }
 
 /// A build's progress on standard error: a line per step (with the time since the start) and

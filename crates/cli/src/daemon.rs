@@ -1109,7 +1109,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
             Some(i) => i.parse()?,
             None => forkbox_engine::sandbox::SandboxConfig::default().image,
         };
-        crate::bundled::ensure(paths, &reference, false).await?;
+        crate::bundled::ensure_for(paths, c, &reference).await?;
     }
     let req = CreateRequest {
         network: a.net.policy(),

@@ -614,6 +614,45 @@ impl Cluster {
         Ok(())
     }
 
+    /// Claims the build of image `name` for this node, under its lease (a builder that dies
+    /// loses its claim with its lease): `None` when this node holds the claim now, else the
+    /// name of the node that does. One claim per name in the whole cluster, by a
+    /// create-if-absent transaction.
+    pub async fn claim_build(&self, name: &str) -> Result<Option<String>> {
+        let k = key("builds", name);
+        let lease = self.lease.load(Ordering::SeqCst);
+        let put = TxnOp::put(
+            k.clone(),
+            self.cfg.node.as_bytes().to_vec(),
+            Some(PutOptions::new().with_lease(lease)),
+        );
+        let txn = Txn::new()
+            .when([Compare::create_revision(k.clone(), CompareOp::Equal, 0)])
+            .and_then([put])
+            .or_else([TxnOp::get(k.clone(), None)]);
+        let r = self.txn(txn).await?;
+        if r.succeeded() {
+            return Ok(None);
+        }
+        let held = String::from_utf8_lossy(&first_value(&r.op_responses()).unwrap_or_default())
+            .into_owned();
+        // An attempt of this call that landed before its answer was lost is this node's too.
+        Ok((held != self.cfg.node).then_some(held))
+    }
+
+    /// Ends this node's claim of the build of image `name` (built, or failed).
+    pub async fn release_build(&self, name: &str) -> Result<()> {
+        let k = key("builds", name);
+        let txn = Txn::new()
+            .when([Compare::value(
+                k.clone(),
+                CompareOp::Equal,
+                self.cfg.node.as_bytes().to_vec(),
+            )])
+            .and_then([TxnOp::delete(k, None)]);
+        self.txn(txn).await.map(|_| ())
+    }
+
     /// Records `view` as owned by this node; refused if any node owns that id.
     pub async fn own(&self, view: &SandboxView) -> Result<()> {
         let k = key("sandboxes", &view.info.id);

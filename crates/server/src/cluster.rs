@@ -774,11 +774,13 @@ async fn brought(
         (Effect::Creates, _) => match body.get("snapshot").and_then(|s| s.as_str()) {
             Some(s) => s.to_string(),
             None => {
-                let image = body.get("image").and_then(|s| s.as_str());
-                return match image {
-                    Some(i) => node.pull_image(i).await,
-                    None => Ok(None),
+                let image = match body.get("image").and_then(|s| s.as_str()) {
+                    Some(i) => i.to_string(),
+                    None => forkbox_engine::sandbox::SandboxConfig::default()
+                        .image
+                        .to_string(),
                 };
+                return node.pull_image(&image).await;
             }
         },
         _ => return Ok(None),

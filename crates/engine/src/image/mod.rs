@@ -5,6 +5,7 @@
 //! ([`ImageMeta`]). N counts the builds of NAME; `NAME` alone means the newest.
 
 mod build;
+pub mod bundled;
 mod docker;
 pub mod dockerfile;
 pub mod layers;

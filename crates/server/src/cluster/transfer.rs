@@ -26,6 +26,8 @@ use crate::refusal;
 const BATCH_BYTES: usize = 4 << 20;
 /// Requests in flight at once.
 const PARALLEL: usize = 4;
+/// How long a create waits for a carried image another node builds for the cluster.
+const FIRST_BUILD_WAIT: std::time::Duration = std::time::Duration::from_secs(20 * 60);
 /// The header a node forwarding a fork sets: the node that holds the snapshot (its record may
 /// not list it yet).
 pub const HOLDER_HEADER: &str = "x-forkbox-holder";
@@ -292,10 +294,14 @@ impl Node {
         if here().await {
             return Ok(None);
         }
-        let started = Instant::now();
-        let Some((exact, holders)) = self.image_holders(&want).await else {
-            return Ok(None);
+        let (exact, holders) = match self.image_holders(&want).await {
+            Some(h) => h,
+            None => match self.first_build(&want).await? {
+                Some(h) => h,
+                None => return Ok(None),
+            },
         };
+        let started = Instant::now();
         let pq = format!("/v1/cluster/images/{exact}/manifest");
         let mut why = Vec::new();
         let mut got = None;
@@ -371,6 +377,113 @@ impl Node {
         tracing::info!("{}", brought_line(&t));
         self.publish_now().await;
         Ok(Some(t))
+    }
+
+    /// A carried image (see `forkbox_engine::image::bundled`) that no node holds: built here
+    /// when this node wins the cluster's claim on its build, else waited for while another
+    /// node builds it, then its holders (to bring it from). `None` when it was built here or
+    /// is no carried image (the create then says it is missing).
+    async fn first_build(
+        &self,
+        want: &forkbox_engine::image::ImageRef,
+    ) -> Result<Option<(String, Vec<NodeRecord>)>, Response> {
+        let text = match want.version {
+            None => forkbox_engine::image::bundled::recipe(&want.name),
+            Some(_) => None,
+        };
+        let (Some(text), Some(c)) = (text, self.cluster().await) else {
+            return Ok(None);
+        };
+        let started = Instant::now();
+        let mut said = false;
+        loop {
+            if let Some(h) = self.image_holders(want).await {
+                return Ok(Some(h));
+            }
+            match c.claim_build(&want.name).await {
+                Ok(None) => break,
+                Ok(Some(builder)) => {
+                    if !said {
+                        tracing::info!(
+                            "image {}: node {builder} builds it (its first use in the \
+                             cluster); this node brings it from there once built",
+                            want.name
+                        );
+                        said = true;
+                    }
+                }
+                Err(e) => return Err(Node::unavailable(e)),
+            }
+            if started.elapsed() > FIRST_BUILD_WAIT {
+                return Err(failed(
+                    Code::ClusterUnavailable,
+                    format!(
+                        "image {} is being built on another node and was not there after {} \
+                         minutes; try again later",
+                        want.name,
+                        FIRST_BUILD_WAIT.as_secs() / 60
+                    ),
+                ));
+            }
+            tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        }
+        let built = self.build_here(want, text).await;
+        // Published before the claim goes, so a waiting node finds a holder, never a gap.
+        self.publish_now().await;
+        if let Err(e) = c.release_build(&want.name).await {
+            tracing::warn!(
+                "image {}: built; its build claim goes with the lease: {e}",
+                want.name
+            );
+        }
+        built.map(|()| None)
+    }
+
+    /// Builds carried image `want` here from recipe `text`, its progress in the log.
+    async fn build_here(
+        &self,
+        want: &forkbox_engine::image::ImageRef,
+        text: &str,
+    ) -> Result<(), Response> {
+        let recipe = forkbox_engine::image::Recipe::parse(text)
+            .map_err(|e| failed(Code::Internal, format!("forkbox's recipe of {want}: {e}")))?;
+        tracing::info!(
+            "image {}: no node holds it; building it here from forkbox's own recipe (its first \
+             use in the cluster)",
+            want.name
+        );
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        let name = want.name.clone();
+        let log = tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                match ev {
+                    forkbox_engine::api::BuildProgress::Step { n, total, what } => {
+                        tracing::info!("image {name}: [{n}/{total}] {what}")
+                    }
+                    forkbox_engine::api::BuildProgress::Log { line } => {
+                        tracing::info!("image {name}:       {line}")
+                    }
+                    _ => {}
+                }
+            }
+        });
+        let r = self
+            .engine
+            .call(ops::BuildImage {
+                recipe,
+                source: Some(text.to_string()),
+                if_changed: true,
+                events: Some(tx),
+            })
+            .await;
+        let _ = log.await;
+        match r {
+            Ok(v) => {
+                tracing::info!("image {}: built here as {}", want.name, v.reference);
+                Ok(())
+            }
+            Err(e) => Err(crate::engine_error(e)),
+        }
     }
 
     /// The exact reference (`NAME@N`, the newest version held when `want` names none) and the
