@@ -786,6 +786,7 @@ fn fresh_nodes_bring_everything_they_need() {
          sleep 0.2; done' >/dev/null 2>&1 </dev/null &",
     ]);
     let want = sums(&nodes[0], &src, "/dev/shm/m /root/d");
+    preview_through_a_non_owner(&nodes, &src);
     let tick = |n: &Node, id: &str| n.ok(&["sandbox", "exec", id, "--", "cat", "/tmp/tick"]);
     let (mut copies, mut first_moved) = (Vec::new(), 0);
     for (via, to) in [(2, "b"), (1, "c")] {
@@ -850,6 +851,71 @@ fn fresh_nodes_bring_everything_they_need() {
             n.name
         );
     }
+}
+
+/// A preview URL of sandbox `id` (on node a) opened on node c: carried to a, which checks
+/// its token and serves it from the guest; without the token, refused on c.
+fn preview_through_a_non_owner(nodes: &[Node], id: &str) {
+    nodes[0].ok(&[
+        "sandbox",
+        "exec",
+        id,
+        "--",
+        "sh",
+        "-c",
+        "mkdir -p /tmp/w && echo served-by-a > /tmp/w/i.txt",
+    ]);
+    nodes[0].ok(&[
+        "sandbox",
+        "exec",
+        id,
+        "--detach",
+        "--",
+        "python3",
+        "-m",
+        "http.server",
+        "3000",
+        "--bind",
+        "127.0.0.1",
+        "--directory",
+        "/tmp/w",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&nodes[0].ok(&["sandbox", "port-forward", id, "3000", "--json"]))
+            .unwrap();
+    let preview = v["preview_url"].as_str().unwrap();
+    let (host, query) = preview
+        .trim_start_matches("http://")
+        .split_once("/?")
+        .unwrap();
+    let c = &nodes[2];
+    let get = |path: &str| {
+        let o = ClusterNet::command_in(&c.ns, "curl")
+            .args([
+                "-s",
+                "-i",
+                "--max-time",
+                "20",
+                "-H",
+                &format!("Host: {host}"),
+            ])
+            .arg(format!("http://{}:7070{path}", c.addr))
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    assert!(
+        infra::wait_until(Duration::from_secs(120), || get(&format!("/i.txt?{query}"))
+            .contains("served-by-a")),
+        "the preview of a's sandbox through c: {}\n-- c:\n{}",
+        get(&format!("/i.txt?{query}")),
+        c.log()
+    );
+    let none = get("/i.txt");
+    assert!(
+        none.contains(" 401 ") && none.contains("needs its token"),
+        "{none}"
+    );
 }
 
 /// Two first creates of a carried image that no node holds, at once on two nodes of a fresh

@@ -915,7 +915,11 @@ pub async fn serve(
                 node: node.clone(),
             };
             let api = with_extra(router(engine.clone()));
-            let tcp = serve_tcp(addr, api, &engine, gate, &console, stop_rx.clone());
+            let previews = preview::Previews {
+                engine: engine.clone(),
+                node: node.clone(),
+            };
+            let tcp = serve_tcp(addr, api, previews, gate, &console, stop_rx.clone());
             Some(tcp.await?)
         }
         None => None,
@@ -942,7 +946,7 @@ pub async fn serve(
 async fn serve_tcp(
     addr: std::net::SocketAddr,
     api: Router,
-    engine: &Arc<Engine>,
+    previews: preview::Previews,
     gate: auth::Gate,
     console: &Arc<console::Console>,
     mut stop: tokio::sync::watch::Receiver<bool>,
@@ -961,12 +965,13 @@ async fn serve_tcp(
         .layer(axum::middleware::from_fn_with_state(
             console.on_tcp(gate),
             console::intercept,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            engine.clone(),
-            preview::intercept,
         ));
-    preview::enable(l.local_addr()?.port())?;
+    let secret = previews.node.as_ref().map(|n| n.secret().to_string());
+    let app = app.layer(axum::middleware::from_fn_with_state(
+        previews,
+        preview::intercept,
+    ));
+    preview::enable(l.local_addr()?.port(), secret.as_deref())?;
     Ok(tokio::spawn(listen::serve(l, app, async move {
         let _ = stop.wait_for(|s| *s).await;
     })))

@@ -25,12 +25,29 @@ struct Config {
 
 static CONFIG: OnceLock<Config> = OnceLock::new();
 
-/// Turns previews on for the TCP listener on `tcp_port` (once per daemon).
-pub fn enable(tcp_port: u16) -> std::io::Result<()> {
-    let mut key = [0u8; 32];
-    getrandom::getrandom(&mut key).map_err(std::io::Error::other)?;
+/// Turns previews on for the TCP listener on `tcp_port` (once per daemon). A cluster's nodes
+/// derive their key from the secret they share, so a preview's token is good on every node
+/// (each carries a preview of a sandbox it does not run to the node that does); a single
+/// daemon draws one at random.
+pub fn enable(tcp_port: u16, cluster_secret: Option<&str>) -> std::io::Result<()> {
+    let key = match cluster_secret {
+        Some(s) => blake3::derive_key("forkbox preview tokens v1", s.as_bytes()),
+        None => {
+            let mut key = [0u8; 32];
+            getrandom::getrandom(&mut key).map_err(std::io::Error::other)?;
+            key
+        }
+    };
     let _ = CONFIG.set(Config { key, tcp_port });
     Ok(())
+}
+
+/// What previews are served from: this daemon's engine, and its cluster node (a preview of a
+/// sandbox another node runs is carried there).
+#[derive(Clone)]
+pub struct Previews {
+    pub engine: Arc<Engine>,
+    pub node: Option<Arc<crate::cluster::Node>>,
 }
 
 fn token_with(key: &[u8; 32], id: &str, port: u16) -> String {
@@ -107,7 +124,7 @@ fn without_token(req: &Request) -> String {
 
 /// The outermost layer of the TCP listener: a request for a preview host name is served here
 /// (and only here); any other goes on to the API.
-pub async fn intercept(State(engine): State<Arc<Engine>>, req: Request, next: Next) -> Response {
+pub async fn intercept(State(previews): State<Previews>, req: Request, next: Next) -> Response {
     let host = req
         .headers()
         .get(header::HOST)
@@ -134,7 +151,16 @@ pub async fn intercept(State(engine): State<Arc<Engine>>, req: Request, next: Ne
             ),
         );
     }
-    match proxy(&engine, &id, port, req).await {
+    let owner = match &previews.node {
+        Some(n) => n.owner_elsewhere(&id).await,
+        None => None,
+    };
+    let answer = match owner {
+        // The owner checks the same token (a cluster's key) and serves it from its guest.
+        Some(url) => carry(&url, &id, req).await,
+        None => proxy(&previews.engine, &id, port, req).await,
+    };
+    match answer {
         Ok(mut r) => {
             if in_query {
                 let cookie = format!("{PARAM}={want}; Path=/; HttpOnly; SameSite=Lax");
@@ -165,21 +191,64 @@ async fn proxy(
         ),
         e => plain(StatusCode::BAD_GATEWAY, e.to_string()),
     })?;
-    let unreachable = |e: hyper::Error| {
+    if let Ok(pq) = without_token(&req).parse() {
+        *req.uri_mut() = pq;
+    }
+    relay(stream, req, |e| {
+        format!("nothing answered on port {port} of {id} ({e}): is a server listening there?")
+    })
+    .await
+}
+
+/// Carries a preview request, as the browser sent it (its host name and token), to the node
+/// at `url` that runs sandbox `id`, and its answer back.
+async fn carry(url: &str, id: &str, req: Request) -> Result<Response, Response> {
+    let authority = url
+        .parse::<axum::http::Uri>()
+        .ok()
+        .and_then(|u| u.authority().map(|a| a.to_string()))
+        .ok_or_else(|| {
+            plain(
+                StatusCode::BAD_GATEWAY,
+                format!("the node running {id} advertises {url:?}, not a URL"),
+            )
+        })?;
+    let stream = tokio::time::timeout(
+        std::time::Duration::from_secs(5),
+        tokio::net::TcpStream::connect(&authority),
+    )
+    .await
+    .map_err(|_| std::io::Error::other("timed out"))
+    .and_then(|r| r)
+    .map_err(|e| {
         plain(
             StatusCode::BAD_GATEWAY,
-            format!("nothing answered on port {port} of {id} ({e}): is a server listening there?"),
+            format!("the node running {id} ({url}) did not answer: {e}"),
         )
-    };
+    })?;
+    relay(stream, req, |e| {
+        format!("the node running {id} ({url}) broke off the preview: {e}")
+    })
+    .await
+}
+
+/// Sends `req` over `stream` (HTTP/1.1) and gives the answer back; a WebSocket upgrade joins
+/// both ends.
+async fn relay<S>(
+    stream: S,
+    mut req: Request,
+    why: impl Fn(&hyper::Error) -> String,
+) -> Result<Response, Response>
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+{
+    let unreachable = |e: hyper::Error| plain(StatusCode::BAD_GATEWAY, why(&e));
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(unreachable)?;
     tokio::spawn(async move {
         let _ = conn.with_upgrades().await;
     });
-    if let Ok(pq) = without_token(&req).parse() {
-        *req.uri_mut() = pq;
-    }
     let from_browser = hyper::upgrade::on(&mut req);
     let mut answer = sender.send_request(req).await.map_err(unreachable)?;
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {

@@ -294,12 +294,8 @@ impl Node {
         if here().await {
             return Ok(None);
         }
-        let (exact, holders) = match self.image_holders(&want).await {
-            Some(h) => h,
-            None => match self.first_build(&want).await? {
-                Some(h) => h,
-                None => return Ok(None),
-            },
+        let Some((exact, holders)) = self.image_source(&want).await? else {
+            return Ok(None);
         };
         let started = Instant::now();
         let pq = format!("/v1/cluster/images/{exact}/manifest");
@@ -377,6 +373,18 @@ impl Node {
         tracing::info!("{}", brought_line(&t));
         self.publish_now().await;
         Ok(Some(t))
+    }
+
+    /// Where image `want` comes from: the nodes that hold it, or, for a carried image no node
+    /// holds, the node that built it first (`None` when it was built here or is nowhere).
+    async fn image_source(
+        &self,
+        want: &forkbox_engine::image::ImageRef,
+    ) -> Result<Option<(String, Vec<NodeRecord>)>, Response> {
+        match self.image_holders(want).await {
+            Some(h) => Ok(Some(h)),
+            None => self.first_build(want).await,
+        }
     }
 
     /// A carried image (see `forkbox_engine::image::bundled`) that no node holds: built here
