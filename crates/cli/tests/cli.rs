@@ -1398,10 +1398,14 @@ fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
         }
     }
     let _unmount = Unmount(disks.clone());
-    let id = text(&run(&paths, &["sandbox", "create"]).stdout)
-        .trim()
-        .to_string();
-    assert!(id.starts_with("sb-"), "{id}");
+    let created = run(&paths, &["sandbox", "create"]);
+    let id = text(&created.stdout).trim().to_string();
+    assert!(
+        id.starts_with("sb-"),
+        "{id}: {}\n-- the daemon's log:\n{}",
+        text(&created.stderr),
+        std::fs::read_to_string(paths.home().join("daemon.log")).unwrap_or_default()
+    );
     let out = run(&paths, &["sandbox", "exec", &id, "--", "sh", "-c",
         "head -c 160000000 /dev/urandom > /dev/shm/src && setsid sh -c 'cp /dev/shm/src /root/big && sync && cmp /dev/shm/src /root/big && echo same > /root/done' >/dev/null 2>&1 </dev/null &"]);
     assert!(out.status.success(), "{}", text(&out.stderr));
