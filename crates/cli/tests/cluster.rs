@@ -689,6 +689,23 @@ fn sums(n: &Node, id: &str, files: &str) -> String {
     ])
 }
 
+/// Sandbox `id` (on node `n`) given 24 MB of random data in memory (`/dev/shm/m`) and 8 MB on
+/// disk (`/root/d`), and a process that counts in `/tmp/tick`: the files' `sha256sum` lines.
+fn busy(n: &Node, id: &str) -> String {
+    n.ok(&[
+        "sandbox",
+        "exec",
+        id,
+        "--",
+        "sh",
+        "-c",
+        "head -c 24000000 /dev/urandom > /dev/shm/m && head -c 8000000 /dev/urandom > /root/d \
+         && sync; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
+         sleep 0.2; done' >/dev/null 2>&1 </dev/null &",
+    ]);
+    sums(n, id, "/dev/shm/m /root/d")
+}
+
 /// `bytes` of fresh random data written to `file` in sandbox `id` (on node `n`), then the
 /// sandbox saved as snapshot `name`: the file's `sha256sum` line.
 fn write_and_save(n: &Node, id: &str, file: &str, bytes: u64, name: &str) -> String {
@@ -774,18 +791,7 @@ fn fresh_nodes_bring_everything_they_need() {
     }
     let (src, on) = nodes[0].create(&["--node", "a", "--ttl", "30m"]);
     assert_eq!(on, "a");
-    nodes[0].ok(&[
-        "sandbox",
-        "exec",
-        &src,
-        "--",
-        "sh",
-        "-c",
-        "head -c 24000000 /dev/urandom > /dev/shm/m && head -c 8000000 /dev/urandom > /root/d \
-         && sync; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
-         sleep 0.2; done' >/dev/null 2>&1 </dev/null &",
-    ]);
-    let want = sums(&nodes[0], &src, "/dev/shm/m /root/d");
+    let want = busy(&nodes[0], &src);
     preview_through_a_non_owner(&nodes, &src);
     let tick = |n: &Node, id: &str| n.ok(&["sandbox", "exec", id, "--", "cat", "/tmp/tick"]);
     let (mut copies, mut first_moved) = (Vec::new(), 0);
@@ -1069,18 +1075,7 @@ fn snapshots_move_between_nodes_by_chunks() {
 
     // A sandbox on a with data in memory (tmpfs) and on disk, and a process that counts.
     let (src, _) = nodes[0].create(&["--node", "a", "--ttl", "30m"]);
-    nodes[0].ok(&[
-        "sandbox",
-        "exec",
-        &src,
-        "--",
-        "sh",
-        "-c",
-        "head -c 24000000 /dev/urandom > /dev/shm/m && head -c 8000000 /dev/urandom > /root/d \
-         && sync; setsid sh -c 'i=0; while true; do i=$((i+1)); echo $i > /tmp/tick; \
-         sleep 0.2; done' >/dev/null 2>&1 </dev/null &",
-    ]);
-    let want = sums(&nodes[0], &src, "/dev/shm/m /root/d");
+    let want = busy(&nodes[0], &src);
     nodes[0].ok(&["sandbox", "snapshot", &src, "--name", "snap1"]);
 
     // Forked through c onto b, which lacks it: b brings what it does not hold.
