@@ -105,6 +105,10 @@ impl Node {
     }
 
     fn start(&mut self) {
+        // Its TCP listener (what other nodes forward to) opens after the socket: a restart is
+        // done when the log says it listens once more than before.
+        let tcp_up = |n: &Node| n.log().matches("(bearer tokens required)").count();
+        let before = tcp_up(self);
         let log = std::fs::File::create(self.paths.home().join("daemon-test.log")).unwrap();
         let child = self
             .forkbox()
@@ -125,6 +129,12 @@ impl Node {
                 std::os::unix::net::UnixStream::connect(&socket).is_ok()
             }),
             "node {} did not start: {}",
+            self.name,
+            self.log()
+        );
+        assert!(
+            infra::wait_until(Duration::from_secs(60), || tcp_up(self) > before),
+            "node {} did not listen on TCP: {}",
             self.name,
             self.log()
         );
