@@ -155,12 +155,12 @@ pub async fn intercept(State(previews): State<Previews>, req: Request, next: Nex
         Some(n) => n.owner_elsewhere(&id).await,
         None => None,
     };
-    let answer = match owner {
-        // The owner checks the same token (a cluster's key) and serves it from its guest.
-        Some(url) => carry(&url, &id, req).await,
-        None => proxy(&previews.engine, &id, port, req).await,
-    };
-    match answer {
+    // The owner checks the same token (a cluster's key), serves it from its guest and sets
+    // the cookie itself.
+    if let Some(url) = owner {
+        return carry(&url, &id, req).await.unwrap_or_else(|r| r);
+    }
+    match proxy(&previews.engine, &id, port, req).await {
         Ok(mut r) => {
             if in_query {
                 let cookie = format!("{PARAM}={want}; Path=/; HttpOnly; SameSite=Lax");
