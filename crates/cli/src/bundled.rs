@@ -4,6 +4,15 @@
 use forkbox_engine::image::{bundled, BuildEvent, ImageRef, ImageStore, Recipe};
 use forkbox_engine::paths::Paths;
 
+/// The recipe of the carried image `reference` names when this home has no version of it yet
+/// and the reference names none.
+fn unbuilt(paths: &Paths, reference: &ImageRef) -> Option<&'static str> {
+    if reference.version.is_some() || ImageStore::new(paths).resolve(reference).is_ok() {
+        return None;
+    }
+    bundled::recipe(&reference.name)
+}
+
 /// [`ensure`] on a runtime of its own, for callers outside one.
 pub fn ensure_blocking(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
     crate::daemon::current_thread()?.block_on(ensure(paths, reference, quiet))
@@ -13,10 +22,7 @@ pub fn ensure_blocking(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyh
 /// of it yet and the reference names no version; says what it does on standard error unless
 /// `quiet`.
 pub async fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow::Result<()> {
-    if reference.version.is_some() || ImageStore::new(paths).resolve(reference).is_ok() {
-        return Ok(());
-    }
-    let Some(text) = bundled::recipe(&reference.name) else {
+    let Some(text) = unbuilt(paths, reference) else {
         return Ok(());
     };
     let recipe = Recipe::parse(text).map_err(anyhow::Error::msg)?;
@@ -43,10 +49,7 @@ pub async fn ensure_for(
     daemon: &forkbox_client::Client,
     reference: &ImageRef,
 ) -> anyhow::Result<()> {
-    let missing = reference.version.is_none()
-        && bundled::recipe(&reference.name).is_some()
-        && ImageStore::new(paths).resolve(reference).is_err();
-    if !missing {
+    if unbuilt(paths, reference).is_none() {
         return Ok(());
     }
     match daemon.info().await?.node {
