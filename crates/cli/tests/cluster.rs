@@ -199,6 +199,16 @@ impl Node {
         )
     }
 
+    /// Fails the test unless sandbox `id` runs a command through this node.
+    fn answers(&self, id: &str) {
+        assert_eq!(
+            self.ok(&["sandbox", "exec", id, "--", "echo", "up"]).trim(),
+            "up",
+            "sandbox {id} through {}",
+            self.name
+        );
+    }
+
     fn qemus(&self) -> usize {
         infra::qemus_of(&self.paths).len()
     }
@@ -537,12 +547,7 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     // Two down: running sandboxes answer, creates are refused with the error; then back.
     let second = (leader + 1) % 3;
     etcd.stop(second);
-    assert_eq!(
-        nodes[0]
-            .ok(&["sandbox", "exec", &third, "--", "echo", "up"])
-            .trim(),
-        "up"
-    );
+    nodes[0].answers(&third);
     let o = nodes[0].run(&["sandbox", "create", "--json"]);
     assert!(!o.status.success());
     let said = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
@@ -841,12 +846,7 @@ fn fresh_nodes_bring_everything_they_need() {
         assert_eq!(o["node"], to, "{o}");
         assert!(o["transfer"].is_null(), "a create moved something: {o}");
         let id = o["id"].as_str().unwrap();
-        assert_eq!(
-            nodes[1]
-                .ok(&["sandbox", "exec", id, "--", "echo", "up"])
-                .trim(),
-            "up"
-        );
+        nodes[1].answers(id);
         nodes[2].ok(&["sandbox", "rm", id]);
     }
     // A repeat fork to b: b holds the last save while its copy lives; only what changed moves.
@@ -1001,12 +1001,7 @@ fn a_missing_carried_image_is_built_once_for_the_cluster() {
     made.push(third);
     for v in &made {
         let id = v["id"].as_str().unwrap();
-        assert_eq!(
-            nodes[2]
-                .ok(&["sandbox", "exec", id, "--", "echo", "up"])
-                .trim(),
-            "up"
-        );
+        nodes[2].answers(id);
         nodes[2].ok(&["sandbox", "rm", id]);
     }
 }
@@ -1061,12 +1056,7 @@ fn snapshots_move_between_nodes_by_chunks() {
         &c_images.join("python-bookworm/1/rootfs.ext4")
     ));
     let id = o["id"].as_str().unwrap();
-    assert_eq!(
-        nodes[2]
-            .ok(&["sandbox", "exec", id, "--", "echo", "up"])
-            .trim(),
-        "up"
-    );
+    nodes[2].answers(id);
     nodes[2].ok(&["sandbox", "rm", id]);
     let again: serde_json::Value = serde_json::from_str(&nodes[0].ok(&[
         "sandbox",
