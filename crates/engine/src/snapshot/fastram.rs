@@ -80,6 +80,11 @@ fn home_hash(home: &Path) -> String {
 }
 
 impl Place {
+    /// The directory this home's in-memory RAM files go under.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
     /// A new, empty directory for one snapshot's RAM file of about `need` bytes, when the file
     /// system keeps its reserve free after it; else `None` (the caller uses the disk).
     pub fn new_dir(&self, need: u64) -> Option<PathBuf> {
