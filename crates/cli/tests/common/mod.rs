@@ -3,6 +3,8 @@
 //! Unix socket and a TCP listener with a token.
 #![allow(dead_code)] // each test crate uses what it needs
 
+pub mod cluster;
+
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
