@@ -527,3 +527,79 @@ fn a_migration_shows_live_to_its_verdicts() {
     tab.activate().unwrap();
     no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
 }
+
+/// The console of any node of a cluster lists every node's sandboxes (each with its node) and
+/// snapshots, and its actions go to the owner: a sandbox of node a, seen and forked from the
+/// console of node c. (On the host's loopback, where Chromium reaches the nodes.)
+#[test]
+fn the_console_of_any_node_shows_the_cluster_and_acts_on_the_owner() {
+    use common::cluster::{Node, TestCluster};
+    use forkbox_test_infra::cluster_net::ClusterNet;
+    let c = TestCluster::start_on(ClusterNet::loopback(3), |name, ns, addr, endpoints| {
+        Node::new("console-cluster", name, ns, addr, endpoints, &[])
+    });
+    let (a, node_c) = (&c.nodes[0], &c.nodes[2]);
+    let (id, on) = a.create(&["--node", "a", "--ttl", "20m"]);
+    assert_eq!(on, "a");
+    let token = a.ok(&["token", "create", "--name", "ui", "--cluster", &c.endpoints]);
+    let base = format!("http://{}:7070", node_c.addr);
+
+    let b = browser();
+    let tab = b.new_tab().unwrap();
+    tab.set_default_timeout(Duration::from_secs(30));
+    login(&tab, &base, token.trim());
+    let node_of = |id: &str| {
+        format!(
+            "(document.querySelector('tr[data-id=\"{id}\"] td[data-label=\"Node\"]') || {{}}).textContent"
+        )
+    };
+    until(
+        &tab,
+        &format!("{} === 'a'", node_of(&id)),
+        Duration::from_secs(20),
+    );
+
+    println!("step: fork from c's console");
+    tab.wait_for_element(&format!("tr[data-id=\"{id}\"]"))
+        .unwrap()
+        .click()
+        .unwrap();
+    tab.evaluate("document.getElementById('fork-count').value = '1'", false)
+        .unwrap();
+    tab.wait_for_element("#fork").unwrap().click().unwrap();
+    until(
+        &tab,
+        "document.getElementById('message').textContent.startsWith('1 copies of ')",
+        Duration::from_secs(180),
+    );
+    let snapshot = js(
+        &tab,
+        "document.getElementById('message').textContent.split(' ')[3]",
+    );
+    let snapshot = snapshot.as_str().unwrap().to_string();
+    // The copy is a's (a fork of a sandbox is made on its owner), listed on c with its node,
+    // and the snapshot it came from is in c's fork tree as a's.
+    let listed = node_c.ls();
+    let copy = listed
+        .iter()
+        .find(|(i, _, _)| *i != id)
+        .unwrap_or_else(|| panic!("no copy listed: {listed:?}"))
+        .clone();
+    assert_eq!(copy.2, "a", "{listed:?}");
+    until(
+        &tab,
+        &format!("{} === 'a'", node_of(&copy.0)),
+        Duration::from_secs(20),
+    );
+    tab.evaluate("location.hash = '#/tree'", false).unwrap();
+    until(
+        &tab,
+        &format!(
+            "(document.querySelector('li[data-key=\"s:{snapshot}\"] > .node') || {{}}).textContent.includes('on a')"
+        ),
+        Duration::from_secs(20),
+    );
+    for s in [&id, &copy.0] {
+        node_c.ok(&["sandbox", "rm", s]);
+    }
+}

@@ -901,7 +901,11 @@ pub async fn serve(
             None => r,
         }
     };
-    let console = console::Console::new(engine.clone(), with_extra(router(engine.clone())));
+    let console = console::Console::new(
+        engine.clone(),
+        with_extra(router(engine.clone())),
+        node.is_some(),
+    );
     let app = with_extra(router(engine.clone())).layer(axum::middleware::from_fn_with_state(
         console.on_socket(),
         console::intercept,

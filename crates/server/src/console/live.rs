@@ -10,11 +10,15 @@ use std::time::Duration;
 
 use axum::response::sse::{Event, KeepAlive, Sse};
 use axum::response::{IntoResponse, Response};
+use axum::Router;
 use forkbox_engine::api::{
     ops, Engine, ImageView, InfoView, MigrationView, SandboxView, SnapshotMeta,
 };
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+use tower::ServiceExt;
 
+/// The most bytes of a cluster listing the console reads.
+const MAX_LISTING: usize = 64 << 20;
 /// How often the VMs' figures go out, and sandboxes' states are looked at again.
 pub const TICK: Duration = Duration::from_secs(5);
 /// How long a burst of changes is let settle before the state is read again.
@@ -23,11 +27,29 @@ const SETTLE: Duration = Duration::from_millis(50);
 const SERIES_EVERY: Duration = Duration::from_secs(30);
 const SERIES_POINTS: usize = 120;
 
+/// Where the console reads what it lists: this daemon's engine, and on a cluster's node the
+/// API with the cluster's routing, so that the sandboxes and snapshots of every live node are
+/// listed (each with its node) through the same forwarding as the API's own listings.
+#[derive(Clone)]
+pub struct Source {
+    pub engine: Arc<Engine>,
+    pub cluster_api: Option<Router>,
+}
+
+/// A snapshot as a listing gives it: in a cluster, with the node that holds it.
+#[derive(Serialize, Deserialize)]
+pub struct Held {
+    #[serde(flatten)]
+    pub meta: SnapshotMeta,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub node: Option<String>,
+}
+
 /// The state the pages draw.
 #[derive(Serialize)]
 pub struct State {
     pub sandboxes: Vec<SandboxView>,
-    pub snapshots: Vec<SnapshotMeta>,
+    pub snapshots: Vec<Held>,
     pub images: Vec<ImageView>,
     pub info: Option<InfoView>,
     /// Runs of `forkbox migrate` that registered, newest first.
@@ -113,11 +135,52 @@ async fn sample(engine: &Engine) -> Point {
     }
 }
 
+impl Source {
+    /// `GET pq` of the cluster's API, parsed (an empty list when it does not answer: the page
+    /// shows what it can and reads again at the next change or tick).
+    async fn listing<T: serde::de::DeserializeOwned>(api: &Router, pq: &str) -> Vec<T> {
+        let Ok(req) = axum::http::Request::get(pq).body(axum::body::Body::empty()) else {
+            return Vec::new();
+        };
+        let Ok(r) = api.clone().oneshot(req).await;
+        if !r.status().is_success() {
+            tracing::warn!("console: {pq} answered {}", r.status());
+            return Vec::new();
+        }
+        match axum::body::to_bytes(r.into_body(), MAX_LISTING).await {
+            Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
+            Err(_) => Vec::new(),
+        }
+    }
+
+    async fn sandboxes(&self) -> Vec<SandboxView> {
+        match &self.cluster_api {
+            Some(api) => Source::listing(api, "/v1/sandboxes").await,
+            None => sandboxes(&self.engine).await,
+        }
+    }
+
+    async fn snapshots(&self) -> Vec<Held> {
+        match &self.cluster_api {
+            Some(api) => Source::listing(api, "/v1/snapshots").await,
+            None => {
+                let local = self.engine.call(ops::ListSnapshots {}).await;
+                local
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|meta| Held { meta, node: None })
+                    .collect()
+            }
+        }
+    }
+}
+
 impl State {
-    pub async fn now(engine: &Engine) -> State {
+    pub async fn now(source: &Source) -> State {
+        let engine = &source.engine;
         State {
-            sandboxes: sandboxes(engine).await,
-            snapshots: engine.call(ops::ListSnapshots {}).await.unwrap_or_default(),
+            sandboxes: source.sandboxes().await,
+            snapshots: source.snapshots().await,
             images: engine.call(ops::ListImages {}).await.unwrap_or_default(),
             info: engine.call(ops::Info {}).await.ok(),
             migrations: engine
@@ -169,12 +232,13 @@ fn event(name: &str, data: &impl Serialize) -> Option<Event> {
 /// The event stream of a page: `state` (everything, as [`State`]) at once and after each
 /// change, `usage` (the VMs' figures) every [`TICK`], `series` (the host's figures) when a
 /// point is added.
-pub fn events(engine: Arc<Engine>, series: Arc<Series>) -> Response {
+pub fn events(source: Source, series: Arc<Series>) -> Response {
     let (tx, rx) = tokio::sync::mpsc::channel::<Result<Event, Infallible>>(8);
     tokio::spawn(async move {
+        let engine = source.engine.clone();
         let mut changes = engine.changes();
         let mut tick = tokio::time::interval(TICK);
-        let mut last = State::now(&engine).await;
+        let mut last = State::now(&source).await;
         let mut last_json = json(&last);
         let mut last_sandboxes = json(&last.sandboxes);
         let mut sent_points = 0u64;
@@ -198,7 +262,7 @@ pub fn events(engine: Arc<Engine>, series: Arc<Series>) -> Response {
                     }
                     tokio::time::sleep(SETTLE).await;
                     changes.borrow_and_update();
-                    let now = State::now(&engine).await;
+                    let now = State::now(&source).await;
                     let now_json = json(&now);
                     if now_json != last_json {
                         last = now;
@@ -210,16 +274,31 @@ pub fn events(engine: Arc<Engine>, series: Arc<Series>) -> Response {
                     }
                 }
                 _ = tick.tick() => {
-                    // A sandbox's state can move without an operation (its VM failed).
-                    let now = sandboxes(&engine).await;
-                    let now_json = json(&now);
-                    if now_json != last_sandboxes {
-                        last.sandboxes = now;
-                        last_sandboxes = now_json;
-                        last_json = json(&last);
-                        if !send(event("state", &last)).await {
-                            return;
+                    // A sandbox's state can move without an operation (its VM failed); in a
+                    // cluster, what other nodes do moves no counter here.
+                    let moved = if source.cluster_api.is_some() {
+                        let now = State::now(&source).await;
+                        let now_json = json(&now);
+                        let moved = now_json != last_json;
+                        if moved {
+                            last = now;
+                            last_json = now_json;
+                            last_sandboxes = json(&last.sandboxes);
                         }
+                        moved
+                    } else {
+                        let now = source.sandboxes().await;
+                        let now_json = json(&now);
+                        let moved = now_json != last_sandboxes;
+                        if moved {
+                            last.sandboxes = now;
+                            last_sandboxes = now_json;
+                            last_json = json(&last);
+                        }
+                        moved
+                    };
+                    if moved && !send(event("state", &last)).await {
+                        return;
                     }
                     if !send(event("usage", &Usage::now(&engine))).await {
                         return;

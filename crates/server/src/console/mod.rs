@@ -40,6 +40,8 @@ const MAX_LOGIN_BYTES: usize = 4096;
 /// The console of one daemon: its sessions, the API it acts through, its host figures.
 pub struct Console {
     engine: Arc<Engine>,
+    /// Where it reads what it lists (on a cluster's node: every node's, through `api`).
+    source: live::Source,
     /// The API (with the cluster's routing when in one), without the TCP listener's checks.
     api: Router,
     sessions: Sessions,
@@ -55,11 +57,17 @@ pub struct Access {
 }
 
 impl Console {
-    /// The console of `engine`, acting through `api`; its host figures sampled from now on.
-    pub fn new(engine: Arc<Engine>, api: Router) -> Arc<Console> {
+    /// The console of `engine`, acting through `api` (and listing through it, on a cluster's
+    /// node: `cluster`); its host figures sampled from now on.
+    pub fn new(engine: Arc<Engine>, api: Router, cluster: bool) -> Arc<Console> {
         let series = Series::spawn(engine.clone());
+        let source = live::Source {
+            engine: engine.clone(),
+            cluster_api: cluster.then(|| api.clone()),
+        };
         Arc::new(Console {
             engine,
+            source,
             api,
             sessions: Sessions::default(),
             series,
@@ -207,7 +215,7 @@ impl Access {
         }
         match (req.method().clone(), path) {
             (Method::GET, "/ui" | "/ui/") => {
-                let state = live::State::now(&self.console.engine).await;
+                let state = live::State::now(&self.console.source).await;
                 page(
                     StatusCode::OK,
                     assets::index_page(
@@ -217,7 +225,7 @@ impl Access {
                 )
             }
             (Method::GET, "/ui/events") => {
-                live::events(self.console.engine.clone(), self.console.series.clone())
+                live::events(self.console.source.clone(), self.console.series.clone())
             }
             (Method::POST, "/ui/logout") => {
                 if let Some(c) = session::cookie(&req) {
@@ -299,9 +307,12 @@ impl Access {
             return crate::refusal(Code::BadRequest, "not a path of the API");
         };
         *req.uri_mut() = uri;
-        // The API never sees the console's cookie or its token.
+        // The API never sees the console's cookie or its token, nor the page's origin (checked
+        // above): a call the cluster forwards to another node reaches that node's API as a
+        // program's, which a page's `Origin` would have it refuse.
         req.headers_mut().remove(header::COOKIE);
         req.headers_mut().remove(CSRF_HEADER);
+        req.headers_mut().remove(header::ORIGIN);
         match self.console.api.clone().oneshot(req).await {
             Ok(r) => r,
             Err(never) => match never {},

@@ -247,7 +247,8 @@ function treePage() {
   for (const s of S.snapshots) {
     node('s:' + s.name, s.kind === 'template' ? 'template' : 'snapshot', s.name, [
       'memory ' + bytes(s.memory_bytes), 'holds alone ' + bytes(s.held_alone_bytes), s.image,
-    ]);
+      s.node ? 'on ' + s.node : null,
+    ].filter(Boolean));
   }
   for (const sb of S.sandboxes) {
     const u = usageOf(sb.id);
