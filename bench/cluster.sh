@@ -12,7 +12,8 @@
 #     1.5x the same fork on its own node), bytes moved against what the node lacked (<= 1.1x),
 #     a repeat (<= 1 MiB), three copies spread over two nodes (<= 1.5 s); a create on a node of
 #     an image it never held (bytes moved ~ the image's data), next to building it.
-# BENCH_ONLY=transfer runs the last part alone.
+# BENCH_ONLY=transfer runs the last part alone; BENCH_FRESH=1 gives b and c homes of their own
+# (b the image only, c nothing), as fresh nodes.
 # Three nodes, each in a network namespace of its own with its own home (sharing the test
 # home's kernel and images), on a real 3-member etcd in a fourth; everything is removed at the
 # end. Needs root, etcd (Debian's etcd-server) and python3.
@@ -46,6 +47,12 @@ home() {  # a home of its own that shares the test home's kernels and images (c:
   mkdir -p "$work/$1"
   for sub in kernels images cache templates; do
     if [ "$1" = node-c ] && [ "$sub" = images ]; then mkdir -p "$work/$1/images"; continue; fi
+    # BENCH_FRESH=1: b and c hold no template and no cache of a's (b holds only the image, c
+    # nothing): each makes or brings what it needs, as a node does on its first day.
+    if [ "${BENCH_FRESH:-0}" = 1 ] && [ "$1" != node-a ] && [ "$sub" != kernels ] \
+      && { [ "$sub" != images ] || [ "$1" = node-c ]; }; then
+      mkdir -p "$work/$1/$sub"; continue
+    fi
     ln -sfn "$shared/$sub" "$work/$1/$sub"
   done
   echo "$work/$1"
