@@ -12,6 +12,14 @@ fn ip(args: &[&str]) {
     assert!(st.success(), "ip {args:?} failed");
 }
 
+/// Removes namespace `ns` if a dead process left it.
+fn clear_stale(ns: &str) {
+    let _ = Command::new("ip")
+        .args(["netns", "del", ns])
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 pub struct ClusterNet {
     /// The hub's namespace: the bridge and `hub_ip` live there.
     pub hub: String,
@@ -24,10 +32,15 @@ impl ClusterNet {
     /// A hub and `n` node namespaces on a /24 of their own.
     pub fn new(n: usize) -> ClusterNet {
         let pid = std::process::id();
-        let tag = format!("fbc{}", pid % 100_000);
+        // The whole pid: a namespace of this name is a dead process's leftover, cleared.
+        let tag = format!("fbc{pid:x}");
         let net = format!("10.{}.{}", 200 + pid % 50, pid / 50 % 250);
         let hub = format!("{tag}hub");
         let hub_ip = format!("{net}.1");
+        for i in 0..n {
+            clear_stale(&format!("{tag}n{i}"));
+        }
+        clear_stale(&hub);
         ip(&["netns", "add", &hub]);
         ip(&["-n", &hub, "link", "set", "lo", "up"]);
         ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"]);

@@ -258,14 +258,46 @@ fn ip(args: &[&str]) {
     assert!(st.success(), "ip {args:?} failed");
 }
 
+/// Removes namespace `ns` and host link `link` if a dead process left them.
+fn clear_stale(ns: &str, link: &str) {
+    let quiet = |args: &[&str]| {
+        let _ = std::process::Command::new("ip")
+            .args(args)
+            .stderr(std::process::Stdio::null())
+            .status();
+    };
+    quiet(&["link", "del", link]);
+    quiet(&["netns", "del", ns]);
+}
+
+/// A `10.A.B` /24 that no address of the host's namespace is in, the first from `seed` on.
+fn free_subnet(seed: u32) -> String {
+    let out = std::process::Command::new("ip")
+        .args(["-o", "-4", "addr", "show"])
+        .output()
+        .expect("run `ip` (iproute2)");
+    let used = String::from_utf8_lossy(&out.stdout).into_owned();
+    (0..20_000u32)
+        .map(|i| {
+            let k = (seed + i) % 20_000;
+            format!("10.{}.{}", 100 + k % 100, k / 100)
+        })
+        .find(|net| !used.contains(&format!(" {net}.")))
+        .expect("a free 10.x.y.0/24 for a test network")
+}
+
 impl TestNet {
     pub fn new() -> TestNet {
         static N: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
         let n = N.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         let pid = std::process::id();
-        let name = format!("fbx{}n{n}", pid % 100_000);
+        // The whole pid (in hex, to fit an interface name's 15 bytes): no living process
+        // shares it, so a namespace or link of this name is a leftover of a dead one (a test
+        // killed before its drop) and is cleared.
+        let name = format!("fbx{pid:x}n{n}");
         let (host_if, peer_if) = (format!("{name}h"), format!("{name}p"));
-        let net = format!("10.{}.{}", 100 + pid % 100, (pid / 100 % 200) + n);
+        clear_stale(&name, &host_if);
+        let net = free_subnet(pid + n);
         let host_ip = format!("{net}.1");
         let peer_ips = [format!("{net}.2"), format!("{net}.3")];
         ip(&["netns", "add", &name]);
