@@ -23,12 +23,21 @@ pub struct Reach {
     /// A file holding the cluster secret; or set FORKBOX_CLUSTER_SECRET.
     #[arg(long, value_name = "FILE")]
     pub cluster_secret_file: Option<std::path::PathBuf>,
+    /// For an etcd on https: a directory of the CA (ca.pem, or etcd's as etcd-ca.pem) and a
+    /// certificate of the cluster CA (node.pem, node.key; `cluster issue-cert --node operator`).
+    #[arg(long, env = "FORKBOX_CLUSTER_TLS", value_name = "DIR")]
+    pub cluster_tls: Option<std::path::PathBuf>,
 }
 
 impl Reach {
     pub async fn connect(self) -> anyhow::Result<Cluster> {
         let secret = crate::daemon::cluster_secret(self.cluster_secret_file)?;
-        Ok(Cluster::operator(self.cluster, secret).await?)
+        let tls = self
+            .cluster_tls
+            .map(|d| forkbox_cluster::tls::Identity::load_any(&d))
+            .transpose()
+            .map_err(anyhow::Error::msg)?;
+        Ok(Cluster::operator(self.cluster, secret, tls).await?)
     }
 }
 
@@ -42,6 +51,34 @@ pub enum ClusterCmd {
         /// Print it as JSON.
         #[arg(long)]
         json: bool,
+    },
+    /// Make the cluster's CA for mutual TLS between nodes: DIR/ca.pem (give it to every node)
+    /// and DIR/ca.key (mode 0600; keep it off the nodes). Nothing is overwritten.
+    InitCa {
+        /// Where to write them.
+        #[arg(long, value_name = "DIR")]
+        dir: std::path::PathBuf,
+    },
+    /// Issue node NAME's certificate, signed by the CA in --ca: OUT/node.pem, OUT/node.key and
+    /// a copy of OUT/ca.pem, what `forkbox serve --cluster-tls OUT` takes. Nothing is
+    /// overwritten.
+    IssueCert {
+        /// The CA's directory (from `cluster init-ca`).
+        #[arg(long, value_name = "DIR")]
+        ca: std::path::PathBuf,
+        /// The node's name, as its --node (the certificate is bound to it).
+        #[arg(long)]
+        node: String,
+        /// More names it may serve under: an IP address or DNS name (an etcd member's, for a
+        /// certificate etcd serves with); repeatable.
+        #[arg(long = "host", value_name = "HOST")]
+        hosts: Vec<String>,
+        /// Days it stays valid.
+        #[arg(long, default_value_t = 365)]
+        days: u32,
+        /// Where to write it.
+        #[arg(long, value_name = "DIR")]
+        out: std::path::PathBuf,
     },
 }
 
@@ -69,7 +106,52 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 pub fn cluster(cmd: ClusterCmd) -> anyhow::Result<ExitCode> {
-    let ClusterCmd::Status { reach, json } = cmd;
+    match cmd {
+        ClusterCmd::Status { reach, json } => status(reach, json),
+        ClusterCmd::InitCa { dir } => {
+            let (cert, key) = forkbox_cluster::tls::init_ca(&dir).map_err(anyhow::Error::msg)?;
+            println!(
+                "cluster CA: {} (every node's), key {} (keep it off the nodes)",
+                cert.display(),
+                key.display()
+            );
+            println!(
+                "next, per node: forkbox cluster issue-cert --ca {} --node NAME --out DIR",
+                dir.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        ClusterCmd::IssueCert {
+            ca,
+            node,
+            hosts,
+            days,
+            out,
+        } => {
+            if days == 0 {
+                anyhow::bail!("--days must be 1 or more");
+            }
+            let req = forkbox_cluster::tls::Request {
+                node: node.clone(),
+                hosts,
+                not_after_unix: (forkbox_cluster::now_ms() / 1000) as i64
+                    + i64::from(days) * 86_400,
+            };
+            let files = forkbox_cluster::tls::issue(&ca, &req, &out).map_err(anyhow::Error::msg)?;
+            for f in &files {
+                println!("{}", f.display());
+            }
+            println!(
+                "node {node}'s certificate ({}), valid {days} days: forkbox serve --cluster-tls {} …",
+                forkbox_cluster::tls::dns_name(&node),
+                out.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn status(reach: Reach, json: bool) -> anyhow::Result<ExitCode> {
     runtime()?.block_on(async {
         let c = reach.connect().await?;
         let nodes = c.nodes().await?;

@@ -687,6 +687,16 @@ pub struct ClusterArgs {
     /// FORKBOX_CLUSTER_SECRET.
     #[arg(long, value_name = "FILE", requires = "cluster")]
     cluster_secret_file: Option<std::path::PathBuf>,
+    /// Mutual TLS with the other nodes (and etcd, on https URLs): a directory holding ca.pem,
+    /// node.pem and node.key (`forkbox cluster issue-cert`). Peers then call this node over
+    /// TLS on --listen's port; users' clients keep plain HTTP and tokens.
+    #[arg(
+        long,
+        env = "FORKBOX_CLUSTER_TLS",
+        value_name = "DIR",
+        requires = "cluster"
+    )]
+    cluster_tls: Option<std::path::PathBuf>,
     /// Seconds of the node's lease in etcd: a node that dies is seen gone within this.
     #[arg(long, default_value_t = forkbox_cluster::DEFAULT_LEASE_SECS, requires = "cluster")]
     lease: i64,
@@ -733,6 +743,7 @@ impl ClusterArgs {
             advertise,
             secret,
             lease_secs: self.lease,
+            tls_dir: self.cluster_tls,
         }))
     }
 }

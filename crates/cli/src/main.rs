@@ -175,6 +175,10 @@ enum TokenCmd {
         /// A file holding the cluster secret (or set FORKBOX_CLUSTER_SECRET).
         #[arg(long, value_name = "FILE", requires = "cluster")]
         cluster_secret_file: Option<PathBuf>,
+        /// For an etcd on https: a directory with the CA and a certificate of it (as
+        /// `serve --cluster-tls`).
+        #[arg(long, env = "FORKBOX_CLUSTER_TLS", value_name = "DIR", requires = "cluster")]
+        cluster_tls: Option<PathBuf>,
         /// Take the token from standard input instead of making one (a token kept in a
         /// Kubernetes Secret, say; at least 32 characters).
         #[arg(long, requires = "cluster")]
@@ -503,6 +507,7 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             name,
             cluster: urls,
             cluster_secret_file,
+            cluster_tls,
             stdin,
             json,
         } if !urls.is_empty() => {
@@ -513,6 +518,7 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             let reach = cluster::Reach {
                 cluster: urls,
                 cluster_secret_file,
+                cluster_tls,
             };
             cluster::add_token(reach, &name, &token)?;
             // A token given on stdin is never echoed (a Job's log would keep it).

@@ -20,6 +20,7 @@
 
 pub mod auth;
 pub mod placement;
+pub mod tls;
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -158,6 +159,9 @@ pub struct Config {
     pub secret: String,
     pub lease_secs: i64,
     pub node_id: String,
+    /// Mutual TLS: this node's certificate, key and the cluster CA (etcd is reached over TLS
+    /// with them when its URLs are `https://`).
+    pub tls: Option<tls::Identity>,
 }
 
 impl Config {
@@ -196,6 +200,21 @@ impl Config {
                  (http://ADDRESS:PORT of its --listen)",
                 self.advertise
             )));
+        }
+        if self.tls.is_none() {
+            if let Some(e) = self.endpoints.iter().find(|e| e.starts_with("https://")) {
+                return Err(Error::Invalid(format!(
+                    "etcd URL {e} is https: give --cluster-tls DIR (the cluster CA, or etcd's \
+                     as etcd-ca.pem, and this node's certificate, which etcd takes as a client's)"
+                )));
+            }
+            if self.advertise.starts_with("https://") {
+                return Err(Error::Invalid(format!(
+                    "--advertise {} is https: give --cluster-tls DIR (nodes speak mutual TLS \
+                     with certificates of the cluster CA)",
+                    self.advertise
+                )));
+            }
         }
         if self.secret.len() < 16 {
             return Err(Error::Invalid(
@@ -287,11 +306,17 @@ impl Cluster {
     /// cluster secret against the one the cluster was made with.
     pub async fn connect(cfg: Config) -> Result<Cluster> {
         cfg.validate()?;
-        let options = ConnectOptions::new()
+        let mut options = ConnectOptions::new()
             .with_connect_timeout(ATTEMPT_DEADLINE)
             .with_timeout(ATTEMPT_DEADLINE)
             .with_keep_alive(Duration::from_secs(2), ATTEMPT_DEADLINE)
             .with_require_leader(true);
+        if let Some(id) = &cfg.tls {
+            tls::install_provider();
+            if cfg.endpoints.iter().any(|e| e.starts_with("https://")) {
+                options = options.with_tls(id.etcd());
+            }
+        }
         let client = Client::connect(&cfg.endpoints, Some(options))
             .await
             .map_err(|e| Error::Invalid(format!("etcd endpoints {:?}: {e}", cfg.endpoints)))?;
@@ -309,7 +334,11 @@ impl Cluster {
 
     /// An operator's handle (`forkbox cluster status`, `node drain`, cluster tokens): not a
     /// node, never registered.
-    pub async fn operator(endpoints: Vec<String>, secret: String) -> Result<Cluster> {
+    pub async fn operator(
+        endpoints: Vec<String>,
+        secret: String,
+        tls: Option<tls::Identity>,
+    ) -> Result<Cluster> {
         Cluster::connect(Config {
             endpoints,
             node: "operator".into(),
@@ -317,6 +346,7 @@ impl Cluster {
             secret,
             lease_secs: DEFAULT_LEASE_SECS,
             node_id: String::new(),
+            tls,
         })
         .await
     }

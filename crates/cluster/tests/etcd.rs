@@ -15,6 +15,7 @@ fn config(etcd: &EtcdCluster, node: &str, node_id: &str) -> Config {
         secret: SECRET.into(),
         lease_secs: 2,
         node_id: node_id.into(),
+        tls: None,
     }
 }
 
@@ -223,4 +224,74 @@ where
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     false
+}
+
+/// etcd over TLS with client certificates (`--client-cert-auth`): a node with a certificate of
+/// the cluster CA joins; one of another CA, or none, is not let in, and says why.
+#[tokio::test(flavor = "multi_thread")]
+async fn etcd_over_tls_takes_only_the_cluster_cas_certificates() {
+    use forkbox_cluster::tls;
+    let d = tempfile::tempdir().expect("a temporary directory");
+    let (ca, other_ca) = (d.path().join("ca"), d.path().join("other-ca"));
+    tls::init_ca(&ca).expect("a CA");
+    tls::init_ca(&other_ca).expect("another CA");
+    let req = |node: &str| tls::Request {
+        node: node.into(),
+        hosts: vec!["127.0.0.1".into()],
+        not_after_unix: forkbox_cluster::now_ms() as i64 / 1000 + 86_400,
+    };
+    let (etcd_dir, a_dir, x_dir) = (
+        d.path().join("etcd"),
+        d.path().join("a"),
+        d.path().join("x"),
+    );
+    tls::issue(&ca, &req("etcd"), &etcd_dir).expect("etcd's certificate");
+    tls::issue(&ca, &req("a"), &a_dir).expect("a's certificate");
+    tls::issue(&other_ca, &req("a"), &x_dir).expect("another cluster's a");
+    let etcd = EtcdCluster::start_with(
+        3,
+        "127.0.0.1",
+        None,
+        Some(forkbox_test_infra::etcd::EtcdTls {
+            ca: etcd_dir.join(tls::CA_FILE),
+            cert: etcd_dir.join(tls::CERT_FILE),
+            key: etcd_dir.join(tls::KEY_FILE),
+        }),
+    );
+    assert!(etcd.endpoints()[0].starts_with("https://"));
+
+    let mut cfg = config(&etcd, "a", "id-a");
+    let Err(e) = Cluster::connect(cfg.clone()).await else {
+        panic!("an https etcd without TLS given must be refused");
+    };
+    assert!(e.to_string().contains("--cluster-tls"), "{e}");
+
+    cfg.tls = Some(tls::Identity::load(&a_dir, "a").expect("a's identity"));
+    let c = Cluster::connect(cfg.clone())
+        .await
+        .expect("connects over TLS");
+    c.join(&record(&cfg)).await.expect("joins over TLS");
+    let names: Vec<String> = c
+        .nodes_fresh()
+        .await
+        .expect("nodes")
+        .into_iter()
+        .map(|n| n.name)
+        .collect();
+    assert_eq!(names, ["a"]);
+
+    // Another cluster's certificate (its CA beside it, so it loads): etcd's server certificate
+    // is not of that CA, and etcd would not take the client's either.
+    let mut other = config(&etcd, "b", "id-b");
+    other.tls = Some(tls::Identity::load(&x_dir, "a").expect("loads against its own CA"));
+    other.node = "a".into();
+    let refused = match Cluster::connect(other.clone()).await {
+        Err(e) => e.to_string(),
+        Ok(c) => c
+            .join(&record(&other))
+            .await
+            .expect_err("another cluster's node is not let in")
+            .to_string(),
+    };
+    assert!(refused.contains("etcd"), "{refused}");
 }

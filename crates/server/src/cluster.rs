@@ -39,8 +39,10 @@ use hyper_util::rt::TokioExecutor;
 use crate::refusal;
 
 mod routing;
+mod tls;
 mod transfer;
 pub use routing::{route, verify_peer};
+pub use tls::PeerStream;
 
 /// How a daemon joins a cluster.
 #[derive(Debug, Clone)]
@@ -50,6 +52,8 @@ pub struct ClusterOptions {
     pub advertise: String,
     pub secret: String,
     pub lease_secs: i64,
+    /// Mutual TLS with the peers: a directory of `ca.pem`, `node.pem`, `node.key`.
+    pub tls_dir: Option<PathBuf>,
 }
 
 /// Largest create or fork request body read to decide where it goes.
@@ -73,6 +77,9 @@ pub struct Node {
     /// None until etcd first answered (the node serves its own sandboxes meanwhile).
     cluster: tokio::sync::RwLock<Option<Cluster>>,
     http: HttpClient<HttpConnector, Body>,
+    /// Mutual TLS with the peers, when the node has a certificate: every call to a peer goes
+    /// over it, and a peer's call reaches this node only over it.
+    tls: Option<tls::NodeTls>,
     config: Config,
     /// Sandboxes this node recorded as its own in etcd (kept in the home, so a restart tells
     /// a record removed elsewhere from one never made).
@@ -110,13 +117,28 @@ pub async fn start(
     paths: Paths,
     opts: ClusterOptions,
 ) -> std::io::Result<Arc<Node>> {
+    let identity = match &opts.tls_dir {
+        Some(d) => Some(forkbox_cluster::tls::Identity::load(d, &opts.node).map_err(io)?),
+        None => None,
+    };
+    let node_tls = identity
+        .as_ref()
+        .map(tls::NodeTls::new)
+        .transpose()
+        .map_err(io)?;
+    // With certificates, peers reach this node's listener over TLS on the same port.
+    let advertise = match (&identity, opts.advertise.strip_prefix("http://")) {
+        (Some(_), Some(rest)) => format!("https://{rest}"),
+        _ => opts.advertise.clone(),
+    };
     let cfg = Config {
         endpoints: opts.endpoints.clone(),
         node: opts.node.clone(),
-        advertise: opts.advertise.clone(),
+        advertise,
         secret: opts.secret.clone(),
         lease_secs: opts.lease_secs,
         node_id: node_id(&paths)?,
+        tls: identity,
     };
     cfg.validate().map_err(io)?;
     engine.set_node(&opts.node).map_err(io)?;
@@ -134,6 +156,7 @@ pub async fn start(
         paths,
         cluster: Default::default(),
         http: HttpClient::builder(TokioExecutor::new()).build(connector),
+        tls: node_tls,
         config: cfg.clone(),
         ledger: Mutex::new(ledger),
         pulls: Default::default(),
@@ -475,16 +498,77 @@ impl Node {
     /// The advertised URL of the live node that owns sandbox `id`, when that is another node
     /// (a preview opened here is carried there; `None` when it runs here or no live node owns
     /// it).
-    pub async fn owner_elsewhere(&self, id: &str) -> Option<String> {
+    pub async fn owner_elsewhere(&self, id: &str) -> Option<NodeRecord> {
         if self.engine.has(id).await {
             return None;
         }
         let c = self.cluster().await?;
         let (owner, live) = tokio::try_join!(c.owner(id), c.nodes()).ok()?;
         let owner = owner.filter(|o| o.node != self.name)?;
-        live.into_iter()
-            .find(|n| n.name == owner.node)
-            .map(|n| n.advertise)
+        live.into_iter().find(|n| n.name == owner.node)
+    }
+
+    /// What this node's TCP listener takes peers' TLS connections with (None without
+    /// certificates).
+    pub fn tls_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
+        self.tls.as_ref().map(tls::NodeTls::acceptor)
+    }
+
+    /// A byte stream to `target`'s listener: over mutual TLS when this node has a certificate.
+    pub async fn dial(&self, target: &NodeRecord) -> Result<Box<dyn PeerStream>, String> {
+        let uri = target.advertise.parse::<Uri>().map_err(|_| {
+            format!(
+                "node {} advertises {:?}, not a URL",
+                target.name, target.advertise
+            )
+        })?;
+        let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
+        self.scheme_agrees(target)?;
+        let dial = async {
+            match &self.tls {
+                Some(t) => t
+                    .dial(&target.name, &authority)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn PeerStream>),
+                None => tokio::net::TcpStream::connect(&authority)
+                    .await
+                    .map(|s| Box::new(s) as Box<dyn PeerStream>),
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(5), dial)
+            .await
+            .map_err(|_| std::io::Error::other("timed out"))
+            .and_then(|r| r)
+            .map_err(|e| {
+                format!(
+                    "node {} ({}) did not answer: {e}",
+                    target.name, target.advertise
+                )
+            })
+    }
+
+    /// Refuses a call between a node with certificates and one without (or the other way):
+    /// nothing goes between them in clear.
+    fn scheme_agrees(&self, target: &NodeRecord) -> Result<(), String> {
+        let https = target.advertise.starts_with("https://");
+        match (self.tls.is_some(), https) {
+            (true, false) => Err(format!(
+                "node {} runs without mutual TLS (it advertises {}): this node calls its peers \
+                 only over TLS; give {} --cluster-tls with a certificate of the cluster CA",
+                target.name, target.advertise, target.name
+            )),
+            (false, true) => Err(format!(
+                "node {} speaks mutual TLS (it advertises {}): give this node --cluster-tls \
+                 with a certificate of the cluster CA",
+                target.name, target.advertise
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    /// Whether peers must call this node over mutual TLS.
+    pub fn requires_tls(&self) -> bool {
+        self.tls.is_some()
     }
 
     /// The secret every node of this cluster shares.
@@ -524,13 +608,26 @@ impl Node {
             Ok(v) => parts.headers.insert(node_auth::HEADER, v),
             Err(_) => return refusal(Code::Internal, "a node signature is not a header value"),
         };
-        match self.http.request(Request::from_parts(parts, body)).await {
+        if let Err(e) = self.scheme_agrees(target) {
+            return refusal(Code::NodeUnreachable, e);
+        }
+        let req = Request::from_parts(parts, body);
+        let sent = match &self.tls {
+            Some(t) => match t.client(&target.name) {
+                Ok(c) => c.request(req).await,
+                Err(e) => return refusal(Code::Internal, e),
+            },
+            None => self.http.request(req).await,
+        };
+        match sent {
             Ok(r) => r.map(Body::new),
             Err(e) => refusal(
                 Code::NodeUnreachable,
                 format!(
-                    "node {} ({}) did not answer: {e}",
-                    target.name, target.advertise
+                    "node {} ({}) did not answer: {}",
+                    target.name,
+                    target.advertise,
+                    tls::causes(&e)
                 ),
             ),
         }

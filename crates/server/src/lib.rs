@@ -971,14 +971,22 @@ async fn serve_tcp(
             console::intercept,
         ));
     let secret = previews.node.as_ref().map(|n| n.secret().to_string());
+    let node = previews.node.clone();
     let app = app.layer(axum::middleware::from_fn_with_state(
         previews,
         preview::intercept,
     ));
     preview::enable(l.local_addr()?.port(), secret.as_deref())?;
-    Ok(tokio::spawn(listen::serve(l, app, async move {
-        let _ = stop.wait_for(|s| *s).await;
-    })))
+    // A cluster's peers call over mutual TLS on the same port when the node has certificates.
+    let tls = node.as_ref().and_then(|n| n.tls_acceptor());
+    Ok(tokio::spawn(listen::serve_tls(
+        l,
+        app,
+        async move {
+            let _ = stop.wait_for(|s| *s).await;
+        },
+        tls,
+    )))
 }
 
 /// TTLs are absolute deadlines; a sweep enforces them each second (in a cluster, the expired

@@ -135,9 +135,94 @@ async fn take_slot(slots: &Arc<Semaphore>, table: &Shared) -> Option<OwnedSemaph
         .ok()
 }
 
+/// A connection's byte stream, plain or TLS.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Stream for T {}
+
+/// A connection a listener can look into before serving it: its first byte, unread.
+pub trait Peek: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {
+    /// The first byte the client sent (waiting for it), or None where nothing is looked at.
+    fn first_byte(&self) -> impl Future<Output = Option<u8>> + Send;
+}
+
+impl Peek for tokio::net::TcpStream {
+    async fn first_byte(&self) -> Option<u8> {
+        let mut b = [0u8; 1];
+        match self.peek(&mut b).await {
+            Ok(1) => Some(b[0]),
+            _ => None,
+        }
+    }
+}
+
+impl Peek for tokio::net::UnixStream {
+    async fn first_byte(&self) -> Option<u8> {
+        None
+    }
+}
+
+/// The node a TLS client's certificate names (set on each request of a TLS connection).
+#[derive(Debug, Clone)]
+pub struct PeerCertificate(pub Option<String>);
+
+/// A TLS ClientHello's first byte (a handshake record).
+const TLS_HANDSHAKE: u8 = 0x16;
+
+/// The connection to serve: TLS when `tls` is given and the client opens with a handshake
+/// (the node a verified client certificate names beside it), else as it came; None when the
+/// handshake fails or does not finish within [`HEADER_TIMEOUT`].
+async fn open<I: Peek>(
+    io: I,
+    tls: Option<&tokio_rustls::TlsAcceptor>,
+) -> Option<(Box<dyn Stream>, Option<PeerCertificate>)> {
+    let Some(acceptor) = tls else {
+        return Some((Box::new(io), None));
+    };
+    let handshake = async {
+        if io.first_byte().await != Some(TLS_HANDSHAKE) {
+            return Some((Box::new(io) as Box<dyn Stream>, None));
+        }
+        match acceptor.accept(io).await {
+            Ok(s) => {
+                let node = s
+                    .get_ref()
+                    .1
+                    .peer_certificates()
+                    .and_then(forkbox_cluster::tls::peer_node);
+                Some((Box::new(s) as Box<dyn Stream>, Some(PeerCertificate(node))))
+            }
+            Err(e) => {
+                tracing::debug!("a TLS handshake failed: {e}");
+                None
+            }
+        }
+    };
+    tokio::time::timeout(HEADER_TIMEOUT, handshake)
+        .await
+        .ok()
+        .flatten()
+}
+
 /// Serves `app` on `listener` until `stop` completes; then finishes the requests under way
 /// (for at most a few seconds) and returns.
-pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<Output = ()>) {
+pub async fn serve<L: Listener>(listener: L, app: Router, stop: impl Future<Output = ()>)
+where
+    L::Io: Peek,
+{
+    serve_tls(listener, app, stop, None).await
+}
+
+/// [`serve`], and with `tls` a connection that opens with a TLS handshake is served over TLS
+/// (a client certificate required, its node on each request as a [`PeerCertificate`]) beside
+/// plain ones on the same port.
+pub async fn serve_tls<L: Listener>(
+    mut listener: L,
+    app: Router,
+    stop: impl Future<Output = ()>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
+) where
+    L::Io: Peek,
+{
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let table: Shared = Arc::default();
     let (stopping, stop_rx) = watch::channel(false);
@@ -157,9 +242,18 @@ pub async fn serve<L: Listener>(mut listener: L, app: Router, stop: impl Future<
         let app = app.clone();
         let table = table.clone();
         let mut stop_rx = stop_rx.clone();
+        let tls = tls.clone();
         tokio::spawn(async move {
+            let Some((io, peer)) = open(io, tls.as_ref()).await else {
+                lock(&table).held.remove(&id);
+                drop(slot);
+                return;
+            };
             let t = table.clone();
-            let service = hyper::service::service_fn(move |req: hyper::Request<Incoming>| {
+            let service = hyper::service::service_fn(move |mut req: hyper::Request<Incoming>| {
+                if let Some(p) = &peer {
+                    req.extensions_mut().insert(p.clone());
+                }
                 lock(&t).request_started(id);
                 let answering = Answering {
                     table: t.clone(),

@@ -157,8 +157,8 @@ pub async fn intercept(State(previews): State<Previews>, req: Request, next: Nex
     };
     // The owner checks the same token (a cluster's key), serves it from its guest and sets
     // the cookie itself.
-    if let Some(url) = owner {
-        return carry(&url, &id, req).await.unwrap_or_else(|r| r);
+    if let (Some(owner), Some(node)) = (owner, &previews.node) {
+        return carry(node, &owner, &id, req).await.unwrap_or_else(|r| r);
     }
     match proxy(&previews.engine, &id, port, req).await {
         Ok(mut r) => {
@@ -200,32 +200,22 @@ async fn proxy(
     .await
 }
 
-/// Carries a preview request, as the browser sent it (its host name and token), to the node
-/// at `url` that runs sandbox `id`, and its answer back.
-async fn carry(url: &str, id: &str, req: Request) -> Result<Response, Response> {
-    let authority = url
-        .parse::<axum::http::Uri>()
-        .ok()
-        .and_then(|u| u.authority().map(|a| a.to_string()))
-        .ok_or_else(|| {
-            plain(
-                StatusCode::BAD_GATEWAY,
-                format!("the node running {id} advertises {url:?}, not a URL"),
-            )
-        })?;
-    let stream = tokio::time::timeout(
-        std::time::Duration::from_secs(5),
-        tokio::net::TcpStream::connect(&authority),
-    )
-    .await
-    .map_err(|_| std::io::Error::other("timed out"))
-    .and_then(|r| r)
-    .map_err(|e| {
+/// Carries a preview request, as the browser sent it (its host name and token), to node
+/// `owner` that runs sandbox `id` (over mutual TLS in a cluster with certificates), and its
+/// answer back.
+async fn carry(
+    node: &crate::cluster::Node,
+    owner: &forkbox_cluster::NodeRecord,
+    id: &str,
+    req: Request,
+) -> Result<Response, Response> {
+    let stream = node.dial(owner).await.map_err(|e| {
         plain(
             StatusCode::BAD_GATEWAY,
-            format!("the node running {id} ({url}) did not answer: {e}"),
+            format!("the node running {id}: {e}"),
         )
     })?;
+    let url = owner.advertise.clone();
     relay(stream, req, |e| {
         format!("the node running {id} ({url}) broke off the preview: {e}")
     })

@@ -13,8 +13,19 @@ struct Member {
     child: Option<Child>,
 }
 
+/// Client TLS of the members: the certificate and key they serve with (its names must
+/// include the members' host), and the CA a client's certificate must come from
+/// (`--client-cert-auth`). etcdctl calls with the same certificate.
+#[derive(Clone, Debug)]
+pub struct EtcdTls {
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
 pub struct EtcdCluster {
     dir: tempfile::TempDir,
+    tls: Option<EtcdTls>,
     host: String,
     /// The network namespace the members run in (none: this one).
     netns: Option<String>,
@@ -38,6 +49,16 @@ impl EtcdCluster {
 
     /// The same inside network namespace `netns` (fresh, so its ports are fixed ones).
     pub fn start_in(n: usize, host: &str, netns: Option<&str>) -> EtcdCluster {
+        EtcdCluster::start_with(n, host, netns, None)
+    }
+
+    /// The same, its clients on https with client certificates required when `tls` is given.
+    pub fn start_with(
+        n: usize,
+        host: &str,
+        netns: Option<&str>,
+        tls: Option<EtcdTls>,
+    ) -> EtcdCluster {
         // In memory when the host has a tmpfs: etcd syncs every write, and a disk busy with
         // the suite's VMs would stall it past the cluster's deadlines (what is under test
         // is forkbox's use of etcd, not etcd's durability).
@@ -68,6 +89,7 @@ impl EtcdCluster {
             .join(",");
         let mut c = EtcdCluster {
             dir,
+            tls,
             host: host.to_string(),
             netns: netns.map(str::to_string),
             initial,
@@ -102,8 +124,21 @@ impl EtcdCluster {
             .expect("an etcd log file");
         let mut cmd = self.command("etcd");
         let m = &mut self.members[i];
-        let client = format!("http://{host}:{}", m.client);
+        let client = format!(
+            "{}://{host}:{}",
+            self.tls.as_ref().map_or("http", |_| "https"),
+            m.client
+        );
         let peer = format!("http://{host}:{}", m.peer);
+        if let Some(t) = &self.tls {
+            cmd.arg("--client-cert-auth")
+                .arg("--trusted-ca-file")
+                .arg(&t.ca)
+                .arg("--cert-file")
+                .arg(&t.cert)
+                .arg("--key-file")
+                .arg(&t.key);
+        }
         let child = cmd
             .args(["--name", &m.name])
             .arg("--data-dir")
@@ -128,8 +163,30 @@ impl EtcdCluster {
     pub fn endpoints(&self) -> Vec<String> {
         self.members
             .iter()
-            .map(|m| format!("http://{}:{}", self.host, m.client))
+            .map(|m| format!("{}://{}:{}", self.scheme(), self.host, m.client))
             .collect()
+    }
+
+    fn scheme(&self) -> &'static str {
+        self.tls.as_ref().map_or("http", |_| "https")
+    }
+
+    fn etcdctl(&self, endpoints: &[String]) -> Command {
+        let mut c = self.command("etcdctl");
+        c.env("ETCDCTL_API", "3").args([
+            "--endpoints",
+            &endpoints.join(","),
+            "--command-timeout=2s",
+        ]);
+        if let Some(t) = &self.tls {
+            c.arg("--cacert")
+                .arg(&t.ca)
+                .arg("--cert")
+                .arg(&t.cert)
+                .arg("--key")
+                .arg(&t.key);
+        }
+        c
     }
 
     pub fn endpoints_arg(&self) -> String {
@@ -157,11 +214,9 @@ impl EtcdCluster {
             .members
             .iter()
             .filter(|m| m.child.is_some())
-            .map(|m| format!("http://{}:{}", self.host, m.client))
+            .map(|m| format!("{}://{}:{}", self.scheme(), self.host, m.client))
             .collect();
-        self.command("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &running.join(","), "--command-timeout=2s"])
+        self.etcdctl(&running)
             .args(["endpoint", "health"])
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -174,9 +229,7 @@ impl EtcdCluster {
     pub fn leader(&self) -> Option<usize> {
         let endpoints = self.endpoints();
         let out = self
-            .command("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .args(["--endpoints", &endpoints.join(","), "--command-timeout=2s"])
+            .etcdctl(&endpoints)
             .args(["endpoint", "status", "-w", "json"])
             .stderr(Stdio::null())
             .output()

@@ -100,15 +100,34 @@ pub fn verify_peer(node: &Node, req: &Request) -> Result<(), String> {
         .and_then(|v| v.to_str().ok())
         .unwrap_or_default();
     let pq = req.uri().path_and_query().map_or("/", |p| p.as_str());
-    node_auth::verify(
+    let caller = node_auth::verify(
         &node.secret,
         header,
         forkbox_cluster::now_ms(),
         req.method().as_str(),
         pq,
     )
-    .map(|_| ())
-    .map_err(|e| e.to_string())
+    .map_err(|e| e.to_string())?;
+    if !node.requires_tls() {
+        return Ok(());
+    }
+    // With certificates, the signature is the second check: the first is the TLS client
+    // certificate, which must name the node the call is signed as.
+    match req.extensions().get::<crate::listen::PeerCertificate>() {
+        None => Err(format!(
+            "a call signed as node {caller} came without TLS: this cluster's nodes speak mutual \
+             TLS, so a peer needs --cluster-tls with a certificate of the cluster CA; nothing \
+             was done"
+        )),
+        Some(crate::listen::PeerCertificate(Some(n))) if *n == caller => Ok(()),
+        Some(crate::listen::PeerCertificate(Some(n))) => Err(format!(
+            "a call signed as node {caller} came with node {n}'s certificate; nothing was done"
+        )),
+        Some(crate::listen::PeerCertificate(None)) => Err(format!(
+            "a call signed as node {caller} came with a certificate that names no node; \
+             nothing was done"
+        )),
+    }
 }
 
 /// Serves a call here, recording in etcd what it creates or deletes.
