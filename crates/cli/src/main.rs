@@ -177,7 +177,12 @@ enum TokenCmd {
         cluster_secret_file: Option<PathBuf>,
         /// For an etcd on https: a directory with the CA and a certificate of it (as
         /// `serve --cluster-tls`).
-        #[arg(long, env = "FORKBOX_CLUSTER_TLS", value_name = "DIR", requires = "cluster")]
+        #[arg(
+            long,
+            env = "FORKBOX_CLUSTER_TLS",
+            value_name = "DIR",
+            requires = "cluster"
+        )]
         cluster_tls: Option<PathBuf>,
         /// Take the token from standard input instead of making one (a token kept in a
         /// Kubernetes Secret, say; at least 32 characters).

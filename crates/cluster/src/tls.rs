@@ -139,12 +139,23 @@ pub fn issue(ca_dir: &Path, req: &Request, out: &Path) -> Result<Vec<PathBuf>, S
     if req.not_after_unix <= now_unix() {
         return Err("a certificate must stay valid past now (--days 1 or more)".into());
     }
+    issue_valid_from(ca_dir, req, now_unix() - 3600, out)
+}
+
+/// [`issue`] with any validity, valid from `not_before_unix`: an expired certificate too
+/// (what a node must refuse, and a test of that needs).
+pub fn issue_valid_from(
+    ca_dir: &Path,
+    req: &Request,
+    not_before_unix: i64,
+    out: &Path,
+) -> Result<Vec<PathBuf>, String> {
     let ca_pem = read(&ca_dir.join(CA_FILE), "the CA's certificate")?;
     let ca_key = read(&ca_dir.join(CA_KEY_FILE), "the CA's key")?;
     let ca_key = rcgen::KeyPair::from_pem(&ca_key).map_err(|e| format!("the CA's key: {e}"))?;
     let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, ca_key)
         .map_err(|e| format!("the CA's certificate: {e}"))?;
-    let (cert, key) = leaf(&issuer, req, now_unix() - 3600)?;
+    let (cert, key) = leaf(&issuer, req, not_before_unix)?;
     all_absent(out, &[CERT_FILE, KEY_FILE])?;
     let files = [out.join(CA_FILE), out.join(CERT_FILE), out.join(KEY_FILE)];
     if files[0].exists() {
@@ -163,7 +174,7 @@ pub fn issue(ca_dir: &Path, req: &Request, out: &Path) -> Result<Vec<PathBuf>, S
 }
 
 /// A leaf certificate and its key (PEM), signed by `issuer`, valid from `not_before_unix`.
-pub fn leaf(
+fn leaf(
     issuer: &rcgen::Issuer<'_, rcgen::KeyPair>,
     req: &Request,
     not_before_unix: i64,
@@ -477,17 +488,8 @@ mod tests {
         let e = Identity::load(&out, "a").unwrap_err();
         assert!(e.contains("was not issued by the cluster CA"), "{e}");
         let old = d.path().join("old");
-        issue(&ca1, &req("a", -1), &old).unwrap_err();
-        // An end before its start is refused by the signer; an expired one is made by hand.
-        let ca_pem = std::fs::read_to_string(ca1.join(CA_FILE)).unwrap();
-        let key = rcgen::KeyPair::from_pem(&std::fs::read_to_string(ca1.join("ca.key")).unwrap())
-            .unwrap();
-        let issuer = rcgen::Issuer::from_ca_cert_pem(&ca_pem, key).unwrap();
-        let (c, k) = leaf(&issuer, &req("a", -1), now_unix() - 10 * 86_400).unwrap();
-        std::fs::create_dir_all(&old).unwrap();
-        std::fs::write(old.join(CA_FILE), &ca_pem).unwrap();
-        std::fs::write(old.join(CERT_FILE), c).unwrap();
-        std::fs::write(old.join(KEY_FILE), k).unwrap();
+        assert!(issue(&ca1, &req("a", -1), &old).is_err());
+        issue_valid_from(&ca1, &req("a", -1), now_unix() - 10 * 86_400, &old).unwrap();
         let e = Identity::load(&old, "a").unwrap_err();
         assert!(e.contains("is not valid now"), "{e}");
     }

@@ -54,6 +54,7 @@ impl Node {
         addr: &str,
         endpoints: &str,
         with_images: bool,
+        extra: &[String],
     ) -> Node {
         let fresh = infra::home()
             .home()
@@ -61,7 +62,7 @@ impl Node {
             .join(format!("{home}-{name}"));
         super::stop_daemon_of(&Paths::new(fresh));
         let paths = infra::fresh_home(&format!("{home}-{name}"), with_images);
-        Node::in_home(paths, name, ns, addr, endpoints, &[])
+        Node::in_home(paths, name, ns, addr, endpoints, extra)
     }
 
     pub fn in_home(
@@ -235,6 +236,53 @@ pub struct TestCluster {
     pub _net: ClusterNet,
 }
 
+/// Mutual TLS as an operator sets it up, with this build's CLI: a cluster CA
+/// (`cluster init-ca`), a certificate per node and one etcd serves with (`cluster
+/// issue-cert`), in `root/ca`, `root/NAME` and `root/etcd`.
+pub struct Tls {
+    pub root: tempfile::TempDir,
+}
+
+impl Tls {
+    pub fn new(etcd_host: &str) -> Tls {
+        let root = tempfile::tempdir().unwrap();
+        let ca = root.path().join("ca");
+        let cli = |args: &[&str]| {
+            let o = Command::new(env!("CARGO_BIN_EXE_forkbox"))
+                .env("FORKBOX_HOME", root.path().join("home"))
+                .args(args)
+                .output()
+                .unwrap();
+            assert!(o.status.success(), "forkbox {args:?}: {}", stderr(&o));
+        };
+        cli(&["cluster", "init-ca", "--dir", ca.to_str().unwrap()]);
+        for (name, hosts) in [("a", ""), ("b", ""), ("c", ""), ("etcd", etcd_host)] {
+            let out = root.path().join(name);
+            let mut args = vec!["cluster", "issue-cert", "--ca", ca.to_str().unwrap()];
+            args.extend(["--node", name, "--out", out.to_str().unwrap()]);
+            if !hosts.is_empty() {
+                args.extend(["--host", hosts]);
+            }
+            cli(&args);
+        }
+        Tls { root }
+    }
+
+    pub fn dir(&self, name: &str) -> std::path::PathBuf {
+        self.root.path().join(name)
+    }
+
+    /// What etcd serves with and checks clients against.
+    pub fn etcd(&self) -> infra::etcd::EtcdTls {
+        let d = self.dir("etcd");
+        infra::etcd::EtcdTls {
+            ca: d.join("ca.pem"),
+            cert: d.join("node.pem"),
+            key: d.join("node.key"),
+        }
+    }
+}
+
 impl TestCluster {
     pub fn start(home: &str, extra: &[String]) -> TestCluster {
         TestCluster::start_with(|name, ns, addr, endpoints| {
@@ -245,8 +293,31 @@ impl TestCluster {
     /// Nodes on fresh homes (see [`Node::fresh`]); those named in `built` hold the images.
     pub fn start_fresh(home: &str, built: &[&str]) -> TestCluster {
         TestCluster::start_with(|name, ns, addr, endpoints| {
-            Node::fresh(home, name, ns, addr, endpoints, built.contains(&name))
+            Node::fresh(home, name, ns, addr, endpoints, built.contains(&name), &[])
         })
+    }
+
+    /// [`TestCluster::start_fresh`] with mutual TLS between the nodes and etcd on https with
+    /// client certificates.
+    pub fn start_fresh_tls(home: &str, built: &[&str]) -> (TestCluster, Tls) {
+        let net = ClusterNet::new(3);
+        let tls = Tls::new(&net.hub_ip);
+        let c = TestCluster::start_on_etcd(net, Some(tls.etcd()), |name, ns, addr, endpoints| {
+            let extra = [
+                "--cluster-tls".to_string(),
+                tls.dir(name).display().to_string(),
+            ];
+            Node::fresh(
+                home,
+                name,
+                ns,
+                addr,
+                endpoints,
+                built.contains(&name),
+                &extra,
+            )
+        });
+        (c, tls)
     }
 
     pub fn start_with(node: impl Fn(&str, &str, &str, &str) -> Node) -> TestCluster {
@@ -254,8 +325,16 @@ impl TestCluster {
     }
 
     pub fn start_on(net: ClusterNet, node: impl Fn(&str, &str, &str, &str) -> Node) -> TestCluster {
+        TestCluster::start_on_etcd(net, None, node)
+    }
+
+    pub fn start_on_etcd(
+        net: ClusterNet,
+        etcd_tls: Option<infra::etcd::EtcdTls>,
+        node: impl Fn(&str, &str, &str, &str) -> Node,
+    ) -> TestCluster {
         let hub = Some(net.hub.as_str()).filter(|h| !h.is_empty());
-        let etcd = EtcdCluster::start_in(3, &net.hub_ip, hub);
+        let etcd = EtcdCluster::start_with(3, &net.hub_ip, hub, etcd_tls);
         let endpoints = etcd.endpoints_arg();
         let nodes = ["a", "b", "c"]
             .iter()
