@@ -528,9 +528,9 @@ fn a_migration_shows_live_to_its_verdicts() {
     no_overflow(&tab, &std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")));
 }
 
-/// The console of any node of a cluster lists every node's sandboxes (each with its node) and
-/// snapshots, and its actions go to the owner: a sandbox of node a, seen and forked from the
-/// console of node c. (On the host's loopback, where Chromium reaches the nodes.)
+/// The console of any node of a cluster lists every node's sandboxes (each with its node),
+/// snapshots and migrations, and its actions go to the owner: a sandbox of node a, seen and
+/// forked from the console of node c, and a run registered with a on c's migrations page. (On the host's loopback, where Chromium reaches the nodes.)
 #[test]
 fn the_console_of_any_node_shows_the_cluster_and_acts_on_the_owner() {
     use common::cluster::{Node, TestCluster};
@@ -596,6 +596,42 @@ fn the_console_of_any_node_shows_the_cluster_and_acts_on_the_owner() {
         &tab,
         &format!(
             "(document.querySelector('li[data-key=\"s:{snapshot}\"] > .node') || {{}}).textContent.includes('on a')"
+        ),
+        Duration::from_secs(20),
+    );
+
+    // A run of `forkbox migrate` registered with node a is on c's migrations page, as a's.
+    let body = serde_json::json!({
+        "code": "/srv/app", "from": "python-bookworm@1", "to": "python-trixie@1",
+        "test": "pytest", "plans": ["bump"], "pid": std::process::id(),
+    });
+    let o = std::process::Command::new("curl")
+        .args([
+            "-sS",
+            "--fail-with-body",
+            "-X",
+            "POST",
+            "-H",
+            "content-type: application/json",
+        ])
+        .args(["-H", &format!("authorization: Bearer {}", token.trim())])
+        .args(["-d", &body.to_string()])
+        .arg(format!("http://{}:7070/v1/migrations", a.addr))
+        .output()
+        .unwrap();
+    let run: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| {
+        panic!(
+            "register a run on a: {}",
+            String::from_utf8_lossy(&o.stderr)
+        )
+    });
+    let run = run["id"].as_str().unwrap().to_string();
+    tab.evaluate("location.hash = '#/migrations'", false)
+        .unwrap();
+    until(
+        &tab,
+        &format!(
+            "(document.querySelector('section[data-run=\"{run}\"] .run-node') || {{}}).textContent === ' on a'"
         ),
         Duration::from_secs(20),
     );

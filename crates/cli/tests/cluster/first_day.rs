@@ -1,13 +1,13 @@
 //! A cluster on its first day: nodes whose homes hold nothing yet bring what they need by
 //! chunks, build a carried image once for the cluster, and speak mutual TLS.
 
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use forkbox_test_infra as infra;
 use infra::cluster_net::ClusterNet;
 
-use crate::common::cluster::{stderr, Node, TestCluster};
+use crate::common::cluster::{stderr, Node, TestCluster, Tls, SECRET};
 use crate::{busy, first_copy, fork_json, sums};
 
 /// A cluster on its first day: the image built on node a only, b and c holding nothing (no
@@ -16,12 +16,16 @@ use crate::{busy, first_copy, fork_json, sums};
 /// a repeat moves nothing (a create) or only what changed (a fork).
 #[test]
 fn fresh_nodes_bring_everything_they_need() {
-    let TestCluster {
-        nodes,
-        etcd: _etcd,
-        endpoints: _,
-        _net,
-    } = TestCluster::start_fresh("first-day", &["a"]);
+    let (
+        TestCluster {
+            nodes,
+            etcd: _etcd,
+            endpoints,
+            _net,
+        },
+        tls,
+    ) = TestCluster::start_fresh_tls("first-day", &["a"]);
+    assert!(endpoints.starts_with("https://"), "{endpoints}");
     for n in &nodes[1..] {
         for d in ["images", "templates", "snapshots"] {
             let held = std::fs::read_dir(n.paths.home().join(d)).map_or(0, |r| r.count());
@@ -30,6 +34,7 @@ fn fresh_nodes_bring_everything_they_need() {
     }
     let (src, on) = nodes[0].create(&["--node", "a", "--ttl", "30m"]);
     assert_eq!(on, "a");
+    mutual_tls_refusals(&nodes, &tls, &endpoints);
     let want = busy(&nodes[0], &src);
     preview_through_a_non_owner(&nodes, &src);
     let tick = |n: &Node, id: &str| n.ok(&["sandbox", "exec", id, "--", "cat", "/tmp/tick"]);
@@ -228,4 +233,172 @@ fn a_missing_carried_image_is_built_once_for_the_cluster() {
         nodes[2].answers(id);
         nodes[2].ok(&["sandbox", "rm", id]);
     }
+}
+
+/// Node a, called as its peers call it, from node c's namespace: a call signed with the
+/// cluster secret but sent without TLS, a certificate of another cluster, an expired one, none
+/// at all, and one of node b for a call signed as node a are all refused, with words, and
+/// nothing is made; b's own certificate with b's signature is let in. A node given an expired
+/// certificate does not start.
+fn mutual_tls_refusals(nodes: &[Node], tls: &Tls, endpoints: &str) {
+    let (a, c) = (&nodes[0], &nodes[2]);
+    let before = a.ls().len();
+    let sign = |node: &str, method: &str, pq: &str| {
+        forkbox_cluster::auth::sign(SECRET, node, forkbox_cluster::now_ms(), method, pq)
+    };
+    // curl from c's namespace to a's listener: its exit code, what it printed, what came back.
+    let curl = |args: &[&str], url: &str, signed_as: &str| {
+        let o = ClusterNet::command_in(&c.ns, "curl")
+            .args([
+                "-sS",
+                "--max-time",
+                "20",
+                "-w",
+                "\n%{http_code}",
+                "-X",
+                "POST",
+            ])
+            .args(["-H", "content-type: application/json", "-d", "{}"])
+            .args([
+                "-H",
+                &format!(
+                    "x-forkbox-node: {}",
+                    sign(signed_as, "POST", "/v1/sandboxes")
+                ),
+            ])
+            .args(["--resolve", &format!("a.node.forkbox:7070:{}", a.addr)])
+            .args(args)
+            .arg(url)
+            .output()
+            .unwrap();
+        (
+            o.status.code(),
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o)),
+        )
+    };
+    let https = "https://a.node.forkbox:7070/v1/sandboxes";
+    let cert = |dir: &std::path::Path| {
+        let p = |f: &str| dir.join(f).display().to_string();
+        vec![
+            "--cacert".to_string(),
+            tls.dir("ca").join("ca.pem").display().to_string(),
+            "--cert".into(),
+            p("node.pem"),
+            "--key".into(),
+            p("node.key"),
+        ]
+    };
+    let with = |dir: &std::path::Path, signed_as: &str| {
+        let args = cert(dir);
+        curl(
+            &args.iter().map(String::as_str).collect::<Vec<_>>(),
+            https,
+            signed_as,
+        )
+    };
+
+    let (_, out) = curl(&[], &format!("http://{}:7070/v1/sandboxes", a.addr), "b");
+    assert!(
+        out.contains("came without TLS") && out.ends_with("401"),
+        "plain: {out}"
+    );
+    let (_, out) = with(&tls.dir("b"), "a");
+    assert!(
+        out.contains("came with node b's certificate") && out.ends_with("401"),
+        "b as a: {out}"
+    );
+
+    // Another cluster's CA and node b of it; an expired certificate of this cluster's CA.
+    let cli = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_forkbox"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "forkbox {args:?}: {}", stderr(&o));
+    };
+    let (other_ca, other_b) = (tls.dir("other-ca"), tls.dir("other-b"));
+    cli(&["cluster", "init-ca", "--dir", other_ca.to_str().unwrap()]);
+    cli(&[
+        "cluster",
+        "issue-cert",
+        "--ca",
+        other_ca.to_str().unwrap(),
+        "--node",
+        "b",
+        "--out",
+        other_b.to_str().unwrap(),
+    ]);
+    let (code, out) = with(&other_b, "b");
+    assert!(
+        code != Some(0) && out.contains("unknown ca"),
+        "another cluster's: {out}"
+    );
+    let expired = tls.dir("expired-b");
+    let now = forkbox_cluster::now_ms() as i64 / 1000;
+    let req = forkbox_cluster::tls::Request {
+        node: "b".into(),
+        hosts: vec![],
+        not_after_unix: now - 86_400,
+    };
+    forkbox_cluster::tls::issue_valid_from(&tls.dir("ca"), &req, now - 10 * 86_400, &expired)
+        .unwrap();
+    let (code, out) = with(&expired, "b");
+    assert!(code != Some(0) && out.contains("expired"), "expired: {out}");
+    let ca = [
+        "--cacert".to_string(),
+        tls.dir("ca").join("ca.pem").display().to_string(),
+    ];
+    let (code, out) = curl(
+        &ca.iter().map(String::as_str).collect::<Vec<_>>(),
+        https,
+        "b",
+    );
+    assert!(
+        code != Some(0) && out.contains("certificate required"),
+        "no certificate: {out}"
+    );
+    assert_eq!(a.ls().len(), before, "a refused call made something");
+
+    // b's own certificate with b's own signature is let in: a listing, as a peer asks it.
+    let mut get = ClusterNet::command_in(&c.ns, "curl");
+    get.args(["-sS", "--max-time", "20", "-w", "\n%{http_code}"])
+        .args(cert(&tls.dir("b")))
+        .args([
+            "-H",
+            &format!("x-forkbox-node: {}", sign("b", "GET", "/v1/sandboxes")),
+        ])
+        .args(["--resolve", &format!("a.node.forkbox:7070:{}", a.addr)])
+        .arg(https);
+    let o = get.output().unwrap();
+    let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
+    assert!(out.ends_with("200"), "b's own: {out}");
+
+    // A node given an expired certificate stops at start, saying so.
+    let home = tempfile::tempdir().unwrap();
+    let o = ClusterNet::command_in(&c.ns, env!("CARGO_BIN_EXE_forkbox"))
+        .env("FORKBOX_HOME", home.path())
+        .env("FORKBOX_CLUSTER_SECRET", SECRET)
+        .args([
+            "serve",
+            "--listen",
+            &format!("{}:7071", c.addr),
+            "--cluster",
+            endpoints,
+            "--node",
+            "b",
+        ])
+        .args([
+            "--advertise",
+            &format!("http://{}:7071", c.addr),
+            "--cluster-tls",
+            expired.to_str().unwrap(),
+        ])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        !o.status.success() && stderr(&o).contains("is not valid now"),
+        "{}",
+        stderr(&o)
+    );
 }

@@ -25,6 +25,7 @@ enum Target {
     Sandbox(String),
     Snapshot(String),
     SnapshotList,
+    MigrationList,
     Local,
 }
 
@@ -35,6 +36,7 @@ fn classify(method: &Method, path: &str) -> Target {
         (&Method::POST, ["v1", "sandboxes"]) => Target::Create,
         (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => Target::Sandbox(id.to_string()),
         (&Method::GET, ["v1", "snapshots"]) => Target::SnapshotList,
+        (&Method::GET, ["v1", "migrations"]) => Target::MigrationList,
         (_, ["v1", "snapshots", name, ..]) if !name.is_empty() => {
             Target::Snapshot(name.to_string())
         }
@@ -85,7 +87,8 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
     match classify(req.method(), &path) {
         Target::Local => next.run(req).await,
         Target::List => list(&node, req).await,
-        Target::SnapshotList => list_snapshots(&node, req).await,
+        Target::SnapshotList => list_everywhere(&node, req, "snapshots").await,
+        Target::MigrationList => list_everywhere(&node, req, "migrations").await,
         Target::Create => create(&node, req, next).await,
         Target::Sandbox(id) => by_owner(&node, id, req, next).await,
         Target::Snapshot(name) => by_holder(&node, name, req, next).await,
@@ -647,8 +650,8 @@ async fn list(node: &Node, req: Request) -> Response {
     (StatusCode::OK, axum::Json(all)).into_response()
 }
 
-/// Every live node's snapshots.
-async fn list_snapshots(node: &Node, req: Request) -> Response {
+/// Every live node's snapshots or migrations (`what`), each with the node that holds it.
+async fn list_everywhere(node: &Node, req: Request, what: &str) -> Response {
     let Some(c) = node.cluster().await else {
         return Node::unavailable("this node has not reached etcd yet");
     };
@@ -656,10 +659,7 @@ async fn list_snapshots(node: &Node, req: Request) -> Response {
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
-    let pq = req
-        .uri()
-        .path_and_query()
-        .map_or("/v1/snapshots", |p| p.as_str());
+    let pq = req.uri().path_and_query().map_or("/v1", |p| p.as_str());
     let mut all: Vec<serde_json::Value> = Vec::new();
     for n in &live {
         match node.fetch::<Vec<serde_json::Value>>(n, pq).await {
@@ -671,7 +671,7 @@ async fn list_snapshots(node: &Node, req: Request) -> Response {
                 }
                 all.extend(v);
             }
-            Err(e) => tracing::warn!("listing snapshots: node {} did not answer: {e}", n.name),
+            Err(e) => tracing::warn!("listing {what}: node {} did not answer: {e}", n.name),
         }
     }
     axum::Json(all).into_response()

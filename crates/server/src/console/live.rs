@@ -36,11 +36,12 @@ pub struct Source {
     pub cluster_api: Option<Router>,
 }
 
-/// A snapshot as a listing gives it: in a cluster, with the node that holds it.
+/// A snapshot (or a migration) as a listing gives it: in a cluster, with the node that holds
+/// it.
 #[derive(Serialize, Deserialize)]
-pub struct Held {
+pub struct Held<T = SnapshotMeta> {
     #[serde(flatten)]
-    pub meta: SnapshotMeta,
+    pub meta: T,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
 }
@@ -52,8 +53,9 @@ pub struct State {
     pub snapshots: Vec<Held>,
     pub images: Vec<ImageView>,
     pub info: Option<InfoView>,
-    /// Runs of `forkbox migrate` that registered, newest first.
-    pub migrations: Vec<MigrationView>,
+    /// Runs of `forkbox migrate` that registered, newest first (in a cluster, every node's,
+    /// each with its node).
+    pub migrations: Vec<Held<MigrationView>>,
 }
 
 /// The VMs' figures now, and the daemon's clock (for TTLs left).
@@ -175,6 +177,26 @@ impl Source {
     }
 }
 
+impl Source {
+    async fn migrations(&self) -> Vec<Held<MigrationView>> {
+        match &self.cluster_api {
+            Some(api) => {
+                let mut v: Vec<Held<MigrationView>> = Source::listing(api, "/v1/migrations").await;
+                v.sort_by(|a, b| b.meta.started_unix.cmp(&a.meta.started_unix));
+                v
+            }
+            None => {
+                let local = self.engine.call(ops::ListMigrations {}).await;
+                local
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|meta| Held { meta, node: None })
+                    .collect()
+            }
+        }
+    }
+}
+
 impl State {
     pub async fn now(source: &Source) -> State {
         let engine = &source.engine;
@@ -183,10 +205,7 @@ impl State {
             snapshots: source.snapshots().await,
             images: engine.call(ops::ListImages {}).await.unwrap_or_default(),
             info: engine.call(ops::Info {}).await.ok(),
-            migrations: engine
-                .call(ops::ListMigrations {})
-                .await
-                .unwrap_or_default(),
+            migrations: source.migrations().await,
         }
     }
 

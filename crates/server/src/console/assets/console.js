@@ -313,7 +313,8 @@ function runCard(m) {
   const heads = ['Plan', 'Phase', 'Tests', 'In phase', 'Verdict', 'Why', 'Lost tests', 'Diff'];
   return h('section', { class: 'panel', 'data-run': m.id },
     h('h2', {}, m.code.split('/').pop() + ': ' + m.from + ' → ' + m.to + ' ',
-      h('span', { class: 'state-' + ({ running: 'running', done: 'running', failed: 'failed', gone: 'lost' }[m.state] || '') + ' run-state' }, m.state)),
+      h('span', { class: 'state-' + ({ running: 'running', done: 'running', failed: 'failed', gone: 'lost' }[m.state] || '') + ' run-state' }, m.state),
+      m.node ? h('span', { class: 'muted run-node' }, ' on ' + m.node) : null),
     h('p', { class: 'muted' }, m.id + ' · ' + m.code + ' · started ' + ago(now() - m.started_unix) + ' ago · ' + ago(end - m.started_unix) + (m.ended_unix ? ' in all' : ' so far') +
       (m.baseline ? ' · baseline: ' + m.baseline[0] + ' of ' + m.baseline[1] + ' pass on ' + m.from : '')),
     m.error ? h('p', { class: 'error' }, m.error) : null,
@@ -338,7 +339,8 @@ function runCard(m) {
       return steps.length ? h('p', { class: 'muted steps' }, steps.map((p) => p.plan + ': ' + p.phase + (p.tests ? ' (' + p.tests + ' tests)' : '')).join(' · ')) : null;
     })(),
     m.notes.length ? h('p', { class: 'muted' }, 'Last step: ' + m.notes[m.notes.length - 1]) : null,
-    m.has_report ? h('p', {}, h('a', { href: '/ui/migrations/' + encodeURIComponent(m.id) + '/report', target: '_blank', rel: 'noopener' }, 'report.html'),
+    // A run's report is read from its own node's disk: linked on that node's console.
+    m.has_report && (!m.node || m.node === (S.info && S.info.node)) ? h('p', {}, h('a', { href: '/ui/migrations/' + encodeURIComponent(m.id) + '/report', target: '_blank', rel: 'noopener' }, 'report.html'),
       h('span', { class: 'muted' }, ' (plans, verdicts, lost tests and each plan\'s diff)' + (m.out_dir ? '; also in ' + m.out_dir : ''))) : null);
 }
 
