@@ -267,6 +267,8 @@ fn mutual_tls_refusals(nodes: &[Node], tls: &Tls, endpoints: &str) {
                 ),
             ])
             .args(["--resolve", &format!("a.node.forkbox:7070:{}", a.addr)])
+            // The name the certificate is checked for; the daemon's Host check wants its address.
+            .args(["-H", &format!("Host: {}:7070", a.addr)])
             .args(args)
             .arg(url)
             .output()
@@ -308,40 +310,12 @@ fn mutual_tls_refusals(nodes: &[Node], tls: &Tls, endpoints: &str) {
         "b as a: {out}"
     );
 
-    // Another cluster's CA and node b of it; an expired certificate of this cluster's CA.
-    let cli = |args: &[&str]| {
-        let o = Command::new(env!("CARGO_BIN_EXE_forkbox"))
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(o.status.success(), "forkbox {args:?}: {}", stderr(&o));
-    };
-    let (other_ca, other_b) = (tls.dir("other-ca"), tls.dir("other-b"));
-    cli(&["cluster", "init-ca", "--dir", other_ca.to_str().unwrap()]);
-    cli(&[
-        "cluster",
-        "issue-cert",
-        "--ca",
-        other_ca.to_str().unwrap(),
-        "--node",
-        "b",
-        "--out",
-        other_b.to_str().unwrap(),
-    ]);
+    let (other_b, expired) = foreign_and_expired(tls);
     let (code, out) = with(&other_b, "b");
     assert!(
         code != Some(0) && out.contains("unknown ca"),
         "another cluster's: {out}"
     );
-    let expired = tls.dir("expired-b");
-    let now = forkbox_cluster::now_ms() as i64 / 1000;
-    let req = forkbox_cluster::tls::Request {
-        node: "b".into(),
-        hosts: vec![],
-        not_after_unix: now - 86_400,
-    };
-    forkbox_cluster::tls::issue_valid_from(&tls.dir("ca"), &req, now - 10 * 86_400, &expired)
-        .unwrap();
     let (code, out) = with(&expired, "b");
     assert!(code != Some(0) && out.contains("expired"), "expired: {out}");
     let ca = [
@@ -368,12 +342,18 @@ fn mutual_tls_refusals(nodes: &[Node], tls: &Tls, endpoints: &str) {
             &format!("x-forkbox-node: {}", sign("b", "GET", "/v1/sandboxes")),
         ])
         .args(["--resolve", &format!("a.node.forkbox:7070:{}", a.addr)])
+        // The name the certificate is checked for; the daemon's Host check wants its address.
+        .args(["-H", &format!("Host: {}:7070", a.addr)])
         .arg(https);
     let o = get.output().unwrap();
     let out = format!("{}{}", String::from_utf8_lossy(&o.stdout), stderr(&o));
     assert!(out.ends_with("200"), "b's own: {out}");
 
-    // A node given an expired certificate stops at start, saying so.
+    an_expired_node_does_not_start(c, &expired, endpoints);
+}
+
+/// A node given an expired certificate stops at start, saying so.
+fn an_expired_node_does_not_start(c: &Node, expired: &std::path::Path, endpoints: &str) {
     let home = tempfile::tempdir().unwrap();
     let o = ClusterNet::command_in(&c.ns, env!("CARGO_BIN_EXE_forkbox"))
         .env("FORKBOX_HOME", home.path())
@@ -401,4 +381,38 @@ fn mutual_tls_refusals(nodes: &[Node], tls: &Tls, endpoints: &str) {
         "{}",
         stderr(&o)
     );
+}
+
+/// Node b's certificate of another cluster's CA (made with the CLI), and an expired one of this
+/// cluster's CA: their directories.
+fn foreign_and_expired(tls: &Tls) -> (std::path::PathBuf, std::path::PathBuf) {
+    let cli = |args: &[&str]| {
+        let o = Command::new(env!("CARGO_BIN_EXE_forkbox"))
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "forkbox {args:?}: {}", stderr(&o));
+    };
+    let (other_ca, other_b) = (tls.dir("other-ca"), tls.dir("other-b"));
+    cli(&["cluster", "init-ca", "--dir", other_ca.to_str().unwrap()]);
+    cli(&[
+        "cluster",
+        "issue-cert",
+        "--ca",
+        other_ca.to_str().unwrap(),
+        "--node",
+        "b",
+        "--out",
+        other_b.to_str().unwrap(),
+    ]);
+    let expired = tls.dir("expired-b");
+    let now = forkbox_cluster::now_ms() as i64 / 1000;
+    let req = forkbox_cluster::tls::Request {
+        node: "b".into(),
+        hosts: vec![],
+        not_after_unix: now - 86_400,
+    };
+    forkbox_cluster::tls::issue_valid_from(&tls.dir("ca"), &req, now - 10 * 86_400, &expired)
+        .unwrap();
+    (other_b, expired)
 }
