@@ -31,7 +31,7 @@ pub struct Reach {
 
 impl Reach {
     pub async fn connect(self) -> anyhow::Result<Cluster> {
-        let secret = crate::daemon::cluster_secret(self.cluster_secret_file)?;
+        let secret = crate::serve::cluster_secret(self.cluster_secret_file)?;
         let tls = self
             .cluster_tls
             .map(|d| forkbox_cluster::tls::Identity::load_any(&d))

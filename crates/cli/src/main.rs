@@ -9,6 +9,8 @@ mod local;
 mod logfile;
 mod migrate;
 mod run;
+mod serve;
+mod snapshots;
 mod terminal;
 mod units;
 
@@ -71,7 +73,7 @@ enum Cmd {
         #[arg(long = "mcp-root", value_name = "DIR")]
         mcp_roots: Vec<PathBuf>,
         #[command(flatten)]
-        cluster: daemon::ClusterArgs,
+        cluster: serve::ClusterArgs,
     },
     /// Serve forkbox to a coding agent as an MCP server over stdin/stdout (tools: sandbox_create,
     /// exec, read/write/edit_file, list_dir, upload, download, git_diff, snapshot, fork,
@@ -112,7 +114,7 @@ enum Cmd {
     /// Snapshots of sandboxes (make them with `forkbox sandbox snapshot`).
     Snapshot {
         #[command(subcommand)]
-        command: daemon::SnapshotCmd,
+        command: snapshots::SnapshotCmd,
     },
     /// Check how well this host confines sandboxes (KVM or TCG, cgroups, seccomp, the home's
     /// permissions, the jail's uids, QEMU's known issues) and say what to fix. Exit 1 when a
@@ -128,14 +130,14 @@ enum Cmd {
     /// The daemon of this forkbox home: is it running, and stop it.
     Daemon {
         #[command(subcommand)]
-        command: daemon::DaemonCmd,
+        command: serve::DaemonCmd,
     },
     /// The daemon's warm pool of ready sandboxes (`FORKBOX_POOL_SIZE` per image and size, up
     /// to `FORKBOX_POOL_MAX` after a burst of creates, `FORKBOX_POOL_MEMORY_MIB` in all, given
     /// back after `FORKBOX_POOL_IDLE_SECS` unused).
     Pool {
         #[command(subcommand)]
-        command: daemon::PoolCmd,
+        command: serve::PoolCmd,
     },
     /// Print a completion script for a shell, e.g. `forkbox completions bash >
     /// /etc/bash_completion.d/forkbox`.
@@ -455,8 +457,8 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Image { command } => image_cmd(&paths, command),
-        Cmd::Daemon { command } => daemon::daemon_cmd(&paths, command),
-        Cmd::Pool { command } => daemon::pool_cmd(&paths, command),
+        Cmd::Daemon { command } => serve::daemon_cmd(&paths, command),
+        Cmd::Pool { command } => serve::pool_cmd(&paths, command),
         Cmd::Completions { shell } => {
             let mut cmd = <Cli as clap::CommandFactory>::command();
             let mut script = Vec::new();
@@ -477,19 +479,19 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Run(args) => run::run(&paths, args),
-        Cmd::Serve { detach: true, .. } => daemon::serve_detached(&paths),
+        Cmd::Serve { detach: true, .. } => serve::serve_detached(&paths),
         Cmd::Serve {
             listen,
             mcp_roots,
             cluster,
             ..
-        } => daemon::serve(paths, listen, mcp_roots, cluster.options(listen)?),
-        Cmd::Mcp { roots, all } => daemon::mcp(&paths, roots, all),
+        } => serve::serve(paths, listen, mcp_roots, cluster.options(listen)?),
+        Cmd::Mcp { roots, all } => serve::mcp(&paths, roots, all),
         Cmd::Cluster { command } => cluster::cluster(command),
         Cmd::Node { command } => cluster::node(command),
         Cmd::Token { command } => token(&paths, command),
         Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
-        Cmd::Snapshot { command } => daemon::snapshot(&paths, command),
+        Cmd::Snapshot { command } => snapshots::snapshot(&paths, command),
         Cmd::Migrate(args) => migrate::migrate(&paths, args),
         Cmd::Info { json, accel } => info(&paths, json, accel),
         Cmd::Doctor { json, accel } => doctor(&paths, json, accel),
@@ -648,7 +650,7 @@ fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
         ImageCmd::Rm { reference, json } => {
             let r: ImageRef = reference.parse()?;
             // A running daemon removes it: it stops its pooled copies of the image first.
-            let removed = match daemon::remove_image_if_running(paths, &r)? {
+            let removed = match serve::remove_image_if_running(paths, &r)? {
                 Some(reference) => reference,
                 None => local::remove_image(paths, &r)?.reference,
             };
@@ -901,7 +903,7 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
         .map(|i| i.reference())
         .collect();
     // The API's `info`, from the daemon when one runs, with what this host has besides.
-    let daemon = daemon::info_if_running(paths)?;
+    let daemon = serve::info_if_running(paths)?;
     let v = serde_json::json!({
         "version": env!("CARGO_PKG_VERSION"),
         "protocol_version": forkbox_protocol::PROTOCOL_VERSION,

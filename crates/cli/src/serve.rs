@@ -1,0 +1,361 @@
+//! `forkbox serve` and the daemon it runs: its cluster options, starting it in the background,
+//! its status and stop, and its warm pool's listing.
+
+use std::os::unix::fs::OpenOptionsExt;
+use std::process::{ExitCode, Stdio};
+use std::time::Duration;
+
+use anyhow::{bail, Context};
+use forkbox_engine::paths::Paths;
+
+use crate::daemon::{connect, current_thread, running_daemon, show};
+
+#[derive(clap::Subcommand)]
+pub enum DaemonCmd {
+    /// Say whether the daemon runs: its PID, socket, sandboxes and warm pool. Exit 1 when it
+    /// does not run.
+    Status {
+        /// Print the status as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Stop the daemon (SIGTERM) and wait until it is gone; it stops its sandboxes and its warm
+    /// pool first. (A daemon that was killed leaves its sandboxes running; the next adopts them.)
+    Stop {
+        /// Print what was stopped as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+#[derive(clap::Subcommand)]
+pub enum PoolCmd {
+    /// List the warm pool's ready sandboxes per image and size (asks the daemon; none runs:
+    /// no pool).
+    Ls {
+        /// Print the pool as JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// The running daemon's PID (from its PID file, held by a live daemon), if one runs.
+fn daemon_pid(paths: &Paths) -> Option<i32> {
+    forkbox_server::running_pid(paths).and_then(|p| i32::try_from(p).ok())
+}
+
+pub fn daemon_cmd(paths: &Paths, cmd: DaemonCmd) -> anyhow::Result<ExitCode> {
+    current_thread()?.block_on(async {
+        match cmd {
+            DaemonCmd::Status { json } => {
+                let socket = forkbox_server::socket_path(paths);
+                let info = match running_daemon(paths).await? {
+                    Some(c) => Some(c.info().await?),
+                    None => None,
+                };
+                let pid = daemon_pid(paths);
+                let status = serde_json::json!({
+                    "running": info.is_some(),
+                    "pid": pid,
+                    "socket": socket,
+                    "version": info.as_ref().map(|i| i.version.clone()),
+                    "sandboxes": info.as_ref().map(|i| i.sandboxes),
+                    "pool": info.as_ref().map(|i| i.pool.clone()),
+                });
+                if json {
+                    crate::print_json(&status)?;
+                } else if let Some(i) = &info {
+                    println!(
+                        "running: pid {}, socket {}, forkbox {}",
+                        pid.map_or("?".into(), |p| p.to_string()),
+                        socket.display(),
+                        i.version
+                    );
+                    println!(
+                        "{} sandbox(es); warm pool: {} ready, {} of {} MiB",
+                        i.sandboxes,
+                        i.pool.slots.iter().map(|s| s.ready).sum::<usize>(),
+                        i.pool.memory_mib,
+                        i.pool.memory_cap_mib
+                    );
+                } else {
+                    println!("not running (socket {})", socket.display());
+                }
+                Ok(match info {
+                    Some(_) => ExitCode::SUCCESS,
+                    None => ExitCode::from(1),
+                })
+            }
+            DaemonCmd::Stop { json } => {
+                let Some(pid) = daemon_pid(paths) else {
+                    show(json, &serde_json::json!({ "stopped": null }), || {
+                        println!("no daemon runs")
+                    })?;
+                    return Ok(ExitCode::SUCCESS);
+                };
+                let target = nix::unistd::Pid::from_raw(pid);
+                nix::sys::signal::kill(target, nix::sys::signal::Signal::SIGTERM)
+                    .with_context(|| format!("signal the daemon (pid {pid})"))?;
+                let deadline = std::time::Instant::now() + Duration::from_secs(60);
+                // Gone when its PID file is no longer held (its number may be reused).
+                while daemon_pid(paths) == Some(pid) {
+                    if std::time::Instant::now() > deadline {
+                        bail!("the daemon (pid {pid}) did not stop within 60 s; see daemon.log");
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                show(json, &serde_json::json!({ "stopped": pid }), || {
+                    println!("stopped the daemon (pid {pid}) and its sandboxes")
+                })
+            }
+        }
+    })
+}
+
+pub fn pool_cmd(paths: &Paths, cmd: PoolCmd) -> anyhow::Result<ExitCode> {
+    current_thread()?.block_on(async {
+        match cmd {
+            PoolCmd::Ls { json } => {
+                let pool = match running_daemon(paths).await? {
+                    Some(c) => Some(c.info().await?.pool),
+                    None => None,
+                };
+                show(json, &pool, || match &pool {
+                    None => println!("no daemon runs, so no warm pool"),
+                    Some(p) => {
+                        println!(
+                            "{} per image and size (up to {} after a burst of creates), {} of {} MiB, given back after {} s unused",
+                            p.size, p.max, p.memory_mib, p.memory_cap_mib, p.idle_secs
+                        );
+                        println!(
+                            "{:<28} {:>5} {:>8} {:>6} {:>6} {:>9}",
+                            "IMAGE", "CPUS", "MEMORY", "READY", "KEEPS", "IDLE"
+                        );
+                        for s in &p.slots {
+                            println!(
+                                "{:<28} {:>5} {:>4} MiB {:>6} {:>6} {:>7} s",
+                                s.image, s.cpus, s.memory_mib, s.ready, s.target, s.idle_secs
+                            );
+                        }
+                    }
+                })
+            }
+        }
+    })
+}
+
+/// The running daemon's `info`; `None` when none runs.
+pub fn info_if_running(paths: &Paths) -> anyhow::Result<Option<forkbox_engine::api::InfoView>> {
+    current_thread()?.block_on(async {
+        match running_daemon(paths).await? {
+            Some(c) => Ok(Some(c.info().await?)),
+            None => Ok(None),
+        }
+    })
+}
+
+/// Removes image `r` through this home's daemon when one runs (it stops its pooled copies of
+/// the image first); `None` when none runs.
+pub fn remove_image_if_running(
+    paths: &Paths,
+    r: &forkbox_engine::image::ImageRef,
+) -> anyhow::Result<Option<String>> {
+    current_thread()?.block_on(async {
+        match running_daemon(paths).await? {
+            Some(c) => Ok(Some(c.remove_image(&r.to_string()).await?.reference)),
+            None => Ok(None),
+        }
+    })
+}
+
+/// `forkbox serve`'s options for joining a cluster.
+#[derive(clap::Args, Debug)]
+pub struct ClusterArgs {
+    /// Join the cluster whose state is in this etcd (v3): its client URLs, comma-separated.
+    /// Needs --node, --advertise, --listen and the cluster secret.
+    #[arg(
+        long,
+        env = "FORKBOX_CLUSTER",
+        value_name = "ETCD_URL[,…]",
+        value_delimiter = ','
+    )]
+    cluster: Vec<String>,
+    /// This node's name in the cluster (a-z, 0-9, '-').
+    #[arg(long, env = "FORKBOX_NODE", requires = "cluster")]
+    node: Option<String>,
+    /// The URL other nodes reach this one's --listen at (http://ADDRESS:PORT).
+    #[arg(long, env = "FORKBOX_ADVERTISE", requires = "cluster")]
+    advertise: Option<String>,
+    /// A file holding the secret every node of the cluster shares (not a user token); or set
+    /// FORKBOX_CLUSTER_SECRET.
+    #[arg(long, value_name = "FILE", requires = "cluster")]
+    cluster_secret_file: Option<std::path::PathBuf>,
+    /// Mutual TLS with the other nodes (and etcd, on https URLs): a directory holding ca.pem,
+    /// node.pem and node.key (`forkbox cluster issue-cert`). Peers then call this node over
+    /// TLS on --listen's port; users' clients keep plain HTTP and tokens.
+    #[arg(
+        long,
+        env = "FORKBOX_CLUSTER_TLS",
+        value_name = "DIR",
+        requires = "cluster"
+    )]
+    cluster_tls: Option<std::path::PathBuf>,
+    /// Seconds of the node's lease in etcd: a node that dies is seen gone within this.
+    #[arg(long, default_value_t = forkbox_cluster::DEFAULT_LEASE_SECS, requires = "cluster")]
+    lease: i64,
+}
+
+impl ClusterArgs {
+    /// The options to join with, or none without --cluster; what is missing is said at once.
+    pub fn options(
+        self,
+        listen: Option<std::net::SocketAddr>,
+    ) -> anyhow::Result<Option<forkbox_server::cluster::ClusterOptions>> {
+        if self.cluster.is_empty() {
+            return Ok(None);
+        }
+        let Some(node) = self.node else {
+            anyhow::bail!("--cluster needs --node NAME: this node's name in the cluster");
+        };
+        if listen.is_none() {
+            anyhow::bail!("--cluster needs --listen ADDRESS:PORT: other nodes forward calls to it");
+        }
+        let Some(advertise) = self.advertise else {
+            anyhow::bail!(
+                "--cluster needs --advertise http://ADDRESS:PORT: where other nodes reach \
+                 this one's --listen"
+            );
+        };
+        let secret = match (
+            self.cluster_secret_file,
+            std::env::var("FORKBOX_CLUSTER_SECRET"),
+        ) {
+            (Some(f), _) => std::fs::read_to_string(&f)
+                .with_context(|| format!("reading the cluster secret from {}", f.display()))?
+                .trim()
+                .to_string(),
+            (None, Ok(s)) => s.trim().to_string(),
+            (None, Err(_)) => anyhow::bail!(
+                "--cluster needs the cluster secret: --cluster-secret-file FILE or \
+                 FORKBOX_CLUSTER_SECRET (the same on every node; `openssl rand -hex 32`)"
+            ),
+        };
+        Ok(Some(forkbox_server::cluster::ClusterOptions {
+            endpoints: self.cluster,
+            node,
+            advertise,
+            secret,
+            lease_secs: self.lease,
+            tls_dir: self.cluster_tls,
+        }))
+    }
+}
+
+/// The cluster secret: from `file`, or FORKBOX_CLUSTER_SECRET.
+pub fn cluster_secret(file: Option<std::path::PathBuf>) -> anyhow::Result<String> {
+    match (file, std::env::var("FORKBOX_CLUSTER_SECRET")) {
+        (Some(f), _) => Ok(std::fs::read_to_string(&f)
+            .with_context(|| format!("reading the cluster secret from {}", f.display()))?
+            .trim()
+            .to_string()),
+        (None, Ok(s)) => Ok(s.trim().to_string()),
+        (None, Err(_)) => anyhow::bail!(
+            "the cluster needs its secret: --cluster-secret-file FILE or \
+             FORKBOX_CLUSTER_SECRET (the same on every node; `openssl rand -hex 32`)"
+        ),
+    }
+}
+
+pub fn serve(
+    paths: Paths,
+    listen: Option<std::net::SocketAddr>,
+    mcp_roots: Vec<std::path::PathBuf>,
+    cluster: Option<forkbox_server::cluster::ClusterOptions>,
+) -> anyhow::Result<ExitCode> {
+    forkbox_engine::limits::raise_open_files();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // MCP over Streamable HTTP at /mcp: each session talks to this daemon through its socket.
+    let mcp = forkbox_mcp::http_service(
+        forkbox_server::socket_path(&paths),
+        forkbox_mcp::Options {
+            roots: mcp_roots,
+            all: false,
+        },
+    );
+    let extra = axum::Router::new().nest_service("/mcp", mcp);
+    rt.block_on(forkbox_server::serve(paths, listen, Some(extra), cluster))
+        .context("the forkbox daemon failed")?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forkbox mcp`: one MCP session over stdin/stdout against this home's daemon (started if
+/// none runs) or `FORKBOX_API`; nothing but the protocol goes to stdout.
+pub fn mcp(paths: &Paths, roots: Vec<std::path::PathBuf>, all: bool) -> anyhow::Result<ExitCode> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let client = connect(paths).await?;
+        forkbox_mcp::serve_stdio(client, forkbox_mcp::Options { roots, all })
+            .await
+            .map_err(anyhow::Error::msg)
+    })?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `forkbox serve --detach`: a daemon for this home, started in the background unless one
+/// already answers; prints its socket.
+pub fn serve_detached(paths: &Paths) -> anyhow::Result<ExitCode> {
+    let rt = current_thread()?;
+    let socket = forkbox_server::socket_path(paths);
+    rt.block_on(async {
+        if !forkbox_server::is_running(&socket).await {
+            start_daemon(paths).await?;
+        }
+        anyhow::Ok(())
+    })?;
+    println!("{}", socket.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Starts `forkbox serve` in the background and waits for it to answer.
+pub(crate) async fn start_daemon(paths: &Paths) -> anyhow::Result<()> {
+    std::fs::create_dir_all(paths.home())?;
+    // The daemon writes its log itself (`daemon.log`, size-capped); what else it prints (an
+    // error at start, a panic) goes here, anew at each start.
+    let log_path = paths.home().join("daemon.out");
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .write(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&log_path)?;
+    let exe = std::env::current_exe()?;
+    let mut cmd = std::process::Command::new(exe);
+    cmd.arg("serve")
+        .env("FORKBOX_HOME", paths.home())
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log);
+    std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
+    let mut child = cmd.spawn().context("could not start the forkbox daemon")?;
+    let socket = forkbox_server::socket_path(paths);
+    for _ in 0..200 {
+        if forkbox_server::is_running(&socket).await {
+            return Ok(());
+        }
+        if let Ok(Some(st)) = child.try_wait() {
+            bail!(
+                "the forkbox daemon exited at start ({st}); see {} and daemon.log beside it",
+                log_path.display()
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    bail!(
+        "the forkbox daemon did not start listening within 10 s; see {} and daemon.log beside it",
+        log_path.display()
+    )
+}
