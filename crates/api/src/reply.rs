@@ -214,6 +214,22 @@ pub struct Written {
     pub bytes: u64,
 }
 
+/// The first build of a carried image in a cluster, as the node that builds it logs it: the
+/// lines from `?from=` on (`next` is where the next call starts).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BuildLogView {
+    pub image: String,
+    /// The node that builds it.
+    pub node: String,
+    /// Steps (`[n/total] what (at S s)`) and the build's log, in order.
+    pub lines: Vec<String>,
+    pub next: usize,
+    /// Whether the build ended (built, or `error`).
+    pub done: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
 /// The daemon and its host.
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
 pub struct InfoView {

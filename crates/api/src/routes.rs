@@ -81,6 +81,7 @@ routes! {
     openapi: Get "/v1/openapi.json" -> Text;
     info: Get "/v1/info" -> InfoView;
     list_images: Get "/v1/images" -> Vec<ImageView>;
+    build_log: Get "/v1/cluster/builds/{name}" -> BuildLogView;
     build_image: Post "/v1/images" -> Lines<BuildProgress>;
     get_image: Get "/v1/images/{reference}" -> ImageView;
     remove_image: Delete "/v1/images/{reference}" -> ImageView;

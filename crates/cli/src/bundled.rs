@@ -43,14 +43,15 @@ pub async fn ensure(paths: &Paths, reference: &ImageRef, quiet: bool) -> anyhow:
 
 /// [`ensure`] before a create through this host's daemon, unless that daemon is a cluster's
 /// node: a cluster builds a carried image itself, once, on the node the create is placed on
-/// (which then serves it to the others), so it is not built here beside it.
+/// (which then serves it to the others), so it is not built here beside it. True when the
+/// cluster may build it (see [`with_cluster_build`]).
 pub async fn ensure_for(
     paths: &Paths,
     daemon: &forkbox_client::Client,
     reference: &ImageRef,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<bool> {
     if unbuilt(paths, reference).is_none() {
-        return Ok(());
+        return Ok(false);
     }
     match daemon.info().await?.node {
         Some(node) => {
@@ -60,9 +61,44 @@ pub async fn ensure_for(
                  holds it already (a minute or two)",
                 reference.name
             );
-            Ok(())
+            Ok(true)
         }
-        None => ensure(paths, reference, false).await,
+        None => ensure(paths, reference, false).await.map(|()| false),
+    }
+}
+
+/// Runs `work` (a create through a cluster's node) and meanwhile prints the progress of image
+/// `image`'s first build in the cluster, from whichever node builds it, as [`printer`] does.
+pub async fn with_cluster_build<T>(
+    daemon: &forkbox_client::Client,
+    image: &str,
+    work: impl std::future::Future<Output = T>,
+) -> T {
+    let follow = async {
+        let (mut from, mut said) = (0, false);
+        loop {
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            let Ok(Some(v)) = daemon.build_log(image, from).await else {
+                continue;
+            };
+            if !said {
+                eprintln!("forkbox: node {} builds image {image}:", v.node);
+                said = true;
+            }
+            for line in &v.lines {
+                eprintln!("{line}");
+            }
+            from = v.next;
+            if v.done {
+                return;
+            }
+        }
+    };
+    tokio::pin!(work);
+    tokio::select! {
+        r = &mut work => r,
+        // The build ended: what is left is the create's own wait.
+        () = follow => work.await,
     }
 }
 

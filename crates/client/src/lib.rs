@@ -235,6 +235,23 @@ impl Client {
         self.json(self.at(op::info, &[])).await
     }
 
+    /// In a cluster: the progress of a carried image's first build from line `from` on,
+    /// through any node (`None` when no node builds it now or has built it).
+    pub async fn build_log(
+        &self,
+        image: &str,
+        from: usize,
+    ) -> Result<Option<reply::build_log>, ClientError> {
+        let req = self
+            .at(op::build_log, &[image])
+            .query(&[("from", from.to_string())]);
+        match self.json(req).await {
+            Ok(v) => Ok(Some(v)),
+            Err(ClientError::Api { status: 404, .. }) => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     pub async fn metrics(&self) -> Result<String, ClientError> {
         let req = self.at(op::metrics, &[]);
         self.send(req).await?.text().await.map_err(transport)

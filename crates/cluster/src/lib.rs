@@ -670,6 +670,21 @@ impl Cluster {
         Ok((held != self.cfg.node).then_some(held))
     }
 
+    /// The node whose claim to build image `name` etcd holds, if any.
+    pub async fn builder(&self, name: &str) -> Result<Option<String>> {
+        let k = key("builds", name);
+        let mut r = self
+            .call(|mut c| {
+                let k = k.clone();
+                async move { c.get(k, None).await }
+            })
+            .await?;
+        Ok(r.take_kvs()
+            .into_iter()
+            .next()
+            .map(|kv| String::from_utf8_lossy(kv.value()).into_owned()))
+    }
+
     /// Ends this node's claim of the build of image `name` (built, or failed).
     pub async fn release_build(&self, name: &str) -> Result<()> {
         let k = key("builds", name);

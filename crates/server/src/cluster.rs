@@ -38,6 +38,7 @@ use hyper_util::rt::TokioExecutor;
 
 use crate::refusal;
 
+mod builds;
 mod routing;
 mod tls;
 mod transfer;
@@ -86,6 +87,8 @@ pub struct Node {
     ledger: Mutex<BTreeSet<String>>,
     /// Snapshots being brought here from other nodes.
     pulls: transfer::Pulls,
+    /// The progress of carried images this node built for the cluster.
+    builds: builds::Builds,
 }
 
 fn ledger_path(paths: &Paths) -> PathBuf {
@@ -160,6 +163,7 @@ pub async fn start(
         config: cfg.clone(),
         ledger: Mutex::new(ledger),
         pulls: Default::default(),
+        builds: Default::default(),
     });
     match node.join(&cfg).await {
         Ok(()) => {}

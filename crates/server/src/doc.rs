@@ -21,6 +21,7 @@ use super::*;
         metrics,
         info,
         list_images,
+        build_log,
         build_image,
         get_image,
         remove_image,

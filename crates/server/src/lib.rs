@@ -23,11 +23,11 @@ use axum::{Json, Router};
 use forkbox_engine::api::routes::reply;
 #[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    ops, ArchiveFormat, BuildProgress, BuildRequest, CommandEvent, CommandPoll, CommandStarted,
-    CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest, ExecResult, ForkRequest,
-    ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent, MigrationStart,
-    MigrationView, Operation, PolledChunk, PortRequest, PortView, SandboxState, SandboxView,
-    SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, CommandEvent, CommandPoll,
+    CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest,
+    ExecResult, ForkRequest, ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent,
+    MigrationStart, MigrationView, Operation, PolledChunk, PortRequest, PortView, SandboxState,
+    SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use forkbox_engine::paths::Paths;
 #[allow(unused_imports)]
@@ -640,6 +640,20 @@ async fn info(State(e): State<Arc<Engine>>) -> Api {
     answer::<reply::info, _>(&e, ops::Info {}, StatusCode::OK).await
 }
 
+/// Outside a cluster nothing builds on the daemon's own account (the CLI builds a carried image
+/// itself, with its progress); a cluster's node answers this in its routing
+/// (`cluster::routing`).
+#[utoipa::path(get, path = "/v1/cluster/builds/{name}", params(("name" = String, Path, description = "a carried image's name"), ("from" = Option<usize>, Query, description = "the first line wanted")), responses((status = 200, body = BuildLogView), (status = 404, description = "no build of it under way or ended on a node", body = ErrorBody)))]
+async fn build_log(UrlPath(name): UrlPath<String>) -> Response {
+    refusal(
+        forkbox_engine::api::Code::ImageNotFound,
+        format!(
+            "no build of image {name} here: this daemon is not a cluster's node (outside a \
+             cluster the CLI builds a carried image itself)"
+        ),
+    )
+}
+
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, body = Vec<ImageView>)))]
 async fn list_images(State(e): State<Arc<Engine>>) -> Api {
     answer::<reply::list_images, _>(&e, ops::ListImages {}, StatusCode::OK).await
@@ -783,6 +797,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::health.path, get(health))
         .route(op::openapi.path, get(openapi))
         .route(op::info.path, get(info))
+        .route(op::build_log.path, get(build_log))
         .route(op::list_images.path, get(list_images).post(build_image))
         .route(op::get_image.path, get(get_image).delete(remove_image))
         .route(

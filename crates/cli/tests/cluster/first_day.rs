@@ -164,8 +164,8 @@ fn preview_through_a_non_owner(nodes: &[Node], id: &str) {
 }
 
 /// Two first creates of a carried image that no node holds, at once on two nodes of a fresh
-/// cluster: it is built once, on one of them, and the other brings it by chunks; a create on
-/// the third brings it too.
+/// cluster: it is built once, on one of them, and the other brings it by chunks; both CLIs
+/// print the build's progress; a create on the third brings it too.
 #[test]
 fn a_missing_carried_image_is_built_once_for_the_cluster() {
     let TestCluster {
@@ -199,10 +199,13 @@ fn a_missing_carried_image_is_built_once_for_the_cluster() {
             nodes[0].log(),
             nodes[1].log()
         );
+        // Both CLIs follow the one build, wherever it runs, as a single daemon's CLI prints
+        // its own.
+        let err = stderr(&o);
+        assert!(err.contains("the cluster builds it"), "{err}");
         assert!(
-            stderr(&o).contains("the cluster builds it"),
-            "{}",
-            stderr(&o)
+            err.contains("builds image python-bookworm:") && err.contains("[1/"),
+            "no build progress: {err}"
         );
         let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
         assert_eq!(v["node"], nodes[i].name.as_str(), "{v}");

@@ -26,6 +26,7 @@ enum Target {
     Snapshot(String),
     SnapshotList,
     MigrationList,
+    Build(String),
     Local,
 }
 
@@ -37,6 +38,7 @@ fn classify(method: &Method, path: &str) -> Target {
         (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => Target::Sandbox(id.to_string()),
         (&Method::GET, ["v1", "snapshots"]) => Target::SnapshotList,
         (&Method::GET, ["v1", "migrations"]) => Target::MigrationList,
+        (&Method::GET, ["v1", "cluster", "builds", image]) => Target::Build(image.to_string()),
         (_, ["v1", "snapshots", name, ..]) if !name.is_empty() => {
             Target::Snapshot(name.to_string())
         }
@@ -89,6 +91,7 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         Target::List => list(&node, req).await,
         Target::SnapshotList => list_everywhere(&node, req, "snapshots").await,
         Target::MigrationList => list_everywhere(&node, req, "migrations").await,
+        Target::Build(image) => super::builds::route(&node, &image, req).await,
         Target::Create => create(&node, req, next).await,
         Target::Sandbox(id) => by_owner(&node, id, req, next).await,
         Target::Snapshot(name) => by_holder(&node, name, req, next).await,

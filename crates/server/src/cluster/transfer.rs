@@ -57,6 +57,9 @@ pub async fn serve(node: &Node, req: Request) -> Result<Response, Request> {
                 node.engine.call(ops::SnapshotManifest { name }).await,
             ))
         }
+        (Method::GET, ["v1", "cluster", "builds", image]) => {
+            Ok(super::builds::local(node, image, &req))
+        }
         (Method::GET, ["v1", "cluster", "images", reference, "manifest"]) => {
             let r = match reference.parse() {
                 Ok(r) => node.engine.call(ops::ImageManifest { reference: r }).await,
@@ -462,8 +465,11 @@ impl Node {
         );
         let (tx, mut rx) = tokio::sync::mpsc::channel(64);
         let name = want.name.clone();
-        let log = tokio::spawn(async move {
+        self.builds.start(&name);
+        // Each step and log line goes to the log and to the build's progress users poll.
+        let logging = async {
             while let Some(ev) = rx.recv().await {
+                self.builds.record(&name, &ev);
                 match ev {
                     forkbox_engine::api::BuildProgress::Step { n, total, what } => {
                         tracing::info!("image {name}: [{n}/{total}] {what}")
@@ -474,17 +480,16 @@ impl Node {
                     _ => {}
                 }
             }
+        };
+        let building = self.engine.call(ops::BuildImage {
+            recipe,
+            source: Some(text.to_string()),
+            if_changed: true,
+            events: Some(tx),
         });
-        let r = self
-            .engine
-            .call(ops::BuildImage {
-                recipe,
-                source: Some(text.to_string()),
-                if_changed: true,
-                events: Some(tx),
-            })
-            .await;
-        let _ = log.await;
+        let (r, ()) = tokio::join!(building, logging);
+        self.builds
+            .end(&want.name, r.as_ref().err().map(ToString::to_string));
         match r {
             Ok(v) => {
                 tracing::info!("image {}: built here as {}", want.name, v.reference);

@@ -182,7 +182,7 @@ impl Source {
         match &self.cluster_api {
             Some(api) => {
                 let mut v: Vec<Held<MigrationView>> = Source::listing(api, "/v1/migrations").await;
-                v.sort_by(|a, b| b.meta.started_unix.cmp(&a.meta.started_unix));
+                v.sort_by_key(|m| std::cmp::Reverse(m.meta.started_unix));
                 v
             }
             None => {

@@ -1,0 +1,150 @@
+//! The progress of a carried image's first build in the cluster (see `transfer::first_build`),
+//! kept by the node that builds it and asked for through any node: `GET
+//! /v1/cluster/builds/NAME?from=K` answers the lines from K on, here when this node builds it,
+//! else from the node whose claim etcd holds (`builds/NAME`). The CLI's create polls it while
+//! the create waits, and prints what a single daemon's CLI prints when it builds.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use axum::extract::Request;
+use axum::response::{IntoResponse, Response};
+use forkbox_engine::api::{BuildLogView, BuildProgress, Code};
+
+use super::Node;
+use crate::refusal;
+
+/// Lines a build's log keeps (the newest; a poller that falls behind skips the oldest).
+const MAX_LINES: usize = 2000;
+
+struct Log {
+    started: Instant,
+    /// Lines dropped from the front.
+    dropped: usize,
+    lines: Vec<String>,
+    done: bool,
+    error: Option<String>,
+}
+
+/// The builds this node ran for the cluster, by image name (the last one of each).
+#[derive(Default)]
+pub struct Builds {
+    logs: Mutex<HashMap<String, Log>>,
+}
+
+impl Builds {
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<String, Log>) -> T) -> T {
+        f(&mut self.logs.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+
+    /// A build of `image` starts here.
+    pub fn start(&self, image: &str) {
+        self.with(|m| {
+            m.insert(
+                image.to_string(),
+                Log {
+                    started: Instant::now(),
+                    dropped: 0,
+                    lines: Vec::new(),
+                    done: false,
+                    error: None,
+                },
+            )
+        });
+    }
+
+    /// One event of its progress, as a line like the CLI's own build prints.
+    pub fn record(&self, image: &str, ev: &BuildProgress) {
+        self.with(|m| {
+            let Some(log) = m.get_mut(image) else { return };
+            let line = match ev {
+                BuildProgress::Step { n, total, what } => format!(
+                    "[{n}/{total}] {what} (at {:.0} s)",
+                    log.started.elapsed().as_secs_f64()
+                ),
+                BuildProgress::Log { line } => format!("      {line}"),
+                _ => return,
+            };
+            log.lines.push(line);
+            if log.lines.len() > MAX_LINES {
+                log.lines.remove(0);
+                log.dropped += 1;
+            }
+        });
+    }
+
+    /// It ended: built, or with `error`.
+    pub fn end(&self, image: &str, error: Option<String>) {
+        self.with(|m| {
+            if let Some(log) = m.get_mut(image) {
+                log.done = true;
+                log.error = error;
+            }
+        });
+    }
+
+    fn view(&self, image: &str, node: &str, from: usize) -> Option<BuildLogView> {
+        self.with(|m| {
+            let log = m.get(image)?;
+            let skip = from.saturating_sub(log.dropped).min(log.lines.len());
+            Some(BuildLogView {
+                image: image.to_string(),
+                node: node.to_string(),
+                lines: log.lines[skip..].to_vec(),
+                next: log.dropped + log.lines.len(),
+                done: log.done,
+                error: log.error.clone(),
+            })
+        })
+    }
+}
+
+fn from_of(req: &Request) -> usize {
+    req.uri()
+        .query()
+        .unwrap_or_default()
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("from="))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+fn not_here(image: &str) -> Response {
+    refusal(
+        Code::ImageNotFound,
+        format!("no node of the cluster builds image {image} now or has built it since it started"),
+    )
+}
+
+/// This node's log of `image`'s build (a peer's call, or the user's when it builds here).
+pub fn local(node: &Node, image: &str, req: &Request) -> Response {
+    match node.builds.view(image, &node.name, from_of(req)) {
+        Some(v) => axum::Json(v).into_response(),
+        None => not_here(image),
+    }
+}
+
+/// A user's call: answered here when this node builds `image`, else by the node etcd names as
+/// its builder.
+pub async fn route(node: &Node, image: &str, req: Request) -> Response {
+    if node.builds.view(image, &node.name, 0).is_some() {
+        return local(node, image, &req);
+    }
+    let Some(c) = node.cluster().await else {
+        return not_here(image);
+    };
+    let builder = match c.builder(image).await {
+        Ok(Some(b)) if b != node.name => b,
+        Ok(_) => return not_here(image),
+        Err(e) => return Node::unavailable(e),
+    };
+    let live = match c.nodes().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    match live.iter().find(|n| n.name == builder) {
+        Some(target) => node.forward(target, req).await,
+        None => not_here(image),
+    }
+}
