@@ -148,3 +148,48 @@ pub async fn route(node: &Node, image: &str, req: Request) -> Response {
         None => not_here(image),
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_poller_gets_each_line_once_and_skips_what_was_dropped() {
+        let b = Builds::default();
+        assert!(b.view("img", "a", 0).is_none());
+        b.start("img");
+        let step = |n| BuildProgress::Step {
+            n,
+            total: 3,
+            what: format!("step {n}"),
+        };
+        b.record("img", &step(1));
+        b.record("img", &BuildProgress::Log { line: "apt".into() });
+        let v = b.view("img", "a", 0).unwrap();
+        assert_eq!(v.lines.len(), 2);
+        assert!(v.lines[0].starts_with("[1/3] step 1 (at "), "{:?}", v.lines);
+        assert_eq!(v.lines[1], "      apt");
+        assert!(!v.done);
+        let again = b.view("img", "a", v.next).unwrap();
+        assert!(again.lines.is_empty());
+        for i in 0..MAX_LINES + 5 {
+            b.record(
+                "img",
+                &BuildProgress::Log {
+                    line: format!("l{i}"),
+                },
+            );
+        }
+        let late = b.view("img", "a", v.next).unwrap();
+        assert_eq!(late.lines.len(), MAX_LINES, "the oldest are gone");
+        assert_eq!(late.next, MAX_LINES + 7);
+        assert_eq!(
+            late.lines.last().unwrap(),
+            &format!("      l{}", MAX_LINES + 4)
+        );
+        b.end("img", Some("mirror down".into()));
+        let end = b.view("img", "a", late.next).unwrap();
+        assert!(end.done && end.error.as_deref() == Some("mirror down"));
+    }
+}
