@@ -179,16 +179,7 @@ impl Config {
                 )));
             }
         }
-        // A host name or a Kubernetes node name (a DNS subdomain).
-        let name_ok = !self.node.is_empty()
-            && self.node.len() <= 253
-            && self
-                .node
-                .bytes()
-                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-            && !self.node.starts_with(['-', '.'])
-            && !self.node.ends_with(['-', '.']);
-        if !name_ok {
+        if !node_name_ok(&self.node, 253) {
             return Err(Error::Invalid(format!(
                 "node name {:?} must be 1-253 of a-z, 0-9, '-' and '.' (neither first nor last)",
                 self.node
@@ -231,6 +222,18 @@ impl Config {
         }
         Ok(())
     }
+}
+
+/// Whether `name` is a node's name of at most `max` bytes: a host name or a Kubernetes node
+/// name (a DNS subdomain), of a-z, 0-9, '-' and '.', neither first nor last.
+pub fn node_name_ok(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && !name.starts_with(['-', '.'])
+        && !name.ends_with(['-', '.'])
 }
 
 fn key(kind: &str, name: &str) -> String {

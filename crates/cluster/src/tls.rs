@@ -205,14 +205,8 @@ fn leaf(
 }
 
 fn check_name(node: &str) -> Result<(), String> {
-    let ok = !node.is_empty()
-        && node.len() <= 200
-        && node
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
-        && !node.starts_with(['-', '.'])
-        && !node.ends_with(['-', '.']);
-    match ok {
+    // Room for the suffix within a DNS name's 253 bytes.
+    match crate::node_name_ok(node, 200) {
         true => Ok(()),
         false => Err(format!(
             "node name {node:?} must be a-z, 0-9, '-' and '.' (neither first nor last)"
@@ -345,12 +339,9 @@ impl Identity {
             key_pem,
         };
         // A node whose own certificate its CA does not accept could call no peer.
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(id.roots()?),
-            provider(),
-        )
-        .build()
-        .map_err(|e| format!("the cluster CA in {}: {e}", dir.display()))?;
+        let verifier = id
+            .client_verifier()
+            .map_err(|e| format!("the cluster CA in {}: {e}", dir.display()))?;
         let end = &chain[0];
         verifier
             .verify_client_cert(end, &chain[1..], rustls::pki_types::UnixTime::now())
@@ -388,6 +379,18 @@ impl Identity {
         Ok(roots)
     }
 
+    /// What a peer's client certificate is checked with: issued by the cluster CA.
+    fn client_verifier(
+        &self,
+    ) -> Result<Arc<dyn rustls::server::danger::ClientCertVerifier>, String> {
+        rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(self.roots()?),
+            provider(),
+        )
+        .build()
+        .map_err(|e| e.to_string())
+    }
+
     fn chain_and_key(
         &self,
     ) -> Result<(Vec<CertificateDer<'static>>, PrivateKeyDer<'static>), String> {
@@ -414,12 +417,7 @@ impl Identity {
     /// the cluster CA required.
     pub fn server_config(&self) -> Result<rustls::ServerConfig, String> {
         let (chain, key) = self.chain_and_key()?;
-        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
-            Arc::new(self.roots()?),
-            provider(),
-        )
-        .build()
-        .map_err(|e| e.to_string())?;
+        let verifier = self.client_verifier()?;
         rustls::ServerConfig::builder_with_provider(provider())
             .with_safe_default_protocol_versions()
             .map_err(|e| e.to_string())?
