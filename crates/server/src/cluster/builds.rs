@@ -4,7 +4,7 @@
 //! else from the node whose claim etcd holds (`builds/NAME`). The CLI's create polls it while
 //! the create waits, and prints what a single daemon's CLI prints when it builds.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Instant;
 
@@ -22,7 +22,7 @@ struct Log {
     started: Instant,
     /// Lines dropped from the front.
     dropped: usize,
-    lines: Vec<String>,
+    lines: VecDeque<String>,
     done: bool,
     error: Option<String>,
 }
@@ -46,7 +46,7 @@ impl Builds {
                 Log {
                     started: Instant::now(),
                     dropped: 0,
-                    lines: Vec::new(),
+                    lines: VecDeque::new(),
                     done: false,
                     error: None,
                 },
@@ -66,9 +66,9 @@ impl Builds {
                 BuildProgress::Log { line } => format!("      {line}"),
                 _ => return,
             };
-            log.lines.push(line);
+            log.lines.push_back(line);
             if log.lines.len() > MAX_LINES {
-                log.lines.remove(0);
+                log.lines.pop_front();
                 log.dropped += 1;
             }
         });
@@ -91,7 +91,7 @@ impl Builds {
             Some(BuildLogView {
                 image: image.to_string(),
                 node: node.to_string(),
-                lines: log.lines[skip..].to_vec(),
+                lines: log.lines.iter().skip(skip).cloned().collect(),
                 next: log.dropped + log.lines.len(),
                 done: log.done,
                 error: log.error.clone(),
@@ -128,8 +128,8 @@ pub fn local(node: &Node, image: &str, req: &Request) -> Response {
 /// A user's call: answered here when this node builds `image`, else by the node etcd names as
 /// its builder.
 pub async fn route(node: &Node, image: &str, req: Request) -> Response {
-    if node.builds.view(image, &node.name, 0).is_some() {
-        return local(node, image, &req);
+    if let Some(v) = node.builds.view(image, &node.name, from_of(&req)) {
+        return axum::Json(v).into_response();
     }
     let Some(c) = node.cluster().await else {
         return not_here(image);
