@@ -43,7 +43,6 @@ mod routing;
 mod tls;
 mod transfer;
 pub use routing::{route, verify_peer};
-pub use tls::PeerStream;
 
 /// How a daemon joins a cluster.
 #[derive(Debug, Clone)]
@@ -519,7 +518,10 @@ impl Node {
     }
 
     /// A byte stream to `target`'s listener: over mutual TLS when this node has a certificate.
-    pub async fn dial(&self, target: &NodeRecord) -> Result<Box<dyn PeerStream>, String> {
+    pub async fn dial(
+        &self,
+        target: &NodeRecord,
+    ) -> Result<Box<dyn crate::listen::Stream>, String> {
         let uri = target.advertise.parse::<Uri>().map_err(|_| {
             format!(
                 "node {} advertises {:?}, not a URL",
@@ -533,10 +535,10 @@ impl Node {
                 Some(t) => t
                     .dial(&target.name, &authority)
                     .await
-                    .map(|s| Box::new(s) as Box<dyn PeerStream>),
+                    .map(|s| Box::new(s) as Box<dyn crate::listen::Stream>),
                 None => tokio::net::TcpStream::connect(&authority)
                     .await
-                    .map(|s| Box::new(s) as Box<dyn PeerStream>),
+                    .map(|s| Box::new(s) as Box<dyn crate::listen::Stream>),
             }
         };
         tokio::time::timeout(Duration::from_secs(5), dial)

@@ -135,8 +135,8 @@ async fn take_slot(slots: &Arc<Semaphore>, table: &Shared) -> Option<OwnedSemaph
         .ok()
 }
 
-/// A connection's byte stream, plain or TLS.
-trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
+/// A connection's byte stream, plain or TLS (a listener's, or a node's to a peer).
+pub trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
 impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> Stream for T {}
 
 /// A connection a listener can look into before serving it: its first byte, unread.

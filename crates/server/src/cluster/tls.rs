@@ -15,10 +15,6 @@ use hyper_util::rt::TokioExecutor;
 
 pub type PeerClient = Client<HttpsConnector<HttpConnector>, Body>;
 
-/// A byte stream to a peer (TLS, or plain in a cluster without certificates).
-pub trait PeerStream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin {}
-impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin> PeerStream for T {}
-
 pub struct NodeTls {
     client: Arc<rustls::ClientConfig>,
     acceptor: tokio_rustls::TlsAcceptor,
