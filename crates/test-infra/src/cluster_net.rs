@@ -4,21 +4,7 @@
 
 use std::process::Command;
 
-fn ip(args: &[&str]) {
-    let st = Command::new("ip")
-        .args(args)
-        .status()
-        .expect("run `ip` (iproute2)");
-    assert!(st.success(), "ip {args:?} failed");
-}
-
-/// Removes namespace `ns` if a dead process left it.
-fn clear_stale(ns: &str) {
-    let _ = Command::new("ip")
-        .args(["netns", "del", ns])
-        .stderr(std::process::Stdio::null())
-        .status();
-}
+use crate::{ip, ip_quiet};
 
 pub struct ClusterNet {
     /// The hub's namespace: the bridge and `hub_ip` live there.
@@ -38,9 +24,9 @@ impl ClusterNet {
         let hub = format!("{tag}hub");
         let hub_ip = format!("{net}.1");
         for i in 0..n {
-            clear_stale(&format!("{tag}n{i}"));
+            ip_quiet(&["netns", "del", &format!("{tag}n{i}")]);
         }
-        clear_stale(&hub);
+        ip_quiet(&["netns", "del", &hub]);
         ip(&["netns", "add", &hub]);
         ip(&["-n", &hub, "link", "set", "lo", "up"]);
         ip(&["-n", &hub, "link", "add", "br0", "type", "bridge"]);

@@ -123,12 +123,9 @@ impl EtcdCluster {
         let log = std::fs::File::create(self.dir.path().join(format!("e{i}.log")))
             .expect("an etcd log file");
         let mut cmd = self.command("etcd");
+        let scheme = self.scheme();
         let m = &mut self.members[i];
-        let client = format!(
-            "{}://{host}:{}",
-            self.tls.as_ref().map_or("http", |_| "https"),
-            m.client
-        );
+        let client = format!("{scheme}://{host}:{}", m.client);
         let peer = format!("http://{host}:{}", m.peer);
         if let Some(t) = &self.tls {
             cmd.arg("--client-cert-auth")

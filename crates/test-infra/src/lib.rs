@@ -250,7 +250,7 @@ pub struct TestNet {
     servers: Vec<std::process::Child>,
 }
 
-fn ip(args: &[&str]) {
+pub(crate) fn ip(args: &[&str]) {
     let st = std::process::Command::new("ip")
         .args(args)
         .status()
@@ -258,16 +258,18 @@ fn ip(args: &[&str]) {
     assert!(st.success(), "ip {args:?} failed");
 }
 
+/// `ip ARGS` whose failure is expected and not shown (removing what may not be there).
+pub(crate) fn ip_quiet(args: &[&str]) {
+    let _ = std::process::Command::new("ip")
+        .args(args)
+        .stderr(std::process::Stdio::null())
+        .status();
+}
+
 /// Removes namespace `ns` and host link `link` if a dead process left them.
 fn clear_stale(ns: &str, link: &str) {
-    let quiet = |args: &[&str]| {
-        let _ = std::process::Command::new("ip")
-            .args(args)
-            .stderr(std::process::Stdio::null())
-            .status();
-    };
-    quiet(&["link", "del", link]);
-    quiet(&["netns", "del", ns]);
+    ip_quiet(&["link", "del", link]);
+    ip_quiet(&["netns", "del", ns]);
 }
 
 /// A `10.A.B` /24 that no address of the host's namespace is in, the first from `seed` on.
