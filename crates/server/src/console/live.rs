@@ -167,17 +167,11 @@ impl Source {
             Some(api) => Source::listing(api, "/v1/snapshots").await,
             None => {
                 let local = self.engine.call(ops::ListSnapshots {}).await;
-                local
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|meta| Held { meta, node: None })
-                    .collect()
+                here(local.unwrap_or_default())
             }
         }
     }
-}
 
-impl Source {
     async fn migrations(&self) -> Vec<Held<MigrationView>> {
         match &self.cluster_api {
             Some(api) => {
@@ -187,14 +181,18 @@ impl Source {
             }
             None => {
                 let local = self.engine.call(ops::ListMigrations {}).await;
-                local
-                    .unwrap_or_default()
-                    .into_iter()
-                    .map(|meta| Held { meta, node: None })
-                    .collect()
+                here(local.unwrap_or_default())
             }
         }
     }
+}
+
+/// This daemon's own items, with no node named.
+fn here<T>(items: Vec<T>) -> Vec<Held<T>> {
+    items
+        .into_iter()
+        .map(|meta| Held { meta, node: None })
+        .collect()
 }
 
 impl State {
