@@ -226,20 +226,7 @@ impl ClusterArgs {
                  this one's --listen"
             );
         };
-        let secret = match (
-            self.cluster_secret_file,
-            std::env::var("FORKBOX_CLUSTER_SECRET"),
-        ) {
-            (Some(f), _) => std::fs::read_to_string(&f)
-                .with_context(|| format!("reading the cluster secret from {}", f.display()))?
-                .trim()
-                .to_string(),
-            (None, Ok(s)) => s.trim().to_string(),
-            (None, Err(_)) => anyhow::bail!(
-                "--cluster needs the cluster secret: --cluster-secret-file FILE or \
-                 FORKBOX_CLUSTER_SECRET (the same on every node; `openssl rand -hex 32`)"
-            ),
-        };
+        let secret = cluster_secret(self.cluster_secret_file)?;
         Ok(Some(forkbox_server::cluster::ClusterOptions {
             endpoints: self.cluster,
             node,
