@@ -498,8 +498,8 @@ impl Node {
         Ok(c)
     }
 
-    /// The advertised URL of the live node that owns sandbox `id`, when that is another node
-    /// (a preview opened here is carried there; `None` when it runs here or no live node owns
+    /// The record of the live node that owns sandbox `id`, when that is another node (a
+    /// preview opened here is carried there; `None` when it runs here or no live node owns
     /// it).
     pub async fn owner_elsewhere(&self, id: &str) -> Option<NodeRecord> {
         if self.engine.has(id).await {
