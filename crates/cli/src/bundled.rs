@@ -68,7 +68,7 @@ pub async fn ensure_for(
 }
 
 /// Runs `work` (a create through a cluster's node) and meanwhile prints the progress of image
-/// `image`'s first build in the cluster, from whichever node builds it, as [`printer`] does.
+/// `image`'s first build in the cluster, from whichever node builds it, in [`printer`]'s lines.
 pub async fn with_cluster_build<T>(
     daemon: &forkbox_client::Client,
     image: &str,
@@ -106,11 +106,5 @@ pub async fn with_cluster_build<T>(
 /// per line of its log.
 pub fn printer() -> impl FnMut(BuildEvent) {
     let started = std::time::Instant::now();
-    move |ev: BuildEvent| match ev {
-        BuildEvent::Step { n, total, what } => eprintln!(
-            "[{n}/{total}] {what} (at {:.0} s)",
-            started.elapsed().as_secs_f64()
-        ),
-        BuildEvent::Log(line) => eprintln!("      {line}"),
-    }
+    move |ev: BuildEvent| eprintln!("{}", ev.line(started.elapsed().as_secs_f64()))
 }

@@ -25,6 +25,18 @@ pub enum BuildEvent {
     Log(String),
 }
 
+impl BuildEvent {
+    /// The line a person reads for it: `[n/total] what (at S s)`, `secs` since the build
+    /// started, or the step's output indented under it. (The CLI prints a build this way, and a
+    /// cluster's node keeps a first build's progress so.)
+    pub fn line(&self, secs: f64) -> String {
+        match self {
+            BuildEvent::Step { n, total, what } => format!("[{n}/{total}] {what} (at {secs:.0} s)"),
+            BuildEvent::Log(line) => format!("      {line}"),
+        }
+    }
+}
+
 pub(super) fn sh_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }

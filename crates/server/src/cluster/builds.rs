@@ -11,6 +11,7 @@ use std::time::Instant;
 use axum::extract::Request;
 use axum::response::{IntoResponse, Response};
 use forkbox_engine::api::{BuildLogView, BuildProgress, Code};
+use forkbox_engine::image::BuildEvent;
 
 use super::Node;
 use crate::refusal;
@@ -58,14 +59,16 @@ impl Builds {
     pub fn record(&self, image: &str, ev: &BuildProgress) {
         self.with(|m| {
             let Some(log) = m.get_mut(image) else { return };
-            let line = match ev {
-                BuildProgress::Step { n, total, what } => format!(
-                    "[{n}/{total}] {what} (at {:.0} s)",
-                    log.started.elapsed().as_secs_f64()
-                ),
-                BuildProgress::Log { line } => format!("      {line}"),
+            let ev = match ev {
+                BuildProgress::Step { n, total, what } => BuildEvent::Step {
+                    n: *n,
+                    total: *total,
+                    what: what.clone(),
+                },
+                BuildProgress::Log { line } => BuildEvent::Log(line.clone()),
                 _ => return,
             };
+            let line = ev.line(log.started.elapsed().as_secs_f64());
             log.lines.push_back(line);
             if log.lines.len() > MAX_LINES {
                 log.lines.pop_front();
