@@ -4,6 +4,7 @@
 //! and the engine, the server and the OpenAPI document are built on the same types.
 #![forbid(unsafe_code)]
 
+pub mod carried;
 mod command;
 mod error;
 mod migration;

@@ -272,9 +272,37 @@ pub fn serve(
         },
     );
     let extra = axum::Router::new().nest_service("/mcp", mcp);
-    rt.block_on(forkbox_server::serve(paths, listen, Some(extra), cluster))
+    // E2B's API on the TCP listener: its control plane calls this daemon back on that
+    // listener with the caller's key as their token, its data plane through the socket.
+    let fronts = match listen {
+        Some(addr) => vec![forkbox_server::Front {
+            router: forkbox_e2b::router(forkbox_e2b::Options {
+                socket: forkbox_server::socket_path(&paths),
+                api_url: format!("http://{}", loopback(addr)),
+                key_file: paths.home().join("e2b.key"),
+            })
+            .context("E2B's API could not start")?,
+            claims: forkbox_e2b::claims,
+        }],
+        None => Vec::new(),
+    };
+    rt.block_on(forkbox_server::serve(paths, listen, Some(extra), fronts, cluster))
         .context("the forkbox daemon failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// The address this host reaches a listener on `addr` at: an unspecified address
+/// (`0.0.0.0`, `[::]`) is reached on loopback.
+fn loopback(addr: std::net::SocketAddr) -> std::net::SocketAddr {
+    match addr.ip() {
+        std::net::IpAddr::V4(ip) if ip.is_unspecified() => {
+            std::net::SocketAddr::from((std::net::Ipv4Addr::LOCALHOST, addr.port()))
+        }
+        std::net::IpAddr::V6(ip) if ip.is_unspecified() => {
+            std::net::SocketAddr::from((std::net::Ipv6Addr::LOCALHOST, addr.port()))
+        }
+        _ => addr,
+    }
 }
 
 /// `forkbox mcp`: one MCP session over stdin/stdout against this home's daemon (started if

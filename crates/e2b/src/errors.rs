@@ -64,6 +64,104 @@ pub fn connect_status(code: &str) -> u16 {
     }
 }
 
+/// What went wrong with one E2B call: its HTTP status, its words, and forkbox's code when it
+/// came from the daemon. Answered in the control plane's shape ([`Failure::into_response`]) or
+/// as a Connect error ([`Failure::connect`]).
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub status: u16,
+    pub message: String,
+    pub code: Option<Code>,
+}
+
+impl Failure {
+    pub fn new(status: u16, message: impl Into<String>) -> Failure {
+        Failure {
+            status,
+            message: message.into(),
+            code: None,
+        }
+    }
+
+    pub fn of(code: Code, message: impl Into<String>) -> Failure {
+        Failure {
+            status: code.http_status(),
+            message: message.into(),
+            code: Some(code),
+        }
+    }
+
+    /// The same failure answered with HTTP status `status`.
+    pub fn with_status(mut self, status: u16) -> Failure {
+        self.status = status;
+        self
+    }
+
+    /// What forkbox does not do, said where E2B's SDK would have used it.
+    pub fn unsupported(what: &str) -> Failure {
+        Failure::new(400, format!("forkbox does not support {what}"))
+    }
+
+    /// The Connect error code and message this failure is on the data plane.
+    pub fn connect(&self) -> (&'static str, &str) {
+        let code = match self.code {
+            Some(c) => connect_code(c),
+            None => match self.status {
+                400 => "invalid_argument",
+                401 => "unauthenticated",
+                403 => "permission_denied",
+                404 => "not_found",
+                409 => "already_exists",
+                429 | 507 => "resource_exhausted",
+                501 => "unimplemented",
+                502 | 503 => "unavailable",
+                504 => "deadline_exceeded",
+                _ => "internal",
+            },
+        };
+        (code, &self.message)
+    }
+
+    /// The Connect error as a unary call's answer: its status and `{"code","message"}`.
+    pub fn connect_response(&self) -> axum::response::Response {
+        use axum::response::IntoResponse;
+        let (code, message) = self.connect();
+        let status = axum::http::StatusCode::from_u16(connect_status(code))
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        (
+            status,
+            axum::Json(json!({ "code": code, "message": message })),
+        )
+            .into_response()
+    }
+}
+
+impl From<forkbox_client::ClientError> for Failure {
+    fn from(e: forkbox_client::ClientError) -> Failure {
+        match &e {
+            forkbox_client::ClientError::Api { status, code, .. } => Failure {
+                status: *status,
+                message: e.to_string(),
+                code: Code::parse(code),
+            },
+            _ => Failure::new(503, e.to_string()),
+        }
+    }
+}
+
+impl axum::response::IntoResponse for Failure {
+    /// The control plane's shape, `{"code": <status>, "message", "error_code"?}`.
+    fn into_response(self) -> axum::response::Response {
+        let status = axum::http::StatusCode::from_u16(self.status)
+            .unwrap_or(axum::http::StatusCode::INTERNAL_SERVER_ERROR);
+        let mut body = json!({ "code": self.status, "message": self.message });
+        if let Some(c) = self.code {
+            body["error_code"] = json!(c.as_str());
+        }
+        (status, axum::Json(body)).into_response()
+    }
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod tests {

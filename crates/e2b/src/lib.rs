@@ -1,8 +1,166 @@
-//! E2B's wire surface, the pieces that hold for every call (`../shared` notes list the facts,
-//! read from E2B's published SDKs; the SDKs are the judges): the Connect protocol's framing of
-//! the in-sandbox services' streams ([`connect`]) and the error shapes both planes require
-//! ([`errors`]). The control plane and the services themselves are front ends over the engine's
-//! operations, to come; nothing here reaches a sandbox.
+//! E2B's API on forkbox: agents written against E2B's SDKs (`e2b` on PyPI and npm) point at a
+//! forkbox daemon by environment variables alone.
+//!
+//! A front end like MCP, never a second engine: every E2B call becomes calls of forkbox's own
+//! API through [`forkbox_client`]. The control plane (`/v2/sandboxes`, `/sandboxes/{id}/…`)
+//! calls the daemon's TCP listener with the caller's `X-API-KEY` as its bearer token, so a key
+//! is a forkbox token and the daemon's own gate checks it. The data plane (envd's Connect
+//! services and `/files`, chosen by the `E2b-Sandbox-Id` header) is authorised by the
+//! sandbox's access token, which this front end derived for that sandbox when it made it, and
+//! then calls the daemon over its socket.
+//!
+//! Shapes: [`connect`] (the Connect protocol's envelopes), [`errors`] (E2B's error bodies).
 
 pub mod connect;
+mod control;
+mod envd;
 pub mod errors;
+mod guest;
+mod keys;
+mod shape;
+mod templates;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use axum::http::HeaderMap;
+use forkbox_client::{Client, Endpoint};
+
+/// The envd version this front end says it speaks: what the SDKs then use (0.4.0: commands as
+/// the default user unless one is named; 0.5.2: CloseStdin; 0.5.7: octet-stream and gzip
+/// uploads).
+pub const ENVD_VERSION: &str = "0.5.7";
+
+/// The header the SDKs put on every data-plane request.
+pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
+const SANDBOX_PORT_HEADER: &str = "e2b-sandbox-port";
+const API_KEY_HEADER: &str = "x-api-key";
+const ACCESS_TOKEN_HEADER: &str = "x-access-token";
+
+/// envd's port in every sandbox, as the SDKs have it.
+pub const ENVD_PORT: u16 = 49983;
+
+/// Where the front end reaches the daemon.
+#[derive(Debug, Clone)]
+pub struct Options {
+    /// The daemon's Unix socket (the data plane's calls, once a sandbox's token is checked).
+    pub socket: PathBuf,
+    /// The daemon's TCP listener as this host reaches it (`http://127.0.0.1:7070`): the
+    /// control plane's calls, each with its caller's key as the bearer token.
+    pub api_url: String,
+    /// A file holding this daemon's key for sandboxes' access tokens (made, mode 0600, if
+    /// absent).
+    pub key_file: PathBuf,
+}
+
+/// The front end's state: its clients and what it knows of the commands it started.
+pub(crate) struct E2b {
+    /// The daemon over its socket.
+    daemon: Client,
+    api_url: String,
+    key: [u8; 32],
+    /// A client per caller's key (by the key's hash), reused for their connections.
+    keyed: Mutex<HashMap<String, Client>>,
+    /// (sandbox, pid) → the daemon's command id, for the commands started here.
+    procs: Mutex<HashMap<(String, u32), envd::Proc>>,
+    /// Directory watchers (CreateWatcher): id → (sandbox, command id, events read so far).
+    watchers: Mutex<HashMap<String, envd::Watcher>>,
+    /// (sandbox, user asked for) → (user, home): where relative paths of `/files` go.
+    homes: Mutex<HashMap<(String, String), (String, String)>>,
+    /// One first build of a carried template at a time.
+    building: tokio::sync::Mutex<()>,
+}
+
+/// Whether a request is E2B's: a data-plane call names its sandbox in `E2b-Sandbox-Id`, a
+/// control-plane call carries `X-API-KEY` (forkbox's own API takes `Authorization: Bearer`).
+pub fn claims(headers: &HeaderMap) -> bool {
+    headers.contains_key(SANDBOX_ID_HEADER) || headers.contains_key(API_KEY_HEADER)
+}
+
+/// The front end's routes: hand it the requests [`claims`] takes.
+pub fn router(options: Options) -> std::io::Result<axum::Router> {
+    let daemon =
+        Client::new(Endpoint::Unix(options.socket.clone())).map_err(std::io::Error::other)?;
+    let state = Arc::new(E2b {
+        daemon,
+        api_url: options.api_url.trim_end_matches('/').to_string(),
+        key: keys::load_or_make(&options.key_file)?,
+        keyed: Mutex::default(),
+        procs: Mutex::default(),
+        watchers: Mutex::default(),
+        homes: Mutex::default(),
+        building: tokio::sync::Mutex::new(()),
+    });
+    // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's
+    // do not meet; each data-plane handler checks its sandbox's header and token.
+    Ok(envd::router(state.clone()).merge(control::router(state)))
+}
+
+impl E2b {
+    /// The daemon as the caller with key `key` (their bearer token).
+    fn as_caller(&self, key: &str) -> Result<Client, errors::Failure> {
+        let id = keys::owner(key);
+        let mut m = self.keyed.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(c) = m.get(&id) {
+            return Ok(c.clone());
+        }
+        let endpoint = Endpoint::Http {
+            url: self.api_url.clone(),
+            token: Some(key.to_string()),
+        };
+        let c = Client::new(endpoint).map_err(|e| {
+            errors::Failure::new(401, format!("the API key is not usable: {e}"))
+        })?;
+        if m.len() > 1024 {
+            m.clear();
+        }
+        m.insert(id, c.clone());
+        Ok(c)
+    }
+}
+
+impl E2b {
+    /// Runs `argv` as root in sandbox `id` through the daemon; its stdout when it exits 0.
+    async fn run_root(&self, id: &str, argv: Vec<String>) -> Result<String, errors::Failure> {
+        let r = self.exec(id, argv).await?;
+        match r.exit_code {
+            0 => Ok(r.stdout),
+            n => Err(errors::Failure::new(
+                500,
+                format!("a command in sandbox {id} failed ({n}): {}", r.stderr.trim()),
+            )),
+        }
+    }
+
+    /// Runs `argv` in sandbox `id` through the daemon and waits.
+    async fn exec(
+        &self,
+        id: &str,
+        argv: Vec<String>,
+    ) -> Result<forkbox_api::ExecResult, errors::Failure> {
+        let req = forkbox_api::ExecRequest {
+            argv: Some(argv),
+            timeout_secs: Some(60),
+            ..Default::default()
+        };
+        Ok(self.daemon.exec(id, &req).await?)
+    }
+
+    /// Forgets what the front end kept about sandbox `id`'s commands (it is gone, or its
+    /// commands' streams are).
+    fn forget(&self, id: &str) {
+        self.procs
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(sb, _), _| sb != id);
+        self.watchers
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|_, w| w.sandbox != id);
+        self.homes
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .retain(|(sb, _), _| sb != id);
+    }
+}

@@ -1,32 +1,6 @@
 //! The image recipes that ship inside forkbox (the repository's `images/`), so that its images
 //! build themselves on first use wherever the binary runs: by the CLI in its own home, and by a
-//! cluster on the node a create is placed on.
+//! cluster on the node a create is placed on. The table is the API crate's, which E2B's front
+//! end reads too.
 
-/// (name, recipe text) of every recipe forkbox carries.
-pub const RECIPES: &[(&str, &str)] = &[
-    (
-        "python-bookworm",
-        include_str!("../../../../images/python-bookworm.toml"),
-    ),
-    (
-        "python-bullseye",
-        include_str!("../../../../images/python-bullseye.toml"),
-    ),
-    (
-        "python-trixie",
-        include_str!("../../../../images/python-trixie.toml"),
-    ),
-    (
-        "node-bookworm",
-        include_str!("../../../../images/node-bookworm.toml"),
-    ),
-    (
-        "node-trixie",
-        include_str!("../../../../images/node-trixie.toml"),
-    ),
-];
-
-/// The text of the recipe forkbox carries for image `name`, if it carries one.
-pub fn recipe(name: &str) -> Option<&'static str> {
-    RECIPES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
-}
+pub use forkbox_api::carried::{recipe, RECIPES};

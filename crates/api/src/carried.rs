@@ -1,0 +1,31 @@
+//! The image recipes that ship inside forkbox (the repository's `images/`), so that its images
+//! build themselves on first use wherever the binary runs: by the CLI in its own home, by a
+//! cluster on the node a create is placed on, and by E2B's front end for a template it is
+//! asked for (`base`). Recipe texts in the TOML shape of `forkbox image build`.
+
+/// (name, recipe text) of every recipe forkbox carries.
+pub const RECIPES: &[(&str, &str)] = &[
+    (
+        "python-bookworm",
+        include_str!("../../../images/python-bookworm.toml"),
+    ),
+    (
+        "python-bullseye",
+        include_str!("../../../images/python-bullseye.toml"),
+    ),
+    (
+        "python-trixie",
+        include_str!("../../../images/python-trixie.toml"),
+    ),
+    (
+        "node-bookworm",
+        include_str!("../../../images/node-bookworm.toml"),
+    ),
+    ("node-trixie", include_str!("../../../images/node-trixie.toml")),
+    ("base", include_str!("../../../images/base.toml")),
+];
+
+/// The text of the recipe forkbox carries for image `name`, if it carries one.
+pub fn recipe(name: &str) -> Option<&'static str> {
+    RECIPES.iter().find(|(n, _)| *n == name).map(|(_, t)| *t)
+}

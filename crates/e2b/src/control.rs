@@ -1,0 +1,672 @@
+//! E2B's control plane (`/v2/sandboxes`, `/sandboxes/{id}/…`, `/snapshots`): each call as the
+//! caller, whose `X-API-KEY` is a forkbox token, and only on sandboxes that key made.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{delete, get, post, put};
+use axum::{Json, Router};
+use forkbox_api::{Code, CreateRequest, ForkRequest, NetworkPolicy, SandboxView, TtlAction};
+use forkbox_client::Client;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::errors::Failure;
+use crate::keys::{self, OWNER_LABEL, TEMPLATE_LABEL};
+use crate::{shape, E2b};
+
+type Answer = Result<Response, Failure>;
+
+/// E2B's default sandbox timeout, in seconds, when a create gives none.
+const DEFAULT_TIMEOUT_SECS: u64 = 300;
+/// The longest a page of a listing holds.
+const MAX_PAGE: usize = 100;
+
+pub(crate) fn router(state: Arc<E2b>) -> Router {
+    Router::new()
+        .route("/sandboxes", post(create).get(list_v1))
+        .route("/v2/sandboxes", post(create).get(list))
+        .route("/sandboxes/{id}", get(info).delete(kill))
+        .route("/sandboxes/{id}/connect", post(connect))
+        .route("/v2/sandboxes/{id}/connect", post(connect))
+        .route("/sandboxes/{id}/resume", post(connect))
+        .route("/sandboxes/{id}/timeout", post(set_timeout))
+        .route("/sandboxes/{id}/pause", post(pause))
+        .route("/sandboxes/{id}/metrics", get(metrics))
+        .route("/sandboxes/{id}/snapshots", post(snapshot))
+        .route("/sandboxes/{id}/fork", post(fork))
+        .route("/sandboxes/{id}/network", put(network))
+        .route("/snapshots", get(list_snapshots))
+        .route("/templates/{id}", delete(delete_snapshot))
+        .fallback(unknown)
+        .with_state(state)
+}
+
+/// The caller: their client (the daemon as them) and their owner label.
+struct Caller {
+    client: Client,
+    owner: String,
+}
+
+fn caller(e: &E2b, headers: &HeaderMap) -> Result<Caller, Failure> {
+    let key = headers
+        .get(crate::API_KEY_HEADER)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| {
+            Failure::new(
+                401,
+                "an X-API-KEY header with a forkbox token is required (E2B_API_KEY; make one \
+                 with `forkbox token create`)",
+            )
+        })?;
+    Ok(Caller {
+        client: e.as_caller(key)?,
+        owner: keys::owner(key),
+    })
+}
+
+fn not_found(id: &str) -> Failure {
+    Failure::of(Code::SandboxNotFound, format!("sandbox {id} not found"))
+}
+
+/// Sandbox `id` if it is the caller's (else: not found, as for an unknown id).
+async fn mine(c: &Caller, id: &str) -> Result<SandboxView, Failure> {
+    match c.client.get(id).await {
+        Ok(v) if shape::owned_by(&v, &c.owner) => Ok(v),
+        Ok(_) => Err(not_found(id)),
+        Err(e) if e.status() == Some(404) => Err(not_found(id)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// A JSON body, or E2B's 400 saying what is wrong with it.
+fn body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, Failure> {
+    if bytes.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    serde_json::from_slice(bytes).map_err(|e| Failure::new(400, format!("the request body: {e}")))
+}
+
+fn status(code: StatusCode, v: Value) -> Response {
+    (code, Json(v)).into_response()
+}
+
+async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
+    Failure::new(
+        404,
+        format!("forkbox's E2B API has no {method} {}", uri.path()),
+    )
+}
+
+// -- create -------------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct NewSandbox {
+    #[serde(rename = "templateID")]
+    template_id: String,
+    timeout: Option<u64>,
+    metadata: Option<BTreeMap<String, String>>,
+    env_vars: Option<BTreeMap<String, String>>,
+    auto_pause: Option<bool>,
+    auto_resume: Option<Value>,
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
+    network: Option<Network>,
+    mcp: Option<Value>,
+    iam: Option<Value>,
+    volume_mounts: Option<Vec<Value>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Network {
+    allow_out: Option<Vec<String>>,
+    deny_out: Option<Vec<String>>,
+    allow_public_traffic: Option<bool>,
+    egress_proxy: Option<Value>,
+    rules: Option<Value>,
+}
+
+/// What forkbox does not do, asked for in a create: refused, naming it.
+fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
+    let set = |v: &Option<Value>| v.as_ref().is_some_and(|v| !v.is_null());
+    if set(&n.mcp) {
+        return Err(Failure::unsupported("E2B's MCP gateway (`mcp`)"));
+    }
+    if set(&n.iam) {
+        return Err(Failure::unsupported("IAM tokens (`iam`)"));
+    }
+    if n.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
+        return Err(Failure::unsupported("volumes (`volumeMounts`) yet"));
+    }
+    let resume = n
+        .auto_resume
+        .as_ref()
+        .and_then(|v| v.get("enabled"))
+        .and_then(Value::as_bool);
+    if resume == Some(true) {
+        return Err(Failure::unsupported(
+            "`autoResume` yet (a paused sandbox resumes with Sandbox.connect)",
+        ));
+    }
+    Ok(())
+}
+
+/// The sandbox's network policy from E2B's fields: the internet unless it is turned off, or
+/// only the hosts of `allowOut`.
+fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
+    let net = n.network.as_ref();
+    if let Some(net) = net {
+        if net.deny_out.as_ref().is_some_and(|d| !d.is_empty()) {
+            return Err(Failure::unsupported(
+                "`denyOut` (forkbox's policy is an allow list: give `allowOut`)",
+            ));
+        }
+        if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null())
+            || net.rules.as_ref().is_some_and(|v| !v.is_null())
+        {
+            return Err(Failure::unsupported("`egressProxy` or network `rules`"));
+        }
+        if net.allow_public_traffic == Some(false) {
+            return Err(Failure::unsupported(
+                "`allowPublicTraffic: false` (ports are reached through the daemon, with its token)",
+            ));
+        }
+    }
+    let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
+    let p = match (n.allow_internet_access.unwrap_or(true), allow.is_empty()) {
+        (_, false) => NetworkPolicy {
+            internet: false,
+            allow,
+        },
+        (true, true) => NetworkPolicy {
+            internet: true,
+            allow: Vec::new(),
+        },
+        (false, true) => NetworkPolicy::default(),
+    };
+    Ok(p)
+}
+
+async fn create(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    bytes: bytes::Bytes,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let n: NewSandbox = body(&bytes)?;
+    if n.template_id.is_empty() {
+        return Err(Failure::new(400, "templateID is required"));
+    }
+    refuse_unsupported(&n)?;
+    let mut labels = n.metadata.clone().unwrap_or_default();
+    if let Some(k) = labels.keys().find(|k| k.starts_with("e2b.")) {
+        return Err(Failure::new(
+            400,
+            format!("metadata key {k:?}: keys starting with `e2b.` are forkbox's own"),
+        ));
+    }
+    labels.insert(OWNER_LABEL.into(), c.owner.clone());
+    labels.insert(TEMPLATE_LABEL.into(), n.template_id.clone());
+    let env = crate::guest::env_file(&n.env_vars.clone().unwrap_or_default())
+        .map_err(|m| Failure::new(400, m))?;
+    let mut req = CreateRequest {
+        labels,
+        ttl_seconds: Some(n.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
+        ttl_action: Some(match n.auto_pause {
+            Some(true) => TtlAction::Hibernate,
+            _ => TtlAction::Delete,
+        }),
+        network: Some(policy(&n)?),
+        ..CreateRequest::default()
+    };
+    // A template is a snapshot's name (a create from it is a copy) or an image.
+    let theirs = keys::snapshot_is(&c.owner, &n.template_id);
+    match theirs && c.client.get_snapshot(&n.template_id).await.is_ok() {
+        true => req.snapshot = Some(n.template_id.clone()),
+        false => req.image = Some(n.template_id.clone()),
+    }
+    let v = create_building(&e, &c.client, &req).await?;
+    if !env.is_empty() {
+        if let Err(f) = e.run_root(&v.info.id, crate::guest::write_env(&env)).await {
+            let _ = c.client.delete(&v.info.id).await;
+            return Err(f);
+        }
+    }
+    Ok(status(StatusCode::CREATED, shape::sandbox(&v, &e.key)))
+}
+
+/// Creates; when the image is one forkbox carries a recipe for and this daemon has not built
+/// yet, builds it first (once, however many creates ask), as the CLI does on first use.
+async fn create_building(
+    e: &E2b,
+    client: &Client,
+    req: &CreateRequest,
+) -> Result<SandboxView, Failure> {
+    match client.create(req).await {
+        Err(err) if err.code() == Code::ImageNotFound.as_str() => {
+            let Some(name) = req.image.as_deref() else {
+                return Err(err.into());
+            };
+            let Some(seed) = crate::templates::seed(name) else {
+                return Err(Failure::of(
+                    Code::ImageNotFound,
+                    format!(
+                        "template {name} is neither an image nor a snapshot here ({err}); build \
+                         it with `forkbox image build`"
+                    ),
+                ));
+            };
+            let _one = e.building.lock().await;
+            if client.get_image(name).await.is_err() {
+                tracing::info!("e2b: template {name} is not built yet; building it from forkbox's recipe");
+                crate::templates::build(client, name, seed).await?;
+            }
+            client.create(req).await.map_err(Failure::from)
+        }
+        r => r.map_err(Failure::from),
+    }
+}
+
+// -- one sandbox ----------------------------------------------------------------------------
+
+async fn info(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let v = mine(&c, &id).await?;
+    Ok(Json(shape::detail(&v, &e.key)).into_response())
+}
+
+async fn kill(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    mine(&c, &id).await?;
+    c.client.delete(&id).await?;
+    e.forget(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct Timeout {
+    timeout: Option<u64>,
+}
+
+async fn connect(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let t: Timeout = body(&bytes)?;
+    let v = mine(&c, &id).await.map_err(|_| {
+        Failure::of(
+            Code::SandboxNotFound,
+            format!("sandbox {id} not found (neither running nor paused)"),
+        )
+    })?;
+    let (v, code) = match v.state {
+        forkbox_api::SandboxState::Hibernated => (c.client.resume(&id).await?, StatusCode::CREATED),
+        _ => (v, StatusCode::OK),
+    };
+    let v = match t.timeout {
+        Some(s) => c.client.set_ttl(&id, s.max(1)).await?,
+        None => v,
+    };
+    Ok(status(code, shape::sandbox(&v, &e.key)))
+}
+
+async fn set_timeout(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let t: Timeout = body(&bytes)?;
+    let secs = t
+        .timeout
+        .ok_or_else(|| Failure::new(400, "timeout (seconds) is required"))?;
+    mine(&c, &id).await?;
+    c.client.set_ttl(&id, secs.max(1)).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn pause(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let v = mine(&c, &id).await?;
+    if v.state == forkbox_api::SandboxState::Hibernated {
+        return Err(Failure::of(
+            Code::SandboxHibernated,
+            format!("sandbox {id} is already paused"),
+        )
+        .with_status(409));
+    }
+    c.client.hibernate(&id).await?;
+    e.forget(&id);
+    Ok(StatusCode::NO_CONTENT.into_response())
+}
+
+async fn metrics(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let v = mine(&c, &id).await?;
+    if v.state == forkbox_api::SandboxState::Hibernated {
+        return Ok(Json(json!([])).into_response());
+    }
+    let out = e
+        .run_root(
+            &id,
+            vec!["/bin/sh".into(), "-c".into(), crate::guest::METRICS_SCRIPT.into()],
+        )
+        .await?;
+    let n: Vec<u64> = out
+        .split_whitespace()
+        .map(|w| w.parse().unwrap_or(0))
+        .collect();
+    let at = |i: usize| n.get(i).copied().unwrap_or(0);
+    let now = std::time::SystemTime::now();
+    let unix = now
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0);
+    Ok(Json(json!([{
+        "timestamp": humantime::format_rfc3339_seconds(now).to_string(),
+        "timestampUnix": unix,
+        "cpuCount": at(0),
+        "cpuUsedPct": at(1) as f64,
+        "memUsed": at(2),
+        "memTotal": at(3),
+        "memCache": at(4),
+        "diskUsed": at(5),
+        "diskTotal": at(6),
+    }]))
+    .into_response())
+}
+
+async fn network(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    mine(&c, &id).await?;
+    Err(Failure::unsupported(
+        "changing a running sandbox's network yet (give it at create: `allow_internet_access`, \
+         `network.allowOut`)",
+    ))
+}
+
+// -- listing ------------------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ListQuery {
+    metadata: Option<String>,
+    state: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+    order: Option<String>,
+    template: Option<String>,
+}
+
+/// The caller's sandboxes that pass the query's filters, oldest first (newest with
+/// `order=desc`).
+async fn listing(c: &Caller, q: &ListQuery) -> Result<Vec<SandboxView>, Failure> {
+    let label = format!("{OWNER_LABEL}={}", c.owner);
+    let mut all = c
+        .client
+        .list_where(forkbox_client::ListFilter {
+            label: Some(&label),
+            ..Default::default()
+        })
+        .await?;
+    let want: Vec<(String, String)> = match &q.metadata {
+        Some(m) => form(m),
+        None => Vec::new(),
+    };
+    let states: Vec<&str> = q
+        .state
+        .as_deref()
+        .map(|s| s.split(',').map(str::trim).collect())
+        .unwrap_or_default();
+    all.retain(|v| {
+        want.iter()
+            .all(|(k, val)| v.labels.get(k).is_some_and(|l| l == val))
+            && (states.is_empty() || states.contains(&shape::state(v)))
+            && q.template.as_ref().is_none_or(|t| &shape::template(v) == t)
+    });
+    all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
+    if q.order.as_deref() == Some("desc") {
+        all.reverse();
+    }
+    Ok(all)
+}
+
+/// `k=v&k2=v2` (percent-encoded) as pairs.
+fn form(s: &str) -> Vec<(String, String)> {
+    s.split('&')
+        .filter(|p| !p.is_empty())
+        .map(|p| {
+            let (k, v) = p.split_once('=').unwrap_or((p, ""));
+            (unpercent(k), unpercent(v))
+        })
+        .collect()
+}
+
+fn unpercent(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (b[i], hex) {
+            (b'%', Some(x)) => {
+                out.push(x);
+                i += 3;
+                continue;
+            }
+            (b'+', _) => out.push(b' '),
+            (x, _) => out.push(x),
+        }
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// A page of `all`, and the token of the next when there is one (the index it starts at).
+fn page<T>(all: Vec<T>, q: &ListQuery) -> Result<(Vec<T>, Option<String>), Failure> {
+    let start = match &q.next_token {
+        Some(t) => t
+            .parse::<usize>()
+            .map_err(|_| Failure::new(400, format!("nextToken {t:?} is not one this API gave")))?,
+        None => 0,
+    };
+    let limit = q.limit.unwrap_or(MAX_PAGE).clamp(1, MAX_PAGE);
+    let len = all.len();
+    let items: Vec<T> = all.into_iter().skip(start).take(limit).collect();
+    let next = (start + limit < len).then(|| (start + limit).to_string());
+    Ok((items, next))
+}
+
+fn paged(items: Vec<Value>, next: Option<String>) -> Response {
+    let mut r = Json(Value::Array(items)).into_response();
+    if let Some(t) = next.and_then(|t| axum::http::HeaderValue::from_str(&t).ok()) {
+        r.headers_mut().insert("x-next-token", t);
+    }
+    r
+}
+
+async fn list(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Query(q): Query<ListQuery>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let all = listing(&c, &q).await?;
+    let (items, next) = page(all, &q)?;
+    Ok(paged(items.iter().map(shape::listed).collect(), next))
+}
+
+/// SDKs before 2.x's paging list running sandboxes at `GET /sandboxes`.
+async fn list_v1(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Query(mut q): Query<ListQuery>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    q.state.get_or_insert_with(|| "running".into());
+    let all = listing(&c, &q).await?;
+    Ok(Json(Value::Array(all.iter().map(shape::listed).collect())).into_response())
+}
+
+// -- snapshots and forks --------------------------------------------------------------------
+
+#[derive(Debug, Default, Deserialize)]
+struct NewSnapshot {
+    name: Option<String>,
+}
+
+async fn snapshot(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let n: NewSnapshot = body(&bytes)?;
+    mine(&c, &id).await?;
+    let name = keys::snapshot_name(&c.owner, n.name.as_deref())?;
+    let meta = c
+        .client
+        .snapshot(
+            &id,
+            &forkbox_api::SnapshotRequest {
+                name: Some(name),
+                ..Default::default()
+            },
+        )
+        .await?;
+    Ok(status(StatusCode::CREATED, snapshot_json(&meta.name)))
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct SnapshotQuery {
+    #[serde(rename = "sandboxID")]
+    sandbox_id: Option<String>,
+    name: Option<String>,
+    limit: Option<usize>,
+    next_token: Option<String>,
+}
+
+async fn list_snapshots(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Query(q): Query<SnapshotQuery>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let mut all = c.client.list_snapshots().await?;
+    all.retain(|s| {
+        keys::snapshot_is(&c.owner, &s.name)
+            && q.sandbox_id.as_ref().is_none_or(|id| s.from_sandbox.as_ref() == Some(id))
+            && q.name.as_ref().is_none_or(|n| keys::snapshot_label(&s.name) == n)
+    });
+    all.sort_by_key(|s| s.created_unix);
+    let lq = ListQuery {
+        limit: q.limit,
+        next_token: q.next_token.clone(),
+        ..Default::default()
+    };
+    let (items, next) = page(all, &lq)?;
+    Ok(paged(
+        items
+            .iter()
+            .map(|s| snapshot_json(&s.name))
+            .collect(),
+        next,
+    ))
+}
+
+async fn delete_snapshot(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    if !keys::snapshot_is(&c.owner, &id) {
+        return Err(Failure::of(Code::SnapshotNotFound, format!("snapshot {id} not found")));
+    }
+    match c.client.delete_snapshot(&id).await {
+        Ok(_) => Ok(StatusCode::NO_CONTENT.into_response()),
+        Err(err) if err.status() == Some(404) => Err(Failure::of(
+            Code::SnapshotNotFound,
+            format!("snapshot {id} not found"),
+        )),
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// A snapshot as E2B lists it: its id, and the name the caller gave it.
+fn snapshot_json(name: &str) -> Value {
+    json!({ "snapshotID": name, "names": [keys::snapshot_label(name)] })
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct NewFork {
+    timeout: Option<u64>,
+    count: Option<u32>,
+}
+
+async fn fork(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
+    let c = caller(&e, &headers)?;
+    let n: NewFork = body(&bytes)?;
+    let v = mine(&c, &id).await?;
+    let count = n.count.unwrap_or(1);
+    if !(1..=20).contains(&count) {
+        return Err(Failure::new(400, format!("count {count}: give 1 to 20")));
+    }
+    let mut labels = v.labels.clone();
+    labels.insert(OWNER_LABEL.into(), c.owner.clone());
+    let req = ForkRequest {
+        count,
+        labels,
+        ttl_seconds: Some(n.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
+        network: Some(v.network.clone()),
+        ..ForkRequest::default()
+    };
+    let r = c.client.fork(&id, &req).await?;
+    let mut out: Vec<Value> = r
+        .sandboxes
+        .iter()
+        .map(|s| json!({ "sandbox": shape::sandbox(s, &e.key) }))
+        .collect();
+    out.extend(r.failed.iter().map(|f| {
+        json!({ "error": { "code": 500, "message": f } })
+    }));
+    Ok(status(StatusCode::CREATED, Value::Array(out)))
+}

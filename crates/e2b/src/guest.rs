@@ -1,0 +1,307 @@
+//! What the front end runs in a guest, as argv for the daemon's exec: envd's process table and
+//! file calls in POSIX `sh` and the tools every Debian root has (util-linux's `setpriv`,
+//! findutils' `find`, coreutils), so any forkbox image is a template.
+//!
+//! The guest holds the truth about its processes: each command the front end starts records
+//! its pid's config and start time under `/run/e2b/p/`, so a forked copy or a resumed sandbox
+//! lists what runs in it, with no table on the host to keep in step.
+
+/// The line a started command writes first, on its stdout, before it becomes the command:
+/// `\x1ee2b-pid PID\n`. The front end takes it off the output.
+pub const PID_MARK: &[u8] = b"\x1ee2b-pid ";
+
+/// The sandbox's environment variables (create's `envVars`), sourced by every command.
+pub const ENV_FILE: &str = "/etc/e2b/env";
+
+/// Becomes `$1`'s user (`""`: the default user, root if the image has no `user`), with HOME,
+/// USER and LOGNAME set, in `$2` (`""`: that user's home), runs the rest.
+const AS_USER: &str = r#"u=$1; d=$2; shift 2
+if [ -z "$u" ]; then u=user; getent passwd user >/dev/null 2>&1 || u=root; fi
+h=$(getent passwd "$u" | cut -d: -f6)
+if [ -z "$h" ]; then echo "no user $u in this sandbox" >&2; exit 126; fi
+[ -n "$d" ] || d=$h
+[ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null
+cd -- "$d" || exit 1
+export HOME="$h" USER="$u" LOGNAME="$u"
+[ -r /etc/e2b/env ] && . /etc/e2b/env
+if [ "$u" = root ]; then exec "$@"; fi
+exec setpriv --reuid="$u" --regid="$u" --init-groups -- "$@"
+"#;
+
+/// A process's start time (`/proc/PID/stat`'s 22nd field), which tells a live pid from a
+/// reused one.
+const START_TIME: &str = r#"st() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
+"#;
+
+/// Records this shell's pid (config in `$E2B_PROC`), says it, then runs as `AS_USER` does.
+fn start_script() -> String {
+    format!(
+        r#"{START_TIME}mkdir -p /run/e2b/p
+printf '%s' "$E2B_PROC" > /run/e2b/p/$$.json; st $$ > /run/e2b/p/$$.start
+unset E2B_PROC
+printf '\036e2b-pid %s\n' $$
+{AS_USER}"#
+    )
+}
+
+/// argv that runs `cmd` (envd's `cmd` and `args`) as `user` in `cwd`, recording it.
+pub fn start(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        start_script(),
+        "e2b-process".to_string(),
+        user.to_string(),
+        cwd.to_string(),
+    ];
+    v.extend(cmd.iter().cloned());
+    v
+}
+
+/// argv that runs shell `script` with `args` as `$1…` as `user`.
+pub fn as_user(user: &str, script: &str, args: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        AS_USER.to_string(),
+        "e2b".to_string(),
+        user.to_string(),
+        String::new(),
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        script.to_string(),
+        "e2b".to_string(),
+    ];
+    v.extend(args.iter().map(|a| a.to_string()));
+    v
+}
+
+/// Lists the live recorded processes, `PID\tCONFIG-JSON` a line; clears the dead ones' records.
+pub fn list_processes() -> Vec<String> {
+    let script = format!(
+        r#"{START_TIME}for f in /run/e2b/p/*.json; do
+  [ -e "$f" ] || continue
+  p=${{f##*/}}; p=${{p%.json}}
+  if [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ]; then
+    printf '%s\t' "$p"; cat "$f"; echo
+  else rm -f "$f" /run/e2b/p/$p.start; fi
+done"#
+    );
+    vec!["/bin/sh".into(), "-c".into(), script]
+}
+
+/// Sends signal `sig` (a number) to recorded process `pid`, exit 3 when no such one lives.
+pub fn signal(pid: u32, sig: i32) -> Vec<String> {
+    let script = format!(
+        r#"{START_TIME}p={pid}
+[ -e /run/e2b/p/$p.json ] && [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ] || exit 3
+kill -{sig} $p"#
+    );
+    vec!["/bin/sh".into(), "-c".into(), script]
+}
+
+/// Whether recorded process `pid` still lives (exit 0) or not (exit 3).
+pub fn alive(pid: u32) -> Vec<String> {
+    let script = format!(
+        r#"{START_TIME}p={pid}
+[ -e /run/e2b/p/$p.json ] && [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ] || exit 3"#
+    );
+    vec!["/bin/sh".into(), "-c".into(), script]
+}
+
+/// `find -printf` format of one entry: its type, its target's type (for a symlink), size,
+/// permission bits (octal), permissions as `ls` writes them, owner, group, mtime (seconds),
+/// symlink target, path; NUL after each.
+pub const ENTRY_FORMAT: &str = r"%y\t%Y\t%s\t%m\t%M\t%u\t%g\t%T@\t%l\t%p\0";
+
+/// Sets `$p` to `$1` made absolute (a relative path is the user's home's, where the script
+/// starts). Exit codes of the file scripts: 2 no such file, 17 exists, 20 not a directory.
+const ABS: &str = r#"p=$1; case $p in /*) ;; *) p=$PWD/$p;; esac
+[ "$p" = / ] || p=${p%/}
+"#;
+
+/// `$1`'s entry.
+pub fn stat_script() -> String {
+    format!(
+        r#"{ABS}[ -e "$p" ] || [ -L "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+    )
+}
+
+/// The entries under `$1` down to depth `$2`.
+pub fn list_script() -> String {
+    format!(
+        r#"{ABS}[ -e "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+[ -d "$p" ] || {{ echo "$p: Not a directory" >&2; exit 20; }}
+find "$p" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}'"#
+    )
+}
+
+/// Makes directory `$1` with its parents (exit 17 when it exists), then its entry.
+pub fn make_dir_script() -> String {
+    format!(
+        r#"{ABS}[ -e "$p" ] && {{ echo "$p: File exists" >&2; exit 17; }}
+mkdir -p -- "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+    )
+}
+
+/// Renames `$1` to `$2` (its parent made), then its entry.
+pub fn move_script() -> String {
+    format!(
+        r#"{ABS}s=$p; set -- "$2"
+{ABS}[ -e "$s" ] || [ -L "$s" ] || {{ echo "$s: No such file or directory" >&2; exit 2; }}
+mkdir -p -- "$(dirname -- "$p")" && mv -T -- "$s" "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+    )
+}
+
+/// Removes `$1` and everything under it.
+pub fn remove_script() -> String {
+    format!(
+        r#"{ABS}[ -e "$p" ] || [ -L "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+rm -rf -- "$p""#
+    )
+}
+
+/// Watches directory `$1` (recursively when `$2` is 1) by comparing listings every 200 ms
+/// (any image has `find` and `awk`; none need inotify tools): says `ready` once it has the
+/// first, then a line `TYPE\tNAME` per change (NAME relative to the directory): CREATE and,
+/// for a new file with data, WRITE; WRITE when size or time changes; CHMOD; REMOVE; RENAME for
+/// the old name of an inode seen under a new one (which is a CREATE).
+pub fn watch_script() -> String {
+    format!(
+        r#"{ABS}[ -e "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+[ -d "$p" ] || {{ echo "$p: Not a directory" >&2; exit 20; }}
+depth="-maxdepth 1"; [ "$2" = 1 ] && depth=""
+d=$(mktemp -d /tmp/.e2b-watch.XXXXXX) || exit 1
+trap 'rm -rf "$d"' EXIT; trap 'exit 0' TERM INT HUP
+snap() {{ find "$p" -mindepth 1 $depth -printf '%i\t%T@\t%s\t%m\t%y\t%P\n' 2>/dev/null > "$d/$1"; }}
+snap a; echo ready
+while sleep 0.2; do
+  snap b
+  awk -F'\t' '
+    FILENAME == ARGV[1] {{ o[$6] = $1 FS $2 FS $3 FS $4; oi[$6] = $1; ot[$6] = $5; next }}
+    {{ n[$6] = $1 FS $2 FS $3 FS $4; ni[$6] = $1; ns[$6] = $3; nt[$6] = $5; nm[$6] = $2 FS $3; np[$6] = $4 }}
+    END {{
+      for (k in oi) byino[oi[k]] = k
+      for (k in n) {{
+        if (!(k in o)) {{
+          q = byino[ni[k]]
+          if (q != "" && !(q in n) && !(q in gone)) {{ print "RENAME\t" q; gone[q] = 1; print "CREATE\t" k; continue }}
+          print "CREATE\t" k
+          if (nt[k] == "f" && ns[k] > 0) print "WRITE\t" k
+          continue
+        }}
+        split(o[k], f, FS)
+        if (f[2] FS f[3] != nm[k] && nt[k] != "d") print "WRITE\t" k
+        if (f[4] != np[k]) print "CHMOD\t" k
+      }}
+      for (k in o) if (!(k in n) && !(k in gone)) print "REMOVE\t" k
+    }}' "$d/a" "$d/b"
+  mv "$d/b" "$d/a"
+done"#
+    )
+}
+
+/// Writes the sandbox's environment (lines made by [`env_file`]) to [`ENV_FILE`] from stdin.
+pub fn write_env(text: &str) -> Vec<String> {
+    let script = format!(
+        "mkdir -p /etc/e2b && cat > {ENV_FILE}.new <<'E2B_ENV_END'\n{text}E2B_ENV_END\nchmod 0644 {ENV_FILE}.new && mv {ENV_FILE}.new {ENV_FILE}"
+    );
+    vec!["/bin/sh".into(), "-c".into(), script]
+}
+
+/// The text of [`ENV_FILE`] for `envs`: each set unless the command's own environment has it.
+pub fn env_file(envs: &std::collections::BTreeMap<String, String>) -> Result<String, String> {
+    let mut out = String::new();
+    for (k, v) in envs {
+        let name_ok = !k.is_empty()
+            && !k.starts_with(|c: char| c.is_ascii_digit())
+            && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !name_ok {
+            return Err(format!(
+                "envVars: {k:?} is not a variable name (letters, digits, _; not starting with a digit)"
+            ));
+        }
+        if v.contains("E2B_ENV_END") {
+            return Err(format!("envVars: the value of {k} holds E2B_ENV_END"));
+        }
+        out.push_str(&format!(
+            "[ -n \"${{{k}+x}}\" ] || export {k}={}\n",
+            quote(v)
+        ));
+    }
+    Ok(out)
+}
+
+/// `s` in single quotes for `sh`.
+pub fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+/// Gives files `$3…` to user `$1` (and its group), and the directories above them that a
+/// write made for root inside the user's home `$2`.
+pub const CHOWN_SCRIPT: &str = r#"u=$1; h=${2%/}; shift 2
+g=$(id -gn "$u") || exit 1
+for f; do
+  chown "$u:$g" -- "$f"
+  d=$(dirname -- "$f")
+  while case $d in "$h"/*) true;; *) false;; esac && [ "$(stat -c %u -- "$d")" = 0 ]; do
+    chown "$u:$g" -- "$d"; d=$(dirname -- "$d")
+  done
+done"#;
+
+/// argv that prints `USER:HOME` of user `user` (`""`: the default user, `user` or root).
+pub fn home(user: &str) -> Vec<String> {
+    let script = r#"u=$1; if [ -z "$u" ]; then u=user; getent passwd user >/dev/null 2>&1 || u=root; fi
+h=$(getent passwd "$u" | cut -d: -f6); [ -n "$h" ] || exit 3
+echo "$u:$h""#;
+    vec!["/bin/sh".into(), "-c".into(), script.into(), "e2b".into(), user.into()]
+}
+
+/// The guest's use of CPU, memory and disk, measured over 200 ms: `cpus busy% memUsed
+/// memTotal memCache diskUsed diskTotal` (bytes).
+pub const METRICS_SCRIPT: &str = r#"read -r _ a b c d e f g _ < /proc/stat; t1=$((a+b+c+d+e+f+g)); i1=$((d+e))
+sleep 0.2
+read -r _ a b c d e f g _ < /proc/stat; t2=$((a+b+c+d+e+f+g)); i2=$((d+e))
+dt=$((t2-t1)); [ $dt -gt 0 ] || dt=1
+busy=$(( (100*(dt-(i2-i1)))/dt ))
+mt=$(awk '/^MemTotal:/{print $2*1024}' /proc/meminfo); ma=$(awk '/^MemAvailable:/{print $2*1024}' /proc/meminfo)
+mc=$(awk '/^Cached:/{print $2*1024}' /proc/meminfo)
+set -- $(df -B1 --output=used,size / | tail -1)
+echo "$(nproc) $busy $((mt-ma)) $mt $mc $1 $2""#;
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    /// The scripts run under this host's `sh` as they will in a guest (as root or not, no
+    /// user switch): a process records itself, lists, and is signalled.
+    #[test]
+    fn the_process_table_lives_in_the_guest() {
+        let sh = |argv: Vec<String>| {
+            std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .output()
+                .unwrap()
+        };
+        let out = sh(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("{START_TIME}st $$"),
+        ]);
+        assert!(out.status.success());
+        let n: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
+        assert!(n > 0);
+        let envs = [("A".to_string(), "it's".to_string())].into_iter().collect();
+        let text = env_file(&envs).unwrap();
+        let out = sh(vec![
+            "/bin/sh".into(),
+            "-c".into(),
+            format!("{text}echo \"$A\"; B=kept; {}", env_file(&[("B".to_string(), "lost".to_string())].into_iter().collect()).unwrap()),
+        ]);
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "it's\n");
+        assert!(env_file(&[("1A".to_string(), String::new())].into_iter().collect()).is_err());
+        assert_eq!(quote("a'b"), r"'a'\''b'");
+    }
+}
