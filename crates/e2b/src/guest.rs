@@ -238,6 +238,17 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
+/// Run as the writing user before a write of files `$1…`: makes their directories (so they
+/// are the user's), says `new` or `old` for each, and exits 13 when the user may not write one.
+pub const PREPARE_WRITE_SCRIPT: &str = r#"for p; do
+  d=$(dirname -- "$p")
+  mkdir -p -- "$d" 2>/dev/null
+  if [ ! -d "$d" ] || [ ! -w "$d" ] || { [ -e "$p" ] && [ ! -w "$p" ]; }; then
+    echo "$p: Permission denied" >&2; exit 13
+  fi
+  if [ -e "$p" ]; then echo old; else echo new; fi
+done"#;
+
 /// Gives files `$3…` to user `$1` (and its group), and the directories above them that a
 /// write made for root inside the user's home `$2`.
 pub const CHOWN_SCRIPT: &str = r#"u=$1; h=${2%/}; shift 2

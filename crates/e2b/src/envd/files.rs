@@ -186,13 +186,37 @@ async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failu
     if files.is_empty() {
         return Err(Failure::new(400, "the request carried no file"));
     }
-    let mut written = Vec::new();
-    for (path, data) in files {
-        let path = absolute(super::filesystem::path(&path)?, &home);
-        e.daemon.write_file(&t.id, &path, data, 0o644).await?;
-        written.push(path);
+    let mut paths = Vec::new();
+    for (path, _) in &files {
+        paths.push(absolute(super::filesystem::path(path)?, &home));
     }
-    if user != "root" {
+    // As the user first: their directories, and a refusal where they may not write.
+    let fresh: Vec<bool> = match user.as_str() {
+        "root" => vec![false; paths.len()],
+        _ => {
+            let args: Vec<&str> = paths.iter().map(String::as_str).collect();
+            let r = e
+                .exec(&t.id, guest::as_user(&user, guest::PREPARE_WRITE_SCRIPT, &args))
+                .await?;
+            if r.exit_code == 13 {
+                return Err(Failure::new(403, format!("permission denied for user {user}: {}", r.stderr.trim())));
+            }
+            if r.exit_code != 0 {
+                return Err(Failure::new(500, format!("preparing the write failed: {}", r.stderr.trim())));
+            }
+            r.stdout.lines().map(|l| l == "new").collect()
+        }
+    };
+    for ((_, data), path) in files.into_iter().zip(&paths) {
+        e.daemon.write_file(&t.id, path, data, 0o644).await?;
+    }
+    let made: Vec<String> = paths
+        .iter()
+        .zip(fresh.iter().chain(std::iter::repeat(&false)))
+        .filter(|(_, new)| **new)
+        .map(|(p, _)| p.clone())
+        .collect();
+    if !made.is_empty() {
         let mut argv = vec![
             "/bin/sh".to_string(),
             "-c".into(),
@@ -201,9 +225,10 @@ async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failu
             user.clone(),
             home.clone(),
         ];
-        argv.extend(written.iter().cloned());
+        argv.extend(made);
         e.run_root(&t.id, argv).await?;
     }
+    let written = paths;
     Ok(Value::Array(
         written
             .iter()

@@ -44,7 +44,7 @@ pub(super) async fn call(
     body: Body,
 ) -> Response {
     if method == "WatchDir" {
-        return super::watch::watch_dir(e, headers, body);
+        return super::watch::watch_dir(e, headers, body).await;
     }
     let bytes = match axum::body::to_bytes(body, 1 << 20).await {
         Ok(b) => b,

@@ -221,6 +221,21 @@ impl Messages {
     }
 }
 
+/// A streaming call's first request message, read before its answer starts (a client that
+/// sent `Expect: 100-continue` sends its body only once the server reads it), and the rest.
+pub(crate) async fn first_message(body: Body) -> Result<(Messages, Value), Failure> {
+    let mut msgs = Messages::new(body);
+    match msgs.next::<Value>().await? {
+        Some(v) => Ok((msgs, v)),
+        None => Err(Failure::new(400, "the request stream held no message")),
+    }
+}
+
+/// A request message of type `T`.
+pub(crate) fn message<T: DeserializeOwned>(v: Value) -> Result<T, Failure> {
+    serde_json::from_value(v).map_err(|e| Failure::new(400, format!("the request message: {e}")))
+}
+
 /// The sending half of a server stream: messages, then its end.
 pub(crate) struct Stream {
     tx: tokio::sync::mpsc::Sender<Result<Vec<u8>, std::io::Error>>,

@@ -117,8 +117,8 @@ pub(super) async fn call(
     body: Body,
 ) -> Response {
     match method.as_str() {
-        "Start" => streaming(e, headers, body, Kind::Start),
-        "Connect" => streaming(e, headers, body, Kind::Connect),
+        "Start" => streaming(e, headers, body, Kind::Start).await,
+        "Connect" => streaming(e, headers, body, Kind::Connect).await,
         "StreamInput" => stream_input(e, headers, body).await,
         _ => {
             let bytes = match axum::body::to_bytes(body, 1 << 20).await {
@@ -293,24 +293,23 @@ enum Kind {
     Connect,
 }
 
-fn streaming(e: Arc<E2b>, headers: HeaderMap, body: Body, kind: Kind) -> Response {
+async fn streaming(e: Arc<E2b>, headers: HeaderMap, body: Body, kind: Kind) -> Response {
+    let first = super::first_message(body).await;
     let (stream, resp) = Stream::open();
     tokio::spawn(async move {
-        let r = match kind {
-            Kind::Start => start(&e, &headers, body, &stream).await,
-            Kind::Connect => reconnect(&e, &headers, body, &stream).await,
+        let r = match (first, kind) {
+            (Err(f), _) => Err(f),
+            (Ok((_, v)), Kind::Start) => start(&e, &headers, v, &stream).await,
+            (Ok((_, v)), Kind::Connect) => reconnect(&e, &headers, v, &stream).await,
         };
         stream.end(r.err().as_ref()).await;
     });
     resp
 }
 
-async fn start(e: &Arc<E2b>, headers: &HeaderMap, body: Body, stream: &Stream) -> Result<(), Failure> {
+async fn start(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
-    let req: StartRequest = Messages::new(body)
-        .next()
-        .await?
-        .ok_or_else(|| Failure::new(400, "the stream held no StartRequest"))?;
+    let req: StartRequest = super::message(first)?;
     let p = req.process;
     if p.cmd.is_empty() {
         return Err(Failure::new(400, "process.cmd is empty"));
@@ -350,12 +349,9 @@ async fn start(e: &Arc<E2b>, headers: &HeaderMap, body: Body, stream: &Stream) -
     follow.run(events, stream, None).await
 }
 
-async fn reconnect(e: &Arc<E2b>, headers: &HeaderMap, body: Body, stream: &Stream) -> Result<(), Failure> {
+async fn reconnect(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
-    let req: WithProcess = Messages::new(body)
-        .next()
-        .await?
-        .ok_or_else(|| Failure::new(400, "the stream held no ConnectRequest"))?;
+    let req: WithProcess = super::message(first)?;
     let (pid, cid) = resolve(e, &t, &req.process).await?;
     let proc = stdin_of(cid, pid)?;
     let events = e.daemon.attach(&t.id, &proc.cid).await?;
@@ -549,9 +545,13 @@ fn signal_name(s: i32) -> &'static str {
 // -- client stream: StreamInput -------------------------------------------------------------
 
 async fn stream_input(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
+    let first = super::first_message(body).await;
     let (stream, resp) = Stream::open();
     tokio::spawn(async move {
-        let r = feed(&e, &headers, body).await;
+        let r = match first {
+            Ok((msgs, v)) => feed(&e, &headers, v, msgs).await,
+            Err(f) => Err(f),
+        };
         if r.is_ok() {
             stream.send(&json!({})).await;
         }
@@ -560,13 +560,9 @@ async fn stream_input(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
     resp
 }
 
-async fn feed(e: &E2b, headers: &HeaderMap, body: Body) -> Result<(), Failure> {
+async fn feed(e: &E2b, headers: &HeaderMap, first: Value, mut msgs: Messages) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
-    let mut msgs = Messages::new(body);
-    let first: StreamInputRequest = msgs
-        .next()
-        .await?
-        .ok_or_else(|| Failure::new(400, "the stream held no start message"))?;
+    let first: StreamInputRequest = super::message(first)?;
     let sel = first
         .start
         .ok_or_else(|| Failure::new(400, "StreamInput starts with `start`"))?

@@ -12,7 +12,7 @@ use forkbox_api::{CommandEvent, ExecRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{bytes_field, target, Messages, Stream, Target};
+use super::{bytes_field, target, Stream, Target};
 use crate::errors::Failure;
 use crate::{guest, E2b};
 
@@ -104,21 +104,22 @@ fn events_of(partial: &mut String, more: &str) -> Vec<Value> {
 }
 
 /// `WatchDir`: `start`, then the watch's events as they come, until the client goes.
-pub(super) fn watch_dir(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
+pub(super) async fn watch_dir(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
+    let first = super::first_message(body).await;
     let (stream, resp) = Stream::open();
     tokio::spawn(async move {
-        let r = follow(&e, &headers, body, &stream).await;
+        let r = match first {
+            Ok((_, v)) => follow(&e, &headers, v, &stream).await,
+            Err(f) => Err(f),
+        };
         stream.end(r.err().as_ref()).await;
     });
     resp
 }
 
-async fn follow(e: &E2b, headers: &HeaderMap, body: Body, stream: &Stream) -> Result<(), Failure> {
+async fn follow(e: &E2b, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
-    let req: WatchRequest = Messages::new(body)
-        .next()
-        .await?
-        .ok_or_else(|| Failure::new(400, "the stream held no WatchDirRequest"))?;
+    let req: WatchRequest = super::message(first)?;
     let (cid, mut events, rest) = begin(e, &t, &req).await?;
     let stop = |e: &E2b| {
         let (daemon, id, cid) = (e.daemon.clone(), t.id.clone(), cid.clone());

@@ -1,0 +1,376 @@
+"""E2B's published Python SDK (`e2b` from PyPI), unchanged, against a forkbox daemon.
+
+Run by crates/cli/tests/e2b.rs with E2B_API_KEY and E2B_API_URL + E2B_SANDBOX_URL (or
+E2B_DOMAIN) set; `sync` or `async` as the first argument. Every step prints `ok: STEP (S s)`;
+the first failure raises. Nothing here knows forkbox: it is what an agent written for E2B does.
+"""
+
+import asyncio
+import os
+import sys
+import time
+import urllib.request
+import uuid
+
+import e2b
+from e2b import (
+    AsyncSandbox,
+    AuthenticationException,
+    CommandExitException,
+    NotFoundException,
+    Sandbox,
+    SandboxQuery,
+)
+from e2b.sandbox.commands.command_handle import PtySize
+
+TEMPLATE = os.environ.get("E2B_TEMPLATE", "base")
+RUN = uuid.uuid4().hex[:10]
+V = tuple(int(x) for x in e2b.__version__.split(".")[:2]) if hasattr(e2b, "__version__") else (99, 0)
+T0 = time.time()
+
+
+def ok(step, since):
+    print(f"ok: {step} ({time.time() - since:.1f} s)", flush=True)
+
+
+def wait_for(pred, limit=30.0, every=0.3):
+    end = time.time() + limit
+    while time.time() < end:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    return pred()
+
+
+def sync_suite():
+    t = time.time()
+    try:
+        Sandbox.create(template=TEMPLATE, api_key="fbx_not_a_token_" + "0" * 40)
+        raise AssertionError("a wrong key created a sandbox")
+    except AuthenticationException:
+        pass
+    ok("a wrong key is refused (AuthenticationException)", t)
+
+    t = time.time()
+    sbx = Sandbox.create(
+        template=TEMPLATE,
+        timeout=600,
+        metadata={"suite": "py-sync", "run": RUN},
+        envs={"GREETING": "hello from envs"},
+    )
+    ok(f"create {sbx.sandbox_id} from {TEMPLATE}", t)
+    try:
+        run_sync_steps(sbx)
+    finally:
+        sbx.kill()
+
+
+def run_sync_steps(sbx):
+    t = time.time()
+    seen = []
+    r = sbx.commands.run(
+        "echo $GREETING; for i in 1 2 3; do echo line $i; sleep 0.2; done; echo oops >&2",
+        on_stdout=lambda s: seen.append((time.time(), s)),
+    )
+    assert r.exit_code == 0, r
+    assert r.stdout == "hello from envs\nline 1\nline 2\nline 3\n", repr(r.stdout)
+    assert r.stderr == "oops\n", repr(r.stderr)
+    assert len(seen) >= 3 and seen[-1][0] - seen[0][0] > 0.3, f"not streamed: {seen}"
+    ok("commands.run streams stdout as it comes, stderr apart, envs of the create", t)
+
+    t = time.time()
+    try:
+        sbx.commands.run("echo out; exit 3")
+        raise AssertionError("exit 3 did not raise")
+    except CommandExitException as e:
+        assert e.exit_code == 3 and e.stdout == "out\n", e
+    ok("a nonzero exit raises CommandExitException with its code", t)
+
+    t = time.time()
+    assert sbx.commands.run("whoami").stdout.strip() == "user"
+    assert sbx.commands.run("pwd").stdout.strip() == "/home/user"
+    assert sbx.commands.run("whoami", user="root").stdout.strip() == "root"
+    assert sbx.commands.run("pwd", cwd="/tmp").stdout.strip() == "/tmp"
+    assert sbx.commands.run("echo $X", envs={"X": "y"}).stdout == "y\n"
+    ok("commands run as `user` in its home by default, as root, in a cwd, with envs", t)
+
+    t = time.time()
+    h = sbx.commands.run("sleep 300", background=True)
+    procs = sbx.commands.list()
+    assert h.pid in [p.pid for p in procs], (h.pid, procs)
+    mine = [p for p in procs if p.pid == h.pid][0]
+    assert mine.cmd == "/bin/bash" and mine.args[-1] == "sleep 300", mine
+    assert sbx.commands.kill(h.pid) is True
+    try:
+        h.wait()
+        raise AssertionError("a killed command exited 0")
+    except CommandExitException:
+        pass
+    assert h.pid not in [p.pid for p in sbx.commands.list()]
+    assert sbx.commands.kill(h.pid) is False
+    ok("background command: listed, killed, gone from the list; kill of a dead pid is False", t)
+
+    t = time.time()
+    h = sbx.commands.run("cat; echo done", background=True, stdin=True)
+    sbx.commands.send_stdin(h.pid, "first\n")
+    if hasattr(sbx.commands, "stream_input"):
+        sbx.commands.stream_input(h.pid, ["second\n", "third\n"])
+    else:
+        sbx.commands.send_stdin(h.pid, "second\nthird\n")
+    sbx.commands.close_stdin(h.pid)
+    r = h.wait()
+    assert r.stdout == "first\nsecond\nthird\ndone\n", repr(r.stdout)
+    ok("stdin: send_stdin, stream_input, close_stdin", t)
+
+    t = time.time()
+    h = sbx.commands.run("for i in $(seq 1 30); do echo tick $i; sleep 0.2; done", background=True)
+    pid = h.pid
+    h.disconnect()
+    time.sleep(1.0)
+    again = sbx.commands.connect(pid)
+    r = again.wait()
+    assert "tick 30" in r.stdout, r.stdout
+    ok("a background command outlives its client and is reconnected by pid", t)
+
+    t = time.time()
+    got = []
+    p = sbx.pty.create(PtySize(rows=24, cols=80))
+    sbx.pty.send_stdin(p.pid, b"stty size; echo pty-$((6*7))\n")
+    resized = False
+    for _out, _err, pty in p:
+        if pty:
+            got.append(pty)
+        text = b"".join(got).decode(errors="replace")
+        if not resized and "pty-42" in text:
+            sbx.pty.resize(p.pid, PtySize(rows=30, cols=100))
+            sbx.pty.send_stdin(p.pid, b"stty size; exit\n")
+            resized = True
+    text = b"".join(got).decode(errors="replace")
+    assert "pty-42" in text and "24 80" in text and "30 100" in text, text
+    ok("PTY: create, send_stdin, resize, exit", t)
+
+    files_steps(sbx)
+    lifecycle_steps(sbx)
+
+
+def files_steps(sbx):
+    t = time.time()
+    info = sbx.files.write("/home/user/notes/a.txt", "hello file")
+    assert info.path == "/home/user/notes/a.txt", info
+    assert sbx.files.read("/home/user/notes/a.txt") == "hello file"
+    assert sbx.files.read("notes/a.txt") == "hello file"
+    assert sbx.commands.run("stat -c %U notes notes/a.txt").stdout.split() == ["user", "user"]
+    data = bytes(range(256)) * 4096
+    sbx.files.write("/tmp/blob.bin", data)
+    assert sbx.files.read("/tmp/blob.bin", format="bytes") == data
+    ok("files.write/read: text, 1 MiB of bytes, relative paths, the user owns what it wrote", t)
+
+    t = time.time()
+    names = {e.name: e for e in sbx.files.list("/home/user/notes")}
+    assert names["a.txt"].size == 10 and names["a.txt"].type.value == "file", names
+    assert sbx.files.exists("/home/user/notes/a.txt")
+    assert not sbx.files.exists("/home/user/nope")
+    assert sbx.files.make_dir("/home/user/d/e") is True
+    assert sbx.files.make_dir("/home/user/d/e") is False
+    deep = [e.path for e in sbx.files.list("/home/user/d", depth=2)]
+    assert "/home/user/d/e" in deep, deep
+    moved = sbx.files.rename("/home/user/notes/a.txt", "/home/user/d/b.txt")
+    assert moved.path == "/home/user/d/b.txt", moved
+    assert sbx.files.get_info("/home/user/d/b.txt").size == 10
+    sbx.files.remove("/home/user/d")
+    assert not sbx.files.exists("/home/user/d")
+    try:
+        sbx.files.read("/home/user/d/b.txt")
+        raise AssertionError("a removed file was read")
+    except NotFoundException:
+        pass
+    try:
+        sbx.files.write("/root/secret.txt", "x")
+        raise AssertionError("user wrote into /root")
+    except Exception as e:
+        assert "ermission" in str(e) or "403" in str(e) or isinstance(e, e2b.SandboxException), e
+    ok("files.list/exists/make_dir/rename/get_info/remove; not found and permission errors", t)
+
+    t = time.time()
+    sbx.files.make_dir("/home/user/w")
+    w = sbx.files.watch_dir("/home/user/w")
+    time.sleep(0.5)
+    sbx.files.write("/home/user/w/new.txt", "1")
+    sbx.commands.run("mv /home/user/w/new.txt /home/user/w/renamed.txt; sleep 0.5; rm /home/user/w/renamed.txt")
+    evs = []
+    wait_for(lambda: evs.extend(w.get_new_events()) or any(e.type.value == "remove" for e in evs), 10)
+    w.stop()
+    kinds = [(e.type.value, e.name) for e in evs]
+    assert ("create", "new.txt") in kinds and ("rename", "new.txt") in kinds, kinds
+    assert ("create", "renamed.txt") in kinds and ("remove", "renamed.txt") in kinds, kinds
+    ok(f"files.watch_dir sees create, rename, remove ({len(kinds)} events)", t)
+
+
+def lifecycle_steps(sbx):
+    t = time.time()
+    sbx.set_timeout(900)
+    info = sbx.get_info()
+    assert info.sandbox_id == sbx.sandbox_id and info.metadata["run"] == RUN, info
+    assert info.state.value == "running", info.state
+    assert info.end_at.timestamp() - time.time() > 800, info.end_at
+    ok("set_timeout and get_info (metadata, state, end)", t)
+
+    t = time.time()
+    m = sbx.get_metrics()
+    assert m and m[-1].mem_total > 0 and m[-1].disk_total > 0 and m[-1].cpu_count >= 1, m
+    ok("get_metrics", t)
+
+    t = time.time()
+    other = Sandbox.create(template=TEMPLATE, timeout=300, metadata={"suite": "py-sync", "run": RUN, "n": "2"})
+    try:
+        found = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}))
+        items = []
+        pages = 0
+        p = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}), limit=1)
+        while p.has_next:
+            items += p.next_items()
+            pages += 1
+        ids = {s.sandbox_id for s in items}
+        assert ids == {sbx.sandbox_id, other.sandbox_id} and pages == 2, (ids, pages)
+        only = Sandbox.list(query=SandboxQuery(metadata={"n": "2", "run": RUN})).next_items()
+        assert [s.sandbox_id for s in only] == [other.sandbox_id], only
+        del found
+        ok("Sandbox.list filtered by metadata, paged one at a time (x-next-token)", t)
+
+        t = time.time()
+        # A data-plane token of one sandbox does not open another.
+        req = urllib.request.Request(
+            os.environ.get("E2B_SANDBOX_URL", "http://127.0.0.1") + "/health",
+            headers={"E2b-Sandbox-Id": other.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""},
+        )
+        try:
+            urllib.request.urlopen(req)
+            raise AssertionError("another sandbox's token was taken")
+        except urllib.error.HTTPError as e:
+            assert e.code == 401, e.code
+        ok("a sandbox's access token is refused on another sandbox", t)
+    finally:
+        other.kill()
+
+    t = time.time()
+    sbx.commands.run("echo 0 > /tmp/count", user="root")
+    sbx.commands.run("nohup sh -c 'while :; do n=$(cat /tmp/count); echo $((n+1)) > /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &", user="root")
+    sbx.files.write("/home/user/kept.txt", "kept")
+    time.sleep(1)
+    assert sbx.pause() in (True, None)
+    assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+    assert not sbx.is_running()
+    back = Sandbox.connect(sbx.sandbox_id)
+    before = int(back.files.read("/tmp/count"))
+    time.sleep(1)
+    after = int(back.files.read("/tmp/count"))
+    assert after > before > 0, (before, after)
+    assert back.files.read("/home/user/kept.txt") == "kept"
+    ok(f"pause, then connect resumes it with its processes (counter {before} -> {after})", t)
+
+    if hasattr(sbx, "create_snapshot"):
+        t = time.time()
+        snap = sbx.create_snapshot()
+        sid = snap.snapshot_id
+        listed = [s.snapshot_id for s in Sandbox.list_snapshots(sandbox_id=sbx.sandbox_id).next_items()]
+        assert sid in listed, (sid, listed)
+        fresh = Sandbox.create(template=sid, timeout=300)
+        try:
+            assert fresh.files.read("/home/user/kept.txt") == "kept"
+            assert int(fresh.files.read("/tmp/count")) > 0
+        finally:
+            fresh.kill()
+        assert Sandbox.delete_snapshot(sid) is True
+        assert Sandbox.delete_snapshot(sid) is False
+        ok("create_snapshot, list_snapshots, a create from it, delete_snapshot", t)
+
+    if hasattr(sbx, "fork"):
+        t = time.time()
+        sbx.commands.run("echo parent > /tmp/who")
+        copies = sbx.fork(count=3, timeout=300)
+        try:
+            assert len(copies) == 3 and all(isinstance(c, Sandbox) for c in copies), copies
+            for i, c in enumerate(copies):
+                assert c.files.read("/tmp/who") == "parent\n"
+                c.commands.run(f"echo copy{i} > /tmp/who")
+                h = c.commands.run(f"sleep 200 # copy{i}", background=True)
+                listed = [p.args[-1] for p in c.commands.list()]
+                assert f"sleep 200 # copy{i}" in listed, listed
+                for j in range(i):
+                    assert f"sleep 200 # copy{j}" not in listed, listed
+                del h
+            assert [c.files.read("/tmp/who") for c in copies] == ["copy0\n", "copy1\n", "copy2\n"]
+            assert sbx.files.read("/tmp/who") == "parent\n"
+        finally:
+            for c in copies:
+                if isinstance(c, Sandbox):
+                    c.kill()
+        ok("fork(count=3): each copy has the parent's files and a process table of its own", t)
+
+    t = time.time()
+    short = Sandbox.create(template=TEMPLATE, timeout=3)
+    gone = wait_for(lambda: short.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()], 30)
+    assert gone, "the sandbox outlived its timeout"
+    try:
+        Sandbox.get_info(short.sandbox_id)
+        raise AssertionError("an expired sandbox answered")
+    except NotFoundException:
+        pass
+    assert Sandbox.kill(short.sandbox_id) is False
+    ok("a sandbox past its timeout is gone (get_info NotFound, kill False)", t)
+
+    t = time.time()
+    h = sbx.commands.run("sleep 120", background=True)
+    victim_id = sbx.sandbox_id
+    assert Sandbox.kill(victim_id) is True
+    try:
+        h.wait()
+        raise AssertionError("a killed sandbox's command ended well")
+    except Exception as e:
+        assert not isinstance(e, AssertionError), e
+    ok("a killed sandbox's command stream ends with an error", t)
+
+
+async def async_suite():
+    t = time.time()
+    sbx = await AsyncSandbox.create(template=TEMPLATE, timeout=300, metadata={"suite": "py-async", "run": RUN})
+    ok(f"AsyncSandbox.create {sbx.sandbox_id}", t)
+    try:
+        t = time.time()
+        seen = []
+        r = await sbx.commands.run("echo a; sleep 0.3; echo b", on_stdout=lambda s: seen.append(s))
+        assert r.stdout == "a\nb\n" and len(seen) >= 2, (r.stdout, seen)
+        results = await asyncio.gather(*[sbx.commands.run(f"echo n{i}") for i in range(8)])
+        assert [x.stdout for x in results] == [f"n{i}\n" for i in range(8)]
+        try:
+            await sbx.commands.run("exit 5")
+            raise AssertionError("exit 5 did not raise")
+        except CommandExitException as e:
+            assert e.exit_code == 5
+        ok("async commands.run: streamed, 8 at once, exit codes", t)
+
+        t = time.time()
+        await sbx.files.write("/tmp/x.txt", "async")
+        assert await sbx.files.read("/tmp/x.txt") == "async"
+        assert "x.txt" in [e.name for e in await sbx.files.list("/tmp")]
+        h = await sbx.commands.run("sleep 100", background=True)
+        assert h.pid in [p.pid for p in await sbx.commands.list()]
+        assert await sbx.commands.kill(h.pid)
+        info = await sbx.get_info()
+        assert info.metadata["suite"] == "py-async"
+        assert await sbx.is_running()
+        ok("async files, background command, get_info, is_running", t)
+    finally:
+        assert await sbx.kill() is True
+    assert await AsyncSandbox.kill(sbx.sandbox_id) is False
+    ok("async kill (then False)", t)
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "sync"
+    if mode == "sync":
+        sync_suite()
+    else:
+        asyncio.run(async_suite())
+    print(f"all {mode} steps passed in {time.time() - T0:.1f} s", flush=True)
