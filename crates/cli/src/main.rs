@@ -72,6 +72,11 @@ enum Cmd {
         /// (repeatable; none by default).
         #[arg(long = "mcp-root", value_name = "DIR")]
         mcp_roots: Vec<PathBuf>,
+        /// E2B's domain mode: answer `api.DOMAIN` and `PORT-ID.DOMAIN` over TLS on the --listen
+        /// port (443 for E2B's SDKs, which then need only E2B_DOMAIN and E2B_API_KEY), with a
+        /// certificate of a CA this home makes (its file is printed at start: trust it).
+        #[arg(long, value_name = "DOMAIN", requires = "listen", env = "FORKBOX_E2B_DOMAIN")]
+        e2b_domain: Option<String>,
         #[command(flatten)]
         cluster: serve::ClusterArgs,
     },
@@ -483,9 +488,10 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Serve {
             listen,
             mcp_roots,
+            e2b_domain,
             cluster,
             ..
-        } => serve::serve(paths, listen, mcp_roots, cluster.options(listen)?),
+        } => serve::serve(paths, listen, mcp_roots, e2b_domain, cluster.options(listen)?),
         Cmd::Mcp { roots, all } => serve::mcp(&paths, roots, all),
         Cmd::Cluster { command } => cluster::cluster(command),
         Cmd::Node { command } => cluster::node(command),

@@ -257,6 +257,7 @@ pub fn serve(
     paths: Paths,
     listen: Option<std::net::SocketAddr>,
     mcp_roots: Vec<std::path::PathBuf>,
+    e2b_domain: Option<String>,
     cluster: Option<forkbox_server::cluster::ClusterOptions>,
 ) -> anyhow::Result<ExitCode> {
     forkbox_engine::limits::raise_open_files();
@@ -275,20 +276,53 @@ pub fn serve(
     // E2B's API on the TCP listener: its control plane calls this daemon back on that
     // listener with the caller's key as their token, its data plane through the socket.
     let fronts = match listen {
-        Some(addr) => vec![forkbox_server::Front {
-            router: forkbox_e2b::router(forkbox_e2b::Options {
-                socket: forkbox_server::socket_path(&paths),
-                api_url: format!("http://{}", loopback(addr)),
-                key_file: paths.home().join("e2b.key"),
-            })
-            .context("E2B's API could not start")?,
-            claims: forkbox_e2b::claims,
-        }],
+        Some(addr) => vec![e2b_front(&paths, addr, e2b_domain)?],
         None => Vec::new(),
     };
     rt.block_on(forkbox_server::serve(paths, listen, Some(extra), fronts, cluster))
         .context("the forkbox daemon failed")?;
     Ok(ExitCode::SUCCESS)
+}
+
+/// E2B's API on the TCP listener `addr`, and in domain mode its TLS site (said on stderr with
+/// the CA to trust).
+fn e2b_front(
+    paths: &Paths,
+    addr: std::net::SocketAddr,
+    domain: Option<String>,
+) -> anyhow::Result<forkbox_server::Front> {
+    let f = forkbox_e2b::front(forkbox_e2b::Options {
+        socket: forkbox_server::socket_path(paths),
+        api_url: format!("http://{}", loopback(addr)),
+        key_file: paths.home().join("e2b.key"),
+        domain,
+        tls_dir: paths.home().join("e2b-tls"),
+    })
+    .context("E2B's API could not start")?;
+    let site = f.site.map(|s| {
+        let port = match addr.port() {
+            443 => String::new(),
+            p => format!(":{p}"),
+        };
+        eprintln!(
+            "forkbox: E2B's domain mode: https://api.{d}{port} and https://PORT-ID.{d}{port} \
+             answer with a certificate of the CA in {ca}; trust it (Debian: cp {ca} \
+             /usr/local/share/ca-certificates/forkbox-e2b.crt && update-ca-certificates; Node: \
+             NODE_EXTRA_CA_CERTS={ca}) and resolve *.{d} to this host",
+            d = s.domain,
+            ca = s.ca_file.display()
+        );
+        forkbox_server::Site {
+            domain: s.domain,
+            chain_pem: s.chain_pem,
+            key_pem: s.key_pem,
+        }
+    });
+    Ok(forkbox_server::Front {
+        router: f.router,
+        claims: f.claims,
+        site,
+    })
 }
 
 /// The address this host reaches a listener on `addr` at: an unspecified address

@@ -17,8 +17,10 @@ mod envd;
 pub mod errors;
 mod guest;
 mod keys;
+mod ports;
 mod shape;
 mod templates;
+pub mod tls;
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -52,6 +54,18 @@ pub struct Options {
     /// A file holding this daemon's key for sandboxes' access tokens (made, mode 0600, if
     /// absent).
     pub key_file: PathBuf,
+    /// E2B's domain mode: the daemon answers `api.DOMAIN` and `PORT-ID.DOMAIN` over TLS.
+    pub domain: Option<String>,
+    /// Where the domain mode's CA and certificate are kept (made on first use).
+    pub tls_dir: PathBuf,
+}
+
+/// E2B's front end, ready to serve: its routes, which requests are its own, and in domain mode
+/// the TLS site it answers.
+pub struct Front {
+    pub router: axum::Router,
+    pub claims: Arc<dyn Fn(&HeaderMap) -> bool + Send + Sync>,
+    pub site: Option<tls::Site>,
 }
 
 /// The front end's state: its clients and what it knows of the commands it started.
@@ -68,20 +82,47 @@ pub(crate) struct E2b {
     watchers: Mutex<HashMap<String, envd::Watcher>>,
     /// (sandbox, user asked for) → (user, home): where relative paths of `/files` go.
     homes: Mutex<HashMap<(String, String), (String, String)>>,
+    /// One port forward made at a time (`get_host` in domain mode reuses them).
+    forwarding: tokio::sync::Mutex<()>,
+    /// E2B's domain, in domain mode.
+    domain: Option<String>,
     /// One first build of a carried template at a time.
     building: tokio::sync::Mutex<()>,
 }
 
 /// Whether a request is E2B's: a data-plane call names its sandbox in `E2b-Sandbox-Id`, a
-/// control-plane call carries `X-API-KEY` (forkbox's own API takes `Authorization: Bearer`).
-pub fn claims(headers: &HeaderMap) -> bool {
-    headers.contains_key(SANDBOX_ID_HEADER) || headers.contains_key(API_KEY_HEADER)
+/// control-plane call carries `X-API-KEY` (forkbox's own API takes `Authorization: Bearer`),
+/// and in domain mode every name under the domain is E2B's.
+fn claims(headers: &HeaderMap, domain: Option<&str>) -> bool {
+    if headers.contains_key(SANDBOX_ID_HEADER) || headers.contains_key(API_KEY_HEADER) {
+        return true;
+    }
+    let Some(d) = domain else {
+        return false;
+    };
+    let host = headers
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let name = host.rsplit_once(':').map_or(host, |(h, _)| h);
+    let name = name.trim_end_matches('.').to_ascii_lowercase();
+    name == d || name.strip_suffix(d).is_some_and(|r| r.ends_with('.'))
 }
 
-/// The front end's routes: hand it the requests [`claims`] takes.
-pub fn router(options: Options) -> std::io::Result<axum::Router> {
+/// E2B's front end over the daemon `options` names.
+pub fn front(options: Options) -> std::io::Result<Front> {
     let daemon =
         Client::new(Endpoint::Unix(options.socket.clone())).map_err(std::io::Error::other)?;
+    let domain = options
+        .domain
+        .as_deref()
+        .map(tls::check_domain)
+        .transpose()
+        .map_err(std::io::Error::other)?;
+    let site = match &domain {
+        Some(d) => Some(tls::site(&options.tls_dir, d)?),
+        None => None,
+    };
     let state = Arc::new(E2b {
         daemon,
         api_url: options.api_url.trim_end_matches('/').to_string(),
@@ -90,11 +131,41 @@ pub fn router(options: Options) -> std::io::Result<axum::Router> {
         procs: Mutex::default(),
         watchers: Mutex::default(),
         homes: Mutex::default(),
+        forwarding: tokio::sync::Mutex::new(()),
+        domain: domain.clone(),
         building: tokio::sync::Mutex::new(()),
     });
     // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's
-    // do not meet; each data-plane handler checks its sandbox's header and token.
-    Ok(envd::router(state.clone()).merge(control::router(state)))
+    // do not meet; each data-plane handler checks its sandbox's header and token. In domain
+    // mode a sandbox's own ports come first, by host name.
+    let router = envd::router(state.clone())
+        .merge(control::router(state.clone()))
+        .layer(axum::middleware::from_fn_with_state(state, sandbox_ports));
+    let d = domain.clone();
+    Ok(Front {
+        router,
+        claims: Arc::new(move |h: &HeaderMap| claims(h, d.as_deref())),
+        site,
+    })
+}
+
+/// In domain mode, `PORT-ID.DOMAIN` for a port other than envd's reaches that port.
+async fn sandbox_ports(
+    axum::extract::State(e): axum::extract::State<Arc<E2b>>,
+    req: axum::extract::Request,
+    next: axum::middleware::Next,
+) -> axum::response::Response {
+    let host = req
+        .headers()
+        .get(axum::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let target = e.domain.as_deref().and_then(|d| ports::target(&host, d));
+    match target {
+        Some((port, id)) if port != ENVD_PORT => ports::proxy(&e, &id, port, req).await,
+        _ => next.run(req).await,
+    }
 }
 
 impl E2b {

@@ -9,6 +9,7 @@ import asyncio
 import os
 import sys
 import time
+import urllib.error
 import urllib.request
 import uuid
 
@@ -150,8 +151,27 @@ def run_sync_steps(sbx):
     assert "pty-42" in text and "24 80" in text and "30 100" in text, text
     ok("PTY: create, send_stdin, resize, exit", t)
 
+    if os.environ.get("E2B_DOMAIN"):
+        t = time.time()
+        sbx.files.write("/home/user/site/index.html", "served from the guest")
+        sbx.commands.run("cd /home/user/site && python3 -m http.server 8080", background=True, timeout=0)
+        host = sbx.get_host(8080)
+        assert host == f"8080-{sbx.sandbox_id}.{os.environ['E2B_DOMAIN']}", host
+        body = wait_for(lambda: fetch(f"https://{host}/index.html"), 60, 0.5)
+        assert body == "served from the guest", body
+        ok(f"get_host(8080) reaches a server in the guest over https://{host}", t)
+
     files_steps(sbx)
     lifecycle_steps(sbx)
+
+
+def fetch(url):
+    try:
+        with urllib.request.urlopen(url, timeout=10) as r:
+            return r.read().decode()
+    except Exception as e:
+        print(f"  ({url}: {e})", flush=True)
+        return None
 
 
 def files_steps(sbx):
@@ -240,8 +260,9 @@ def lifecycle_steps(sbx):
 
         t = time.time()
         # A data-plane token of one sandbox does not open another.
+        envd = os.environ.get("E2B_SANDBOX_URL") or f"https://49983-{other.sandbox_id}.{os.environ['E2B_DOMAIN']}"
         req = urllib.request.Request(
-            os.environ.get("E2B_SANDBOX_URL", "http://127.0.0.1") + "/health",
+            envd + "/health",
             headers={"E2b-Sandbox-Id": other.sandbox_id, "X-Access-Token": sbx._envd_access_token or ""},
         )
         try:
@@ -250,6 +271,24 @@ def lifecycle_steps(sbx):
         except urllib.error.HTTPError as e:
             assert e.code == 401, e.code
         ok("a sandbox's access token is refused on another sandbox", t)
+
+        other_key = os.environ.get("E2B_OTHER_KEY")
+        if other_key:
+            t = time.time()
+            try:
+                Sandbox.get_info(other.sandbox_id, api_key=other_key)
+                raise AssertionError("another key saw the sandbox")
+            except NotFoundException:
+                pass
+            assert Sandbox.kill(other.sandbox_id, api_key=other_key) is False
+            theirs = Sandbox.list(api_key=other_key).next_items()
+            assert other.sandbox_id not in [s.sandbox_id for s in theirs], theirs
+            try:
+                Sandbox.connect(other.sandbox_id, api_key=other_key)
+                raise AssertionError("another key connected to the sandbox")
+            except NotFoundException:
+                pass
+            ok("another key neither sees, lists, connects to nor kills the sandbox", t)
     finally:
         other.kill()
 

@@ -513,8 +513,8 @@ impl Node {
 
     /// What this node's TCP listener takes peers' TLS connections with (None without
     /// certificates).
-    pub fn tls_acceptor(&self) -> Option<tokio_rustls::TlsAcceptor> {
-        self.tls.as_ref().map(tls::NodeTls::acceptor)
+    pub fn tls_config(&self) -> Option<Arc<rustls::ServerConfig>> {
+        self.tls.as_ref().map(tls::NodeTls::server_config)
     }
 
     /// A byte stream to `target`'s listener: over mutual TLS when this node has a certificate.

@@ -74,7 +74,39 @@ pub fn spawn_private(
 #[derive(Clone)]
 pub struct Front {
     pub router: Router,
-    pub claims: fn(&axum::http::HeaderMap) -> bool,
+    pub claims: Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>,
+    /// A TLS site it answers on the listener: its domain (and every name under it), its
+    /// certificate chain and key (PEM).
+    pub site: Option<Site>,
+}
+
+#[derive(Clone)]
+pub struct Site {
+    pub domain: String,
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
+impl Site {
+    /// The TLS configuration that answers with this site's certificate (HTTP/1.1).
+    fn config(&self) -> std::io::Result<Arc<rustls::ServerConfig>> {
+        use rustls::pki_types::pem::PemObject as _;
+        use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+        forkbox_cluster::tls::install_provider();
+        let bad = |what: &str, e: &dyn std::fmt::Display| {
+            std::io::Error::other(format!("the TLS {what} of {}: {e}", self.domain))
+        };
+        let chain = CertificateDer::pem_slice_iter(self.chain_pem.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| bad("certificate", &e))?;
+        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| bad("key", &e))?;
+        let mut c = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(chain, key)
+            .map_err(|e| bad("certificate", &e))?;
+        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        Ok(Arc::new(c))
+    }
 }
 
 /// Hands a request a [`Front`] claims to it; the rest go on.
@@ -230,7 +262,13 @@ async fn serve_tcp(
     });
     preview::enable(l.local_addr()?.port(), secret.as_deref())?;
     // A cluster's peers call over mutual TLS on the same port when the node has certificates.
-    let tls = node.as_ref().and_then(|n| n.tls_acceptor());
+    let mut tls = listen::Tls {
+        peers: node.as_ref().and_then(|n| n.tls_config()),
+        sites: Vec::new(),
+    };
+    for site in fronts.iter().filter_map(|f| f.site.as_ref()) {
+        tls.sites.push((site.domain.clone(), site.config()?));
+    }
     Ok(tokio::spawn(listen::serve_tls(
         l,
         app,

@@ -33,7 +33,7 @@ use forkbox_engine::snapshot::SnapshotMeta;
 
 mod extract;
 
-pub use daemon::{is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front};
+pub use daemon::{is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front, Site};
 use extract::{Body, Params};
 
 struct ApiError(EngineError);

@@ -168,28 +168,69 @@ pub struct PeerCertificate(pub Option<String>);
 /// A TLS ClientHello's first byte (a handshake record).
 const TLS_HANDSHAKE: u8 = 0x16;
 
-/// The connection to serve: TLS when `tls` is given and the client opens with a handshake
-/// (the node a verified client certificate names beside it), else as it came; None when the
-/// handshake fails or does not finish within [`HEADER_TIMEOUT`].
-async fn open<I: Peek>(
-    io: I,
-    tls: Option<&tokio_rustls::TlsAcceptor>,
-) -> Option<(Box<dyn Stream>, Option<PeerCertificate>)> {
-    let Some(acceptor) = tls else {
+/// What a listener answers TLS handshakes with, by the server name the client asks for: a
+/// front end's own sites (E2B's domain: `D` and every name under it), each with a certificate
+/// of its own and no client certificate; any other name is a cluster peer's, whose client
+/// certificate of the cluster CA is required.
+#[derive(Clone, Default)]
+pub struct Tls {
+    pub peers: Option<Arc<rustls::ServerConfig>>,
+    pub sites: Vec<(String, Arc<rustls::ServerConfig>)>,
+}
+
+impl Tls {
+    fn is_empty(&self) -> bool {
+        self.peers.is_none() && self.sites.is_empty()
+    }
+
+    /// The site serving `name` (the ClientHello's server name), if one does.
+    fn site(&self, name: Option<&str>) -> Option<Arc<rustls::ServerConfig>> {
+        let name = name?.trim_end_matches('.').to_ascii_lowercase();
+        self.sites
+            .iter()
+            .find(|(d, _)| name == *d || name.strip_suffix(d.as_str()).is_some_and(|r| r.ends_with('.')))
+            .map(|(_, c)| c.clone())
+    }
+}
+
+/// The connection to serve: TLS when the client opens with a handshake and `tls` answers the
+/// name it asks for (a peer's: the node its verified client certificate names beside it), else
+/// as it came; None when the handshake fails or does not finish within [`HEADER_TIMEOUT`].
+async fn open<I: Peek>(io: I, tls: &Tls) -> Option<(Box<dyn Stream>, Option<PeerCertificate>)> {
+    if tls.is_empty() {
         return Some((Box::new(io), None));
-    };
+    }
     let handshake = async {
         if io.first_byte().await != Some(TLS_HANDSHAKE) {
             return Some((Box::new(io) as Box<dyn Stream>, None));
         }
-        match acceptor.accept(io).await {
+        let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
+            .await
+            .map_err(|e| tracing::debug!("a TLS ClientHello could not be read: {e}"))
+            .ok()?;
+        let site = tls.site(start.client_hello().server_name());
+        let (config, peer) = match (site, &tls.peers) {
+            (Some(c), _) => (c, false),
+            (None, Some(c)) => (c.clone(), true),
+            (None, None) => {
+                tracing::debug!(
+                    "a TLS handshake for {:?}, a name this listener has no certificate for",
+                    start.client_hello().server_name()
+                );
+                return None;
+            }
+        };
+        match start.into_stream(config).await {
             Ok(s) => {
-                let node = s
-                    .get_ref()
-                    .1
-                    .peer_certificates()
-                    .and_then(forkbox_cluster::tls::peer_node);
-                Some((Box::new(s) as Box<dyn Stream>, Some(PeerCertificate(node))))
+                let cert = peer.then(|| {
+                    PeerCertificate(
+                        s.get_ref()
+                            .1
+                            .peer_certificates()
+                            .and_then(forkbox_cluster::tls::peer_node),
+                    )
+                });
+                Some((Box::new(s) as Box<dyn Stream>, cert))
             }
             Err(e) => {
                 tracing::debug!("a TLS handshake failed: {e}");
@@ -209,17 +250,17 @@ pub async fn serve<L: Listener>(listener: L, app: Router, stop: impl Future<Outp
 where
     L::Io: Peek,
 {
-    serve_tls(listener, app, stop, None).await
+    serve_tls(listener, app, stop, Tls::default()).await
 }
 
-/// [`serve`], and with `tls` a connection that opens with a TLS handshake is served over TLS
-/// (a client certificate required, its node on each request as a [`PeerCertificate`]) beside
-/// plain ones on the same port.
+/// [`serve`], and a connection that opens with a TLS handshake is served over TLS as `tls`
+/// says (a peer's with its node on each request as a [`PeerCertificate`]) beside plain ones on
+/// the same port.
 pub async fn serve_tls<L: Listener>(
     mut listener: L,
     app: Router,
     stop: impl Future<Output = ()>,
-    tls: Option<tokio_rustls::TlsAcceptor>,
+    tls: Tls,
 ) where
     L::Io: Peek,
 {
@@ -244,7 +285,7 @@ pub async fn serve_tls<L: Listener>(
         let mut stop_rx = stop_rx.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let Some((io, peer)) = open(io, tls.as_ref()).await else {
+            let Some((io, peer)) = open(io, &tls).await else {
                 lock(&table).held.remove(&id);
                 drop(slot);
                 return;

@@ -557,6 +557,36 @@ pub fn kube_python() -> PathBuf {
     )
 }
 
+/// The Python of a virtual environment (in the test home) with E2B's published SDK from PyPI:
+/// `spec` is a pip requirement (`e2b`, the newest; `e2b==2.50.0`, the last on the v1 paths).
+/// `name` tells the environments apart; made once per machine.
+pub fn e2b_python(name: &str, spec: &str) -> PathBuf {
+    python_venv(name, "import e2b", &[spec])
+}
+
+/// A directory (in the test home) whose `node_modules` holds E2B's published JavaScript SDK
+/// at `version` (`latest`, `2.50.0`), from the npm registry; made once per machine.
+pub fn e2b_npm(version: &str) -> PathBuf {
+    let paths = home();
+    let dir = paths.home().join(format!("e2b-npm-{version}"));
+    with_lock(&paths, || {
+        if dir.join("node_modules/e2b/package.json").exists() {
+            return;
+        }
+        std::fs::create_dir_all(&dir).expect("create the npm directory");
+        std::fs::write(dir.join("package.json"), "{\"name\": \"e2b-scenario\", \"private\": true}\n")
+            .expect("write package.json");
+        must(
+            std::process::Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+                .arg(format!("e2b@{version}"))
+                .current_dir(&dir),
+            &format!("npm install e2b@{version}"),
+        );
+    });
+    dir
+}
+
 /// The Python of virtual environment `name` in the test home, with `packages` from PyPI
 /// installed unless `check` (Python code) already runs there; made once per machine.
 fn python_venv(name: &str, check: &str, packages: &[&str]) -> PathBuf {

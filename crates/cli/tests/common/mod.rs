@@ -39,15 +39,24 @@ impl Daemon {
 
     /// A daemon with these extra `forkbox serve` arguments.
     pub fn start_with(name: &str, extra: &[&str]) -> Daemon {
-        let paths = infra::isolated_home(name);
-        // A daemon an earlier run left behind may be an older build.
-        stop_daemon_of(&paths);
+        Daemon::start_in(infra::isolated_home(name), extra)
+    }
+
+    /// A daemon of home `paths` (a fresh one, say) with these extra `forkbox serve` arguments.
+    pub fn start_in(paths: Paths, extra: &[&str]) -> Daemon {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let tcp = format!("127.0.0.1:{port}");
+        Daemon::start_on(paths, &format!("127.0.0.1:{port}"), extra)
+    }
+
+    /// A daemon of home `paths` whose TCP listener is on `tcp` (`ADDRESS:PORT`).
+    pub fn start_on(paths: Paths, tcp: &str, extra: &[&str]) -> Daemon {
+        // A daemon an earlier run left behind may be an older build.
+        stop_daemon_of(&paths);
+        let tcp = tcp.to_string();
         let out = forkbox(&paths)
             .args(["token", "create", "--name", "sdk-tests"])
             .output()

@@ -17,7 +17,7 @@ pub type PeerClient = Client<HttpsConnector<HttpConnector>, Body>;
 
 pub struct NodeTls {
     client: Arc<rustls::ClientConfig>,
-    acceptor: tokio_rustls::TlsAcceptor,
+    server: Arc<rustls::ServerConfig>,
     /// One pooled client per peer node, each expecting that node's name.
     peers: Mutex<HashMap<String, PeerClient>>,
 }
@@ -36,14 +36,15 @@ impl NodeTls {
         let server = id.server_config()?;
         Ok(NodeTls {
             client: Arc::new(id.client_config()?),
-            acceptor: tokio_rustls::TlsAcceptor::from(Arc::new(server)),
+            server: Arc::new(server),
             peers: Mutex::default(),
         })
     }
 
-    /// What the node's TCP listener takes TLS connections with.
-    pub fn acceptor(&self) -> tokio_rustls::TlsAcceptor {
-        self.acceptor.clone()
+    /// What the node's TCP listener takes peers' TLS connections with (a client certificate
+    /// of the cluster CA required).
+    pub fn server_config(&self) -> Arc<rustls::ServerConfig> {
+        self.server.clone()
     }
 
     /// The HTTPS client for calls to node `peer`.

@@ -1,0 +1,175 @@
+//! E2B's published SDKs, unchanged, against a forkbox daemon: `e2b` from PyPI and npm at their
+//! newest version and at 2.50.0 (the last on E2B's v1 create and connect paths), each running
+//! the scenario of `crates/e2b/tests/` with nothing but E2B's environment variables pointing
+//! at the daemon's TCP listener and a forkbox token as the API key. The first create of a fresh
+//! home builds the `base` template itself, as a user's first run does.
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use forkbox_test_infra as infra;
+
+mod common;
+use common::{forkbox, stop_daemon_of, Daemon};
+
+fn scenario(file: &str) -> PathBuf {
+    infra::repo_root().join("crates/e2b/tests").join(file)
+}
+
+/// `program` with E2B's variables aimed at daemon `d`: its TCP listener for the API and the
+/// sandboxes, its token as the key, a second token of the same daemon as another user's key.
+fn e2b_client(d: &Daemon, program: &Path) -> Command {
+    let other = forkbox(&d.paths)
+        .args(["token", "create", "--name", "another-user"])
+        .output()
+        .unwrap();
+    assert!(other.status.success());
+    let mut c = d.client(program);
+    c.env("E2B_API_KEY", &d.token)
+        .env("E2B_OTHER_KEY", String::from_utf8(other.stdout).unwrap().trim())
+        .env("E2B_API_URL", &d.tcp)
+        .env("E2B_SANDBOX_URL", &d.tcp)
+        .env_remove("E2B_DOMAIN")
+        .env_remove("E2B_DEBUG");
+    c
+}
+
+/// The Python SDK's synchronous scenario on a home that holds nothing but the guest kernel:
+/// the first create builds E2B's `base` template (Debian, Python, Node, git, user `user`) from
+/// forkbox's own recipe, then every call of the scenario runs on it.
+#[test]
+fn python_sdk_newest_on_a_fresh_home() {
+    let python = infra::e2b_python("e2b-venv-newest", "e2b");
+    let paths = infra::fresh_home("e2b-first-day", false);
+    stop_daemon_of(&paths);
+    let d = Daemon::start_in(paths, &[]);
+    let out = d.check(
+        e2b_client(&d, &python).arg(scenario("scenario.py")).arg("sync"),
+        "e2b (Python, newest) sync scenario on a fresh home",
+    );
+    assert!(out.contains("all sync steps passed"), "{out}");
+    assert!(out.contains("another key neither sees"), "{out}");
+    d.assert_nothing_left();
+}
+
+/// The Python SDK's asynchronous scenario, newest version, and the synchronous one on 2.50.0
+/// (the v1 create and connect paths), against one daemon.
+#[test]
+fn python_sdk_async_and_the_v1_paths() {
+    infra::image(&infra::home(), "base");
+    let newest = infra::e2b_python("e2b-venv-newest", "e2b");
+    let v250 = infra::e2b_python("e2b-venv-2.50", "e2b==2.50.0");
+    let d = Daemon::start("e2b-python");
+    let out = d.check(
+        e2b_client(&d, &newest).arg(scenario("scenario.py")).arg("async"),
+        "e2b (Python, newest) async scenario",
+    );
+    assert!(out.contains("all async steps passed"), "{out}");
+    let out = d.check(
+        e2b_client(&d, &v250).arg(scenario("scenario.py")).arg("sync"),
+        "e2b (Python, 2.50.0) sync scenario",
+    );
+    assert!(out.contains("all sync steps passed"), "{out}");
+    d.assert_nothing_left();
+}
+
+/// The JavaScript SDK's scenario, newest version and 2.50.0, against one daemon.
+#[test]
+fn javascript_sdk_newest_and_the_v1_paths() {
+    infra::image(&infra::home(), "base");
+    let d = Daemon::start("e2b-js");
+    for version in ["latest", "2.50.0"] {
+        let dir = infra::e2b_npm(version);
+        std::fs::copy(scenario("scenario.mjs"), dir.join("scenario.mjs")).unwrap();
+        let out = d.check(
+            e2b_client(&d, Path::new("node"))
+                .arg("scenario.mjs")
+                .current_dir(&dir),
+            &format!("e2b (JavaScript, {version}) scenario"),
+        );
+        assert!(out.contains("all js steps passed"), "{out}");
+    }
+    d.assert_nothing_left();
+}
+
+/// E2B's domain mode, as the newest Python SDK's docs point users to (its URL variables are
+/// deprecated): only `E2B_DOMAIN` and `E2B_API_KEY`. The daemon listens on port 443 of the
+/// host's end of a network namespace and answers `api.e2b.test` and `PORT-ID.e2b.test` over
+/// TLS with its own CA's certificate; inside the namespace a `dnsmasq` the test runs resolves
+/// `*.e2b.test` to it, and the SDK trusts the CA by `SSL_CERT_FILE`. The scenario then also
+/// reaches a server in the guest through `get_host`.
+#[test]
+fn python_sdk_in_domain_mode_over_tls() {
+    infra::image(&infra::home(), "base");
+    let python = infra::e2b_python("e2b-venv-newest", "e2b");
+    let mut net = infra::TestNet::new();
+    let paths = infra::isolated_home("e2b-domain");
+    let listen = format!("{}:443", net.host_ip);
+    let d = Daemon::start_on(paths, &listen, &["--e2b-domain", "e2b.test"]);
+    // A resolver of the namespace's own: *.e2b.test is the daemon.
+    let dns = net.peer_ips[0].clone();
+    let log = d.paths.home().join("dnsmasq.log");
+    let _ = std::fs::remove_file(d.paths.home().join("dnsmasq.pid"));
+    net.run_server(
+        "dnsmasq",
+        &[
+            "--keep-in-foreground",
+            "--no-resolv",
+            "--no-hosts",
+            "--bind-interfaces",
+            &format!("--listen-address={dns}"),
+            &format!("--address=/e2b.test/{}", net.host_ip),
+            &format!("--pid-file={}", d.paths.home().join("dnsmasq.pid").display()),
+            "--log-queries",
+        ],
+        &dns,
+        53,
+        &log,
+    );
+    // `ip netns exec` puts /etc/netns/NAME/resolv.conf in place of /etc/resolv.conf.
+    let etc = Path::new("/etc/netns").join(&net.name);
+    std::fs::create_dir_all(&etc).unwrap();
+    std::fs::write(etc.join("resolv.conf"), format!("nameserver {dns}\n")).unwrap();
+    let _clean = Cleanup(etc.clone());
+    // The SDK trusts the system's roots and the daemon's CA.
+    let ca = d.paths.home().join("e2b-tls/ca.pem");
+    let mut bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    bundle.push_str(&std::fs::read_to_string(&ca).unwrap());
+    let bundle_file = d.paths.home().join("trusted.pem");
+    std::fs::write(&bundle_file, bundle).unwrap();
+    let other = forkbox(&d.paths)
+        .args(["token", "create", "--name", "another-user"])
+        .output()
+        .unwrap();
+    let mut cmd = Command::new("ip");
+    cmd.args(["netns", "exec", &net.name])
+        .arg(&python)
+        .arg(scenario("scenario.py"))
+        .arg("sync")
+        .env("E2B_DOMAIN", "e2b.test")
+        .env("E2B_API_KEY", &d.token)
+        .env("E2B_OTHER_KEY", String::from_utf8(other.stdout).unwrap().trim())
+        .env("SSL_CERT_FILE", &bundle_file)
+        .env_remove("E2B_API_URL")
+        .env_remove("E2B_SANDBOX_URL")
+        .env_remove("FORKBOX_API")
+        .current_dir(infra::repo_root())
+        .stdin(std::process::Stdio::null());
+    let out = d.check(&mut cmd, "e2b (Python, newest) in domain mode");
+    assert!(out.contains("all sync steps passed"), "{out}");
+    assert!(out.contains("get_host(8080) reaches"), "{out}");
+    let queries = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(queries.contains("api.e2b.test"), "the SDK did not ask the test's resolver:\n{queries}");
+    d.assert_nothing_left();
+}
+
+/// Removes a directory when dropped.
+struct Cleanup(PathBuf);
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
