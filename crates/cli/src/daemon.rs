@@ -366,29 +366,32 @@ pub enum SandboxCmd {
         #[arg(long)]
         json: bool,
     },
-    /// Copy a host directory into the sandbox (as one tar.zst stream).
+    /// Copy a host directory (as one tar.zst stream) or a single file into the sandbox.
     Upload {
         /// Sandbox id.
         #[arg(value_parser = sandbox_id)]
         id: String,
-        /// The host directory to copy.
+        /// The host directory or file to copy.
         host_dir: std::path::PathBuf,
-        /// Where it goes in the guest (made if missing).
+        /// Where it goes in the guest: a directory (made if missing); a file goes into it
+        /// when it is a directory there, else is written at that path.
         guest_dir: String,
         /// Print what was sent as JSON.
         #[arg(long)]
         json: bool,
     },
-    /// Copy a sandbox file or directory into a new host directory. Symbolic links stay links
-    /// (never followed on the host), sparse files stay sparse; device files, absolute paths
-    /// and `..` in what the sandbox sends are refused.
+    /// Copy a sandbox file or directory out: a directory into a new host directory (symbolic
+    /// links stay links, never followed on the host; sparse files stay sparse; device files,
+    /// absolute paths and `..` in what the sandbox sends are refused), a single file into an
+    /// existing host directory or to a new file's path.
     Download {
         /// Sandbox id.
         #[arg(value_parser = sandbox_id)]
         id: String,
         /// The file or directory in the guest.
         guest_path: String,
-        /// Must not exist yet.
+        /// For a directory: a host directory that does not exist yet. For a file: an
+        /// existing directory, or a path where no file is yet.
         host_dir: std::path::PathBuf,
         /// Print what was received as JSON.
         #[arg(long)]
@@ -598,13 +601,13 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 host_dir,
                 guest_dir,
                 json,
-            } => upload(&c, &id, &host_dir, &guest_dir, json).await,
+            } => crate::copy::upload(&c, &id, &host_dir, &guest_dir, json).await,
             SandboxCmd::Download {
                 id,
                 guest_path,
                 host_dir,
                 json,
-            } => download(&c, &id, &guest_path, &host_dir, json).await,
+            } => crate::copy::download(&c, &id, &guest_path, &host_dir, json).await,
             SandboxCmd::Ls(a) => ls(&c, a).await,
             SandboxCmd::Snapshot {
                 id,
@@ -925,43 +928,6 @@ fn refuse_unread_stdin() -> anyhow::Result<()> {
         );
     }
     Ok(())
-}
-
-async fn upload(
-    c: &Client,
-    id: &str,
-    host_dir: &std::path::Path,
-    guest_dir: &str,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    let v = c.upload_dir(id, host_dir, guest_dir).await?;
-    show(json, &v, || {
-        println!(
-            "uploaded {} to {id}:{guest_dir} ({} bytes compressed)",
-            host_dir.display(),
-            v.bytes
-        )
-    })
-}
-
-async fn download(
-    c: &Client,
-    id: &str,
-    guest_path: &str,
-    host_dir: &std::path::Path,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
-    let files = c.download_into(id, guest_path, host_dir).await?;
-    show(
-        json,
-        &serde_json::json!({ "files": files, "dest": host_dir }),
-        || {
-            println!(
-                "downloaded {id}:{guest_path} to {} ({files} files)",
-                host_dir.display()
-            )
-        },
-    )
 }
 
 fn print_sandboxes(all: &[SandboxView]) {

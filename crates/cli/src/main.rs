@@ -4,6 +4,7 @@
 mod announce;
 mod bundled;
 mod cluster;
+mod copy;
 mod daemon;
 mod local;
 mod logfile;

@@ -123,6 +123,7 @@ fn python_sdk_in_domain_mode_over_tls() {
             &format!("--address=/e2b.test/{}", net.host_ip),
             &format!("--pid-file={}", d.paths.home().join("dnsmasq.pid").display()),
             "--log-queries",
+            "--log-facility=-",
         ],
         &dns,
         53,

@@ -145,16 +145,6 @@ fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
     if n.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
         return Err(Failure::unsupported("volumes (`volumeMounts`) yet"));
     }
-    let resume = n
-        .auto_resume
-        .as_ref()
-        .and_then(|v| v.get("enabled"))
-        .and_then(Value::as_bool);
-    if resume == Some(true) {
-        return Err(Failure::unsupported(
-            "`autoResume` yet (a paused sandbox resumes with Sandbox.connect)",
-        ));
-    }
     Ok(())
 }
 
@@ -214,6 +204,14 @@ async fn create(
     }
     labels.insert(OWNER_LABEL.into(), c.owner.clone());
     labels.insert(TEMPLATE_LABEL.into(), n.template_id.clone());
+    let resume = n
+        .auto_resume
+        .as_ref()
+        .and_then(|v| v.get("enabled"))
+        .and_then(Value::as_bool);
+    if resume == Some(true) {
+        labels.insert(keys::AUTO_RESUME_LABEL.into(), "1".into());
+    }
     let env = crate::guest::env_file(&n.env_vars.clone().unwrap_or_default())
         .map_err(|m| Failure::new(400, m))?;
     let mut req = CreateRequest {

@@ -11,6 +11,8 @@ use sha2::{Digest, Sha256};
 
 /// The label that says which API key made a sandbox: only that key sees it.
 pub const OWNER_LABEL: &str = "e2b.owner";
+/// The label of a sandbox made with `autoResume`: a call that needs it resumes it when paused.
+pub const AUTO_RESUME_LABEL: &str = "e2b.auto-resume";
 /// The label that keeps the template a sandbox was asked for by.
 pub const TEMPLATE_LABEL: &str = "e2b.template";
 

@@ -192,6 +192,27 @@ impl E2b {
 }
 
 impl E2b {
+    /// Resumes sandbox `id` when it is paused and was made with `autoResume` (E2B resumes such
+    /// a sandbox on the next call that needs it); a sandbox that is gone is E2B's 502.
+    async fn awake(&self, id: &str) -> Result<(), errors::Failure> {
+        let v = match self.daemon.get(id).await {
+            Ok(v) => v,
+            Err(e) if e.status() == Some(404) => {
+                return Err(errors::Failure::new(
+                    502,
+                    format!("The sandbox {id} was not found"),
+                ))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        let auto = v.labels.get(keys::AUTO_RESUME_LABEL).is_some_and(|x| x == "1");
+        if v.state == forkbox_api::SandboxState::Hibernated && auto {
+            tracing::info!("e2b: {id} is paused and asked for autoResume: resuming it");
+            self.daemon.resume(id).await?;
+        }
+        Ok(())
+    }
+
     /// Runs `argv` as root in sandbox `id` through the daemon; its stdout when it exits 0.
     async fn run_root(&self, id: &str, argv: Vec<String>) -> Result<String, errors::Failure> {
         let r = self.exec(id, argv).await?;

@@ -151,6 +151,7 @@ pub(super) async fn read(
 
 async fn read_one(e: &E2b, headers: &HeaderMap, q: &FilesQuery) -> Result<Bytes, Failure> {
     let t = caller(e, headers, q, "read")?;
+    e.awake(&t.id).await?;
     let asked = q
         .path
         .as_deref()
@@ -181,6 +182,7 @@ pub(super) async fn write(
 async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failure> {
     let headers = req.headers().clone();
     let t = caller(e, &headers, q, "write")?;
+    e.awake(&t.id).await?;
     let (user, home) = home(e, &t).await?;
     let files = bodies(q, req).await?;
     if files.is_empty() {

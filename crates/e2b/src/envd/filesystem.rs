@@ -55,6 +55,7 @@ pub(super) async fn call(
 
 async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) -> Result<Value, Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     match method {
         "Stat" => {
             let r: PathRequest = unary(bytes)?;

@@ -132,6 +132,7 @@ pub(super) async fn call(
 
 async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) -> Result<Value, Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     match method {
         "List" => list(e, &t).await,
         "SendInput" => {
@@ -309,6 +310,7 @@ async fn streaming(e: Arc<E2b>, headers: HeaderMap, body: Body, kind: Kind) -> R
 
 async fn start(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     let req: StartRequest = super::message(first)?;
     let p = req.process;
     if p.cmd.is_empty() {
@@ -351,6 +353,7 @@ async fn start(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream)
 
 async fn reconnect(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     let req: WithProcess = super::message(first)?;
     let (pid, cid) = resolve(e, &t, &req.process).await?;
     let proc = stdin_of(cid, pid)?;
@@ -562,6 +565,7 @@ async fn stream_input(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
 
 async fn feed(e: &E2b, headers: &HeaderMap, first: Value, mut msgs: Messages) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     let first: StreamInputRequest = super::message(first)?;
     let sel = first
         .start

@@ -119,6 +119,7 @@ pub(super) async fn watch_dir(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Re
 
 async fn follow(e: &E2b, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
     let req: WatchRequest = super::message(first)?;
     let (cid, mut events, rest) = begin(e, &t, &req).await?;
     let stop = |e: &E2b| {
