@@ -196,6 +196,10 @@ enum TokenCmd {
         /// Kubernetes Secret, say; at least 32 characters).
         #[arg(long, requires = "cluster")]
         stdin: bool,
+        /// Make it in the shape of an E2B API key (`e2b_` and hex), which E2B's SDKs before
+        /// 2.32 insist on, for E2B_API_KEY.
+        #[arg(long, conflicts_with = "stdin")]
+        e2b: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -523,11 +527,12 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             cluster_secret_file,
             cluster_tls,
             stdin,
+            e2b,
             json,
         } if !urls.is_empty() => {
             let token = match stdin {
                 true => given_token()?,
-                false => format!("fbx_{}", forkbox_engine::random::hex(32)?),
+                false => forkbox_server::auth::new_token(e2b)?,
             };
             let reach = cluster::Reach {
                 cluster: urls,
@@ -544,8 +549,8 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        TokenCmd::Create { name, json, .. } => {
-            let token = forkbox_server::auth::create(paths, &name)?;
+        TokenCmd::Create { name, json, e2b, .. } => {
+            let token = forkbox_server::auth::create(paths, &name, e2b)?;
             if json {
                 print_json(&serde_json::json!({ "name": name, "token": token }))?;
             } else {

@@ -41,7 +41,7 @@ fn e2b_client(d: &Daemon, program: &Path) -> Command {
 /// forkbox's own recipe, then every call of the scenario runs on it.
 #[test]
 fn python_sdk_newest_on_a_fresh_home() {
-    let python = infra::e2b_python("e2b-venv-newest", "e2b");
+    let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
     let paths = infra::fresh_home("e2b-first-day", false);
     stop_daemon_of(&paths);
     let d = Daemon::start_in(paths, &[]);
@@ -59,8 +59,8 @@ fn python_sdk_newest_on_a_fresh_home() {
 #[test]
 fn python_sdk_async_and_the_v1_paths() {
     infra::image(&infra::home(), "base");
-    let newest = infra::e2b_python("e2b-venv-newest", "e2b");
-    let v250 = infra::e2b_python("e2b-venv-2.50", "e2b==2.50.0");
+    let newest = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
+    let v250 = infra::e2b_python("e2b-venv-2.50", "e2b==2.50.0", "e2b");
     let d = Daemon::start("e2b-python");
     let out = d.check(
         e2b_client(&d, &newest).arg(scenario("scenario.py")).arg("async"),
@@ -103,7 +103,7 @@ fn javascript_sdk_newest_and_the_v1_paths() {
 #[test]
 fn python_sdk_in_domain_mode_over_tls() {
     infra::image(&infra::home(), "base");
-    let python = infra::e2b_python("e2b-venv-newest", "e2b");
+    let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
     let mut net = infra::TestNet::new();
     let paths = infra::isolated_home("e2b-domain");
     let listen = format!("{}:443", net.host_ip);
@@ -173,4 +173,30 @@ impl Drop for Cleanup {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
     }
+}
+
+/// An agent framework's E2B adapter, unchanged: the OpenAI Agents SDK's E2B sandbox client
+/// (`openai-agents[e2b]` from PyPI, which brings its own, older `e2b`) drives a forkbox sandbox
+/// through its session layer without a model. That `e2b` checks the key's shape, so the key is
+/// a token made with `forkbox token create --e2b`.
+#[test]
+fn openai_agents_e2b_sandbox_client() {
+    infra::image(&infra::home(), "base");
+    let python = infra::e2b_python("openai-agents-venv", "openai-agents[e2b]", "agents.extensions.sandbox.e2b");
+    let d = Daemon::start("e2b-openai-agents");
+    let key = forkbox(&d.paths)
+        .args(["token", "create", "--e2b", "--name", "agents"])
+        .output()
+        .unwrap();
+    assert!(key.status.success());
+    let key = String::from_utf8(key.stdout).unwrap().trim().to_string();
+    assert!(key.starts_with("e2b_"), "{key}");
+    let out = d.check(
+        e2b_client(&d, &python)
+            .env("E2B_API_KEY", &key)
+            .arg(scenario("openai_agents.py")),
+        "the OpenAI Agents SDK's E2B sandbox client",
+    );
+    assert!(out.contains("openai-agents e2b session passed"), "{out}");
+    d.assert_nothing_left();
 }

@@ -28,6 +28,18 @@ if [ "$u" = root ]; then exec "$@"; fi
 exec setpriv --reuid="$u" --regid="$u" --init-groups -- "$@"
 "#;
 
+/// As [`AS_USER`] (`$1`'s home, HOME and USER), but the rest runs as root, with the user in
+/// `$E2B_USER`: envd's file calls act with its privileges and give what they make to the user.
+const IN_HOME: &str = r#"u=$1; d=$2; shift 2
+if [ -z "$u" ]; then u=user; getent passwd user >/dev/null 2>&1 || u=root; fi
+h=$(getent passwd "$u" | cut -d: -f6)
+if [ -z "$h" ]; then echo "no user $u in this sandbox" >&2; exit 126; fi
+[ -n "$d" ] || d=$h
+cd -- "$d" 2>/dev/null || cd /
+export HOME="$h" E2B_USER="$u"
+exec "$@"
+"#;
+
 /// A process's start time (`/proc/PID/stat`'s 22nd field), which tells a live pid from a
 /// reused one.
 const START_TIME: &str = r#"st() { s=$(cat /proc/$1/stat 2>/dev/null) || return 1; s=${s##*) }; set -- $s; echo "${20}"; }
@@ -55,6 +67,25 @@ pub fn start(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
         cwd.to_string(),
     ];
     v.extend(cmd.iter().cloned());
+    v
+}
+
+/// argv that runs shell `script` with `args` as `$1…` as root in `user`'s home (the user in
+/// `$E2B_USER`).
+pub fn in_home(user: &str, script: &str, args: &[&str]) -> Vec<String> {
+    let mut v = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        IN_HOME.to_string(),
+        "e2b".to_string(),
+        user.to_string(),
+        String::new(),
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        script.to_string(),
+        "e2b".to_string(),
+    ];
+    v.extend(args.iter().map(|a| a.to_string()));
     v
 }
 
@@ -137,20 +168,30 @@ find "$p" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}'"#
     )
 }
 
-/// Makes directory `$1` with its parents (exit 17 when it exists), then its entry.
+/// Makes directory `$1` with its parents, giving the ones it made to `$E2B_USER` (exit 17
+/// when it exists), then its entry.
 pub fn make_dir_script() -> String {
     format!(
         r#"{ABS}[ -e "$p" ] && {{ echo "$p: File exists" >&2; exit 17; }}
-mkdir -p -- "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+{MAKE_DIRS}mkdir -p -- "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
     )
 }
+
+/// Makes `$p` with its parents, the ones made given to `$E2B_USER` (when set and not root).
+const MAKE_DIRS: &str = r#"top=; x=$p
+while [ ! -e "$x" ]; do top=$x; x=$(dirname -- "$x"); done
+mkdir -p -- "$p" || exit 1
+if [ -n "$top" ] && [ -n "$E2B_USER" ] && [ "$E2B_USER" != root ]; then chown -R "$E2B_USER:$(id -gn "$E2B_USER")" -- "$top"; fi
+"#;
 
 /// Renames `$1` to `$2` (its parent made), then its entry.
 pub fn move_script() -> String {
     format!(
         r#"{ABS}s=$p; set -- "$2"
 {ABS}[ -e "$s" ] || [ -L "$s" ] || {{ echo "$s: No such file or directory" >&2; exit 2; }}
-mkdir -p -- "$(dirname -- "$p")" && mv -T -- "$s" "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+t=$p; p=$(dirname -- "$t")
+{MAKE_DIRS}p=$t
+mv -T -- "$s" "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
     )
 }
 
@@ -238,28 +279,22 @@ pub fn quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', r"'\''"))
 }
 
-/// Run as the writing user before a write of files `$1…`: makes their directories (so they
-/// are the user's), says `new` or `old` for each, and exits 13 when the user may not write one.
-pub const PREPARE_WRITE_SCRIPT: &str = r#"for p; do
-  d=$(dirname -- "$p")
-  mkdir -p -- "$d" 2>/dev/null
-  if [ ! -d "$d" ] || [ ! -w "$d" ] || { [ -e "$p" ] && [ ! -w "$p" ]; }; then
-    echo "$p: Permission denied" >&2; exit 13
-  fi
+/// Run before a write of files `$2…` for user `$1` (as root, as envd writes): makes their
+/// directories, giving the ones it made to the user, and says `new` or `old` for each file.
+pub const PREPARE_WRITE_SCRIPT: &str = r#"u=$1; shift
+g=$(id -gn "$u") || exit 1
+for p; do
+  d=$(dirname -- "$p"); top=; x=$d
+  while [ ! -e "$x" ]; do top=$x; x=$(dirname -- "$x"); done
+  mkdir -p -- "$d" || exit 1
+  if [ -n "$top" ] && [ "$u" != root ]; then chown -R "$u:$g" -- "$top"; fi
   if [ -e "$p" ]; then echo old; else echo new; fi
 done"#;
 
-/// Gives files `$3…` to user `$1` (and its group), and the directories above them that a
-/// write made for root inside the user's home `$2`.
-pub const CHOWN_SCRIPT: &str = r#"u=$1; h=${2%/}; shift 2
+/// Gives files `$2…` to user `$1` (and its group).
+pub const CHOWN_SCRIPT: &str = r#"u=$1; shift
 g=$(id -gn "$u") || exit 1
-for f; do
-  chown "$u:$g" -- "$f"
-  d=$(dirname -- "$f")
-  while case $d in "$h"/*) true;; *) false;; esac && [ "$(stat -c %u -- "$d")" = 0 ]; do
-    chown "$u:$g" -- "$d"; d=$(dirname -- "$d")
-  done
-done"#;
+chown "$u:$g" -- "$@""#;
 
 /// argv that prints `USER:HOME` of user `user` (`""`: the default user, `user` or root).
 pub fn home(user: &str) -> Vec<String> {

@@ -205,12 +205,13 @@ def files_steps(sbx):
         raise AssertionError("a removed file was read")
     except NotFoundException:
         pass
-    try:
-        sbx.files.write("/root/secret.txt", "x")
-        raise AssertionError("user wrote into /root")
-    except Exception as e:
-        assert "ermission" in str(e) or "403" in str(e) or isinstance(e, e2b.SandboxException), e
-    ok("files.list/exists/make_dir/rename/get_info/remove; not found and permission errors", t)
+    # As on E2B, the files API acts with envd's privileges and gives what it makes to the user.
+    sbx.files.write("/opt/tool/conf/x.txt", "x")
+    assert sbx.commands.run("stat -c %U /opt/tool /opt/tool/conf/x.txt").stdout.split() == ["user", "user"]
+    assert sbx.files.make_dir("/srv/data/deep") is True
+    assert sbx.commands.run("stat -c %U /srv/data/deep").stdout.strip() == "user"
+    assert sbx.commands.run("stat -c %U /srv").stdout.strip() == "root"
+    ok("files.list/exists/make_dir/rename/get_info/remove, not found; what it makes is the user's", t)
 
     t = time.time()
     sbx.files.make_dir("/home/user/w")

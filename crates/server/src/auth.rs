@@ -54,9 +54,16 @@ pub fn hash_hex(token: &str) -> String {
     forkbox_engine::random::to_hex(&digest(token))
 }
 
-/// Makes a new token, stores its hash, and returns the token (shown once).
-pub fn create(paths: &Paths, name: &str) -> std::io::Result<String> {
-    let token = format!("fbx_{}", forkbox_engine::random::hex(32)?);
+/// A new token: `fbx_` and 64 hex digits, or with `e2b` in the shape of an E2B API key
+/// (`e2b_` and hex, which E2B's SDKs before 2.32 check for).
+pub fn new_token(e2b: bool) -> std::io::Result<String> {
+    let prefix = if e2b { "e2b" } else { "fbx" };
+    Ok(format!("{prefix}_{}", forkbox_engine::random::hex(32)?))
+}
+
+/// Makes a new token ([`new_token`]), stores its hash, and returns the token (shown once).
+pub fn create(paths: &Paths, name: &str, e2b: bool) -> std::io::Result<String> {
+    let token = new_token(e2b)?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -239,8 +246,10 @@ mod tests {
         let home = std::env::temp_dir().join(format!("forkbox-tokens-{}", std::process::id()));
         let paths = Paths::new(&home);
         assert!(!valid(&paths, "fbx_nothing"));
-        let t = create(&paths, "ci").unwrap();
-        let u = create(&paths, "other").unwrap();
+        let t = create(&paths, "ci", false).unwrap();
+        let u = create(&paths, "other", true).unwrap();
+        assert!(t.starts_with("fbx_") && u.starts_with("e2b_"));
+        assert!(u[4..].chars().all(|c| c.is_ascii_hexdigit()), "{u}");
         assert!(valid(&paths, &t) && valid(&paths, &u));
         assert!(!valid(&paths, &t[..t.len() - 1]));
         assert!(!valid(&paths, ""));

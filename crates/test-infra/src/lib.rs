@@ -558,10 +558,11 @@ pub fn kube_python() -> PathBuf {
 }
 
 /// The Python of a virtual environment (in the test home) with E2B's published SDK from PyPI:
-/// `spec` is a pip requirement (`e2b`, the newest; `e2b==2.50.0`, the last on the v1 paths).
+/// `spec` is a pip requirement (`e2b`, the newest; `e2b==2.50.0`, the last on the v1 paths;
+/// `openai-agents[e2b]`, a framework that brings its own), `module` one it must import.
 /// `name` tells the environments apart; made once per machine.
-pub fn e2b_python(name: &str, spec: &str) -> PathBuf {
-    python_venv(name, "import e2b", &[spec])
+pub fn e2b_python(name: &str, spec: &str, module: &str) -> PathBuf {
+    python_venv(name, &format!("import {module}"), &[spec])
 }
 
 /// A directory (in the test home) whose `node_modules` holds E2B's published JavaScript SDK

@@ -1,6 +1,7 @@
 //! envd's `/files`: `GET` reads one file, `POST` writes one or more (multipart, a part per
 //! file named by its path, or one octet-stream body, gzip or not), through the daemon's file
-//! calls; a written file then belongs to the call's user. A relative path is the user's home's.
+//! calls, with root's privileges as envd has; a new file and the directories made for it then
+//! belong to the call's user. A relative path is the user's home's.
 //! Pre-signed URLs (`signature`, `signature_expiration`) stand in for the access token.
 
 use std::io::Read as _;
@@ -192,21 +193,21 @@ async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failu
     for (path, _) in &files {
         paths.push(absolute(super::filesystem::path(path)?, &home));
     }
-    // As the user first: their directories, and a refusal where they may not write.
+    // As envd: the directories made (and given to the user), then the files written as root
+    // and the new ones given to the user.
     let fresh: Vec<bool> = match user.as_str() {
         "root" => vec![false; paths.len()],
         _ => {
-            let args: Vec<&str> = paths.iter().map(String::as_str).collect();
-            let r = e
-                .exec(&t.id, guest::as_user(&user, guest::PREPARE_WRITE_SCRIPT, &args))
-                .await?;
-            if r.exit_code == 13 {
-                return Err(Failure::new(403, format!("permission denied for user {user}: {}", r.stderr.trim())));
-            }
-            if r.exit_code != 0 {
-                return Err(Failure::new(500, format!("preparing the write failed: {}", r.stderr.trim())));
-            }
-            r.stdout.lines().map(|l| l == "new").collect()
+            let mut argv = vec![
+                "/bin/sh".to_string(),
+                "-c".into(),
+                guest::PREPARE_WRITE_SCRIPT.into(),
+                "e2b".into(),
+                user.clone(),
+            ];
+            argv.extend(paths.iter().cloned());
+            let out = e.run_root(&t.id, argv).await?;
+            out.lines().map(|l| l == "new").collect()
         }
     };
     for ((_, data), path) in files.into_iter().zip(&paths) {
@@ -225,7 +226,6 @@ async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failu
             guest::CHOWN_SCRIPT.into(),
             "e2b".into(),
             user.clone(),
-            home.clone(),
         ];
         argv.extend(made);
         e.run_root(&t.id, argv).await?;

@@ -1,6 +1,6 @@
-//! `filesystem.Filesystem`: stat, list, make, move and remove as the user the call names (so a
-//! user's permissions hold, as in envd), by the scripts of [`crate::guest`]; watches in
-//! [`super::watch`].
+//! `filesystem.Filesystem`: stat, list, make, move and remove as envd does them: with root's
+//! privileges, relative paths in the home of the user the call names, the directories made
+//! given to that user; by the scripts of [`crate::guest`]; watches in [`super::watch`].
 
 use std::sync::Arc;
 
@@ -103,9 +103,11 @@ pub(super) fn path(p: &str) -> Result<&str, Failure> {
     Ok(p)
 }
 
-/// Runs a file script as the call's user; its stdout, or its failure in envd's terms.
+/// Runs a file script as envd does its file calls: with root's privileges in the call's user's
+/// home (relative paths are the home's), what it makes given to the user; its stdout, or its
+/// failure in envd's terms.
 pub(super) async fn script(e: &E2b, t: &Target, script: &str, args: &[&str]) -> Result<String, Failure> {
-    let r = e.exec(&t.id, guest::as_user(&t.user, script, args)).await?;
+    let r = e.exec(&t.id, guest::in_home(&t.user, script, args)).await?;
     let what = args.first().copied().unwrap_or("");
     match r.exit_code {
         0 => Ok(r.stdout),
