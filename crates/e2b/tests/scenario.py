@@ -361,6 +361,21 @@ def lifecycle_steps(sbx):
     ok("a sandbox past its timeout is gone (get_info NotFound, kill False)", t)
 
     t = time.time()
+    full = Sandbox.create(template=TEMPLATE, timeout=300)
+    try:
+        full.commands.run("dd if=/dev/zero of=/fill bs=1M 2>/dev/null; sync; true", user="root", timeout=600)
+        try:
+            full.files.write("/home/user/more.bin", b"x" * (4 << 20))
+            raise AssertionError("a write to a full disk succeeded")
+        except e2b.NotEnoughSpaceException:
+            pass
+        full.commands.run("rm /fill", user="root")
+        full.files.write("/home/user/more.bin", b"x" * (4 << 20))
+    finally:
+        full.kill()
+    ok("a full guest disk is NotEnoughSpaceException; room made, the write goes through", t)
+
+    t = time.time()
     h = sbx.commands.run("sleep 120", background=True)
     victim_id = sbx.sandbox_id
     assert Sandbox.kill(victim_id) is True

@@ -119,7 +119,8 @@ pub(super) async fn script(e: &E2b, t: &Target, script: &str, args: &[&str]) -> 
             403,
             format!("permission denied for user {}: {}", shown(&t.user), r.stderr.trim()),
         )),
-        _ if r.stderr.contains("No space left") => Err(Failure::new(507, r.stderr.trim().to_string())),
+        // envd answers a full disk on these calls as an internal error (507 is /files' alone).
+        _ if r.stderr.contains("No space left") => Err(Failure::new(500, r.stderr.trim().to_string())),
         n => Err(Failure::new(500, format!("{what}: {} ({n})", r.stderr.trim()))),
     }
 }
