@@ -148,16 +148,20 @@ fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
     Ok(())
 }
 
-/// The sandbox's network policy from E2B's fields: the internet unless it is turned off, or
-/// only the hosts of `allowOut`.
+/// The whole of the IPv4 (or IPv6) internet, as E2B's selectors name it.
+fn all_traffic(a: &str) -> bool {
+    matches!(a.trim(), "0.0.0.0/0" | "::/0")
+}
+
+/// The sandbox's network policy from E2B's fields, as E2B reads them: outbound traffic is open
+/// unless `allow_internet_access` is false or `denyOut` names all of it; then only the hosts of
+/// `allowOut` (which wins over a deny) are reached. forkbox's policy is an allow list: a
+/// `denyOut` of some addresses only is refused, saying so.
 fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
     let net = n.network.as_ref();
+    let deny = net.and_then(|n| n.deny_out.clone()).unwrap_or_default();
+    let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
     if let Some(net) = net {
-        if net.deny_out.as_ref().is_some_and(|d| !d.is_empty()) {
-            return Err(Failure::unsupported(
-                "`denyOut` (forkbox's policy is an allow list: give `allowOut`)",
-            ));
-        }
         if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null())
             || net.rules.as_ref().is_some_and(|v| !v.is_null())
         {
@@ -169,19 +173,25 @@ fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
             ));
         }
     }
-    let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
-    let p = match (n.allow_internet_access.unwrap_or(true), allow.is_empty()) {
-        (_, false) => NetworkPolicy {
-            internet: false,
-            allow,
-        },
-        (true, true) => NetworkPolicy {
+    let deny_all = deny.iter().any(|d| all_traffic(d));
+    if !deny.is_empty() && !deny_all {
+        return Err(Failure::unsupported(
+            "a `denyOut` of some addresses (forkbox's policy is an allow list: deny all \
+             traffic, `0.0.0.0/0`, and give the hosts to reach in `allowOut`)",
+        ));
+    }
+    let closed = deny_all || n.allow_internet_access == Some(false);
+    let allow: Vec<String> = allow.into_iter().filter(|a| !all_traffic(a)).collect();
+    Ok(match closed {
+        false => NetworkPolicy {
             internet: true,
             allow: Vec::new(),
         },
-        (false, true) => NetworkPolicy::default(),
-    };
-    Ok(p)
+        true => NetworkPolicy {
+            internet: false,
+            allow,
+        },
+    })
 }
 
 async fn create(

@@ -93,6 +93,9 @@ pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
     d["envdAccessToken"] = json!(keys::access_token(key, &v.info.id));
     d["domain"] = Value::Null;
     d["allowInternetAccess"] = json!(v.network.internet);
+    if !v.network.internet {
+        d["network"] = json!({ "allowOut": v.network.allow, "denyOut": ["0.0.0.0/0"] });
+    }
     let auto = v.labels.get(keys::AUTO_RESUME_LABEL).is_some_and(|x| x == "1");
     d["lifecycle"] = json!({ "autoResume": auto, "onTimeout": on_timeout });
     d

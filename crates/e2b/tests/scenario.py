@@ -161,8 +161,53 @@ def run_sync_steps(sbx):
         assert body == "served from the guest", body
         ok(f"get_host(8080) reaches a server in the guest over https://{host}", t)
 
+    t = time.time()
+    h = sbx.commands.run("sleep 600", background=True, timeout=3)
+    pid = h.pid
+    h.disconnect()
+    assert pid in [p.pid for p in sbx.commands.list()]
+    gone = wait_for(lambda: pid not in [p.pid for p in sbx.commands.list()], 30, 0.5)
+    assert gone, "a command outlived its timeout after its client let go"
+    ok("a command whose client let go ends at its timeout, leaving no orphan", t)
+
     files_steps(sbx)
+    network_steps()
     lifecycle_steps(sbx)
+
+
+def network_steps():
+    t = time.time()
+    probe = "python3 -c \"import socket; socket.create_connection(('192.0.2.1', 80), 2)\""
+    closed = Sandbox.create(template=TEMPLATE, timeout=300, allow_internet_access=False)
+    try:
+        assert closed.get_info().allow_internet_access is False
+        try:
+            closed.commands.run(probe)
+            raise AssertionError("a sandbox without internet access connected out")
+        except CommandExitException as e:
+            assert "Error" in e.stderr, e.stderr
+    finally:
+        closed.kill()
+    listed = Sandbox.create(
+        template=TEMPLATE, timeout=300,
+        network={"deny_out": ["0.0.0.0/0"], "allow_out": ["pypi.org"]},
+    )
+    try:
+        info = listed.get_info()
+        assert info.allow_internet_access is False, info
+    finally:
+        listed.kill()
+    try:
+        Sandbox.create(template=TEMPLATE, timeout=60, network={"deny_out": ["10.0.0.0/8"]})
+        raise AssertionError("a deny list of some addresses was taken")
+    except e2b.SandboxException as e:
+        assert "denyOut" in str(e), e
+    opened = Sandbox.create(template=TEMPLATE, timeout=60)
+    try:
+        assert opened.get_info().allow_internet_access is True
+    finally:
+        opened.kill()
+    ok("network: no internet access, deny all but allowOut, a partial denyOut refused naming it", t)
 
 
 def fetch(url):
@@ -363,13 +408,17 @@ def lifecycle_steps(sbx):
     t = time.time()
     full = Sandbox.create(template=TEMPLATE, timeout=300)
     try:
-        full.commands.run("dd if=/dev/zero of=/fill bs=1M 2>/dev/null; sync; true", user="root", timeout=600)
+        # All the free room, root's reserve too, taken in a second (allocated, nothing written).
+        full.commands.run(
+            "mkdir /fill; i=0; for sz in 1G 256M 64M 16M 4M 1M 256K 64K 16K 4K; do "
+            "while fallocate -l $sz /fill/$i 2>/dev/null; do i=$((i+1)); done; done", user="root"
+        )
         try:
             full.files.write("/home/user/more.bin", b"x" * (4 << 20))
             raise AssertionError("a write to a full disk succeeded")
         except e2b.NotEnoughSpaceException:
             pass
-        full.commands.run("rm /fill", user="root")
+        full.commands.run("rm -r /fill", user="root")
         full.files.write("/home/user/more.bin", b"x" * (4 << 20))
     finally:
         full.kill()
