@@ -21,7 +21,10 @@ pub const RECIPES: &[(&str, &str)] = &[
         "node-bookworm",
         include_str!("../../../images/node-bookworm.toml"),
     ),
-    ("node-trixie", include_str!("../../../images/node-trixie.toml")),
+    (
+        "node-trixie",
+        include_str!("../../../images/node-trixie.toml"),
+    ),
     ("base", include_str!("../../../images/base.toml")),
 ];
 

@@ -51,7 +51,12 @@ pub async fn upload(
 
 /// Where a file uploaded to `guest` goes: into it when it is a directory in the sandbox, else
 /// at that path (a new file, or the file there replaced).
-async fn file_destination(c: &Client, id: &str, host: &Path, guest: &str) -> anyhow::Result<String> {
+async fn file_destination(
+    c: &Client,
+    id: &str,
+    host: &Path,
+    guest: &str,
+) -> anyhow::Result<String> {
     let name = host
         .file_name()
         .and_then(|n| n.to_str())
@@ -112,7 +117,11 @@ pub async fn download(
 /// The host path a downloaded file goes to: into `host` when it is a directory, else `host`.
 fn host_destination(host: &Path, guest: &str) -> anyhow::Result<PathBuf> {
     if host.is_dir() {
-        let name = guest.trim_end_matches('/').rsplit('/').next().unwrap_or(guest);
+        let name = guest
+            .trim_end_matches('/')
+            .rsplit('/')
+            .next()
+            .unwrap_or(guest);
         anyhow::ensure!(
             !name.is_empty() && name != "." && name != "..",
             "{guest} names no file"
@@ -130,7 +139,10 @@ fn write_new(dest: &Path, data: &[u8]) -> anyhow::Result<()> {
         .create_new(true)
         .open(dest)
         .with_context(|| match dest.exists() {
-            true => format!("{} exists already; nothing was overwritten (remove it, or give another path)", dest.display()),
+            true => format!(
+                "{} exists already; nothing was overwritten (remove it, or give another path)",
+                dest.display()
+            ),
             false => format!("create {}", dest.display()),
         })?;
     f.write_all(data)

@@ -76,7 +76,12 @@ enum Cmd {
         /// E2B's domain mode: answer `api.DOMAIN` and `PORT-ID.DOMAIN` over TLS on the --listen
         /// port (443 for E2B's SDKs, which then need only E2B_DOMAIN and E2B_API_KEY), with a
         /// certificate of a CA this home makes (its file is printed at start: trust it).
-        #[arg(long, value_name = "DOMAIN", requires = "listen", env = "FORKBOX_E2B_DOMAIN")]
+        #[arg(
+            long,
+            value_name = "DOMAIN",
+            requires = "listen",
+            env = "FORKBOX_E2B_DOMAIN"
+        )]
         e2b_domain: Option<String>,
         #[command(flatten)]
         cluster: serve::ClusterArgs,
@@ -496,7 +501,13 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             e2b_domain,
             cluster,
             ..
-        } => serve::serve(paths, listen, mcp_roots, e2b_domain, cluster.options(listen)?),
+        } => serve::serve(
+            paths,
+            listen,
+            mcp_roots,
+            e2b_domain,
+            cluster.options(listen)?,
+        ),
         Cmd::Mcp { roots, all } => serve::mcp(&paths, roots, all),
         Cmd::Cluster { command } => cluster::cluster(command),
         Cmd::Node { command } => cluster::node(command),
@@ -549,7 +560,9 @@ fn token(paths: &Paths, cmd: TokenCmd) -> anyhow::Result<ExitCode> {
             }
             Ok(ExitCode::SUCCESS)
         }
-        TokenCmd::Create { name, json, e2b, .. } => {
+        TokenCmd::Create {
+            name, json, e2b, ..
+        } => {
             let token = forkbox_server::auth::create(paths, &name, e2b)?;
             if json {
                 print_json(&serde_json::json!({ "name": name, "token": token }))?;

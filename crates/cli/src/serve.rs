@@ -279,8 +279,14 @@ pub fn serve(
         Some(addr) => vec![e2b_front(&paths, addr, e2b_domain)?],
         None => Vec::new(),
     };
-    rt.block_on(forkbox_server::serve(paths, listen, Some(extra), fronts, cluster))
-        .context("the forkbox daemon failed")?;
+    rt.block_on(forkbox_server::serve(
+        paths,
+        listen,
+        Some(extra),
+        fronts,
+        cluster,
+    ))
+    .context("the forkbox daemon failed")?;
     Ok(ExitCode::SUCCESS)
 }
 

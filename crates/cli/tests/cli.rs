@@ -594,31 +594,67 @@ fn sandboxes_live_across_calls_through_the_daemon() {
     // Single files, as `docker cp` takes them: into a directory there, or to a path.
     let one = host.join("one.txt");
     std::fs::write(&one, "single\n").unwrap();
-    let up = |to: &str| run(&paths, &["sandbox", "upload", &a, one.to_str().unwrap(), to]);
+    let up = |to: &str| {
+        run(
+            &paths,
+            &["sandbox", "upload", &a, one.to_str().unwrap(), to],
+        )
+    };
     for to in ["/work/in", "/work/renamed.txt", "/work/fresh/"] {
         let out = up(to);
-        assert!(out.status.success(), "upload to {to}: {}", text(&out.stderr));
+        assert!(
+            out.status.success(),
+            "upload to {to}: {}",
+            text(&out.stderr)
+        );
     }
     let out = run(
         &paths,
-        &["sandbox", "exec", &a, "--", "cat", "/work/in/one.txt", "/work/renamed.txt", "/work/fresh/one.txt"],
+        &[
+            "sandbox",
+            "exec",
+            &a,
+            "--",
+            "cat",
+            "/work/in/one.txt",
+            "/work/renamed.txt",
+            "/work/fresh/one.txt",
+        ],
     );
     assert_eq!(text(&out.stdout), "single\nsingle\nsingle\n");
     let down = |from: &str, to: &std::path::Path| {
-        run(&paths, &["sandbox", "download", &a, from, to.to_str().unwrap()])
+        run(
+            &paths,
+            &["sandbox", "download", &a, from, to.to_str().unwrap()],
+        )
     };
     let got = host.join("got");
     std::fs::create_dir_all(&got).unwrap();
     assert!(down("/work/renamed.txt", &got).status.success());
-    assert_eq!(std::fs::read_to_string(got.join("renamed.txt")).unwrap(), "single\n");
-    assert!(down("/work/in/one.txt", &got.join("named.txt")).status.success());
-    assert_eq!(std::fs::read_to_string(got.join("named.txt")).unwrap(), "single\n");
+    assert_eq!(
+        std::fs::read_to_string(got.join("renamed.txt")).unwrap(),
+        "single\n"
+    );
+    assert!(down("/work/in/one.txt", &got.join("named.txt"))
+        .status
+        .success());
+    assert_eq!(
+        std::fs::read_to_string(got.join("named.txt")).unwrap(),
+        "single\n"
+    );
     // A file there already is not overwritten.
     std::fs::write(got.join("renamed.txt"), "mine\n").unwrap();
     let out = down("/work/renamed.txt", &got);
     assert_eq!(out.status.code(), Some(125));
-    assert!(text(&out.stderr).contains("exists already"), "{}", text(&out.stderr));
-    assert_eq!(std::fs::read_to_string(got.join("renamed.txt")).unwrap(), "mine\n");
+    assert!(
+        text(&out.stderr).contains("exists already"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(got.join("renamed.txt")).unwrap(),
+        "mine\n"
+    );
     let out = run(
         &paths,
         &[

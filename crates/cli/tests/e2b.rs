@@ -28,7 +28,10 @@ fn e2b_client(d: &Daemon, program: &Path) -> Command {
     assert!(other.status.success());
     let mut c = d.client(program);
     c.env("E2B_API_KEY", &d.token)
-        .env("E2B_OTHER_KEY", String::from_utf8(other.stdout).unwrap().trim())
+        .env(
+            "E2B_OTHER_KEY",
+            String::from_utf8(other.stdout).unwrap().trim(),
+        )
         .env("E2B_API_URL", &d.tcp)
         .env("E2B_SANDBOX_URL", &d.tcp)
         .env_remove("E2B_DOMAIN")
@@ -46,7 +49,9 @@ fn python_sdk_newest_on_a_fresh_home() {
     stop_daemon_of(&paths);
     let d = Daemon::start_in(paths, &[]);
     let out = d.check(
-        e2b_client(&d, &python).arg(scenario("scenario.py")).arg("sync"),
+        e2b_client(&d, &python)
+            .arg(scenario("scenario.py"))
+            .arg("sync"),
         "e2b (Python, newest) sync scenario on a fresh home",
     );
     assert!(out.contains("all sync steps passed"), "{out}");
@@ -63,12 +68,16 @@ fn python_sdk_async_and_the_v1_paths() {
     let v250 = infra::e2b_python("e2b-venv-2.50", "e2b==2.50.0", "e2b");
     let d = Daemon::start("e2b-python");
     let out = d.check(
-        e2b_client(&d, &newest).arg(scenario("scenario.py")).arg("async"),
+        e2b_client(&d, &newest)
+            .arg(scenario("scenario.py"))
+            .arg("async"),
         "e2b (Python, newest) async scenario",
     );
     assert!(out.contains("all async steps passed"), "{out}");
     let out = d.check(
-        e2b_client(&d, &v250).arg(scenario("scenario.py")).arg("sync"),
+        e2b_client(&d, &v250)
+            .arg(scenario("scenario.py"))
+            .arg("sync"),
         "e2b (Python, 2.50.0) sync scenario",
     );
     assert!(out.contains("all sync steps passed"), "{out}");
@@ -121,7 +130,10 @@ fn python_sdk_in_domain_mode_over_tls() {
             "--bind-interfaces",
             &format!("--listen-address={dns}"),
             &format!("--address=/e2b.test/{}", net.host_ip),
-            &format!("--pid-file={}", d.paths.home().join("dnsmasq.pid").display()),
+            &format!(
+                "--pid-file={}",
+                d.paths.home().join("dnsmasq.pid").display()
+            ),
             "--log-queries",
             "--log-facility=-",
         ],
@@ -136,7 +148,8 @@ fn python_sdk_in_domain_mode_over_tls() {
     let _clean = Cleanup(etc.clone());
     // The SDK trusts the system's roots and the daemon's CA.
     let ca = d.paths.home().join("e2b-tls/ca.pem");
-    let mut bundle = std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
+    let mut bundle =
+        std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
     bundle.push_str(&std::fs::read_to_string(&ca).unwrap());
     let bundle_file = d.paths.home().join("trusted.pem");
     std::fs::write(&bundle_file, bundle).unwrap();
@@ -151,7 +164,10 @@ fn python_sdk_in_domain_mode_over_tls() {
         .arg("sync")
         .env("E2B_DOMAIN", "e2b.test")
         .env("E2B_API_KEY", &d.token)
-        .env("E2B_OTHER_KEY", String::from_utf8(other.stdout).unwrap().trim())
+        .env(
+            "E2B_OTHER_KEY",
+            String::from_utf8(other.stdout).unwrap().trim(),
+        )
         .env("SSL_CERT_FILE", &bundle_file)
         .env_remove("E2B_API_URL")
         .env_remove("E2B_SANDBOX_URL")
@@ -162,7 +178,10 @@ fn python_sdk_in_domain_mode_over_tls() {
     assert!(out.contains("all sync steps passed"), "{out}");
     assert!(out.contains("get_host(8080) reaches"), "{out}");
     let queries = std::fs::read_to_string(&log).unwrap_or_default();
-    assert!(queries.contains("api.e2b.test"), "the SDK did not ask the test's resolver:\n{queries}");
+    assert!(
+        queries.contains("api.e2b.test"),
+        "the SDK did not ask the test's resolver:\n{queries}"
+    );
     d.assert_nothing_left();
 }
 
@@ -182,7 +201,11 @@ impl Drop for Cleanup {
 #[test]
 fn openai_agents_e2b_sandbox_client() {
     infra::image(&infra::home(), "base");
-    let python = infra::e2b_python("openai-agents-venv", "openai-agents[e2b]", "agents.extensions.sandbox.e2b");
+    let python = infra::e2b_python(
+        "openai-agents-venv",
+        "openai-agents[e2b]",
+        "agents.extensions.sandbox.e2b",
+    );
     let d = Daemon::start("e2b-openai-agents");
     let key = forkbox(&d.paths)
         .args(["token", "create", "--e2b", "--name", "agents"])

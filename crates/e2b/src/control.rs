@@ -194,11 +194,7 @@ fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
     })
 }
 
-async fn create(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    bytes: bytes::Bytes,
-) -> Answer {
+async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Bytes) -> Answer {
     let c = caller(&e, &headers)?;
     let n: NewSandbox = body(&bytes)?;
     if n.template_id.is_empty() {
@@ -273,7 +269,9 @@ async fn create_building(
             };
             let _one = e.building.lock().await;
             if client.get_image(name).await.is_err() {
-                tracing::info!("e2b: template {name} is not built yet; building it from forkbox's recipe");
+                tracing::info!(
+                    "e2b: template {name} is not built yet; building it from forkbox's recipe"
+                );
                 crate::templates::build(client, name, seed).await?;
             }
             client.create(req).await.map_err(Failure::from)
@@ -284,21 +282,13 @@ async fn create_building(
 
 // -- one sandbox ----------------------------------------------------------------------------
 
-async fn info(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer {
+async fn info(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
     Ok(Json(shape::detail(&v, &e.key)).into_response())
 }
 
-async fn kill(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer {
+async fn kill(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     mine(&c, &id).await?;
     c.client.delete(&id).await?;
@@ -352,11 +342,7 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn pause(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer {
+async fn pause(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
     if v.state == forkbox_api::SandboxState::Hibernated {
@@ -371,11 +357,7 @@ async fn pause(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn metrics(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer {
+async fn metrics(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
     if v.state == forkbox_api::SandboxState::Hibernated {
@@ -384,7 +366,11 @@ async fn metrics(
     let out = e
         .run_root(
             &id,
-            vec!["/bin/sh".into(), "-c".into(), crate::guest::METRICS_SCRIPT.into()],
+            vec![
+                "/bin/sh".into(),
+                "-c".into(),
+                crate::guest::METRICS_SCRIPT.into(),
+            ],
         )
         .await?;
     let n: Vec<u64> = out
@@ -411,11 +397,7 @@ async fn metrics(
     .into_response())
 }
 
-async fn network(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-) -> Answer {
+async fn network(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     mine(&c, &id).await?;
     Err(Failure::unsupported(
@@ -486,7 +468,9 @@ fn unpercent(s: &str) -> String {
     let mut out = Vec::with_capacity(b.len());
     let mut i = 0;
     while i < b.len() {
-        let hex = s.get(i + 1..i + 3).and_then(|h| u8::from_str_radix(h, 16).ok());
+        let hex = s
+            .get(i + 1..i + 3)
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
         match (b[i], hex) {
             (b'%', Some(x)) => {
                 out.push(x);
@@ -524,11 +508,7 @@ fn paged(items: Vec<Value>, next: Option<String>) -> Response {
     r
 }
 
-async fn list(
-    State(e): State<Arc<E2b>>,
-    headers: HeaderMap,
-    Query(q): Query<ListQuery>,
-) -> Answer {
+async fn list(State(e): State<Arc<E2b>>, headers: HeaderMap, Query(q): Query<ListQuery>) -> Answer {
     let c = caller(&e, &headers)?;
     let all = listing(&c, &q).await?;
     let (items, next) = page(all, &q)?;
@@ -596,8 +576,12 @@ async fn list_snapshots(
     let mut all = c.client.list_snapshots().await?;
     all.retain(|s| {
         keys::snapshot_is(&c.owner, &s.name)
-            && q.sandbox_id.as_ref().is_none_or(|id| s.from_sandbox.as_ref() == Some(id))
-            && q.name.as_ref().is_none_or(|n| keys::snapshot_label(&s.name) == n)
+            && q.sandbox_id
+                .as_ref()
+                .is_none_or(|id| s.from_sandbox.as_ref() == Some(id))
+            && q.name
+                .as_ref()
+                .is_none_or(|n| keys::snapshot_label(&s.name) == n)
     });
     all.sort_by_key(|s| s.created_unix);
     let lq = ListQuery {
@@ -607,10 +591,7 @@ async fn list_snapshots(
     };
     let (items, next) = page(all, &lq)?;
     Ok(paged(
-        items
-            .iter()
-            .map(|s| snapshot_json(&s.name))
-            .collect(),
+        items.iter().map(|s| snapshot_json(&s.name)).collect(),
         next,
     ))
 }
@@ -622,7 +603,10 @@ async fn delete_snapshot(
 ) -> Answer {
     let c = caller(&e, &headers)?;
     if !keys::snapshot_is(&c.owner, &id) {
-        return Err(Failure::of(Code::SnapshotNotFound, format!("snapshot {id} not found")));
+        return Err(Failure::of(
+            Code::SnapshotNotFound,
+            format!("snapshot {id} not found"),
+        ));
     }
     match c.client.delete_snapshot(&id).await {
         Ok(_) => Ok(StatusCode::NO_CONTENT.into_response()),
@@ -673,8 +657,10 @@ async fn fork(
         .iter()
         .map(|s| json!({ "sandbox": shape::sandbox(s, &e.key) }))
         .collect();
-    out.extend(r.failed.iter().map(|f| {
-        json!({ "error": { "code": 500, "message": f } })
-    }));
+    out.extend(
+        r.failed
+            .iter()
+            .map(|f| json!({ "error": { "code": 500, "message": f } })),
+    );
     Ok(status(StatusCode::CREATED, Value::Array(out)))
 }

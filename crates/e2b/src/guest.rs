@@ -303,7 +303,14 @@ chown "$u:$g" -- "$@""#;
 /// argv that prints `USER:HOME` of user `user` (`""`: the default user, `user` or root).
 pub fn home(user: &str) -> Vec<String> {
     let script = format!("{LOOKUP}echo \"$u:$h\"");
-    vec!["/bin/sh".into(), "-c".into(), script, "e2b".into(), user.into(), String::new()]
+    vec![
+        "/bin/sh".into(),
+        "-c".into(),
+        script,
+        "e2b".into(),
+        user.into(),
+        String::new(),
+    ]
 }
 
 /// The guest's use of CPU, memory and disk, measured over 200 ms: `cpus busy% memUsed
@@ -341,12 +348,22 @@ mod tests {
         assert!(out.status.success());
         let n: u64 = String::from_utf8_lossy(&out.stdout).trim().parse().unwrap();
         assert!(n > 0);
-        let envs = [("A".to_string(), "it's".to_string())].into_iter().collect();
+        let envs = [("A".to_string(), "it's".to_string())]
+            .into_iter()
+            .collect();
         let text = env_file(&envs).unwrap();
         let out = sh(vec![
             "/bin/sh".into(),
             "-c".into(),
-            format!("{text}echo \"$A\"; B=kept; {}", env_file(&[("B".to_string(), "lost".to_string())].into_iter().collect()).unwrap()),
+            format!(
+                "{text}echo \"$A\"; B=kept; {}",
+                env_file(
+                    &[("B".to_string(), "lost".to_string())]
+                        .into_iter()
+                        .collect()
+                )
+                .unwrap()
+            ),
         ]);
         assert_eq!(String::from_utf8_lossy(&out.stdout), "it's\n");
         assert!(env_file(&[("1A".to_string(), String::new())].into_iter().collect()).is_err());
@@ -356,8 +373,14 @@ mod tests {
         let out = sh(home("root"));
         assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "root:/root");
         let out = sh(home(""));
-        let has_user = std::fs::read_to_string("/etc/passwd").unwrap().lines().any(|l| l.starts_with("user:"));
-        assert_eq!(String::from_utf8_lossy(&out.stdout).starts_with("user:"), has_user);
+        let has_user = std::fs::read_to_string("/etc/passwd")
+            .unwrap()
+            .lines()
+            .any(|l| l.starts_with("user:"));
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout).starts_with("user:"),
+            has_user
+        );
         assert_eq!(sh(home("no-such-user-here")).status.code(), Some(126));
     }
 }

@@ -37,7 +37,8 @@ pub fn load_or_make(file: &Path) -> std::io::Result<[u8; 32]> {
         )));
     }
     let mut k = [0u8; 32];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k))?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k))?;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -84,7 +85,8 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
 /// Random bytes in hex.
 pub fn random_hex(n: usize) -> std::io::Result<String> {
     let mut b = vec![0u8; n];
-    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
     Ok(hex(&b))
 }
 
@@ -152,7 +154,10 @@ mod tests {
         let a = load_or_make(&f).unwrap();
         assert_eq!(load_or_make(&f).unwrap(), a);
         use std::os::unix::fs::PermissionsExt as _;
-        assert_eq!(std::fs::metadata(&f).unwrap().permissions().mode() & 0o777, 0o600);
+        assert_eq!(
+            std::fs::metadata(&f).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
         std::fs::write(&f, b"short").unwrap();
         assert!(load_or_make(&f).is_err());
         std::fs::remove_dir_all(dir).unwrap();

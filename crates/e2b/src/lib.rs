@@ -180,9 +180,8 @@ impl E2b {
             url: self.api_url.clone(),
             token: Some(key.to_string()),
         };
-        let c = Client::new(endpoint).map_err(|e| {
-            errors::Failure::new(401, format!("the API key is not usable: {e}"))
-        })?;
+        let c = Client::new(endpoint)
+            .map_err(|e| errors::Failure::new(401, format!("the API key is not usable: {e}")))?;
         if m.len() > 1024 {
             m.clear();
         }
@@ -205,7 +204,10 @@ impl E2b {
             }
             Err(e) => return Err(e.into()),
         };
-        let auto = v.labels.get(keys::AUTO_RESUME_LABEL).is_some_and(|x| x == "1");
+        let auto = v
+            .labels
+            .get(keys::AUTO_RESUME_LABEL)
+            .is_some_and(|x| x == "1");
         if v.state == forkbox_api::SandboxState::Hibernated && auto {
             tracing::info!("e2b: {id} is paused and asked for autoResume: resuming it");
             self.daemon.resume(id).await?;
@@ -220,7 +222,10 @@ impl E2b {
             0 => Ok(r.stdout),
             n => Err(errors::Failure::new(
                 500,
-                format!("a command in sandbox {id} failed ({n}): {}", r.stderr.trim()),
+                format!(
+                    "a command in sandbox {id} failed ({n}): {}",
+                    r.stderr.trim()
+                ),
             )),
         }
     }

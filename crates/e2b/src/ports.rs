@@ -15,7 +15,13 @@ use crate::E2b;
 /// `(port, sandbox id)` of host name `host` (`8080-sb-0a1b2c.D`, a port of the listener's
 /// after `:`) under `domain`.
 pub fn target(host: &str, domain: &str) -> Option<(u16, String)> {
-    let name = host.rsplit_once(':').map_or(host, |(h, p)| if p.chars().all(|c| c.is_ascii_digit()) { h } else { host });
+    let name = host.rsplit_once(':').map_or(host, |(h, p)| {
+        if p.chars().all(|c| c.is_ascii_digit()) {
+            h
+        } else {
+            host
+        }
+    });
     let name = name.trim_end_matches('.').to_ascii_lowercase();
     let label = name.strip_suffix(domain)?.strip_suffix('.')?;
     if label.contains('.') {
@@ -23,14 +29,19 @@ pub fn target(host: &str, domain: &str) -> Option<(u16, String)> {
     }
     let (port, id) = label.split_once('-')?;
     let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
-    let ok = !id.is_empty() && id.len() <= 64 && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
+    let ok = !id.is_empty()
+        && id.len() <= 64
+        && id.chars().all(|c| c.is_ascii_alphanumeric() || c == '-');
     ok.then(|| (port, id.to_string()))
 }
 
 fn plain(status: u16, text: String) -> Response {
     (
         StatusCode::from_u16(status).unwrap_or(StatusCode::BAD_GATEWAY),
-        [(axum::http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "text/plain; charset=utf-8",
+        )],
         text,
     )
         .into_response()
@@ -87,7 +98,8 @@ pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
             format!("nothing answered on port {port} of sandbox {id} ({err}): is a server listening there?"),
         )
     };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await {
+    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
+    {
         Ok(x) => x,
         Err(err) => return unreachable(err),
     };
@@ -103,7 +115,8 @@ pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
         let from_guest = hyper::upgrade::on(&mut answer);
         tokio::spawn(async move {
             if let (Ok(a), Ok(b)) = (from_client.await, from_guest.await) {
-                let _ = tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
+                let _ =
+                    tokio::io::copy_bidirectional(&mut TokioIo::new(a), &mut TokioIo::new(b)).await;
             }
         });
     }
@@ -117,8 +130,14 @@ mod tests {
     #[test]
     fn hosts_name_a_port_and_a_sandbox_under_the_domain() {
         let d = "e2b.test";
-        assert_eq!(target("8080-sb-0a1b2c.e2b.test", d), Some((8080, "sb-0a1b2c".into())));
-        assert_eq!(target("8080-sb-0a1b2c.E2B.test.:443", d), Some((8080, "sb-0a1b2c".into())));
+        assert_eq!(
+            target("8080-sb-0a1b2c.e2b.test", d),
+            Some((8080, "sb-0a1b2c".into()))
+        );
+        assert_eq!(
+            target("8080-sb-0a1b2c.E2B.test.:443", d),
+            Some((8080, "sb-0a1b2c".into()))
+        );
         assert_eq!(target("api.e2b.test", d), None);
         assert_eq!(target("8080-sb-1.x.e2b.test", d), None);
         assert_eq!(target("8080-sb-1.e2b.testing", d), None);

@@ -63,9 +63,7 @@ pub fn sandbox(v: &SandboxView, key: &[u8; 32]) -> Value {
 /// A `ListedSandbox`.
 pub fn listed(v: &SandboxView) -> Value {
     // E2B's sandboxes always end; one without a TTL here is given a far end.
-    let end = v
-        .expires_unix
-        .unwrap_or(v.created_unix + 100 * 365 * 86400);
+    let end = v.expires_unix.unwrap_or(v.created_unix + 100 * 365 * 86400);
     json!({
         "templateID": template(v),
         "alias": template(v),
@@ -96,7 +94,10 @@ pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
     if !v.network.internet {
         d["network"] = json!({ "allowOut": v.network.allow, "denyOut": ["0.0.0.0/0"] });
     }
-    let auto = v.labels.get(keys::AUTO_RESUME_LABEL).is_some_and(|x| x == "1");
+    let auto = v
+        .labels
+        .get(keys::AUTO_RESUME_LABEL)
+        .is_some_and(|x| x == "1");
     d["lifecycle"] = json!({ "autoResume": auto, "onTimeout": on_timeout });
     d
 }

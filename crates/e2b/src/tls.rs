@@ -56,7 +56,8 @@ fn now() -> u64 {
 }
 
 fn at(unix: u64) -> time::OffsetDateTime {
-    time::OffsetDateTime::from_unix_timestamp(unix as i64).unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
+    time::OffsetDateTime::from_unix_timestamp(unix as i64)
+        .unwrap_or(time::OffsetDateTime::UNIX_EPOCH)
 }
 
 fn write_private(path: &Path, text: &str) -> std::io::Result<()> {
@@ -79,7 +80,10 @@ fn other(e: impl std::fmt::Display) -> std::io::Error {
 /// The CA of directory `dir` (made on first use): its certificate and its key.
 fn ca(dir: &Path) -> std::io::Result<(String, rcgen::KeyPair)> {
     let (cert, key) = (dir.join(CA_FILE), dir.join(CA_KEY));
-    if let (Ok(c), Ok(k)) = (std::fs::read_to_string(&cert), std::fs::read_to_string(&key)) {
+    if let (Ok(c), Ok(k)) = (
+        std::fs::read_to_string(&cert),
+        std::fs::read_to_string(&key),
+    ) {
         return Ok((c, rcgen::KeyPair::from_pem(&k).map_err(other)?));
     }
     std::fs::create_dir_all(dir)?;
@@ -106,7 +110,11 @@ fn ca(dir: &Path) -> std::io::Result<(String, rcgen::KeyPair)> {
 pub fn site(dir: &Path, domain: &str) -> std::io::Result<Site> {
     let domain = check_domain(domain).map_err(other)?;
     let (ca_pem, ca_key) = ca(dir)?;
-    let (cert_f, key_f, dom_f) = (dir.join(SITE_CERT), dir.join(SITE_KEY), dir.join(SITE_DOMAIN));
+    let (cert_f, key_f, dom_f) = (
+        dir.join(SITE_CERT),
+        dir.join(SITE_KEY),
+        dir.join(SITE_DOMAIN),
+    );
     let fresh = std::fs::read_to_string(&dom_f).is_ok_and(|d| {
         let mut it = d.split_whitespace();
         it.next() == Some(domain.as_str())
@@ -116,7 +124,10 @@ pub fn site(dir: &Path, domain: &str) -> std::io::Result<Site> {
                 .is_some_and(|end| end > now() + RENEW_DAYS * 86_400)
     });
     if fresh {
-        if let (Ok(c), Ok(k)) = (std::fs::read_to_string(&cert_f), std::fs::read_to_string(&key_f)) {
+        if let (Ok(c), Ok(k)) = (
+            std::fs::read_to_string(&cert_f),
+            std::fs::read_to_string(&key_f),
+        ) {
             return Ok(Site {
                 domain,
                 chain_pem: format!("{c}{ca_pem}"),
@@ -167,7 +178,10 @@ mod tests {
         let b = site(&dir, "other.test").unwrap();
         assert_ne!(a.chain_pem, b.chain_pem);
         let ca = std::fs::read_to_string(dir.join(CA_FILE)).unwrap();
-        assert!(b.chain_pem.ends_with(&ca), "the chain ends with the same CA");
+        assert!(
+            b.chain_pem.ends_with(&ca),
+            "the chain ends with the same CA"
+        );
         use std::os::unix::fs::PermissionsExt as _;
         for f in [CA_KEY, SITE_KEY] {
             let mode = std::fs::metadata(dir.join(f)).unwrap().permissions().mode();

@@ -99,7 +99,8 @@ impl Site {
         let chain = CertificateDer::pem_slice_iter(self.chain_pem.as_bytes())
             .collect::<Result<Vec<_>, _>>()
             .map_err(|e| bad("certificate", &e))?;
-        let key = PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| bad("key", &e))?;
+        let key =
+            PrivateKeyDer::from_pem_slice(self.key_pem.as_bytes()).map_err(|e| bad("key", &e))?;
         let mut c = rustls::ServerConfig::builder()
             .with_no_client_auth()
             .with_single_cert(chain, key)
@@ -139,15 +140,7 @@ pub async fn serve(
     log_panics();
     let socket = socket_path(&paths);
     std::fs::create_dir_all(paths.home())?;
-    if socket.exists() {
-        if tokio::net::UnixStream::connect(&socket).await.is_ok() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::AddrInUse,
-                format!("a forkbox daemon already listens on {}", socket.display()),
-            ));
-        }
-        std::fs::remove_file(&socket)?;
-    }
+    free_socket(&socket).await?;
     // Sandboxes of a daemon that died are taken over before any request is served (their TTLs
     // apply at the first sweep); what other owners left half-made is removed.
     let engine = Arc::new(Engine::durable(paths.clone()).map_err(std::io::Error::other)?);
@@ -203,7 +196,15 @@ pub async fn serve(
                 engine: engine.clone(),
                 node: node.clone(),
             };
-            let tcp = serve_tcp(addr, api, previews, gate, &console, &fronts, stop_rx.clone());
+            let tcp = serve_tcp(
+                addr,
+                api,
+                previews,
+                gate,
+                &console,
+                &fronts,
+                stop_rx.clone(),
+            );
             Some(tcp.await?)
         }
         None => None,
@@ -223,6 +224,21 @@ pub async fn serve(
     let _ = std::fs::remove_file(pid_path(&paths));
     drop(pid_file);
     Ok(())
+}
+
+/// Clears the way for the daemon's socket: a socket no daemon answers on is removed; one that
+/// answers is an error.
+async fn free_socket(socket: &Path) -> std::io::Result<()> {
+    if !socket.exists() {
+        return Ok(());
+    }
+    if tokio::net::UnixStream::connect(socket).await.is_ok() {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("a forkbox daemon already listens on {}", socket.display()),
+        ));
+    }
+    std::fs::remove_file(socket)
 }
 
 /// Serves `api` on TCP at `addr` until `stop`: a bearer token for every call, nothing for a

@@ -5,8 +5,8 @@
 
 pub mod auth;
 pub mod cluster;
-mod daemon;
 pub mod console;
+mod daemon;
 pub mod doc;
 pub mod listen;
 pub mod preview;
@@ -33,7 +33,9 @@ use forkbox_engine::snapshot::SnapshotMeta;
 
 mod extract;
 
-pub use daemon::{is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front, Site};
+pub use daemon::{
+    is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front, Site,
+};
 use extract::{Body, Params};
 
 struct ApiError(EngineError);

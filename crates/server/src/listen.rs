@@ -188,7 +188,12 @@ impl Tls {
         let name = name?.trim_end_matches('.').to_ascii_lowercase();
         self.sites
             .iter()
-            .find(|(d, _)| name == *d || name.strip_suffix(d.as_str()).is_some_and(|r| r.ends_with('.')))
+            .find(|(d, _)| {
+                name == *d
+                    || name
+                        .strip_suffix(d.as_str())
+                        .is_some_and(|r| r.ends_with('.'))
+            })
             .map(|(_, c)| c.clone())
     }
 }

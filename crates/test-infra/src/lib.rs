@@ -575,8 +575,11 @@ pub fn e2b_npm(version: &str) -> PathBuf {
             return;
         }
         std::fs::create_dir_all(&dir).expect("create the npm directory");
-        std::fs::write(dir.join("package.json"), "{\"name\": \"e2b-scenario\", \"private\": true}\n")
-            .expect("write package.json");
+        std::fs::write(
+            dir.join("package.json"),
+            "{\"name\": \"e2b-scenario\", \"private\": true}\n",
+        )
+        .expect("write package.json");
         must(
             std::process::Command::new("npm")
                 .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])

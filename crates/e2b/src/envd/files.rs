@@ -42,7 +42,10 @@ fn caller(e: &E2b, headers: &HeaderMap, q: &FilesQuery, op: &str) -> Result<Targ
     let path = q.path.as_deref().unwrap_or("");
     let token = keys::access_token(&e.key, &id);
     if !signature_ok(sig, path, op, user, &token, q.signature_expiration) {
-        return Err(Failure::new(401, "the URL's signature is not valid for this file, operation and user"));
+        return Err(Failure::new(
+            401,
+            "the URL's signature is not valid for this file, operation and user",
+        ));
     }
     if let Some(exp) = q.signature_expiration {
         let now = std::time::SystemTime::now()
@@ -66,7 +69,14 @@ fn with_token(headers: &HeaderMap, token: &str) -> HeaderMap {
 
 /// E2B's v1 signature: `v1_` and the unpadded base64 of SHA-256 over
 /// `path:operation:user:token[:expiration]`.
-fn signature_ok(sig: &str, path: &str, op: &str, user: &str, token: &str, exp: Option<u64>) -> bool {
+fn signature_ok(
+    sig: &str,
+    path: &str,
+    op: &str,
+    user: &str,
+    token: &str,
+    exp: Option<u64>,
+) -> bool {
     let text = match exp {
         Some(x) => format!("{path}:{op}:{user}:{token}:{x}"),
         None => format!("{path}:{op}:{user}:{token}"),
@@ -141,11 +151,7 @@ pub(super) async fn read(
     Query(q): Query<FilesQuery>,
 ) -> Response {
     match read_one(&e, &headers, &q).await {
-        Ok(data) => (
-            [(header::CONTENT_TYPE, "application/octet-stream")],
-            data,
-        )
-            .into_response(),
+        Ok(data) => ([(header::CONTENT_TYPE, "application/octet-stream")], data).into_response(),
         Err(f) => refusal(f),
     }
 }
@@ -273,7 +279,12 @@ async fn bodies(q: &FilesQuery, req: Request) -> Result<Vec<(String, Vec<u8>)>, 
             let path = match (&q.path, name) {
                 (Some(p), _) => p.clone(),
                 (None, Some(n)) => n,
-                (None, None) => return Err(Failure::new(400, "a file part names no path (give ?path= or a filename)")),
+                (None, None) => {
+                    return Err(Failure::new(
+                        400,
+                        "a file part names no path (give ?path= or a filename)",
+                    ))
+                }
             };
             out.push((path, maybe_gunzip(data.to_vec(), gzip)?));
         }

@@ -48,12 +48,19 @@ pub(super) async fn call(
     }
     let bytes = match axum::body::to_bytes(body, 1 << 20).await {
         Ok(b) => b,
-        Err(err) => return Failure::new(400, format!("the request body: {err}")).connect_response(),
+        Err(err) => {
+            return Failure::new(400, format!("the request body: {err}")).connect_response()
+        }
     };
     answer(unary_call(&e, &headers, &method, &bytes).await)
 }
 
-async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) -> Result<Value, Failure> {
+async fn unary_call(
+    e: &E2b,
+    headers: &HeaderMap,
+    method: &str,
+    bytes: &[u8],
+) -> Result<Value, Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     match method {
@@ -88,7 +95,10 @@ async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) ->
         "CreateWatcher" | "GetWatcherEvents" | "RemoveWatcher" => {
             super::watch::unary(e, &t, method, bytes).await
         }
-        m => Err(Failure::new(501, format!("filesystem.Filesystem has no method {m}"))),
+        m => Err(Failure::new(
+            501,
+            format!("filesystem.Filesystem has no method {m}"),
+        )),
     }
 }
 
@@ -106,7 +116,12 @@ pub(super) fn path(p: &str) -> Result<&str, Failure> {
 /// Runs a file script as envd does its file calls: with root's privileges in the call's user's
 /// home (relative paths are the home's), what it makes given to the user; its stdout, or its
 /// failure in envd's terms.
-pub(super) async fn script(e: &E2b, t: &Target, script: &str, args: &[&str]) -> Result<String, Failure> {
+pub(super) async fn script(
+    e: &E2b,
+    t: &Target,
+    script: &str,
+    args: &[&str],
+) -> Result<String, Failure> {
     let r = e.exec(&t.id, guest::in_home(&t.user, script, args)).await?;
     let what = args.first().copied().unwrap_or("");
     match r.exit_code {
@@ -117,11 +132,20 @@ pub(super) async fn script(e: &E2b, t: &Target, script: &str, args: &[&str]) -> 
         126 => Err(Failure::new(400, r.stderr.trim().to_string())),
         _ if r.stderr.contains("Permission denied") => Err(Failure::new(
             403,
-            format!("permission denied for user {}: {}", shown(&t.user), r.stderr.trim()),
+            format!(
+                "permission denied for user {}: {}",
+                shown(&t.user),
+                r.stderr.trim()
+            ),
         )),
         // envd answers a full disk on these calls as an internal error (507 is /files' alone).
-        _ if r.stderr.contains("No space left") => Err(Failure::new(500, r.stderr.trim().to_string())),
-        n => Err(Failure::new(500, format!("{what}: {} ({n})", r.stderr.trim()))),
+        _ if r.stderr.contains("No space left") => {
+            Err(Failure::new(500, r.stderr.trim().to_string()))
+        }
+        n => Err(Failure::new(
+            500,
+            format!("{what}: {} ({n})", r.stderr.trim()),
+        )),
     }
 }
 
@@ -198,7 +222,10 @@ mod tests {
                 .args(args)
                 .output()
                 .unwrap();
-            (out.status.code().unwrap(), String::from_utf8(out.stdout).unwrap())
+            (
+                out.status.code().unwrap(),
+                String::from_utf8(out.stdout).unwrap(),
+            )
         };
         let d = dir.to_str().unwrap();
         let (code, out) = run(guest::list_script(), &[d, "1"]);
@@ -215,7 +242,10 @@ mod tests {
         assert_eq!(es[2]["path"], format!("{d}/sub"));
         assert_eq!(run(guest::stat_script(), &[&format!("{d}/nope")]).0, 2);
         assert_eq!(run(guest::make_dir_script(), &[&format!("{d}/sub")]).0, 17);
-        let (code, out) = run(guest::move_script(), &[&format!("{d}/a.txt"), &format!("{d}/x/b.txt")]);
+        let (code, out) = run(
+            guest::move_script(),
+            &[&format!("{d}/a.txt"), &format!("{d}/x/b.txt")],
+        );
         assert_eq!(code, 0);
         assert_eq!(entries(&out)[0]["path"], format!("{d}/x/b.txt"));
         assert_eq!(run(guest::remove_script(), &[&format!("{d}/x/")]).0, 0);

@@ -44,10 +44,7 @@ pub(crate) fn router(state: Arc<E2b>) -> Router {
 
 /// The data plane answers envd's port; a call for another port of the sandbox (the code
 /// interpreter's 49999, a user's server) is told so rather than answered as envd.
-async fn envd_port_only(
-    req: axum::extract::Request,
-    next: axum::middleware::Next,
-) -> Response {
+async fn envd_port_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
     let port = req
         .headers()
         .get(crate::SANDBOX_PORT_HEADER)
@@ -103,9 +100,14 @@ pub(crate) fn target(e: &E2b, headers: &HeaderMap, user: Option<&str>) -> Result
 
 /// The user of `Authorization: Basic base64("user:")`.
 fn basic_user(headers: &HeaderMap) -> Option<String> {
-    let v = headers.get(axum::http::header::AUTHORIZATION)?.to_str().ok()?;
+    let v = headers
+        .get(axum::http::header::AUTHORIZATION)?
+        .to_str()
+        .ok()?;
     let b = v.strip_prefix("Basic ")?;
-    let raw = base64::engine::general_purpose::STANDARD.decode(b.trim()).ok()?;
+    let raw = base64::engine::general_purpose::STANDARD
+        .decode(b.trim())
+        .ok()?;
     let s = String::from_utf8(raw).ok()?;
     Some(s.split(':').next().unwrap_or("").to_string())
 }
@@ -113,8 +115,7 @@ fn basic_user(headers: &HeaderMap) -> Option<String> {
 /// A user name as `useradd` takes them (or empty: the default user).
 fn check_user(u: &str) -> Result<(), Failure> {
     let ok = u.len() <= 32
-        && u
-            .chars()
+        && u.chars()
             .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-' || c == '.')
         && !u.starts_with('-');
     match ok {

@@ -123,14 +123,21 @@ pub(super) async fn call(
         _ => {
             let bytes = match axum::body::to_bytes(body, 1 << 20).await {
                 Ok(b) => b,
-                Err(err) => return Failure::new(400, format!("the request body: {err}")).connect_response(),
+                Err(err) => {
+                    return Failure::new(400, format!("the request body: {err}")).connect_response()
+                }
             };
             answer(unary_call(&e, &headers, &method, &bytes).await)
         }
     }
 }
 
-async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) -> Result<Value, Failure> {
+async fn unary_call(
+    e: &E2b,
+    headers: &HeaderMap,
+    method: &str,
+    bytes: &[u8],
+) -> Result<Value, Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     match method {
@@ -140,14 +147,18 @@ async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) ->
             let (pid, cid) = resolve(e, &t, &r.process).await?;
             let data = input_bytes(&r.input)?;
             let p = stdin_of(cid, pid)?;
-            e.daemon.write_stdin(&t.id, &p.cid, chunks(vec![data]), false).await?;
+            e.daemon
+                .write_stdin(&t.id, &p.cid, chunks(vec![data]), false)
+                .await?;
             Ok(json!({}))
         }
         "CloseStdin" => {
             let r: WithProcess = unary(bytes)?;
             let (pid, cid) = resolve(e, &t, &r.process).await?;
             let p = stdin_of(cid, pid)?;
-            e.daemon.write_stdin(&t.id, &p.cid, chunks(Vec::new()), true).await?;
+            e.daemon
+                .write_stdin(&t.id, &p.cid, chunks(Vec::new()), true)
+                .await?;
             Ok(json!({}))
         }
         "SendSignal" => {
@@ -163,12 +174,22 @@ async fn unary_call(e: &E2b, headers: &HeaderMap, method: &str, bytes: &[u8]) ->
             if let Some(size) = r.pty.and_then(|p| p.size) {
                 let p = stdin_of(cid, pid)?;
                 e.daemon
-                    .resize(&t.id, &p.cid, TerminalSize { rows: size.rows, cols: size.cols })
+                    .resize(
+                        &t.id,
+                        &p.cid,
+                        TerminalSize {
+                            rows: size.rows,
+                            cols: size.cols,
+                        },
+                    )
                     .await?;
             }
             Ok(json!({}))
         }
-        m => Err(Failure::new(501, format!("process.Process has no method {m}"))),
+        m => Err(Failure::new(
+            501,
+            format!("process.Process has no method {m}"),
+        )),
     }
 }
 
@@ -212,8 +233,13 @@ fn signal_number(v: &Value) -> Result<i32, Failure> {
     match v {
         Value::String(s) if s == "SIGNAL_SIGKILL" => Ok(9),
         Value::String(s) if s == "SIGNAL_SIGTERM" => Ok(15),
-        Value::Number(n) if n.as_i64() == Some(9) || n.as_i64() == Some(15) => Ok(n.as_i64().unwrap_or(9) as i32),
-        other => Err(Failure::new(400, format!("signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"))),
+        Value::Number(n) if n.as_i64() == Some(9) || n.as_i64() == Some(15) => {
+            Ok(n.as_i64().unwrap_or(9) as i32)
+        }
+        other => Err(Failure::new(
+            400,
+            format!("signal {other}: SIGNAL_SIGKILL or SIGNAL_SIGTERM"),
+        )),
     }
 }
 
@@ -228,7 +254,12 @@ async fn resolve(e: &E2b, t: &Target, s: &Selector) -> Result<(u32, Option<Proc>
                 .map(|(p, _)| *p)
                 .ok_or_else(|| Failure::new(404, format!("no process with tag {tag:?}")))?
         }
-        _ => return Err(Failure::new(400, "the process selector names neither a pid nor a tag")),
+        _ => {
+            return Err(Failure::new(
+                400,
+                "the process selector names neither a pid nor a tag",
+            ))
+        }
     };
     let cid = e
         .procs
@@ -239,7 +270,10 @@ async fn resolve(e: &E2b, t: &Target, s: &Selector) -> Result<(u32, Option<Proc>
     if cid.is_none() && s.tag.is_none() {
         let alive = e.exec(&t.id, guest::alive(pid)).await?;
         if alive.exit_code != 0 {
-            return Err(Failure::new(404, format!("process with pid {pid} not found")));
+            return Err(Failure::new(
+                404,
+                format!("process with pid {pid} not found"),
+            ));
         }
     }
     Ok((pid, cid))
@@ -281,8 +315,14 @@ async fn signal(e: &E2b, t: &Target, pid: u32, cid: Option<Proc>, sig: i32) -> R
     let r = e.exec(&t.id, guest::signal(pid, sig)).await?;
     match r.exit_code {
         0 => Ok(()),
-        3 => Err(Failure::new(404, format!("process with pid {pid} not found"))),
-        n => Err(Failure::new(500, format!("signalling process {pid} failed ({n}): {}", r.stderr.trim()))),
+        3 => Err(Failure::new(
+            404,
+            format!("process with pid {pid} not found"),
+        )),
+        n => Err(Failure::new(
+            500,
+            format!("signalling process {pid} failed ({n}): {}", r.stderr.trim()),
+        )),
     }
 }
 
@@ -308,7 +348,12 @@ async fn streaming(e: Arc<E2b>, headers: HeaderMap, body: Body, kind: Kind) -> R
     resp
 }
 
-async fn start(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
+async fn start(
+    e: &Arc<E2b>,
+    headers: &HeaderMap,
+    first: Value,
+    stream: &Stream,
+) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     let req: StartRequest = super::message(first)?;
@@ -351,7 +396,12 @@ async fn start(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream)
     follow.run(events, stream, None).await
 }
 
-async fn reconnect(e: &Arc<E2b>, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
+async fn reconnect(
+    e: &Arc<E2b>,
+    headers: &HeaderMap,
+    first: Value,
+    stream: &Stream,
+) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     let req: WithProcess = super::message(first)?;
@@ -386,7 +436,12 @@ fn take_mark(head: &[u8]) -> Option<Result<(u32, usize), ()>> {
     }
     let nl = head.iter().position(|b| *b == b'\n')?;
     let text = String::from_utf8_lossy(&head[guest::PID_MARK.len()..nl]);
-    Some(text.trim().parse::<u32>().map(|p| (p, nl + 1)).map_err(|_| ()))
+    Some(
+        text.trim()
+            .parse::<u32>()
+            .map(|p| (p, nl + 1))
+            .map_err(|_| ()),
+    )
 }
 
 impl Follow {
@@ -400,12 +455,15 @@ impl Follow {
     ) -> Result<(), Failure> {
         let mut pid = known;
         if let Some(p) = pid {
-            stream.send(&json!({ "event": { "start": { "pid": p } } })).await;
+            stream
+                .send(&json!({ "event": { "start": { "pid": p } } }))
+                .await;
         }
         // Output before the mark is read (a Connect replays from the command's start).
         let mut head: Option<Vec<u8>> = Some(Vec::new());
         let mut held: Vec<Value> = Vec::new();
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + self.keepalive, self.keepalive);
+        let mut tick =
+            tokio::time::interval_at(tokio::time::Instant::now() + self.keepalive, self.keepalive);
         loop {
             let ev = tokio::select! {
                 ev = events.next() => ev?,
@@ -438,7 +496,9 @@ impl Follow {
                                 if pid.is_none() {
                                     pid = Some(p);
                                     self.register(p);
-                                    stream.send(&json!({ "event": { "start": { "pid": p } } })).await;
+                                    stream
+                                        .send(&json!({ "event": { "start": { "pid": p } } }))
+                                        .await;
                                     for v in held.drain(..) {
                                         stream.send(&v).await;
                                     }
@@ -458,19 +518,8 @@ impl Follow {
                 }
                 CommandEvent::Exit(x) => {
                     self.forget_pid(pid);
-                    let pid = pid.ok_or_else(|| no_pid(&x.error))?;
-                    let _ = pid;
-                    let (code, exited, status) = match x.signal {
-                        Some(s) => (-1, false, format!("signal: {}", signal_name(s))),
-                        None => (x.exit_code, true, format!("exit status {}", x.exit_code)),
-                    };
-                    let mut end = json!({ "exitCode": code, "exited": exited, "status": status });
-                    if let Some(err) = x.error.filter(|_| x.timed_out) {
-                        end["error"] = json!(err);
-                    } else if x.timed_out {
-                        end["error"] = json!("the command's deadline passed (connect-timeout-ms)");
-                    }
-                    stream.send(&json!({ "event": { "end": end } })).await;
+                    pid.ok_or_else(|| no_pid(&x.error))?;
+                    stream.send(&exit_end(x)).await;
                     return Ok(());
                 }
                 CommandEvent::Error { message, exit_code } => {
@@ -478,13 +527,7 @@ impl Follow {
                     if pid.is_none() {
                         return Err(no_pid(&Some(message)));
                     }
-                    let end = json!({
-                        "exitCode": exit_code.unwrap_or(-1),
-                        "exited": false,
-                        "status": "error",
-                        "error": message,
-                    });
-                    stream.send(&json!({ "event": { "end": end } })).await;
+                    stream.send(&error_end(&message, exit_code)).await;
                     return Ok(());
                 }
             };
@@ -520,6 +563,32 @@ impl Follow {
             }
         }
     }
+}
+
+/// envd's `end` of a command that exited (or was killed by a signal).
+fn exit_end(x: forkbox_api::ExitInfo) -> Value {
+    let (code, exited, status) = match x.signal {
+        Some(s) => (-1, false, format!("signal: {}", signal_name(s))),
+        None => (x.exit_code, true, format!("exit status {}", x.exit_code)),
+    };
+    let mut end = json!({ "exitCode": code, "exited": exited, "status": status });
+    match (x.error, x.timed_out) {
+        (Some(err), _) => end["error"] = json!(err),
+        (None, true) => end["error"] = json!("the command's deadline passed (connect-timeout-ms)"),
+        (None, false) => {}
+    }
+    json!({ "event": { "end": end } })
+}
+
+/// envd's `end` of a command that could not run, or whose sandbox failed under it.
+fn error_end(message: &str, exit_code: Option<i32>) -> Value {
+    let end = json!({
+        "exitCode": exit_code.unwrap_or(-1),
+        "exited": false,
+        "status": "error",
+        "error": message,
+    });
+    json!({ "event": { "end": end } })
 }
 
 fn no_pid(why: &Option<String>) -> Failure {
@@ -563,7 +632,12 @@ async fn stream_input(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Response {
     resp
 }
 
-async fn feed(e: &E2b, headers: &HeaderMap, first: Value, mut msgs: Messages) -> Result<(), Failure> {
+async fn feed(
+    e: &E2b,
+    headers: &HeaderMap,
+    first: Value,
+    mut msgs: Messages,
+) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     let first: StreamInputRequest = super::message(first)?;

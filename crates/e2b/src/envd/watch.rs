@@ -52,7 +52,11 @@ async fn begin(
     let path = super::filesystem::path(&req.path)?;
     let recursive = if req.recursive { "1" } else { "0" };
     let exec = ExecRequest {
-        argv: Some(guest::as_user(&t.user, &guest::watch_script(), &[path, recursive])),
+        argv: Some(guest::as_user(
+            &t.user,
+            &guest::watch_script(),
+            &[path, recursive],
+        )),
         timeout_secs: Some(forkbox_api::MAX_TIMEOUT_SECS),
         ..Default::default()
     };
@@ -117,7 +121,12 @@ pub(super) async fn watch_dir(e: Arc<E2b>, headers: HeaderMap, body: Body) -> Re
     resp
 }
 
-async fn follow(e: &E2b, headers: &HeaderMap, first: Value, stream: &Stream) -> Result<(), Failure> {
+async fn follow(
+    e: &E2b,
+    headers: &HeaderMap,
+    first: Value,
+    stream: &Stream,
+) -> Result<(), Failure> {
     let t = target(e, headers, None)?;
     e.awake(&t.id).await?;
     let req: WatchRequest = super::message(first)?;
@@ -172,13 +181,19 @@ async fn follow(e: &E2b, headers: &HeaderMap, first: Value, stream: &Stream) -> 
 }
 
 /// `CreateWatcher`, `GetWatcherEvents`, `RemoveWatcher`.
-pub(super) async fn unary(e: &E2b, t: &Target, method: &str, bytes: &[u8]) -> Result<Value, Failure> {
+pub(super) async fn unary(
+    e: &E2b,
+    t: &Target,
+    method: &str,
+    bytes: &[u8],
+) -> Result<Value, Failure> {
     match method {
         "CreateWatcher" => {
             let req: WatchRequest = super::unary(bytes)?;
             let (cid, events, _) = begin(e, t, &req).await?;
             drop(events);
-            let id = crate::keys::random_hex(12).map_err(|err| Failure::new(500, err.to_string()))?;
+            let id =
+                crate::keys::random_hex(12).map_err(|err| Failure::new(500, err.to_string()))?;
             e.watchers.lock().unwrap_or_else(|p| p.into_inner()).insert(
                 id.clone(),
                 Watcher {
@@ -206,20 +221,34 @@ pub(super) async fn unary(e: &E2b, t: &Target, method: &str, bytes: &[u8]) -> Re
                 text = text.strip_prefix("ready\n").unwrap_or(&text).to_string();
             }
             let events = events_of(&mut partial, &text);
-            if let Some(x) = e.watchers.lock().unwrap_or_else(|p| p.into_inner()).get_mut(&req.watcher_id) {
+            if let Some(x) = e
+                .watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .get_mut(&req.watcher_id)
+            {
                 x.next = poll.next;
                 x.partial = partial;
             }
             if poll.exit.is_some() && events.is_empty() {
-                e.watchers.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.watcher_id);
-                return Err(Failure::new(404, format!("watcher {} ended (the directory is gone?)", req.watcher_id)));
+                e.watchers
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .remove(&req.watcher_id);
+                return Err(Failure::new(
+                    404,
+                    format!("watcher {} ended (the directory is gone?)", req.watcher_id),
+                ));
             }
             Ok(json!({ "events": events }))
         }
         "RemoveWatcher" => {
             let req: WatcherId = super::unary(bytes)?;
             let w = watcher(e, t, &req.watcher_id)?;
-            e.watchers.lock().unwrap_or_else(|p| p.into_inner()).remove(&req.watcher_id);
+            e.watchers
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .remove(&req.watcher_id);
             let _ = e.daemon.signal(&t.id, &w.cid, 15).await;
             Ok(json!({}))
         }
@@ -288,7 +317,13 @@ mod tests {
         let mut p = String::new();
         let got: Vec<String> = events_of(&mut p, &text)
             .iter()
-            .map(|v| format!("{} {}", v["type"].as_str().unwrap(), v["name"].as_str().unwrap()))
+            .map(|v| {
+                format!(
+                    "{} {}",
+                    v["type"].as_str().unwrap(),
+                    v["name"].as_str().unwrap()
+                )
+            })
             .collect();
         assert_eq!(
             got,
