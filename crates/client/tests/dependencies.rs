@@ -1,5 +1,5 @@
-//! What only talks to forkbox links none of the engine: the client and the MCP server depend
-//! on no forkbox-engine, SQLite, OCI client or nix, and the migration flow not on the server
+//! What only talks to forkbox links none of the engine: the client, the MCP server and E2B's
+//! front end depend on no forkbox-engine, SQLite, OCI client or nix, and the migration flow not on the server
 //! (read from `cargo tree`, normal dependencies only).
 
 use std::process::Command;
@@ -36,8 +36,8 @@ fn crates_in(tree: &str) -> Vec<&str> {
 }
 
 #[test]
-fn the_client_and_the_mcp_server_link_no_engine() {
-    for package in ["forkbox-client", "forkbox-mcp"] {
+fn the_client_and_the_front_ends_link_no_engine() {
+    for package in ["forkbox-client", "forkbox-mcp", "forkbox-e2b"] {
         let t = tree(package);
         let crates = crates_in(&t);
         assert!(crates.contains(&"forkbox-api"), "{package}: {t}");
