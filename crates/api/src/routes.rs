@@ -91,6 +91,7 @@ routes! {
     delete: Delete "/v1/sandboxes/{id}" -> Deleted;
     exec: Post "/v1/sandboxes/{id}/exec" -> ExecResult;
     set_ttl: Post "/v1/sandboxes/{id}/ttl" -> SandboxView;
+    set_network: Put "/v1/sandboxes/{id}/network" -> SandboxView;
     snapshot: Post "/v1/sandboxes/{id}/snapshot" -> SnapshotMeta;
     fork: Post "/v1/sandboxes/{id}/fork" -> ForkResult;
     hibernate: Post "/v1/sandboxes/{id}/hibernate" -> SandboxView;

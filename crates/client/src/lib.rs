@@ -393,6 +393,16 @@ impl Client {
         self.json(req).await
     }
 
+    /// Replaces a running sandbox's network policy.
+    pub async fn set_network(
+        &self,
+        id: &str,
+        policy: &forkbox_api::NetworkPolicy,
+    ) -> Result<reply::set_network, ClientError> {
+        self.json(self.at(op::set_network, &[id]).json(policy))
+            .await
+    }
+
     pub async fn snapshot(
         &self,
         id: &str,

@@ -131,6 +131,9 @@ struct Network {
     allow_public_traffic: Option<bool>,
     egress_proxy: Option<Value>,
     rules: Option<Value>,
+    /// In an update (in a create it is the body's).
+    #[serde(rename = "allow_internet_access")]
+    allow_internet_access: Option<bool>,
 }
 
 /// What forkbox does not do, asked for in a create: refused, naming it.
@@ -157,8 +160,7 @@ fn all_traffic(a: &str) -> bool {
 /// unless `allow_internet_access` is false or `denyOut` names all of it; then only the hosts of
 /// `allowOut` (which wins over a deny) are reached. forkbox's policy is an allow list: a
 /// `denyOut` of some addresses only is refused, saying so.
-fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
-    let net = n.network.as_ref();
+fn policy(net: Option<&Network>, internet: Option<bool>) -> Result<NetworkPolicy, Failure> {
     let deny = net.and_then(|n| n.deny_out.clone()).unwrap_or_default();
     let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
     if let Some(net) = net {
@@ -180,7 +182,7 @@ fn policy(n: &NewSandbox) -> Result<NetworkPolicy, Failure> {
              traffic, `0.0.0.0/0`, and give the hosts to reach in `allowOut`)",
         ));
     }
-    let closed = deny_all || n.allow_internet_access == Some(false);
+    let closed = deny_all || internet == Some(false);
     let allow: Vec<String> = allow.into_iter().filter(|a| !all_traffic(a)).collect();
     Ok(match closed {
         false => NetworkPolicy {
@@ -227,7 +229,11 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
             Some(true) => TtlAction::Hibernate,
             _ => TtlAction::Delete,
         }),
-        network: Some(policy(&n)?),
+        network: Some(policy(
+            n.network.as_ref(),
+            n.allow_internet_access
+                .or(n.network.as_ref().and_then(|x| x.allow_internet_access)),
+        )?),
         ..CreateRequest::default()
     };
     // A template is a snapshot's name (a create from it is a copy) or an image.
@@ -397,13 +403,19 @@ async fn metrics(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<S
     .into_response())
 }
 
-async fn network(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+/// `update_network`: the sandbox's policy replaced (fields left out are cleared, as E2B has it).
+async fn network(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
     let c = caller(&e, &headers)?;
+    let n: Network = body(&bytes)?;
     mine(&c, &id).await?;
-    Err(Failure::unsupported(
-        "changing a running sandbox's network yet (give it at create: `allow_internet_access`, \
-         `network.allowOut`)",
-    ))
+    let p = policy(Some(&n), n.allow_internet_access)?;
+    c.client.set_network(&id, &p).await?;
+    Ok(StatusCode::NO_CONTENT.into_response())
 }
 
 // -- listing ------------------------------------------------------------------------------

@@ -203,11 +203,22 @@ def network_steps():
     except e2b.SandboxException as e:
         assert "denyOut" in str(e), e
     opened = Sandbox.create(template=TEMPLATE, timeout=60)
+    proxy = "echo ${HTTPS_PROXY:-none}"
     try:
         assert opened.get_info().allow_internet_access is True
+        assert opened.commands.run(proxy).stdout.strip() != "none"
+        if hasattr(opened, "update_network"):
+            opened.update_network({"deny_out": ["0.0.0.0/0"]})
+            assert opened.get_info().allow_internet_access is False
+            assert opened.commands.run(proxy).stdout.strip() == "none"
+            opened.update_network({"allow_out": ["pypi.org"], "deny_out": ["0.0.0.0/0"]})
+            info = opened.get_info()
+            assert info.allow_internet_access is False and opened.commands.run(proxy).stdout.strip() != "none"
+            opened.update_network({})
+            assert opened.get_info().allow_internet_access is True
     finally:
         opened.kill()
-    ok("network: no internet access, deny all but allowOut, a partial denyOut refused naming it", t)
+    ok("network: no internet access, deny all but allowOut, a partial denyOut refused naming it, update_network", t)
 
 
 def fetch(url):

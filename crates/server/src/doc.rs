@@ -31,6 +31,7 @@ use super::*;
         delete,
         exec,
         set_ttl,
+        set_network,
         snapshot,
         fork,
         hibernate,

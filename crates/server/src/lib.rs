@@ -25,8 +25,8 @@ use forkbox_engine::api::{
     ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, CommandEvent, CommandPoll,
     CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest,
     ExecResult, ForkRequest, ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent,
-    MigrationStart, MigrationView, Operation, PolledChunk, PortRequest, PortView, SandboxState,
-    SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk, PortRequest, PortView,
+    SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 #[allow(unused_imports)]
 use forkbox_engine::snapshot::SnapshotMeta;
@@ -445,6 +445,15 @@ async fn migration_event(
         .await
 }
 
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", params(("id" = String, Path)), request_body = NetworkPolicy, responses((status = 200, description = "the sandbox, its new policy in force for the connections it opens from now on", body = SandboxView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn set_network(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Body(policy): Body<NetworkPolicy>,
+) -> Api {
+    answer::<reply::set_network, _>(&e, ops::SetNetwork { id, policy }, StatusCode::OK).await
+}
+
 #[derive(serde::Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 struct TtlRequest {
@@ -776,6 +785,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::get_one.path, get(get_one).delete(delete))
         .route(op::exec.path, post(exec))
         .route(op::set_ttl.path, post(set_ttl))
+        .route(op::set_network.path, axum::routing::put(set_network))
         .route(op::snapshot.path, post(snapshot))
         .route(op::fork.path, post(fork))
         .route(op::hibernate.path, post(hibernate))
@@ -828,7 +838,9 @@ mod tests {
     #[tokio::test]
     async fn a_panicked_request_is_a_500_internal() {
         let home = tempfile::tempdir().unwrap();
-        let engine = Arc::new(Engine::private(Paths::new(home.path())));
+        let engine = Arc::new(Engine::private(forkbox_engine::paths::Paths::new(
+            home.path(),
+        )));
         let resp = match answer::<Deleted, _>(&engine, Panics, StatusCode::OK).await {
             Ok(_) => panic!("a panicked operation gave a reply"),
             Err(e) => e.into_response(),

@@ -23,6 +23,9 @@ pub enum EngineError {
     NoSuchMigration(String),
     #[error("bad request: {0}")]
     BadRequest(String),
+    /// The request cannot be carried out in the state the thing it names is in.
+    #[error("{0}")]
+    Conflict(String),
     /// A request body over its limit.
     #[error("the request is too large: {0}")]
     TooLarge(String),
@@ -58,6 +61,7 @@ impl EngineError {
             EngineError::Hibernated(_) => Code::SandboxHibernated,
             EngineError::NotHibernated(_) => Code::SandboxNotHibernated,
             EngineError::NoSuchMigration(_) => Code::NotFound,
+            EngineError::Conflict(_) => Code::Conflict,
             EngineError::BadRequest(_) => Code::BadRequest,
             EngineError::TooLarge(_) => Code::PayloadTooLarge,
             EngineError::Snapshot(e) => snapshot_code(e),

@@ -549,6 +549,31 @@ impl Engine {
         Ok(e.view(self.node.get()))
     }
 
+    /// Replaces a running sandbox's network policy (a sandbox with secrets keeps its own: their
+    /// hosts and CA are part of it).
+    async fn set_network(
+        &self,
+        id: &str,
+        policy: NetworkPolicy,
+    ) -> Result<SandboxView, EngineError> {
+        let map = self.sandboxes.read().await;
+        let Some(e) = map.get(id) else {
+            if self.sleepers.read().await.contains_key(id) {
+                return Err(EngineError::Hibernated(id.to_string()));
+            }
+            return Err(EngineError::NoSuchSandbox(id.to_string()));
+        };
+        if e.sandbox.secrets().is_some() {
+            return Err(EngineError::Conflict(format!(
+                "sandbox {id} has secrets, whose hosts are part of its network policy; it keeps \
+                 its policy (make a new sandbox for another)"
+            )));
+        }
+        e.sandbox.set_network(policy).await?;
+        e.persist(self.db.as_deref())?;
+        Ok(e.view(self.node.get()))
+    }
+
     /// Deletes a snapshot no sandbox (running or hibernated in it) depends on.
     async fn delete_snapshot(&self, name: String) -> Result<Deleted, EngineError> {
         let mut users = self.snapshot_users(&name).await;

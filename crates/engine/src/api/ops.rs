@@ -11,8 +11,8 @@ use tokio::sync::mpsc;
 use super::{
     ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
     Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
-    InfoView, MigrationStart, MigrationView, PortRequest, PortView, SandboxState, SandboxView,
-    SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    InfoView, MigrationStart, MigrationView, NetworkPolicy, PortRequest, PortView, SandboxState,
+    SandboxView, SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
 };
 use crate::commands::CommandLog;
 use crate::error::AgentError;
@@ -71,6 +71,9 @@ operations! {
     /// Sets the TTL anew, counted from now.
     SetTtl { id: String, ttl_seconds: u64 } -> SandboxView
         = |e, op| e.set_ttl(&op.id, op.ttl_seconds).await;
+    /// A running sandbox's network policy replaced: the tunnels it opens from now on follow it.
+    SetNetwork { id: String, policy: NetworkPolicy } -> SandboxView
+        = |e, op| e.set_network(&op.id, op.policy).await;
     /// Saves a running sandbox: memory, processes, disk.
     Snapshot { id: String, request: SnapshotRequest } -> SnapshotMeta
         = |e, op| Ok(e.snapshot(&op.id, op.request).await?.meta);
