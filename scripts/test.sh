@@ -28,6 +28,8 @@ command -v etcd >/dev/null || need+=(etcd-server)
 command -v etcdctl >/dev/null || need+=(etcd-client)
 command -v protoc >/dev/null || need+=(protobuf-compiler)
 command -v curl >/dev/null || need+=(curl)
+# E2B's domain mode is tested with a resolver of the test's own (dnsmasq, without its service).
+command -v dnsmasq >/dev/null || need+=(dnsmasq-base)
 # The deployment test renders deploy/kubernetes with kubectl's kustomize (a kubectl of 1.2x or
 # newer; Debian's kubernetes-client is the fallback where none is installed).
 command -v kubectl >/dev/null || need+=(kubernetes-client)
@@ -36,7 +38,7 @@ if [ "${#need[@]}" -gt 0 ]; then
   apt-get update -q >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >&2
 fi
-for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl kubectl; do
+for p in ip python3 node chromium docker-registry skopeo htpasswd etcd etcdctl protoc curl kubectl dnsmasq; do
   command -v "$p" >/dev/null || { echo "test: $p is still missing after the install" >&2; exit 1; }
 done
 # A run writes ~4 GB of build output and up to ~15 GB under the test home on a fresh machine

@@ -97,10 +97,22 @@ fn status(code: StatusCode, v: Value) -> Response {
 }
 
 async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
-    Failure::new(
-        404,
-        format!("forkbox's E2B API has no {method} {}", uri.path()),
-    )
+    let path = uri.path();
+    let under = |p: &str| {
+        ["", "/v2", "/v3"]
+            .iter()
+            .any(|v| path.starts_with(&format!("{v}{p}")))
+    };
+    if under("/templates") {
+        return Failure::unsupported(
+            "building E2B templates: build a forkbox image (`forkbox image build`, a recipe, a \
+             registry image or a Dockerfile) and give its name as the template",
+        );
+    }
+    if under("/volumes") {
+        return Failure::unsupported("volumes yet");
+    }
+    Failure::new(404, format!("forkbox's E2B API has no {method} {path}"))
 }
 
 // -- create -------------------------------------------------------------------------------

@@ -6,6 +6,8 @@ the first failure raises. Nothing here knows forkbox: it is what an agent writte
 """
 
 import asyncio
+import importlib.metadata
+import io
 import os
 import sys
 import time
@@ -26,7 +28,7 @@ from e2b.sandbox.commands.command_handle import PtySize
 
 TEMPLATE = os.environ.get("E2B_TEMPLATE", "base")
 RUN = uuid.uuid4().hex[:10]
-V = tuple(int(x) for x in e2b.__version__.split(".")[:2]) if hasattr(e2b, "__version__") else (99, 0)
+V = tuple(int(x) for x in importlib.metadata.version("e2b").split(".")[:2])
 T0 = time.time()
 
 
@@ -240,7 +242,22 @@ def files_steps(sbx):
     data = bytes(range(256)) * 4096
     sbx.files.write("/tmp/blob.bin", data)
     assert sbx.files.read("/tmp/blob.bin", format="bytes") == data
-    ok("files.write/read: text, 1 MiB of bytes, relative paths, the user owns what it wrote", t)
+    # A file-like object and an iterable go as one octet-stream body, gzip on request; several
+    # files as one multipart body.
+    sbx.files.write("/tmp/stream.bin", io.BytesIO(data[:300_000]))
+    if V >= (2, 60):
+        sbx.files.write("/tmp/chunks.bin", (data[i:i + 65536] for i in range(0, 200_000, 65536)))
+    else:
+        sbx.files.write("/tmp/chunks.bin", io.BytesIO(data[:200_000]))
+    sbx.files.write("/tmp/zipped.txt", "squeeze " * 1000, gzip=True)
+    assert sbx.files.read("/tmp/stream.bin", format="bytes") == data[:300_000]
+    assert sbx.files.read("/tmp/chunks.bin", format="bytes") == data[:200_000]
+    assert sbx.files.read("/tmp/zipped.txt", gzip=True) == "squeeze " * 1000
+    from e2b.sandbox.filesystem.filesystem import WriteEntry
+    infos = sbx.files.write_files([WriteEntry(path="/tmp/m/one", data="1"), WriteEntry(path="/tmp/m/two", data=b"2")])
+    assert sorted(i.path for i in infos) == ["/tmp/m/one", "/tmp/m/two"], infos
+    assert sbx.files.read("/tmp/m/two") == "2"
+    ok("files.write/read: text, bytes, streams, gzip, several at once; relative paths; the user owns what it wrote", t)
 
     t = time.time()
     names = {e.name: e for e in sbx.files.list("/home/user/notes")}
@@ -356,6 +373,10 @@ def lifecycle_steps(sbx):
     time.sleep(1)
     assert sbx.pause() in (True, None)
     assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
+    paused = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, state=[e2b.SandboxState.PAUSED])).next_items()
+    assert [s.sandbox_id for s in paused] == [sbx.sandbox_id], paused
+    running = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, state=[e2b.SandboxState.RUNNING])).next_items()
+    assert sbx.sandbox_id not in [s.sandbox_id for s in running], running
     assert not sbx.is_running()
     back = Sandbox.connect(sbx.sandbox_id)
     before = int(back.files.read("/tmp/count"))
