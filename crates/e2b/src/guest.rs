@@ -3,7 +3,7 @@
 //! findutils' `find`, coreutils), so any forkbox image is a template.
 //!
 //! The guest holds the truth about its processes: each command the front end starts records
-//! its pid's config and start time under `/run/e2b/p/`, so a forked copy or a resumed sandbox
+//! its pid's config and start time in `/run/e2b-proc.PID.*`, so a forked copy or a resumed sandbox
 //! lists what runs in it, with no table on the host to keep in step.
 
 /// The line a started command writes first, on its stdout, before it becomes the command:
@@ -52,8 +52,7 @@ const START_TIME: &str = r#"st() { read -r s < /proc/$1/stat 2>/dev/null || retu
 /// Records this shell's pid (config in `$E2B_PROC`), says it, then runs as `AS_USER` does.
 fn start_script() -> String {
     format!(
-        r#"{START_TIME}[ -d /run/e2b/p ] || mkdir -p /run/e2b/p
-printf '%s' "$E2B_PROC" > /run/e2b/p/$$.json; st $$ > /run/e2b/p/$$.start
+        r#"{START_TIME}printf '%s' "$E2B_PROC" > /run/e2b-proc.$$.json; st $$ > /run/e2b-proc.$$.start
 unset E2B_PROC
 printf '\036e2b-pid %s\n' $$
 {LOOKUP}{AS_USER}"#
@@ -114,12 +113,12 @@ pub fn as_user(user: &str, script: &str, args: &[&str]) -> Vec<String> {
 /// Lists the live recorded processes, `PID\tCONFIG-JSON` a line; clears the dead ones' records.
 pub fn list_processes() -> Vec<String> {
     let script = format!(
-        r#"{START_TIME}for f in /run/e2b/p/*.json; do
+        r#"{START_TIME}for f in /run/e2b-proc.*.json; do
   [ -e "$f" ] || continue
-  p=${{f##*/}}; p=${{p%.json}}
-  if [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ]; then
+  p=${{f#/run/e2b-proc.}}; p=${{p%.json}}
+  if [ "$(st $p)" = "$(cat /run/e2b-proc.$p.start 2>/dev/null)" ]; then
     printf '%s\t' "$p"; cat "$f"; echo
-  else rm -f "$f" /run/e2b/p/$p.start; fi
+  else rm -f "$f" /run/e2b-proc.$p.start; fi
 done"#
     );
     vec!["/bin/sh".into(), "-c".into(), script]
@@ -129,7 +128,7 @@ done"#
 pub fn signal(pid: u32, sig: i32) -> Vec<String> {
     let script = format!(
         r#"{START_TIME}p={pid}
-[ -e /run/e2b/p/$p.json ] && [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ] || exit 3
+[ -e /run/e2b-proc.$p.json ] && [ "$(st $p)" = "$(cat /run/e2b-proc.$p.start 2>/dev/null)" ] || exit 3
 kill -{sig} $p"#
     );
     vec!["/bin/sh".into(), "-c".into(), script]
@@ -139,7 +138,7 @@ kill -{sig} $p"#
 pub fn alive(pid: u32) -> Vec<String> {
     let script = format!(
         r#"{START_TIME}p={pid}
-[ -e /run/e2b/p/$p.json ] && [ "$(st $p)" = "$(cat /run/e2b/p/$p.start 2>/dev/null)" ] || exit 3"#
+[ -e /run/e2b-proc.$p.json ] && [ "$(st $p)" = "$(cat /run/e2b-proc.$p.start 2>/dev/null)" ] || exit 3"#
     );
     vec!["/bin/sh".into(), "-c".into(), script]
 }

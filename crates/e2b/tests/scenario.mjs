@@ -125,8 +125,9 @@ try {
   const events = []
   const watch = await sbx.files.watchDir('/home/user/w', (e) => events.push(`${e.type} ${e.name}`))
   await sbx.files.write('/home/user/w/new.txt', '1')
-  await sbx.commands.run('sleep 0.5; rm /home/user/w/new.txt')
-  await waitFor(() => events.some((e) => e.startsWith('remove')), 10000)
+  assert.ok(await waitFor(() => events.includes('create new.txt'), 20000), events.join(', '))
+  await sbx.commands.run('rm /home/user/w/new.txt')
+  assert.ok(await waitFor(() => events.includes('remove new.txt'), 20000), events.join(', '))
   await watch.stop()
   assert.ok(events.includes('create new.txt') && events.includes('remove new.txt'), events.join(', '))
   ok(`files.watchDir streams create and remove (${events.length} events)`, t)
