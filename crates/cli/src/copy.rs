@@ -99,7 +99,7 @@ pub async fn download(
         }
         // A directory, or a file over what one read carries: as an archive.
         Err(e) if e.code() == "bad_request" || e.code() == "payload_too_large" => {}
-        Err(e) => return Err(e.into()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("{guest} in sandbox {id}"))),
     }
     let files = c.download_into(id, guest, host).await?;
     show(

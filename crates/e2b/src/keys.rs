@@ -73,7 +73,7 @@ pub fn token_ok(key: &[u8; 32], sandbox: &str, token: &str) -> bool {
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())
