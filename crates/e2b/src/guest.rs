@@ -76,28 +76,20 @@ pub fn start(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
 /// argv that runs shell `script` with `args` as `$1…` as root in `user`'s home (the user in
 /// `$E2B_USER`).
 pub fn in_home(user: &str, script: &str, args: &[&str]) -> Vec<String> {
-    let mut v = vec![
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        format!("{LOOKUP}{IN_HOME}"),
-        "e2b".to_string(),
-        user.to_string(),
-        String::new(),
-        "/bin/sh".to_string(),
-        "-c".to_string(),
-        script.to_string(),
-        "e2b".to_string(),
-    ];
-    v.extend(args.iter().map(|a| a.to_string()));
-    v
+    wrapped(IN_HOME, user, script, args)
 }
 
 /// argv that runs shell `script` with `args` as `$1…` as `user`.
 pub fn as_user(user: &str, script: &str, args: &[&str]) -> Vec<String> {
+    wrapped(AS_USER, user, script, args)
+}
+
+/// argv that finds `user` ([`LOOKUP`]), then runs `script` with `args` after `then`.
+fn wrapped(then: &str, user: &str, script: &str, args: &[&str]) -> Vec<String> {
     let mut v = vec![
         "/bin/sh".to_string(),
         "-c".to_string(),
-        format!("{LOOKUP}{AS_USER}"),
+        format!("{LOOKUP}{then}"),
         "e2b".to_string(),
         user.to_string(),
         String::new(),

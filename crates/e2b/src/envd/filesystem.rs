@@ -11,7 +11,7 @@ use axum::response::Response;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{answer, target, unary, Target};
+use super::{awake_target, unary, Target};
 use crate::errors::Failure;
 use crate::{guest, E2b};
 
@@ -46,13 +46,10 @@ pub(super) async fn call(
     if method == "WatchDir" {
         return super::watch::watch_dir(e, headers, body).await;
     }
-    let bytes = match axum::body::to_bytes(body, 1 << 20).await {
-        Ok(b) => b,
-        Err(err) => {
-            return Failure::new(400, format!("the request body: {err}")).connect_response()
-        }
-    };
-    answer(unary_call(&e, &headers, &method, &bytes).await)
+    super::unary_answer(body, |bytes| async move {
+        unary_call(&e, &headers, &method, &bytes).await
+    })
+    .await
 }
 
 async fn unary_call(
@@ -61,8 +58,7 @@ async fn unary_call(
     method: &str,
     bytes: &[u8],
 ) -> Result<Value, Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     match method {
         "Stat" => {
             let r: PathRequest = unary(bytes)?;

@@ -98,6 +98,14 @@ pub(crate) fn target(e: &E2b, headers: &HeaderMap, user: Option<&str>) -> Result
     Ok(Target { id, user })
 }
 
+/// [`target`] with the user of `Authorization: Basic`, its sandbox resumed first if it is
+/// paused and asked for that ([`E2b::awake`]).
+pub(crate) async fn awake_target(e: &E2b, headers: &HeaderMap) -> Result<Target, Failure> {
+    let t = target(e, headers, None)?;
+    e.awake(&t.id).await?;
+    Ok(t)
+}
+
 /// The user of `Authorization: Basic base64("user:")`.
 fn basic_user(headers: &HeaderMap) -> Option<String> {
     let v = headers
@@ -167,8 +175,17 @@ pub(crate) fn unary<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, Failure> {
     serde_json::from_slice(body).map_err(|e| Failure::new(400, format!("the request message: {e}")))
 }
 
-/// A unary call's answer: the message, or the error as the protocol says it.
-pub(crate) fn answer(r: Result<Value, Failure>) -> Response {
+/// A unary call's answer: `call` given its body (at most 1 MiB), its message or its error as
+/// the protocol says them.
+pub(crate) async fn unary_answer<F, Fut>(body: Body, call: F) -> Response
+where
+    F: FnOnce(axum::body::Bytes) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, Failure>>,
+{
+    let r = match axum::body::to_bytes(body, 1 << 20).await {
+        Ok(bytes) => call(bytes).await,
+        Err(err) => Err(Failure::new(400, format!("the request body: {err}"))),
+    };
     match r {
         Ok(v) => axum::Json(v).into_response(),
         Err(f) => f.connect_response(),

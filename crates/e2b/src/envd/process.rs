@@ -19,7 +19,7 @@ use forkbox_api::{CommandEvent, ExecRequest, TerminalSize};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{answer, b64, bytes_field, target, unary, Messages, Stream, Target};
+use super::{awake_target, b64, bytes_field, unary, Messages, Stream, Target};
 use crate::errors::Failure;
 use crate::{guest, E2b};
 
@@ -121,13 +121,10 @@ pub(super) async fn call(
         "Connect" => streaming(e, headers, body, Kind::Connect).await,
         "StreamInput" => stream_input(e, headers, body).await,
         _ => {
-            let bytes = match axum::body::to_bytes(body, 1 << 20).await {
-                Ok(b) => b,
-                Err(err) => {
-                    return Failure::new(400, format!("the request body: {err}")).connect_response()
-                }
-            };
-            answer(unary_call(&e, &headers, &method, &bytes).await)
+            super::unary_answer(body, |bytes| async move {
+                unary_call(&e, &headers, &method, &bytes).await
+            })
+            .await
         }
     }
 }
@@ -138,8 +135,7 @@ async fn unary_call(
     method: &str,
     bytes: &[u8],
 ) -> Result<Value, Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     match method {
         "List" => list(e, &t).await,
         "SendInput" => {
@@ -354,8 +350,7 @@ async fn start(
     first: Value,
     stream: &Stream,
 ) -> Result<(), Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     let req: StartRequest = super::message(first)?;
     let p = req.process;
     if p.cmd.is_empty() {
@@ -402,8 +397,7 @@ async fn reconnect(
     first: Value,
     stream: &Stream,
 ) -> Result<(), Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     let req: WithProcess = super::message(first)?;
     let (pid, cid) = resolve(e, &t, &req.process).await?;
     let proc = stdin_of(cid, pid)?;
@@ -638,8 +632,7 @@ async fn feed(
     first: Value,
     mut msgs: Messages,
 ) -> Result<(), Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     let first: StreamInputRequest = super::message(first)?;
     let sel = first
         .start

@@ -12,7 +12,7 @@ use forkbox_api::{CommandEvent, ExecRequest};
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{bytes_field, target, Stream, Target};
+use super::{awake_target, bytes_field, Stream, Target};
 use crate::errors::Failure;
 use crate::{guest, E2b};
 
@@ -127,8 +127,7 @@ async fn follow(
     first: Value,
     stream: &Stream,
 ) -> Result<(), Failure> {
-    let t = target(e, headers, None)?;
-    e.awake(&t.id).await?;
+    let t = awake_target(e, headers).await?;
     let req: WatchRequest = super::message(first)?;
     let (cid, mut events, rest) = begin(e, &t, &req).await?;
     let stop = |e: &E2b| {
