@@ -11,25 +11,9 @@ use forkbox_engine::api::{
     SnapshotRequest, TtlAction,
 };
 use forkbox_engine::paths::Paths;
-use forkbox_engine::vm::AccelChoice;
 
-/// Network policy flags. Without either, no network at all.
-#[derive(clap::Args, Debug, Clone, Default)]
-pub struct NetArgs {
-    /// Outbound access to the internet through forkbox's host-side proxy (never the host
-    /// itself, loopback, link-local or metadata addresses).
-    #[arg(long, conflicts_with = "allow")]
-    pub internet: bool,
-    /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
-    #[arg(long = "allow", value_name = "HOST", value_parser = allow_entry)]
-    pub allow: Vec<String>,
-    /// A secret the guest never holds (repeatable): NAME@HOST[,HOST...] takes the value of
-    /// this host's $NAME, NAME=env:VAR@HOSTS of $VAR, NAME=file:PATH@HOSTS of a file. The
-    /// guest's $NAME is a placeholder; HTTPS requests to the HOSTS carry the value in its
-    /// place (headers, Basic credentials). Allows the HOSTS.
-    #[arg(long = "secret", value_name = "NAME@HOSTS", value_parser = secret_arg)]
-    pub secrets: Vec<forkbox_engine::api::SecretSpec>,
-}
+pub use crate::network::{secret_arg, NetArgs};
+use forkbox_engine::vm::AccelChoice;
 
 /// `[HOST_PORT:]GUEST_PORT`, each 1-65535.
 fn port_spec(s: &str) -> Result<(Option<u16>, u16), String> {
@@ -82,60 +66,6 @@ async fn port_forward(c: &Client, a: PortArgs) -> anyhow::Result<ExitCode> {
                 }
             })
         }
-    }
-}
-
-/// One `--secret`: the value read here, on the host, from the variable or file it names.
-pub(crate) fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
-    let (left, hosts) = s.rsplit_once('@').ok_or_else(|| {
-        format!("{s:?}: name the hosts the secret may go to: NAME@HOST[,HOST...]")
-    })?;
-    let hosts: Vec<String> = hosts
-        .split(',')
-        .map(str::trim)
-        .filter(|h| !h.is_empty())
-        .map(str::to_string)
-        .collect();
-    let (name, value) = match left.split_once('=') {
-        None => {
-            let v = std::env::var(left).map_err(|_| {
-                format!("--secret {left}@...: ${left} is not set in this environment (or give NAME=env:VAR@HOSTS, NAME=file:PATH@HOSTS)")
-            })?;
-            (left.to_string(), v)
-        }
-        Some((name, source)) => {
-            let value = if let Some(var) = source.strip_prefix("env:") {
-                std::env::var(var).map_err(|_| {
-                    format!("--secret {name}: ${var} is not set in this environment")
-                })?
-            } else if let Some(path) = source.strip_prefix("file:") {
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| format!("--secret {name}: cannot read {path}: {e}"))?;
-                text.trim_end_matches(['\n', '\r']).to_string()
-            } else {
-                return Err(format!(
-                    "--secret {name}={source}: the value comes from env:VAR or file:PATH (never the command line, where other users of this host can read it)"
-                ));
-            };
-            (name.to_string(), value)
-        }
-    };
-    let spec = forkbox_engine::api::SecretSpec { name, hosts, value };
-    forkbox_engine::api::validate_secrets(std::slice::from_ref(&spec))
-        .map_err(|e| e.to_string())?;
-    Ok(spec)
-}
-
-fn allow_entry(s: &str) -> Result<String, String> {
-    forkbox_engine::net::check_allow_entry(s).map_err(|e| e.to_string())
-}
-
-impl NetArgs {
-    pub fn policy(&self) -> Option<forkbox_engine::net::NetworkPolicy> {
-        (self.internet || !self.allow.is_empty()).then(|| forkbox_engine::net::NetworkPolicy {
-            internet: self.internet,
-            allow: self.allow.clone(),
-        })
     }
 }
 
@@ -265,6 +195,18 @@ pub enum SandboxCmd {
     /// forward lasts until closed (--close) or the sandbox goes (a hibernation ends it too).
     /// Without a port: lists the sandbox's forwards.
     PortForward(PortArgs),
+    /// Replace a running sandbox's network policy: the connections it opens from now on
+    /// follow it (without --internet or --allow: no network).
+    Network {
+        /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
+        id: String,
+        #[command(flatten)]
+        net: crate::network::PolicyArgs,
+        /// Print the sandbox as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Bring a hibernated sandbox back, with its processes.
     Resume {
         /// Sandbox id.
@@ -543,6 +485,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
             }
             SandboxCmd::PortForward(a) => port_forward(&c, a).await,
+            SandboxCmd::Network { id, net, json } => crate::network::set(&c, &id, &net, json).await,
             SandboxCmd::Resume { id, json } => {
                 let v = c.resume(&id).await?;
                 show(json, &v, || {

@@ -9,6 +9,7 @@ mod daemon;
 mod local;
 mod logfile;
 mod migrate;
+mod network;
 mod run;
 mod serve;
 mod snapshots;

@@ -2464,3 +2464,63 @@ fn empty_and_malformed_sandbox_ids_are_refused_in_words() {
     // Nothing was started to answer them.
     assert!(!forkbox_server::pid_path(&paths).exists());
 }
+
+/// `forkbox sandbox network` replaces a running sandbox's policy: the proxy appears in its
+/// commands' environment with a network and goes with none; a hibernated sandbox is told to
+/// resume first; a bad host is a usage error.
+#[test]
+fn a_running_sandboxs_network_is_replaced() {
+    let paths = infra::isolated_home("network-cli");
+    stop_daemon(&paths);
+    let id = text(&run(&paths, &["sandbox", "create"]).stdout)
+        .trim()
+        .to_string();
+    assert!(id.starts_with("sb-"), "{id}");
+    let proxy = |id: &str| {
+        let out = run(
+            &paths,
+            &[
+                "sandbox",
+                "exec",
+                id,
+                "--",
+                "sh",
+                "-c",
+                "echo ${HTTPS_PROXY:-none}",
+            ],
+        );
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        text(&out.stdout).trim().to_string()
+    };
+    assert_eq!(proxy(&id), "none");
+    let out = run(
+        &paths,
+        &["sandbox", "network", &id, "--allow", "pypi.org", "--json"],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["network"]["allow"], serde_json::json!(["pypi.org"]));
+    assert_ne!(proxy(&id), "none");
+    let out = run(&paths, &["sandbox", "network", &id]);
+    assert!(
+        text(&out.stdout).contains("no network"),
+        "{}",
+        text(&out.stdout)
+    );
+    assert_eq!(proxy(&id), "none");
+    let out = run(
+        &paths,
+        &["sandbox", "network", &id, "--allow", "not a host"],
+    );
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
+    assert!(run(&paths, &["sandbox", "hibernate", &id]).status.success());
+    let out = run(&paths, &["sandbox", "network", &id, "--internet"]);
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("hibernated"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
+    stop_daemon(&paths);
+}
