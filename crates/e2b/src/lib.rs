@@ -149,19 +149,36 @@ pub fn front(options: Options) -> std::io::Result<Front> {
     })
 }
 
-/// In domain mode, `PORT-ID.DOMAIN` for a port other than envd's reaches that port.
+/// A call for another port of a sandbox than envd's reaches that port, as E2B's proxy routes
+/// it (the code interpreter's 49999, a user's server): named by `E2b-Sandbox-Port` and
+/// `E2b-Sandbox-Id` (the URL variables' way), or in domain mode by the host `PORT-ID.DOMAIN`.
+/// Through a port forward of the daemon; as open as E2B's (no token).
 async fn sandbox_ports(
     axum::extract::State(e): axum::extract::State<Arc<E2b>>,
     req: axum::extract::Request,
     next: axum::middleware::Next,
 ) -> axum::response::Response {
-    let host = req
-        .headers()
-        .get(axum::http::header::HOST)
-        .and_then(|h| h.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let target = e.domain.as_deref().and_then(|d| ports::target(&host, d));
+    let target = {
+        let header = |name: &str| {
+            req.headers()
+                .get(name)
+                .and_then(|h| h.to_str().ok())
+                .map(str::trim)
+                .unwrap_or("")
+                .to_string()
+        };
+        let by_host = e
+            .domain
+            .as_deref()
+            .and_then(|d| ports::target(&header("host"), d));
+        let by_header = header(SANDBOX_PORT_HEADER)
+            .parse::<u16>()
+            .ok()
+            .filter(|p| *p > 0)
+            .map(|p| (p, header(SANDBOX_ID_HEADER)))
+            .filter(|(_, id)| !id.is_empty());
+        by_host.or(by_header)
+    };
     match target {
         Some((port, id)) if port != ENVD_PORT => ports::proxy(&e, &id, port, req).await,
         _ => next.run(req).await,

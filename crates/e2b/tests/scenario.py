@@ -153,6 +153,20 @@ def run_sync_steps(sbx):
     assert "pty-42" in text and "24 80" in text and "30 100" in text, text
     ok("PTY: create, send_stdin, resize, exit", t)
 
+    if os.environ.get("E2B_SANDBOX_URL"):
+        # What the code interpreter's SDK does for its port: the sandbox URL with the port in
+        # E2b-Sandbox-Port.
+        t = time.time()
+        sbx.files.write("/home/user/site2/index.html", "port 8081 in the guest")
+        sbx.commands.run("cd /home/user/site2 && python3 -m http.server 8081", background=True, timeout=0)
+        req = lambda: urllib.request.Request(
+            os.environ["E2B_SANDBOX_URL"] + "/index.html",
+            headers={"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": "8081"},
+        )
+        body = wait_for(lambda: fetch(req()), 60, 0.5)
+        assert body == "port 8081 in the guest", body
+        ok("E2b-Sandbox-Port reaches another port of the sandbox through the sandbox URL", t)
+
     if os.environ.get("E2B_DOMAIN"):
         t = time.time()
         sbx.files.write("/home/user/site/index.html", "served from the guest")

@@ -38,29 +38,7 @@ pub(crate) fn router(state: Arc<E2b>) -> Router {
         .layer(axum::extract::DefaultBodyLimit::max(
             forkbox_api::MAX_FILE_BYTES + (1 << 20),
         ))
-        .layer(axum::middleware::from_fn(envd_port_only))
         .with_state(state)
-}
-
-/// The data plane answers envd's port; a call for another port of the sandbox (the code
-/// interpreter's 49999, a user's server) is told so rather than answered as envd.
-async fn envd_port_only(req: axum::extract::Request, next: axum::middleware::Next) -> Response {
-    let port = req
-        .headers()
-        .get(crate::SANDBOX_PORT_HEADER)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.trim().parse::<u16>().ok());
-    match port {
-        Some(p) if p != crate::ENVD_PORT => Failure::new(
-            502,
-            format!(
-                "port {p} is not open: forkbox answers E2B's in-sandbox services (port {}) at                  this address; a sandbox's own ports are reached through `get_host` in domain                  mode or `forkbox sandbox port`",
-                crate::ENVD_PORT
-            ),
-        )
-        .into_response(),
-        _ => next.run(req).await,
-    }
 }
 
 /// The sandbox a data-plane call is for, and the user it names (`""`: the default one).
