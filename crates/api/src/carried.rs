@@ -26,6 +26,10 @@ pub const RECIPES: &[(&str, &str)] = &[
         include_str!("../../../images/node-trixie.toml"),
     ),
     ("base", include_str!("../../../images/base.toml")),
+    (
+        "code-interpreter",
+        include_str!("../../../images/code-interpreter.toml"),
+    ),
 ];
 
 /// The text of the recipe forkbox carries for image `name`, if it carries one.

@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::errors::Failure;
 use crate::keys::{self, OWNER_LABEL, TEMPLATE_LABEL};
-use crate::{shape, E2b};
+use crate::{interpreter, shape, E2b};
 
 type Answer = Result<Response, Failure>;
 
@@ -252,9 +252,15 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     let theirs = keys::snapshot_is(&c.owner, &n.template_id);
     match theirs && c.client.get_snapshot(&n.template_id).await.is_ok() {
         true => req.snapshot = Some(n.template_id.clone()),
-        false => req.image = Some(n.template_id.clone()),
+        false => req.image = Some(interpreter::image_for(&n.template_id).to_string()),
     }
     let v = create_building(&e, &c.client, &req).await?;
+    if req.image.as_deref().is_some_and(interpreter::wanted) {
+        if let Err(f) = interpreter::start(&e, &v.info.id).await {
+            let _ = c.client.delete(&v.info.id).await;
+            return Err(f);
+        }
+    }
     if !env.is_empty() {
         if let Err(f) = e.run_root(&v.info.id, crate::guest::write_env(&env)).await {
             let _ = c.client.delete(&v.info.id).await;

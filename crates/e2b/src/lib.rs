@@ -16,6 +16,7 @@ mod control;
 mod envd;
 pub mod errors;
 mod guest;
+mod interpreter;
 mod keys;
 mod ports;
 mod shape;

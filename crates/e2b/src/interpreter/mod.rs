@@ -1,0 +1,77 @@
+//! E2B's code interpreter (`code-interpreter-v1`): the `code-interpreter` image forkbox
+//! carries, and forkbox's own server for it ([`SERVER`], Python on a Jupyter kernel), put in
+//! each sandbox of that template and started when the sandbox is made. Its port (49999) is
+//! reached as every other port of a sandbox is (`E2b-Sandbox-Port`, or `49999-ID.DOMAIN`).
+
+use forkbox_api::{CommandEvent, ExecRequest};
+
+use crate::errors::Failure;
+use crate::{guest, E2b};
+
+/// The template name E2B's code interpreter SDKs ask for.
+pub const TEMPLATE: &str = "code-interpreter-v1";
+/// The image forkbox makes it of.
+pub const IMAGE: &str = "code-interpreter";
+/// The server, as it is written into the sandbox.
+pub const SERVER: &str = include_str!("server.py");
+const SERVER_PATH: &str = "/opt/forkbox/ci/server.py";
+/// How long a new sandbox's server may take to start its first kernel (TCG is slow).
+const START_SECS: u64 = 180;
+
+/// The image a template names: the code interpreter's alias, or the name itself.
+pub fn image_for(template: &str) -> &str {
+    match template {
+        TEMPLATE => IMAGE,
+        t => t,
+    }
+}
+
+/// Whether sandboxes of `template` get the server.
+pub fn wanted(template: &str) -> bool {
+    image_for(template) == IMAGE
+}
+
+/// Puts the server into sandbox `id` and starts it as the default user; returns once it
+/// listens with its first Python kernel ready.
+pub async fn start(e: &E2b, id: &str) -> Result<(), Failure> {
+    e.daemon
+        .write_file(id, SERVER_PATH, SERVER.as_bytes().to_vec(), 0o644)
+        .await?;
+    let exec = ExecRequest {
+        argv: Some(guest::as_user("", r#"exec python3 "$1""#, &[SERVER_PATH])),
+        ..Default::default()
+    };
+    let started = e.daemon.start_command(id, &exec).await?;
+    let mut events = e.daemon.attach(id, &started.command_id).await?;
+    let wait = async {
+        let mut out = String::new();
+        let mut err = String::new();
+        loop {
+            match events.next().await? {
+                Some(CommandEvent::Stdout { data_b64 }) => {
+                    out.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(&data_b64)?));
+                    if out.contains("ready\n") {
+                        return Ok(());
+                    }
+                }
+                Some(CommandEvent::Stderr { data_b64 }) => {
+                    err.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(&data_b64)?))
+                }
+                Some(CommandEvent::Exit(_)) | Some(CommandEvent::Error { .. }) | None => {
+                    return Err(Failure::new(
+                        500,
+                        format!("the code interpreter's server in {id} stopped: {}", err.trim()),
+                    ))
+                }
+                Some(CommandEvent::Command { .. }) => {}
+            }
+        }
+    };
+    match tokio::time::timeout(std::time::Duration::from_secs(START_SECS), wait).await {
+        Ok(r) => r,
+        Err(_) => Err(Failure::new(
+            503,
+            format!("the code interpreter's server in {id} did not start within {START_SECS} s"),
+        )),
+    }
+}

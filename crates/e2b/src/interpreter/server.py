@@ -1,0 +1,295 @@
+"""forkbox's code interpreter server, in the sandbox on port 49999, as E2B's code interpreter
+SDKs call it: `POST /execute` answers NDJSON lines (stdout, stderr, result, error,
+number_of_executions, end_of_execution), `/contexts` creates, lists, restarts and removes
+contexts, `/health` says OK. Each Python context is a Jupyter kernel (ipykernel) driven
+through jupyter_client; bash cells run in a shell of their own per cell.
+
+Limits: a cell runs at most FORKBOX_CELL_TIMEOUT seconds (300; then the kernel is
+interrupted and the cell reports TimeoutError), its output is cut past FORKBOX_CELL_OUTPUT
+bytes (10 MiB) with a marker, and a kernel that dies is started again (the cell says so).
+"""
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+from jupyter_client.manager import KernelManager
+
+PORT = int(os.environ.get("FORKBOX_CI_PORT", "49999"))
+CELL_TIMEOUT = float(os.environ.get("FORKBOX_CELL_TIMEOUT", "300"))
+CELL_OUTPUT = int(os.environ.get("FORKBOX_CELL_OUTPUT", str(10 << 20)))
+MIME = {
+    "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
+    "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
+    "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
+    "application/javascript": "javascript",
+}
+
+
+def now():
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
+
+
+class Context:
+    """One context: a language, a working directory, and for Python a kernel of its own."""
+
+    def __init__(self, language, cwd):
+        self.id = uuid.uuid4().hex
+        self.language = language
+        self.cwd = cwd
+        self.lock = threading.Lock()
+        self.km = None
+        self.kc = None
+        if language == "python":
+            self.start()
+
+    def view(self):
+        return {"id": self.id, "language": self.language, "cwd": self.cwd}
+
+    def start(self):
+        self.km = KernelManager(kernel_name="python3")
+        self.km.start_kernel(cwd=self.cwd)
+        self.kc = self.km.client()
+        self.kc.start_channels()
+        self.kc.wait_for_ready(timeout=120)
+
+    def restart(self):
+        if self.km is None:
+            return
+        with self.lock:
+            self.shutdown()
+            self.start()
+
+    def shutdown(self):
+        if self.kc is not None:
+            self.kc.stop_channels()
+        if self.km is not None:
+            self.km.shutdown_kernel(now=True)
+        self.km = self.kc = None
+
+
+CONTEXTS = {}
+DEFAULT = {}
+STATE = threading.Lock()
+
+
+def context_for(language, context_id):
+    with STATE:
+        if context_id:
+            return CONTEXTS.get(context_id)
+        lang = (language or "python").lower()
+        if lang not in DEFAULT:
+            ctx = Context(lang, os.environ.get("HOME", "/home/user"))
+            CONTEXTS[ctx.id] = ctx
+            DEFAULT[lang] = ctx.id
+        return CONTEXTS[DEFAULT[lang]]
+
+
+class Output:
+    """What a cell has printed so far, cut at CELL_OUTPUT bytes with a marker."""
+
+    def __init__(self, send):
+        self.send = send
+        self.left = CELL_OUTPUT
+        self.cut = False
+
+    def text(self, kind, text):
+        if self.left <= 0:
+            if not self.cut:
+                self.cut = True
+                self.send({"type": "stderr", "text": f"\n[forkbox: output past {CELL_OUTPUT} bytes cut]\n", "timestamp": now()})
+            return
+        data = text.encode()
+        if len(data) > self.left:
+            text = data[: self.left].decode(errors="ignore")
+        self.left -= len(data)
+        self.send({"type": kind, "text": text, "timestamp": now()})
+
+
+def run_python(ctx, code, envs, send):
+    if ctx.kc is None or not ctx.km.is_alive():
+        ctx.restart()
+        send({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was started again; run the cell again", "traceback": ""})
+        return
+    if envs:
+        code = "import os as __fbx_os\n__fbx_os.environ.update(" + json.dumps(envs) + ")\ndel __fbx_os\n" + code
+    out = Output(send)
+    msg_id = ctx.kc.execute(code, store_history=True, allow_stdin=False)
+    deadline = time.monotonic() + CELL_TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            ctx.km.interrupt_kernel()
+            send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {CELL_TIMEOUT:g} s and was interrupted", "traceback": ""})
+            drain(ctx, msg_id)
+            return
+        try:
+            msg = ctx.kc.get_iopub_msg(timeout=min(left, 1.0))
+        except queue.Empty:
+            if not ctx.km.is_alive():
+                ctx.restart()
+                send({"type": "error", "name": "KernelDied", "value": "the kernel died during the cell and was started again", "traceback": ""})
+                return
+            continue
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind, content = msg["header"]["msg_type"], msg["content"]
+        if kind == "stream":
+            out.text("stdout" if content.get("name") == "stdout" else "stderr", content.get("text", ""))
+        elif kind in ("execute_result", "display_data"):
+            result = {MIME[m]: v for m, v in content.get("data", {}).items() if m in MIME}
+            result["type"] = "result"
+            result["is_main_result"] = kind == "execute_result"
+            send(result)
+        elif kind == "error":
+            send({"type": "error", "name": content.get("ename", ""), "value": content.get("evalue", ""),
+                  "traceback": "\n".join(content.get("traceback", []))})
+        elif kind == "execute_input":
+            send({"type": "number_of_executions", "execution_count": content.get("execution_count", 0)})
+        elif kind == "status" and content.get("execution_state") == "idle":
+            return
+
+
+def drain(ctx, msg_id):
+    """Reads the interrupted cell's last messages, up to its idle status."""
+    end = time.monotonic() + 10
+    while time.monotonic() < end:
+        try:
+            msg = ctx.kc.get_iopub_msg(timeout=1)
+        except queue.Empty:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["header"]["msg_type"] == "status" \
+                and msg["content"].get("execution_state") == "idle":
+            return
+
+
+def run_shell(ctx, code, envs, send):
+    out = Output(send)
+    env = dict(os.environ, **(envs or {}))
+    p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+
+    def pump(stream, kind):
+        for line in stream:
+            out.text(kind, line)
+
+    threads = [threading.Thread(target=pump, args=(p.stdout, "stdout")),
+               threading.Thread(target=pump, args=(p.stderr, "stderr"))]
+    for t in threads:
+        t.start()
+    try:
+        code_ = p.wait(timeout=CELL_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        code_ = None
+        send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {CELL_TIMEOUT:g} s and was killed", "traceback": ""})
+    for t in threads:
+        t.join()
+    if code_:
+        send({"type": "error", "name": "CommandExitError", "value": f"exit code {code_}", "traceback": ""})
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args):
+        pass
+
+    def reply(self, status, body, kind="application/json"):
+        data = body if isinstance(body, bytes) else json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Type", kind)
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def body(self):
+        n = int(self.headers.get("Content-Length") or 0)
+        raw = self.rfile.read(n) if n else b""
+        return json.loads(raw or b"{}")
+
+    def do_GET(self):
+        if self.path == "/health":
+            return self.reply(200, "OK")
+        if self.path == "/contexts":
+            with STATE:
+                return self.reply(200, [c.view() for c in CONTEXTS.values()])
+        self.reply(404, {"error": f"no {self.path}"})
+
+    def do_DELETE(self):
+        ctx_id = self.path.rstrip("/").rsplit("/", 1)[-1]
+        with STATE:
+            ctx = CONTEXTS.pop(ctx_id, None)
+            for lang, cid in list(DEFAULT.items()):
+                if cid == ctx_id:
+                    del DEFAULT[lang]
+        if ctx is None:
+            return self.reply(404, {"error": f"no context {ctx_id}"})
+        ctx.shutdown()
+        self.reply(200, {})
+
+    def do_POST(self):
+        if self.path == "/contexts":
+            req = self.body()
+            lang = (req.get("language") or "python").lower()
+            if lang not in ("python", "bash"):
+                return self.reply(400, {"error": f"forkbox's code interpreter runs python and bash cells, not {lang}"})
+            ctx = Context(lang, req.get("cwd") or os.environ.get("HOME", "/home/user"))
+            with STATE:
+                CONTEXTS[ctx.id] = ctx
+            return self.reply(200, ctx.view())
+        if self.path.startswith("/contexts/") and self.path.endswith("/restart"):
+            ctx = CONTEXTS.get(self.path.split("/")[2])
+            if ctx is None:
+                return self.reply(404, {"error": "no such context"})
+            ctx.restart()
+            return self.reply(200, {})
+        if self.path == "/execute":
+            return self.execute(self.body())
+        self.reply(404, {"error": f"no {self.path}"})
+
+    def execute(self, req):
+        if req.get("context_id") and req.get("language"):
+            return self.reply(400, {"error": "give a context or a language, not both"})
+        lang = (req.get("language") or "python").lower()
+        if not req.get("context_id") and lang not in ("python", "bash"):
+            return self.reply(400, {"error": f"forkbox's code interpreter runs python and bash cells, not {lang}"})
+        ctx = context_for(lang, req.get("context_id"))
+        if ctx is None:
+            return self.reply(404, {"error": f"no context {req.get('context_id')}"})
+        self.send_response(200)
+        self.send_header("Content-Type", "application/x-ndjson")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+        def send(obj):
+            line = (json.dumps(obj) + "\n").encode()
+            self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
+            self.wfile.flush()
+
+        try:
+            with ctx.lock:
+                run = run_python if ctx.language == "python" else run_shell
+                run(ctx, req.get("code", ""), req.get("env_vars"), send)
+            send({"type": "end_of_execution"})
+            self.wfile.write(b"0\r\n\r\n")
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+
+
+def main():
+    context_for("python", None)
+    server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
+    server.daemon_threads = True
+    print("ready", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
