@@ -223,3 +223,25 @@ fn openai_agents_e2b_sandbox_client() {
     assert!(out.contains("openai-agents e2b session passed"), "{out}");
     d.assert_nothing_left();
 }
+
+/// E2B's code interpreter SDK (`e2b-code-interpreter` from PyPI), unchanged: its default
+/// template `code-interpreter-v1` is forkbox's `code-interpreter` image with forkbox's server
+/// on port 49999 (reached through the sandbox URL with `E2b-Sandbox-Port`); cells keep state,
+/// stream, plot, fail with tracebacks, run in contexts and in bash, and a fork between cells
+/// gives copies with the kernel's state. The image is built once per machine (minutes).
+#[test]
+fn python_code_interpreter() {
+    infra::image(&infra::home(), "code-interpreter");
+    let python = infra::e2b_python(
+        "e2b-code-interpreter-venv",
+        "e2b-code-interpreter",
+        "e2b_code_interpreter",
+    );
+    let d = Daemon::start("e2b-interpreter");
+    let out = d.check(
+        e2b_client(&d, &python).arg(scenario("interpreter.py")),
+        "e2b-code-interpreter (Python, newest)",
+    );
+    assert!(out.contains("code interpreter passed"), "{out}");
+    d.assert_nothing_left();
+}

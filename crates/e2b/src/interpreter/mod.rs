@@ -49,18 +49,23 @@ pub async fn start(e: &E2b, id: &str) -> Result<(), Failure> {
         loop {
             match events.next().await? {
                 Some(CommandEvent::Stdout { data_b64 }) => {
-                    out.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(&data_b64)?));
+                    out.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(
+                        &data_b64,
+                    )?));
                     if out.contains("ready\n") {
                         return Ok(());
                     }
                 }
-                Some(CommandEvent::Stderr { data_b64 }) => {
-                    err.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(&data_b64)?))
-                }
+                Some(CommandEvent::Stderr { data_b64 }) => err.push_str(&String::from_utf8_lossy(
+                    &crate::envd::bytes_field(&data_b64)?,
+                )),
                 Some(CommandEvent::Exit(_)) | Some(CommandEvent::Error { .. }) | None => {
                     return Err(Failure::new(
                         500,
-                        format!("the code interpreter's server in {id} stopped: {}", err.trim()),
+                        format!(
+                            "the code interpreter's server in {id} stopped: {}",
+                            err.trim()
+                        ),
                     ))
                 }
                 Some(CommandEvent::Command { .. }) => {}

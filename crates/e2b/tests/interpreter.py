@@ -1,0 +1,88 @@
+"""E2B's published code interpreter SDK (`e2b-code-interpreter` from PyPI), unchanged, against
+a forkbox daemon: run by crates/cli/tests/e2b.rs with E2B_API_KEY, E2B_API_URL and
+E2B_SANDBOX_URL set. Every step prints `ok: STEP (S s)`; the first failure raises.
+"""
+
+import re
+import time
+
+from e2b_code_interpreter import Sandbox
+
+
+def ok(step, since):
+    print(f"ok: {step} ({time.time() - since:.1f} s)", flush=True)
+
+
+def main():
+    t = time.time()
+    sbx = Sandbox.create(timeout=600)  # code-interpreter-v1
+    ok(f"Sandbox.create {sbx.sandbox_id} (code-interpreter-v1)", t)
+    try:
+        t = time.time()
+        seen = []
+        ex = sbx.run_code(
+            "import time\nx = 21\nfor i in range(3):\n    print('tick', i, flush=True)\n    time.sleep(0.3)",
+            on_stdout=lambda m: seen.append((time.time(), m.line)),
+        )
+        assert ex.error is None, ex.error
+        assert "".join(ex.logs.stdout) == "tick 0\ntick 1\ntick 2\n", ex.logs.stdout
+        assert len(seen) == 3 and seen[-1][0] - seen[0][0] > 0.4, f"not streamed: {seen}"
+        ex = sbx.run_code("x * 2")
+        assert ex.text == "42" and ex.execution_count >= 2, (ex.text, ex.execution_count)
+        ok("state kept across cells; stdout streamed as it comes; a cell's value as its text", t)
+
+        t = time.time()
+        ex = sbx.run_code("import matplotlib.pyplot as plt\nplt.plot([1, 4, 9])\nplt.show()")
+        pngs = [r.png for r in ex.results if r.png]
+        assert len(pngs) == 1 and len(pngs[0]) > 1000, ex.results
+        ex = sbx.run_code("import pandas as pd\npd.DataFrame({'a': [1, 2]}).a.sum()")
+        assert ex.text == "3", ex.text
+        ok("a matplotlib figure as a PNG result; pandas", t)
+
+        t = time.time()
+        ex = sbx.run_code("def f():\n    raise ValueError('nope')\nf()")
+        assert ex.error and ex.error.name == "ValueError" and ex.error.value == "nope", ex.error
+        plain = re.sub(r"\x1b\[[0-9;]*m", "", ex.error.traceback)  # Jupyter's colours
+        assert "----> 3 f()" in plain and "ValueError: nope" in plain, plain
+        ex = sbx.run_code("x")
+        assert ex.text == "21", "the state survives an error"
+        ok("an exception's name, value and traceback", t)
+
+        t = time.time()
+        ctx = sbx.create_code_context(cwd="/tmp")
+        ex = sbx.run_code("import os\ny = 5\nos.getcwd()", context=ctx)
+        assert ex.text == "'/tmp'", ex.text
+        ex = sbx.run_code("'y' in dir()")
+        assert ex.text == "False", "contexts are apart"
+        assert ctx.id in [c.id for c in sbx.list_code_contexts()]
+        sbx.restart_code_context(ctx)
+        ex = sbx.run_code("'y' in dir()", context=ctx)
+        assert ex.text == "False", "a restart forgets"
+        sbx.remove_code_context(ctx)
+        assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
+        ok("contexts: created with a cwd, apart, listed, restarted, removed", t)
+
+        t = time.time()
+        ex = sbx.run_code("echo from bash; pwd", language="bash")
+        assert ex.logs.stdout and ex.logs.stdout[0] == "from bash\n", ex.logs.stdout
+        ok("a bash cell", t)
+
+        t = time.time()
+        copies = sbx.fork(count=2, timeout=300) if hasattr(sbx, "fork") else []
+        try:
+            for i, c in enumerate(copies):
+                assert c.run_code("x").text == "21", "a copy has the kernel's state"
+                c.run_code(f"x = {100 + i}")
+            assert [c.run_code("x").text for c in copies] == ["100", "101"][: len(copies)]
+            assert sbx.run_code("x").text == "21", "the parent's is its own"
+        finally:
+            for c in copies:
+                c.kill()
+        ok(f"fork between cells: {len(copies)} copies, each with the kernel's state, then its own", t)
+    finally:
+        sbx.kill()
+    print("code interpreter passed", flush=True)
+
+
+if __name__ == "__main__":
+    main()
