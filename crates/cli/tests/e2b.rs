@@ -90,7 +90,7 @@ fn javascript_sdk_newest_and_the_v1_paths() {
     infra::image(&infra::home(), "base");
     let d = Daemon::start("e2b-js");
     for version in ["latest", "2.50.0"] {
-        let dir = infra::e2b_npm(version);
+        let dir = infra::e2b_npm("e2b", version);
         std::fs::copy(scenario("scenario.mjs"), dir.join("scenario.mjs")).unwrap();
         let out = d.check(
             e2b_client(&d, Path::new("node"))
@@ -224,13 +224,14 @@ fn openai_agents_e2b_sandbox_client() {
     d.assert_nothing_left();
 }
 
-/// E2B's code interpreter SDK (`e2b-code-interpreter` from PyPI), unchanged: its default
+/// E2B's code interpreter SDKs (`e2b-code-interpreter` from PyPI, `@e2b/code-interpreter`
+/// from npm), unchanged: their default
 /// template `code-interpreter-v1` is forkbox's `code-interpreter` image with forkbox's server
 /// on port 49999 (reached through the sandbox URL with `E2b-Sandbox-Port`); cells keep state,
 /// stream, plot, fail with tracebacks, run in contexts and in bash, and a fork between cells
 /// gives copies with the kernel's state. The image is built once per machine (minutes).
 #[test]
-fn python_code_interpreter() {
+fn code_interpreter_sdks() {
     infra::image(&infra::home(), "code-interpreter");
     let python = infra::e2b_python(
         "e2b-code-interpreter-venv",
@@ -243,5 +244,14 @@ fn python_code_interpreter() {
         "e2b-code-interpreter (Python, newest)",
     );
     assert!(out.contains("code interpreter passed"), "{out}");
+    let dir = infra::e2b_npm("@e2b/code-interpreter", "latest");
+    std::fs::copy(scenario("interpreter.mjs"), dir.join("interpreter.mjs")).unwrap();
+    let out = d.check(
+        e2b_client(&d, Path::new("node"))
+            .arg("interpreter.mjs")
+            .current_dir(&dir),
+        "@e2b/code-interpreter (JavaScript, latest)",
+    );
+    assert!(out.contains("js code interpreter passed"), "{out}");
     d.assert_nothing_left();
 }

@@ -250,17 +250,17 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     };
     // A template is a snapshot's name (a create from it is a copy) or an image.
     let theirs = keys::snapshot_is(&c.owner, &n.template_id);
+    // A template is a snapshot's name (a create from it is a copy), the code interpreter's (a
+    // copy of its warm sandbox, the server and a kernel running), or an image.
     match theirs && c.client.get_snapshot(&n.template_id).await.is_ok() {
         true => req.snapshot = Some(n.template_id.clone()),
-        false => req.image = Some(interpreter::image_for(&n.template_id).to_string()),
+        false if interpreter::wanted(&n.template_id) => {
+            ensure_built(&e, &c.client, interpreter::IMAGE, "not built yet").await?;
+            req.snapshot = Some(interpreter::warm(&e).await?);
+        }
+        false => req.image = Some(n.template_id.clone()),
     }
     let v = create_building(&e, &c.client, &req).await?;
-    if req.image.as_deref().is_some_and(interpreter::wanted) {
-        if let Err(f) = interpreter::start(&e, &v.info.id).await {
-            let _ = c.client.delete(&v.info.id).await;
-            return Err(f);
-        }
-    }
     if !env.is_empty() {
         if let Err(f) = e.run_root(&v.info.id, crate::guest::write_env(&env)).await {
             let _ = c.client.delete(&v.info.id).await;
@@ -282,26 +282,39 @@ async fn create_building(
             let Some(name) = req.image.as_deref() else {
                 return Err(err.into());
             };
-            let Some(seed) = crate::templates::seed(name) else {
-                return Err(Failure::of(
-                    Code::ImageNotFound,
-                    format!(
-                        "template {name} is neither an image nor a snapshot here ({err}); build \
-                         it with `forkbox image build`"
-                    ),
-                ));
-            };
-            let _one = e.building.lock().await;
-            if client.get_image(name).await.is_err() {
-                tracing::info!(
-                    "e2b: template {name} is not built yet; building it from forkbox's recipe"
-                );
-                crate::templates::build(client, name, seed).await?;
-            }
+            ensure_built(e, client, name, &err.to_string()).await?;
             client.create(req).await.map_err(Failure::from)
         }
         r => r.map_err(Failure::from),
     }
+}
+
+/// Builds image `name` from the recipe forkbox carries when this daemon has none of it yet
+/// (once, however many creates ask), as the CLI does on first use.
+pub(crate) async fn ensure_built(
+    e: &E2b,
+    client: &Client,
+    name: &str,
+    why: &str,
+) -> Result<(), Failure> {
+    if client.get_image(name).await.is_ok() {
+        return Ok(());
+    }
+    let Some(seed) = crate::templates::seed(name) else {
+        return Err(Failure::of(
+            Code::ImageNotFound,
+            format!(
+                "template {name} is neither an image nor a snapshot here ({why}); build it \
+                 with `forkbox image build`"
+            ),
+        ));
+    };
+    let _one = e.building.lock().await;
+    if client.get_image(name).await.is_err() {
+        tracing::info!("e2b: template {name} is not built yet; building it from forkbox's recipe");
+        crate::templates::build(client, name, seed).await?;
+    }
+    Ok(())
 }
 
 // -- one sandbox ----------------------------------------------------------------------------

@@ -87,6 +87,8 @@ pub(crate) struct E2b {
     forwarding: tokio::sync::Mutex<()>,
     /// E2B's domain, in domain mode.
     domain: Option<String>,
+    /// One warm code interpreter sandbox made at a time.
+    warming: tokio::sync::Mutex<()>,
     /// One first build of a carried template at a time.
     building: tokio::sync::Mutex<()>,
 }
@@ -134,6 +136,7 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         homes: Mutex::default(),
         forwarding: tokio::sync::Mutex::new(()),
         domain: domain.clone(),
+        warming: tokio::sync::Mutex::new(()),
         building: tokio::sync::Mutex::new(()),
     });
     // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's

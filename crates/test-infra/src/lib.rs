@@ -565,13 +565,20 @@ pub fn e2b_python(name: &str, spec: &str, module: &str) -> PathBuf {
     python_venv(name, &format!("import {module}"), &[spec])
 }
 
-/// A directory (in the test home) whose `node_modules` holds E2B's published JavaScript SDK
-/// at `version` (`latest`, `2.50.0`), from the npm registry; made once per machine.
-pub fn e2b_npm(version: &str) -> PathBuf {
+/// A directory (in the test home) whose `node_modules` holds npm package `package` (E2B's
+/// published `e2b`, `@e2b/code-interpreter`) at `version` (`latest`, `2.50.0`), from the npm
+/// registry; made once per machine.
+pub fn e2b_npm(package: &str, version: &str) -> PathBuf {
     let paths = home();
-    let dir = paths.home().join(format!("e2b-npm-{version}"));
+    let name = package.replace(['@', '/'], "_");
+    let dir = paths.home().join(format!("npm-{name}-{version}"));
     with_lock(&paths, || {
-        if dir.join("node_modules/e2b/package.json").exists() {
+        if dir
+            .join("node_modules")
+            .join(package)
+            .join("package.json")
+            .exists()
+        {
             return;
         }
         std::fs::create_dir_all(&dir).expect("create the npm directory");
@@ -583,9 +590,9 @@ pub fn e2b_npm(version: &str) -> PathBuf {
         must(
             std::process::Command::new("npm")
                 .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
-                .arg(format!("e2b@{version}"))
+                .arg(format!("{package}@{version}"))
                 .current_dir(&dir),
-            &format!("npm install e2b@{version}"),
+            &format!("npm install {package}@{version}"),
         );
     });
     dir

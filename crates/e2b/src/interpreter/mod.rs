@@ -1,7 +1,9 @@
 //! E2B's code interpreter (`code-interpreter-v1`): the `code-interpreter` image forkbox
-//! carries, and forkbox's own server for it ([`SERVER`], Python on a Jupyter kernel), put in
-//! each sandbox of that template and started when the sandbox is made. Its port (49999) is
-//! reached as every other port of a sandbox is (`E2b-Sandbox-Port`, or `49999-ID.DOMAIN`).
+//! carries, and forkbox's own server for it ([`SERVER`], Python on a Jupyter kernel). The
+//! first create of the template makes a sandbox of the image, starts the server in it (a
+//! kernel up), and saves it as a snapshot ([`warm`]); every create is a copy of that snapshot,
+//! its server and kernel already running. Its port (49999) is reached as every other port of
+//! a sandbox is (`E2b-Sandbox-Port`, or `49999-ID.DOMAIN`).
 
 use forkbox_api::{CommandEvent, ExecRequest};
 
@@ -31,9 +33,57 @@ pub fn wanted(template: &str) -> bool {
     image_for(template) == IMAGE
 }
 
+/// The warm snapshot of image `reference` with this build's server: named by both, so a new
+/// image or a new server makes a new one.
+fn warm_name(reference: &str) -> String {
+    use sha2::Digest as _;
+    let h = sha2::Sha256::digest(SERVER.as_bytes());
+    let hex: String = h[..6].iter().map(|b| format!("{b:02x}")).collect();
+    format!("e2b-ci-{}-{hex}", reference.replace('@', "-"))
+}
+
+/// The name of the snapshot every code interpreter sandbox is a copy of, made first if this
+/// daemon has none for the newest image (once, however many creates ask).
+pub async fn warm(e: &E2b) -> Result<String, Failure> {
+    let image = e.daemon.get_image(IMAGE).await?;
+    let name = warm_name(&image.reference);
+    if e.daemon.get_snapshot(&name).await.is_ok() {
+        return Ok(name);
+    }
+    let _one = e.warming.lock().await;
+    if e.daemon.get_snapshot(&name).await.is_ok() {
+        return Ok(name);
+    }
+    tracing::info!("e2b: making {name}, the code interpreter's warm sandbox");
+    let v = e
+        .daemon
+        .create(&forkbox_api::CreateRequest {
+            image: Some(image.reference.clone()),
+            ..Default::default()
+        })
+        .await?;
+    let id = v.info.id;
+    let saved = match start(e, &id).await {
+        Ok(()) => e
+            .daemon
+            .snapshot(
+                &id,
+                &forkbox_api::SnapshotRequest {
+                    name: Some(name.clone()),
+                    stay_paused: true,
+                },
+            )
+            .await
+            .map_err(Failure::from),
+        Err(f) => Err(f),
+    };
+    let _ = e.daemon.delete(&id).await;
+    saved.map(|_| name)
+}
+
 /// Puts the server into sandbox `id` and starts it as the default user; returns once it
 /// listens with its first Python kernel ready.
-pub async fn start(e: &E2b, id: &str) -> Result<(), Failure> {
+async fn start(e: &E2b, id: &str) -> Result<(), Failure> {
     e.daemon
         .write_file(id, SERVER_PATH, SERVER.as_bytes().to_vec(), 0o644)
         .await?;
