@@ -3,10 +3,11 @@ a forkbox daemon: run by crates/cli/tests/e2b.rs with E2B_API_KEY, E2B_API_URL a
 E2B_SANDBOX_URL set. Every step prints `ok: STEP (S s)`; the first failure raises.
 """
 
+import asyncio
 import re
 import time
 
-from e2b_code_interpreter import Sandbox
+from e2b_code_interpreter import AsyncSandbox, Sandbox
 
 
 def ok(step, since):
@@ -81,7 +82,22 @@ def main():
         ok(f"fork between cells: {len(copies)} copies, each with the kernel's state, then its own", t)
     finally:
         sbx.kill()
+    asyncio.run(async_form())
     print("code interpreter passed", flush=True)
+
+
+async def async_form():
+    t = time.time()
+    sbx = await AsyncSandbox.create(timeout=300)
+    try:
+        seen = []
+        ex = await sbx.run_code("z = 6\nprint('async')", on_stdout=lambda m: seen.append(m.line))
+        assert seen == ["async\n"], seen
+        cells = await asyncio.gather(sbx.run_code("z * 7"), sbx.run_code("z + 1", language="python"))
+        assert sorted(c.text for c in cells) == ["42", "7"], [c.text for c in cells]
+    finally:
+        await sbx.kill()
+    ok("AsyncSandbox: state across cells, streamed, two cells at once (one after the other)", t)
 
 
 if __name__ == "__main__":
