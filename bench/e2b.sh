@@ -10,6 +10,8 @@
 #       against /v1 exec of the same guest work; goal <= 1.2x
 #   and, for what E2B's login shell itself costs, both against forkbox's `exec(["true"])
 #   50 MB: `files.write` + `files.read` against `forkbox sandbox upload` + `download`
+#   the code interpreter (`e2b-code-interpreter`): create -> first cell against create -> first
+#       command, and a trivial cell's round trip against `commands.run("true")`
 # BENCH_E2B_ROUNDS (default 15) creates, 3x as many commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,7 +27,7 @@ for d in kernels images cache templates; do
 done
 venv="$test_home/bench-e2b-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check e2b ./sdk/python >&2
+"$venv/bin/python" -m pip install -q --disable-pip-version-check e2b e2b-code-interpreter ./sdk/python >&2
 export FORKBOX_HOME="$home" FORKBOX_POOL_SIZE=0
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$forkbox" serve --listen "127.0.0.1:$port" >"$home/daemon.log" 2>&1 &
@@ -36,6 +38,7 @@ export E2B_API_KEY="$("$forkbox" token create --name bench)"
 export E2B_API_URL="http://127.0.0.1:$port" E2B_SANDBOX_URL="http://127.0.0.1:$port"
 # The template of `base` (the image built first if this machine has none), made once.
 "$forkbox" image build images/base.toml >/dev/null 2>&1 || true
+"$forkbox" image build images/code-interpreter.toml >/dev/null 2>&1 || true
 "$forkbox" sandbox rm "$("$forkbox" sandbox create --image base)" >/dev/null
 
 "$venv/bin/python" - "$forkbox" "$rounds" "$home" <<'PY'
@@ -117,6 +120,30 @@ print("50 MB written and read back, median of 3:")
 print(f"  e2b files.write + files.read           {med(a)*1000:7.0f} ms")
 print(f"  forkbox sandbox upload + download      {med(b)*1000:7.0f} ms")
 print(f"  ratio {med(a)/med(b):.2f}x")
+
+import e2b_code_interpreter as ci
+warm = ci.Sandbox.create(timeout=600)  # the first makes the warm sandbox: out of the figures
+warm.run_code("1")
+warm.kill()
+a, b = [], []
+for _ in range(rounds):
+    t = time.perf_counter(); s = ci.Sandbox.create(timeout=600); s.run_code("1 + 1"); a.append(time.perf_counter() - t); s.kill()
+    t = time.perf_counter(); s = e2b.Sandbox.create("base", timeout=600); s.commands.run("true"); b.append(time.perf_counter() - t); s.kill()
+print(f"code interpreter: create -> first cell against create -> first command, median of {rounds}:")
+print(f"  create, run_code('1 + 1')        {med(a)*1000:7.0f} ms")
+print(f"  create, commands.run('true')     {med(b)*1000:7.0f} ms")
+print(f"  ratio {med(a)/med(b):.2f}x")
+cs = ci.Sandbox.create(timeout=600)
+cs.run_code("1")
+a, b = [], []
+for _ in range(rounds * 3):
+    t = time.perf_counter(); cs.run_code("1 + 1"); a.append(time.perf_counter() - t)
+    t = time.perf_counter(); sbx.commands.run("true"); b.append(time.perf_counter() - t)
+print(f"code interpreter: a trivial cell's round trip against a command's, median of {rounds*3}:")
+print(f"  run_code('1 + 1')         {med(a)*1000:7.1f} ms")
+print(f"  commands.run('true')      {med(b)*1000:7.1f} ms")
+print(f"  ratio {med(a)/med(b):.2f}x")
+cs.kill()
 sbx.kill()
 fs.stop()
 PY
