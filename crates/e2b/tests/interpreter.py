@@ -64,6 +64,14 @@ def main():
         ok("contexts: created with a cwd, apart, listed, restarted, removed", t)
 
         t = time.time()
+        ex = sbx.run_code("const n = 20; console.log('from node', n)", language="javascript")
+        assert ex.logs.stdout == ["from node 20\n"], (ex.logs.stdout, ex.error)
+        assert sbx.run_code("n + 22", language="javascript").text == "42"
+        ex = sbx.run_code("throw new TypeError('bad')", language="javascript")
+        assert ex.error and ex.error.name == "TypeError" and ex.error.value == "bad", ex.error
+        ok("JavaScript cells: console output, state across cells, an error by name", t)
+
+        t = time.time()
         ex = sbx.run_code("echo from bash; pwd", language="bash")
         assert ex.logs.stdout and ex.logs.stdout[0] == "from bash\n", ex.logs.stdout
         ok("a bash cell", t)

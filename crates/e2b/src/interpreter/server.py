@@ -46,8 +46,25 @@ class Context:
         self.lock = threading.Lock()
         self.km = None
         self.kc = None
+        self.node = None
         if language == "python":
             self.start()
+        elif language in ("javascript", "js"):
+            self.language = "javascript"
+            self.start_node()
+
+    def start_node(self):
+        self.node = subprocess.Popen(["node", "-e", NODE_DRIVER], cwd=self.cwd, text=True, bufsize=1,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.node_lines = queue.Queue()
+        node, lines = self.node, self.node_lines
+
+        def pump():
+            for line in iter(node.stdout.readline, ""):
+                lines.put(line)
+            lines.put("")
+
+        threading.Thread(target=pump, daemon=True).start()
 
     def view(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -60,19 +77,47 @@ class Context:
         self.kc.wait_for_ready(timeout=120)
 
     def restart(self):
-        if self.km is None:
-            return
         with self.lock:
-            self.shutdown()
-            self.start()
+            if self.node is not None:
+                self.shutdown()
+                self.start_node()
+            elif self.km is not None:
+                self.shutdown()
+                self.start()
 
     def shutdown(self):
+        if self.node is not None:
+            self.node.kill()
+            self.node.wait()
+            self.node = None
         if self.kc is not None:
             self.kc.stop_channels()
         if self.km is not None:
             self.km.shutdown_kernel(now=True)
         self.km = self.kc = None
 
+
+# A JavaScript context: one Node process that runs each cell as a script in one vm context
+# (top-level declarations stay, as in a console), its console printing as the cell's output.
+NODE_DRIVER = r"""
+const vm = require('vm'), util = require('util'), readline = require('readline');
+const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
+const say = (kind) => (...a) => out({ [kind]: util.format(...a) + '\n' });
+const sandbox = { require, process, Buffer, setTimeout, clearTimeout, setInterval, clearInterval,
+  console: { log: say('stdout'), info: say('stdout'), debug: say('stdout'), warn: say('stderr'), error: say('stderr') } };
+vm.createContext(sandbox);
+readline.createInterface({ input: process.stdin }).on('line', async (line) => {
+  const { code } = JSON.parse(line);
+  try {
+    let value = vm.runInContext(code, sandbox, { filename: 'cell.js' });
+    if (value && typeof value.then === 'function') value = await value;
+    if (value !== undefined) out({ result: util.inspect(value) });
+  } catch (e) {
+    out({ error: { name: (e && e.name) || 'Error', value: (e && e.message) || String(e), traceback: (e && e.stack) || '' } });
+  }
+  out({ done: true });
+});
+"""
 
 CONTEXTS = {}
 DEFAULT = {}
@@ -169,6 +214,40 @@ def drain(ctx, msg_id):
             return
 
 
+def run_node(ctx, code, envs, send):
+    if ctx.node is None or ctx.node.poll() is not None:
+        ctx.start_node()
+        send({"type": "error", "name": "KernelRestarted", "value": "the JavaScript context had ended and was started again; run the cell again", "traceback": ""})
+        return
+    out = Output(send)
+    ctx.node.stdin.write(json.dumps({"code": code}) + "\n")
+    ctx.node.stdin.flush()
+    deadline = time.monotonic() + CELL_TIMEOUT
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            line = ctx.node_lines.get(timeout=max(left, 0.001)) if left > 0 else ""
+        except queue.Empty:
+            line, left = "", 0
+        if not line:
+            ctx.node.kill()
+            ctx.start_node()
+            send({"type": "error", "name": "TimeoutError" if left <= 0 else "KernelDied",
+                  "value": "the JavaScript context ended during the cell and was started again", "traceback": ""})
+            return
+        msg = json.loads(line)
+        if "stdout" in msg:
+            out.text("stdout", msg["stdout"])
+        elif "stderr" in msg:
+            out.text("stderr", msg["stderr"])
+        elif "result" in msg:
+            send({"type": "result", "text": msg["result"], "is_main_result": True})
+        elif "error" in msg:
+            send({"type": "error", **msg["error"]})
+        elif msg.get("done"):
+            return
+
+
 def run_shell(ctx, code, envs, send):
     out = Output(send)
     env = dict(os.environ, **(envs or {}))
@@ -238,8 +317,8 @@ class Handler(BaseHTTPRequestHandler):
         if self.path == "/contexts":
             req = self.body()
             lang = (req.get("language") or "python").lower()
-            if lang not in ("python", "bash"):
-                return self.reply(400, {"error": f"forkbox's code interpreter runs python and bash cells, not {lang}"})
+            if lang not in ("python", "bash", "javascript", "js"):
+                return self.reply(400, {"error": f"forkbox's code interpreter runs python, javascript and bash cells, not {lang}"})
             ctx = Context(lang, req.get("cwd") or os.environ.get("HOME", "/home/user"))
             with STATE:
                 CONTEXTS[ctx.id] = ctx
@@ -258,8 +337,10 @@ class Handler(BaseHTTPRequestHandler):
         if req.get("context_id") and req.get("language"):
             return self.reply(400, {"error": "give a context or a language, not both"})
         lang = (req.get("language") or "python").lower()
-        if not req.get("context_id") and lang not in ("python", "bash"):
-            return self.reply(400, {"error": f"forkbox's code interpreter runs python and bash cells, not {lang}"})
+        if lang == "js":
+            lang = "javascript"
+        if not req.get("context_id") and lang not in ("python", "bash", "javascript"):
+            return self.reply(400, {"error": f"forkbox's code interpreter runs python, javascript and bash cells, not {lang}"})
         ctx = context_for(lang, req.get("context_id"))
         if ctx is None:
             return self.reply(404, {"error": f"no context {req.get('context_id')}"})
@@ -275,7 +356,7 @@ class Handler(BaseHTTPRequestHandler):
 
         try:
             with ctx.lock:
-                run = run_python if ctx.language == "python" else run_shell
+                run = {"python": run_python, "javascript": run_node}.get(ctx.language, run_shell)
                 run(ctx, req.get("code", ""), req.get("env_vars"), send)
             send({"type": "end_of_execution"})
             self.wfile.write(b"0\r\n\r\n")
