@@ -37,8 +37,8 @@ export FORKBOX_API="unix:$home/forkbox.sock"
 export E2B_API_KEY="$("$forkbox" token create --name bench)"
 export E2B_API_URL="http://127.0.0.1:$port" E2B_SANDBOX_URL="http://127.0.0.1:$port"
 # The template of `base` (the image built first if this machine has none), made once.
-"$forkbox" image build images/base.toml >/dev/null 2>&1 || true
-"$forkbox" image build images/code-interpreter.toml >/dev/null 2>&1 || true
+"$forkbox" image build --if-changed -f images/base.toml >/dev/null
+"$forkbox" image build --if-changed -f images/code-interpreter.toml >/dev/null
 "$forkbox" sandbox rm "$("$forkbox" sandbox create --image base)" >/dev/null
 
 "$venv/bin/python" - "$forkbox" "$rounds" "$home" <<'PY'

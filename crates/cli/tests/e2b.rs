@@ -232,13 +232,24 @@ fn openai_agents_e2b_sandbox_client() {
 /// gives copies with the kernel's state. The image is built once per machine (minutes).
 #[test]
 fn code_interpreter_sdks() {
-    infra::image(&infra::home(), "code-interpreter");
     let python = infra::e2b_python(
         "e2b-code-interpreter-venv",
         "e2b-code-interpreter",
         "e2b_code_interpreter",
     );
     let d = Daemon::start("e2b-interpreter");
+    // Built ahead, as the README says (E2B's SDK does not wait minutes for a create), through
+    // the daemon rather than under the fixtures' lock, which other tests wait on meanwhile.
+    let built = forkbox(&d.paths)
+        .args(["image", "build", "--if-changed", "-f"])
+        .arg(infra::repo_root().join("images/code-interpreter.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        built.status.success(),
+        "{}",
+        String::from_utf8_lossy(&built.stderr)
+    );
     let out = d.check(
         e2b_client(&d, &python).arg(scenario("interpreter.py")),
         "e2b-code-interpreter (Python, newest)",
