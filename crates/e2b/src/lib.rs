@@ -93,6 +93,14 @@ pub(crate) struct E2b {
     building: tokio::sync::Mutex<()>,
 }
 
+/// A command that said it is ready ([`E2b::start_until_ready`]).
+pub(crate) struct Ready {
+    pub cid: String,
+    pub events: forkbox_client::Events<forkbox_api::CommandEvent>,
+    /// What it printed after its `ready` line.
+    pub rest: String,
+}
+
 /// Whether a request is E2B's: a data-plane call names its sandbox in `E2b-Sandbox-Id`, a
 /// control-plane call carries `X-API-KEY` (forkbox's own API takes `Authorization: Bearer`),
 /// and in domain mode every name under the domain is E2B's.
@@ -248,6 +256,44 @@ impl E2b {
                     r.stderr.trim()
                 ),
             )),
+        }
+    }
+
+    /// Starts `exec` in sandbox `id` and follows it until it prints a line `ready`: its command
+    /// id, its events from there on, and what it printed after that line. A command that ends
+    /// first is `ended(exit code, its stderr)`.
+    async fn start_until_ready(
+        &self,
+        id: &str,
+        exec: &forkbox_api::ExecRequest,
+        ended: impl FnOnce(i32, &str) -> errors::Failure,
+    ) -> Result<Ready, errors::Failure> {
+        use forkbox_api::CommandEvent;
+        let started = self.daemon.start_command(id, exec).await?;
+        let mut events = self.daemon.attach(id, &started.command_id).await?;
+        let (mut out, mut err) = (String::new(), String::new());
+        loop {
+            match events.next().await? {
+                Some(CommandEvent::Stdout { data_b64 }) => {
+                    out.push_str(&String::from_utf8_lossy(&envd::bytes_field(&data_b64)?));
+                    if let Some(at) = out.find("ready\n") {
+                        return Ok(Ready {
+                            cid: started.command_id,
+                            events,
+                            rest: out[at + "ready\n".len()..].to_string(),
+                        });
+                    }
+                }
+                Some(CommandEvent::Stderr { data_b64 }) => {
+                    err.push_str(&String::from_utf8_lossy(&envd::bytes_field(&data_b64)?))
+                }
+                Some(CommandEvent::Exit(x)) => return Err(ended(x.exit_code, &err)),
+                Some(CommandEvent::Error { message, .. }) => {
+                    return Err(errors::Failure::new(500, message))
+                }
+                Some(CommandEvent::Command { .. }) => {}
+                None => return Err(errors::Failure::new(503, format!("sandbox {id} stopped"))),
+            }
         }
     }
 

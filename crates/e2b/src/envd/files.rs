@@ -86,15 +86,7 @@ fn signature_ok(
         "v1_{}",
         base64::engine::general_purpose::STANDARD_NO_PAD.encode(Sha256::digest(text.as_bytes()))
     );
-    use subtle_eq::eq;
-    eq(want.as_bytes(), sig.as_bytes())
-}
-
-mod subtle_eq {
-    /// Equal, in time that depends on the lengths alone.
-    pub fn eq(a: &[u8], b: &[u8]) -> bool {
-        a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
-    }
+    subtle::ConstantTimeEq::ct_eq(want.as_bytes(), sig.as_bytes()).into()
 }
 
 /// The user a call runs as (the default one named) and that user's home.

@@ -44,11 +44,7 @@ struct WatcherId {
 }
 
 /// Starts a watch of `req.path`; its command, once it has its first listing.
-async fn begin(
-    e: &E2b,
-    t: &Target,
-    req: &WatchRequest,
-) -> Result<(String, forkbox_client::Events<CommandEvent>, String), Failure> {
+async fn begin(e: &E2b, t: &Target, req: &WatchRequest) -> Result<crate::Ready, Failure> {
     let path = super::filesystem::path(&req.path)?;
     let recursive = if req.recursive { "1" } else { "0" };
     let exec = ExecRequest {
@@ -60,33 +56,12 @@ async fn begin(
         timeout_secs: Some(forkbox_api::MAX_TIMEOUT_SECS),
         ..Default::default()
     };
-    let started = e.daemon.start_command(&t.id, &exec).await?;
-    let mut events = e.daemon.attach(&t.id, &started.command_id).await?;
-    let mut out = String::new();
-    let mut err = String::new();
-    loop {
-        match events.next().await? {
-            Some(CommandEvent::Stdout { data_b64 }) => {
-                out.push_str(&String::from_utf8_lossy(&bytes_field(&data_b64)?));
-                if let Some(rest) = out.strip_prefix("ready\n") {
-                    return Ok((started.command_id, events, rest.to_string()));
-                }
-            }
-            Some(CommandEvent::Stderr { data_b64 }) => {
-                err.push_str(&String::from_utf8_lossy(&bytes_field(&data_b64)?))
-            }
-            Some(CommandEvent::Exit(x)) => {
-                return Err(match x.exit_code {
-                    2 => Failure::new(404, format!("path {path} not found")),
-                    20 => Failure::new(400, format!("path {path} is not a directory")),
-                    n => Failure::new(500, format!("watching {path} failed ({n}): {}", err.trim())),
-                })
-            }
-            Some(CommandEvent::Error { message, .. }) => return Err(Failure::new(500, message)),
-            Some(CommandEvent::Command { .. }) => {}
-            None => return Err(Failure::new(503, "the sandbox stopped")),
-        }
-    }
+    e.start_until_ready(&t.id, &exec, |code, err| match code {
+        2 => Failure::new(404, format!("path {path} not found")),
+        20 => Failure::new(400, format!("path {path} is not a directory")),
+        n => Failure::new(500, format!("watching {path} failed ({n}): {}", err.trim())),
+    })
+    .await
 }
 
 /// The events of whole lines `TYPE\tNAME`, the rest kept in `partial`.
@@ -129,7 +104,11 @@ async fn follow(
 ) -> Result<(), Failure> {
     let t = awake_target(e, headers).await?;
     let req: WatchRequest = super::message(first)?;
-    let (cid, mut events, rest) = begin(e, &t, &req).await?;
+    let crate::Ready {
+        cid,
+        mut events,
+        rest,
+    } = begin(e, &t, &req).await?;
     let stop = |e: &E2b| {
         let (daemon, id, cid) = (e.daemon.clone(), t.id.clone(), cid.clone());
         async move {
@@ -189,8 +168,7 @@ pub(super) async fn unary(
     match method {
         "CreateWatcher" => {
             let req: WatchRequest = super::unary(bytes)?;
-            let (cid, events, _) = begin(e, t, &req).await?;
-            drop(events);
+            let cid = begin(e, t, &req).await?.cid;
             let id =
                 crate::keys::random_hex(12).map_err(|err| Failure::new(500, err.to_string()))?;
             e.watchers.lock().unwrap_or_else(|p| p.into_inner()).insert(

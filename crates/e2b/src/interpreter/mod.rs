@@ -5,7 +5,7 @@
 //! its server and kernel already running. Its port (49999) is reached as every other port of
 //! a sandbox is (`E2b-Sandbox-Port`, or `49999-ID.DOMAIN`).
 
-use forkbox_api::{CommandEvent, ExecRequest};
+use forkbox_api::ExecRequest;
 
 use crate::errors::Failure;
 use crate::{guest, E2b};
@@ -91,39 +91,17 @@ async fn start(e: &E2b, id: &str) -> Result<(), Failure> {
         argv: Some(guest::as_user("", r#"exec python3 "$1""#, &[SERVER_PATH])),
         ..Default::default()
     };
-    let started = e.daemon.start_command(id, &exec).await?;
-    let mut events = e.daemon.attach(id, &started.command_id).await?;
-    let wait = async {
-        let mut out = String::new();
-        let mut err = String::new();
-        loop {
-            match events.next().await? {
-                Some(CommandEvent::Stdout { data_b64 }) => {
-                    out.push_str(&String::from_utf8_lossy(&crate::envd::bytes_field(
-                        &data_b64,
-                    )?));
-                    if out.contains("ready\n") {
-                        return Ok(());
-                    }
-                }
-                Some(CommandEvent::Stderr { data_b64 }) => err.push_str(&String::from_utf8_lossy(
-                    &crate::envd::bytes_field(&data_b64)?,
-                )),
-                Some(CommandEvent::Exit(_)) | Some(CommandEvent::Error { .. }) | None => {
-                    return Err(Failure::new(
-                        500,
-                        format!(
-                            "the code interpreter's server in {id} stopped: {}",
-                            err.trim()
-                        ),
-                    ))
-                }
-                Some(CommandEvent::Command { .. }) => {}
-            }
-        }
-    };
+    let wait = e.start_until_ready(id, &exec, |_, err| {
+        Failure::new(
+            500,
+            format!(
+                "the code interpreter's server in {id} stopped: {}",
+                err.trim()
+            ),
+        )
+    });
     match tokio::time::timeout(std::time::Duration::from_secs(START_SECS), wait).await {
-        Ok(r) => r,
+        Ok(r) => r.map(drop),
         Err(_) => Err(Failure::new(
             503,
             format!("the code interpreter's server in {id} did not start within {START_SECS} s"),
