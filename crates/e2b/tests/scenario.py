@@ -531,3 +531,7 @@ if __name__ == "__main__":
     else:
         asyncio.run(async_suite())
     print(f"all {mode} steps passed in {time.time() - T0:.1f} s", flush=True)
+    # Everything is checked: leave without the interpreter's teardown, in which the SDK's
+    # native HTTP transport aborts (SIGABRT) now and then after asyncio.run closed its loop
+    # (seen in 2 of 4 async runs here, in the code interpreter's scenario too).
+    os._exit(0)
