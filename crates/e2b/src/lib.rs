@@ -93,6 +93,10 @@ pub(crate) struct E2b {
     building: tokio::sync::Mutex<()>,
 }
 
+/// What a command may print before its `ready` line (and of its stderr, what is kept for the
+/// error): a guest's output is never held without bound.
+const MAX_BEFORE_READY: usize = 64 * 1024;
+
 /// A command that said it is ready ([`E2b::start_until_ready`]).
 pub(crate) struct Ready {
     pub cid: String,
@@ -276,6 +280,12 @@ impl E2b {
             match events.next().await? {
                 Some(CommandEvent::Stdout { data_b64 }) => {
                     out.push_str(&String::from_utf8_lossy(&envd::bytes_field(&data_b64)?));
+                    if out.len() > MAX_BEFORE_READY {
+                        return Err(errors::Failure::new(
+                            500,
+                            format!("a command in sandbox {id} printed over {MAX_BEFORE_READY} bytes before it was ready"),
+                        ));
+                    }
                     if let Some(at) = out.find("ready\n") {
                         return Ok(Ready {
                             cid: started.command_id,
@@ -284,9 +294,10 @@ impl E2b {
                         });
                     }
                 }
-                Some(CommandEvent::Stderr { data_b64 }) => {
+                Some(CommandEvent::Stderr { data_b64 }) if err.len() < MAX_BEFORE_READY => {
                     err.push_str(&String::from_utf8_lossy(&envd::bytes_field(&data_b64)?))
                 }
+                Some(CommandEvent::Stderr { .. }) => {}
                 Some(CommandEvent::Exit(x)) => return Err(ended(x.exit_code, &err)),
                 Some(CommandEvent::Error { message, .. }) => {
                     return Err(errors::Failure::new(500, message))

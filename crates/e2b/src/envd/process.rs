@@ -428,7 +428,11 @@ fn take_mark(head: &[u8]) -> Option<Result<(u32, usize), ()>> {
         let could_be = guest::PID_MARK.starts_with(head);
         return (!could_be).then_some(Err(()));
     }
-    let nl = head.iter().position(|b| *b == b'\n')?;
+    // A pid is at most 10 digits (and `\r` on a terminal): a longer "mark" is none, and its
+    // bytes are the command's output (what a guest sends is never held without bound).
+    let Some(nl) = head.iter().position(|b| *b == b'\n') else {
+        return (head.len() > guest::PID_MARK.len() + 12).then_some(Err(()));
+    };
     let text = String::from_utf8_lossy(&head[guest::PID_MARK.len()..nl]);
     Some(
         text.trim()
@@ -673,6 +677,13 @@ mod tests {
         assert_eq!(take_mark(b"\x1ee2b-pid 42\nhi"), Some(Ok((42, 12))));
         assert_eq!(take_mark(b"\x1ee2b-pid 42\r\nhi"), Some(Ok((42, 13))));
         assert_eq!(take_mark(b"hello"), Some(Err(())));
+        let mut endless = guest::PID_MARK.to_vec();
+        endless.extend(std::iter::repeat_n(b'1', 64));
+        assert_eq!(
+            take_mark(&endless),
+            Some(Err(())),
+            "a mark without end is not waited for"
+        );
         assert_eq!(signal_number(&json!("SIGNAL_SIGKILL")).unwrap(), 9);
         assert!(signal_number(&json!("SIGNAL_SIGHUP")).is_err());
     }

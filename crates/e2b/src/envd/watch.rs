@@ -16,6 +16,9 @@ use super::{awake_target, bytes_field, Stream, Target};
 use crate::errors::Failure;
 use crate::{guest, E2b};
 
+/// The longest line of the watcher's kept while it is not ended.
+const MAX_LINE: usize = 8192;
+
 /// A watcher made by `CreateWatcher`.
 #[derive(Debug, Clone)]
 pub(crate) struct Watcher {
@@ -68,6 +71,11 @@ async fn begin(e: &E2b, t: &Target, req: &WatchRequest) -> Result<crate::Ready, 
 fn events_of(partial: &mut String, more: &str) -> Vec<Value> {
     partial.push_str(more);
     let mut out = Vec::new();
+    // A path is at most 4096 bytes: a longer "line" is not the watcher's, and is dropped
+    // rather than held.
+    if !partial.contains('\n') && partial.len() > MAX_LINE {
+        partial.clear();
+    }
     while let Some(nl) = partial.find('\n') {
         let line: String = partial.drain(..=nl).collect();
         let Some((kind, name)) = line.trim_end_matches('\n').split_once('\t') else {
@@ -257,6 +265,8 @@ mod tests {
         assert_eq!(v[0], json!({"name": "a.txt", "type": "EVENT_TYPE_CREATE"}));
         assert_eq!(v[1]["type"], "EVENT_TYPE_WRITE");
         assert!(p.is_empty());
+        events_of(&mut p, &"x".repeat(MAX_LINE + 1));
+        assert!(p.is_empty(), "an endless line is dropped, not held");
     }
 
     /// The watch script under this host's `sh`: a file made, written, renamed and removed.
