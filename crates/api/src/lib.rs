@@ -5,6 +5,7 @@
 #![forbid(unsafe_code)]
 
 pub mod carried;
+pub mod code;
 mod command;
 mod error;
 mod migration;
@@ -19,6 +20,7 @@ mod sandbox;
 mod secret;
 mod snapshot;
 
+pub use code::{CodeContext, CodeContextRequest, CodeEvent, CodeResult, RunCodeRequest};
 pub use command::*;
 pub use error::{Code, ErrorBody, Invalid};
 pub use migration::*;

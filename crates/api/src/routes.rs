@@ -110,6 +110,11 @@ routes! {
     command_signal: Post "/v1/sandboxes/{id}/commands/{cid}/signal" -> Empty;
     command_stdin: Post "/v1/sandboxes/{id}/commands/{cid}/stdin" -> StdinWritten;
     command_resize: Post "/v1/sandboxes/{id}/commands/{cid}/resize" -> Empty;
+    run_code: Post "/v1/sandboxes/{id}/code" -> Lines<CodeEvent>;
+    list_code_contexts: Get "/v1/sandboxes/{id}/code/contexts" -> Vec<CodeContext>;
+    create_code_context: Post "/v1/sandboxes/{id}/code/contexts" -> CodeContext;
+    restart_code_context: Post "/v1/sandboxes/{id}/code/contexts/{cid}/restart" -> CodeContext;
+    delete_code_context: Delete "/v1/sandboxes/{id}/code/contexts/{cid}" -> Deleted;
     list_snapshots: Get "/v1/snapshots" -> Vec<SnapshotMeta>;
     get_snapshot: Get "/v1/snapshots/{id}" -> SnapshotMeta;
     delete_snapshot: Delete "/v1/snapshots/{id}" -> Deleted;

@@ -453,6 +453,53 @@ impl Client {
         self.json(self.at(op::close_port, &[id, &port])).await
     }
 
+    // -- code cells --------------------------------------------------------------------------
+
+    /// Runs one code cell (the sandbox's code server started first if it is not running); its
+    /// events as they come, `end` last.
+    pub async fn run_code(
+        &self,
+        id: &str,
+        req: &forkbox_api::RunCodeRequest,
+    ) -> Result<Events<forkbox_api::CodeEvent>, ClientError> {
+        let req = self.at(op::run_code, &[id]).json(req);
+        Ok(Events::new(self.send(req).await?))
+    }
+
+    pub async fn list_code_contexts(
+        &self,
+        id: &str,
+    ) -> Result<reply::list_code_contexts, ClientError> {
+        self.json(self.at(op::list_code_contexts, &[id])).await
+    }
+
+    pub async fn create_code_context(
+        &self,
+        id: &str,
+        req: &forkbox_api::CodeContextRequest,
+    ) -> Result<reply::create_code_context, ClientError> {
+        self.json(self.at(op::create_code_context, &[id]).json(req))
+            .await
+    }
+
+    pub async fn restart_code_context(
+        &self,
+        id: &str,
+        context_id: &str,
+    ) -> Result<reply::restart_code_context, ClientError> {
+        self.json(self.at(op::restart_code_context, &[id, context_id]))
+            .await
+    }
+
+    pub async fn delete_code_context(
+        &self,
+        id: &str,
+        context_id: &str,
+    ) -> Result<reply::delete_code_context, ClientError> {
+        self.json(self.at(op::delete_code_context, &[id, context_id]))
+            .await
+    }
+
     // -- files -------------------------------------------------------------------------------
 
     pub async fn read_file(&self, id: &str, path: &str) -> Result<bytes::Bytes, ClientError> {

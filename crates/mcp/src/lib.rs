@@ -20,8 +20,11 @@ use forkbox_reports::{self as reports, Format, Outcome, Results};
 use rmcp::handler::server::router::tool::ToolRouter;
 use rmcp::handler::server::wrapper::Parameters;
 use rmcp::model::{CallToolResult, ContentBlock, Implementation, ServerCapabilities, ServerConfig};
-use rmcp::{schemars, tool, tool_handler, tool_router, ServerHandler};
-use serde::Deserialize;
+use rmcp::{tool, tool_handler, tool_router, ServerHandler};
+
+mod args;
+mod cell;
+pub use args::*;
 
 /// Output an `exec` returns per stream; the tail is kept.
 pub const EXEC_TAIL: usize = 32 * 1024;
@@ -193,164 +196,6 @@ macro_rules! try_tool {
     };
 }
 
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct CreateArgs {
-    /// Image NAME or NAME@N (e.g. "python-bookworm"); the default image when absent.
-    pub image: Option<String>,
-    /// Delete the sandbox this many seconds from now (default 3600).
-    pub ttl_seconds: Option<u64>,
-    /// Reach the whole internet through forkbox's proxy. No network at all by default.
-    pub internet: Option<bool>,
-    /// Reach only these hosts (e.g. ["pypi.org", "*.pythonhosted.org"]).
-    pub allow: Option<Vec<String>>,
-    /// Keep the sandbox when this session ends (it is hibernated when its TTL passes).
-    pub persistent: Option<bool>,
-    /// Secrets its HTTPS requests to the named hosts carry (e.g. a registry token). The value
-    /// is read from this server's own environment (the variable `env`, or `name`), so it
-    /// passes through neither the conversation nor the sandbox: the guest's $NAME holds a
-    /// placeholder the host replaces in requests to `hosts`.
-    pub secrets: Option<Vec<SecretArg>>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct SecretArg {
-    /// The guest's environment variable (e.g. "NPM_TOKEN").
-    pub name: String,
-    /// Where the value may go (e.g. ["registry.npmjs.org"]).
-    pub hosts: Vec<String>,
-    /// The variable of this server's environment that holds the value (default: `name`).
-    pub env: Option<String>,
-}
-
-/// Secrets for a create, their values from this server's environment.
-fn secret_specs(args: Option<Vec<SecretArg>>) -> Result<Vec<forkbox_api::SecretSpec>, String> {
-    args.unwrap_or_default()
-        .into_iter()
-        .map(|a| {
-            let var = a.env.unwrap_or_else(|| a.name.clone());
-            let value = std::env::var(&var).map_err(|_| {
-                format!(
-                    "secret {}: ${var} is not set in the MCP server's environment (set it where the server is started; values never pass through the conversation)",
-                    a.name
-                )
-            })?;
-            Ok(forkbox_api::SecretSpec {
-                name: a.name,
-                hosts: a.hosts,
-                value,
-            })
-        })
-        .collect()
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct PortArgs {
-    pub sandbox: String,
-    /// The port a server in the sandbox listens on (e.g. 3000).
-    pub guest_port: u16,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct SandboxArgs {
-    /// The sandbox id (sb-...).
-    pub sandbox: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct ExecArgs {
-    pub sandbox: String,
-    /// A shell command line, run with /bin/sh -c.
-    pub command: String,
-    /// Working directory in the sandbox (default /root).
-    pub cwd: Option<String>,
-    /// Kill it after this many seconds (default 600, at most 86400).
-    pub timeout_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct PathArgs {
-    pub sandbox: String,
-    /// A path in the sandbox: absolute, or relative to /root.
-    pub path: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct WriteArgs {
-    pub sandbox: String,
-    pub path: String,
-    /// The file's whole new text.
-    pub content: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct EditArgs {
-    pub sandbox: String,
-    pub path: String,
-    /// Exact text to replace; it must occur exactly once in the file.
-    pub old: String,
-    /// What replaces it.
-    pub new: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct UploadArgs {
-    pub sandbox: String,
-    /// An absolute host directory under an allowed root.
-    pub host_dir: String,
-    /// Where it goes in the sandbox (made if missing).
-    pub guest_dir: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct DownloadArgs {
-    pub sandbox: String,
-    /// A file or directory in the sandbox.
-    pub guest_path: String,
-    /// A host directory that does not exist yet, under an allowed root.
-    pub host_dir: String,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct DiffArgs {
-    pub sandbox: String,
-    /// The git work tree (default /work).
-    pub cwd: Option<String>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct SnapshotArgs {
-    pub sandbox: String,
-    /// A name for the snapshot; one is made up when absent.
-    pub name: Option<String>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct ForkArgs {
-    /// A sandbox id of this session, or a snapshot name.
-    pub source: String,
-    /// How many copies, 1 to 20.
-    pub count: u32,
-    /// TTL of the copies in seconds (default 3600).
-    pub ttl_seconds: Option<u64>,
-}
-
-#[derive(Debug, Deserialize, schemars::JsonSchema)]
-pub struct RunTestsArgs {
-    pub sandbox: String,
-    /// The test command (default: python3 -m pytest -q -rA -p no:cacheprovider). Its output
-    /// is read by forkbox's parsers: pytest -rA, JUnit XML, go test -json, cargo, TAP.
-    pub command: Option<String>,
-    /// Working directory (default /work).
-    pub cwd: Option<String>,
-    /// Compare with the report saved earlier under this name: which tests that passed there
-    /// do not pass now (lost), and which pass now that did not (fixed).
-    pub baseline: Option<String>,
-    /// Save this run's results under this name, for a later baseline.
-    pub save_as: Option<String>,
-    pub timeout_seconds: Option<u64>,
-}
-
-/// What the tests did.
 #[derive(Debug, serde::Serialize)]
 struct TestSummary {
     exit_code: i32,
@@ -584,6 +429,36 @@ impl ForkboxMcp {
             "stdout": out.text("stdout"),
             "stderr": err.text("stderr"),
         }))
+    }
+
+    #[tool(
+        description = "Run a code cell in a sandbox, keeping state between calls (variables, imports, definitions) as a notebook does: python (a Jupyter kernel), javascript (Node) or bash. Returns stdout and stderr (each cut to its last 32 KiB), results (the last expression's value and anything displayed, as text, plus each plot as an image), and an error's name, value and traceback. The first call in a sandbox starts its code server; use the image code-interpreter (numpy, pandas, matplotlib) or one with ipykernel."
+    )]
+    async fn run_code(&self, Parameters(a): Parameters<RunCodeArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let req = forkbox_api::RunCodeRequest {
+            code: a.code,
+            language: a.language,
+            context_id: a.context,
+            timeout_secs: a.timeout_seconds,
+            ..Default::default()
+        };
+        let events = try_tool!(self.c().run_code(&a.sandbox, &req).await);
+        let cell = try_tool!(cell::collect(events).await);
+        Ok(cell.into_result())
+    }
+
+    #[tool(
+        description = "Make a new code context in a sandbox: a language and working directory with state of its own, for run_code's `context`."
+    )]
+    async fn code_context(&self, Parameters(a): Parameters<CodeContextArgs>) -> ToolResult {
+        try_tool!(self.session.check_visible(&a.sandbox));
+        let req = forkbox_api::CodeContextRequest {
+            language: a.language,
+            cwd: a.cwd,
+        };
+        let c = try_tool!(self.c().create_code_context(&a.sandbox, &req).await);
+        ok(serde_json::json!({ "context": c.id, "language": c.language, "cwd": c.cwd }))
     }
 
     #[tool(description = "Read a text file in a sandbox (at most 64 MiB).")]

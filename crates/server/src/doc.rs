@@ -5,6 +5,7 @@
 use utoipa::OpenApi;
 
 use super::*;
+use forkbox_engine::api::CodeEvent;
 
 #[derive(OpenApi)]
 #[openapi(
@@ -45,6 +46,11 @@ use super::*;
         command_signal,
         command_stdin,
         command_resize,
+        run_code,
+        list_code_contexts,
+        create_code_context,
+        restart_code_context,
+        delete_code_context,
         put_archive,
         get_archive,
         read_file,
@@ -58,7 +64,7 @@ use super::*;
         start_migration,
         migration_event,
     ),
-    components(schemas(ErrorBody, BuildProgress, CommandEvent, ArchiveFormat))
+    components(schemas(ErrorBody, BuildProgress, CommandEvent, CodeEvent, ArchiveFormat))
 )]
 struct Api;
 

@@ -31,7 +31,10 @@ use forkbox_engine::api::{
 #[allow(unused_imports)]
 use forkbox_engine::snapshot::SnapshotMeta;
 
+mod cells;
 mod extract;
+
+use cells::*;
 
 pub use daemon::{
     is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front, Site,
@@ -814,6 +817,16 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::command_signal.path, post(command_signal))
         .route(op::command_stdin.path, post(command_stdin))
         .route(op::command_resize.path, post(command_resize))
+        .route(op::run_code.path, post(run_code))
+        .route(
+            op::list_code_contexts.path,
+            get(list_code_contexts).post(create_code_context),
+        )
+        .route(op::restart_code_context.path, post(restart_code_context))
+        .route(
+            op::delete_code_context.path,
+            axum::routing::delete(delete_code_context),
+        )
         .route(op::get_archive.path, get(get_archive).put(put_archive))
         .with_state(engine)
 }

@@ -21,6 +21,9 @@ pub enum EngineError {
     NoSuchCommand(String, String),
     #[error("no migration run {0}")]
     NoSuchMigration(String),
+    /// Something a sandbox's own server names (a code context) is not there.
+    #[error("{0}")]
+    NotFound(String),
     #[error("bad request: {0}")]
     BadRequest(String),
     /// The request cannot be carried out in the state the thing it names is in.
@@ -60,7 +63,7 @@ impl EngineError {
             EngineError::NoSuchCommand(..) => Code::CommandNotFound,
             EngineError::Hibernated(_) => Code::SandboxHibernated,
             EngineError::NotHibernated(_) => Code::SandboxNotHibernated,
-            EngineError::NoSuchMigration(_) => Code::NotFound,
+            EngineError::NoSuchMigration(_) | EngineError::NotFound(_) => Code::NotFound,
             EngineError::Conflict(_) => Code::Conflict,
             EngineError::BadRequest(_) => Code::BadRequest,
             EngineError::TooLarge(_) => Code::PayloadTooLarge,

@@ -14,6 +14,7 @@ use crate::paths::Paths;
 use crate::pool::Taken;
 use crate::sandbox::{Sandbox, SandboxConfig};
 
+mod cells;
 mod commands;
 mod error;
 mod lifecycle;
@@ -46,6 +47,8 @@ struct Entry {
     ttl_action: TtlAction,
     /// Its port forwards (their listeners end with it).
     ports: std::sync::Mutex<Vec<ports::Forward>>,
+    /// Held while its code server is being started (one start at a time).
+    code_start: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// A hibernated sandbox: its whole state is the snapshot `snapshot`.
@@ -100,6 +103,7 @@ impl Entry {
             from_pool,
             ttl_action,
             ports: Default::default(),
+            code_start: Default::default(),
         }
     }
 

@@ -146,6 +146,22 @@ operations! {
     /// them when `close`.
     WriteStdin { id: String, command_id: String, chunks: mpsc::Receiver<Vec<u8>>, close: bool }
         -> StdinWritten [keeps] = |e, op| e.write_stdin(&op.id, &op.command_id, op.chunks, op.close).await;
+    /// Runs one code cell in the sandbox's code server (started first if it is not running):
+    /// its events as they come, `end` last.
+    RunCode { id: String, request: forkbox_api::RunCodeRequest }
+        -> mpsc::Receiver<forkbox_api::CodeEvent> [keeps] = |e, op| e.run_code(&op.id, op.request).await;
+    /// The code server's contexts (it is started first if it is not running).
+    CodeContexts { id: String } -> Vec<forkbox_api::CodeContext> [keeps]
+        = |e, op| e.code_contexts(&op.id).await;
+    /// A new code context: a language, a working directory, state of its own.
+    CreateCodeContext { id: String, request: forkbox_api::CodeContextRequest }
+        -> forkbox_api::CodeContext [keeps] = |e, op| e.create_code_context(&op.id, op.request).await;
+    /// A code context started again, its state gone.
+    RestartCodeContext { id: String, context_id: String } -> forkbox_api::CodeContext [keeps]
+        = |e, op| e.restart_code_context(&op.id, &op.context_id).await;
+    /// A code context ended.
+    DeleteCodeContext { id: String, context_id: String } -> Deleted [keeps]
+        = |e, op| e.delete_code_context(&op.id, &op.context_id).await;
     /// Unpacks an archive (chunks as they arrive) into `path` in the sandbox.
     PutArchive { id: String, path: String, format: ArchiveFormat, chunks: mpsc::Receiver<Vec<u8>> }
         -> Unpacked [keeps] = |e, op| e.put_archive(&op.id, &op.path, op.format, op.chunks).await;

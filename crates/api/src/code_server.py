@@ -4,9 +4,11 @@ number_of_executions, end_of_execution), `/contexts` creates, lists, restarts an
 contexts, `/health` says OK. Each Python context is a Jupyter kernel (ipykernel) driven
 through jupyter_client; bash cells run in a shell of their own per cell.
 
-Limits: a cell runs at most FORKBOX_CELL_TIMEOUT seconds (300; then the kernel is
-interrupted and the cell reports TimeoutError), its output is cut past FORKBOX_CELL_OUTPUT
-bytes (10 MiB) with a marker, and a kernel that dies is started again (the cell says so).
+Limits: a cell runs at most FORKBOX_CELL_TIMEOUT seconds (300, or less when the request's
+`timeout` says so; then the kernel is interrupted and the cell reports TimeoutError), its
+output is cut past FORKBOX_CELL_OUTPUT bytes (10 MiB) with a marker, and a kernel that dies is
+started again (the cell says so). Started as root with FORKBOX_CI_USER naming a user, it runs
+as that user in their home (the `code-interpreter` image names `user`, as E2B's does).
 """
 
 import json
@@ -157,7 +159,7 @@ class Output:
         self.send({"type": kind, "text": text, "timestamp": now()})
 
 
-def run_python(ctx, code, envs, send):
+def run_python(ctx, code, envs, send, limit):
     if ctx.kc is None or not ctx.km.is_alive():
         ctx.restart()
         send({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was started again; run the cell again", "traceback": ""})
@@ -166,12 +168,12 @@ def run_python(ctx, code, envs, send):
         code = "import os as __fbx_os\n__fbx_os.environ.update(" + json.dumps(envs) + ")\ndel __fbx_os\n" + code
     out = Output(send)
     msg_id = ctx.kc.execute(code, store_history=True, allow_stdin=False)
-    deadline = time.monotonic() + CELL_TIMEOUT
+    deadline = time.monotonic() + limit
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             ctx.km.interrupt_kernel()
-            send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {CELL_TIMEOUT:g} s and was interrupted", "traceback": ""})
+            send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {limit:g} s and was interrupted", "traceback": ""})
             drain(ctx, msg_id)
             return
         try:
@@ -214,7 +216,7 @@ def drain(ctx, msg_id):
             return
 
 
-def run_node(ctx, code, envs, send):
+def run_node(ctx, code, envs, send, limit):
     if ctx.node is None or ctx.node.poll() is not None:
         ctx.start_node()
         send({"type": "error", "name": "KernelRestarted", "value": "the JavaScript context had ended and was started again; run the cell again", "traceback": ""})
@@ -222,7 +224,7 @@ def run_node(ctx, code, envs, send):
     out = Output(send)
     ctx.node.stdin.write(json.dumps({"code": code}) + "\n")
     ctx.node.stdin.flush()
-    deadline = time.monotonic() + CELL_TIMEOUT
+    deadline = time.monotonic() + limit
     while True:
         left = deadline - time.monotonic()
         try:
@@ -248,7 +250,7 @@ def run_node(ctx, code, envs, send):
             return
 
 
-def run_shell(ctx, code, envs, send):
+def run_shell(ctx, code, envs, send, limit):
     out = Output(send)
     env = dict(os.environ, **(envs or {}))
     p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env,
@@ -263,11 +265,11 @@ def run_shell(ctx, code, envs, send):
     for t in threads:
         t.start()
     try:
-        code_ = p.wait(timeout=CELL_TIMEOUT)
+        code_ = p.wait(timeout=limit)
     except subprocess.TimeoutExpired:
         p.kill()
         code_ = None
-        send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {CELL_TIMEOUT:g} s and was killed", "traceback": ""})
+        send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {limit:g} s and was killed", "traceback": ""})
     for t in threads:
         t.join()
     if code_:
@@ -328,7 +330,7 @@ class Handler(BaseHTTPRequestHandler):
             if ctx is None:
                 return self.reply(404, {"error": "no such context"})
             ctx.restart()
-            return self.reply(200, {})
+            return self.reply(200, ctx.view())
         if self.path == "/execute":
             return self.execute(self.body())
         self.reply(404, {"error": f"no {self.path}"})
@@ -341,6 +343,10 @@ class Handler(BaseHTTPRequestHandler):
             lang = "javascript"
         if not req.get("context_id") and lang not in ("python", "bash", "javascript"):
             return self.reply(400, {"error": f"forkbox's code interpreter runs python, javascript and bash cells, not {lang}"})
+        try:
+            limit = min(float(req.get("timeout") or CELL_TIMEOUT), CELL_TIMEOUT)
+        except (TypeError, ValueError):
+            return self.reply(400, {"error": "timeout is not a number of seconds"})
         ctx = context_for(lang, req.get("context_id"))
         if ctx is None:
             return self.reply(404, {"error": f"no context {req.get('context_id')}"})
@@ -357,7 +363,7 @@ class Handler(BaseHTTPRequestHandler):
         try:
             with ctx.lock:
                 run = {"python": run_python, "javascript": run_node}.get(ctx.language, run_shell)
-                run(ctx, req.get("code", ""), req.get("env_vars"), send)
+                run(ctx, req.get("code", ""), req.get("env_vars"), send, limit)
             send({"type": "end_of_execution"})
             self.wfile.write(b"0\r\n\r\n")
         except (BrokenPipeError, ConnectionResetError):
@@ -377,7 +383,21 @@ def preload(ctx):
     drain(ctx, msg_id)
 
 
+def become(user):
+    """Runs the rest as `user` (in their home) when started as root."""
+    import pwd
+    if not user or os.getuid() != 0:
+        return
+    pw = pwd.getpwnam(user)
+    os.initgroups(user, pw.pw_gid)
+    os.setgid(pw.pw_gid)
+    os.setuid(pw.pw_uid)
+    os.environ.update(HOME=pw.pw_dir, USER=user, LOGNAME=user)
+    os.chdir(pw.pw_dir)
+
+
 def main():
+    become(os.environ.get("FORKBOX_CI_USER"))
     preload(context_for("python", None))
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
