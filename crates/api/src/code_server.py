@@ -34,6 +34,36 @@ MIME = {
 }
 
 
+def expendable(pid):
+    """Makes `pid` the one the guest's OOM killer takes first (a cell that fills memory costs
+    its kernel, not the server)."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("800")
+    except (OSError, TypeError):
+        pass
+
+
+def group(pgid):
+    """The pids of process group `pgid`."""
+    pids = []
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    fields = f.read().rsplit(")", 1)[1].split()
+                if int(fields[2]) == pgid:
+                    pids.append(int(d))
+            except (OSError, IndexError, ValueError):
+                pass
+    return pids
+
+
+def note(what):
+    """A line on the server's stderr (the daemon keeps its command's output)."""
+    print(f"{time.strftime('%H:%M:%S')} {what}", file=sys.stderr, flush=True)
+
+
 def now():
     return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime()) + "Z"
 
@@ -45,7 +75,8 @@ class Context:
         self.id = uuid.uuid4().hex
         self.language = language
         self.cwd = cwd
-        self.lock = threading.Lock()
+        # Held by the cell that runs; a restart in that cell takes it again.
+        self.lock = threading.RLock()
         self.km = None
         self.kc = None
         self.node = None
@@ -57,7 +88,9 @@ class Context:
 
     def start_node(self):
         self.node = subprocess.Popen(["node", "-e", NODE_DRIVER], cwd=self.cwd, text=True, bufsize=1,
-                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
+                                     preexec_fn=lambda: Cells.enter(self.id))
+        expendable(self.node.pid)
         self.node_lines = queue.Queue()
         node, lines = self.node, self.node_lines
 
@@ -71,9 +104,16 @@ class Context:
     def view(self):
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
+    def pid(self):
+        """The kernel's pid (it leads a process group of its own)."""
+        prov = getattr(self.km, "provisioner", None)
+        return getattr(prov, "pid", None) or getattr(getattr(self.km, "kernel", None), "pid", None)
+
     def start(self):
         self.km = KernelManager(kernel_name="python3")
         self.km.start_kernel(cwd=self.cwd)
+        Cells.enter(self.id, self.pid())
+        expendable(self.pid())
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
@@ -87,7 +127,27 @@ class Context:
                 self.shutdown()
                 self.start()
 
+    def strays(self):
+        """Whether processes the kernel started (a fork bomb's) are left beside it."""
+        pid = self.pid() if self.km is not None else None
+        if not pid:
+            return False
+        if Cells.base is not None:
+            try:
+                with open(f"{Cells.base}/cells/{self.id}/cgroup.procs") as f:
+                    return any(int(p) != pid for p in f.read().split())
+            except (OSError, ValueError):
+                pass
+        return any(p != pid for p in group(pid))
+
     def shutdown(self):
+        for pid in [self.pid() if self.km is not None else None, self.node.pid if self.node else None]:
+            if pid:
+                try:
+                    os.killpg(pid, 9)  # the kernel and all it started
+                except OSError:
+                    pass
+        Cells.kill(self.id)  # and what left its process group
         if self.node is not None:
             self.node.kill()
             self.node.wait()
@@ -157,6 +217,13 @@ class Output:
             text = data[: self.left].decode(errors="ignore")
         self.left -= len(data)
         self.send({"type": kind, "text": text, "timestamp": now()})
+        if self.left <= 0:
+            self.cut = True
+            self.send({"type": "stderr", "text": f"\n[forkbox: output past {CELL_OUTPUT} bytes cut]\n", "timestamp": now()})
+
+    def stopped(self):
+        return {"type": "error", "name": "OutputLimitError",
+                "value": f"the cell printed over {CELL_OUTPUT} bytes and was stopped", "traceback": ""}
 
 
 def run_python(ctx, code, envs, send, limit):
@@ -171,10 +238,19 @@ def run_python(ctx, code, envs, send, limit):
     deadline = time.monotonic() + limit
     while True:
         left = deadline - time.monotonic()
+        if left <= 0 and ctx.strays():
+            # Processes it started run on (a fork bomb): all of them go, and the kernel with them.
+            note(f"context {ctx.id}: past {limit:g} s with processes beside the kernel; restarting it")
+            ctx.restart()
+            note(f"context {ctx.id}: restarted")
+            send({"type": "error", "name": "TimeoutError", "traceback": "",
+                  "value": f"the cell ran past {limit:g} s; it had started processes that ran on, so they were killed and its context started again (its state is gone)"})
+            return
         if left <= 0:
             ctx.km.interrupt_kernel()
             send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {limit:g} s and was interrupted", "traceback": ""})
             drain(ctx, msg_id)
+            settle(ctx)
             return
         try:
             msg = ctx.kc.get_iopub_msg(timeout=min(left, 1.0))
@@ -189,6 +265,12 @@ def run_python(ctx, code, envs, send, limit):
         kind, content = msg["header"]["msg_type"], msg["content"]
         if kind == "stream":
             out.text("stdout" if content.get("name") == "stdout" else "stderr", content.get("text", ""))
+            if out.cut:
+                ctx.km.interrupt_kernel()
+                drain(ctx, msg_id)
+                settle(ctx)
+                send(out.stopped())
+                return
         elif kind in ("execute_result", "display_data"):
             result = {MIME[m]: v for m, v in content.get("data", {}).items() if m in MIME}
             result["type"] = "result"
@@ -201,6 +283,13 @@ def run_python(ctx, code, envs, send, limit):
             send({"type": "number_of_executions", "execution_count": content.get("execution_count", 0)})
         elif kind == "status" and content.get("execution_state") == "idle":
             return
+
+
+def settle(ctx):
+    """After a stopped cell: a kernel that left processes running (a fork bomb), or that does
+    not answer, is started again with nothing of its own left."""
+    if ctx.strays() or not ctx.km.is_alive():
+        ctx.restart()
 
 
 def drain(ctx, msg_id):
@@ -238,10 +327,12 @@ def run_node(ctx, code, envs, send, limit):
                   "value": "the JavaScript context ended during the cell and was started again", "traceback": ""})
             return
         msg = json.loads(line)
-        if "stdout" in msg:
-            out.text("stdout", msg["stdout"])
-        elif "stderr" in msg:
-            out.text("stderr", msg["stderr"])
+        if "stdout" in msg or "stderr" in msg:
+            out.text("stdout" if "stdout" in msg else "stderr", msg.get("stdout", msg.get("stderr", "")))
+            if out.cut:
+                ctx.restart()
+                send(out.stopped())
+                return
         elif "result" in msg:
             send({"type": "result", "text": msg["result"], "is_main_result": True})
         elif "error" in msg:
@@ -253,12 +344,24 @@ def run_node(ctx, code, envs, send, limit):
 def run_shell(ctx, code, envs, send, limit):
     out = Output(send)
     env = dict(os.environ, **(envs or {}))
-    p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env,
+    p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env, start_new_session=True,
+                         preexec_fn=lambda: Cells.enter(ctx.id),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
+    expendable(p.pid)
+
+    def kill():
+        try:
+            os.killpg(p.pid, 9)
+        except OSError:
+            pass
 
     def pump(stream, kind):
         for line in stream:
+            if out.cut:
+                continue
             out.text(kind, line)
+            if out.cut:
+                kill()
 
     threads = [threading.Thread(target=pump, args=(p.stdout, "stdout")),
                threading.Thread(target=pump, args=(p.stderr, "stderr"))]
@@ -267,12 +370,15 @@ def run_shell(ctx, code, envs, send, limit):
     try:
         code_ = p.wait(timeout=limit)
     except subprocess.TimeoutExpired:
-        p.kill()
+        kill()
         code_ = None
         send({"type": "error", "name": "TimeoutError", "value": f"the cell ran past {limit:g} s and was killed", "traceback": ""})
     for t in threads:
         t.join()
-    if code_:
+    kill()  # what it left running in the background
+    if out.cut:
+        send(out.stopped())
+    elif code_:
         send({"type": "error", "name": "CommandExitError", "value": f"exit code {code_}", "traceback": ""})
 
 
@@ -383,12 +489,90 @@ def preload(ctx):
     drain(ctx, msg_id)
 
 
+class Cells:
+    """Cgroups (v2) that hold what cells run, apart from the server: under the server's own
+    cgroup (the agent's for its command), `server` holds the server and `cells/CONTEXT` each
+    context's kernel and all it starts. `cells` may hold FORKBOX_CELL_PIDS processes (512) and
+    has a tenth of the server's CPU weight, so a fork bomb stops at its limit, the server still
+    answers, and a context's restart kills all it had (`cgroup.kill`), setsid or not. Without
+    cgroup2 (or not started as root) cells run where the server does."""
+
+    base = None
+
+    @staticmethod
+    def setup(uid, gid):
+        def write(path, text):
+            with open(path, "w") as f:
+                f.write(text)
+
+        try:
+            with open("/proc/self/cgroup") as f:
+                own = f.read().strip().split("::", 1)[1]
+            if os.getuid() != 0 or own in ("", "/"):
+                return
+            base = "/sys/fs/cgroup" + own
+            for d in ("server", "cells"):
+                os.makedirs(f"{base}/{d}", exist_ok=True)
+            write(f"{base}/server/cgroup.procs", str(os.getpid()))
+            path = "/sys/fs/cgroup"
+            for part in own.strip("/").split("/") + ["cells"]:
+                for ctl in ("+pids", "+cpu"):
+                    try:
+                        write(f"{path}/cgroup.subtree_control", ctl)
+                    except OSError:
+                        if ctl == "+pids":
+                            raise
+                path = f"{path}/{part}"
+            write(f"{base}/cells/pids.max", os.environ.get("FORKBOX_CELL_PIDS", "512"))
+            try:
+                write(f"{base}/cells/cpu.weight", "10")
+            except OSError:
+                pass
+            if uid:
+                os.chown(f"{base}/cgroup.procs", uid, gid)
+                os.chown(f"{base}/cells", uid, gid)
+            Cells.base = base
+        except (OSError, IndexError) as e:
+            print(f"forkbox code server: cells run without cgroups of their own ({e})", file=sys.stderr, flush=True)
+
+    @staticmethod
+    def enter(ctx_id, pid=0):
+        """Moves process `pid` (0: the caller) into context `ctx_id`'s cgroup."""
+        if Cells.base is None:
+            return
+        d = f"{Cells.base}/cells/{ctx_id}"
+        try:
+            os.makedirs(d, exist_ok=True)
+            with open(f"{d}/cgroup.procs", "w") as f:
+                f.write(str(pid))
+        except OSError:
+            pass
+
+    @staticmethod
+    def kill(ctx_id):
+        """Kills every process of context `ctx_id`'s cgroup."""
+        if Cells.base is None:
+            return
+        try:
+            with open(f"{Cells.base}/cells/{ctx_id}/cgroup.kill", "w") as f:
+                f.write("1")
+        except OSError:
+            pass
+
+
 def become(user):
     """Runs the rest as `user` (in their home) when started as root."""
     import pwd
     if not user or os.getuid() != 0:
+        Cells.setup(0, 0)
         return
     pw = pwd.getpwnam(user)
+    Cells.setup(pw.pw_uid, pw.pw_gid)
+    try:
+        with open("/proc/self/oom_score_adj", "w") as f:
+            f.write("-500")  # the server outlives a cell that fills memory
+    except OSError:
+        pass
     os.initgroups(user, pw.pw_gid)
     os.setgid(pw.pw_gid)
     os.setuid(pw.pw_uid)

@@ -224,22 +224,10 @@ fn openai_agents_e2b_sandbox_client() {
     d.assert_nothing_left();
 }
 
-/// E2B's code interpreter SDKs (`e2b-code-interpreter` from PyPI, `@e2b/code-interpreter`
-/// from npm), unchanged: their default
-/// template `code-interpreter-v1` is forkbox's `code-interpreter` image with forkbox's server
-/// on port 49999 (reached through the sandbox URL with `E2b-Sandbox-Port`); cells keep state,
-/// stream, plot, fail with tracebacks, run in contexts and in bash, and a fork between cells
-/// gives copies with the kernel's state. The image is built once per machine (minutes).
-#[test]
-fn code_interpreter_sdks() {
-    let python = infra::e2b_python(
-        "e2b-code-interpreter-venv",
-        "e2b-code-interpreter",
-        "e2b_code_interpreter",
-    );
-    let d = Daemon::start("e2b-interpreter");
-    // Built ahead, as the README says (E2B's SDK does not wait minutes for a create), through
-    // the daemon rather than under the fixtures' lock, which other tests wait on meanwhile.
+/// Builds the `code-interpreter` image ahead for daemon `d`, as the README says (E2B's SDK does
+/// not wait minutes for a create), through the daemon rather than under the fixtures' lock,
+/// which other tests wait on meanwhile (the tests that need it are one group: one builds it).
+fn code_interpreter_built(d: &Daemon) {
     let built = forkbox(&d.paths)
         .args(["image", "build", "--if-changed", "-f"])
         .arg(infra::repo_root().join("images/code-interpreter.toml"))
@@ -250,6 +238,29 @@ fn code_interpreter_sdks() {
         "{}",
         String::from_utf8_lossy(&built.stderr)
     );
+}
+
+/// Code cells from every client, on one daemon: E2B's code interpreter SDKs
+/// (`e2b-code-interpreter` from PyPI, `@e2b/code-interpreter` from npm), unchanged, whose
+/// default template `code-interpreter-v1` is forkbox's `code-interpreter` image with forkbox's
+/// server on port 49999 (reached through the sandbox URL with `E2b-Sandbox-Port`): cells keep
+/// state, stream, plot, fail with tracebacks, run in contexts and in bash, a fork between
+/// cells gives copies with the kernel's state, 10 sandboxes run cells at once. Then forkbox's
+/// own Python and TypeScript SDKs (`run_code`, where the first cell starts the server) with
+/// hostile cells (endless output, a memory hog, a fork bomb), and the MCP tool `run_code`
+/// through the official client. The image is built once per machine (minutes).
+#[test]
+fn code_interpreter_from_every_client() {
+    let python = infra::e2b_python(
+        "e2b-code-interpreter-venv",
+        "e2b-code-interpreter",
+        "e2b_code_interpreter",
+    );
+    let sdk_python = infra::sdk_python();
+    let mcp_python = infra::mcp_python();
+    let sdk_ts = infra::npm_ready("sdk/typescript");
+    let d = Daemon::start("e2b-interpreter");
+    code_interpreter_built(&d);
     let out = d.check(
         e2b_client(&d, &python).arg(scenario("interpreter.py")),
         "e2b-code-interpreter (Python, newest)",
@@ -264,5 +275,61 @@ fn code_interpreter_sdks() {
         "@e2b/code-interpreter (JavaScript, latest)",
     );
     assert!(out.contains("js code interpreter passed"), "{out}");
+    let cells = infra::repo_root().join("crates/cli/tests/cells");
+    let out = d.check(
+        d.client(&sdk_python)
+            .arg(cells.join("cells.py"))
+            .arg("--hostile"),
+        "forkbox's Python SDK: run_code",
+    );
+    assert!(out.contains("forkbox python cells passed"), "{out}");
+    let out = d.check(
+        d.client(Path::new("node"))
+            .arg(cells.join("cells.mjs"))
+            .env("FORKBOX_TS_SDK", sdk_ts.join("dist/index.js")),
+        "forkbox's TypeScript SDK: runCode",
+    );
+    assert!(out.contains("forkbox typescript cells passed"), "{out}");
+    let out = d.check(
+        d.client(&mcp_python)
+            .arg(infra::repo_root().join("crates/mcp/tests/mcp_client.py"))
+            .arg("code")
+            .arg(format!("{}/mcp", d.tcp))
+            .arg(&d.token),
+        "the MCP tool run_code",
+    );
+    assert!(out.contains("mcp run_code passed"), "{out}");
+    d.assert_nothing_left();
+}
+
+/// Agent frameworks that build on E2B, unchanged, each driven without a model by calling its
+/// sandbox layer: smolagents' E2B executor (PyPI `smolagents[e2b]`; two cells sharing a
+/// variable on the code interpreter) and langchain-e2b's Deep Agents sandbox (a command and
+/// files on the `base` template). (The OpenAI Agents SDK's client has a test of its own.)
+#[test]
+fn agent_frameworks_on_e2b() {
+    infra::image(&infra::home(), "base");
+    let smol = infra::e2b_python(
+        "smolagents-venv",
+        "smolagents[e2b]",
+        "smolagents.remote_executors",
+    );
+    let lc = infra::e2b_python("langchain-e2b-venv", "langchain-e2b", "langchain_e2b");
+    let d = Daemon::start("e2b-frameworks");
+    code_interpreter_built(&d);
+    let out = d.check(
+        e2b_client(&d, &smol)
+            .arg(scenario("frameworks.py"))
+            .arg("smolagents"),
+        "smolagents' E2B executor",
+    );
+    assert!(out.contains("smolagents e2b executor passed"), "{out}");
+    let out = d.check(
+        e2b_client(&d, &lc)
+            .arg(scenario("frameworks.py"))
+            .arg("langchain"),
+        "langchain-e2b's sandbox",
+    );
+    assert!(out.contains("langchain-e2b sandbox passed"), "{out}");
     d.assert_nothing_left();
 }

@@ -3,6 +3,7 @@
 
     python mcp_client.py stdio FORKBOX_BIN ROOT
     python mcp_client.py http URL TOKEN ROOT
+    python mcp_client.py code URL TOKEN       (run_code, the image code-interpreter built)
 """
 
 import asyncio
@@ -18,7 +19,7 @@ from mcp.client.streamable_http import streamable_http_client
 TOOLS = {
     "sandbox_create", "exec", "read_file", "write_file", "edit_file", "list_dir", "upload",
     "download", "git_diff", "snapshot", "fork", "hibernate", "resume", "destroy",
-    "list_sandboxes", "run_tests", "port_forward",
+    "list_sandboxes", "run_tests", "port_forward", "run_code", "code_context",
 }
 
 
@@ -163,8 +164,36 @@ async def own_only(url, token, n):
                 return sid
 
 
+async def code(s):
+    """run_code: state kept across calls, a plot as an image block, an error, a context."""
+    sid = json.loads(await ok(s, "sandbox_create", image="code-interpreter", ttl_seconds=900))["sandbox"]
+    r = json.loads(await ok(s, "run_code", sandbox=sid, code="x = 41\nprint('hi')\nx + 1"))
+    assert (r["stdout"], r["results"][0]["text"], r["error"]) == ("hi\n", "42", None), r
+    r = await s.call_tool("run_code", {"sandbox": sid, "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"})
+    images = [c for c in r.content if getattr(c, "type", "") == "image"]
+    assert not r.is_error and len(images) == 1 and images[0].mimeType == "image/png", r.content
+    r = json.loads(await ok(s, "run_code", sandbox=sid, code="x / 0"))
+    assert r["error"]["name"] == "ZeroDivisionError" and "ZeroDivisionError: division by zero" in r["error"]["traceback"], r
+    assert "\x1b[" not in r["error"]["traceback"], "colours are stripped"
+    ctx = json.loads(await ok(s, "code_context", sandbox=sid, language="bash", cwd="/tmp"))["context"]
+    r = json.loads(await ok(s, "run_code", sandbox=sid, code="pwd", context=ctx))
+    assert r["stdout"] == "/tmp\n", r
+    err, text = await call(s, "run_code", sandbox=sid, code="1", language="cobol")
+    assert err and "python, javascript, bash" in text, text
+    await ok(s, "destroy", sandbox=sid)
+    print("mcp run_code passed")
+
+
 async def main():
     mode = sys.argv[1]
+    if mode == "code":
+        url, token = sys.argv[2], sys.argv[3]
+        async with httpx2.AsyncClient(headers={"Authorization": f"Bearer {token}"}, timeout=600) as http:
+            async with streamable_http_client(url, http_client=http) as (r, w):
+                async with ClientSession(r, w) as s:
+                    await s.initialize()
+                    await code(s)
+        return
     if mode == "stdio":
         exe, root = sys.argv[2], sys.argv[3]
         env = dict(os.environ, MCP_TEST_SECRET="mcp-secret-" + os.urandom(8).hex())

@@ -7,6 +7,7 @@ import * as http from "node:http";
 import * as https from "node:https";
 import * as os from "node:os";
 import * as path from "node:path";
+import { StringDecoder } from "node:string_decoder";
 
 import { DaemonNotRunningError, ForkboxError, errorOf } from "./errors.js";
 
@@ -187,8 +188,10 @@ export class Transport {
   ): AsyncGenerator<T> {
     const res = await this.request(method, route, opts);
     let rest = "";
+    // A character split between two chunks is joined, not mangled.
+    const text = new StringDecoder("utf8");
     for await (const chunk of res) {
-      rest += (chunk as Buffer).toString("utf8");
+      rest += text.write(chunk as Buffer);
       let nl: number;
       while ((nl = rest.indexOf("\n")) >= 0) {
         const line = rest.slice(0, nl).trim();

@@ -12,10 +12,12 @@ import {
   ForkboxError,
   NotFoundError,
 } from "./errors.js";
+import { CodeContext, Execution, RunCodeOptions, contextId, runCode } from "./code.js";
 import { ConnectOptions, Transport } from "./http.js";
 import { packDir } from "./tar.js";
 
 export * from "./errors.js";
+export type { CodeContext, CodeError, CodeResult, Execution, RunCodeOptions } from "./code.js";
 export type { ConnectOptions } from "./http.js";
 
 // Node 18.18+ and 20.4+ define it; older runtimes get one so `await using` still works.
@@ -459,6 +461,33 @@ export class Sandbox {
       json: execBody(cmd, o),
     });
     return new DetachedCommand(this.rt, this.id, reply.command_id, o.timeoutMs);
+  }
+
+  /** Runs a code cell, keeping state between cells as a notebook does: `python` (the default;
+   * a Jupyter kernel), `javascript` or `bash`, each with a default context, or a `context` of
+   * `createCodeContext`. An exception in the cell is the execution's `error`, not thrown. The
+   * first cell starts the sandbox's code server (its image needs ipykernel: `code-interpreter`
+   * has it, with numpy, pandas and matplotlib). At most 300 s a cell. */
+  runCode(code: string, o: RunCodeOptions = {}): Promise<Execution> {
+    return runCode(this.rt.t, this.id, code, o);
+  }
+
+  /** A new context for `runCode`: its own state, language and working directory. */
+  createCodeContext(o: { language?: "python" | "javascript" | "bash"; cwd?: string } = {}): Promise<CodeContext> {
+    return this.rt.t.json("POST", `/sandboxes/${this.id}/code/contexts`, { json: o });
+  }
+
+  listCodeContexts(): Promise<CodeContext[]> {
+    return this.rt.t.json("GET", `/sandboxes/${this.id}/code/contexts`);
+  }
+
+  /** Starts a context again, its state gone. */
+  restartCodeContext(c: CodeContext | string): Promise<CodeContext> {
+    return this.rt.t.json("POST", `/sandboxes/${this.id}/code/contexts/${contextId(c)}/restart`);
+  }
+
+  async removeCodeContext(c: CodeContext | string): Promise<void> {
+    await this.rt.t.json("DELETE", `/sandboxes/${this.id}/code/contexts/${contextId(c)}`);
   }
 
   /** Saves the sandbox (files, memory, processes); it keeps running. */

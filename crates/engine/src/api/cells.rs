@@ -27,7 +27,7 @@ const MAX_REPLY: usize = 1 << 20;
 struct Unreached(String);
 
 impl Engine {
-    /// Runs one cell; its events as they come, `end` last (or an `error` named
+    /// Runs one cell; its events as they come, `end` last (after an `error` named
     /// `ForkboxRelayError` if the guest broke off).
     pub(super) async fn run_code(
         &self,
@@ -267,18 +267,29 @@ async fn read_limited(body: Incoming, limit: usize) -> Result<Vec<u8>, EngineErr
 async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
     let mut pending: Vec<u8> = Vec::new();
     let mut count = None;
-    let fail = |why: String| CodeEvent::Error {
-        name: "ForkboxRelayError".into(),
-        value: why,
-        traceback: String::new(),
+    // A cell the relay cannot finish ends all the same: its error, then `end`.
+    let fail = |why: String| {
+        let tx = tx.clone();
+        async move {
+            let error = CodeEvent::Error {
+                name: "ForkboxRelayError".into(),
+                value: why,
+                traceback: String::new(),
+            };
+            if tx.send(error).await.is_ok() {
+                let _ = tx
+                    .send(CodeEvent::End {
+                        execution_count: None,
+                    })
+                    .await;
+            }
+        }
     };
     loop {
         let frame = match body.frame().await {
             None => break,
             Some(Err(e)) => {
-                let _ = tx
-                    .send(fail(format!("the code server broke off: {e}")))
-                    .await;
+                fail(format!("the code server broke off: {e}")).await;
                 return;
             }
             Some(Ok(f)) => f,
@@ -308,15 +319,13 @@ async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
         }
         if pending.len() > MAX_LINE {
             let why = format!("a result of over {MAX_LINE} bytes was not relayed");
-            let _ = tx.send(fail(why)).await;
+            fail(why).await;
             return;
         }
     }
-    let _ = tx
-        .send(fail(
-            "the code server ended the cell without finishing it".into(),
-        ))
-        .await;
+    let why =
+        "the code server ended the cell without finishing it (it stopped, or the sandbox did)";
+    fail(why.into()).await;
 }
 
 enum Step {

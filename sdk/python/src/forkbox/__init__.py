@@ -18,6 +18,7 @@ from ._async import (
     AsyncSandbox,
     AsyncSnapshot,
 )
+from ._code import CodeContext, CodeError, CodeResult, Execution
 from ._common import DirEntry, ExecResult, Image, OutputEvent
 from ._sync import DetachedCommand, ExecStream, Files, Ports, Runtime, Sandbox, Snapshot
 from .errors import (
@@ -40,6 +41,10 @@ __all__ = [
     "AsyncRuntime",
     "AsyncSandbox",
     "AsyncSnapshot",
+    "CodeContext",
+    "CodeError",
+    "CodeResult",
+    "Execution",
     "AuthError",
     "BadRequest",
     "BuildError",

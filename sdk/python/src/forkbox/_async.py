@@ -9,6 +9,7 @@ from typing import Any, AsyncIterator, Callable, Dict, List, Mapping, Optional, 
 
 import httpx
 
+from . import _code
 from . import _common as c
 from ._common import Command, DirEntry, Endpoint, ExecResult, Image, OutputCallback, OutputEvent
 from .errors import BuildError, ForkboxError, NotFound
@@ -329,6 +330,57 @@ class AsyncSandbox:
         body = c.exec_body(cmd, cwd, env, timeout_seconds, timeout_ms)
         reply = await self._rt._call("POST", f"/sandboxes/{self.id}/commands", json=body)
         return AsyncDetachedCommand(self, reply["command_id"], body.get("timeout_ms"))
+
+    async def run_code(
+        self,
+        code: str,
+        *,
+        language: Optional[str] = None,
+        context: Optional[_code.ContextRef] = None,
+        env: Optional[Mapping[str, str]] = None,
+        timeout_seconds: Optional[float] = None,
+        on_stdout: Optional[_code.TextCallback] = None,
+        on_stderr: Optional[_code.TextCallback] = None,
+        on_result: Optional[Callable[[_code.CodeResult], Any]] = None,
+    ) -> _code.Execution:
+        """Runs a code cell, keeping state between cells as a notebook does: ``language``
+        ``"python"`` (the default; a Jupyter kernel), ``"javascript"`` or ``"bash"``, each with a
+        default context, or a ``context`` of :meth:`create_code_context`. Output and results
+        arrive through the callbacks as they come; an exception in the cell is the
+        execution's ``error``, not raised. The first cell starts the sandbox's code server
+        (its image needs ipykernel: ``code-interpreter`` has it, with numpy, pandas and
+        matplotlib). At most 300 s a cell."""
+        col = _code.CellCollector(on_stdout, on_stderr, on_result)
+        body = _code.body(code, language, context, env, timeout_seconds)
+        async for line in self._rt._lines("POST", f"/sandboxes/{self.id}/code", json=body):
+            col.feed(line)
+        return col.finish()
+
+    async def create_code_context(
+        self, *, language: Optional[str] = None, cwd: Optional[str] = None
+    ) -> _code.CodeContext:
+        """A new context for :meth:`run_code`: its own state, language and working directory."""
+        body = {k: v for k, v in (("language", language), ("cwd", cwd)) if v is not None}
+        return _code.CodeContext.from_json(
+            await self._rt._call("POST", f"/sandboxes/{self.id}/code/contexts", json=body)
+        )
+
+    async def list_code_contexts(self) -> List[_code.CodeContext]:
+        return [
+            _code.CodeContext.from_json(d)
+            for d in await self._rt._call("GET", f"/sandboxes/{self.id}/code/contexts")
+        ]
+
+    async def restart_code_context(self, context: _code.ContextRef) -> _code.CodeContext:
+        """Starts a context again, its state gone."""
+        cid = _code.context_id(context)
+        return _code.CodeContext.from_json(
+            await self._rt._call("POST", f"/sandboxes/{self.id}/code/contexts/{cid}/restart")
+        )
+
+    async def remove_code_context(self, context: _code.ContextRef) -> None:
+        cid = _code.context_id(context)
+        await self._rt._call("DELETE", f"/sandboxes/{self.id}/code/contexts/{cid}")
 
     async def snapshot(self, name: Optional[str] = None, *, stay_paused: bool = False) -> AsyncSnapshot:
         body: Dict[str, Any] = {"stay_paused": stay_paused}
