@@ -141,7 +141,8 @@ class Context:
         return any(p != pid for p in group(pid))
 
     def shutdown(self):
-        for pid in [self.pid() if self.km is not None else None, self.node.pid if self.node else None]:
+        kernel = self.pid() if self.km is not None else None
+        for pid in [kernel, self.node.pid if self.node else None]:
             if pid:
                 try:
                     os.killpg(pid, 9)  # the kernel and all it started
@@ -157,6 +158,11 @@ class Context:
         if self.km is not None:
             self.km.shutdown_kernel(now=True)
         self.km = self.kc = None
+        if kernel:
+            try:
+                os.waitpid(kernel, os.WNOHANG)  # a kernel that died is not left a zombie
+            except ChildProcessError:
+                pass
 
 
 # A JavaScript context: one Node process that runs each cell as a script in one vm context

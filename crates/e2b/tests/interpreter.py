@@ -114,6 +114,19 @@ async def async_form():
         await sbx.kill()
     ok("AsyncSandbox: state across cells, streamed, two cells at once (one after the other)", t)
 
+    t = time.time()
+    sandboxes = await asyncio.gather(*[AsyncSandbox.create(timeout=300) for _ in range(10)])
+    try:
+        async def cells(i, sbx):
+            await sbx.run_code(f"n = {i}")
+            return (await sbx.run_code("n * 10")).text
+
+        got = await asyncio.gather(*[cells(i, s) for i, s in enumerate(sandboxes)])
+        assert got == [str(i * 10) for i in range(10)], got
+    finally:
+        await asyncio.gather(*[s.kill() for s in sandboxes])
+    ok("10 sandboxes made at once, each running cells of its own at once", t)
+
 
 if __name__ == "__main__":
     main()

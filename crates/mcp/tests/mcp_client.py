@@ -171,7 +171,7 @@ async def code(s):
     assert (r["stdout"], r["results"][0]["text"], r["error"]) == ("hi\n", "42", None), r
     r = await s.call_tool("run_code", {"sandbox": sid, "code": "import matplotlib.pyplot as plt\nplt.plot([1, 2])\nplt.show()"})
     images = [c for c in r.content if getattr(c, "type", "") == "image"]
-    assert not r.is_error and len(images) == 1 and images[0].mimeType == "image/png", r.content
+    assert not r.is_error and len(images) == 1 and images[0].mime_type == "image/png", r.content
     r = json.loads(await ok(s, "run_code", sandbox=sid, code="x / 0"))
     assert r["error"]["name"] == "ZeroDivisionError" and "ZeroDivisionError: division by zero" in r["error"]["traceback"], r
     assert "\x1b[" not in r["error"]["traceback"], "colours are stripped"

@@ -89,13 +89,10 @@ def hostile(sbx):
     t = time.time()
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
     ex = sbx.run_code(bomb, timeout_seconds=15)
-    assert ex.error and ex.error.name in ("TimeoutError", "KernelDied"), ex.error
-    for _ in range(3):
-        ex = sbx.run_code("2 + 2")
-        if ex.text == "4":
-            break
+    assert ex.error and ex.error.name == "TimeoutError" and "processes" in ex.error.value, ex.error
+    ex = sbx.run_code("2 + 2")
     assert ex.text == "4", ex
-    ok(f"a fork bomb ({ex.error.name if ex.error else 'stopped'}); the next cell answers", t)
+    ok("a fork bomb: held at its limit, killed at its timeout with its context; the next cell answers", t)
 
 
 async def concurrently():
