@@ -300,21 +300,12 @@ async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
         pending.extend_from_slice(&data);
         while let Some(at) = pending.iter().position(|b| *b == b'\n') {
             let line: Vec<u8> = pending.drain(..=at).collect();
-            match event_of(&line, &mut count) {
-                Step::Send(e) => {
-                    if tx.send(e).await.is_err() {
-                        return;
-                    }
-                }
-                Step::Skip => {}
-                Step::End => {
-                    let _ = tx
-                        .send(CodeEvent::End {
-                            execution_count: count,
-                        })
-                        .await;
-                    return;
-                }
+            let Some(event) = event_of(&line, &mut count) else {
+                continue;
+            };
+            let last = matches!(event, CodeEvent::End { .. });
+            if tx.send(event).await.is_err() || last {
+                return;
             }
         }
         if pending.len() > MAX_LINE {
@@ -328,35 +319,32 @@ async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
     fail(why.into()).await;
 }
 
-enum Step {
-    Send(CodeEvent),
-    Skip,
-    End,
-}
-
-/// One line of the server's (E2B's code interpreter's wire format) as forkbox's event.
-fn event_of(line: &[u8], count: &mut Option<u64>) -> Step {
+/// One line of the server's (E2B's code interpreter's wire format) as forkbox's event, if it
+/// is one (the cell's count is kept in `count` for its `end`).
+fn event_of(line: &[u8], count: &mut Option<u64>) -> Option<CodeEvent> {
     let Ok(v) = serde_json::from_slice::<serde_json::Value>(line) else {
-        return Step::Skip;
+        return None;
     };
     let text = |k: &str| v[k].as_str().unwrap_or_default().to_string();
     match v["type"].as_str().unwrap_or_default() {
-        "stdout" => Step::Send(CodeEvent::Stdout { text: text("text") }),
-        "stderr" => Step::Send(CodeEvent::Stderr { text: text("text") }),
-        "error" => Step::Send(CodeEvent::Error {
+        "stdout" => Some(CodeEvent::Stdout { text: text("text") }),
+        "stderr" => Some(CodeEvent::Stderr { text: text("text") }),
+        "error" => Some(CodeEvent::Error {
             name: text("name"),
             value: text("value"),
             traceback: text("traceback"),
         }),
-        "result" => Step::Send(CodeEvent::Result(
+        "result" => Some(CodeEvent::Result(
             serde_json::from_value::<CodeResult>(v).unwrap_or_default(),
         )),
         "number_of_executions" => {
             *count = v["execution_count"].as_u64();
-            Step::Skip
+            None
         }
-        "end_of_execution" => Step::End,
-        _ => Step::Skip,
+        "end_of_execution" => Some(CodeEvent::End {
+            execution_count: *count,
+        }),
+        _ => None,
     }
 }
 
@@ -375,13 +363,17 @@ mod tests {
             br#"{"type":"end_of_execution"}"#,
         ];
         let got: Vec<_> = lines.iter().map(|l| event_of(l, &mut count)).collect();
-        assert!(matches!(&got[0], Step::Send(CodeEvent::Stdout { text }) if text == "hi\n"));
-        assert!(matches!(got[1], Step::Skip));
+        assert!(matches!(&got[0], Some(CodeEvent::Stdout { text }) if text == "hi\n"));
+        assert!(got[1].is_none());
         assert!(
-            matches!(&got[2], Step::Send(CodeEvent::Result(r)) if r.is_main_result && r.text.as_deref() == Some("2"))
+            matches!(&got[2], Some(CodeEvent::Result(r)) if r.is_main_result && r.text.as_deref() == Some("2"))
         );
-        assert!(matches!(got[3], Step::End));
-        assert_eq!(count, Some(4));
+        assert_eq!(
+            got[3],
+            Some(CodeEvent::End {
+                execution_count: Some(4)
+            })
+        );
     }
 
     #[test]
