@@ -78,7 +78,8 @@ pub enum CodeEvent {
     /// A value the cell displayed, or its last expression's (`is_main_result`).
     Result(CodeResult),
     /// An exception (its class name, message and traceback), a timeout (`TimeoutError`), a
-    /// kernel that died and was started again (`KernelDied`, `KernelRestarted`), a bash cell's
+    /// kernel that died during the cell and was started again (`KernelDied`), past the
+    /// output limit (`OutputLimitError`), the relay broken off (`ForkboxRelayError`), a bash cell's
     /// non-zero exit (`CommandExitError`).
     Error {
         name: String,

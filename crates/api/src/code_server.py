@@ -234,9 +234,9 @@ class Output:
 
 def run_python(ctx, code, envs, send, limit):
     if ctx.kc is None or not ctx.km.is_alive():
+        # It died between cells (a memory hog's last act, say): this cell runs on a new one.
         ctx.restart()
-        send({"type": "error", "name": "KernelRestarted", "value": "the kernel had died and was started again; run the cell again", "traceback": ""})
-        return
+        send({"type": "stderr", "text": "[forkbox: the kernel had died and was started again; its state is gone]\n", "timestamp": now()})
     if envs:
         code = "import os as __fbx_os\n__fbx_os.environ.update(" + json.dumps(envs) + ")\ndel __fbx_os\n" + code
     out = Output(send)
@@ -314,8 +314,7 @@ def drain(ctx, msg_id):
 def run_node(ctx, code, envs, send, limit):
     if ctx.node is None or ctx.node.poll() is not None:
         ctx.start_node()
-        send({"type": "error", "name": "KernelRestarted", "value": "the JavaScript context had ended and was started again; run the cell again", "traceback": ""})
-        return
+        send({"type": "stderr", "text": "[forkbox: the JavaScript context had ended and was started again; its state is gone]\n", "timestamp": now()})
     out = Output(send)
     ctx.node.stdin.write(json.dumps({"code": code}) + "\n")
     ctx.node.stdin.flush()

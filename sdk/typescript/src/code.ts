@@ -19,7 +19,7 @@ export interface CodeResult {
   javascript?: string;
 }
 
-/** An exception a cell raised, or `TimeoutError`, `KernelDied`, `KernelRestarted`,
+/** An exception a cell raised, or `TimeoutError`, `KernelDied`, `OutputLimitError`, `ForkboxRelayError`,
  * `CommandExitError` (a bash cell's exit). */
 export interface CodeError {
   name: string;

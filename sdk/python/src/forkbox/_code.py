@@ -39,7 +39,7 @@ class CodeResult:
 @dataclass(frozen=True)
 class CodeError:
     """An exception a cell raised (its class name, message, traceback), or ``TimeoutError``,
-    ``KernelDied``, ``KernelRestarted``, ``CommandExitError`` (a bash cell's exit)."""
+    ``KernelDied``, ``OutputLimitError``, ``ForkboxRelayError``, ``CommandExitError`` (a bash cell's exit)."""
 
     name: str
     value: str
