@@ -117,6 +117,7 @@ class Context:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
+        quiet(self, CAP_CODE % CELL_OUTPUT)
 
     def restart(self):
         with self.lock:
@@ -485,13 +486,42 @@ def preload(ctx):
     """Loads the data stack into the default kernel once (no names bound, no execution
     counted), so that a warm sandbox's copies start with it in memory."""
     modules = os.environ.get("FORKBOX_CI_PRELOAD", "numpy,pandas,matplotlib.pyplot").split(",")
-    code = "".join(f"__import__({m.strip()!r})\n" for m in modules if m.strip())
+    quiet(ctx, "".join(f"__import__({m.strip()!r})\n" for m in modules if m.strip()))
+
+
+def quiet(ctx, code):
+    """Runs `code` in a context's kernel as no cell (nothing shown, nothing counted)."""
     msg_id = ctx.kc.execute(code, silent=True, store_history=False)
     try:
         ctx.kc.get_shell_msg(timeout=120)
     except queue.Empty:
         pass
     drain(ctx, msg_id)
+
+
+# In every Python kernel: a cell's printed text is counted where it is written, and the write
+# that would pass the limit raises OutputLimitError in the cell instead (its state kept). Cut
+# at the source, a cell that prints without end queues nothing for the server to fall behind
+# on (the kernel's outgoing queue once grew until the OOM killer took it).
+CAP_CODE = """
+def __fbx_cap(limit):
+    from ipykernel.iostream import OutStream
+    class OutputLimitError(Exception):
+        pass
+    written = [0]
+    original = OutStream.write
+    def write(self, text):
+        written[0] += len(text)
+        if written[0] > limit:  # and every write after it in this cell
+            raise OutputLimitError(f"the cell printed over {limit} bytes and was stopped")
+        return original(self, text)
+    OutStream.write = write
+    def reset(*_):
+        written[0] = 0
+    get_ipython().events.register("pre_run_cell", reset)
+__fbx_cap(%d)
+del __fbx_cap
+"""
 
 
 class Cells:
