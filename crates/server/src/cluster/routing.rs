@@ -482,6 +482,12 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
         Ok(n) => n,
         Err(e) => return Node::unavailable(e),
     };
+    // A snapshot saved a moment ago on another node may not be in this member's copy yet:
+    // when no node holds it here, the leader says.
+    let live = match live.iter().any(|n| n.snapshots.contains(&name)) {
+        true => live,
+        false => c.nodes_fresh().await.unwrap_or(live),
+    };
     let is_fork = req.method() == Method::POST && req.uri().path().ends_with("/fork");
     if !is_fork {
         return match live.iter().find(|n| n.snapshots.contains(&name)) {
