@@ -620,7 +620,6 @@ def main():
     preload(context_for("python", None))
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
-    print("ready", flush=True)
     server.serve_forever()
 
 

@@ -248,7 +248,6 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         )?),
         ..CreateRequest::default()
     };
-    // A template is a snapshot's name (a create from it is a copy) or an image.
     let theirs = keys::snapshot_is(&c.owner, &n.template_id);
     // A template is a snapshot's name (a create from it is a copy), the code interpreter's (a
     // copy of its warm sandbox, the server and a kernel running), or an image.

@@ -14,17 +14,9 @@ pub const TEMPLATE: &str = "code-interpreter-v1";
 /// The image forkbox makes it of.
 pub const IMAGE: &str = "code-interpreter";
 
-/// The image a template names: the code interpreter's alias, or the name itself.
-pub fn image_for(template: &str) -> &str {
-    match template {
-        TEMPLATE => IMAGE,
-        t => t,
-    }
-}
-
-/// Whether sandboxes of `template` get the server.
+/// Whether sandboxes of `template` (the alias or the image's name) get the server.
 pub fn wanted(template: &str) -> bool {
-    image_for(template) == IMAGE
+    template == TEMPLATE || template == IMAGE
 }
 
 /// The warm snapshot of image `reference` with this build's server: named by both, so a new
@@ -58,25 +50,16 @@ pub async fn warm(e: &E2b) -> Result<String, Failure> {
         .await?;
     let id = v.info.id;
     // Listing its contexts starts the server (and its first kernel) through the daemon.
-    let saved = match e
-        .daemon
-        .list_code_contexts(&id)
-        .await
-        .map_err(Failure::from)
-    {
-        Ok(_) => e
-            .daemon
-            .snapshot(
-                &id,
-                &forkbox_api::SnapshotRequest {
-                    name: Some(name.clone()),
-                    stay_paused: true,
-                },
-            )
-            .await
-            .map_err(Failure::from),
-        Err(f) => Err(f),
-    };
+    let saved = async {
+        e.daemon.list_code_contexts(&id).await?;
+        let keep = forkbox_api::SnapshotRequest {
+            name: Some(name.clone()),
+            stay_paused: true,
+        };
+        e.daemon.snapshot(&id, &keep).await
+    }
+    .await
+    .map_err(Failure::from);
     let _ = e.daemon.delete(&id).await;
     saved.map(|_| name)
 }

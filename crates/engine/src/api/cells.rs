@@ -264,7 +264,11 @@ async fn read_limited(body: Incoming, limit: usize) -> Result<Vec<u8>, EngineErr
 
 /// Reads the server's NDJSON lines and sends each as an event; a line past [`MAX_LINE`] or
 /// a guest that breaks off ends the cell with an error event.
-async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
+async fn relay<B>(mut body: B, tx: mpsc::Sender<CodeEvent>)
+where
+    B: hyper::body::Body<Data = hyper::body::Bytes> + Unpin,
+    B::Error: std::fmt::Display,
+{
     let mut pending: Vec<u8> = Vec::new();
     let mut count = None;
     // A cell the relay cannot finish ends all the same: its error, then `end`.
@@ -297,10 +301,16 @@ async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
         let Ok(data) = frame.into_data() else {
             continue;
         };
+        // Only what this frame brought can end a line (a large result comes in many frames:
+        // each byte is looked at once), and the lines read are dropped from the front once.
+        let mut from = pending.len();
         pending.extend_from_slice(&data);
-        while let Some(at) = pending.iter().position(|b| *b == b'\n') {
-            let line: Vec<u8> = pending.drain(..=at).collect();
-            let Some(event) = event_of(&line, &mut count) else {
+        let mut start = 0;
+        while let Some(at) = pending[from..].iter().position(|b| *b == b'\n') {
+            let end = from + at;
+            let event = event_of(&pending[start..end], &mut count);
+            (start, from) = (end + 1, end + 1);
+            let Some(event) = event else {
                 continue;
             };
             let last = matches!(event, CodeEvent::End { .. });
@@ -308,6 +318,7 @@ async fn relay(mut body: Incoming, tx: mpsc::Sender<CodeEvent>) {
                 return;
             }
         }
+        pending.drain(..start);
         if pending.len() > MAX_LINE {
             let why = format!("a result of over {MAX_LINE} bytes was not relayed");
             fail(why).await;
@@ -373,6 +384,40 @@ mod tests {
             Some(CodeEvent::End {
                 execution_count: Some(4)
             })
+        );
+    }
+
+    /// Lines split across frames and several in one frame all arrive, each once, in order;
+    /// what follows `end` is not read.
+    #[tokio::test]
+    async fn the_relay_reads_lines_however_they_are_framed() {
+        use hyper::body::Bytes;
+        let (mut guest, body) = http_body_util::channel::Channel::<Bytes>::new(8);
+        let (tx, mut rx) = mpsc::channel(16);
+        let task = tokio::spawn(relay(body, tx));
+        for piece in [
+            &br#"{"type":"stdout","te"#[..],
+            br#"xt":"a\n"}"#,
+            b"\n",
+            br#"{"type":"stderr","text":"b"}"#,
+            b"\n{\"type\":\"number_of_executions\",\"execution_count\":2}\n{\"type\":\"end_of_execution\"}\n{\"type\":\"stdout\",\"text\":\"late\"}\n",
+        ] {
+            guest.send_data(Bytes::from(piece.to_vec())).await.unwrap();
+        }
+        let mut got = Vec::new();
+        while let Some(e) = rx.recv().await {
+            got.push(e);
+        }
+        task.await.unwrap();
+        assert_eq!(
+            got,
+            vec![
+                CodeEvent::Stdout { text: "a\n".into() },
+                CodeEvent::Stderr { text: "b".into() },
+                CodeEvent::End {
+                    execution_count: Some(2)
+                },
+            ]
         );
     }
 
