@@ -241,7 +241,9 @@ def run_python(ctx, code, envs, send, limit):
     if envs:
         code = "import os as __fbx_os\n__fbx_os.environ.update(" + json.dumps(envs) + ")\ndel __fbx_os\n" + code
     out = Output(send)
-    msg_id = ctx.kc.execute(code, store_history=True, allow_stdin=False)
+    # stop_on_error=False: ipykernel otherwise aborts, silently, a request that arrives within
+    # stop_on_error_timeout of an error (the next cell an agent sends at once).
+    msg_id = ctx.kc.execute(code, store_history=True, allow_stdin=False, stop_on_error=False)
     deadline = time.monotonic() + limit
     while True:
         left = deadline - time.monotonic()

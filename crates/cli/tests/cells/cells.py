@@ -36,6 +36,9 @@ def cells(sbx):
     ex = sbx.run_code("import time\ntime.sleep(30)", timeout_seconds=2)
     assert ex.error and ex.error.name == "TimeoutError", ex.error
     assert sbx.run_code("x").text == "20", "state survives an error and a timeout"
+    for i in range(20):  # a cell sent the moment an error comes back runs (ipykernel aborts it otherwise)
+        assert sbx.run_code("1 / 0").error.name == "ZeroDivisionError"
+        assert sbx.run_code(f"{i} + 1").text == str(i + 1), f"the cell after an error, round {i}"
     ok("a plot as PNG, an exception, a timeout", t)
 
     t = time.time()
