@@ -44,7 +44,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// Install what forkbox needs on this host (QEMU, qemu-img, mmdebstrap, e2fsprogs, a guest kernel).
+    /// Install what forkbox needs on this host (QEMU, qemu-img, mmdebstrap, CA certificates, e2fsprogs, a guest kernel).
     Setup {
         /// Print the result as JSON.
         #[arg(long)]

@@ -2524,3 +2524,32 @@ fn a_running_sandboxs_network_is_replaced() {
     assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
     stop_daemon(&paths);
 }
+
+/// A host without CA certificates still reaches its own daemon (nothing on the Unix socket or
+/// an `http://` URL needs them), and an `https://` API says what is missing.
+#[test]
+fn a_host_without_ca_certificates_reaches_its_own_daemon() {
+    let paths = infra::fresh_home("no-ca-certificates", false);
+    let no_ca = [
+        ("SSL_CERT_FILE", "/nonexistent"),
+        ("SSL_CERT_DIR", "/nonexistent"),
+    ];
+    let cli = cli_with(&paths, &no_ca);
+    let out = cli(&["sandbox", "ls"]);
+    let stopped = cli(&["daemon", "stop"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout).trim(), "no sandboxes");
+    assert!(stopped.status.success(), "{}", text(&stopped.stderr));
+    let out = forkbox(&paths)
+        .envs(no_ca)
+        .env("FORKBOX_API", "https://127.0.0.1:9")
+        .args(["sandbox", "ls"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(125));
+    assert!(
+        text(&out.stderr).contains("install ca-certificates"),
+        "{}",
+        text(&out.stderr)
+    );
+}

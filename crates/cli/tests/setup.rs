@@ -130,7 +130,7 @@ fn setup_ends_working_on_a_host_with_a_newer_conflicting_qemu_utils() {
     // Every program runs, and the QEMU packages share one version.
     let out = inside(
         &root,
-        "qemu-system-x86_64 --version && qemu-img --version && mmdebstrap --version && mkfs.ext4 -V",
+        "qemu-system-x86_64 --version && qemu-img --version && mmdebstrap --version && mkfs.ext4 -V && test -s /etc/ssl/certs/ca-certificates.crt",
     );
     assert!(
         out.status.success(),

@@ -137,9 +137,12 @@ fn transport(e: reqwest::Error) -> ClientError {
 impl Client {
     pub fn new(endpoint: Endpoint) -> Result<Client, ClientError> {
         let (http, base) = match &endpoint {
+            // No TLS on a Unix socket or to an `http://` URL: such a client needs no CA roots
+            // (a host without a CA bundle still reaches its own daemon).
             Endpoint::Unix(socket) => (
                 reqwest::Client::builder()
                     .unix_socket(socket.clone())
+                    .tls_certs_only([])
                     .build()
                     .map_err(transport)?,
                 "http://forkbox".to_string(),
@@ -152,13 +155,18 @@ impl Client {
                     v.set_sensitive(true);
                     headers.insert(reqwest::header::AUTHORIZATION, v);
                 }
-                (
-                    reqwest::Client::builder()
-                        .default_headers(headers)
-                        .build()
-                        .map_err(transport)?,
-                    url.trim_end_matches('/').to_string(),
-                )
+                let builder = reqwest::Client::builder().default_headers(headers);
+                let builder = if url.starts_with("https://") {
+                    builder
+                } else {
+                    builder.tls_certs_only([])
+                };
+                let http = builder.build().map_err(|e| {
+                    ClientError::Transport(format!(
+                        "{e}: an https:// API needs this host's CA certificates (install ca-certificates, or set SSL_CERT_FILE)"
+                    ))
+                })?;
+                (http, url.trim_end_matches('/').to_string())
             }
         };
         Ok(Client {

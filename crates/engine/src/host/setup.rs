@@ -1,5 +1,5 @@
 //! Installs what forkbox needs on a Debian or Ubuntu host: QEMU, qemu-img, mmdebstrap,
-//! e2fsprogs, and Debian's cloud kernel, unpacked into forkbox's own home (never /boot).
+//! CA certificates, e2fsprogs, and Debian's cloud kernel, unpacked into forkbox's own home (never /boot).
 
 use std::path::Path;
 use std::process::Command;
@@ -41,6 +41,13 @@ pub const PACKAGES: &[Package] = &[
         program: "mmdebstrap",
         version_args: &["--version"],
         why: "builds image root filesystems from Debian packages",
+        qemu: false,
+    },
+    Package {
+        name: "ca-certificates",
+        program: "update-ca-certificates",
+        version_args: &["--help"],
+        why: "the certificate authorities that check registries' and model APIs' TLS",
         qemu: false,
     },
     Package {
