@@ -83,6 +83,23 @@ pub struct SnapshotMeta {
     /// the disk files no other snapshot, template or sandbox uses): what deleting it frees.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub held_alone_bytes: Option<u64>,
+    /// Under KVM: the guest's CPU model and the host CPU it was saved on. A copy needs the same
+    /// model and, for `host`, a CPU with every feature of that one. Absent under TCG (QEMU's
+    /// own CPU, the same everywhere) and in snapshots of versions before it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu: Option<GuestCpu>,
+}
+
+/// The CPU a KVM guest was given.
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq, utoipa::ToSchema)]
+pub struct GuestCpu {
+    /// QEMU's `-cpu` model: `host` (the host's own, every feature) or a named one (`EPYC`,
+    /// `Skylake-Server`, `x86-64-v3`…) that hosts of other generations can also give.
+    pub model: String,
+    /// The host CPU's `model name`.
+    pub host: String,
+    /// The host CPU's feature flags (`/proc/cpuinfo`), which a `host` guest may have used.
+    pub flags: Vec<String>,
 }
 
 impl SnapshotMeta {

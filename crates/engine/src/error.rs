@@ -122,6 +122,8 @@ pub enum VmError {
     Jail { detail: String },
     #[error("KVM was requested, but this host cannot run a standard guest under KVM ({reason}); use --accel tcg, or --accel auto to choose")]
     KvmUnavailable { reason: String },
+    #[error("{reason}")]
+    CpuModel { reason: String },
     #[error("QEMU could not be started ({program}): {source}; {SETUP_HINT}")]
     Spawn {
         program: String,

@@ -4,7 +4,7 @@
 
 use forkbox_protocol::ErrorKind;
 
-use crate::error::{AgentError, ImageError, SandboxError};
+use crate::error::{AgentError, ImageError, SandboxError, VmError};
 use crate::files::{ArchiveError, TransferError};
 use crate::snapshot::SnapshotError;
 pub use forkbox_api::Code;
@@ -87,7 +87,7 @@ pub fn sandbox_code(e: &SandboxError) -> Code {
         SandboxError::Snapshot(e) => snapshot_code(e),
         SandboxError::Image(e) => image_code(e),
         SandboxError::HostDiskFull { .. } => Code::HostDiskFull,
-        SandboxError::Setup(_) => Code::SetupNeeded,
+        SandboxError::Setup(_) | SandboxError::Vm(VmError::CpuModel { .. }) => Code::SetupNeeded,
         SandboxError::DiskTooSmall { .. } | SandboxError::Network(_) => Code::BadRequest,
         SandboxError::Agent(e) => agent_code(e),
         _ => Code::Internal,

@@ -180,6 +180,7 @@ impl Sandbox {
         id: Option<String>,
     ) -> Result<Sandbox, SandboxError> {
         snap.check_restorable()?;
+        snap.check_host(paths)?;
         let image = ImageStore::new(paths).resolve(&snap.meta.image.parse()?)?;
         let id = match id {
             Some(id) => id,

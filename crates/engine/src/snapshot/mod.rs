@@ -118,6 +118,28 @@ impl Snapshot {
         }
         Ok(())
     }
+
+    /// Refuses, in words, a snapshot this host cannot run: one saved under KVM where KVM does
+    /// not work, or with a CPU this host's falls short of (another node's generation).
+    pub fn check_host(&self, paths: &Paths) -> Result<(), SnapshotError> {
+        if self.meta.accel.accel != crate::vm::Accel::Kvm {
+            return Ok(());
+        }
+        let why = crate::vm::kvm_refused(paths)
+            .map(|reason| {
+                format!(
+                    "it was saved under KVM and this host runs guests under TCG ({reason}); restore it on a KVM host"
+                )
+            })
+            .or_else(|| self.meta.cpu.as_ref().and_then(crate::vm::cpu::unfit));
+        match why {
+            Some(why) => Err(SnapshotError::Incompatible {
+                name: self.meta.name.clone(),
+                why,
+            }),
+            None => Ok(()),
+        }
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -711,6 +733,12 @@ pub fn template_key(
         h.update(part.as_bytes());
         h.update([0]);
     }
+    // Under KVM, the CPU its guest found at boot: a new model, or under `host` another CPU,
+    // makes a new template.
+    if let Some(c) = crate::vm::cpu::guest(accel.accel) {
+        h.update(format!("{}|{}|{}", c.model, c.host, c.flags.join(" ")).as_bytes());
+        h.update([0]);
+    }
     let d: String = h
         .finalize()
         .iter()
@@ -755,6 +783,7 @@ pub(crate) fn new_meta(
         disk_dirs: Vec::new(),
         hibernated: None,
         held_alone_bytes: None,
+        cpu: crate::vm::cpu::guest(cfg.accel),
     }
 }
 
@@ -812,5 +841,85 @@ mod tests {
         std::fs::remove_file(dir.path().join(MEM)).unwrap();
         let err = snap.check_restorable().unwrap_err().to_string();
         assert!(err.contains("mem is missing"), "{err}");
+    }
+
+    /// A snapshot saved under KVM, on a host whose verdict is TCG: refused in words before any
+    /// QEMU starts; where KVM works, restorable (its CPU is this host's).
+    #[test]
+    fn a_kvm_snapshot_is_refused_where_kvm_does_not_work() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [MEM, VMSTATE, DISK] {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let home = tempfile::tempdir().unwrap();
+        let paths = Paths::new(home.path().to_path_buf());
+        let mut meta = new_meta(
+            "kvm-made".into(),
+            SnapshotKind::Snapshot,
+            &VmConfig {
+                accel: crate::vm::Accel::Kvm,
+                cpus: 1,
+                memory_mib: 256,
+                kernel: "vmlinuz".into(),
+                initramfs: "initrd".into(),
+                disk: "disk".into(),
+                run_dir: dir.path().into(),
+                die_with_parent: false,
+                max_procs: 64,
+                memory: Memory::Anonymous,
+                start: Start::Boot,
+            },
+            "python-bookworm@1".into(),
+            AccelDecision {
+                accel: crate::vm::Accel::Kvm,
+                reason: "test".into(),
+            },
+            None,
+            None,
+        );
+        assert!(meta
+            .cpu
+            .as_ref()
+            .is_some_and(|c| c.model == "host" && !c.host.is_empty()));
+        std::fs::write(dir.path().join(META), serde_json::to_vec(&meta).unwrap()).unwrap();
+        let verdict = |works: bool| {
+            std::fs::create_dir_all(paths.accel_verdict().parent().unwrap()).unwrap();
+            let v = json!({"host": format!("{}|probe.cpio", crate::vm::host_fingerprint()),
+                           "kvm_works": works, "reason": "paravirtual KVM"});
+            std::fs::write(paths.accel_verdict(), v.to_string()).unwrap();
+        };
+        verdict(false);
+        let snap = Snapshot::load(dir.path()).unwrap();
+        let err = snap.check_host(&paths).unwrap_err().to_string();
+        assert!(
+            err.contains("kvm-made")
+                && err.contains("saved under KVM")
+                && err.contains("restore it on a KVM host"),
+            "{err}"
+        );
+        if std::path::Path::new("/dev/kvm").exists() {
+            verdict(true);
+            snap.check_host(&paths).unwrap();
+            meta.cpu
+                .as_mut()
+                .unwrap()
+                .flags
+                .push("no_such_feature".into());
+            std::fs::write(dir.path().join(META), serde_json::to_vec(&meta).unwrap()).unwrap();
+            let err = Snapshot::load(dir.path())
+                .unwrap()
+                .check_host(&paths)
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("no_such_feature"), "{err}");
+        }
+        // Under TCG nothing of the host's matters.
+        meta.accel.accel = crate::vm::Accel::Tcg;
+        std::fs::write(dir.path().join(META), serde_json::to_vec(&meta).unwrap()).unwrap();
+        verdict(false);
+        Snapshot::load(dir.path())
+            .unwrap()
+            .check_host(&paths)
+            .unwrap();
     }
 }

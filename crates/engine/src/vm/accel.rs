@@ -34,7 +34,7 @@ struct Verdict {
     reason: String,
 }
 
-fn host_fingerprint() -> String {
+pub(crate) fn host_fingerprint() -> String {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
@@ -83,6 +83,7 @@ pub async fn decide(
             reason: "requested".into(),
         });
     }
+    super::cpu::kvm_model().map_err(|reason| VmError::CpuModel { reason })?;
     let kvm = kvm_usable(paths, kernel, initramfs).await;
     match (choice, kvm) {
         (_, Ok(())) => Ok(AccelDecision {
@@ -104,6 +105,9 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
     }
     if !crate::setup::usable_device(dev) {
         return Err("/dev/kvm cannot be opened for reading and writing by this user".into());
+    }
+    if let Some(why) = jail_cannot_open(dev) {
+        return Err(why);
     }
     // The guest that probes is part of the key: a verdict reached with another kernel or agent
     // is not trusted.
@@ -132,6 +136,30 @@ async fn kvm_usable(paths: &Paths, kernel: &Path, initramfs: &Path) -> Result<()
         let _ = write_atomic(&paths.accel_verdict(), &json);
     }
     result
+}
+
+/// Why a jailed QEMU could not open `/dev/kvm`, if it could not: it runs as a uid of its own
+/// with the device's group, so the group needs read and write (Debian's udev rule gives it
+/// group `kvm`, mode 0660; a host without udev may leave it 0600, root's alone).
+fn jail_cannot_open(dev: &Path) -> Option<String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(dev).ok()?.permissions().mode();
+    (super::jail::own_uid() && mode & 0o060 != 0o060).then(|| {
+        format!(
+            "/dev/kvm is mode {:o}: sandboxes' QEMUs run as users of their own and reach it through its group (as udev sets it: groupadd -r kvm; chgrp kvm /dev/kvm; chmod 660 /dev/kvm)",
+            mode & 0o777
+        )
+    })
+}
+
+/// Why this host cannot run a guest saved under KVM, if its cached verdict (or the lack of a
+/// `/dev/kvm`) says so; `None` when KVM works here or nothing is known yet.
+pub fn kvm_refused(paths: &Paths) -> Option<String> {
+    if !Path::new("/dev/kvm").exists() {
+        return Some("no /dev/kvm".into());
+    }
+    let v: Verdict = serde_json::from_slice(&std::fs::read(paths.accel_verdict()).ok()?).ok()?;
+    (v.host.starts_with(&format!("{}|", host_fingerprint())) && !v.kvm_works).then_some(v.reason)
 }
 
 /// The probe guest under KVM and under TCG at once: KVM works for this host if its guest
@@ -167,10 +195,15 @@ pub async fn probe(
     deadline: Duration,
 ) -> Result<(), String> {
     let started = Instant::now();
-    let accel_args: [&str; 4] = match accel {
-        Accel::Kvm => ["-accel", "kvm", "-cpu", "host"],
-        Accel::Tcg => ["-accel", "tcg,thread=multi", "-cpu", "max"],
-    };
+    let accel_args = [
+        "-accel".to_string(),
+        match accel {
+            Accel::Kvm => "kvm".into(),
+            Accel::Tcg => "tcg,thread=multi".into(),
+        },
+        "-cpu".into(),
+        super::cpu::qemu_cpu(accel),
+    ];
     let mut child = Command::new(crate::setup::which(QEMU).ok_or("QEMU is not installed")?)
         .args([
             "-M",
@@ -222,14 +255,27 @@ pub async fn probe(
     };
     let ok = tokio::time::timeout(deadline, read).await;
     let _ = child.start_kill();
-    let _ = child.wait().await;
+    let status = child.wait().await;
     match ok {
         Ok(true) => Ok(()),
         Ok(false) => {
             let mut e = String::new();
             let _ = tokio::time::timeout(Duration::from_millis(500), err.read_to_string(&mut e)).await;
-            let first = e.lines().find(|l| !l.contains("warning")).unwrap_or(e.lines().next().unwrap_or("")).trim().to_string();
-            Err(format!("a KVM guest failed after {} ms: {}", started.elapsed().as_millis(), if first.is_empty() { "QEMU exited".into() } else { first }))
+            let said = e.lines().find(|l| !l.contains("warning")).unwrap_or(e.lines().next().unwrap_or("")).trim().to_string();
+            let said = if said.is_empty() {
+                format!("QEMU exited ({})", status.map(|s| s.to_string()).unwrap_or_default())
+            } else {
+                said
+            };
+            // The guest's last words, printable and short (a panic says why).
+            let console = String::from_utf8_lossy(&seen).into_owned();
+            let last: Vec<&str> = console.lines().map(str::trim).filter(|l| !l.is_empty()).rev().take(3).collect();
+            let last: String = last.into_iter().rev().collect::<Vec<_>>().join(" / ").chars().filter(|c| !c.is_control()).take(300).collect();
+            Err(format!(
+                "a {accel} guest failed after {} ms: {said}{}",
+                started.elapsed().as_millis(),
+                if last.is_empty() { String::new() } else { format!("; its console's last lines: {last}") }
+            ))
         }
         Err(_) => Err(format!(
             "a standard guest kernel did not reach userspace under {accel} within {} s (nested or paravirtual KVM)",

@@ -1,12 +1,17 @@
 //! QEMU `microvm` guests: the accelerator decision and the QEMU process.
 
 mod accel;
+pub mod cpu;
 pub mod jail;
 mod qemu;
 pub mod qmp;
 mod socket_wait;
 
-pub use accel::{decide, host_decision, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE};
+#[cfg(test)]
+pub(crate) use accel::host_fingerprint;
+pub use accel::{
+    decide, host_decision, kvm_refused, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE,
+};
 pub use qemu::{
     console_tail, create_overlay, kernel_cmdline, qemu_args, ram_bytes, ram_tail_kib, Console,
     Memory, Start, Vm, VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, QMP_SOCKET, TCG_RAM_TAIL_KIB,

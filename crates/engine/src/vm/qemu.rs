@@ -223,7 +223,12 @@ fn machine_args(cfg: &VmConfig) -> Vec<String> {
 /// The accelerator and the CPU model that goes with it: all that differs between KVM and TCG.
 fn accel_args(accel: Accel) -> [String; 4] {
     match accel {
-        Accel::Kvm => ["-accel".into(), "kvm".into(), "-cpu".into(), "host".into()],
+        Accel::Kvm => [
+            "-accel".into(),
+            "kvm".into(),
+            "-cpu".into(),
+            super::cpu::qemu_cpu(Accel::Kvm),
+        ],
         Accel::Tcg => [
             "-accel".into(),
             // The translation cache defaults to 1 GiB; 256 MiB is ample for one small guest
