@@ -135,7 +135,7 @@ timeout --kill-after=10 "$timeout" "$qemu" -M q35 -accel tcg,thread=multi -cpu E
   2> >(grep -v "TCG doesn't support requested feature" >&2) &
 vm=$!
 # The KVM host goes with this script, however it ends.
-trap 'kill "$vm" 2>/dev/null; wait "$vm" 2>/dev/null; rm -rf "$run"' EXIT
+trap 'kill "$vm" 2>/dev/null || true; wait "$vm" 2>/dev/null || true; rm -rf "$run"' EXIT
 trap 'exit 143' TERM INT HUP
 st=0
 wait "$vm" || st=$?

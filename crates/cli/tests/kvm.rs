@@ -5,12 +5,15 @@
 //! accelerator on its own. They prove the KVM path correct; its speed there is not a KVM host's
 //! (3-7x slower than TCG here) and its isolation is not tested.
 //!
-//! In the default run: the smoke (probe, template, snapshot of a running sandbox, fork x2 with
-//! exactness, hibernate and resume, fork safety) in a bookworm host (~6 min). With
-//! `FORKBOX_KVM_FULL=1`: the same in a trixie host too (Linux 6.12 with `PAGEMAP_SCAN`, QEMU 10).
+//! In the default run: the smoke (probe, template, snapshot of a running sandbox, fork x2 and a
+//! fork of a fork with the parent's files and memory, fork safety, hibernate and resume, the
+//! jail) in a bookworm host (~4 min). With `FORKBOX_KVM_FULL=1`: the whole KVM suite (the smoke,
+//! files and TTL, the engine's page-exact fork tests) in a bookworm and a trixie host (Linux
+//! 6.12 with `PAGEMAP_SCAN`, QEMU 10).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -18,25 +21,38 @@ use forkbox_test_infra as infra;
 
 mod common;
 
-/// Runs `inside::NAME` of this binary in a KVM host of `flavour`; skips (saying why) only when
-/// this machine cannot make one.
-fn in_kvm_host(flavour: &str, name: &str) {
+/// Runs these tests of this binary, then those of `other` (a test binary and its tests), in a
+/// KVM host of `flavour`, as root there with the KVM host's own test home; skips (saying why)
+/// only when this machine cannot make such a host.
+fn in_kvm_host(flavour: &str, ours: &[&str], other: Option<(&Path, &[&str])>) {
     let paths = infra::home();
     infra::image(&paths, "python-bookworm");
+    let q = |s: &Path| format!("'{}'", s.to_string_lossy().replace('\'', "'\\''"));
+    let mut script = format!(
+        "export FORKBOX_KVM_INSIDE=1 RUST_BACKTRACE=1; {} --ignored --exact --nocapture --test-threads 1 {}",
+        q(&std::env::current_exe().unwrap()),
+        ours.join(" ")
+    );
+    if let Some((bin, tests)) = other {
+        script += &format!(
+            " && {} --exact --nocapture --test-threads 1 {}",
+            q(bin),
+            tests.join(" ")
+        );
+    }
     let started = Instant::now();
     let status = Command::new(infra::repo_root().join("scripts/kvm-host.sh"))
         .args(["--flavour", flavour])
         .args(["--seed", "kernels", "--seed", "images/python-bookworm"])
-        .arg("--")
-        .args(["env", "FORKBOX_KVM_INSIDE=1", "RUST_BACKTRACE=1"])
-        .arg(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "--nocapture", "--test-threads", "1"])
-        .arg(format!("inside::{name}"))
+        .args(["--", "sh", "-c", &script])
         .env("FORKBOX_TEST_HOME", paths.home())
         .status()
         .unwrap();
     println!(
-        "FIGURE kvm host ({flavour}) inside::{name}: {:.0} s from L0, boot and build included",
+        "FIGURE kvm host ({flavour}) {ours:?}{}: {:.0} s from L0, its boot included",
+        other
+            .map(|(_, t)| format!(" and {t:?}"))
+            .unwrap_or_default(),
         started.elapsed().as_secs_f64()
     );
     if status.code() == Some(77) {
@@ -45,22 +61,60 @@ fn in_kvm_host(flavour: &str, name: &str) {
     }
     assert!(
         status.success(),
-        "inside::{name} in the {flavour} KVM host: {status}"
+        "{ours:?} in the {flavour} KVM host: {status}"
     );
 }
 
 #[test]
 fn smoke_in_a_bookworm_kvm_host() {
-    in_kvm_host("bookworm", "smoke");
+    in_kvm_host("bookworm", &["inside::smoke"], None);
 }
 
+/// The whole KVM suite (`FORKBOX_KVM_FULL=1`), in a bookworm and a trixie host: the smoke, the
+/// rest of a sandbox's life (files, TTL), and the engine's own fork tests (every page a busy
+/// parent wrote is in each copy and nothing else changed; processes carried, copies diverge).
 #[test]
-fn smoke_in_a_trixie_kvm_host() {
+fn full_suite_in_bookworm_and_trixie_kvm_hosts() {
     if std::env::var("FORKBOX_KVM_FULL").as_deref() != Ok("1") {
-        eprintln!("kvm: the trixie host runs with FORKBOX_KVM_FULL=1 (the bookworm one covers the same path)");
+        eprintln!(
+            "kvm: the full KVM suite runs with FORKBOX_KVM_FULL=1 (the smoke covers the same path)"
+        );
         return;
     }
-    in_kvm_host("trixie", "smoke");
+    let fork_tests = engine_fork_tests();
+    let engine: &[&str] = &[
+        "live_snapshot_of_a_busy_sandbox_is_exact",
+        "forks_carry_processes_and_diverge",
+    ];
+    for flavour in ["bookworm", "trixie"] {
+        in_kvm_host(
+            flavour,
+            &["inside::smoke", "inside::more"],
+            Some((&fork_tests, engine)),
+        );
+    }
+}
+
+/// The engine's fork tests' binary, built beside this one (`cargo nextest run --workspace`
+/// builds it; `cargo test -p forkbox-engine --test fork --no-run` alone).
+fn engine_fork_tests() -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let deps = std::env::current_exe()
+        .unwrap()
+        .parent()
+        .unwrap()
+        .to_path_buf();
+    std::fs::read_dir(&deps)
+        .unwrap()
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let name = p.file_name().unwrap().to_string_lossy().into_owned();
+            name.strip_prefix("fork-").is_some_and(|h| {
+                h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit())
+            }) && p.metadata().unwrap().permissions().mode() & 0o111 != 0
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .expect("the engine's fork tests are not built: cargo test -p forkbox-engine --test fork --no-run")
 }
 
 /// What runs in the KVM host.
@@ -216,6 +270,56 @@ mod inside {
         step("each copy: the parent's file and memory, its counter going on, its own boot id, randomness, name and the host's time", t);
 
         let t = Instant::now();
+        let grand = json(&cli(&d, &["sandbox", "fork", &copies[0], "--json"]));
+        let grand = grand["sandboxes"][0]["id"].as_str().unwrap().to_string();
+        assert_eq!(sh(&d, &grand, SUMS), sums, "a fork of a fork");
+        assert!(
+            owns.insert(sh(&d, &grand, OWN)),
+            "a fork of a fork has its own identity"
+        );
+        cli(&d, &["sandbox", "rm", &grand]);
+        step(
+            "a fork of a fork: the same file and memory, its own identity",
+            t,
+        );
+
+        // The jail under KVM: /dev/kvm is the one device beyond null and urandom, reached by a
+        // uid of its own (through the device's group), under seccomp.
+        let t = Instant::now();
+        let list = json(&cli(&d, &["sandbox", "ls", "--json"]));
+        let pid = list
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["id"] == id.as_str())
+            .unwrap()["qemu_pid"]
+            .as_u64()
+            .unwrap();
+        let mut dev: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/root/dev"))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        dev.sort();
+        assert_eq!(dev, ["kvm", "null", "urandom"]);
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let field = |k: &str| {
+            status
+                .lines()
+                .find(|l| l.starts_with(k))
+                .unwrap()
+                .split_whitespace()
+                .nth(1)
+                .unwrap()
+                .to_string()
+        };
+        assert_ne!(field("Uid:"), "0", "{status}");
+        assert_eq!(field("Seccomp:"), "2", "{status}");
+        step(
+            "the jail under KVM: /dev/kvm, null and urandom alone, its own uid, seccomp",
+            t,
+        );
+
+        let t = Instant::now();
         let n = counts_on(&d, &id, before);
         cli(&d, &["sandbox", "hibernate", &id]);
         cli(&d, &["sandbox", "resume", &id]);
@@ -231,5 +335,59 @@ mod inside {
         cli(&d, &[&["sandbox", "rm"][..], &all].concat());
         d.assert_nothing_left();
         println!("kvm smoke passed");
+    }
+    /// The rest of a sandbox's life under KVM: files in and out, a TTL that ends it.
+    #[test]
+    #[ignore = "runs in a KVM host (tests/kvm.rs runs it there)"]
+    fn more() {
+        assert_eq!(std::env::var("FORKBOX_KVM_INSIDE").as_deref(), Ok("1"));
+        let d = Daemon::start("kvm-more");
+        let t = Instant::now();
+        let id = cli(
+            &d,
+            &["sandbox", "create", "--memory", "512m", "--ttl", "40"],
+        )
+        .trim()
+        .to_string();
+        let work = tempfile::tempdir().unwrap();
+        let src = work.path().join("src");
+        std::fs::create_dir_all(src.join("sub")).unwrap();
+        std::fs::write(src.join("sub/a.txt"), "forkbox under kvm\n").unwrap();
+        std::os::unix::fs::symlink("sub/a.txt", src.join("link")).unwrap();
+        cli(
+            &d,
+            &["sandbox", "upload", &id, &src.to_string_lossy(), "/root/in"],
+        );
+        assert_eq!(sh(&d, &id, "cat /root/in/link"), "forkbox under kvm");
+        let back = work.path().join("back");
+        cli(
+            &d,
+            &[
+                "sandbox",
+                "download",
+                &id,
+                "/root/in",
+                &back.to_string_lossy(),
+            ],
+        );
+        assert_eq!(
+            std::fs::read_to_string(back.join("sub/a.txt")).unwrap(),
+            "forkbox under kvm\n"
+        );
+        assert!(back
+            .join("link")
+            .symlink_metadata()
+            .unwrap()
+            .file_type()
+            .is_symlink());
+        step("a directory up and back, its link a link", t);
+        let t = Instant::now();
+        let gone = (0..120).any(|_| {
+            std::thread::sleep(std::time::Duration::from_secs(1));
+            !cli(&d, &["sandbox", "ls"]).contains(&id)
+        });
+        assert!(gone, "{id} outlived its TTL");
+        d.assert_nothing_left();
+        step("its TTL ended it, VM and files", t);
     }
 }
