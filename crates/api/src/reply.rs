@@ -246,6 +246,10 @@ pub struct InfoView {
     /// This daemon's node name when it is a cluster's node (`serve --cluster`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub node: Option<String>,
+    /// The QEMU its sandboxes run on, as it names itself (`QEMU emulator version 10.0.2 ...`):
+    /// a snapshot saved by another restores nowhere here.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qemu: Option<String>,
 }
 
 /// What a delete removed.

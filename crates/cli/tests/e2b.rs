@@ -50,6 +50,7 @@ fn python_sdk_newest_on_a_fresh_home() {
     let d = Daemon::start_in(paths, &[]);
     let out = d.check(
         e2b_client(&d, &python)
+            .env("E2B_FIRST_CREATE_TIMEOUT", "900")
             .arg(scenario("scenario.py"))
             .arg("sync"),
         "e2b (Python, newest) sync scenario on a fresh home",

@@ -28,16 +28,36 @@ fn warm_name(reference: &str) -> String {
     format!("e2b-ci-{}-{hex}", reference.replace('@', "-"))
 }
 
+/// Whether the warm snapshot `name` is there and restores here. One saved by another QEMU (the
+/// host's QEMU upgraded since, as `forkbox setup` does) never will: it is removed, to be made
+/// again.
+async fn restorable(e: &E2b, name: &str) -> Result<bool, Failure> {
+    let Ok(snap) = e.daemon.get_snapshot(name).await else {
+        return Ok(false);
+    };
+    let ours = e.daemon.info().await?.qemu;
+    if ours.as_ref().is_none_or(|q| *q == snap.qemu_version) {
+        return Ok(true);
+    }
+    tracing::info!(
+        "e2b: {name} was saved by {} and this daemon runs {}; making it again",
+        snap.qemu_version,
+        ours.unwrap_or_default()
+    );
+    let _ = e.daemon.delete_snapshot(name).await;
+    Ok(false)
+}
+
 /// The name of the snapshot every code interpreter sandbox is a copy of, made first if this
 /// daemon has none for the newest image (once, however many creates ask).
 pub async fn warm(e: &E2b) -> Result<String, Failure> {
     let image = e.daemon.get_image(IMAGE).await?;
     let name = warm_name(&image.reference);
-    if e.daemon.get_snapshot(&name).await.is_ok() {
+    if restorable(e, &name).await? {
         return Ok(name);
     }
     let _one = e.warming.lock().await;
-    if e.daemon.get_snapshot(&name).await.is_ok() {
+    if restorable(e, &name).await? {
         return Ok(name);
     }
     tracing::info!("e2b: making {name}, the code interpreter's warm sandbox");

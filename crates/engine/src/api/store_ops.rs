@@ -254,6 +254,7 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
             sandboxes: self.sandboxes.read().await.len() + self.sleepers.read().await.len(),
             pool: self.pool.view(),
             node: self.node().map(str::to_string),
+            qemu: Some(crate::snapshot::qemu_version()),
         }
     }
 }
