@@ -13,8 +13,10 @@
 #   console - the web console with 100 sandboxes: first paint and first draw in Chromium
 #           (BENCH_LOADS), the daemon's idle CPU with no page, one page and ten event streams open
 #           (BENCH_IDLE_SECS)
-# `bench/run.sh boot` (or fork, fork_running, net, console) runs one of them; no argument runs the first
-# three.
+#   qemu  - QEMU 7.2 (Debian 12's) and 10.0 (what setup installs) side by side: the fork bench
+#           under each with ratios 10/7.2, and mapped-ram against the plain stream (bench/qemu.sh)
+# `bench/run.sh boot` (or fork, fork_running, net, console, qemu) runs one of them; no argument
+# runs the first three.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export FORKBOX_BIN="$(scripts/build.sh)"
@@ -22,6 +24,10 @@ scripts/build.sh agent >/dev/null
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 for b in ${1:-boot fork fork_running}; do
     echo "== bench $b"
+    if [ "$b" = qemu ]; then
+        bench/qemu.sh
+        continue
+    fi
     pkg=forkbox-engine
     [ "$b" = console ] && pkg=forkbox-cli
     cargo bench --quiet --locked -p "$pkg" --bench "$b"

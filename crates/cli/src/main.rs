@@ -42,10 +42,22 @@ struct Cli {
     command: Cmd,
 }
 
+/// Where `forkbox setup` takes QEMU from.
+#[derive(Clone, Copy, clap::ValueEnum)]
+enum QemuFrom {
+    Recent,
+    System,
+}
+
 #[derive(Subcommand)]
 enum Cmd {
     /// Install what forkbox needs on this host (QEMU, qemu-img, mmdebstrap, CA certificates, e2fsprogs, a guest kernel).
     Setup {
+        /// Which QEMU: `recent` (9.0 or later: on Debian 12, QEMU 10.0 from bookworm-backports,
+        /// added as an apt source of its own) or `system` (the distribution's or the one
+        /// installed, with the weaknesses `forkbox doctor` lists).
+        #[arg(long, value_enum, default_value_t = QemuFrom::Recent)]
+        qemu: QemuFrom,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -460,8 +472,14 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 
 fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Cmd::Setup { json } => {
-            let steps = setup::setup(&paths, &mut |line| eprintln!("forkbox setup: {line}"))?;
+        Cmd::Setup { qemu, json } => {
+            let source = match qemu {
+                QemuFrom::Recent => setup::QemuSource::Recent,
+                QemuFrom::System => setup::QemuSource::System,
+            };
+            let steps = setup::setup(&paths, source, &mut |line| {
+                eprintln!("forkbox setup: {line}")
+            })?;
             if json {
                 print_json(&steps)?;
             } else {
@@ -918,7 +936,7 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
         .into_iter()
         .map(|k| k.release)
         .collect();
-    let qemu = setup::which(forkbox_engine::vm::QEMU).map(|p| p.display().to_string());
+    let qemu = forkbox_engine::vm::program::program().map(|p| p.display().to_string());
     let agent = forkbox_engine::agent_bin::locate()
         .map(|(p, _)| p.display().to_string())
         .map_err(|e| e.to_string());

@@ -1564,6 +1564,24 @@ fn doctor_reports_a_loose_home_and_how_to_fix_it() {
     assert!(home_check["fix"].as_str().unwrap().starts_with("chmod 700"));
     let mode = std::fs::metadata(&home).unwrap().permissions().mode() & 0o777;
     assert_eq!(mode, 0o755, "doctor changed the home");
+
+    // The QEMU `forkbox setup` installs (10.0 here) leaves no QEMU warning; an older one is
+    // warned of, with what to run.
+    let qemu = checks.iter().find(|c| c["name"] == "qemu").unwrap();
+    let detail = qemu["found"].as_str().unwrap_or_default();
+    match forkbox_engine::vm::program::version() {
+        Some(v) if v >= (9, 0) => {
+            assert_eq!(qemu["status"], "ok", "{qemu}");
+            assert!(detail.contains("read-only"), "{qemu}");
+        }
+        _ => {
+            assert_eq!(qemu["status"], "warn", "{qemu}");
+            assert!(
+                qemu["fix"].as_str().unwrap().contains("forkbox setup"),
+                "{qemu}"
+            );
+        }
+    }
 }
 
 /// `forkbox` as `run` gives it, fed `input` on standard input.

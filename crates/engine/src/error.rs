@@ -39,6 +39,8 @@ pub enum SetupError {
     NoPackage { package: String },
     #[error("apt offers {packages} in no common version (QEMU's candidate is {version}); add the Debian release they come from to apt's sources, or install them by hand in one `apt-get install`")]
     NoCommonVersion { packages: String, version: String },
+    #[error("apt offers QEMU {offered} on {release}, older than 9.0 (copies could write their snapshot's RAM file; TCG guests need padded RAM); install QEMU 9.0 or later (Debian 13 has 10.0), or keep this one with `forkbox setup --qemu=system` (`forkbox doctor` then says what it leaves open)")]
+    NoRecentQemu { offered: String, release: String },
     #[error("installing forkbox's packages would remove {packages}, which forkbox does not own; nothing was changed; decide by hand with `{command}`")]
     WouldRemove { packages: String, command: String },
     #[error("{program} does not run after installing {package}; see `{program} --version` and `apt-get install --reinstall {package}`")]

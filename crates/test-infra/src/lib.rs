@@ -41,8 +41,12 @@ pub fn home() -> Paths {
                 "test-infra: installing the guest kernel into {} (once per machine)",
                 paths.home().display()
             );
-            forkbox_engine::setup::setup(&paths, &mut |l| eprintln!("test-infra: {l}"))
-                .expect("forkbox setup for the test home");
+            forkbox_engine::setup::setup(
+                &paths,
+                forkbox_engine::setup::QemuSource::Recent,
+                &mut |l| eprintln!("test-infra: {l}"),
+            )
+            .expect("forkbox setup for the test home");
         }
     });
     paths

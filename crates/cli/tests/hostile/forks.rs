@@ -125,3 +125,88 @@ fn a_copy_cannot_change_its_snapshot() {
     }
     let _ = d.cli(&["snapshot", "rm", "pristine"]);
 }
+
+/// A copy's QEMU taken over from inside its guest: the test acts as it (its mount namespace,
+/// its root, its uid and group, through `nsenter`). Promise, with QEMU 8.2 or later: it cannot
+/// open the RAM file its sibling copies map for writing, and a sibling's memory stays the
+/// snapshot's. Skipped, saying why, on an older QEMU (which opens that file read-write;
+/// `forkbox doctor` warns of it).
+#[test]
+fn an_escaped_qemu_cannot_write_its_siblings_memory() {
+    use forkbox_engine::vm::program;
+    if !program::readonly_private_ram() {
+        eprintln!(
+            "skipped: {} opens a RAM file it maps private read-write (read-only from 8.2)",
+            program::banner()
+        );
+        return;
+    }
+    let d = Daemon::start("fork-ram-readonly");
+    let parent = d.create(&[]);
+    let sum = "sha256sum /dev/shm/blob | cut -d' ' -f1";
+    d.ok(&parent, "head -c 33554432 /dev/urandom > /dev/shm/blob");
+    let original = d.ok(&parent, sum);
+    let out = d.cli(&["sandbox", "snapshot", &parent, "--name", "shared-ram"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let copies = fork(&d, "shared-ram", 2);
+
+    let q = d.qemu_of(&copies[0]);
+    let status = std::fs::read_to_string(format!("/proc/{q}/status")).unwrap();
+    let id = |field: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(field))
+            .and_then(|v| v.split_whitespace().next())
+            .unwrap()
+            .to_string()
+    };
+    let (uid, gid) = (id("Uid:"), id("Gid:"));
+    let cmdline = std::fs::read(format!("/proc/{q}/cmdline")).unwrap();
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    let mem = cmdline
+        .split(['\0', ','])
+        .find_map(|a| a.strip_prefix("mem-path="))
+        .expect("the copy's RAM file")
+        .to_string();
+    assert!(
+        !mem.contains(&copies[0]),
+        "{mem}: the copy's own, not the snapshot's"
+    );
+    let as_qemu = |script: &str| {
+        std::process::Command::new("nsenter")
+            .args(["-t", &q.to_string(), "-m", "-r", "-S", &uid, "-G", &gid])
+            .args(["--", "/bin/sh", "-c", script])
+            .output()
+            .unwrap()
+    };
+    // The method can write where the QEMU may: its own run directory.
+    let run = d.paths.run().join(&copies[0]);
+    let own = as_qemu(&format!(": > '{}/escaped'", run.display()));
+    assert!(
+        own.status.success(),
+        "acting as the QEMU failed where it may write: {}",
+        text(&own.stderr)
+    );
+    // The RAM file its siblings map: neither opened for writing nor for reading and writing.
+    for open in [
+        format!("exec 3>>'{mem}'"),
+        format!("exec 3<>'{mem}'"),
+        format!("head -c 4096 /dev/zero | dd of='{mem}' conv=notrunc status=none"),
+    ] {
+        let out = as_qemu(&open);
+        assert!(
+            !out.status.success(),
+            "`{open}` succeeded inside the copy's jail"
+        );
+        let why = text(&out.stderr);
+        assert!(
+            why.contains("Read-only file system") || why.contains("Permission denied"),
+            "{open}: {why}"
+        );
+    }
+    assert_eq!(d.ok(&copies[1], sum), original);
+    for c in &copies {
+        let _ = d.cli(&["sandbox", "rm", c]);
+    }
+    let _ = d.cli(&["snapshot", "rm", "shared-ram"]);
+}

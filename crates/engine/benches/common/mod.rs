@@ -37,7 +37,10 @@ pub async fn qemu_floor(dir: &std::path::Path) -> Duration {
     let sock = dir.join("floor.qmp");
     let _ = std::fs::remove_file(&sock);
     let start = Instant::now();
-    let mut child = tokio::process::Command::new("qemu-system-x86_64")
+    use forkbox_engine::vm::program;
+    let mut child = tokio::process::Command::new(program::program().expect("a QEMU"))
+        .args(program::firmware_args())
+        .envs(program::module_env())
         .args([
             "-M",
             "microvm",

@@ -224,38 +224,54 @@ fn jail() -> Check {
     )
 }
 
-/// `major.minor` of a `QEMU emulator version X.Y.Z ...` line.
-fn version_of(line: &str) -> Option<(u32, u32)> {
-    let v = line.split("version ").nth(1)?;
-    let mut parts = v.split(|c: char| !c.is_ascii_digit());
-    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
-}
-
+/// The QEMU in use (its program, and whether `FORKBOX_QEMU` chose it) and which of forkbox's
+/// protections its version allows.
 fn qemu(accel: Option<&AccelDecision>) -> Check {
-    let line = crate::snapshot::qemu_version();
-    let Some(v) = version_of(&line) else {
+    use crate::vm::program;
+    let line = program::banner();
+    let at = match (program::program(), std::env::var_os(program::QEMU_ENV)) {
+        (Some(p), Some(_)) => format!(" at {} ({})", p.display(), program::QEMU_ENV),
+        (Some(p), None) => format!(" at {}", p.display()),
+        (None, _) => String::new(),
+    };
+    let Some(v) = program::version_of(&line) else {
         return check(
             "qemu",
             Status::Fail,
-            format!("{line}: cannot tell its version"),
+            format!("{line}{at}: cannot tell its version"),
             Some("forkbox setup".into()),
         );
     };
+    let tcg = accel.is_none_or(|a| a.accel == Accel::Tcg);
+    let mut on = Vec::new();
     let mut notes = Vec::new();
-    if v < (8, 2) {
+    if v >= (8, 2) {
+        on.push("copies map their snapshot's RAM file read-only");
+    } else {
         notes.push("before 8.2 a snapshot's RAM file is writable from inside its copies' jails (no read-only private RAM files)");
     }
-    if v < (9, 0) && accel.is_none_or(|a| a.accel == Accel::Tcg) {
+    if tcg && v >= (9, 0) {
+        on.push("TCG's dirty-page tracking is exact (no RAM padding)");
+    } else if tcg {
         notes.push("before 9.0 TCG's dirty-page tracking misses writes unless the RAM size is off 256 KiB: forkbox adds 8 KiB to every TCG guest for it");
     }
     if notes.is_empty() {
-        check("qemu", Status::Ok, line, None)
+        check(
+            "qemu",
+            Status::Ok,
+            format!("{line}{at}: {}", on.join("; ")),
+            None,
+        )
     } else {
+        let fix = match std::env::var_os(program::QEMU_ENV) {
+            Some(_) => format!("unset {} to use the QEMU forkbox setup installs", program::QEMU_ENV),
+            None => "forkbox setup (QEMU 10.0: from bookworm-backports on Debian 12, the distribution's own on Debian 13)".into(),
+        };
         check(
             "qemu",
             Status::Warn,
-            format!("{line}: {}", notes.join("; ")),
-            Some("use QEMU 9.0 or later (Debian trixie's 10.0)".into()),
+            format!("{line}{at}: {}", notes.join("; ")),
+            Some(fix),
         )
     }
 }
@@ -282,16 +298,6 @@ fn log_size(paths: &Paths) -> Check {
 mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
-
-    #[test]
-    fn qemu_versions_are_read_from_their_banner() {
-        assert_eq!(
-            version_of("QEMU emulator version 7.2.15 (Debian 1:7.2+dfsg-7+deb12u7)"),
-            Some((7, 2))
-        );
-        assert_eq!(version_of("QEMU emulator version 10.0.2"), Some((10, 0)));
-        assert_eq!(version_of("unknown QEMU"), None);
-    }
 
     #[test]
     fn a_loose_home_fails_with_the_command_that_fixes_it() {

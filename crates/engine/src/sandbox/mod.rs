@@ -94,7 +94,7 @@ impl Sandbox {
         runstate::sweep(paths);
         let started = Instant::now();
         let image = ImageStore::new(paths).resolve(&cfg.image)?;
-        crate::setup::require(vm::QEMU)?;
+        vm::program::require()?;
         let kit = boot_kit(paths, &image, cfg.accel).await?;
         if cfg.cold {
             let sb = Sandbox::cold_boot(paths, cfg, image, kit, started).await?;
@@ -648,7 +648,7 @@ impl Sandbox {
     ) -> Result<Sandbox, SandboxError> {
         runstate::sweep(paths);
         let started = Instant::now();
-        crate::setup::require(vm::QEMU)?;
+        vm::program::require()?;
         let kit = boot_kit(paths, &image, cfg.accel).await?;
         let sb = Sandbox::cold_boot(paths, cfg, image, kit, started).await?;
         if let Err(e) = sb.set_network(cfg.network.clone()).await {

@@ -17,7 +17,6 @@ use serde::{Deserialize, Serialize};
 use tokio::io::AsyncReadExt;
 use tokio::process::Command;
 
-use super::qemu::QEMU;
 use crate::error::VmError;
 use crate::paths::{write_atomic, Paths};
 
@@ -38,7 +37,7 @@ pub(crate) fn host_fingerprint() -> String {
     let release = nix::sys::utsname::uname()
         .map(|u| u.release().to_string_lossy().into_owned())
         .unwrap_or_default();
-    let qemu = crate::setup::which(QEMU)
+    let qemu = super::program::program()
         .and_then(|p| {
             std::fs::metadata(&p)
                 .ok()
@@ -204,7 +203,9 @@ pub async fn probe(
         "-cpu".into(),
         super::cpu::qemu_cpu(accel),
     ];
-    let mut child = Command::new(crate::setup::which(QEMU).ok_or("QEMU is not installed")?)
+    let mut child = Command::new(super::program::program().ok_or("QEMU is not installed")?)
+        .args(super::program::firmware_args())
+        .envs(super::program::module_env())
         .args([
             "-M",
             "microvm,x-option-roms=off,isa-serial=on,acpi=on",

@@ -17,10 +17,13 @@
 //! - with `no_new_privs`, then QEMU's own seccomp filter (`-sandbox on,...`) and, from the
 //!   host, its cgroup limits ([`crate::limits`]).
 //!
-//! QEMU 7.2 opens a RAM file it maps private read-write (`readonly=on` would map it read-only),
-//! so a snapshot's RAM file is group-writable by `forkbox-vmm` and mounted read-write into the
-//! jails of its copies. A QEMU taken over from inside its guest could write the RAM file of the
-//! snapshot it was restored from (and so the later copies of it); it sees no other.
+//! A copy maps its snapshot's RAM file private. QEMU 8.2 and later open it read-only
+//! (`readonly=on,rom=off`): the file is root's, only readable by `forkbox-vmm`, and bound
+//! read-only into the jail, so a QEMU taken over from inside its guest cannot write the memory
+//! its sibling copies map. QEMU before 8.2 opens it read-write (`readonly=on` would make the
+//! guest's RAM a ROM): the file is then group-writable and its directory writable in the jail,
+//! and such a QEMU could write the RAM file of the snapshot it was restored from (and so the
+//! later copies of it); it sees no other. `forkbox doctor` says which holds.
 //! `FORKBOX_JAIL=off` runs QEMU unconfined, as forkbox's own user (for debugging).
 
 use std::ffi::CString;
@@ -109,8 +112,11 @@ pub struct Needs<'a> {
     pub run_dir: &'a Path,
     /// Read-write: its own disk directory, its RAM file's directory.
     pub rw: Vec<PathBuf>,
-    /// Read-only: kernel, initramfs, the disk's backing chain.
+    /// Read-only: kernel, initramfs, the disk's backing chain, a QEMU outside `/usr`.
     pub ro: Vec<PathBuf>,
+    /// Read-only, bound after everything else (over a writable directory holding it): a RAM
+    /// file QEMU maps private.
+    pub ro_last: Option<PathBuf>,
     pub kvm: bool,
     pub die_with_parent: bool,
 }
@@ -197,6 +203,9 @@ impl Jail {
         }
         for p in n.rw.iter().map(PathBuf::as_path).chain([n.run_dir]) {
             bind(p, false, &mut ops)?;
+        }
+        if let Some(p) = &n.ro_last {
+            bind(p, true, &mut ops)?;
         }
         Ok(Jail {
             root: cstr(&root)?,
@@ -443,13 +452,14 @@ pub fn give(path: &Path, uid: u32) -> Result<(), VmError> {
     Ok(())
 }
 
-/// A RAM file copies map private: root's, writable by the `forkbox-vmm` group (QEMU 7.2 opens
-/// it read-write), nobody else's.
-pub fn share_ram_file(path: &Path) -> Result<(), VmError> {
+/// A RAM file copies map private: root's, readable by the `forkbox-vmm` group, and writable by
+/// it only for a QEMU before 8.2 (`group_writes`), which opens it read-write; nobody else's.
+pub fn share_ram_file(path: &Path, group_writes: bool) -> Result<(), VmError> {
     use std::os::unix::fs::PermissionsExt;
     let gid = vmm_gid()?;
+    let mode = if group_writes { 0o660 } else { 0o640 };
     std::os::unix::fs::chown(path, Some(0), Some(gid))
-        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o660)))
+        .and_then(|()| std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)))
         .map_err(|e| VmError::io(format!("set the owner of {}", path.display()), e))
 }
 

@@ -3,6 +3,7 @@
 mod accel;
 pub mod cpu;
 pub mod jail;
+pub mod program;
 mod qemu;
 pub mod qmp;
 mod socket_wait;
@@ -12,7 +13,8 @@ pub(crate) use accel::host_fingerprint;
 pub use accel::{
     decide, host_decision, kvm_refused, probe, Accel, AccelChoice, AccelDecision, PROBE_DEADLINE,
 };
+pub use program::QEMU;
 pub use qemu::{
     console_tail, create_overlay, kernel_cmdline, qemu_args, ram_bytes, ram_tail_kib, Console,
-    Memory, Start, Vm, VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QEMU, QMP_SOCKET, TCG_RAM_TAIL_KIB,
+    Memory, Start, Vm, VmConfig, CONSOLE_CAP, EVENTS_SOCKET, QMP_SOCKET, TCG_RAM_TAIL_KIB,
 };

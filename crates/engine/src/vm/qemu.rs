@@ -10,8 +10,6 @@ use tokio::process::{Child, Command};
 use super::accel::Accel;
 use crate::error::VmError;
 
-pub const QEMU: &str = "qemu-system-x86_64";
-
 /// Everything one VM needs.
 #[derive(Debug, Clone)]
 pub struct VmConfig {
@@ -147,10 +145,11 @@ pub fn kernel_cmdline(accel: Accel) -> String {
 pub const TCG_RAM_TAIL_KIB: u32 = 8;
 
 /// KiB of RAM a guest has past its `memory_mib` under `accel`.
+/// 0 under KVM, and under TCG with a QEMU of 9.0 or later (which tracks dirty pages exactly).
 pub fn ram_tail_kib(accel: Accel) -> u32 {
     match accel {
-        Accel::Tcg => TCG_RAM_TAIL_KIB,
-        Accel::Kvm => 0,
+        Accel::Tcg if !super::program::exact_tcg_dirty_tracking() => TCG_RAM_TAIL_KIB,
+        Accel::Tcg | Accel::Kvm => 0,
     }
 }
 
@@ -168,6 +167,7 @@ fn ram_size_arg(accel: Accel, memory_mib: u32) -> String {
 /// the agent's virtio-serial port, an entropy source, QMP, and QEMU's seccomp sandbox.
 pub fn qemu_args(cfg: &VmConfig) -> Vec<String> {
     let mut a = machine_args(cfg);
+    a.extend(super::program::firmware_args());
     a.extend(accel_args(cfg.accel));
     a.extend([
         "-smp".into(),
@@ -199,6 +199,14 @@ fn machine_args(cfg: &VmConfig) -> Vec<String> {
         Memory::SharedFile(f) => {
             format!(
                 "memory-backend-file,id=ram,{size},mem-path={},share=on",
+                show(f)
+            )
+        }
+        // Read-only where QEMU can (8.2): the file is opened read-only and mapped private,
+        // the guest's RAM stays writable (`rom=off`), its writes never reach the file.
+        Memory::PrivateFile(f) if super::program::readonly_private_ram() => {
+            format!(
+                "memory-backend-file,id=ram,{size},mem-path={},share=off,readonly=on,rom=off",
                 show(f)
             )
         }
@@ -561,12 +569,19 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
         Start::Incoming | Start::Devices => Vec::new(),
     };
     ro.extend(jail::backing_chain(&cfg.disk));
+    ro.extend(super::program::foreign_prefix());
+    let mut ram = None;
     let mut mine = vec![cfg.run_dir.clone(), disk_dir.clone()];
     match &cfg.memory {
         Memory::Anonymous => {}
         Memory::SharedFile(f) => mine.push(f.parent().unwrap_or(Path::new("/")).to_path_buf()),
+        // QEMU opens it read-only: the file alone, read-only, bound over whatever holds it.
+        Memory::PrivateFile(f) if super::program::readonly_private_ram() => {
+            jail::share_ram_file(f, false)?;
+            ram = Some(f.clone());
+        }
         Memory::PrivateFile(f) => {
-            jail::share_ram_file(f)?;
+            jail::share_ram_file(f, true)?;
             let dir = f.parent().unwrap_or(Path::new("/")).to_path_buf();
             if !mine.contains(&dir) {
                 rw.push(dir);
@@ -584,22 +599,29 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
             .chain(rw)
             .collect(),
         ro,
+        ro_last: ram.clone(),
         kvm: cfg.accel == Accel::Kvm,
         die_with_parent: cfg.die_with_parent,
     })?;
     for p in &mine {
         jail::give(p, j.uid)?;
     }
+    if let Some(f) = &ram {
+        // `give` handed what is in the run directory to the jail's uid; a RAM file there (a
+        // cold boot's, a resumed hibernation's) goes back to root.
+        jail::share_ram_file(f, false)?;
+    }
     Ok(j)
 }
 
 impl Vm {
     pub fn spawn(cfg: &VmConfig) -> Result<Vm, VmError> {
-        let program = crate::setup::which(QEMU).unwrap_or_else(|| PathBuf::from(QEMU));
+        let program = super::program::program().unwrap_or_else(|| PathBuf::from(super::QEMU));
         let stderr = std::fs::File::create(cfg.stderr_log())
             .map_err(|e| VmError::io("create QEMU's stderr log", e))?;
         let mut cmd = Command::new(&program);
         cmd.args(qemu_args(cfg))
+            .envs(super::program::module_env())
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(stderr)
@@ -811,6 +833,26 @@ mod tests {
         }
     }
 
+    /// A copy's RAM file: read-only where QEMU can open it so (8.2), never shared.
+    #[test]
+    fn a_copy_maps_its_ram_file_private_and_read_only_where_qemu_can() {
+        let mut c = cfg(Accel::Tcg);
+        c.memory = Memory::PrivateFile("/s/mem".into());
+        let a = qemu_args(&c).join(" ");
+        assert!(a.contains("mem-path=/s/mem,share=off"), "{a}");
+        assert_eq!(
+            a.contains("share=off,readonly=on,rom=off"),
+            super::super::program::readonly_private_ram(),
+            "{a}"
+        );
+        c.memory = Memory::SharedFile("/t/mem".into());
+        let a = qemu_args(&c).join(" ");
+        assert!(
+            a.contains("mem-path=/t/mem,share=on") && !a.contains("readonly"),
+            "{a}"
+        );
+    }
+
     #[test]
     fn no_network_device_and_seccomp_on() {
         let a = qemu_args(&cfg(Accel::Tcg)).join(" ");
@@ -820,10 +862,15 @@ mod tests {
             "-sandbox on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
         ));
         assert!(a.contains("-accel tcg,thread=multi,tb-size=256 -cpu max"));
-        // 512 MiB and 8 KiB: not a multiple of 256 KiB, so QEMU 7.2 tracks a TCG guest's
-        // writes page by page during a live save (see TCG_RAM_TAIL_KIB).
-        assert!(a.contains("-smp 2 -m 524296K"));
-        assert!(a.contains("id=ram,size=524296K"));
+        // Before QEMU 9.0, 512 MiB and 8 KiB: not a multiple of 256 KiB, so QEMU 7.2 tracks a
+        // TCG guest's writes page by page during a live save (see TCG_RAM_TAIL_KIB); from 9.0
+        // the exact size.
+        let kib = match super::super::program::exact_tcg_dirty_tracking() {
+            true => 524288,
+            false => 524296,
+        };
+        assert!(a.contains(&format!("-smp 2 -m {kib}K")), "{a}");
+        assert!(a.contains(&format!("id=ram,size={kib}K")), "{a}");
         let k = qemu_args(&cfg(Accel::Kvm)).join(" ");
         assert!(k.contains("-m 524288K") && k.contains("id=ram,size=524288K"));
         assert!(a.contains("name=org.forkbox.agent.0"));
