@@ -546,6 +546,29 @@ fn what_apt_removes(plan: &str, args: &[String]) -> Result<Vec<String>, SetupErr
     Ok(removed)
 }
 
+/// `apt-get install`'s arguments: forkbox's packages, each of QEMU's at the version built from
+/// the same source as `version`, and what comes from backports with it (`suite`).
+fn install_args(version: &str, suite: Option<&str>) -> Result<Vec<String>, SetupError> {
+    let mut args: Vec<String> = PACKAGES
+        .iter()
+        .filter(|p| !p.qemu)
+        .map(|p| p.name.to_string())
+        .collect();
+    for p in qemu_packages() {
+        let exact = same_source(&available_versions(p)?, version).ok_or_else(|| {
+            SetupError::NoCommonVersion {
+                packages: qemu_packages().join(", "),
+                version: version.to_string(),
+            }
+        })?;
+        args.push(format!("{p}={exact}"));
+    }
+    if let Some(suite) = suite {
+        args.extend(BACKPORTS_ALSO.iter().map(|p| format!("{p}/{suite}")));
+    }
+    Ok(args)
+}
+
 /// Installs forkbox's host packages in one apt transaction when a program is missing or
 /// does not run, or the QEMU packages' versions differ; checks afterwards that every program
 /// runs. Returns whether apt's package lists were updated.
@@ -605,23 +628,7 @@ fn install_packages(
     progress("updating the apt package lists");
     run(Command::new("apt-get").arg("update").arg("-q"))?;
     let (version, suite) = choose_qemu(source, &installed, progress, steps)?;
-    let mut args: Vec<String> = PACKAGES
-        .iter()
-        .filter(|p| !p.qemu)
-        .map(|p| p.name.to_string())
-        .collect();
-    for p in qemu_packages() {
-        let exact = same_source(&available_versions(p)?, &version).ok_or_else(|| {
-            SetupError::NoCommonVersion {
-                packages: qemu_packages().join(", "),
-                version: version.clone(),
-            }
-        })?;
-        args.push(format!("{p}={exact}"));
-    }
-    if let Some(suite) = suite {
-        args.extend(BACKPORTS_ALSO.iter().map(|p| format!("{p}/{suite}")));
-    }
+    let args = install_args(&version, suite)?;
     let removed = what_apt_removes(&run(&mut apt_install(&args, true))?, &args)?;
     if !removed.is_empty() {
         progress(&format!(
