@@ -12,7 +12,7 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
 
@@ -82,7 +82,7 @@ fn full_suite_in_kvm_hosts() {
         );
         return;
     }
-    let fork_tests = engine_fork_tests();
+    let fork_tests = forkbox_test_infra::test_binary("fork");
     let engine: &[&str] = &[
         "live_snapshot_of_a_busy_sandbox_is_exact",
         "forks_carry_processes_and_diverge",
@@ -95,28 +95,6 @@ fn full_suite_in_kvm_hosts() {
             Some((&fork_tests, engine)),
         );
     }
-}
-
-/// The engine's fork tests' binary, built beside this one (`cargo nextest run --workspace`
-/// builds it; `cargo test -p forkbox-engine --test fork --no-run` alone).
-fn engine_fork_tests() -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    std::fs::read_dir(&deps)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let name = p.file_name().unwrap().to_string_lossy().into_owned();
-            name.strip_prefix("fork-").is_some_and(|h| {
-                h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit())
-            }) && p.metadata().unwrap().permissions().mode() & 0o111 != 0
-        })
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .expect("the engine's fork tests are not built: cargo test -p forkbox-engine --test fork --no-run")
 }
 
 /// What runs in the KVM host.

@@ -10,16 +10,12 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
 
 /// Debian 12's QEMU 7.2, unpacked; `None` (said why) where apt offers none.
 fn qemu_7_2() -> Option<PathBuf> {
-    let out = Command::new(repo().join("scripts/qemu-7.2.sh"))
+    let out = Command::new(forkbox_test_infra::repo_root().join("scripts/qemu-7.2.sh"))
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -33,36 +29,13 @@ fn qemu_7_2() -> Option<PathBuf> {
     ))
 }
 
-/// A test binary of this package built beside this one (`fork-<hash>`).
-fn sibling(name: &str) -> PathBuf {
-    use std::os::unix::fs::PermissionsExt;
-    let deps = std::env::current_exe()
-        .unwrap()
-        .parent()
-        .unwrap()
-        .to_path_buf();
-    std::fs::read_dir(&deps)
-        .unwrap()
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| {
-            let file = p.file_name().unwrap().to_string_lossy().into_owned();
-            file.strip_prefix(&format!("{name}-")).is_some_and(|h| {
-                h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit())
-            }) && p.metadata().unwrap().permissions().mode() & 0o111 != 0
-        })
-        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
-        .unwrap_or_else(|| {
-            panic!("the engine's {name} tests are not built: cargo test -p forkbox-engine --test {name} --no-run")
-        })
-}
-
 #[test]
 fn snapshots_and_forks_on_qemu_7_2() {
     let Some(qemu) = qemu_7_2() else { return };
     let version = Command::new(&qemu).arg("--version").output().unwrap();
     let banner = String::from_utf8_lossy(&version.stdout);
     assert!(banner.contains("version 7.2."), "{banner}");
-    let mut cmd = Command::new(sibling("fork"));
+    let mut cmd = Command::new(forkbox_test_infra::test_binary("fork"));
     cmd.env("FORKBOX_QEMU", &qemu).arg("--test-threads=1");
     if std::env::var("FORKBOX_QEMU72_FULL").as_deref() != Ok("1") {
         cmd.args([

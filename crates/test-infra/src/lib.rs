@@ -651,3 +651,32 @@ pub fn test_pki(ips: &[String]) -> (String, String, String) {
     let cert = leaf.signed_by(&key, &issuer).expect("a certificate");
     (ca_cert.pem(), cert.pem(), key.serialize_pem())
 }
+
+/// A test binary (`NAME-<hash>`) built beside the calling one in `target/*/deps` (`cargo nextest
+/// run --workspace` builds them all; `cargo test -p PKG --test NAME --no-run` one), the newest.
+pub fn test_binary(name: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let deps = std::env::current_exe()
+        .expect("this test's path")
+        .parent()
+        .expect("its directory")
+        .to_path_buf();
+    std::fs::read_dir(&deps)
+        .expect("list the test binaries")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| {
+            let file = p
+                .file_name()
+                .unwrap_or_default()
+                .to_string_lossy()
+                .into_owned();
+            file.strip_prefix(&format!("{name}-"))
+                .is_some_and(|h| h.len() == 16 && h.chars().all(|c| c.is_ascii_hexdigit()))
+                && p.metadata()
+                    .is_ok_and(|m| m.permissions().mode() & 0o111 != 0)
+        })
+        .max_by_key(|p| p.metadata().and_then(|m| m.modified()).ok())
+        .unwrap_or_else(|| {
+            panic!("the {name} tests are not built: cargo test --test {name} --no-run")
+        })
+}
