@@ -238,6 +238,21 @@ impl Cgroup {
     fn kill(&self) {
         let _ = fs::write(self.path.join("cgroup.kill"), b"1");
     }
+
+    /// Waits, at most `limit`, until no process is left in the cgroup, so that a command
+    /// reported as killed has nothing left running (killed processes die as they are
+    /// scheduled, which in a busy guest takes a while).
+    fn wait_empty(&self, limit: Duration) {
+        let until = Instant::now() + limit;
+        let events = self.path.join("cgroup.events");
+        while Instant::now() < until {
+            match fs::read_to_string(&events) {
+                Ok(s) if s.lines().any(|l| l == "populated 0") => return,
+                Ok(_) => std::thread::sleep(Duration::from_millis(10)),
+                Err(_) => return,
+            }
+        }
+    }
 }
 
 impl Drop for Cgroup {
@@ -538,6 +553,9 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
         }
         let _ = killpg(Pid::from_raw(pid as i32), Signal::SIGKILL);
     });
+    if let (true, Some(cg)) = (timed_out, &cgroup) {
+        cg.wait_empty(KILLED_GONE);
+    }
     // Let the output readers reach the end of their streams; processes the command left
     // running may hold its pipes open for as long as they live, so after a grace the readers
     // are told to take what is in their pipes and stop (which they do however late they run).
@@ -570,6 +588,8 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
 }
 
 const PIPE_SIZE: i32 = 1 << 20;
+/// How long a timed-out command's report waits for the processes it started to be gone.
+const KILLED_GONE: Duration = Duration::from_secs(5);
 /// How long a reader waits for more output after the first bytes, so that a command printing
 /// many short lines produces one message per burst instead of one per line.
 /// Under emulation a pipe wake-up costs ~300 µs, so one message per line would make a command
