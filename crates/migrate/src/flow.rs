@@ -15,6 +15,7 @@ use crate::decide::{self, Attempt, Baseline};
 use crate::llm::LlmEndpoint;
 use crate::plans::{Plan, PorterKind};
 use crate::reports::{self, Format, Results};
+pub(crate) use crate::suite::{run_tests, TestRun};
 
 /// Where the code lives in every sandbox.
 pub const WORKDIR: &str = "/work";
@@ -267,7 +268,7 @@ pub(crate) fn sh(script: &str, timeout_secs: u64) -> ExecSpec {
     }
 }
 
-fn ms(t: Instant) -> u64 {
+pub(crate) fn ms(t: Instant) -> u64 {
     t.elapsed().as_millis() as u64
 }
 
@@ -276,7 +277,7 @@ fn ms(t: Instant) -> u64 {
 const TAIL_BYTES: usize = 8 << 10;
 
 /// The last `n` lines of `b`, within its last [`TAIL_BYTES`] (a longer line keeps its end).
-fn tail(b: &[u8], n: usize) -> String {
+pub(crate) fn tail(b: &[u8], n: usize) -> String {
     let s = String::from_utf8_lossy(&b[b.len().saturating_sub(TAIL_BYTES)..]);
     let lines: Vec<&str> = s.lines().collect();
     lines[lines.len().saturating_sub(n)..].join("\n")
@@ -292,204 +293,11 @@ async fn upload(sb: &Sandbox, src: &Path, dest: &str) -> Result<(), MigrateError
         })
 }
 
-/// Before a test run in a fork: the tree as it is (the porter's work so far) goes into the
-/// index, so that [`AFTER_TESTS`] can put it back; the last run's JUnit report goes.
-const BEFORE_TESTS: &str = "rm -f /tmp/forkbox-junit.xml; [ ! -d .git ] || git add -A";
-/// After a test run: what the suite changed or created in the tree is undone (ignored files,
-/// caches, stay ignored), so no patch ever carries it and every run starts from the same tree.
-const AFTER_TESTS: &str = "[ ! -d .git ] || { git checkout -q -- . && git clean -fdq; }";
-/// pytest also writes a JUnit report (xunit1 names each test's file), read in preference to
-/// its text: a skipped test then has its own id, and an xfail is told apart.
-const PYTEST_ADDOPTS: &str = "--junitxml=/tmp/forkbox-junit.xml -o junit_family=xunit1";
-const JUNIT: &str = "/tmp/forkbox-junit.xml";
-
-/// One run of the test command.
-pub(crate) struct TestRun {
-    pub results: Result<Results, String>,
-    pub exit: Option<i32>,
-    pub ms: u64,
-    /// Where the results were read from.
-    pub source: String,
-    /// What each failed or errored test said, when the report tells (pytest's JUnit XML).
-    pub failures: reports::Failures,
-    /// The last lines the test command printed.
-    pub output_tail: String,
-    /// Whether its ids select tests when given back to the runner (pytest node ids).
-    pub selectable: bool,
-}
-
-impl TestRun {
-    fn failed(why: String, exit: Option<i32>, ms: u64) -> TestRun {
-        TestRun {
-            results: Err(why),
-            exit,
-            ms,
-            source: String::new(),
-            failures: Default::default(),
-            output_tail: String::new(),
-            selectable: false,
-        }
-    }
-}
-
-/// Runs the test command and reads its results (pytest's JUnit report when it wrote one,
-/// else what the command printed); `on_tests` hears how many tests the output has reported
-/// so far while it runs. With `only`, pytest runs those node ids alone. What the suite
-/// writes into the tree is undone afterwards.
-pub(crate) async fn run_tests(
-    sb: &Sandbox,
-    cfg: &MigrateConfig,
-    on_tests: &(dyn Fn(usize) + Send + Sync),
-    only: &[String],
-) -> TestRun {
-    if let Err(e) = sb.run(sh(BEFORE_TESTS, 600)).await {
-        return TestRun::failed(
-            format!("the tree could not be recorded before the tests: {e}"),
-            None,
-            0,
-        );
-    }
-    let mut run = run_suite(sb, cfg, on_tests, only).await;
-    let undone = match sb.run(sh(AFTER_TESTS, 600)).await {
-        Ok(o) if o.code() == 0 => Ok(()),
-        Ok(o) => Err(format!(
-            "what the tests wrote into the tree could not be undone (exit {}): {}",
-            o.code(),
-            tail(&[o.stdout.as_slice(), o.stderr.as_slice()].concat(), 4)
-        )),
-        Err(e) => Err(format!(
-            "what the tests wrote into the tree could not be undone: {e}"
-        )),
-    };
-    if let Err(e) = undone {
-        run.results = Err(e);
-    }
-    run
-}
-
-async fn run_suite(
-    sb: &Sandbox,
-    cfg: &MigrateConfig,
-    on_tests: &(dyn Fn(usize) + Send + Sync),
-    only: &[String],
-) -> TestRun {
-    let t = Instant::now();
-    let pytest_report = matches!(cfg.format, Format::Auto | Format::PytestRa);
-    let mut spec = sh(&cfg.test, cfg.test_timeout_secs);
-    if pytest_report {
-        // pytest reads this as arguments before the command line's (shell-style quoting):
-        // node ids given there are run alone.
-        let ids: Vec<String> = only.iter().map(|id| shell_quote(id)).collect();
-        let opts = [PYTEST_ADDOPTS.to_string()]
-            .into_iter()
-            .chain(ids)
-            .collect::<Vec<_>>()
-            .join(" ");
-        spec.env.push(("PYTEST_ADDOPTS".into(), opts));
-    }
-    let streamed = async {
-        let mut ex = sb.exec(spec).await?;
-        let mut out = forkbox_engine::client::Output::default();
-        let (mut seen, mut line) = (0usize, Vec::new());
-        loop {
-            let ev = ex.next().await?;
-            if let forkbox_engine::client::ExecEvent::Stdout(d) = &ev {
-                for &b in d.iter() {
-                    if b == b'\n' {
-                        let n = reports::tests_in_line(&String::from_utf8_lossy(&line));
-                        if n > 0 {
-                            seen += n;
-                            on_tests(seen);
-                        }
-                        line.clear();
-                    } else if line.len() < 4096 {
-                        line.push(b);
-                    }
-                }
-                // pytest -q prints a test's mark as it ends, on a line that ends only every
-                // few dozen tests: a line of marks so far counts as it grows.
-                if !line.is_empty() && line.iter().all(|c| b".FEsxX".contains(c)) {
-                    on_tests(seen + line.len());
-                }
-            }
-            if out.absorb(ev) {
-                return Ok::<_, forkbox_engine::error::SandboxError>(out);
-            }
-        }
-    };
-    let out = match streamed.await {
-        Ok(o) => o,
-        Err(e) => {
-            return TestRun::failed(format!("the test command could not run: {e}"), None, ms(t))
-        }
-    };
-    let took = ms(t);
-    if out.timed_out {
-        return TestRun::failed(
-            format!(
-                "the test command timed out after {} s",
-                cfg.test_timeout_secs
-            ),
-            Some(out.code()),
-            took,
-        );
-    }
-    let output_tail = tail(
-        &[out.stdout.as_slice(), out.stderr.as_slice()].concat(),
-        OUTPUT_TAIL_LINES,
-    );
-    if pytest_report {
-        let junit = sb.client().read_file(JUNIT).await.unwrap_or_default();
-        if let Ok((r, failures)) = reports::pytest_junit_detailed(&String::from_utf8_lossy(&junit))
-        {
-            if !r.is_empty() {
-                return TestRun {
-                    results: Ok(r),
-                    exit: Some(out.code()),
-                    ms: took,
-                    source: "pytest's JUnit XML report (xunit1)".into(),
-                    failures,
-                    output_tail,
-                    selectable: true,
-                };
-            }
-        }
-    }
-    let text = String::from_utf8_lossy(&out.stdout);
-    let mut source = format!("the test command's output ({:?})", cfg.format);
-    let (results, failures) = match reports::parse(cfg.format, &text) {
-        Ok(p) => {
-            if let Some(note) = p.repeated_note() {
-                source = format!("{source}; {note}");
-            }
-            (Ok(p.results), p.failures)
-        }
-        Err(e) => (
-            Err(format!(
-                "{e} (exit {}); {}; last lines:\n{}",
-                out.code(),
-                reports::what_to_add(&String::from_utf8_lossy(&out.stderr)),
-                tail(&[out.stdout.as_slice(), out.stderr.as_slice()].concat(), 8)
-            )),
-            Default::default(),
-        ),
-    };
-    TestRun {
-        results,
-        exit: Some(out.code()),
-        ms: took,
-        source,
-        failures,
-        output_tail,
-        selectable: false,
-    }
-}
-
 /// The version of `report.json`'s shape (see [`MigrateReport::schema_version`]).
 pub const REPORT_SCHEMA: u32 = 3;
 
 /// Lines of a test run's output a report keeps.
-const OUTPUT_TAIL_LINES: usize = 40;
+pub(crate) const OUTPUT_TAIL_LINES: usize = 40;
 /// What a report keeps of one lost test's failure.
 const FAILURE_CAP: usize = 4096;
 
@@ -511,7 +319,7 @@ fn usage(sb: &Sandbox, alive: Duration) -> (f64, f64) {
 }
 
 /// `s` quoted for `/bin/sh`.
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 

@@ -19,6 +19,8 @@ pub mod integrity;
 pub mod llm;
 pub mod plans;
 pub mod report;
+pub mod runners;
+mod suite;
 
 pub use flow::{migrate, Event, MigrateConfig, MigrateError, Progress, REPORT_SCHEMA};
 /// Reading test results (its own crate, shared with the MCP server).

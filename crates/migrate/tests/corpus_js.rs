@@ -1,5 +1,6 @@
 //! The JavaScript corpus: real npm packages whose published tarballs carry their suites, one
-//! per runner (tape twice, `node --test`, Mocha's default spec output, Jest), each run
+//! per runner (tape twice, `node --test`; Mocha, Jest and Vitest through plain `npm test`,
+//! their reports asked for by forkbox and by hand in the native runs), each run
 //! natively in Debian chroots (bookworm's Node 18, trixie's Node 20) and through `forkbox
 //! migrate` from `node-bookworm` to `node-trixie` with one plan that changes nothing. Promises
 //! checked per package: forkbox's baseline passes exactly the tests the native Node 18 run
@@ -47,6 +48,11 @@ fn chroot(dir: &Path, suite: &str) -> PathBuf {
         }
     });
     std::fs::create_dir_all(root.join("work")).unwrap();
+    // Vite's dev server, under Vitest, looks `localhost` up; a minbase root has no hosts file.
+    let hosts = root.join("etc/hosts");
+    if !hosts.exists() {
+        std::fs::write(&hosts, "127.0.0.1 localhost\n::1 localhost\n").unwrap();
+    }
     root
 }
 
@@ -67,6 +73,7 @@ fn package(
     spec: &str,
     keep: &[&str],
     add: &[(&str, &str)],
+    npm_test: Option<&str>,
 ) -> (tempfile::TempDir, PathBuf) {
     let cache = dir.join("tarballs");
     std::fs::create_dir_all(&cache).unwrap();
@@ -116,8 +123,11 @@ fn package(
         dev.insert(name.to_string(), serde_json::Value::from(*version));
     }
     pkg["devDependencies"] = serde_json::Value::Object(dev);
-    // What would run on install is not the suite's business.
+    // What would run on install is not the suite's business; `npm test` is the suite's.
     pkg.as_object_mut().unwrap().remove("scripts");
+    if let Some(test) = npm_test {
+        pkg["scripts"] = serde_json::json!({ "test": test });
+    }
     std::fs::write(&manifest, serde_json::to_vec_pretty(&pkg).unwrap()).unwrap();
     run(
         Command::new("npm")
@@ -187,7 +197,7 @@ fn sources(dir: &Path, into: &mut String) {
             }
         } else if p
             .extension()
-            .is_some_and(|x| x == "js" || x == "mjs" || x == "cjs")
+            .is_some_and(|x| ["js", "mjs", "cjs", "ts"].iter().any(|e| x == *e))
         {
             // As the runner prints a title: the string's escapes undone.
             let text = std::fs::read_to_string(&p).unwrap_or_default();
@@ -207,9 +217,13 @@ fn findable(id: &str, source: &str) -> bool {
     };
     let name = base.rsplit(" > ").next().unwrap_or(base);
     let words: Vec<&str> = name.split(' ').collect();
+    // Mocha's full titles put the suites' names before the test's, with spaces.
+    let ends =
+        (1..words.len()).any(|i| words.len() - i >= 3 && source.contains(&words[i..].join(" ")));
     name.starts_with("/work/")
         || source.contains(name)
         || (words.len() > 3 && source.contains(&words[..3].join(" ")))
+        || ends
 }
 
 /// The pass sets of the native run and forkbox's equal, but for the tests in `timing`, which
@@ -238,13 +252,18 @@ fn same(spec: &str, what: &str, native: &Results, ours: &Results, timing: &[&str
     );
 }
 
-/// A package and how its suite runs: its development dependencies kept (and added), the
-/// test command, how many tests pass at least, and which depend on the machine's speed.
+/// A package and how its suite runs: its development dependencies kept (and added), its
+/// `npm test` script, the test command forkbox is given, the one the native runs use (the
+/// same, or with the runner's machine-readable reporter asked for by hand: the reference
+/// forkbox's own reading is checked against), how many tests pass at least, and which
+/// depend on the machine's speed.
 struct Suite<'a> {
     spec: &'a str,
     keep: &'a [&'a str],
     add: &'a [(&'a str, &'a str)],
+    npm_test: Option<&'a str>,
     test: &'a str,
+    native: Option<&'a str>,
     at_least: usize,
     timing: &'a [&'a str],
 }
@@ -254,7 +273,9 @@ async fn check(s: Suite<'_>) {
         spec,
         keep,
         add,
+        npm_test,
         test,
+        native: native_test,
         at_least,
         timing,
     } = s;
@@ -268,10 +289,11 @@ async fn check(s: Suite<'_>) {
     let dir = paths.home().join("corpus-js");
     std::fs::create_dir_all(&dir).unwrap();
     let (bookworm, trixie) = (chroot(&dir, "bookworm"), chroot(&dir, "trixie"));
-    let (_keep, code) = package(&dir, spec, keep, add);
+    let (_keep, code) = package(&dir, spec, keep, add, npm_test);
 
-    let (native18, ms18) = native(&bookworm, &code, test);
-    let (native20, ms20) = native(&trixie, &code, test);
+    let by_hand = native_test.unwrap_or(test);
+    let (native18, ms18) = native(&bookworm, &code, by_hand);
+    let (native20, ms20) = native(&trixie, &code, by_hand);
     let most = passed(&native18).len().max(passed(&native20).len());
     assert!(
         most >= at_least,
@@ -310,6 +332,13 @@ async fn check(s: Suite<'_>) {
         &report.plans[0].results,
         timing,
     );
+    if npm_test.is_some() {
+        assert!(
+            report.results_source.contains("by forkbox"),
+            "{spec}: results not read from the report forkbox asks the runner for: {}",
+            report.results_source
+        );
+    }
     let v = &report.verdicts[0];
     let lost: Vec<&String> = v
         .lost
@@ -348,7 +377,9 @@ async fn qs_tape() {
             "safer-buffer",
         ],
         add: &[],
+        npm_test: None,
         test: "node_modules/.bin/tape 'test/**/*.js'",
+        native: None,
         at_least: 200,
         timing: &[],
     })
@@ -362,8 +393,10 @@ async fn minimist_tape() {
         spec: "minimist@1.2.8",
         keep: &["tape"],
         add: &[],
+        npm_test: None,
         test: "node_modules/.bin/tape 'test/*.js'",
-        at_least: 40,
+        native: None,
+        at_least: 30,
         timing: &[],
     })
     .await;
@@ -378,39 +411,70 @@ async fn fastify_error_node_test() {
         spec: "@fastify/error@4.3.0",
         keep: &[],
         add: &[],
+        npm_test: None,
         test: "node --test test/*.test.js",
+        native: None,
         at_least: 20,
         timing: &[],
     })
     .await;
 }
 
-/// Mocha's default spec reporter, as `npm test` prints it.
+/// Mocha through plain `npm test` (`mocha test/test.js`): people read its spec output,
+/// forkbox reads its runner's events (ids with the file); the native runs ask for its JSON
+/// reporter by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sprintf_js_mocha_spec() {
+async fn sprintf_js_mocha_npm_test() {
     check(Suite {
         spec: "sprintf-js@1.0.3",
         keep: &[],
         add: &[("mocha", "10.8.2")],
-        test: "node_modules/.bin/mocha test/test.js",
+        npm_test: Some("mocha test/test.js"),
+        test: "npm test",
+        native: Some("node_modules/.bin/mocha --reporter json test/test.js"),
         at_least: 3,
         // `assert.equal(Date.now(), sprintf("%s", Date.now))`: passes when both calls fall in
         // one millisecond, which under emulation they seldom do.
-        timing: &["sprintfjs > should return formated strings for callbacks"],
+        timing: &["/work/test/test.js > sprintfjs should return formated strings for callbacks"],
     })
     .await;
 }
 
-/// Jest, its `--json` report.
+/// Jest through plain `npm test` (`jest test/jest.test.js`, no `--json`): forkbox adds its
+/// JSON report in a file; the native runs ask for `--json` by hand.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn process_warning_jest() {
+async fn process_warning_jest_npm_test() {
     check(Suite {
         spec: "process-warning@5.1.1",
         keep: &["jest"],
         add: &[],
-        test: "node_modules/.bin/jest --json test/jest.test.js",
+        npm_test: Some("jest test/jest.test.js"),
+        test: "npm test",
+        native: Some("node_modules/.bin/jest --json test/jest.test.js"),
         at_least: 1,
         timing: &[],
     })
     .await;
 }
+
+/// Vitest through plain `npm test` (`vitest run` on zod's TypeScript suites of `zod/mini`,
+/// which import the package by its own name): forkbox adds its JSON reporter beside the
+/// default one; the native runs ask for `--reporter=json` by hand. Vite 6 is the newest that
+/// runs on Node 18.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn zod_vitest_npm_test() {
+    check(Suite {
+        spec: "zod@4.1.12",
+        keep: &[],
+        add: &[("vitest", "3.2.4"), ("vite", "6.3.6")],
+        npm_test: Some(ZOD_TESTS),
+        test: "npm test",
+        native: Some(&format!("node_modules/.bin/{ZOD_TESTS} --reporter=json")),
+        at_least: 30,
+        timing: &[],
+    })
+    .await;
+}
+
+const ZOD_TESTS: &str =
+    "vitest run src/v4/mini/tests/string.test.ts src/v4/mini/tests/number.test.ts";

@@ -69,6 +69,19 @@ impl Parsed {
         unique
     }
 
+    /// Adds what another report of the same run said (a runner writes one report per
+    /// process, Maven one per class): a test both name keeps its worse outcome.
+    pub fn merge(&mut self, other: Parsed) {
+        for (id, o) in other.results {
+            add(&mut self.results, id, o);
+        }
+        self.failures.extend(other.failures);
+        for (id, n) in other.names {
+            let had = self.names.entry(id).or_insert(0);
+            *had = (*had).max(n);
+        }
+    }
+
     /// Full names more than one test had, with how many had each.
     pub fn repeated(&self) -> BTreeMap<&str, usize> {
         self.names
@@ -410,6 +423,26 @@ pub fn go_json(text: &str) -> Results {
         add(&mut r, format!("{pkg}/{test}"), outcome);
     }
     r
+}
+
+/// What `go test -json` carries for people: the text of its `output` events (and of
+/// `build-output` events, Go 1.24's), lines that are not JSON as they are.
+pub fn go_json_text(text: &str) -> String {
+    let mut out = String::new();
+    for line in text.lines() {
+        match serde_json::from_str::<serde_json::Value>(line) {
+            Ok(v) if v.is_object() => {
+                if let Some(o) = v["Output"].as_str() {
+                    out.push_str(o);
+                }
+            }
+            _ => {
+                out.push_str(line);
+                out.push('\n');
+            }
+        }
+    }
+    out
 }
 
 /// `cargo test` (`test a::b ... ok|FAILED|ignored`) and nextest (`PASS [ 0.1s] crate::bin test`).
@@ -905,6 +938,15 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
         assert_eq!(r["example.com/m/TestC"], Outcome::Skipped);
         assert_eq!(r["example.com/m/TestD/with_sub"], Outcome::Passed);
         assert_eq!(r.len(), 4);
+    }
+
+    #[test]
+    fn go_json_gives_back_the_text_people_read() {
+        let text = "{\"Action\":\"run\",\"Package\":\"m\",\"Test\":\"TestA\"}\n{\"Action\":\"output\",\"Package\":\"m\",\"Test\":\"TestA\",\"Output\":\"=== RUN   TestA\\n\"}\n{\"Action\":\"output\",\"Package\":\"m\",\"Output\":\"ok  \\tm\\t0.01s\\n\"}\n# m [build failed]\n";
+        assert_eq!(
+            go_json_text(text),
+            "=== RUN   TestA\nok  \tm\t0.01s\n# m [build failed]\n"
+        );
     }
 
     #[test]
