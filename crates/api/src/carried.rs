@@ -25,6 +25,19 @@ pub const RECIPES: &[(&str, &str)] = &[
         "node-trixie",
         include_str!("../../../images/node-trixie.toml"),
     ),
+    (
+        "go-bookworm",
+        include_str!("../../../images/go-bookworm.toml"),
+    ),
+    ("go-trixie", include_str!("../../../images/go-trixie.toml")),
+    (
+        "rust-bookworm",
+        include_str!("../../../images/rust-bookworm.toml"),
+    ),
+    (
+        "rust-trixie",
+        include_str!("../../../images/rust-trixie.toml"),
+    ),
     ("base", include_str!("../../../images/base.toml")),
     (
         "code-interpreter",

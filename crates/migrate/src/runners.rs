@@ -33,6 +33,8 @@ pub struct Setup {
     pub go_json: bool,
     /// Whether Maven's or Gradle's XML reports are read after the run.
     pub junit_files: bool,
+    /// Whether `cargo test` runs every test binary whatever fails (`--no-fail-fast`).
+    pub cargo: bool,
 }
 
 /// The words of the shell command `cmd`, separators dropped.
@@ -68,6 +70,13 @@ pub fn setup(cmd: &str) -> Setup {
     if go_json {
         prelude.push_str("export GOFLAGS=\"-json${GOFLAGS:+ $GOFLAGS}\"\n");
     }
+    let cargo = runs(cmd, "cargo");
+    if cargo {
+        // A failing test binary stops `cargo test` (and nextest) before the next one: the
+        // tests it did not run would count as lost. Where the command calls cargo itself,
+        // every binary runs.
+        prelude.push_str(CARGO_NO_FAIL_FAST);
+    }
     if junit_files {
         prelude.push_str(&format!(
             "find . \\( {JUNIT_FILES} \\) -delete 2>/dev/null\n"
@@ -77,8 +86,20 @@ pub fn setup(cmd: &str) -> Setup {
         prelude,
         go_json,
         junit_files,
+        cargo,
     }
 }
+
+/// `cargo test` and `cargo nextest run` with `--no-fail-fast`, as a function of the shell the
+/// test command runs in.
+const CARGO_NO_FAIL_FAST: &str = r#"cargo() {
+  case "$1 $2" in
+    "test "*|"t "*) c=$1; shift; command cargo "$c" --no-fail-fast "$@" ;;
+    "nextest run"|"nextest r") n=$1; r=$2; shift 2; command cargo "$n" "$r" --no-fail-fast "$@" ;;
+    *) command cargo "$@" ;;
+  esac
+}
+"#;
 
 /// `find` tests for the JUnit XML files Maven (Surefire) and Gradle write.
 pub const JUNIT_FILES: &str =
@@ -129,6 +150,8 @@ mod tests {
         assert!(setup("mvn -o test").junit_files);
         assert!(setup("./gradlew test --offline").junit_files);
         assert!(!setup("pytest -q").junit_files);
+        assert!(setup("cargo test --all").prelude.contains("--no-fail-fast"));
+        assert!(!setup("pytest").prelude.contains("--no-fail-fast"));
         // Every run gets the Node preload; a NODE_OPTIONS of the image's is kept after it.
         assert!(setup("pytest")
             .prelude
@@ -149,6 +172,12 @@ mod tests {
             p.results["/w/b.js > s \"before all\" hook"],
             reports::Outcome::Error
         );
+        let surefire = r#"<?xml version="1.0"?><testsuite name="org.a.BTest" tests="2"><testcase classname="org.a.BTest" name="adds"/><testcase classname="org.a.BTest" name="fails"><failure message="x"/></testcase></testsuite>"#;
+        let (p, what) =
+            read_report("/w/target/surefire-reports/TEST-org.a.BTest.xml", surefire).unwrap();
+        assert_eq!(p.results["org.a.BTest.adds"], reports::Outcome::Passed);
+        assert_eq!(p.results["org.a.BTest.fails"], reports::Outcome::Failed);
+        assert!(what.contains("Maven or Gradle"));
         assert!(read_report("other.json", "{}").is_none());
     }
 }

@@ -167,7 +167,14 @@ async fn run_suite(
         run.results = Ok(parsed.results);
         return run;
     }
-    run.source = format!("the test command's output ({:?})", cfg.format);
+    run.source = match (runners.go_json, runners.cargo) {
+        (true, _) => "go test's JSON events on the output (GOFLAGS=-json, added by forkbox)".into(),
+        (_, true) => format!(
+            "the test command's output ({:?}; cargo's --no-fail-fast added by forkbox)",
+            cfg.format
+        ),
+        _ => format!("the test command's output ({:?})", cfg.format),
+    };
     match reports::parse(cfg.format, &stdout) {
         Ok(p) => {
             if let Some(note) = p.repeated_note() {

@@ -48,8 +48,9 @@ const MARK: &str = "ported by forkbox";
 const BIN: &str = "\\\\000\\\\001forkbox\\\\377\\\\376";
 const BIN_BYTES: &[u8] = b"\x00\x01forkbox\xff\xfe";
 
+/// Every project of this corpus runs with `FORKBOX_CORPUS=1` or `all`.
 fn enabled() -> bool {
-    std::env::var("FORKBOX_CORPUS").is_ok_and(|v| v == "1")
+    common::corpus().is_some()
 }
 
 fn corpus_dir(paths: &forkbox_engine::paths::Paths) -> PathBuf {

@@ -16,44 +16,23 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Instant;
 
-use forkbox_migrate::reports::{self, Format, Outcome, Results};
+use forkbox_migrate::reports::{Format, Results};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::locked;
+use common::{locked, passed};
 
+/// Every project of this corpus runs with `FORKBOX_CORPUS=1` or `all`.
 fn enabled() -> bool {
-    std::env::var("FORKBOX_CORPUS").is_ok_and(|v| v == "1")
+    common::corpus().is_some()
 }
 
 /// The chroot of Debian `suite` with its Node.js (made once per test home).
 fn chroot(dir: &Path, suite: &str) -> PathBuf {
-    let root = dir.join(suite);
-    locked(dir, || {
-        if !root.join("usr/bin/node").exists() {
-            let tmp = dir.join(format!("{suite}.tmp"));
-            let _ = std::fs::remove_dir_all(&tmp);
-            let st = Command::new("mmdebstrap")
-                .args(["--variant=minbase", "--include=nodejs", suite])
-                .arg(&tmp)
-                .status()
-                .unwrap();
-            assert!(st.success(), "mmdebstrap {suite} failed");
-            std::fs::rename(&tmp, &root).unwrap();
-        }
-    });
-    std::fs::create_dir_all(root.join("work")).unwrap();
-    // Vite's dev server, under Vitest, looks `localhost` up; a minbase root has no hosts file.
-    let hosts = root.join("etc/hosts");
-    if !hosts.exists() {
-        std::fs::write(&hosts, "127.0.0.1 localhost\n::1 localhost\n").unwrap();
-    }
-    root
+    common::chroot(dir, suite, &["nodejs"], "usr/bin/node")
 }
 
 fn run(cmd: &mut Command, what: &str) {
@@ -150,40 +129,9 @@ fn package(
     (work, code)
 }
 
-/// The suite run natively in `root` with the code at `/work`, as in the sandboxes (a mount
-/// namespace of its own: the tests run side by side); its results and how long it took.
+/// The suite run natively in `root` (see [`common::native`]); its results and how long it took.
 fn native(root: &Path, code: &Path, test: &str) -> (Results, u64) {
-    let t = Instant::now();
-    let out = Command::new("unshare")
-        .args(["--mount", "--propagation", "private", "sh", "-c"])
-        .arg(
-            "mount --bind \"$1\" \"$2/work\" && mount -t proc proc \"$2/proc\" && exec chroot \"$2\" sh -c \"cd /work && $3\""
-        )
-        .args(["native"])
-        .arg(code)
-        .arg(root)
-        .arg(test)
-        .output()
-        .unwrap();
-    let took = t.elapsed().as_millis() as u64;
-    let text = String::from_utf8_lossy(&out.stdout);
-    let results = reports::parse(Format::Auto, &text)
-        .unwrap_or_else(|e| {
-            panic!(
-                "{}: {e}\n{text}\n{}",
-                root.display(),
-                String::from_utf8_lossy(&out.stderr)
-            )
-        })
-        .results;
-    (results, took)
-}
-
-fn passed(r: &Results) -> BTreeSet<&String> {
-    r.iter()
-        .filter(|(_, o)| **o == Outcome::Passed)
-        .map(|(id, _)| id)
-        .collect()
+    common::native_results(root, code, test, &[], Format::Auto)
 }
 
 /// The suite's source: every JavaScript file outside `node_modules`.
@@ -294,16 +242,11 @@ async fn check(s: Suite<'_>) {
     let by_hand = native_test.unwrap_or(test);
     let (native18, ms18) = native(&bookworm, &code, by_hand);
     let (native20, ms20) = native(&trixie, &code, by_hand);
-    let most = passed(&native18).len().max(passed(&native20).len());
-    assert!(
-        most >= at_least,
-        "{spec}: {most} tests passed natively, expected {at_least} or more: {native18:?} {native20:?}"
-    );
     let mut source = String::new();
     sources(&code, &mut source);
-    for id in native18.keys().chain(native20.keys()) {
-        assert!(findable(id, &source), "{spec}: no test {id:?} in the suite");
-    }
+    common::check_native(spec, (&native18, &native20), at_least, |id| {
+        findable(id, &source)
+    });
 
     let common::OnePlan {
         report,

@@ -2,7 +2,11 @@
 
 #![allow(clippy::unwrap_used, dead_code)] // tests fail loudly by design; each uses a part
 
+use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use forkbox_migrate::reports::{Outcome, Results};
 use std::time::Instant;
 
 use forkbox_migrate::flow::MigrateReport;
@@ -29,24 +33,39 @@ pub struct OnePlan {
 /// file's `[[plan]]` table, without its header).
 pub async fn one_plan(
     paths: &forkbox_engine::paths::Paths,
-    (from, to): (&str, &str),
+    images: (&str, &str),
     code: PathBuf,
     test: &str,
     plan: &str,
 ) -> OnePlan {
-    let plans = tempfile::tempdir().unwrap();
-    let file = plans.path().join("plans.toml");
-    std::fs::write(&file, format!("[[plan]]\n{plan}")).unwrap();
+    migration(paths, images, code, test, &[plan], 2).await
+}
+
+/// `forkbox migrate` of `code` from image `from` to `to` with `plans` (each a plans file's
+/// `[[plan]]` table, without its header) and `runs` baseline runs.
+pub async fn migration(
+    paths: &forkbox_engine::paths::Paths,
+    (from, to): (&str, &str),
+    code: PathBuf,
+    test: &str,
+    plans: &[&str],
+    runs: u32,
+) -> OnePlan {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("plans.toml");
+    let text: Vec<String> = plans.iter().map(|p| format!("[[plan]]\n{p}")).collect();
+    std::fs::write(&file, text.join("\n")).unwrap();
     let out = tempfile::tempdir().unwrap();
     let cfg = MigrateConfig {
         test_timeout_secs: 1800,
+        runs,
         ..MigrateConfig::new(
             (from, to),
             code,
             test,
             (
                 forkbox_migrate::plans::load(&file).unwrap(),
-                plans.path().to_path_buf(),
+                dir.path().to_path_buf(),
             ),
             out.path().to_path_buf(),
         )
@@ -64,5 +83,200 @@ pub async fn one_plan(
         ms: t.elapsed().as_millis() as u64,
         cfg,
         out,
+    }
+}
+
+/// The chroot of Debian `suite` with `packages`, made once per test home under `dir` (the file
+/// `probe` in it says it is whole); with a hosts file (Vite looks `localhost` up, and a
+/// minbase root has none) and a `/work` to bind the code on.
+pub fn chroot(dir: &Path, suite: &str, packages: &[&str], probe: &str) -> PathBuf {
+    let root = dir.join(suite);
+    locked(dir, || {
+        if !root.join(probe).exists() {
+            let tmp = dir.join(format!("{suite}.tmp"));
+            let _ = std::fs::remove_dir_all(&tmp);
+            let st = Command::new("mmdebstrap")
+                .arg("--variant=minbase")
+                .arg(format!("--include={}", packages.join(",")))
+                .arg(suite)
+                .arg(&tmp)
+                .status()
+                .unwrap();
+            assert!(st.success(), "mmdebstrap {suite} failed");
+            let _ = std::fs::remove_dir_all(&root);
+            std::fs::rename(&tmp, &root).unwrap();
+        }
+    });
+    std::fs::create_dir_all(root.join("work")).unwrap();
+    let hosts = root.join("etc/hosts");
+    if !hosts.exists() {
+        std::fs::write(&hosts, "127.0.0.1 localhost\n::1 localhost\n").unwrap();
+    }
+    root
+}
+
+/// `test` run natively in `root` with the code at `/work` and the variables `env`, as in the
+/// sandboxes (a mount namespace of its own: the tests run side by side); what it printed and
+/// how long it took.
+pub fn native(
+    root: &Path,
+    code: &Path,
+    test: &str,
+    env: &[(&str, &str)],
+) -> (std::process::Output, u64) {
+    let t = Instant::now();
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c"])
+        .arg(
+            "mount --bind \"$1\" \"$2/work\" && mount -t proc proc \"$2/proc\" && exec chroot \"$2\" sh -c \"cd /work && $3\""
+        )
+        .args(["native"])
+        .arg(code)
+        .arg(root)
+        .arg(test)
+        .env("HOME", "/root")
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (out, t.elapsed().as_millis() as u64)
+}
+
+/// Whether the corpora run: `Some(true)` for every project (`FORKBOX_CORPUS=all`),
+/// `Some(false)` for the first of each ecosystem (`FORKBOX_CORPUS=1`), `None` for none.
+pub fn corpus() -> Option<bool> {
+    match std::env::var("FORKBOX_CORPUS").as_deref() {
+        Ok("1") => Some(false),
+        Ok("all") => Some(true),
+        _ => None,
+    }
+}
+
+/// Whether a corpus test runs its project: `first` of its ecosystem, or every one asked for.
+pub fn runs(name: &str, first: bool) -> bool {
+    match corpus() {
+        None => {
+            eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 or all to run it)");
+            false
+        }
+        Some(false) if !first => {
+            eprintln!("corpus: {name} runs with FORKBOX_CORPUS=all");
+            false
+        }
+        _ => true,
+    }
+}
+
+/// The tests that passed.
+pub fn passed(r: &Results) -> BTreeSet<&String> {
+    r.iter()
+        .filter(|(_, o)| **o == Outcome::Passed)
+        .map(|(id, _)| id)
+        .collect()
+}
+
+/// Results equal test for test: the same ids, each with the same outcome.
+pub fn same(what: &str, native: &Results, ours: &Results) {
+    let (a, b): (BTreeSet<_>, BTreeSet<_>) = (native.keys().collect(), ours.keys().collect());
+    assert!(
+        a == b,
+        "{what}: ids differ; only native: {:?}; only forkbox: {:?}",
+        a.difference(&b).take(5).collect::<Vec<_>>(),
+        b.difference(&a).take(5).collect::<Vec<_>>()
+    );
+    let differ: Vec<_> = native
+        .iter()
+        .filter(|(id, o)| ours.get(*id) != Some(o))
+        .take(5)
+        .collect();
+    assert!(differ.is_empty(), "{what}: outcomes differ: {differ:?}");
+}
+
+/// The files under `dir` whose extension is one of `exts`, concatenated into `into`
+/// (`target` and `node_modules` left out).
+pub fn sources(dir: &Path, exts: &[&str], into: &mut String) {
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        if p.is_dir() {
+            if !p.ends_with("target") && !p.ends_with("node_modules") {
+                sources(&p, exts, into);
+            }
+        } else if p.extension().is_some_and(|x| exts.iter().any(|e| x == *e)) {
+            into.push_str(&std::fs::read_to_string(&p).unwrap_or_default());
+        }
+    }
+}
+
+/// The two plans of a corpus project: one that changes nothing, and one whose porter runs
+/// `breaks` (a shell command that breaks one test; the plan fails if it changes nothing).
+pub fn same_and_break(breaks: &str) -> [String; 2] {
+    let toml = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
+    [
+        "name = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n"
+            .to_string(),
+        format!(
+            "name = \"break\"\ninstructions = \"break one test\"\nporter = {{ command = \"{}\" }}\n",
+            toml(breaks)
+        ),
+    ]
+}
+
+/// Checks a finished two-plan migration against the native runs: the baseline is `old`, the
+/// plan that changes nothing is `new` and accepted, the breaking plan loses exactly `broken`.
+pub fn check_two_plans(what: &str, run: &OnePlan, (old, new): (&Results, &Results), broken: &str) {
+    let report = &run.report;
+    same(
+        &format!("{what}, the baseline (old toolchain)"),
+        old,
+        &report.baseline.results,
+    );
+    same(
+        &format!("{what}, the plan (new toolchain)"),
+        new,
+        &report.plans[0].results,
+    );
+    let v = &report.verdicts;
+    assert!(v[0].accepted && v[0].lost.is_empty(), "{what}: {:?}", v[0]);
+    assert_eq!(v[1].lost, vec![broken.to_string()], "{what}: {:?}", v[1]);
+    assert!(!v[1].accepted, "{what}: {:?}", v[1]);
+}
+
+/// `test` run natively in `root` (see [`native`]) and its output read as `format`; its
+/// results and how long it took.
+pub fn native_results(
+    root: &Path,
+    code: &Path,
+    test: &str,
+    env: &[(&str, &str)],
+    format: forkbox_migrate::reports::Format,
+) -> (Results, u64) {
+    let (out, took) = native(root, code, test, env);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let results = forkbox_migrate::reports::parse(format, &text)
+        .unwrap_or_else(|e| {
+            panic!(
+                "{}: {e}\n{text}\n{}",
+                root.display(),
+                String::from_utf8_lossy(&out.stderr)
+            )
+        })
+        .results;
+    (results, took)
+}
+
+/// What the native runs of `what` must show: at least `at_least` passing tests on one
+/// toolchain or the other, and every id one a person finds in the sources.
+pub fn check_native(
+    what: &str,
+    (old, new): (&Results, &Results),
+    at_least: usize,
+    findable: impl Fn(&str) -> bool,
+) {
+    let most = passed(old).len().max(passed(new).len());
+    assert!(
+        most >= at_least,
+        "{what}: {most} tests passed natively, expected {at_least} or more: {old:?} {new:?}"
+    );
+    for id in old.keys().chain(new.keys()) {
+        assert!(findable(id), "{what}: no test {id:?} in the sources");
     }
 }
