@@ -107,8 +107,14 @@ fn native(root: &Path, code: &Path) -> (Results, u64) {
     common::native_results(root, code, test, ENV, Format::GoJson)
 }
 
-/// Whether a person finds the test `id` (`package/TestX/sub`) in the sources: its function.
-fn findable(id: &str, source: &str) -> bool {
+/// Whether a person finds the test `id` (`package/TestX/sub`) in the sources: its function
+/// (or, for a package whose tests did not build, its directory).
+fn findable(id: &str, code: &Path, module: &str, source: &str) -> bool {
+    if let Some(dir) = id.strip_prefix(module) {
+        if code.join(dir.trim_start_matches('/')).is_dir() && !dir.contains("/Test") {
+            return true;
+        }
+    }
     id.split('/')
         .find(|s| ["Test", "Example", "Fuzz"].iter().any(|p| s.starts_with(p)))
         .is_some_and(|f| source.contains(&format!("func {f}(")))
@@ -142,7 +148,7 @@ async fn check(lib: Library<'_>, first: bool) {
     let mut source = String::new();
     common::sources(&code, &["go"], &mut source);
     common::check_native(lib.package, (&go119, &go124), lib.at_least, |id| {
-        findable(id, &source)
+        findable(id, &code, lib.module, &source)
     });
     let (file, func) = lib.breaks;
     let broken = format!("{}/{func}", package_of(&go119, func));
@@ -172,7 +178,7 @@ async fn check(lib: Library<'_>, first: bool) {
     // What people read of the run is Go's text, not the JSON forkbox asked for.
     let shown = &report.plans[0].test_output_tail;
     assert!(
-        shown.contains("ok  \t") && !shown.contains("\"Action\""),
+        (shown.contains("ok  \t") || shown.contains("FAIL\t")) && !shown.contains("\"Action\""),
         "{}: {shown}",
         lib.package
     );
@@ -229,7 +235,10 @@ async fn cespare_xxhash() {
     .await;
 }
 
-/// go-difflib: written before modules (no `go.mod`), its package in a subdirectory.
+/// go-difflib: written before modules (no `go.mod`), its package in a subdirectory. Go 1.24's
+/// vet (run by `go test`) refuses two of its examples (`ExampleGetUnifiedDiffCode refers to
+/// unknown identifier`): its tests no longer build, natively or in forkbox, and the plan that
+/// changes nothing loses every test, as a migration must say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pmezard_go_difflib() {
     check(

@@ -404,23 +404,38 @@ pub fn junit(text: &str) -> Result<Results, ReportError> {
 
 /// `go test -json`: one JSON object per line; `Action` pass/fail/skip with a `Test`. A test's
 /// id is `package/TestName` (a subtest's `package/TestName/sub`), as `go test -run` names it.
+/// A package that failed without reporting any test (its test binary did not build, or
+/// failed before its tests ran) is an error under the package's own id.
 pub fn go_json(text: &str) -> Results {
     let mut r = Results::new();
+    let mut tested = std::collections::BTreeSet::new();
+    let mut failed = Vec::new();
     for line in text.lines() {
         let Ok(v) = serde_json::from_str::<serde_json::Value>(line) else {
             continue;
         };
-        let (Some(test), Some(action)) = (v["Test"].as_str(), v["Action"].as_str()) else {
+        let (Some(action), Some(pkg)) = (v["Action"].as_str(), v["Package"].as_str()) else {
             continue;
         };
-        let pkg = v["Package"].as_str().unwrap_or("");
+        let Some(test) = v["Test"].as_str() else {
+            if action == "fail" {
+                failed.push(pkg.to_string());
+            }
+            continue;
+        };
         let outcome = match action {
             "pass" => Outcome::Passed,
             "fail" => Outcome::Failed,
             "skip" => Outcome::Skipped,
             _ => continue,
         };
+        tested.insert(pkg.to_string());
         add(&mut r, format!("{pkg}/{test}"), outcome);
+    }
+    for pkg in failed {
+        if !tested.contains(&pkg) {
+            add(&mut r, pkg, Outcome::Error);
+        }
     }
     r
 }
@@ -938,6 +953,16 @@ ERROR tests/test_b.py::test_conn - ConnectionRefusedError: [Errno 111]
         assert_eq!(r["example.com/m/TestC"], Outcome::Skipped);
         assert_eq!(r["example.com/m/TestD/with_sub"], Outcome::Passed);
         assert_eq!(r.len(), 4);
+    }
+
+    #[test]
+    fn a_go_package_that_did_not_build_is_an_error() {
+        let text = "{\"Action\":\"run\",\"Package\":\"m/a\",\"Test\":\"TestA\"}\n{\"Action\":\"fail\",\"Package\":\"m/a\",\"Test\":\"TestA\"}\n{\"Action\":\"fail\",\"Package\":\"m/a\"}\n{\"Action\":\"output\",\"Package\":\"m/b\",\"Output\":\"FAIL\\tm/b [build failed]\\n\"}\n{\"Action\":\"fail\",\"Package\":\"m/b\",\"FailedBuild\":\"m/b [m/b.test]\"}\n";
+        let r = go_json(text);
+        assert_eq!(r["m/a/TestA"], Outcome::Failed);
+        assert_eq!(r["m/b"], Outcome::Error);
+        assert!(!r.contains_key("m/a"));
+        assert_eq!(r.len(), 2);
     }
 
     #[test]
