@@ -235,6 +235,32 @@ impl Cgroup {
         })
     }
 
+    /// Moves into the cgroup what the command `pid` started before it joined: a process that
+    /// forked at once, in a busy guest, left its children in the agent's own cgroup, outside
+    /// the command's, where a timeout's kill missed them (a `setsid` child outlived its
+    /// command). Each such process descends from `pid` and was made after it; a process it
+    /// forked before being moved is found on the next pass. One whose parent already exited
+    /// (reparented to the agent) is not told apart from the agent's own and stays.
+    fn gather(&self, pid: u32) {
+        let me = std::process::id();
+        for _ in 0..4 {
+            let Ok(list) = fs::read_to_string(AGENT_CGROUP_PROCS) else {
+                return;
+            };
+            let strays: Vec<u32> = list
+                .lines()
+                .filter_map(|l| l.parse::<u32>().ok())
+                .filter(|p| *p > pid && *p != me && descends_from(*p, pid))
+                .collect();
+            if strays.is_empty() {
+                return;
+            }
+            for p in strays {
+                let _ = nix::unistd::write(&self.procs, p.to_string().as_bytes());
+            }
+        }
+    }
+
     fn kill(&self) {
         let _ = fs::write(self.path.join("cgroup.kill"), b"1");
     }
@@ -260,6 +286,32 @@ impl Drop for Cgroup {
         // Fails while processes the command left behind still live; they keep the cgroup.
         let _ = fs::remove_dir(&self.path);
     }
+}
+
+/// The processes of the agent's own cgroup (the root: the agent never leaves it), where a
+/// command's child starts before it joins the command's.
+const AGENT_CGROUP_PROCS: &str = "/sys/fs/cgroup/cgroup.procs";
+
+/// The parent of process `p`, from `/proc/P/stat` (its fourth field, after the name in
+/// parentheses, which may hold anything).
+fn parent_of(p: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{p}/stat")).ok()?;
+    let after = &stat[stat.rfind(')')? + 1..];
+    after.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// Whether process `p` descends from `pid`: its chain of parents reaches `pid` through
+/// processes made after it (pids grow until they wrap, which is far off in a sandbox).
+fn descends_from(p: u32, pid: u32) -> bool {
+    let mut at = p;
+    for _ in 0..64 {
+        match parent_of(at) {
+            Some(pp) if pp == pid => return true,
+            Some(pp) if pp > pid => at = pp,
+            _ => return false,
+        }
+    }
+    false
 }
 
 fn build_command(spec: &ExecSpec) -> Result<Command, std::io::Error> {
@@ -462,11 +514,12 @@ fn run(inner: &Arc<Inner>, id: u32, spec: ExecSpec, stdin_rx: Option<StdinRx>) {
     drop(cmd);
     let pid = child.id();
     // Joined from here rather than in the child before exec: without a pre-exec hook std
-    // spawns with posix_spawn (vfork), which under emulation is far cheaper than fork. A child
-    // that forks within these microseconds leaves the cgroup, but not the process group, which
-    // a timeout kills too.
+    // spawns with posix_spawn (vfork), which under emulation is far cheaper than fork (a hook
+    // doubled an exec's round trip here). What the child started before it joined is gathered
+    // after it.
     if let Some(cg) = &cgroup {
         let _ = nix::unistd::write(&cg.procs, pid.to_string().as_bytes());
+        cg.gather(pid);
     }
     out.send(&AgentMsg::Started { id, pid });
 
