@@ -108,15 +108,7 @@ fn project(dir: &Path, spec: &str) -> (tempfile::TempDir, PathBuf) {
             assert!(st.success() && file.exists(), "pip download {spec}");
         }
     });
-    let work = tempfile::tempdir().unwrap();
-    let st = Command::new("tar")
-        .arg("xzf")
-        .arg(&file)
-        .arg("-C")
-        .arg(work.path())
-        .status()
-        .unwrap();
-    assert!(st.success());
+    let work = common::untar(&file);
     let root = work.path().join(format!("{name}-{version}"));
     assert!(root.is_dir(), "{}", root.display());
     (work, root)

@@ -157,14 +157,12 @@ async fn check(lib: Library<'_>, first: bool) {
     let breaks = format!(
         "sed -i 's/^func {func}(t \\*testing.T) {{$/&\\n\\tt.Fatal(\"broken by the plan\")/' {file} && grep -q 'broken by the plan' {file}"
     );
-    let plans = common::same_and_break(&breaks);
-    let run = common::migration(
+    let run = common::same_and_break(
         &paths,
         (&old.to_string(), &new.to_string()),
         code.clone(),
         "go test ./...",
-        &[&plans[0], &plans[1]],
-        1,
+        &breaks,
     )
     .await;
     common::check_two_plans(lib.package, &run, (&go119, &go124), &broken);

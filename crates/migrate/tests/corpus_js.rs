@@ -75,15 +75,7 @@ fn package(
             std::fs::rename(packed, &file).unwrap();
         }
     });
-    let work = tempfile::tempdir().unwrap();
-    run(
-        Command::new("tar")
-            .arg("xzf")
-            .arg(&file)
-            .arg("-C")
-            .arg(work.path()),
-        "tar",
-    );
+    let work = common::untar(&file);
     let code = work.path().join("package");
     let manifest = code.join("package.json");
     let mut pkg: serde_json::Value =
@@ -258,7 +250,7 @@ async fn check(s: Suite<'_>) {
         (&old.to_string(), &new.to_string()),
         code.clone(),
         test,
-        "name = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n",
+        common::SAME,
     )
     .await;
     same(

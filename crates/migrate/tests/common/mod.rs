@@ -206,18 +206,40 @@ pub fn sources(dir: &Path, exts: &[&str], into: &mut String) {
     }
 }
 
-/// The two plans of a corpus project: one that changes nothing, and one whose porter runs
-/// `breaks` (a shell command that breaks one test; the plan fails if it changes nothing).
-pub fn same_and_break(breaks: &str) -> [String; 2] {
+/// The plan that changes nothing (a plans file's `[[plan]]` table, without its header).
+pub const SAME: &str =
+    "name = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n";
+
+/// `forkbox migrate` of a corpus project with one baseline run and two plans: [`SAME`], and one
+/// whose porter runs `breaks` (a shell command that breaks one test; the plan fails if it
+/// changes nothing). See [`check_two_plans`].
+pub async fn same_and_break(
+    paths: &forkbox_engine::paths::Paths,
+    images: (&str, &str),
+    code: PathBuf,
+    test: &str,
+    breaks: &str,
+) -> OnePlan {
     let toml = |s: &str| s.replace('\\', "\\\\").replace('"', "\\\"");
-    [
-        "name = \"same\"\ninstructions = \"change nothing\"\nporter = { command = \"true\" }\n"
-            .to_string(),
-        format!(
-            "name = \"break\"\ninstructions = \"break one test\"\nporter = {{ command = \"{}\" }}\n",
-            toml(breaks)
-        ),
-    ]
+    let broken = format!(
+        "name = \"break\"\ninstructions = \"break one test\"\nporter = {{ command = \"{}\" }}\n",
+        toml(breaks)
+    );
+    migration(paths, images, code, test, &[SAME, &broken], 1).await
+}
+
+/// `file` (a `.tar.gz`) unpacked into a fresh directory.
+pub fn untar(file: &Path) -> tempfile::TempDir {
+    let work = tempfile::tempdir().unwrap();
+    let st = Command::new("tar")
+        .arg("xzf")
+        .arg(file)
+        .arg("-C")
+        .arg(work.path())
+        .status()
+        .unwrap();
+    assert!(st.success(), "tar xzf {}", file.display());
+    work
 }
 
 /// Checks a finished two-plan migration against the native runs: the baseline is `old`, the
