@@ -38,6 +38,8 @@ pub const RECIPES: &[(&str, &str)] = &[
         "rust-trixie",
         include_str!("../../../images/rust-trixie.toml"),
     ),
+    ("java-17", include_str!("../../../images/java-17.toml")),
+    ("java-21", include_str!("../../../images/java-21.toml")),
     ("base", include_str!("../../../images/base.toml")),
     (
         "code-interpreter",

@@ -84,7 +84,7 @@ pub fn image_from(paths: &Paths, file: &Path) -> ImageRef {
             version: None,
         };
         match store.resolve(&wanted) {
-            Ok(img) if img.meta.recipe == recipe => {}
+            Ok(img) if same_recipe(&store, &img.meta.recipe, &recipe) => {}
             _ => {
                 eprintln!(
                     "test-infra: building image {} (once per machine and recipe)",
@@ -105,6 +105,27 @@ pub fn image_from(paths: &Paths, file: &Path) -> ImageRef {
             version: None,
         }
     })
+}
+
+/// Whether an image built from `built` (as its build pinned it) is what `recipe` asks for: a
+/// recipe on another image records that image as NAME@N, without a suite of its own, and is
+/// built again when that image has a newer version.
+fn same_recipe(store: &ImageStore, built: &Recipe, recipe: &Recipe) -> bool {
+    let newest = |base: &str| {
+        base.parse::<ImageRef>()
+            .ok()
+            .and_then(|r| store.resolve(&r).ok())
+            .map(|img| img.reference())
+    };
+    match (&built.base, &recipe.base) {
+        (Some(pinned), Some(base)) if newest(base).as_ref() == Some(pinned) => {
+            let mut unpinned = built.clone();
+            unpinned.base = recipe.base.clone();
+            unpinned.suite = recipe.suite.clone();
+            unpinned == *recipe
+        }
+        _ => built == recipe,
+    }
 }
 
 /// A home that holds nothing from an earlier run (made anew at each call), as a new node's:
