@@ -60,8 +60,9 @@ command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' \
   || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }
 # The corpus test (crates/migrate/tests/corpus.rs) runs real PyPI projects natively and through
-# forkbox migrate, as do the npm, Go and Rust corpora (corpus_js.rs, corpus_go.rs,
-# corpus_rust.rs; one Go library and one crate by default, every one with FORKBOX_CORPUS=all);
+# forkbox migrate, as do the npm, Go, Rust and Java corpora (corpus_js.rs, corpus_go.rs,
+# corpus_rust.rs, corpus_java.rs; one Go library, one crate and one Maven project by default,
+# every one with FORKBOX_CORPUS=all);
 # FORKBOX_CORPUS=0 leaves them out (they need PyPI, npm, crates.io and a Debian mirror).
 export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
 if cargo nextest --version >/dev/null 2>&1; then
