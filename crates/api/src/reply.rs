@@ -19,7 +19,8 @@ pub struct SandboxView {
     #[serde(default)]
     pub from_pool: bool,
     /// `running`, `disk_full` (paused by a full host file system, nothing lost; resumes by
-    /// itself once space is freed), `hibernated` (saved to disk, no VM, resumed by `resume`)
+    /// itself once space is freed), `sleeping` (saved to disk, no VM; woken by the next call
+    /// that needs it), `hibernated` (saved to disk, no VM, resumed by `resume`)
     /// `failed` (its guest broke the agent protocol; `failure` says how; delete it), or in a
     /// cluster `lost` (its node died or left; delete it).
     pub state: SandboxState,
@@ -40,6 +41,12 @@ pub struct SandboxView {
     /// Its secrets' names and hosts (never their values).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretView>,
+    /// When it sleeps by itself, if it does.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::IdlePolicy>,
+    /// Whether use wakes it while it sleeps.
+    #[serde(default)]
+    pub wake_on_use: bool,
 }
 
 /// A snapshot or image brought to a node from the nodes that held it, by chunks: what moved
@@ -82,6 +89,8 @@ pub enum SandboxState {
     Running,
     DiskFull,
     Hibernated,
+    /// Hibernated, and woken by the next call that needs it (`wake_on_use`).
+    Sleeping,
     Failed,
     /// Its node left the cluster (`node` says which); what it held is gone with that node.
     Lost,

@@ -43,6 +43,64 @@ pub struct CreateRequest {
     /// network policy then allows). Values are write-only.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretSpec>,
+    /// Sleep when idle: after this long with no command running, no open stream or port
+    /// connection and no call for it, it is hibernated, and the next thing that needs it wakes
+    /// it (see [`IdlePolicy`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdlePolicy>,
+    /// Whether a call that needs it wakes it while it is hibernated (an exec, a file call, an
+    /// attach, a connection to a forwarded port or preview URL). Default: on with `idle`, off
+    /// without (a sandbox hibernated by hand or by its TTL then waits for `resume`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_on_use: Option<bool>,
+}
+
+/// When a sandbox sleeps by itself: `after_secs` seconds (1 to 7 days) with nothing using it.
+/// Used means a command running (a detached one too), a stream or terminal open, a port
+/// forward's or preview URL's connection open, or any call for the sandbox. Asleep, it keeps its
+/// memory, processes and files on disk and has no VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdlePolicy {
+    pub after_secs: u64,
+    #[serde(default)]
+    pub action: IdleAction,
+}
+
+/// Longest idle time a policy may give: a week.
+pub const MAX_IDLE_SECS: u64 = 7 * 24 * 3600;
+
+impl IdlePolicy {
+    /// A policy checked: `after_secs` within 1 second and [`MAX_IDLE_SECS`].
+    pub fn checked(self) -> Result<IdlePolicy, Invalid> {
+        if self.after_secs == 0 || self.after_secs > MAX_IDLE_SECS {
+            return Err(Invalid(format!(
+                "idle.after_secs {}: give 1 to {MAX_IDLE_SECS} seconds",
+                self.after_secs
+            )));
+        }
+        Ok(self)
+    }
+}
+
+/// What idleness does to a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum IdleAction {
+    /// Saved to disk with its processes, its VM stopped; woken on use.
+    #[default]
+    Hibernate,
+}
+
+/// A new idle policy for a running or sleeping sandbox; `idle: null` turns sleeping off.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct IdleRequest {
+    pub idle: Option<IdlePolicy>,
+    /// Whether use wakes it while it sleeps (default: on with `idle`; without, as it was, so a
+    /// sleeping sandbox whose sleeping is turned off still wakes on its next use).
+    #[serde(default)]
+    pub wake_on_use: Option<bool>,
 }
 
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
@@ -82,6 +140,12 @@ pub struct ForkRequest {
     /// source's secrets.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<crate::SecretSpec>,
+    /// The copies' idle policy (none when absent: a copy does not inherit its source's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<IdlePolicy>,
+    /// Whether use wakes a sleeping copy (default: on with `idle`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wake_on_use: Option<bool>,
 }
 
 /// Most copies one fork call makes.

@@ -92,6 +92,7 @@ routes! {
     exec: Post "/v1/sandboxes/{id}/exec" -> ExecResult;
     set_ttl: Post "/v1/sandboxes/{id}/ttl" -> SandboxView;
     set_network: Put "/v1/sandboxes/{id}/network" -> SandboxView;
+    set_idle: Put "/v1/sandboxes/{id}/idle" -> SandboxView;
     snapshot: Post "/v1/sandboxes/{id}/snapshot" -> SnapshotMeta;
     fork: Post "/v1/sandboxes/{id}/fork" -> ForkResult;
     hibernate: Post "/v1/sandboxes/{id}/hibernate" -> SandboxView;

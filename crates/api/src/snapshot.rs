@@ -125,4 +125,8 @@ pub struct DaemonRecord {
     pub created_unix: u64,
     #[serde(default)]
     pub network: crate::NetworkPolicy,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle: Option<crate::IdlePolicy>,
+    #[serde(default)]
+    pub wake_on_use: bool,
 }

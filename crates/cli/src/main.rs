@@ -11,6 +11,7 @@ mod logfile;
 mod migrate;
 mod network;
 mod run;
+mod sandbox_args;
 mod serve;
 mod snapshots;
 mod terminal;

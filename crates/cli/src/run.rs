@@ -149,6 +149,7 @@ async fn through_api(
         network: args.net.policy(),
         node: None,
         secrets: args.net.secrets.clone(),
+        ..Default::default()
     };
     let mut signals = Signals::new()?;
     let view = tokio::select! {

@@ -110,6 +110,23 @@ pub fn ttl(s: &str) -> Result<u64, String> {
     seconds_at_most(s, forkbox_engine::api::MAX_TTL_SECS, "30 days")
 }
 
+/// An idle time before a sandbox sleeps: a duration of at most 7 days.
+pub fn idle(s: &str) -> Result<u64, String> {
+    seconds_at_most(s, forkbox_engine::api::MAX_IDLE_SECS, "7 days")
+}
+
+/// An idle time in seconds, or none (`off`: no sleeping).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IdleAfter(pub Option<u64>);
+
+/// An idle time, or `off` (no sleeping).
+pub fn idle_or_off(s: &str) -> Result<IdleAfter, String> {
+    match s.trim() {
+        "off" | "never" | "0" => Ok(IdleAfter(None)),
+        t => idle(t).map(|n| IdleAfter(Some(n))),
+    }
+}
+
 /// A command's timeout: a duration of at most 24 h, as the API takes it.
 pub fn timeout(s: &str) -> Result<u64, String> {
     seconds_at_most(s, forkbox_engine::api::MAX_TIMEOUT_SECS, "24 h")

@@ -1391,7 +1391,7 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     let out = run(&paths, &["sandbox", "ls", "--state", "asleep"]);
     assert!(!out.status.success());
     assert!(
-        text(&out.stderr).contains("not one of running, disk_full, hibernated"),
+        text(&out.stderr).contains("not one of running, disk_full, sleeping, hibernated"),
         "{}",
         text(&out.stderr)
     );

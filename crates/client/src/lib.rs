@@ -411,6 +411,15 @@ impl Client {
             .await
     }
 
+    /// A new idle policy for sandbox `id` (`idle: None` turns sleeping off).
+    pub async fn set_idle(
+        &self,
+        id: &str,
+        request: &forkbox_api::IdleRequest,
+    ) -> Result<reply::set_idle, ClientError> {
+        self.json(self.at(op::set_idle, &[id]).json(request)).await
+    }
+
     pub async fn snapshot(
         &self,
         id: &str,

@@ -241,6 +241,9 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
             Some(true) => TtlAction::Hibernate,
             _ => TtlAction::Delete,
         }),
+        // A paused sandbox made with autoResume wakes on the next call that needs it, as
+        // E2B's does: forkbox's own waking on use.
+        wake_on_use: resume,
         network: Some(policy(
             n.network.as_ref(),
             n.allow_internet_access
@@ -352,7 +355,9 @@ async fn connect(
         )
     })?;
     let (v, code) = match v.state {
-        forkbox_api::SandboxState::Hibernated => (c.client.resume(&id).await?, StatusCode::CREATED),
+        forkbox_api::SandboxState::Hibernated | forkbox_api::SandboxState::Sleeping => {
+            (c.client.resume(&id).await?, StatusCode::CREATED)
+        }
         _ => (v, StatusCode::OK),
     };
     let v = match t.timeout {
@@ -381,7 +386,7 @@ async fn set_timeout(
 async fn pause(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
-    if v.state == forkbox_api::SandboxState::Hibernated {
+    if shape::state(&v) == "paused" {
         return Err(Failure::of(
             Code::SandboxHibernated,
             format!("sandbox {id} is already paused"),
@@ -396,7 +401,7 @@ async fn pause(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<Str
 async fn metrics(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
-    if v.state == forkbox_api::SandboxState::Hibernated {
+    if shape::state(&v) == "paused" {
         return Ok(Json(json!([])).into_response());
     }
     let out = e

@@ -241,7 +241,7 @@ impl E2b {
             .labels
             .get(keys::AUTO_RESUME_LABEL)
             .is_some_and(|x| x == "1");
-        if v.state == forkbox_api::SandboxState::Hibernated && auto {
+        if crate::shape::state(&v) == "paused" && (auto || v.wake_on_use) {
             tracing::info!("e2b: {id} is paused and asked for autoResume: resuming it");
             self.daemon.resume(id).await?;
         }

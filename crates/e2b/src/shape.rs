@@ -41,7 +41,7 @@ pub fn owned_by(v: &SandboxView, owner: &str) -> bool {
 /// it goes on by itself).
 pub fn state(v: &SandboxView) -> &'static str {
     match v.state {
-        SandboxState::Hibernated => "paused",
+        SandboxState::Hibernated | SandboxState::Sleeping => "paused",
         _ => "running",
     }
 }
@@ -94,10 +94,10 @@ pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
     if !v.network.internet {
         d["network"] = json!({ "allowOut": v.network.allow, "denyOut": ["0.0.0.0/0"] });
     }
-    let auto = v
-        .labels
-        .get(keys::AUTO_RESUME_LABEL)
-        .is_some_and(|x| x == "1");
+    let auto = v.wake_on_use
+        || v.labels
+            .get(keys::AUTO_RESUME_LABEL)
+            .is_some_and(|x| x == "1");
     d["lifecycle"] = json!({ "autoResume": auto, "onTimeout": on_timeout });
     d
 }

@@ -414,6 +414,30 @@ def lifecycle_steps(sbx):
     assert back.files.read("/home/user/kept.txt") == "kept"
     ok(f"pause, then connect resumes it with its processes (counter {before} -> {after})", t)
 
+    if "lifecycle" in Sandbox.create.__code__.co_varnames:
+        t = time.time()
+        # Paused by its timeout, and woken by the next command (E2B's autoResume): the caller
+        # sees only the delay.
+        auto = Sandbox.create(
+            template=TEMPLATE,
+            timeout=4,
+            metadata={"run": RUN},
+            lifecycle={"on_timeout": "pause", "auto_resume": True},
+        )
+        try:
+            auto.commands.run("echo before-the-pause > /tmp/kept", user="root")
+            assert wait_for(lambda: Sandbox.get_info(auto.sandbox_id).state.value == "paused", 60), \
+                Sandbox.get_info(auto.sandbox_id)
+            info = Sandbox.get_info(auto.sandbox_id)
+            assert info.lifecycle and info.lifecycle.get("auto_resume") is True, info.lifecycle
+            woke = time.time()
+            out = auto.commands.run("cat /tmp/kept", user="root")
+            assert out.stdout == "before-the-pause\n", out
+            assert Sandbox.get_info(auto.sandbox_id).state.value == "running"
+            ok(f"on_timeout pause + auto_resume: paused by its timeout, woken by a command ({time.time() - woke:.1f} s)", t)
+        finally:
+            auto.kill()
+
     if hasattr(sbx, "create_snapshot"):
         t = time.time()
         snap = sbx.create_snapshot()

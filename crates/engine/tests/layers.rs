@@ -19,6 +19,7 @@ const LAYERS: &[(&str, &[&str])] = &[
         &[
             "sandbox",
             "client",
+            "activity",
             "files",
             "net",
             "secrets",

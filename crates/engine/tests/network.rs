@@ -228,6 +228,7 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
                 network: None,
                 node: None,
                 secrets: Vec::new(),
+                ..Default::default()
             },
         })
         .await

@@ -418,6 +418,7 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
                         network: None,
                         node: None,
                         secrets,
+                        ..Default::default()
                     },
                 })
                 .await

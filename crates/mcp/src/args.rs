@@ -15,6 +15,10 @@ pub struct CreateArgs {
     pub allow: Option<Vec<String>>,
     /// Keep the sandbox when this session ends (it is hibernated when its TTL passes).
     pub persistent: Option<bool>,
+    /// Let it sleep after this many seconds unused (no command running, no call): its memory
+    /// and processes are kept on disk without a VM, and the next call that needs it (exec,
+    /// files, a port connection) wakes it; the caller sees only the delay.
+    pub idle_seconds: Option<u64>,
     /// Secrets its HTTPS requests to the named hosts carry (e.g. a registry token). The value
     /// is read from this server's own environment (the variable `env`, or `name`), so it
     /// passes through neither the conversation nor the sandbox: the guest's $NAME holds a

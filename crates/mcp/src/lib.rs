@@ -393,6 +393,10 @@ impl ForkboxMcp {
             network,
             ttl_action: persistent.then_some(TtlAction::Hibernate),
             secrets,
+            idle: a.idle_seconds.map(|after_secs| forkbox_api::IdlePolicy {
+                after_secs,
+                action: Default::default(),
+            }),
             ..Default::default()
         };
         let v = try_tool!(self.c().create(&req).await);
@@ -405,6 +409,7 @@ impl ForkboxMcp {
             "secrets": v.secrets,
             "expires_unix": v.expires_unix,
             "persistent": persistent,
+            "idle": v.idle,
         }))
     }
 

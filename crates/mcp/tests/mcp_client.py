@@ -184,6 +184,25 @@ async def code(s):
     print("mcp run_code passed")
 
 
+async def idle(s):
+    """A sandbox made to sleep when idle sleeps, and the next exec wakes it with its files."""
+    made = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, idle_seconds=2))
+    assert made["idle"] == {"after_secs": 2, "action": "hibernate"}, made
+    sid = made["sandbox"]
+    await ok(s, "exec", sandbox=sid, command="echo kept > /root/f")
+    state = None
+    for _ in range(180):
+        state = next(x["state"] for x in json.loads(await ok(s, "list_sandboxes")) if x["sandbox"] == sid)
+        if state == "sleeping":
+            break
+        await asyncio.sleep(0.5)
+    assert state == "sleeping", state
+    r = json.loads(await ok(s, "exec", sandbox=sid, command="cat /root/f"))
+    assert r["stdout"] == "kept\n", r
+    await ok(s, "destroy", sandbox=sid)
+    print("mcp idle: slept, woken by exec")
+
+
 async def main():
     mode = sys.argv[1]
     if mode == "code":
@@ -208,6 +227,7 @@ async def main():
                 await port(s, root)
                 kept = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, persistent=True))
                 assert kept["persistent"] is True, kept
+                await idle(s)
         print("stdio session made", " ".join(sorted(made)))
         print("persistent:", kept["sandbox"])
     else:

@@ -886,6 +886,8 @@ async fn fork_plans(
             network: Some(Default::default()),
             node: None,
             secrets: Vec::new(),
+            idle: None,
+            wake_on_use: None,
         };
         let source = source.clone();
         let got = match engine.call(ops::Fork { source, request }).await {

@@ -144,6 +144,7 @@ pub async fn serve(
     // Sandboxes of a daemon that died are taken over before any request is served (their TTLs
     // apply at the first sweep); what other owners left half-made is removed.
     let engine = Arc::new(Engine::durable(paths.clone()).map_err(std::io::Error::other)?);
+    engine.bind();
     for id in engine.adopt_all().await {
         tracing::info!("{id}: re-adopted");
     }
@@ -296,8 +297,8 @@ async fn serve_tcp(
 }
 
 /// TTLs are absolute deadlines; a sweep enforces them each second (in a cluster, the expired
-/// sandboxes' records go too), shrinks the warm pool, and samples every VM's CPU and memory for
-/// the metrics.
+/// sandboxes' records go too), puts to sleep the sandboxes idle for their policy's time,
+/// shrinks the warm pool, and samples every VM's CPU and memory for the metrics.
 fn spawn_sweep(
     engine: Arc<Engine>,
     node: Option<Arc<cluster::Node>>,
@@ -312,6 +313,7 @@ fn spawn_sweep(
             if let Some(n) = &node {
                 n.forget(&expired).await;
             }
+            engine.sleep_idle().await;
             let shrunk = engine.shrink_pool().await;
             if shrunk > 0 {
                 tracing::info!("warm pool: {shrunk} sandbox(es) unused for a while stopped");

@@ -33,6 +33,7 @@ use forkbox_engine::api::CodeEvent;
         exec,
         set_ttl,
         set_network,
+        set_idle,
         snapshot,
         fork,
         hibernate,

@@ -24,9 +24,10 @@ use forkbox_engine::api::routes::reply;
 use forkbox_engine::api::{
     ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, CommandEvent, CommandPoll,
     CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest,
-    ExecResult, ForkRequest, ForkResult, GuestPath, Health, ImageView, InfoView, MigrationEvent,
-    MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk, PortRequest, PortView,
-    SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    ExecResult, ForkRequest, ForkResult, GuestPath, Health, IdleRequest, ImageView, InfoView,
+    MigrationEvent, MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk,
+    PortRequest, PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
+    Unpacked, Written,
 };
 #[allow(unused_imports)]
 use forkbox_engine::snapshot::SnapshotMeta;
@@ -187,8 +188,8 @@ async fn list(State(e): State<Arc<Engine>>, Params(q): Params<HashMap<String, St
         Some(s) => Some(
             serde_json::from_value(serde_json::Value::String(s.clone())).map_err(|_| {
                 ApiError(EngineError::BadRequest(format!(
-                    "state filter {s:?} is not one of running, disk_full, hibernated, failed, \
-                     lost"
+                    "state filter {s:?} is not one of running, disk_full, sleeping, hibernated, \
+                     failed, lost"
                 )))
             })?,
         ),
@@ -455,6 +456,15 @@ async fn set_network(
     Body(policy): Body<NetworkPolicy>,
 ) -> Api {
     answer::<reply::set_network, _>(&e, ops::SetNetwork { id, policy }, StatusCode::OK).await
+}
+
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/idle", params(("id" = String, Path)), request_body = IdleRequest, responses((status = 200, description = "the sandbox with its new idle policy (`idle: null` turns sleeping off)", body = SandboxView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
+async fn set_idle(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Body(request): Body<IdleRequest>,
+) -> Api {
+    answer::<reply::set_idle, _>(&e, ops::SetIdle { id, request }, StatusCode::OK).await
 }
 
 #[derive(serde::Deserialize, utoipa::ToSchema)]
@@ -789,6 +799,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::exec.path, post(exec))
         .route(op::set_ttl.path, post(set_ttl))
         .route(op::set_network.path, axum::routing::put(set_network))
+        .route(op::set_idle.path, axum::routing::put(set_idle))
         .route(op::snapshot.path, post(snapshot))
         .route(op::fork.path, post(fork))
         .route(op::hibernate.path, post(hibernate))

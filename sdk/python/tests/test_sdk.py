@@ -257,6 +257,25 @@ def test_hibernate_and_resume_keep_processes(rt):
         assert s.exec("kill -0 $(cat /root/pid) && echo alive").stdout == "alive\n"
 
 
+def test_an_idle_sandbox_sleeps_and_an_exec_wakes_it(rt):
+    with rt.sandboxes.create(ttl_seconds=TTL, idle_seconds=2) as s:
+        assert s.info["idle"] == {"after_secs": 2, "action": "hibernate"}
+        assert s.info["wake_on_use"] is True
+        s.exec("sleep 3000 & echo $! > /root/pid")
+        deadline = time.time() + 90
+        while s.state != "sleeping" and time.time() < deadline:
+            time.sleep(0.5)
+        assert s.state == "sleeping"
+        assert s.exec("kill -0 $(cat /root/pid) && echo alive").stdout == "alive\n"
+        assert s.refresh().info["state"] == "running"
+        s.set_idle(None)
+        assert s.info["idle"] is None
+        s.set_idle(60, wake_on_use=False)
+        assert s.info["idle"]["after_secs"] == 60 and s.info["wake_on_use"] is False
+        with pytest.raises(forkbox.BadRequest, match="idle.after_secs"):
+            s.set_idle(8 * 24 * 3600)
+
+
 def test_images_build_from_a_seed_and_offer_python(rt):
     progress = []
     img = rt.images.build(

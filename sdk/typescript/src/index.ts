@@ -114,6 +114,11 @@ export interface CreateOptions {
    * HTTPS requests to `hosts` carry `value` in its place; the value never enters the guest
    * and is never returned. */
   secrets?: Secret[];
+  /** Sleep after this many seconds unused (no command running, no stream or port connection
+   * open, no call): hibernated with its memory and processes, and woken by the next call that
+   * needs it (`wakeOnUse: false`: only by `resume()`). */
+  idleSeconds?: number;
+  wakeOnUse?: boolean;
 }
 
 /** A secret for a sandbox (see `CreateOptions.secrets`). */
@@ -154,6 +159,10 @@ export interface ForkOptions {
   /** The copies' secrets, each copy with placeholders of its own (a copy never carries the
    * source's). */
   secrets?: Secret[];
+  /** The copies' idle policy (see `CreateOptions.idleSeconds`); a copy does not inherit its
+   * source's. */
+  idleSeconds?: number;
+  wakeOnUse?: boolean;
 }
 
 export interface DirEntry {
@@ -168,7 +177,11 @@ export interface DirEntry {
 export interface SandboxInfo {
   id: string;
   image: string;
-  state: "running" | "disk_full" | "hibernated" | "failed" | "lost";
+  state: "running" | "disk_full" | "sleeping" | "hibernated" | "failed" | "lost";
+  /** When it sleeps by itself, if it does. */
+  idle?: { after_secs: number; action: "hibernate" } | null;
+  /** Whether use wakes it while it sleeps. */
+  wake_on_use?: boolean;
   /** The node that runs it, in a cluster. */
   node?: string;
   /** In a cluster, when the snapshot it started from was brought to its node: what moved. */
@@ -339,6 +352,7 @@ export class Sandboxes {
     const net = network(o.network);
     if (net) body.network = net;
     if (o.persistent) body.ttl_action = "hibernate";
+    Object.assign(body, idleBody(o.idleSeconds, o.wakeOnUse));
     return new Sandbox(this.rt, await this.rt.t.json<SandboxInfo>("POST", "/sandboxes", { json: body }));
   }
 
@@ -379,6 +393,17 @@ function forkBody(o: ForkOptions): Record<string, unknown> {
   if (o.network) body.network = network(o.network) ?? { internet: false, allow: [] };
   if (o.node !== undefined) body.node = o.node;
   if (o.secrets?.length) body.secrets = secretsBody(o.secrets);
+  Object.assign(body, idleBody(o.idleSeconds, o.wakeOnUse));
+  return body;
+}
+
+/** The idle policy of a create, a fork or `setIdle`. */
+function idleBody(idleSeconds?: number | null, wakeOnUse?: boolean): Record<string, unknown> {
+  const body: Record<string, unknown> = {};
+  if (idleSeconds !== undefined && idleSeconds !== null) {
+    body.idle = { after_secs: idleSeconds, action: "hibernate" };
+  }
+  if (wakeOnUse !== undefined) body.wake_on_use = wakeOnUse;
   return body;
 }
 
@@ -509,6 +534,13 @@ export class Sandbox {
 
   async resume(): Promise<void> {
     this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/resume`);
+  }
+
+  /** Sleep after `idleSeconds` unused (`null`: never), woken by the next use unless
+   * `wakeOnUse` is false. */
+  async setIdle(idleSeconds: number | null, o: { wakeOnUse?: boolean } = {}): Promise<void> {
+    const body = { idle: null, ...idleBody(idleSeconds, o.wakeOnUse) };
+    this.info = await this.rt.t.json("PUT", `/sandboxes/${this.id}/idle`, { json: body });
   }
 
   async setTtl(ttlSeconds: number): Promise<void> {

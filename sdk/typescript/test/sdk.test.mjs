@@ -235,6 +235,28 @@ test("fork copies carry files and processes; hibernate refuses exec until resume
   }
 });
 
+test("an idle sandbox sleeps and an exec wakes it", async () => {
+  const s = await rt.sandboxes.create({ ttlSeconds: TTL, idleSeconds: 2 });
+  try {
+    assert.deepEqual(s.info.idle, { after_secs: 2, action: "hibernate" });
+    assert.equal(s.info.wake_on_use, true);
+    await s.exec("sleep 3000 & echo $! > /root/pid");
+    const deadline = Date.now() + 90_000;
+    while ((await rt.sandboxes.get(s.id)).info.state !== "sleeping" && Date.now() < deadline) {
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    assert.equal((await rt.sandboxes.get(s.id)).info.state, "sleeping");
+    assert.equal((await s.exec("kill -0 $(cat /root/pid) && echo alive")).stdout, "alive\n");
+    assert.equal((await rt.sandboxes.get(s.id)).info.state, "running");
+    await s.setIdle(null);
+    assert.equal(s.info.idle ?? null, null);
+    await s.setIdle(60, { wakeOnUse: false });
+    assert.equal(s.info.wake_on_use, false);
+  } finally {
+    await s.stop();
+  }
+});
+
 test("images: a bad recipe is refused, a missing base fails the build", async () => {
   await assert.rejects(rt.images.build({ name: "x", recipe: { bsae: "bookworm" } }), /bsae/);
   await assert.rejects(rt.images.build({ name: "x", recipe: { base: "no-such-base" } }), (e) => {

@@ -143,6 +143,7 @@ impl Engine {
     /// Writes the server into sandbox `id` and starts it (once, however many calls find it
     /// missing); returns when it answers, or says why it cannot run.
     async fn start_code_server(&self, id: &str) -> Result<(), EngineError> {
+        self.awake(id).await?;
         let gate = {
             let map = self.sandboxes.read().await;
             let entry = map

@@ -67,6 +67,7 @@ impl Engine {
         request: ExecRequest,
     ) -> Result<String, EngineError> {
         let spec = exec_spec(request)?;
+        self.awake(id).await?;
         let map = self.sandboxes.read().await;
         let e = match map.get(id) {
             Some(e) => e,
@@ -112,6 +113,7 @@ impl Engine {
         id: &str,
         command_id: &str,
     ) -> Result<Arc<crate::commands::CommandLog>, EngineError> {
+        self.awake(id).await?;
         let map = self.sandboxes.read().await;
         let e = map
             .get(id)

@@ -50,13 +50,14 @@ impl Engine {
                     } else {
                         apply.await;
                     }
+                    let life = Life::of(&rec);
                     let entry = Entry::new(
                         sandbox,
                         rec.labels,
                         rec.created_unix,
                         rec.expires_unix,
                         false,
-                        rec.ttl_action,
+                        life,
                     );
                     self.sandboxes.write().await.insert(id.clone(), entry);
                     self.added();
@@ -79,7 +80,13 @@ impl Engine {
                 let _ = std::fs::remove_dir_all(&dir);
             }
         }
-        // Hibernated sandboxes are snapshots carrying their record.
+        adopted.extend(self.adopt_sleepers().await);
+        adopted
+    }
+
+    /// Takes over the hibernated (and sleeping) sandboxes: snapshots carrying their record.
+    async fn adopt_sleepers(&self) -> Vec<String> {
+        let mut adopted = Vec::new();
         for snap in crate::snapshot::SnapshotStore::new(&self.paths).list() {
             if let Some(record) = snap.meta.hibernated.clone() {
                 let Ok(info) = serde_json::from_value::<SandboxInfo>(record.info.clone()) else {
@@ -99,6 +106,8 @@ impl Engine {
                         // A daemon that starts holds no secrets: they were in the memory of
                         // the one before.
                         secrets: None,
+                        ports: Vec::new(),
+                        commands: Default::default(),
                     },
                 );
                 adopted.push(id);
@@ -109,6 +118,45 @@ impl Engine {
 
     /// Saves a running sandbox to disk under the same id and stops its VM.
     pub(super) async fn hibernate(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let lock = self.transition(id);
+        let _changing = lock.lock().await;
+        match self.hibernate_now(id, None).await? {
+            Some(view) => Ok(view),
+            None => Err(EngineError::Internal(format!("{id} was not hibernated"))),
+        }
+    }
+
+    /// [`Engine::hibernate`] with the sandbox's transition held; with `idle_for`, only if
+    /// nothing has used it for that long (checked once it is out of the running map, so no
+    /// call can take it meanwhile): `None` when something had.
+    pub(super) async fn hibernate_now(
+        &self,
+        id: &str,
+        idle_for: Option<std::time::Duration>,
+    ) -> Result<Option<SandboxView>, EngineError> {
+        // Listed as what it becomes while it is saved.
+        let going = self.sandboxes.read().await.get(id).map(|e| {
+            let mut v = e.view(self.node.get());
+            v.state = match e.life.wake_on_use {
+                true => SandboxState::Sleeping,
+                false => SandboxState::Hibernated,
+            };
+            v.info.qemu_pid = 0;
+            v
+        });
+        if let Some(v) = going {
+            self.set_between(id, v);
+        }
+        let r = self.hibernate_moving(id, idle_for).await;
+        self.clear_between(id);
+        r
+    }
+
+    async fn hibernate_moving(
+        &self,
+        id: &str,
+        idle_for: Option<std::time::Duration>,
+    ) -> Result<Option<SandboxView>, EngineError> {
         let entry = self.sandboxes.write().await.remove(id);
         let Some(entry) = entry else {
             if self.sleepers.read().await.contains_key(id) {
@@ -116,6 +164,10 @@ impl Engine {
             }
             return Err(EngineError::NoSuchSandbox(id.to_string()));
         };
+        if idle_for.is_some_and(|d| entry.sandbox.client().idle_for() < d) {
+            self.sandboxes.write().await.insert(id.to_string(), entry);
+            return Ok(None);
+        }
         let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix()?);
         let record = crate::runstate::DaemonRecord {
             info: serde_json::to_value(entry.sandbox.info()).map_err(|e| {
@@ -124,9 +176,11 @@ impl Engine {
             labels: entry.labels.clone(),
             // A TTL that hibernated the sandbox is spent.
             expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
-            ttl_action: entry.ttl_action,
+            ttl_action: entry.life.ttl_action,
             created_unix: entry.created_unix,
             network: entry.sandbox.network(),
+            idle: entry.life.idle,
+            wake_on_use: entry.life.wake_on_use,
         };
         let saved = async {
             let mut snap = entry
@@ -151,6 +205,11 @@ impl Engine {
             }
         };
         let info = entry.sandbox.info().clone();
+        // A sandbox that use wakes keeps its port forwards listening: a connection wakes it.
+        let ports = match entry.life.wake_on_use {
+            true => std::mem::take(&mut *entry.ports.lock().unwrap_or_else(|p| p.into_inner())),
+            false => Vec::new(),
+        };
         // Its VM goes; its disks stay (the snapshot's chain holds them). From here its record
         // is the snapshot's.
         entry.sandbox.destroy().await;
@@ -169,14 +228,44 @@ impl Engine {
             record,
             snapshot: snap.meta.name.clone(),
             secrets: entry.sandbox.secrets(),
+            ports,
+            commands: (
+                std::mem::take(&mut *entry.commands.lock().unwrap_or_else(|p| p.into_inner())),
+                entry
+                    .next_command
+                    .load(std::sync::atomic::Ordering::Relaxed),
+            ),
         };
         let view = sleeper.view(self.node.get());
         self.sleepers.write().await.insert(id.to_string(), sleeper);
-        Ok(view)
+        Ok(Some(view))
     }
 
     /// Brings a hibernated sandbox back, with its processes, under its id.
     pub(super) async fn resume(&self, id: &str) -> Result<SandboxView, EngineError> {
+        let lock = self.transition(id);
+        let _changing = lock.lock().await;
+        self.resume_now(id).await
+    }
+
+    /// [`Engine::resume`] with the sandbox's transition held.
+    pub(super) async fn resume_now(&self, id: &str) -> Result<SandboxView, EngineError> {
+        // Listed as it was until it runs.
+        let sleeping = self
+            .sleepers
+            .read()
+            .await
+            .get(id)
+            .map(|s| s.view(self.node.get()));
+        if let Some(v) = sleeping {
+            self.set_between(id, v);
+        }
+        let r = self.resume_moving(id).await;
+        self.clear_between(id);
+        r
+    }
+
+    async fn resume_moving(&self, id: &str) -> Result<SandboxView, EngineError> {
         let sleeper = match self.sleepers.write().await.remove(id) {
             Some(s) => s,
             None if self.sandboxes.read().await.contains_key(id) => {
@@ -226,16 +315,22 @@ impl Engine {
                 return Err(e.into());
             }
         }
-        // The same sandbox as before it slept: it keeps when it was created.
-        self.keep(Entry::new(
+        // The same sandbox as before it slept: it keeps when it was created, and its forwards.
+        let entry = Entry::new(
             Arc::new(sb),
-            sleeper.record.labels,
+            sleeper.record.labels.clone(),
             sleeper.created_unix,
             sleeper.record.expires_unix,
             false,
-            sleeper.record.ttl_action,
-        ))
-        .await
+            Life::of(&sleeper.record),
+        );
+        *entry.ports.lock().unwrap_or_else(|p| p.into_inner()) = sleeper.ports;
+        let (commands, last) = sleeper.commands;
+        *entry.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+        entry
+            .next_command
+            .store(last, std::sync::atomic::Ordering::Relaxed);
+        self.keep(entry).await
     }
 
     /// Deletes the sandboxes whose TTL has passed; returns their ids. The daemon calls this
@@ -247,7 +342,7 @@ impl Engine {
             let ids: Vec<String> = map
                 .iter()
                 .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
-                .filter(|(_, e)| e.ttl_action == TtlAction::Delete)
+                .filter(|(_, e)| e.life.ttl_action == TtlAction::Delete)
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
@@ -258,7 +353,7 @@ impl Engine {
             .await
             .iter()
             .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
-            .filter(|(_, e)| e.ttl_action == TtlAction::Hibernate)
+            .filter(|(_, e)| e.life.ttl_action == TtlAction::Hibernate)
             .map(|(id, _)| id.clone())
             .collect();
         let hibernated = !sleepy.is_empty();

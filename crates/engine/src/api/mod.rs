@@ -17,6 +17,7 @@ use crate::sandbox::{Sandbox, SandboxConfig};
 mod cells;
 mod commands;
 mod error;
+mod idle;
 mod lifecycle;
 mod migrations;
 pub mod ops;
@@ -44,11 +45,48 @@ struct Entry {
     created_unix: u64,
     expires_unix: Option<u64>,
     from_pool: bool,
-    ttl_action: TtlAction,
-    /// Its port forwards (their listeners end with it).
+    life: Life,
+    /// Its port forwards (their listeners end with it, and sleep with it when use wakes it).
     ports: std::sync::Mutex<Vec<ports::Forward>>,
     /// Held while its code server is being started (one start at a time).
     code_start: Arc<tokio::sync::Mutex<()>>,
+}
+
+/// What a sandbox does by itself: what its TTL does when it passes, whether it sleeps when
+/// idle, and whether use wakes it while it sleeps.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct Life {
+    ttl_action: TtlAction,
+    idle: Option<IdlePolicy>,
+    wake_on_use: bool,
+}
+
+impl Life {
+    /// A request's: the idle policy checked, waking on use by default when it has one.
+    fn asked(
+        ttl_action: Option<TtlAction>,
+        idle: Option<IdlePolicy>,
+        wake_on_use: Option<bool>,
+    ) -> Result<Life, EngineError> {
+        let idle = idle
+            .map(IdlePolicy::checked)
+            .transpose()
+            .map_err(|e| EngineError::BadRequest(e.0))?;
+        Ok(Life {
+            ttl_action: ttl_action.unwrap_or_default(),
+            idle,
+            wake_on_use: wake_on_use.unwrap_or(idle.is_some()),
+        })
+    }
+
+    /// A record's (a sandbox taken over, or waking).
+    fn of(record: &crate::runstate::DaemonRecord) -> Life {
+        Life {
+            ttl_action: record.ttl_action,
+            idle: record.idle,
+            wake_on_use: record.wake_on_use,
+        }
+    }
 }
 
 /// A hibernated sandbox: its whole state is the snapshot `snapshot`.
@@ -59,6 +97,10 @@ struct Sleeper {
     created_unix: u64,
     /// Its secrets, held in memory while it sleeps (never in its snapshot).
     secrets: Option<Arc<crate::secrets::Secrets>>,
+    /// The port forwards of a sandbox that use wakes: still listening, a connection wakes it.
+    ports: Vec<ports::Forward>,
+    /// Its commands' logs and the number of the last, back with it when it wakes.
+    commands: (HashMap<String, Arc<crate::commands::CommandLog>>, u64),
 }
 
 impl Sleeper {
@@ -73,9 +115,15 @@ impl Sleeper {
             created_unix: self.created_unix,
             expires_unix: self.record.expires_unix,
             from_pool: false,
-            state: SandboxState::Hibernated,
+            state: if self.record.wake_on_use {
+                SandboxState::Sleeping
+            } else {
+                SandboxState::Hibernated
+            },
             failure: None,
             ttl_action: self.record.ttl_action,
+            idle: self.record.idle,
+            wake_on_use: self.record.wake_on_use,
             network: self.record.network.clone(),
             node: node.cloned(),
             transfer: None,
@@ -91,7 +139,7 @@ impl Entry {
         created_unix: u64,
         expires_unix: Option<u64>,
         from_pool: bool,
-        ttl_action: TtlAction,
+        life: Life,
     ) -> Entry {
         Entry {
             commands: Default::default(),
@@ -101,7 +149,7 @@ impl Entry {
             created_unix,
             expires_unix,
             from_pool,
-            ttl_action,
+            life,
             ports: Default::default(),
             code_start: Default::default(),
         }
@@ -115,9 +163,11 @@ impl Entry {
             info,
             labels: self.labels.clone(),
             expires_unix: self.expires_unix,
-            ttl_action: self.ttl_action,
+            ttl_action: self.life.ttl_action,
             created_unix: self.created_unix,
             network: self.sandbox.network(),
+            idle: self.life.idle,
+            wake_on_use: self.life.wake_on_use,
         })
     }
 
@@ -149,7 +199,9 @@ impl Entry {
                 SandboxState::Running
             },
             failure,
-            ttl_action: self.ttl_action,
+            ttl_action: self.life.ttl_action,
+            idle: self.life.idle,
+            wake_on_use: self.life.wake_on_use,
             network: self.sandbox.network(),
             node: node.cloned(),
             transfer: None,
@@ -184,6 +236,14 @@ pub struct Engine {
     changes: Changes,
     /// Runs of `forkbox migrate` that registered here.
     migrations: migrations::Migrations,
+    /// Held per sandbox while it goes to sleep, wakes, hibernates or resumes.
+    transitions: idle::Transitions,
+    /// The views of sandboxes between the running and sleeping maps (set before one leaves
+    /// one map, cleared after it is in the other), so a listing always shows them.
+    between: std::sync::Mutex<HashMap<String, SandboxView>>,
+    /// This engine as its daemon holds it ([`Engine::bind`]): what a port forward of a
+    /// sleeping sandbox wakes it through.
+    me: std::sync::OnceLock<std::sync::Weak<Engine>>,
 }
 
 /// A counter that moves on with every change to what the engine holds (an operation that is
@@ -225,7 +285,16 @@ impl Engine {
             assembling: Default::default(),
             changes: Default::default(),
             migrations: Default::default(),
+            transitions: Default::default(),
+            between: Default::default(),
+            me: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Tells the engine how its daemon holds it, so that a connection to a sleeping
+    /// sandbox's forwarded port can wake it (without, forwards end when it sleeps).
+    pub fn bind(self: &Arc<Self>) {
+        let _ = self.me.set(Arc::downgrade(self));
     }
 
     /// A receiver that sees a new value after each change to what this engine holds.
@@ -340,6 +409,7 @@ impl Engine {
 
     async fn removed(&self, entry: Entry) {
         let id = entry.sandbox.info().id.clone();
+        self.forget_transition(&id);
         Engine::end_ports(&entry.ports).await;
         entry.sandbox.destroy().await;
         if let Some(db) = &self.db {
@@ -395,11 +465,13 @@ impl Engine {
         Ok(sb.snapshot(&self.paths, &name, false, false).await?)
     }
 
-    async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
-        within("count", r.count, 1..=MAX_FORK)?;
-        self.pinned_here(r.node.as_deref())?;
-        let started = std::time::Instant::now();
-        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+    /// The network policy of copies of `source` (a sandbox's own when the request names
+    /// none), checked, and whether `source` is a running sandbox.
+    async fn fork_network(
+        &self,
+        source: &str,
+        r: &ForkRequest,
+    ) -> Result<(NetworkPolicy, bool), EngineError> {
         let source_network = self
             .sandboxes
             .read()
@@ -415,6 +487,18 @@ impl Engine {
         network
             .validate()
             .map_err(|e| EngineError::BadRequest(format!("network: {e}")))?;
+        Ok((network, is_sandbox))
+    }
+
+    async fn fork(&self, source: &str, r: ForkRequest) -> Result<ForkResult, EngineError> {
+        within("count", r.count, 1..=MAX_FORK)?;
+        self.pinned_here(r.node.as_deref())?;
+        let life = Life::asked(None, r.idle, r.wake_on_use)?;
+        let started = std::time::Instant::now();
+        // A sleeping source that use wakes is woken: a fork uses it.
+        self.awake(source).await?;
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let (network, is_sandbox) = self.fork_network(source, &r).await?;
         let (snap, pause_ms) = if is_sandbox {
             let s = self.save_for_copies(source).await?;
             let pause = s.meta.pause_ms;
@@ -465,13 +549,7 @@ impl Engine {
         while let Some(done) = tasks.join_next().await {
             match done {
                 Ok(Ok(sb)) => match self
-                    .register(
-                        Arc::new(sb),
-                        r.labels.clone(),
-                        expires_unix,
-                        false,
-                        TtlAction::Delete,
-                    )
+                    .register(Arc::new(sb), r.labels.clone(), expires_unix, false, life)
                     .await
                 {
                     Ok(v) => sandboxes.push(v),
@@ -533,12 +611,16 @@ impl Engine {
             .meta)
     }
 
-    /// A sandbox's view, hibernated or running.
+    /// A sandbox's view, hibernated or running; looking neither wakes it nor counts as a use.
     async fn view(&self, id: &str) -> Result<SandboxView, EngineError> {
+        if let Some(e) = self.sandboxes.read().await.get(id) {
+            return Ok(e.view(self.node.get()));
+        }
         if let Some(s) = self.sleepers.read().await.get(id) {
             return Ok(s.view(self.node.get()));
         }
-        self.get(id).await.map(|(_, v)| v)
+        self.between_view(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))
     }
 
     /// A new TTL, counted from now.
@@ -593,8 +675,14 @@ impl Engine {
 
     /// Stops and removes a sandbox, or the snapshot a hibernated one sleeps in.
     async fn delete(&self, id: String) -> Result<Deleted, EngineError> {
+        // One going to sleep or waking is deleted once it has.
+        if self.between_view(&id).is_some() {
+            let lock = self.transition(&id);
+            drop(lock.lock().await);
+        }
         if let Some(s) = self.sleepers.write().await.remove(&id) {
             crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
+            self.forget_transition(&id);
             return Ok(Deleted { deleted: id });
         }
         let entry = self
@@ -640,20 +728,37 @@ impl Engine {
                 .filter(|s| labelled(&s.record.labels))
                 .map(|s| s.view(self.node.get())),
         );
+        // Read last: one moving between the maps is in one of the three.
+        let moving = self.between_views();
+        let seen: std::collections::HashSet<String> =
+            all.iter().map(|v| v.info.id.clone()).collect();
+        all.extend(
+            moving
+                .into_iter()
+                .filter(|v| !seen.contains(&v.info.id) && labelled(&v.labels)),
+        );
         all.retain(|v| state.is_none_or(|s| v.state == s));
         all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
         all
     }
 
+    /// A running sandbox and its view, woken first if it sleeps and use wakes it; the call
+    /// counts as a use of it.
     async fn get(&self, id: &str) -> Result<(Arc<Sandbox>, SandboxView), EngineError> {
-        if self.sleepers.read().await.contains_key(id) {
-            return Err(EngineError::Hibernated(id.to_string()));
+        // Twice: it may go to sleep between waking and being taken.
+        for _ in 0..2 {
+            if !self.awake(id).await? {
+                if self.sleepers.read().await.contains_key(id) {
+                    return Err(EngineError::Hibernated(id.to_string()));
+                }
+                return Err(EngineError::NoSuchSandbox(id.to_string()));
+            }
+            if let Some(e) = self.sandboxes.read().await.get(id) {
+                e.sandbox.client().activity.touch();
+                return Ok((e.sandbox.clone(), e.view(self.node.get())));
+            }
         }
-        let map = self.sandboxes.read().await;
-        let e = map
-            .get(id)
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
-        Ok((e.sandbox.clone(), e.view(self.node.get())))
+        Err(EngineError::NoSuchSandbox(id.to_string()))
     }
 
     /// The sandbox configuration a request asks for, checked.
@@ -685,6 +790,7 @@ impl Engine {
     async fn create(&self, r: CreateRequest) -> Result<SandboxView, EngineError> {
         self.pinned_here(r.node.as_deref())?;
         let cfg = self.config(&r)?;
+        let life = Life::asked(r.ttl_action, r.idle, r.wake_on_use)?;
         validate_secrets(&r.secrets).map_err(|e| EngineError::BadRequest(e.to_string()))?;
         let network = with_secret_hosts(r.network.clone().unwrap_or_default(), &r.secrets);
         network
@@ -736,13 +842,7 @@ impl Engine {
             return Err(e);
         }
         let view = self
-            .register(
-                Arc::new(sandbox),
-                r.labels,
-                expires_unix,
-                from_pool,
-                r.ttl_action.unwrap_or_default(),
-            )
+            .register(Arc::new(sandbox), r.labels, expires_unix, from_pool, life)
             .await?;
         self.metrics
             .create_seconds
@@ -758,16 +858,9 @@ impl Engine {
         labels: BTreeMap<String, String>,
         expires_unix: Option<u64>,
         from_pool: bool,
-        ttl_action: TtlAction,
+        life: Life,
     ) -> Result<SandboxView, EngineError> {
-        let entry = Entry::new(
-            sandbox,
-            labels,
-            now_unix(),
-            expires_unix,
-            from_pool,
-            ttl_action,
-        );
+        let entry = Entry::new(sandbox, labels, now_unix(), expires_unix, from_pool, life);
         self.keep(entry).await
     }
 

@@ -10,9 +10,10 @@ use tokio::sync::mpsc;
 
 use super::{
     ArchiveFormat, BuildProgress, CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing,
-    Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, ImageView,
-    InfoView, MigrationStart, MigrationView, NetworkPolicy, PortRequest, PortView, SandboxState,
-    SandboxView, SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize, Unpacked, Written,
+    Engine, EngineError, ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, IdleRequest,
+    ImageView, InfoView, MigrationStart, MigrationView, NetworkPolicy, PortRequest, PortView,
+    SandboxState, SandboxView, SnapshotMeta, SnapshotRequest, StdinWritten, TerminalSize, Unpacked,
+    Written,
 };
 use crate::commands::CommandLog;
 use crate::error::AgentError;
@@ -93,6 +94,9 @@ operations! {
     /// Saves a sandbox to disk and stops its VM; [`Resume`] brings it back with its processes.
     Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
     Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;
+    /// A new idle policy: when the sandbox sleeps by itself and whether use wakes it.
+    SetIdle { id: String, request: IdleRequest } -> SandboxView
+        = |e, op| e.set_idle(&op.id, op.request).await;
     ListSnapshots {} -> Vec<SnapshotMeta> [keeps] = |e, op| Ok(e.list_snapshots());
     /// The names of the snapshots held here (a cluster node's record: no figures computed).
     SnapshotNames {} -> Vec<String> [keeps] = |e, op| Ok(e.snapshot_names());

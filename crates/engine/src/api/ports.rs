@@ -1,9 +1,37 @@
-//! Port forwards: a host listener per forward, held by the sandbox's entry (gone with it);
-//! each connection it accepts is carried to the guest's port by the sandbox's tunnels.
+//! Port forwards: a host listener per forward, held by the sandbox's entry (gone with it, and
+//! asleep with it when use wakes it); each connection it accepts is carried to the guest's
+//! port by the sandbox's tunnels, and holds the sandbox awake while it is open.
 
 use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Weak};
 
 use super::{Deleted, Engine, EngineError, PortRequest, PortView};
+use crate::activity::Busy;
+use crate::net::HostNet;
+
+/// Where a forward's connections go.
+#[derive(Clone)]
+enum Target {
+    /// Sandbox `id` of the daemon's engine, found (and woken if it sleeps) per connection.
+    Engine(Weak<Engine>, String),
+    /// One VM's tunnels, for an engine no daemon holds (its forwards end with a hibernation).
+    Fixed(Arc<HostNet>, Arc<crate::activity::Activity>),
+}
+
+impl Target {
+    /// The tunnels to carry one connection, the sandbox held busy meanwhile.
+    async fn resolve(&self) -> Result<(Arc<HostNet>, Busy), String> {
+        match self {
+            Target::Fixed(net, activity) => Ok((net.clone(), activity.hold())),
+            Target::Engine(engine, id) => {
+                let engine = engine.upgrade().ok_or("the daemon is stopping")?;
+                let (sandbox, _) = engine.get(id).await.map_err(|e| e.to_string())?;
+                let client = sandbox.client();
+                Ok((client.net.clone(), client.activity.hold()))
+            }
+        }
+    }
+}
 
 /// Most forwards one sandbox may have at once.
 pub const MAX_PORTS: usize = 32;
@@ -83,7 +111,13 @@ impl Engine {
             url: format!("http://{host}:{}/", local.port()),
             preview_url: None,
         };
-        let net = sandbox.client().net.clone();
+        let target = match self.me.get() {
+            Some(me) => Target::Engine(me.clone(), id.to_string()),
+            None => Target::Fixed(
+                sandbox.client().net.clone(),
+                sandbox.client().activity.clone(),
+            ),
+        };
         let (guest_port, who) = (r.guest_port, id.to_string());
         let task = tokio::spawn(async move {
             loop {
@@ -92,10 +126,13 @@ impl Engine {
                     tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                     continue;
                 };
-                let net = net.clone();
-                let who = who.clone();
+                let (target, who) = (target.clone(), who.clone());
                 tokio::spawn(async move {
-                    if let Err(why) = net.forward(guest_port, stream).await {
+                    let carried = match target.resolve().await {
+                        Ok((net, _busy)) => net.forward(guest_port, stream).await,
+                        Err(why) => Err(why),
+                    };
+                    if let Err(why) = carried {
                         tracing::debug!("{who}: a connection to guest port {guest_port}: {why}");
                     }
                 });
@@ -149,8 +186,10 @@ impl Engine {
             }
         };
         let net = sandbox.client().net.clone();
+        let busy = sandbox.client().activity.hold();
         let who = id.to_string();
         tokio::spawn(async move {
+            let _busy = busy;
             if let Err(why) = net.forward(guest_port, theirs).await {
                 tracing::debug!("{who}: a preview of guest port {guest_port}: {why}");
             }
@@ -160,6 +199,9 @@ impl Engine {
 
     /// The forwards of sandbox `id`.
     pub(super) async fn ports(&self, id: &str) -> Result<Vec<PortView>, EngineError> {
+        if let Some(s) = self.sleepers.read().await.get(id) {
+            return Ok(s.ports.iter().map(|f| f.view.clone()).collect());
+        }
         let map = self.sandboxes.read().await;
         let entry = map
             .get(id)
@@ -174,14 +216,24 @@ impl Engine {
         id: &str,
         host_port: u16,
     ) -> Result<Deleted, EngineError> {
-        let closed = {
-            let map = self.sandboxes.read().await;
-            let entry = map
-                .get(id)
-                .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
-            let mut ports = lock(&entry.ports);
-            let at = ports.iter().position(|f| f.view.host_port == host_port);
-            at.map(|i| ports.remove(i))
+        let asleep = {
+            let mut sleepers = self.sleepers.write().await;
+            sleepers.get_mut(id).map(|s| {
+                let at = s.ports.iter().position(|f| f.view.host_port == host_port);
+                at.map(|i| s.ports.remove(i))
+            })
+        };
+        let closed = match asleep {
+            Some(closed) => closed,
+            None => {
+                let map = self.sandboxes.read().await;
+                let entry = map
+                    .get(id)
+                    .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+                let mut ports = lock(&entry.ports);
+                let at = ports.iter().position(|f| f.view.host_port == host_port);
+                at.map(|i| ports.remove(i))
+            }
         };
         let Some(forward) = closed else {
             return Err(EngineError::BadRequest(format!(

@@ -37,6 +37,10 @@ pub struct Metrics {
     pub sandboxes: Gauge,
     pub create_seconds: Histogram,
     pub exec_seconds: Histogram,
+    /// Sandboxes put to sleep when idle, and how long each sleep's save took.
+    pub sleep_seconds: Histogram,
+    /// Sleeping sandboxes woken by a use, and how long each wake took (to agent-ready).
+    pub wake_seconds: Histogram,
     pub bytes_uploaded: Counter,
     pub bytes_downloaded: Counter,
     pub cpu_seconds: Family<SandboxLabel, Gauge<f64, AtomicU64>>,
@@ -67,6 +71,8 @@ impl Default for Metrics {
             sandboxes: Gauge::default(),
             create_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             exec_seconds: Histogram::new(exponential_buckets(0.001, 2.0, 20)),
+            sleep_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
+            wake_seconds: Histogram::new(exponential_buckets(0.01, 2.0, 14)),
             bytes_uploaded: Counter::default(),
             bytes_downloaded: Counter::default(),
             cpu_seconds: Family::default(),
@@ -110,6 +116,16 @@ impl Metrics {
             "exec_seconds",
             "Time of plain exec calls, start to exit",
             self.exec_seconds.clone(),
+        );
+        registry.register(
+            "sleep_seconds",
+            "Sandboxes hibernated for being idle (count) and the time each took",
+            self.sleep_seconds.clone(),
+        );
+        registry.register(
+            "wake_seconds",
+            "Sleeping sandboxes woken by a use (count) and the time each took to answer",
+            self.wake_seconds.clone(),
         );
         registry.register(
             "uploaded_bytes",

@@ -34,6 +34,8 @@ pub struct AgentClient {
     /// The guest proxy's tunnels and the policy that opens them.
     pub net: Arc<crate::net::HostNet>,
     failure: Failure,
+    /// When it was last used and what holds it now (requests in flight are `routes`).
+    pub activity: Arc<super::activity::Activity>,
 }
 
 /// One event of a running command.
@@ -199,6 +201,7 @@ impl AgentClient {
             hello,
             net,
             failure,
+            activity: Default::default(),
         }
     }
 
@@ -240,11 +243,25 @@ impl AgentClient {
             let mut routes = routes;
             routes.insert(id, tx);
         }
+        self.activity.touch();
         (id, rx)
     }
 
     fn unroute(&self, id: u32) {
         lock(&self.routes).remove(&id);
+        self.activity.touch();
+    }
+
+    /// How long nothing has used this sandbox: zero while a request to its agent is in flight
+    /// (a command running, a transfer, a terminal) or a tunnel is open (a port forward's or
+    /// preview's connection, a connection of the guest's through the proxy). Busy counts as a
+    /// use when seen, so idleness is counted from the last time something held it.
+    pub fn idle_for(&self) -> std::time::Duration {
+        let in_flight = lock(&self.routes).len() + self.net.tunnels();
+        if in_flight > 0 {
+            self.activity.touch();
+        }
+        self.activity.idle_for(in_flight)
     }
 
     pub async fn ping(&self) -> Result<(), AgentError> {

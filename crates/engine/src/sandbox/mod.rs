@@ -2,6 +2,7 @@
 //! connection to drive it.
 
 // What a live sandbox is made of: its agent connection, transfers, network tunnels, disk watch.
+pub mod activity;
 pub mod client;
 pub mod diskwatch;
 pub mod files;

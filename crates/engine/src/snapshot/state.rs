@@ -199,6 +199,8 @@ mod tests {
             ttl_action: Default::default(),
             created_unix: 5,
             network: Default::default(),
+            idle: None,
+            wake_on_use: false,
         }
     }
 

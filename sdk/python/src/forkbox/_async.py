@@ -138,10 +138,14 @@ class AsyncSandboxes:
         disk_gib: Optional[int] = None,
         node: Optional[str] = None,
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+        idle_seconds: Optional[int] = None,
+        wake_on_use: Optional[bool] = None,
     ) -> "AsyncSandbox":
+        """See ``Sandboxes.create``: ``idle_seconds`` makes it sleep when unused and wake on
+        use."""
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node, secrets,
+            node, secrets, idle_seconds, wake_on_use,
         )
         return AsyncSandbox(self._rt, await self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -244,6 +248,7 @@ class AsyncSandbox:
         labels: Optional[Mapping[str, str]] = None,
         api: Optional[str] = None,
         token: Optional[str] = None,
+        idle_seconds: Optional[int] = None,
     ) -> "AsyncSandbox":
         rt = AsyncRuntime(api, token)
         try:
@@ -253,6 +258,7 @@ class AsyncSandbox:
                 persistent=persistent,
                 network=network,
                 labels=labels,
+                idle_seconds=idle_seconds,
             )
         except BaseException:
             await rt.close()
@@ -409,6 +415,16 @@ class AsyncSandbox:
 
     async def resume(self) -> "AsyncSandbox":
         self.info = await self._rt._call("POST", f"/sandboxes/{self.id}/resume")
+        return self
+
+    async def set_idle(
+        self, idle_seconds: Optional[int], *, wake_on_use: Optional[bool] = None
+    ) -> "AsyncSandbox":
+        """Sleep after ``idle_seconds`` unused (None: never), woken by the next use unless
+        ``wake_on_use`` is False."""
+        body: Dict[str, Any] = {"idle": None}
+        body.update(c.idle_body(idle_seconds, wake_on_use))
+        self.info = await self._rt._call("PUT", f"/sandboxes/{self.id}/idle", json=body)
         return self
 
     async def set_ttl(self, ttl_seconds: int) -> "AsyncSandbox":

@@ -287,8 +287,11 @@ def create_body(
     disk_gib: Optional[int] = None,
     node: Optional[str] = None,
     secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+    idle_seconds: Optional[int] = None,
+    wake_on_use: Optional[bool] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"labels": dict(labels or {})}
+    body.update(idle_body(idle_seconds, wake_on_use))
     for k, v in (
         ("image", image),
         ("snapshot", snapshot),
@@ -304,6 +307,17 @@ def create_body(
             body[k] = v
     if persistent:
         body["ttl_action"] = "hibernate"
+    return body
+
+
+def idle_body(idle_seconds: Optional[int], wake_on_use: Optional[bool]) -> Dict[str, Any]:
+    """The idle policy of a create, a fork or ``set_idle``: sleep after ``idle_seconds`` unused
+    (woken by the next use unless ``wake_on_use`` is False)."""
+    body: Dict[str, Any] = {}
+    if idle_seconds is not None:
+        body["idle"] = {"after_secs": int(idle_seconds), "action": "hibernate"}
+    if wake_on_use is not None:
+        body["wake_on_use"] = bool(wake_on_use)
     return body
 
 

@@ -148,16 +148,20 @@ class Sandboxes:
         disk_gib: Optional[int] = None,
         node: Optional[str] = None,
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+        idle_seconds: Optional[int] = None,
+        wake_on_use: Optional[bool] = None,
     ) -> "Sandbox":
         """A new running sandbox of ``image`` (NAME or NAME@N; the default image when None), or
         of ``snapshot``. In a cluster, ``node`` pins it to that node. No network unless ``network={"internet": True}`` or
         ``{"allow": ["pypi.org"]}``. ``persistent``: kept (hibernated) when its TTL passes and
         not deleted when a ``with`` block ends. ``secrets``: ``[{"name", "hosts", "value"}]``;
         the guest sees a placeholder in ``$NAME`` and HTTPS requests to ``hosts`` carry the value
-        (which never enters the sandbox)."""
+        (which never enters the sandbox). ``idle_seconds``: the sandbox sleeps after that long
+        unused (no command running, no stream or port connection open, no call) and the next
+        call that needs it wakes it (``wake_on_use=False``: only ``resume()`` does)."""
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node, secrets,
+            node, secrets, idle_seconds, wake_on_use,
         )
         return Sandbox(self._rt, self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -264,6 +268,7 @@ class Sandbox:
         labels: Optional[Mapping[str, str]] = None,
         api: Optional[str] = None,
         token: Optional[str] = None,
+        idle_seconds: Optional[int] = None,
     ) -> "Sandbox":
         """A sandbox of image ``template`` (NAME or NAME@N; the default image when None), on
         a connection of its own that closes with it."""
@@ -275,6 +280,7 @@ class Sandbox:
                 persistent=persistent,
                 network=network,
                 labels=labels,
+                idle_seconds=idle_seconds,
             )
         except BaseException:
             rt.close()
@@ -439,6 +445,16 @@ class Sandbox:
 
     def resume(self) -> "Sandbox":
         self.info = self._rt._call("POST", f"/sandboxes/{self.id}/resume")
+        return self
+
+    def set_idle(
+        self, idle_seconds: Optional[int], *, wake_on_use: Optional[bool] = None
+    ) -> "Sandbox":
+        """Sleep after ``idle_seconds`` unused (None: never), woken by the next use unless
+        ``wake_on_use`` is False."""
+        body: Dict[str, Any] = {"idle": None}
+        body.update(c.idle_body(idle_seconds, wake_on_use))
+        self.info = self._rt._call("PUT", f"/sandboxes/{self.id}/idle", json=body)
         return self
 
     def set_ttl(self, ttl_seconds: int) -> "Sandbox":

@@ -148,7 +148,7 @@ function drawPanelHead() {
   if (!head || !selected) return;
   const sb = S.sandboxes.find((s) => s.id === selected);
   head.textContent = sb ? selected + ' · ' + sb.state + ' · ' + sb.image : selected + ' · gone';
-  const sleeping = sb && sb.state === 'hibernated';
+  const sleeping = sb && (sb.state === 'hibernated' || sb.state === 'sleeping');
   const hib = document.getElementById('hibernate');
   if (hib) hib.textContent = sleeping ? 'Resume' : 'Hibernate';
 }
@@ -218,7 +218,7 @@ function drawPanel() {
         type: 'button', id: 'hibernate',
         onclick: () => {
           const sb = S.sandboxes.find((s) => s.id === id);
-          const wake = sb && sb.state === 'hibernated';
+          const wake = sb && (sb.state === 'hibernated' || sb.state === 'sleeping');
           act(wake ? 'Resuming' : 'Hibernating', async () => (await api('POST', path + (wake ? '/resume' : '/hibernate'))).state);
         },
       }, 'Hibernate'),

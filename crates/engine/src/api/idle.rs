@@ -1,0 +1,212 @@
+//! Sleeping when idle and waking on use: the daemon's sweep hibernates a sandbox nothing has
+//! used for its idle policy's time, and the next call that needs a sleeping sandbox whose use
+//! wakes it resumes it first (one wake per sandbox however many calls arrive at once), so the
+//! caller sees only the delay.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use super::{Engine, EngineError, IdleRequest, Life, SandboxView};
+
+/// Per sandbox, held while it goes to sleep, wakes, hibernates or resumes: a call that finds
+/// it in neither map (between the two) waits for the change to end.
+#[derive(Default)]
+pub(super) struct Transitions(std::sync::Mutex<std::collections::HashMap<String, Arc<Lock>>>);
+
+type Lock = tokio::sync::Mutex<()>;
+
+impl Transitions {
+    fn lock(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, Arc<Lock>>> {
+        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+impl Engine {
+    /// Sandbox `id`'s transition lock (made on first use).
+    pub(super) fn transition(&self, id: &str) -> Arc<Lock> {
+        self.transitions
+            .lock()
+            .entry(id.to_string())
+            .or_default()
+            .clone()
+    }
+
+    /// Says sandbox `id` is between the maps, as `view` (see `Engine::between`).
+    pub(super) fn set_between(&self, id: &str, view: SandboxView) {
+        self.between_lock().insert(id.to_string(), view);
+    }
+
+    /// Says sandbox `id` is in a map again.
+    pub(super) fn clear_between(&self, id: &str) {
+        self.between_lock().remove(id);
+    }
+
+    pub(super) fn between_view(&self, id: &str) -> Option<SandboxView> {
+        self.between_lock().get(id).cloned()
+    }
+
+    pub(super) fn between_views(&self) -> Vec<SandboxView> {
+        self.between_lock().values().cloned().collect()
+    }
+
+    fn between_lock(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, SandboxView>> {
+        self.between.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Forgets a sandbox's transition lock (it is gone).
+    pub(super) fn forget_transition(&self, id: &str) {
+        self.transitions.lock().remove(id);
+    }
+
+    /// Whether sandbox `id` runs, woken first when it sleeps and use wakes it. `false` for a
+    /// sandbox hibernated without waking on use, and for one this engine does not have.
+    pub(super) async fn awake(&self, id: &str) -> Result<bool, EngineError> {
+        for _ in 0..4 {
+            if self.sandboxes.read().await.contains_key(id) {
+                return Ok(true);
+            }
+            let wakes = self
+                .sleepers
+                .read()
+                .await
+                .get(id)
+                .map(|s| s.record.wake_on_use);
+            match wakes {
+                Some(false) => return Ok(false),
+                Some(true) => {
+                    let lock = self.transition(id);
+                    let _changing = lock.lock().await;
+                    // Another call may have woken it while this one waited.
+                    if self.sleepers.read().await.contains_key(id) {
+                        self.wake(id).await?;
+                    }
+                }
+                None => {
+                    // Neither running nor asleep: between the two, or unknown.
+                    let lock = self.transitions.lock().get(id).cloned();
+                    match lock {
+                        Some(lock) => drop(lock.lock().await),
+                        None => return Ok(false),
+                    }
+                }
+            }
+        }
+        Ok(self.sandboxes.read().await.contains_key(id))
+    }
+
+    /// Resumes sleeping sandbox `id` for a call that needs it (its transition held).
+    async fn wake(&self, id: &str) -> Result<(), EngineError> {
+        let started = Instant::now();
+        let view = self.resume_now(id).await.map_err(|e| {
+            tracing::warn!("{id}: a use could not wake it: {e}");
+            e
+        })?;
+        let took = started.elapsed();
+        self.metrics.wake_seconds.observe(took.as_secs_f64());
+        let restore = view.info.boot_ms as f64;
+        tracing::info!(
+            "{id}: woken by a use in {} ms (restore to agent-ready {restore:.0} ms; network, \
+             secrets and record {:.0} ms)",
+            took.as_millis(),
+            (took.as_secs_f64() * 1000.0 - restore).max(0.0)
+        );
+        self.changed();
+        Ok(())
+    }
+
+    /// Puts to sleep every sandbox nothing has used for its idle policy's time; their ids. The
+    /// daemon calls this periodically.
+    pub async fn sleep_idle(&self) -> Vec<String> {
+        let due: Vec<(String, Duration)> = self
+            .sandboxes
+            .read()
+            .await
+            .iter()
+            .filter_map(|(id, e)| {
+                let after = Duration::from_secs(e.life.idle?.after_secs);
+                let idle = e.sandbox.client().idle_for();
+                (idle >= after && e.sandbox.client().failure().is_none())
+                    .then(|| (id.clone(), after))
+            })
+            .collect();
+        let mut slept = Vec::new();
+        for (id, after) in due {
+            let lock = self.transition(&id);
+            let Ok(_changing) = lock.try_lock() else {
+                continue; // changing already: a later sweep looks again
+            };
+            let started = Instant::now();
+            match self.hibernate_now(&id, Some(after)).await {
+                Ok(Some(_)) => {
+                    let took = started.elapsed();
+                    self.metrics.sleep_seconds.observe(took.as_secs_f64());
+                    tracing::info!(
+                        "{id}: idle for {} s; asleep (saved in {} ms)",
+                        after.as_secs(),
+                        took.as_millis()
+                    );
+                    slept.push(id);
+                }
+                Ok(None) => {}
+                Err(e) => tracing::warn!("{id}: idle, but it could not be put to sleep: {e}"),
+            }
+        }
+        if !slept.is_empty() {
+            self.changed();
+        }
+        slept
+    }
+
+    /// A new idle policy for a running or sleeping sandbox.
+    pub(super) async fn set_idle(
+        &self,
+        id: &str,
+        r: IdleRequest,
+    ) -> Result<SandboxView, EngineError> {
+        let lock = self.transition(id);
+        let _changing = lock.lock().await;
+        // Without a word on waking: on with a policy; as it was when sleeping is turned off.
+        let wake = |was: bool| r.wake_on_use.or(Some(r.idle.is_some() || was));
+        let ttl_action = self
+            .sandboxes
+            .read()
+            .await
+            .get(id)
+            .map(|e| (e.life.ttl_action, e.life.wake_on_use));
+        if let Some((ttl_action, was)) = ttl_action {
+            let life = Life::asked(Some(ttl_action), r.idle, wake(was))?;
+            let mut map = self.sandboxes.write().await;
+            let e = map
+                .get_mut(id)
+                .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+            e.life = life;
+            e.persist(self.db.as_deref())?;
+            e.sandbox.client().activity.touch();
+            return Ok(e.view(self.node.get()));
+        }
+        let mut sleepers = self.sleepers.write().await;
+        let s = sleepers
+            .get_mut(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let life = Life::asked(
+            Some(s.record.ttl_action),
+            r.idle,
+            wake(s.record.wake_on_use),
+        )?;
+        let mut record = s.record.clone();
+        record.idle = life.idle;
+        record.wake_on_use = life.wake_on_use;
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let mut snap = store.get(&s.snapshot)?;
+        snap.meta.hibernated = Some(record.clone());
+        crate::snapshot::rewrite_meta(&snap)?;
+        s.record = record;
+        if !life.wake_on_use {
+            // Nothing wakes it now: its forwards end, as a hibernation's do.
+            s.ports.clear();
+        }
+        Ok(s.view(self.node.get()))
+    }
+}
