@@ -315,7 +315,7 @@ async fn snakeyaml_examples() {
             layout: "E=\"$DEB\"/usr/share/doc/libyaml-snake-java/examples
 mkdir -p src/test/java/examples src/test/resources/examples
 cp -r \"$E\"/. src/test/java/examples/ && mv src/test/java/examples/*.yaml src/test/resources/examples/
-cd src/test/java/examples && rm CustomConstructor.java CustomListExampleTest.java CustomMapExampleTest.java",
+(cd src/test/java/examples && rm CustomConstructor.java CustomListExampleTest.java CustomMapExampleTest.java)",
             images: ("java-17-yaml", "java-21-yaml"),
             at_least: 50,
             breaks: ("src/test/java/examples/DumpExampleTest.java", "testDump"),
