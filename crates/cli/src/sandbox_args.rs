@@ -375,6 +375,7 @@ pub(crate) fn sandbox_id(s: &str) -> Result<String, String> {
 }
 
 pub fn parse_state(s: &str) -> Result<SandboxState, String> {
-    serde_json::from_value(serde_json::Value::String(s.replace('-', "_")))
-        .map_err(|_| format!("{s:?} is not one of running, disk_full, hibernated, failed, lost"))
+    serde_json::from_value(serde_json::Value::String(s.replace('-', "_"))).map_err(|_| {
+        format!("{s:?} is not one of running, disk_full, sleeping, hibernated, failed, lost")
+    })
 }

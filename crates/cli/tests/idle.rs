@@ -323,3 +323,51 @@ fn twenty_sleeping_sandboxes_woken_at_once_all_answer() {
         ok(&d, &["sandbox", "rm", id]);
     }
 }
+
+/// A TTL goes on while its sandbox sleeps: one that deletes deletes the sleeping sandbox (and
+/// the snapshot it sleeps in); one that hibernates is spent, and a wake does not undo it.
+#[test]
+fn a_ttl_that_passes_while_asleep_applies() {
+    let d = Daemon::start("idle-ttl");
+    let gone = ok(&d, &["sandbox", "create", "--idle", "2s", "--ttl", "25"])
+        .trim()
+        .to_string();
+    let kept = ok(
+        &d,
+        &[
+            "sandbox",
+            "create",
+            "--idle",
+            "2s",
+            "--ttl",
+            "25",
+            "--ttl-action",
+            "hibernate",
+        ],
+    )
+    .trim()
+    .to_string();
+    until_state(&d, &gone, "sleeping", Duration::from_secs(90));
+    until_state(&d, &kept, "sleeping", Duration::from_secs(90));
+    let listed = |id: &str| -> bool {
+        let all: serde_json::Value =
+            serde_json::from_str(&ok(&d, &["sandbox", "ls", "--json"])).unwrap();
+        all.as_array().unwrap().iter().any(|v| v["id"] == id)
+    };
+    assert!(
+        infra::wait_until(Duration::from_secs(90), || !listed(&gone)),
+        "a sleeping sandbox outlived its TTL"
+    );
+    let snapshots = ok(&d, &["snapshot", "ls", "--all"]);
+    assert!(!snapshots.contains(&gone), "{snapshots}");
+    assert!(listed(&kept));
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        view(&d, &kept)["expires_unix"].is_null(),
+        "{}",
+        view(&d, &kept)
+    );
+    let out = ok(&d, &["sandbox", "exec", &kept, "--", "echo", "awake"]);
+    assert_eq!(out, "awake\n");
+    ok(&d, &["sandbox", "rm", &kept]);
+}

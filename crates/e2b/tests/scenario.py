@@ -420,13 +420,13 @@ def lifecycle_steps(sbx):
         # sees only the delay.
         auto = Sandbox.create(
             template=TEMPLATE,
-            timeout=4,
+            timeout=20,
             metadata={"run": RUN},
             lifecycle={"on_timeout": "pause", "auto_resume": True},
         )
         try:
             auto.commands.run("echo before-the-pause > /tmp/kept", user="root")
-            assert wait_for(lambda: Sandbox.get_info(auto.sandbox_id).state.value == "paused", 60), \
+            assert wait_for(lambda: Sandbox.get_info(auto.sandbox_id).state.value == "paused", 90), \
                 Sandbox.get_info(auto.sandbox_id)
             info = Sandbox.get_info(auto.sandbox_id)
             assert info.lifecycle and info.lifecycle.get("auto_resume") is True, info.lifecycle

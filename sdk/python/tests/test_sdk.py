@@ -269,7 +269,7 @@ def test_an_idle_sandbox_sleeps_and_an_exec_wakes_it(rt):
         assert s.exec("kill -0 $(cat /root/pid) && echo alive").stdout == "alive\n"
         assert s.refresh().info["state"] == "running"
         s.set_idle(None)
-        assert s.info["idle"] is None
+        assert s.info.get("idle") is None
         s.set_idle(60, wake_on_use=False)
         assert s.info["idle"]["after_secs"] == 60 and s.info["wake_on_use"] is False
         with pytest.raises(forkbox.BadRequest, match="idle.after_secs"):

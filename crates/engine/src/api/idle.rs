@@ -6,7 +6,7 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use super::{Engine, EngineError, IdleRequest, Life, SandboxView};
+use super::{Engine, EngineError, IdleRequest, Life, SandboxView, TtlAction};
 
 /// Per sandbox, held while it goes to sleep, wakes, hibernates or resumes: a call that finds
 /// it in neither map (between the two) waits for the change to end.
@@ -159,6 +159,73 @@ impl Engine {
         slept
     }
 
+    /// The TTLs that passed while their sandboxes slept: one that deletes deletes the sleeping
+    /// sandbox (its ids returned), one that hibernates is spent (it is hibernated already, and
+    /// waking it must not put it back to sleep at once).
+    pub(super) async fn expire_sleepers(&self, now: u64) -> Vec<String> {
+        let overdue: Vec<(String, TtlAction)> = self
+            .sleepers
+            .read()
+            .await
+            .iter()
+            .filter(|(_, s)| s.record.expires_unix.is_some_and(|t| t <= now))
+            .map(|(id, s)| (id.clone(), s.record.ttl_action))
+            .collect();
+        let mut deleted = Vec::new();
+        for (id, action) in overdue {
+            let lock = self.transition(&id);
+            let Ok(_changing) = lock.try_lock() else {
+                continue; // waking or going: the next sweep looks again
+            };
+            match action {
+                TtlAction::Delete => match self.delete_sleeper(&id).await {
+                    Ok(()) => deleted.push(id),
+                    Err(e) => tracing::warn!("{id}: its TTL passed while asleep, not deleted: {e}"),
+                },
+                TtlAction::Hibernate => {
+                    if let Err(e) = self.rewrite_sleeper(&id, |r| r.expires_unix = None).await {
+                        tracing::warn!("{id}: its TTL passed while asleep: {e}");
+                    }
+                }
+            }
+        }
+        deleted
+    }
+
+    /// Changes a sleeping sandbox's record, in memory and in its snapshot.
+    async fn rewrite_sleeper(
+        &self,
+        id: &str,
+        change: impl FnOnce(&mut crate::runstate::DaemonRecord),
+    ) -> Result<SandboxView, EngineError> {
+        let mut sleepers = self.sleepers.write().await;
+        let s = sleepers
+            .get_mut(id)
+            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+        let mut record = s.record.clone();
+        change(&mut record);
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let mut snap = store.get(&s.snapshot)?;
+        snap.meta.hibernated = Some(record.clone());
+        crate::snapshot::rewrite_meta(&snap)?;
+        s.record = record;
+        if !s.record.wake_on_use {
+            // Nothing wakes it now: its forwards end, as a hibernation's do.
+            s.ports.clear();
+        }
+        Ok(s.view(self.node.get()))
+    }
+
+    /// Deletes a sleeping (or hibernated) sandbox: the snapshot it sleeps in.
+    pub(super) async fn delete_sleeper(&self, id: &str) -> Result<(), EngineError> {
+        let Some(s) = self.sleepers.write().await.remove(id) else {
+            return Err(EngineError::NoSuchSandbox(id.to_string()));
+        };
+        crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
+        self.forget_transition(id);
+        Ok(())
+    }
+
     /// A new idle policy for a running or sleeping sandbox.
     pub(super) async fn set_idle(
         &self,
@@ -186,27 +253,18 @@ impl Engine {
             e.sandbox.client().activity.touch();
             return Ok(e.view(self.node.get()));
         }
-        let mut sleepers = self.sleepers.write().await;
-        let s = sleepers
-            .get_mut(id)
-            .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
-        let life = Life::asked(
-            Some(s.record.ttl_action),
-            r.idle,
-            wake(s.record.wake_on_use),
-        )?;
-        let mut record = s.record.clone();
-        record.idle = life.idle;
-        record.wake_on_use = life.wake_on_use;
-        let store = crate::snapshot::SnapshotStore::new(&self.paths);
-        let mut snap = store.get(&s.snapshot)?;
-        snap.meta.hibernated = Some(record.clone());
-        crate::snapshot::rewrite_meta(&snap)?;
-        s.record = record;
-        if !life.wake_on_use {
-            // Nothing wakes it now: its forwards end, as a hibernation's do.
-            s.ports.clear();
-        }
-        Ok(s.view(self.node.get()))
+        let (ttl_action, was) = {
+            let sleepers = self.sleepers.read().await;
+            let s = sleepers
+                .get(id)
+                .ok_or_else(|| EngineError::NoSuchSandbox(id.to_string()))?;
+            (s.record.ttl_action, s.record.wake_on_use)
+        };
+        let life = Life::asked(Some(ttl_action), r.idle, wake(was))?;
+        self.rewrite_sleeper(id, |record| {
+            record.idle = life.idle;
+            record.wake_on_use = life.wake_on_use;
+        })
+        .await
     }
 }

@@ -367,6 +367,7 @@ impl Engine {
             ids.push(e.sandbox.info().id.clone());
             self.removed(e).await;
         }
+        ids.extend(self.expire_sleepers(now).await);
         if hibernated || !ids.is_empty() {
             self.changed();
         }

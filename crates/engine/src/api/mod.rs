@@ -680,9 +680,8 @@ impl Engine {
             let lock = self.transition(&id);
             drop(lock.lock().await);
         }
-        if let Some(s) = self.sleepers.write().await.remove(&id) {
-            crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
-            self.forget_transition(&id);
+        if self.sleepers.read().await.contains_key(&id) {
+            self.delete_sleeper(&id).await?;
             return Ok(Deleted { deleted: id });
         }
         let entry = self
