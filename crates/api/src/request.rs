@@ -71,6 +71,14 @@ pub struct IdlePolicy {
 pub const MAX_IDLE_SECS: u64 = 7 * 24 * 3600;
 
 impl IdlePolicy {
+    /// Hibernate after `after_secs` seconds unused (the one action there is).
+    pub fn after(after_secs: u64) -> IdlePolicy {
+        IdlePolicy {
+            after_secs,
+            action: IdleAction::Hibernate,
+        }
+    }
+
     /// A policy checked: `after_secs` within 1 second and [`MAX_IDLE_SECS`].
     pub fn checked(self) -> Result<IdlePolicy, Invalid> {
         if self.after_secs == 0 || self.after_secs > MAX_IDLE_SECS {

@@ -269,10 +269,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
 /// `forkbox sandbox idle`: a new idle policy, said back.
 async fn idle(c: &Client, a: IdleCmdArgs) -> anyhow::Result<ExitCode> {
     let request = forkbox_engine::api::IdleRequest {
-        idle: a.after.0.map(|after_secs| forkbox_engine::api::IdlePolicy {
-            after_secs,
-            action: Default::default(),
-        }),
+        idle: a.after.0.map(forkbox_engine::api::IdlePolicy::after),
         wake_on_use: a.no_wake.then_some(false),
     };
     let id = &a.id;
@@ -363,6 +360,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
             cluster_builds = Some(reference.name.clone());
         }
     }
+    let (idle, wake_on_use) = a.idle.policy();
     let req = CreateRequest {
         network: a.net.policy(),
         image: a.image,
@@ -380,8 +378,8 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
             TtlArg::Delete => TtlAction::Delete,
             TtlArg::Hibernate => TtlAction::Hibernate,
         }),
-        idle: a.idle.policy().0,
-        wake_on_use: a.idle.policy().1,
+        idle,
+        wake_on_use,
     };
     let creating = said_after(
         c.create(&req),
@@ -423,6 +421,7 @@ fn transfer_line(t: &forkbox_engine::api::Transfer) -> String {
 }
 
 async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
+    let (idle, wake_on_use) = a.idle.policy();
     let req = ForkRequest {
         count: a.count,
         labels: a.labels.into_iter().collect(),
@@ -431,8 +430,8 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
         network: a.net.policy(),
         node: a.node,
         secrets: a.net.secrets.clone(),
-        idle: a.idle.policy().0,
-        wake_on_use: a.idle.policy().1,
+        idle,
+        wake_on_use,
     };
     let r = c.fork(&a.source, &req).await?;
     show(a.json, &r, || {

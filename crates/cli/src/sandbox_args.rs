@@ -103,10 +103,7 @@ pub struct IdleArgs {
 impl IdleArgs {
     /// The policy and waking the API takes.
     pub fn policy(&self) -> (Option<forkbox_engine::api::IdlePolicy>, Option<bool>) {
-        let idle = self.idle.map(|after_secs| forkbox_engine::api::IdlePolicy {
-            after_secs,
-            action: Default::default(),
-        });
+        let idle = self.idle.map(forkbox_engine::api::IdlePolicy::after);
         (idle, self.no_wake.then_some(false))
     }
 }

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::Daemon;
+use common::{http, Daemon};
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
@@ -66,22 +66,6 @@ fn until_state(d: &Daemon, id: &str, state: &str, limit: Duration) -> Duration {
 /// No QEMU of sandbox `id` runs.
 fn no_vm(d: &Daemon, id: &str) -> bool {
     infra::processes_mentioning(&d.paths.run().join(id).display().to_string()).is_empty()
-}
-
-fn http(addr: &str, host: &str, path: &str, extra: &str) -> String {
-    use std::io::{Read, Write};
-    let answer = || -> std::io::Result<Vec<u8>> {
-        let mut s = std::net::TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}\r\n")?;
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        Ok(out)
-    };
-    match answer() {
-        Ok(out) => String::from_utf8_lossy(&out).into_owned(),
-        Err(e) => format!("(no answer from {addr}: {e})"),
-    }
 }
 
 /// The counter's value and whether it still counts, its environment variable, and a file.

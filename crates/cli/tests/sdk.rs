@@ -13,7 +13,7 @@ use std::time::Duration;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{mcp_root, stop_daemon_of, Daemon};
+use common::{http, mcp_root, stop_daemon_of, Daemon};
 
 /// The Python SDK's suite (sdk/python/tests): every call and its errors, cleanup by context
 /// manager, 10 concurrent async execs, an image built from a seed.
@@ -345,25 +345,6 @@ fn mcp_over_streamable_http_on_the_daemon() {
     assert!(out.contains("bad token refused"), "{out}");
     assert!(out.contains("5 concurrent sessions"), "{out}");
     wait_nothing_left(&d);
-}
-
-/// One HTTP/1.0 request to `addr` with `Host: host` and the extra header lines `extra`; the
-/// whole answer, or what went wrong (a forward resets connections while the guest's server is
-/// still starting).
-fn http(addr: &str, host: &str, path: &str, extra: &str) -> String {
-    use std::io::{Read, Write};
-    let answer = || -> std::io::Result<Vec<u8>> {
-        let mut s = std::net::TcpStream::connect(addr)?;
-        s.set_read_timeout(Some(Duration::from_secs(120)))?;
-        write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}\r\n")?;
-        let mut out = Vec::new();
-        let _ = s.read_to_end(&mut out);
-        Ok(out)
-    };
-    match answer() {
-        Ok(out) => String::from_utf8_lossy(&out).into_owned(),
-        Err(e) => format!("(no answer from {addr}: {e})"),
-    }
 }
 
 /// `forkbox sandbox port-forward` through the daemon, and its preview URL on the daemon's TCP

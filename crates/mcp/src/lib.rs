@@ -393,10 +393,7 @@ impl ForkboxMcp {
             network,
             ttl_action: persistent.then_some(TtlAction::Hibernate),
             secrets,
-            idle: a.idle_seconds.map(|after_secs| forkbox_api::IdlePolicy {
-                after_secs,
-                action: Default::default(),
-            }),
+            idle: a.idle_seconds.map(forkbox_api::IdlePolicy::after),
             ..Default::default()
         };
         let v = try_tool!(self.c().create(&req).await);

@@ -22,7 +22,7 @@ use forkbox_migrate::reports::{Format, Outcome, Results};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{locked, passed};
+use common::passed;
 
 /// What the native runs share with the images (`images/go-*.toml`).
 const ENV: &[(&str, &str)] = &[
@@ -39,43 +39,7 @@ const ENV: &[(&str, &str)] = &[
 /// The library's sources from Debian's `package` (downloaded once into the cache), at
 /// `import` under `/usr/share/gocode/src`, in a fresh directory with a `go.mod`.
 fn library(dir: &Path, package: &str, import: &str, module: &str) -> (tempfile::TempDir, PathBuf) {
-    let cache = dir.join("debs");
-    std::fs::create_dir_all(&cache).unwrap();
-    let deb = locked(dir, || {
-        let find = || {
-            std::fs::read_dir(&cache)
-                .unwrap()
-                .map(|e| e.unwrap().path())
-                .find(|p| {
-                    p.file_name()
-                        .unwrap()
-                        .to_string_lossy()
-                        .starts_with(&format!("{package}_"))
-                })
-        };
-        if let Some(deb) = find() {
-            return deb;
-        }
-        let download = || {
-            Command::new("apt-get")
-                .args(["download", "-q", package])
-                .current_dir(&cache)
-                .output()
-                .unwrap()
-        };
-        let mut out = download();
-        if !out.status.success() {
-            // A fresh machine's lists may not be there yet.
-            let _ = Command::new("apt-get").args(["update", "-q"]).status();
-            out = download();
-        }
-        assert!(
-            out.status.success(),
-            "apt-get download {package}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        find().unwrap()
-    });
+    let deb = common::deb(dir, package);
     let unpacked = tempfile::tempdir().unwrap();
     let st = Command::new("dpkg-deb")
         .arg("-x")

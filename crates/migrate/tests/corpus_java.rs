@@ -44,38 +44,12 @@ const ENV: &[(&str, &str)] = &[
 /// Debian's package `package`, downloaded once into `dir/debs` and unpacked (once) beside it.
 fn unpacked(dir: &Path, package: &str) -> PathBuf {
     let cache = dir.join("debs");
-    std::fs::create_dir_all(&cache).unwrap();
+    let deb = common::deb(dir, package);
     locked(dir, || {
         let root = cache.join(format!("{package}.root"));
         if root.is_dir() {
             return root;
         }
-        let download = || {
-            Command::new("apt-get")
-                .args(["download", "-q", package])
-                .current_dir(&cache)
-                .output()
-                .unwrap()
-        };
-        let mut out = download();
-        if !out.status.success() {
-            // A fresh machine's lists may not be there yet.
-            let _ = Command::new("apt-get").args(["update", "-q"]).status();
-            out = download();
-        }
-        assert!(
-            out.status.success(),
-            "apt-get download {package}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let deb = std::fs::read_dir(&cache)
-            .unwrap()
-            .map(|e| e.unwrap().path())
-            .find(|p| {
-                let name = p.file_name().unwrap().to_string_lossy().into_owned();
-                name.starts_with(&format!("{package}_")) && name.ends_with(".deb")
-            })
-            .unwrap();
         let tmp = cache.join(format!("{package}.tmp"));
         let _ = std::fs::remove_dir_all(&tmp);
         let st = Command::new("dpkg-deb")

@@ -165,3 +165,22 @@ pub fn mcp_root() -> tempfile::TempDir {
     assert!(out.status.success());
     root
 }
+
+/// One HTTP/1.0 request to `addr` with `Host: host` and the extra header lines `extra`; the
+/// whole answer, or what went wrong (a forward resets connections while the guest's server is
+/// still starting).
+pub fn http(addr: &str, host: &str, path: &str, extra: &str) -> String {
+    use std::io::{Read, Write};
+    let answer = || -> std::io::Result<Vec<u8>> {
+        let mut s = std::net::TcpStream::connect(addr)?;
+        s.set_read_timeout(Some(Duration::from_secs(120)))?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {host}\r\n{extra}\r\n")?;
+        let mut out = Vec::new();
+        let _ = s.read_to_end(&mut out);
+        Ok(out)
+    };
+    match answer() {
+        Ok(out) => String::from_utf8_lossy(&out).into_owned(),
+        Err(e) => format!("(no answer from {addr}: {e})"),
+    }
+}

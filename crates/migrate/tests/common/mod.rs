@@ -115,6 +115,46 @@ pub fn chroot(dir: &Path, suite: &str, packages: &[&str], probe: &str) -> PathBu
     root
 }
 
+/// Debian's package `package` (`apt-get download`ed once into `dir/debs`, the lists updated
+/// first on a machine that has none): its `.deb`.
+pub fn deb(dir: &Path, package: &str) -> PathBuf {
+    let cache = dir.join("debs");
+    std::fs::create_dir_all(&cache).unwrap();
+    locked(dir, || {
+        let find = || {
+            std::fs::read_dir(&cache)
+                .unwrap()
+                .map(|e| e.unwrap().path())
+                .find(|p| {
+                    let name = p.file_name().unwrap().to_string_lossy().into_owned();
+                    name.starts_with(&format!("{package}_")) && name.ends_with(".deb")
+                })
+        };
+        if let Some(deb) = find() {
+            return deb;
+        }
+        let download = || {
+            Command::new("apt-get")
+                .args(["download", "-q", package])
+                .current_dir(&cache)
+                .output()
+                .unwrap()
+        };
+        let mut out = download();
+        if !out.status.success() {
+            // A fresh machine's lists may not be there yet.
+            let _ = Command::new("apt-get").args(["update", "-q"]).status();
+            out = download();
+        }
+        assert!(
+            out.status.success(),
+            "apt-get download {package}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        find().unwrap()
+    })
+}
+
 /// `test` run natively in `root` with the code at `/work` and the variables `env`, as in the
 /// sandboxes (a mount namespace of its own: the tests run side by side); what it printed and
 /// how long it took.
