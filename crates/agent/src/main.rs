@@ -11,6 +11,7 @@ mod files;
 mod net;
 mod refresh;
 mod serve;
+mod volumes;
 
 fn main() {
     if std::process::id() != 1 {

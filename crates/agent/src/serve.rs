@@ -222,5 +222,20 @@ fn dispatch(msg: HostMsg, out: &Outbox, execs: &Execs, uploads: &crate::archive:
         HostMsg::TunnelAck { tunnel, bytes } => crate::net::ack(tunnel, bytes),
         HostMsg::TunnelClose { tunnel } => crate::net::close(tunnel),
         HostMsg::ForwardOpen { tunnel, port } => crate::net::forward(tunnel, port, out),
+        // Off the loop: an unmount writes back what the volume's cache holds.
+        HostMsg::Mount { id, mounts } => {
+            let out = out.clone();
+            std::thread::spawn(move || match crate::volumes::mount_all(&mounts) {
+                Ok(()) => out.send(&AgentMsg::Done { id }),
+                Err(e) => out.error(id, &e),
+            });
+        }
+        HostMsg::Unmount { id, paths } => {
+            let out = out.clone();
+            std::thread::spawn(move || match crate::volumes::unmount_all(&paths) {
+                Ok(()) => out.send(&AgentMsg::Done { id }),
+                Err(e) => out.error(id, &e),
+            });
+        }
     }
 }

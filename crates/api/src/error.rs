@@ -61,6 +61,7 @@ codes! {
     CommandNotFound = "command_not_found", 404;
     SnapshotNotFound = "snapshot_not_found", 404;
     ImageNotFound = "image_not_found", 404;
+    VolumeNotFound = "volume_not_found", 404;
     /// A path in the sandbox that is not there, or a route the API does not have.
     NotFound = "not_found", 404;
     SandboxHibernated = "sandbox_hibernated", 409;
@@ -70,6 +71,10 @@ codes! {
     SnapshotExists = "snapshot_exists", 409;
     SnapshotInUse = "snapshot_in_use", 409;
     ImageInUse = "image_in_use", 409;
+    VolumeExists = "volume_exists", 409;
+    /// A volume mounted read-write by one sandbox, or read-only by some (the message names
+    /// them): it cannot be removed, nor mounted read-write by another.
+    VolumeInUse = "volume_in_use", 409;
     Conflict = "conflict", 409;
     /// The request's `Host` is not a name of this daemon (DNS rebinding).
     MisdirectedRequest = "misdirected_request", 421;

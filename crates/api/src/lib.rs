@@ -19,6 +19,7 @@ pub mod routes;
 mod sandbox;
 mod secret;
 mod snapshot;
+mod volume;
 
 pub use code::{CodeContext, CodeContextRequest, CodeEvent, CodeResult, RunCodeRequest};
 pub use command::*;
@@ -33,3 +34,4 @@ pub use request::*;
 pub use sandbox::*;
 pub use secret::*;
 pub use snapshot::*;
+pub use volume::*;

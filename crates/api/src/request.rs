@@ -53,6 +53,10 @@ pub struct CreateRequest {
     /// without (a sandbox hibernated by hand or by its TTL then waits for `resume`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wake_on_use: Option<bool>,
+    /// Volumes to mount (`forkbox volume create`): one sandbox mounts a volume read-write, or
+    /// any number read-only; a volume is never part of a snapshot.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// When a sandbox sleeps by itself: `after_secs` seconds (1 to 7 days) with nothing using it.
@@ -154,6 +158,12 @@ pub struct ForkRequest {
     /// Whether use wakes a sleeping copy (default: on with `idle`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub wake_on_use: Option<bool>,
+    /// More volumes for the copies to mount. A copy of a sandbox has the volumes it has
+    /// read-only, at the same paths; never those it has read-write (one writer at a time: the
+    /// fork's `notes` say so). Volumes are never in the snapshot: they are unmounted while the
+    /// source is saved.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::VolumeMount>,
 }
 
 /// Most copies one fork call makes.
@@ -173,6 +183,9 @@ pub struct ForkResult {
     /// moved to it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub transfer: Option<crate::Transfer>,
+    /// What the copies were not given of their source, and why (a volume it has read-write).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]

@@ -120,6 +120,10 @@ routes! {
     get_snapshot: Get "/v1/snapshots/{id}" -> SnapshotMeta;
     delete_snapshot: Delete "/v1/snapshots/{id}" -> Deleted;
     fork_snapshot: Post "/v1/snapshots/{id}/fork" -> ForkResult;
+    create_volume: Post "/v1/volumes" -> VolumeView;
+    list_volumes: Get "/v1/volumes" -> Vec<VolumeView>;
+    get_volume: Get "/v1/volumes/{name}" -> VolumeView;
+    remove_volume: Delete "/v1/volumes/{name}" -> Deleted;
     list_migrations: Get "/v1/migrations" -> Vec<MigrationView>;
     start_migration: Post "/v1/migrations" -> MigrationView;
     migration_event: Post "/v1/migrations/{id}/events" -> MigrationView;

@@ -77,6 +77,9 @@ pub struct SandboxInfo {
     /// The `disks/<id>/` directories its disk chain goes through, its own last.
     #[serde(default)]
     pub disk_dirs: Vec<String>,
+    /// The volumes it has mounted.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<crate::MountedVolume>,
 }
 
 fn is_zero(n: &u32) -> bool {

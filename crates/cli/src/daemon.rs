@@ -380,6 +380,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
         }),
         idle,
         wake_on_use,
+        volumes: a.volumes,
     };
     let creating = said_after(
         c.create(&req),
@@ -432,6 +433,7 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
         secrets: a.net.secrets.clone(),
         idle,
         wake_on_use,
+        volumes: a.volumes,
     };
     let r = c.fork(&a.source, &req).await?;
     show(a.json, &r, || {
@@ -450,6 +452,9 @@ async fn fork(c: &Client, a: ForkArgs) -> anyhow::Result<ExitCode> {
         );
         if let Some(t) = &r.transfer {
             eprintln!("{}", transfer_line(t));
+        }
+        for n in &r.notes {
+            eprintln!("forkbox: {n}");
         }
     })?;
     Ok(if r.failed.is_empty() {

@@ -16,6 +16,7 @@ mod serve;
 mod snapshots;
 mod terminal;
 mod units;
+mod volumes;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -140,6 +141,11 @@ enum Cmd {
     Snapshot {
         #[command(subcommand)]
         command: snapshots::SnapshotCmd,
+    },
+    /// Volumes: disks that outlive sandboxes (`--volume NAME:/path[:ro]` mounts one).
+    Volume {
+        #[command(subcommand)]
+        command: volumes::VolumeCmd,
     },
     /// Check how well this host confines sandboxes (KVM or TCG, cgroups, seccomp, the home's
     /// permissions, the jail's uids, QEMU's known issues) and say what to fix. Exit 1 when a
@@ -534,6 +540,7 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Token { command } => token(&paths, command),
         Cmd::Sandbox { command } => daemon::sandbox(&paths, command),
         Cmd::Snapshot { command } => snapshots::snapshot(&paths, command),
+        Cmd::Volume { command } => volumes::volume(&paths, command),
         Cmd::Migrate(args) => migrate::migrate(&paths, args),
         Cmd::Info { json, accel } => info(&paths, json, accel),
         Cmd::Doctor { json, accel } => doctor(&paths, json, accel),

@@ -65,6 +65,10 @@ pub struct CreateArgs {
     pub node: Option<String>,
     #[command(flatten)]
     pub idle: IdleArgs,
+    /// Mount a volume: NAME:/path (read-write: one sandbox at a time) or NAME:/path:ro
+    /// (read-only: any number), repeatable (`forkbox volume create` makes one).
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]", value_parser = crate::units::volume_mount)]
+    pub volumes: Vec<forkbox_engine::api::VolumeMount>,
     /// Print the new sandbox as JSON.
     #[arg(long)]
     pub json: bool,
@@ -151,6 +155,11 @@ pub struct ForkArgs {
     pub node: Option<String>,
     #[command(flatten)]
     pub idle: IdleArgs,
+    /// A volume for the copies: NAME:/path:ro (read-only: any number of copies), or
+    /// NAME:/path for one copy; repeatable. Copies of a sandbox have its read-only volumes
+    /// anyway, never its read-write ones.
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]", value_parser = crate::units::volume_mount)]
+    pub volumes: Vec<forkbox_engine::api::VolumeMount>,
     /// Print the copies (and any that failed) as JSON.
     #[arg(long)]
     pub json: bool,

@@ -151,6 +151,18 @@ pub fn signal(s: &str) -> Result<i32, String> {
         .map_err(|_| format!("{s:?} is not a signal; write TERM, KILL, INT, HUP, … or a number"))
 }
 
+/// `NAME:/path` or `NAME:/path:ro`: a volume to mount.
+pub fn volume_mount(s: &str) -> Result<forkbox_engine::api::VolumeMount, String> {
+    s.parse().map_err(|e: forkbox_engine::api::Invalid| e.0)
+}
+
+/// A volume's size: 512m, 10g, 1t.
+pub fn volume_size(s: &str) -> Result<String, String> {
+    forkbox_engine::api::parse_size(s)
+        .map(|_| s.to_string())
+        .map_err(|e| e.0)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -669,6 +669,25 @@ impl Client {
         self.json(self.at(op::delete_snapshot, &[name])).await
     }
 
+    pub async fn create_volume(
+        &self,
+        req: &forkbox_api::VolumeCreateRequest,
+    ) -> Result<reply::create_volume, ClientError> {
+        self.json(self.at(op::create_volume, &[]).json(req)).await
+    }
+
+    pub async fn list_volumes(&self) -> Result<reply::list_volumes, ClientError> {
+        self.json(self.at(op::list_volumes, &[])).await
+    }
+
+    pub async fn get_volume(&self, name: &str) -> Result<reply::get_volume, ClientError> {
+        self.json(self.at(op::get_volume, &[name])).await
+    }
+
+    pub async fn remove_volume(&self, name: &str) -> Result<reply::remove_volume, ClientError> {
+        self.json(self.at(op::remove_volume, &[name])).await
+    }
+
     pub async fn list_images(&self) -> Result<reply::list_images, ClientError> {
         self.json(self.at(op::list_images, &[])).await
     }

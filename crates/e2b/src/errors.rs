@@ -26,12 +26,14 @@ pub fn connect_code(code: Code) -> &'static str {
         | Code::CommandNotFound
         | Code::SnapshotNotFound
         | Code::ImageNotFound
+        | Code::VolumeNotFound
         | Code::NotFound => "not_found",
-        Code::SnapshotExists => "already_exists",
+        Code::SnapshotExists | Code::VolumeExists => "already_exists",
         Code::SandboxHibernated
         | Code::SandboxNotHibernated
         | Code::SnapshotInUse
         | Code::ImageInUse
+        | Code::VolumeInUse
         | Code::Conflict => "failed_precondition",
         // The SDKs call a sandbox that does not answer "not running".
         Code::SandboxFailed

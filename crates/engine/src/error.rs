@@ -217,11 +217,49 @@ pub enum SandboxError {
         dir: std::path::PathBuf,
         free_mib: u64,
     },
+    #[error(transparent)]
+    Volume(#[from] VolumeError),
     #[error("{what}: {source}")]
     Io {
         what: String,
         source: std::io::Error,
     },
+}
+
+/// What can go wrong with a volume.
+#[derive(Debug, thiserror::Error)]
+pub enum VolumeError {
+    #[error("no volume {0} (forkbox volume ls lists them; forkbox volume create {0} makes it)")]
+    NotFound(String),
+    #[error("volume {0} exists already")]
+    Exists(String),
+    #[error("volume {name} is in use: {holders}")]
+    InUse { name: String, holders: String },
+    #[error("no room for volume {name}: it takes {want_mib} MiB on the host at once, and {} has {free_mib} MiB free", dir.display())]
+    NoRoom {
+        name: String,
+        want_mib: u64,
+        free_mib: u64,
+        dir: PathBuf,
+    },
+    #[error("{0}")]
+    Bad(String),
+    #[error("volume {name}: {what}: {source}")]
+    Io {
+        name: String,
+        what: String,
+        source: std::io::Error,
+    },
+}
+
+impl VolumeError {
+    pub fn io(name: &str, what: impl Into<String>, source: std::io::Error) -> Self {
+        VolumeError::Io {
+            name: name.to_string(),
+            what: what.into(),
+            source,
+        }
+    }
 }
 
 impl SandboxError {

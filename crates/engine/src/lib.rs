@@ -31,7 +31,7 @@ pub mod vm;
 pub(crate) use host::cpio;
 pub use host::{agent_bin, fds, guestlog, kernel, limits, metrics, paths, procfs, random, setup};
 pub use lifecycle::{commands, doctor, pool};
-pub use sandbox::{activity, client, diskwatch, files, net, secrets};
+pub use sandbox::{activity, client, diskwatch, files, net, secrets, volumes};
 pub use snapshot::{fastram, ram, runstate, state};
 
 pub use forkbox_protocol as protocol;

@@ -23,6 +23,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "files",
             "net",
             "secrets",
+            "volumes",
             "diskwatch",
             "image",
         ],

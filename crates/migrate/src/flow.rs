@@ -888,6 +888,7 @@ async fn fork_plans(
             secrets: Vec::new(),
             idle: None,
             wake_on_use: None,
+            volumes: Vec::new(),
         };
         let source = source.clone();
         let got = match engine.call(ops::Fork { source, request }).await {

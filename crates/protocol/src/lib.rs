@@ -269,6 +269,27 @@ pub enum HostMsg {
         tunnel: u32,
         port: u16,
     },
+    /// (After `ForwardOpen`.) Mounts volumes, answered with `Done` once all are mounted (or
+    /// `Error`, with none of them left mounted): each the disk whose serial is `serial`, its
+    /// cached blocks dropped first (the slot held another disk before).
+    Mount {
+        id: u32,
+        mounts: Vec<GuestMount>,
+    },
+    /// Unmounts the volumes at `paths` and drops their cached blocks, answered with `Done`; an
+    /// `Error` (a process has files open there) leaves all of them mounted.
+    Unmount {
+        id: u32,
+        paths: Vec<String>,
+    },
+}
+
+/// A volume for the guest to mount (see [`HostMsg::Mount`]).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GuestMount {
+    pub serial: String,
+    pub path: String,
+    pub read_only: bool,
 }
 
 /// Bytes one side of a tunnel may send ahead of the other side's `TunnelAck`s.

@@ -27,7 +27,7 @@ use forkbox_engine::api::{
     ExecResult, ForkRequest, ForkResult, GuestPath, Health, IdleRequest, ImageView, InfoView,
     MigrationEvent, MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk,
     PortRequest, PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
-    Unpacked, Written,
+    Unpacked, VolumeCreateRequest, VolumeView, Written,
 };
 #[allow(unused_imports)]
 use forkbox_engine::snapshot::SnapshotMeta;
@@ -428,6 +428,31 @@ async fn delete_snapshot(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<St
     answer::<reply::delete_snapshot, _>(&e, ops::DeleteSnapshot { name }, StatusCode::OK).await
 }
 
+/// Makes a volume: a disk of its own that outlives the sandboxes that mount it.
+#[utoipa::path(post, path = "/v1/volumes", request_body = VolumeCreateRequest, responses((status = 201, body = VolumeView), (status = 400, body = ErrorBody), (status = 409, description = "a volume of that name exists", body = ErrorBody), (status = 503, description = "no room on the host's disk", body = ErrorBody)))]
+async fn create_volume(
+    State(e): State<Arc<Engine>>,
+    Body(request): Body<VolumeCreateRequest>,
+) -> Api {
+    answer::<reply::create_volume, _>(&e, ops::CreateVolume { request }, StatusCode::CREATED).await
+}
+
+#[utoipa::path(get, path = "/v1/volumes", responses((status = 200, body = Vec<VolumeView>)))]
+async fn list_volumes(State(e): State<Arc<Engine>>) -> Api {
+    answer::<reply::list_volumes, _>(&e, ops::ListVolumes {}, StatusCode::OK).await
+}
+
+#[utoipa::path(get, path = "/v1/volumes/{name}", params(("name" = String, Path)), responses((status = 200, body = VolumeView), (status = 404, body = ErrorBody)))]
+async fn get_volume(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
+    answer::<reply::get_volume, _>(&e, ops::GetVolume { name }, StatusCode::OK).await
+}
+
+/// Removes a volume and what is on it; refused while a sandbox has it mounted.
+#[utoipa::path(delete, path = "/v1/volumes/{name}", params(("name" = String, Path)), responses((status = 200, body = Deleted), (status = 404, body = ErrorBody), (status = 409, description = "a sandbox has it mounted", body = ErrorBody)))]
+async fn remove_volume(State(e): State<Arc<Engine>>, UrlPath(name): UrlPath<String>) -> Api {
+    answer::<reply::remove_volume, _>(&e, ops::RemoveVolume { name }, StatusCode::OK).await
+}
+
 #[utoipa::path(get, path = "/v1/migrations", responses((status = 200, description = "runs of `forkbox migrate` this daemon knows, newest first", body = Vec<MigrationView>)))]
 async fn list_migrations(State(e): State<Arc<Engine>>) -> Api {
     answer::<reply::list_migrations, _>(&e, ops::ListMigrations {}, StatusCode::OK).await
@@ -812,6 +837,11 @@ pub fn router(engine: Arc<Engine>) -> Router {
             get(get_snapshot).delete(delete_snapshot),
         )
         .route(op::fork_snapshot.path, post(fork_snapshot))
+        .route(
+            op::create_volume.path,
+            post(create_volume).get(list_volumes),
+        )
+        .route(op::get_volume.path, get(get_volume).delete(remove_volume))
         .route(
             op::list_migrations.path,
             get(list_migrations).post(start_migration),

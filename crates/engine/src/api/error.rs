@@ -90,7 +90,21 @@ pub fn sandbox_code(e: &SandboxError) -> Code {
         SandboxError::Setup(_) | SandboxError::Vm(VmError::CpuModel { .. }) => Code::SetupNeeded,
         SandboxError::DiskTooSmall { .. } | SandboxError::Network(_) => Code::BadRequest,
         SandboxError::Agent(e) => agent_code(e),
+        SandboxError::Volume(e) => volume_code(e),
         _ => Code::Internal,
+    }
+}
+
+/// [`EngineError::code`] of a volume's error.
+pub fn volume_code(e: &crate::error::VolumeError) -> Code {
+    use crate::error::VolumeError;
+    match e {
+        VolumeError::NotFound(_) => Code::VolumeNotFound,
+        VolumeError::Exists(_) => Code::VolumeExists,
+        VolumeError::InUse { .. } => Code::VolumeInUse,
+        VolumeError::NoRoom { .. } => Code::NoCapacity,
+        VolumeError::Bad(_) => Code::BadRequest,
+        VolumeError::Io { .. } => Code::Internal,
     }
 }
 

@@ -223,6 +223,7 @@ impl Engine {
         };
         crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
         self.forget_transition(id);
+        self.release_volumes(&s.info);
         Ok(())
     }
 

@@ -279,6 +279,9 @@ impl Engine {
             let cfg = SandboxConfig {
                 max_procs: sleeper.info.max_procs.max(16),
                 die_with_parent: false,
+                // Its guest has them mounted, and its holds stood while it slept.
+                volumes: sleeper.info.volumes.clone(),
+                volumes_in_guest: true,
                 ..SandboxConfig::default()
             };
             let origin = format!("snapshot:{}", snap.meta.name);

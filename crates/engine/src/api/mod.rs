@@ -25,6 +25,7 @@ mod ports;
 mod request;
 mod store_ops;
 mod transfer;
+mod volumes;
 
 pub use transfer::MAX_CHUNKS_PER_CALL;
 
@@ -407,11 +408,18 @@ impl Engine {
         }
     }
 
+    /// Stops a sandbox that was never handed out, and gives back its volumes.
+    async fn discard(&self, sandbox: &Sandbox) {
+        sandbox.destroy().await;
+        self.release_volumes(sandbox.info());
+    }
+
     async fn removed(&self, entry: Entry) {
         let id = entry.sandbox.info().id.clone();
         self.forget_transition(&id);
         Engine::end_ports(&entry.ports).await;
         entry.sandbox.destroy().await;
+        self.release_volumes(entry.sandbox.info());
         if let Some(db) = &self.db {
             if let Err(e) = db.remove(&id) {
                 tracing::warn!("{id}: deleted, but its record stays in the state database: {e}");
@@ -451,7 +459,12 @@ impl Engine {
             Some(n) => n,
             None => format!("{id}-{}", random_suffix()?),
         };
-        Ok(sb.snapshot(&self.paths, &name, r.stay_paused, true).await?)
+        if r.stay_paused && !sb.info().volumes.is_empty() {
+            return Err(EngineError::BadRequest(format!(
+                "{id} has volumes mounted, and a snapshot holds none: they are unmounted while it is saved and mounted again after, which a sandbox that stays paused cannot do; leave out stay_paused"
+            )));
+        }
+        without_volumes(&sb, sb.snapshot(&self.paths, &name, r.stay_paused, true)).await
     }
 
     /// Saves sandbox `source` for copies of it: a snapshot that goes with its last copy (and
@@ -462,7 +475,7 @@ impl Engine {
     ) -> Result<crate::snapshot::Snapshot, EngineError> {
         let (sb, _) = self.get(source).await?;
         let name = format!("{AUTO_SNAPSHOT}{source}-{}", random_suffix()?);
-        Ok(sb.snapshot(&self.paths, &name, false, false).await?)
+        without_volumes(&sb, sb.snapshot(&self.paths, &name, false, false)).await
     }
 
     /// The network policy of copies of `source` (a sandbox's own when the request names
@@ -499,6 +512,22 @@ impl Engine {
         self.awake(source).await?;
         let store = crate::snapshot::SnapshotStore::new(&self.paths);
         let (network, is_sandbox) = self.fork_network(source, &r).await?;
+        let source_volumes = self
+            .sandboxes
+            .read()
+            .await
+            .get(source)
+            .map(|e| e.sandbox.info().volumes.clone())
+            .unwrap_or_default();
+        let mut notes = Vec::new();
+        let copy_volumes =
+            volumes::for_copies(&self.paths, &source_volumes, &r.volumes, source, &mut notes)?;
+        if r.count > 1 && copy_volumes.iter().any(|v| !v.read_only) {
+            return Err(EngineError::BadRequest(format!(
+                "{} copies cannot all mount a volume read-write (one writer at a time): ask for it read-only, or for one copy",
+                r.count
+            )));
+        }
         let (snap, pause_ms) = if is_sandbox {
             let s = self.save_for_copies(source).await?;
             let pause = s.meta.pause_ms;
@@ -527,6 +556,7 @@ impl Engine {
             // The copy's network is set as it is restored, before it is handed out.
             let cfg = SandboxConfig {
                 network: network.clone(),
+                volumes: copy_volumes.clone(),
                 ..self.config(&req)?
             };
             let secrets = r.secrets.clone();
@@ -538,6 +568,7 @@ impl Engine {
                 // Each copy its own placeholders and CA; none carries the source's secrets.
                 if let Err(e) = give_secrets(&sb, &secrets).await {
                     sb.destroy().await;
+                    crate::volumes::VolumeStore::new(&paths).release(&sb.info().id);
                     return Err(e);
                 }
                 Ok::<_, EngineError>(sb)
@@ -570,6 +601,7 @@ impl Engine {
             failed,
             duration_ms: started.elapsed().as_millis() as u64,
             transfer: None,
+            notes,
         })
     }
 
@@ -781,6 +813,7 @@ impl Engine {
         if let Some(g) = r.disk_gib {
             cfg.disk_mib = Some(within("disk_gib", g, 1..=2048)? as u64 * 1024);
         }
+        cfg.volumes = volumes::slotted(&self.paths, &r.volumes)?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = self.vms_die_with_thread;
         Ok(cfg)
@@ -799,7 +832,8 @@ impl Engine {
         let started = std::time::Instant::now();
         let mut from_pool = false;
         let sandbox = match &r.snapshot {
-            None if self.pool.size > 0 => {
+            // The pool's sandboxes mount nothing.
+            None if self.pool.size > 0 && cfg.volumes.is_empty() => {
                 let key = crate::pool::key(&self.paths, &cfg)?;
                 match self.pool.get(&key, &self.paths, &cfg) {
                     Taken::Ready(sb) => {
@@ -833,11 +867,11 @@ impl Engine {
             }
         };
         if let Err(e) = sandbox.set_network(network).await {
-            sandbox.destroy().await;
+            self.discard(&sandbox).await;
             return Err(e.into());
         }
         if let Err(e) = give_secrets(&sandbox, &r.secrets).await {
-            sandbox.destroy().await;
+            self.discard(&sandbox).await;
             return Err(e);
         }
         let view = self
@@ -904,6 +938,20 @@ async fn give_secrets(sandbox: &Sandbox, specs: &[SecretSpec]) -> Result<(), Eng
 }
 
 /// Six random hex digits that tell apart names made for one sandbox.
+/// Runs `save` with the sandbox's volumes unmounted in its guest (a snapshot holds no volume),
+/// and mounts them again after, whether it saved or not.
+async fn without_volumes(
+    sb: &Sandbox,
+    save: impl std::future::Future<Output = Result<crate::snapshot::Snapshot, SandboxError>>,
+) -> Result<crate::snapshot::Snapshot, EngineError> {
+    sb.unmount_volumes().await?;
+    let saved = save.await;
+    let back = sb.remount_volumes().await;
+    let snap = saved?;
+    back?;
+    Ok(snap)
+}
+
 fn random_suffix() -> Result<String, EngineError> {
     crate::random::hex(3).map_err(|e| SandboxError::io("draw a random name", e).into())
 }

@@ -97,6 +97,14 @@ operations! {
     /// A new idle policy: when the sandbox sleeps by itself and whether use wakes it.
     SetIdle { id: String, request: IdleRequest } -> SandboxView
         = |e, op| e.set_idle(&op.id, op.request).await;
+    /// Makes a volume: its space taken on the host, its file system made.
+    CreateVolume { request: forkbox_api::VolumeCreateRequest } -> forkbox_api::VolumeView
+        = |e, op| e.create_volume(op.request).await;
+    /// Every volume, with the sandboxes that have it mounted.
+    ListVolumes {} -> Vec<forkbox_api::VolumeView> [keeps] = |e, op| e.list_volumes().await;
+    GetVolume { name: String } -> forkbox_api::VolumeView [keeps] = |e, op| e.get_volume(&op.name).await;
+    /// Removes a volume and what is on it; refused while a sandbox has it mounted.
+    RemoveVolume { name: String } -> Deleted = |e, op| e.remove_volume(&op.name).await;
     ListSnapshots {} -> Vec<SnapshotMeta> [keeps] = |e, op| Ok(e.list_snapshots());
     /// The names of the snapshots held here (a cluster node's record: no figures computed).
     SnapshotNames {} -> Vec<String> [keeps] = |e, op| Ok(e.snapshot_names());

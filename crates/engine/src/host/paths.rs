@@ -106,6 +106,10 @@ impl Paths {
     pub fn disks(&self) -> PathBuf {
         self.home.join("disks")
     }
+    /// Volumes: each a directory with its disk, never inside a snapshot.
+    pub fn volumes(&self) -> PathBuf {
+        self.home.join("volumes")
+    }
 }
 
 /// Writes a file atomically: a temporary name in the same directory, fsync, rename.

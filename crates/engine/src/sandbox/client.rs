@@ -304,6 +304,16 @@ impl AgentClient {
         self.until_done(|id| HostMsg::Refresh { id, refresh }).await
     }
 
+    /// Mounts volumes in the guest (see [`HostMsg::Mount`]).
+    pub async fn mount(&self, mounts: Vec<forkbox_protocol::GuestMount>) -> Result<(), AgentError> {
+        self.until_done(|id| HostMsg::Mount { id, mounts }).await
+    }
+
+    /// Unmounts volumes in the guest (see [`HostMsg::Unmount`]).
+    pub async fn unmount(&self, paths: Vec<String>) -> Result<(), AgentError> {
+        self.until_done(|id| HostMsg::Unmount { id, paths }).await
+    }
+
     /// Applies a network policy: the host opens tunnels by it from now on, and the guest's
     /// proxy is started if the policy lets anything through.
     pub async fn set_network(&self, policy: crate::net::NetworkPolicy) -> Result<(), AgentError> {

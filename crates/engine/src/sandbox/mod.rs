@@ -8,6 +8,7 @@ pub mod diskwatch;
 pub mod files;
 pub mod net;
 pub mod secrets;
+pub mod volumes;
 
 use std::time::{Duration, Instant};
 
@@ -49,6 +50,11 @@ pub struct SandboxConfig {
     pub disk_mib: Option<u64>,
     /// What the sandbox may reach (off: nothing).
     pub network: crate::net::NetworkPolicy,
+    /// Volumes to attach, each in its slot (restored sandboxes only), taken for the sandbox
+    /// as it is made (one writer or many readers; see [`volumes`]).
+    pub volumes: Vec<forkbox_api::MountedVolume>,
+    /// The guest has them mounted already: a sleeping sandbox waking, whose holds stand.
+    pub volumes_in_guest: bool,
 }
 
 impl Default for SandboxConfig {
@@ -67,6 +73,8 @@ impl Default for SandboxConfig {
             cold: false,
             disk_mib: None,
             network: Default::default(),
+            volumes: Vec::new(),
+            volumes_in_guest: false,
         }
     }
 }
@@ -98,6 +106,12 @@ impl Sandbox {
         vm::program::require()?;
         let kit = boot_kit(paths, &image, cfg.accel).await?;
         if cfg.cold {
+            if !cfg.volumes.is_empty() {
+                return Err(crate::error::VolumeError::Bad(
+                    "a cold boot mounts no volumes: leave out cold, or the volumes".into(),
+                )
+                .into());
+            }
             let sb = Sandbox::cold_boot(paths, cfg, image, kit, started).await?;
             sb.set_network(cfg.network.clone()).await?;
             return Ok(sb);
@@ -130,6 +144,7 @@ impl Sandbox {
             max_procs: cfg.max_procs,
             memory: vm::Memory::PrivateFile(run.dir.join(COLD_RAM)),
             start: vm::Start::Boot,
+            volumes: Vec::new(),
         };
         // An empty sparse file, mapped private: the guest's RAM is then the pages it writes,
         // as in every restored copy, and is saved the same way.
@@ -165,6 +180,7 @@ impl Sandbox {
             kernel: kit.kernel,
             initramfs: kit.initramfs,
             disk_dirs: vec![run.record.id.clone()],
+            volumes: Vec::new(),
         };
         Ok(Sandbox::assemble(info, image, vm, client, run))
     }
@@ -189,12 +205,19 @@ impl Sandbox {
         };
         let mut run = RunDir::create(paths, &id, &snap.meta.image)
             .map_err(|e| SandboxError::io(format!("create run directory for {id}"), e))?;
-        let vm_cfg = crate::snapshot::restore_config(
+        let mut vm_cfg = crate::snapshot::restore_config(
             snap,
             &run.dir,
             crate::snapshot::next_disk(&run.disk_dir()),
             cfg.die_with_parent,
         );
+        vm_cfg.volumes = match take_volumes(paths, &id, cfg) {
+            Ok(v) => v,
+            Err(e) => {
+                run.remove();
+                return Err(e);
+            }
+        };
         let max_procs = cfg.max_procs;
         let boot_timeout = cfg.boot_timeout;
         let grow_to = disk_growth(snap, cfg.disk_mib)?;
@@ -205,12 +228,24 @@ impl Sandbox {
             grow_to,
             started,
         };
-        let restored = start_copy(snap, &vm_cfg, &mut run, copy).await;
+        let restored = match start_copy(snap, &vm_cfg, &mut run, copy).await {
+            Ok((mut vm, client)) => match mount_volumes(&client, cfg).await {
+                Ok(()) => Ok((vm, client)),
+                Err(e) => {
+                    vm.kill().await;
+                    Err(e)
+                }
+            },
+            Err(e) => Err(SandboxError::from(e)),
+        };
         let (vm, client) = match restored {
             Ok(v) => v,
             Err(e) => {
                 run.remove();
-                return Err(e.into());
+                if !cfg.volumes_in_guest && !cfg.volumes.is_empty() {
+                    crate::volumes::VolumeStore::new(paths).release(&id);
+                }
+                return Err(e);
             }
         };
         let info = SandboxInfo {
@@ -238,6 +273,7 @@ impl Sandbox {
                     }
                     v
                 }),
+            volumes: cfg.volumes.clone(),
         };
         let sb = Sandbox::assemble(info, image, vm, client, run);
         sb.set_network(cfg.network.clone()).await?;
@@ -442,6 +478,7 @@ impl Sandbox {
             max_procs: self.info.max_procs,
             memory: vm::Memory::Anonymous,
             start: vm::Start::Boot,
+            volumes: Vec::new(),
         }
     }
 
@@ -465,6 +502,39 @@ impl Sandbox {
             run: std::sync::Mutex::new(run),
             destroyed: false.into(),
         }
+    }
+
+    /// Unmounts its volumes in the guest (before a snapshot: a volume is never in one).
+    pub async fn unmount_volumes(&self) -> Result<(), SandboxError> {
+        if self.info.volumes.is_empty() {
+            return Ok(());
+        }
+        let paths = self.info.volumes.iter().map(|v| v.path.clone()).collect();
+        self.client.unmount(paths).await.map_err(|e| match e {
+            AgentError::Refused { message, .. } => crate::error::VolumeError::InUse {
+                name: self
+                    .info
+                    .volumes
+                    .iter()
+                    .map(|v| v.name.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                holders: format!(
+                    "a snapshot of {} holds no volume, so they are unmounted while it is saved, and {message}",
+                    self.info.id
+                ),
+            }
+            .into(),
+            e => SandboxError::from(e),
+        })
+    }
+
+    /// Mounts its volumes again (after a snapshot).
+    pub async fn remount_volumes(&self) -> Result<(), SandboxError> {
+        if self.info.volumes.is_empty() {
+            return Ok(());
+        }
+        Ok(self.client.mount(guest_mounts(&self.info.volumes)).await?)
     }
 
     pub fn info(&self) -> &SandboxInfo {
@@ -598,6 +668,7 @@ impl Sandbox {
             max_procs: 0,
             memory: vm::Memory::Anonymous,
             start: vm::Start::Boot,
+            volumes: Vec::new(),
         };
         let mut vm = Vm::adopt(&cfg, run.record.qemu_pid?, run.record.qemu_start?)?;
         // A guest stopped by a full host disk cannot answer its agent until space is back: it
@@ -734,6 +805,53 @@ async fn convert_raw(disk: &std::path::Path, dest: &std::path::Path) -> Result<(
         ));
     }
     Ok(())
+}
+
+/// Takes the volumes `cfg` asks for, for sandbox `id`: their disks in their slots. A sandbox
+/// waking takes again what it held (its holds stood while it slept).
+fn take_volumes(
+    paths: &Paths,
+    id: &str,
+    cfg: &SandboxConfig,
+) -> Result<Vec<vm::VolumeDisk>, SandboxError> {
+    let store = crate::volumes::VolumeStore::new(paths);
+    let mut disks = Vec::new();
+    for v in &cfg.volumes {
+        match store.take(&v.name, id, v.read_only, !cfg.volumes_in_guest) {
+            Ok(t) => disks.push(vm::VolumeDisk {
+                slot: v.slot,
+                disk: t.disk,
+                read_only: t.read_only,
+            }),
+            Err(e) => {
+                if !cfg.volumes_in_guest {
+                    store.release(id);
+                }
+                return Err(e.into());
+            }
+        }
+    }
+    Ok(disks)
+}
+
+/// Has the guest mount the volumes `cfg` asks for (none for a sandbox waking: its guest has
+/// them mounted).
+async fn mount_volumes(client: &AgentClient, cfg: &SandboxConfig) -> Result<(), SandboxError> {
+    if cfg.volumes_in_guest || cfg.volumes.is_empty() {
+        return Ok(());
+    }
+    Ok(client.mount(guest_mounts(&cfg.volumes)).await?)
+}
+
+fn guest_mounts(volumes: &[forkbox_api::MountedVolume]) -> Vec<forkbox_protocol::GuestMount> {
+    volumes
+        .iter()
+        .map(|v| forkbox_protocol::GuestMount {
+            serial: vm::slot_serial(v.slot),
+            path: v.path.clone(),
+            read_only: v.read_only,
+        })
+        .collect()
 }
 
 /// What booting an image needs besides the image: kernel, initramfs (agent + modules) and the
@@ -888,6 +1006,7 @@ pub async fn ensure_template(
         max_procs: cfg.max_procs,
         memory: vm::Memory::SharedFile(tmp.join(snap::MEM)),
         start: vm::Start::Boot,
+        volumes: Vec::new(),
     };
     let built = async {
         let (mut vm, client) = boot(&image.rootfs(), &vm_cfg, cfg.boot_timeout, |_| Ok(())).await?;

@@ -373,6 +373,7 @@ pub fn restore_config(
             StateFormat::Migration => Start::Incoming,
             StateFormat::Devices => Start::Devices,
         },
+        volumes: Vec::new(),
     }
 }
 
@@ -857,6 +858,7 @@ mod tests {
                 max_procs: 64,
                 memory: Memory::Anonymous,
                 start: Start::Boot,
+                volumes: Vec::new(),
             },
             "python-bookworm@1".into(),
             AccelDecision {

@@ -30,6 +30,32 @@ pub struct VmConfig {
     pub memory: Memory,
     /// Boot, or start paused for a saved state.
     pub start: Start,
+    /// The volumes in its slots (the others hold an empty placeholder; see [`VOLUME_SLOTS`]).
+    pub volumes: Vec<VolumeDisk>,
+}
+
+/// Disk slots every VM has for volumes, whatever it mounts: a virtio device cannot be added
+/// to a running microvm, and a copy must have the devices its template had. A slot with no
+/// volume holds a placeholder that reads zeros; the guest sees each slot as a disk with the
+/// serial `fbvolN` and mounts a volume only when told to (after flushing what it cached of the
+/// placeholder), so a volume of any size fits any slot.
+pub const VOLUME_SLOTS: u32 = forkbox_api::MAX_VOLUMES_PER_SANDBOX as u32;
+
+/// The size a slot's placeholder shows the guest: the largest volume's, so that any volume's
+/// file system fits the device the guest knows.
+const SLOT_BYTES: u64 = forkbox_api::MAX_VOLUME_MIB << 20;
+
+/// A volume's disk in a slot.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VolumeDisk {
+    pub slot: u32,
+    pub disk: PathBuf,
+    pub read_only: bool,
+}
+
+/// The serial of slot `slot`'s disk, by which the agent finds it.
+pub fn slot_serial(slot: u32) -> String {
+    format!("fbvol{slot}")
 }
 
 /// How a VM starts.
@@ -298,6 +324,10 @@ fn device_args(cfg: &VmConfig) -> Vec<String> {
         ),
         "-device".into(),
         "virtio-blk-device,drive=root".into(),
+    ]
+    .into_iter()
+    .chain(volume_args(cfg))
+    .chain([
         "-device".into(),
         "virtio-serial-device,max_ports=2".into(),
         "-chardev".into(),
@@ -318,7 +348,38 @@ fn device_args(cfg: &VmConfig) -> Vec<String> {
         format!("unix:{},server=on,wait=off", show(&cfg.qmp_socket())),
         "-sandbox".into(),
         "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny".into(),
-    ]
+    ])
+    .collect()
+}
+
+/// The volume slots: a volume's raw disk, or the placeholder. A volume's writes reach its file
+/// when the guest flushes (`cache=writeback`: an fsync in the guest is one on the host); a host
+/// error reaches the guest (`werror=report`); a discard is ignored (it would punch holes in
+/// the space the volume took when it was made).
+fn volume_args(cfg: &VmConfig) -> Vec<String> {
+    let mut a = Vec::new();
+    for slot in 0..VOLUME_SLOTS {
+        let id = format!("vol{slot}");
+        match cfg.volumes.iter().find(|v| v.slot == slot) {
+            Some(v) => a.extend([
+                "-drive".into(),
+                format!(
+                    "id={id},file={},format=raw,if=none,cache=writeback,discard=ignore,detect-zeroes=off,werror=report,rerror=report,read-only={}",
+                    show(&v.disk),
+                    if v.read_only { "on" } else { "off" }
+                ),
+            ]),
+            None => a.extend([
+                "-blockdev".into(),
+                format!("driver=null-co,node-name={id},size={SLOT_BYTES},read-zeroes=on"),
+            ]),
+        }
+        a.extend([
+            "-device".into(),
+            format!("virtio-blk-device,drive={id},serial={}", slot_serial(slot)),
+        ]);
+    }
+    a
 }
 
 /// How the VM starts: booting, or waiting for the state of a template or snapshot. `-S`: stay
@@ -570,6 +631,18 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
     };
     ro.extend(jail::backing_chain(&cfg.disk));
     ro.extend(super::program::foreign_prefix());
+    ro.extend(
+        cfg.volumes
+            .iter()
+            .filter(|v| v.read_only)
+            .map(|v| v.disk.clone()),
+    );
+    rw.extend(
+        cfg.volumes
+            .iter()
+            .filter(|v| !v.read_only)
+            .map(|v| v.disk.clone()),
+    );
     let mut ram = None;
     let mut mine = vec![cfg.run_dir.clone(), disk_dir.clone()];
     match &cfg.memory {
@@ -830,7 +903,41 @@ mod tests {
             max_procs: 100,
             memory: Memory::Anonymous,
             start: Start::Boot,
+            volumes: Vec::new(),
         }
+    }
+
+    /// Every VM has its volume slots; a volume's disk in its slot, read-only where asked.
+    #[test]
+    fn volume_slots_hold_a_placeholder_or_a_volume() {
+        let mut c = cfg(Accel::Tcg);
+        let a = qemu_args(&c).join(" ");
+        for slot in 0..VOLUME_SLOTS {
+            assert!(
+                a.contains(&format!("driver=null-co,node-name=vol{slot},")),
+                "{a}"
+            );
+            assert!(
+                a.contains(&format!(
+                    "virtio-blk-device,drive=vol{slot},serial=fbvol{slot}"
+                )),
+                "{a}"
+            );
+        }
+        c.volumes = vec![VolumeDisk {
+            slot: 1,
+            disk: "/v/cache/disk.ext4".into(),
+            read_only: true,
+        }];
+        let a = qemu_args(&c).join(" ");
+        assert!(
+            a.contains("id=vol1,file=/v/cache/disk.ext4,format=raw,if=none,cache=writeback"),
+            "{a}"
+        );
+        assert!(
+            a.contains("read-only=on") && !a.contains("node-name=vol1,"),
+            "{a}"
+        );
     }
 
     /// A copy's RAM file: read-only where QEMU can open it so (8.2), never shared.
