@@ -512,22 +512,7 @@ impl Engine {
         self.awake(source).await?;
         let store = crate::snapshot::SnapshotStore::new(&self.paths);
         let (network, is_sandbox) = self.fork_network(source, &r).await?;
-        let source_volumes = self
-            .sandboxes
-            .read()
-            .await
-            .get(source)
-            .map(|e| e.sandbox.info().volumes.clone())
-            .unwrap_or_default();
-        let mut notes = Vec::new();
-        let copy_volumes =
-            volumes::for_copies(&self.paths, &source_volumes, &r.volumes, source, &mut notes)?;
-        if r.count > 1 && copy_volumes.iter().any(|v| !v.read_only) {
-            return Err(EngineError::BadRequest(format!(
-                "{} copies cannot all mount a volume read-write (one writer at a time): ask for it read-only, or for one copy",
-                r.count
-            )));
-        }
+        let (copy_volumes, notes) = self.fork_volumes(source, &r).await?;
         let (snap, pause_ms) = if is_sandbox {
             let s = self.save_for_copies(source).await?;
             let pause = s.meta.pause_ms;

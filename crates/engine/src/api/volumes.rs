@@ -44,6 +44,31 @@ impl Engine {
         })
     }
 
+    /// The volumes copies of `source` mount (see [`for_copies`]), and what they lack of it.
+    pub(super) async fn fork_volumes(
+        &self,
+        source: &str,
+        r: &ForkRequest,
+    ) -> Result<(Vec<MountedVolume>, Vec<String>), EngineError> {
+        let source_volumes = self
+            .sandboxes
+            .read()
+            .await
+            .get(source)
+            .map(|e| e.sandbox.info().volumes.clone())
+            .unwrap_or_default();
+        let mut notes = Vec::new();
+        let copy_volumes =
+            for_copies(&self.paths, &source_volumes, &r.volumes, source, &mut notes)?;
+        if r.count > 1 && copy_volumes.iter().any(|v| !v.read_only) {
+            return Err(EngineError::BadRequest(format!(
+                "{} copies cannot all mount a volume read-write (one writer at a time): ask for it read-only, or for one copy",
+                r.count
+            )));
+        }
+        Ok((copy_volumes, notes))
+    }
+
     /// Gives back what a sandbox that is gone held.
     pub(super) fn release_volumes(&self, info: &SandboxInfo) {
         if !info.volumes.is_empty() {
