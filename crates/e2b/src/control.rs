@@ -16,7 +16,7 @@ use serde_json::{json, Value};
 
 use crate::errors::Failure;
 use crate::keys::{self, OWNER_LABEL, TEMPLATE_LABEL};
-use crate::{interpreter, shape, E2b};
+use crate::{interpreter, shape, volumes, E2b};
 
 type Answer = Result<Response, Failure>;
 
@@ -41,17 +41,19 @@ pub(crate) fn router(state: Arc<E2b>) -> Router {
         .route("/sandboxes/{id}/network", put(network))
         .route("/snapshots", get(list_snapshots))
         .route("/templates/{id}", delete(delete_snapshot))
+        .route("/volumes", post(volumes::create).get(volumes::list))
+        .route("/volumes/{id}", get(volumes::info).delete(volumes::destroy))
         .fallback(unknown)
         .with_state(state)
 }
 
 /// The caller: their client (the daemon as them) and their owner label.
-struct Caller {
-    client: Client,
-    owner: String,
+pub(crate) struct Caller {
+    pub(crate) client: Client,
+    pub(crate) owner: String,
 }
 
-fn caller(e: &E2b, headers: &HeaderMap) -> Result<Caller, Failure> {
+pub(crate) fn caller(e: &E2b, headers: &HeaderMap) -> Result<Caller, Failure> {
     let key = headers
         .get(crate::API_KEY_HEADER)
         .and_then(|v| v.to_str().ok())
@@ -85,14 +87,14 @@ async fn mine(c: &Caller, id: &str) -> Result<SandboxView, Failure> {
 }
 
 /// A JSON body, or E2B's 400 saying what is wrong with it.
-fn body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, Failure> {
+pub(crate) fn body<T: serde::de::DeserializeOwned + Default>(bytes: &[u8]) -> Result<T, Failure> {
     if bytes.iter().all(u8::is_ascii_whitespace) {
         return Ok(T::default());
     }
     serde_json::from_slice(bytes).map_err(|e| Failure::new(400, format!("the request body: {e}")))
 }
 
-fn status(code: StatusCode, v: Value) -> Response {
+pub(crate) fn status(code: StatusCode, v: Value) -> Response {
     (code, Json(v)).into_response()
 }
 
@@ -109,8 +111,10 @@ async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
              registry image or a Dockerfile) and give its name as the template",
         );
     }
-    if under("/volumes") {
-        return Failure::unsupported("volumes yet");
+    if under("/volumecontent") || under("/volumes") {
+        return Failure::unsupported(
+            "reading or writing a volume's files without a sandbox: mount it in one              (`volumeMounts`) and use the sandbox's files",
+        );
     }
     Failure::new(404, format!("forkbox's E2B API has no {method} {path}"))
 }
@@ -156,9 +160,6 @@ fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
     }
     if set(&n.iam) {
         return Err(Failure::unsupported("IAM tokens (`iam`)"));
-    }
-    if n.volume_mounts.as_ref().is_some_and(|v| !v.is_empty()) {
-        return Err(Failure::unsupported("volumes (`volumeMounts`) yet"));
     }
     Ok(())
 }
@@ -244,6 +245,7 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         // A paused sandbox made with autoResume wakes on the next call that needs it, as
         // E2B's does: forkbox's own waking on use.
         wake_on_use: resume,
+        volumes: volumes::mounts(&c.owner, n.volume_mounts.as_deref().unwrap_or_default())?,
         network: Some(policy(
             n.network.as_ref(),
             n.allow_internet_access

@@ -22,6 +22,7 @@ mod ports;
 mod shape;
 mod templates;
 pub mod tls;
+mod volumes;
 
 use std::collections::HashMap;
 use std::path::PathBuf;

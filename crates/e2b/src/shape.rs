@@ -78,6 +78,7 @@ pub fn listed(v: &SandboxView) -> Value {
         "state": state(v),
         "envdVersion": crate::ENVD_VERSION,
         "metadata": metadata(v),
+        "volumeMounts": crate::volumes::shown(v),
     })
 }
 

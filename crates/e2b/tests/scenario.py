@@ -191,7 +191,43 @@ def run_sync_steps(sbx):
 
     files_steps(sbx)
     network_steps()
+    volume_steps()
     lifecycle_steps(sbx)
+
+
+def volume_steps():
+    if not hasattr(e2b, "Volume"):
+        return
+    t = time.time()
+    name = f"vol-{RUN}"
+    vol = e2b.Volume.create(name)
+    try:
+        assert vol.name == name, vol
+        assert name in [v.name for v in e2b.Volume.list()]
+        assert e2b.Volume.get_info(vol.volume_id).name == name
+        a = Sandbox.create(template=TEMPLATE, timeout=300, metadata={"run": RUN},
+                           volume_mounts={"/mnt/shared": vol})
+        try:
+            a.commands.run("echo written-by-a > /mnt/shared/note && sync")
+            mounts = Sandbox.get_info(a.sandbox_id).volume_mounts
+            assert mounts == [{"name": name, "path": "/mnt/shared"}], mounts
+            try:
+                Sandbox.create(template=TEMPLATE, timeout=300, volume_mounts={"/data": name})
+                raise AssertionError("a second sandbox mounted the volume another writes")
+            except e2b.SandboxException as e:
+                assert "in use" in str(e) and a.sandbox_id in str(e), e
+        finally:
+            a.kill()
+        b = Sandbox.create(template=TEMPLATE, timeout=300, metadata={"run": RUN},
+                           volume_mounts={"/data": name})
+        try:
+            assert b.files.read("/data/note") == "written-by-a\n"
+        finally:
+            b.kill()
+    finally:
+        assert e2b.Volume.destroy(vol.volume_id) is True
+    assert e2b.Volume.destroy(vol.volume_id) is False
+    ok("Volume.create, volume_mounts: written by one sandbox, read by the next; a second writer refused; destroy", t)
 
 
 def network_steps():

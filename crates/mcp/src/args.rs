@@ -24,6 +24,22 @@ pub struct CreateArgs {
     /// passes through neither the conversation nor the sandbox: the guest's $NAME holds a
     /// placeholder the host replaces in requests to `hosts`.
     pub secrets: Option<Vec<SecretArg>>,
+    /// Volumes to mount, each "NAME:/path" (read-write: one sandbox at a time) or
+    /// "NAME:/path:ro" (read-only: any number); make one with volume_create.
+    pub volumes: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct VolumeArgs {
+    /// 1 to 63 of a-z, 0-9, '-', '_' and '.'.
+    pub name: String,
+    /// Its size, e.g. "512m" or "10g" (default 1g; taken on the host's disk at once).
+    pub size: Option<String>,
+}
+
+#[derive(Debug, Deserialize, schemars::JsonSchema)]
+pub struct VolumeNameArgs {
+    pub name: String,
 }
 
 #[derive(Debug, Deserialize, schemars::JsonSchema)]

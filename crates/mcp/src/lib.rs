@@ -387,8 +387,19 @@ impl ForkboxMcp {
             Ok(s) => s,
             Err(why) => return failed(why),
         };
+        let volumes = match a
+            .volumes
+            .unwrap_or_default()
+            .iter()
+            .map(|v| v.parse::<forkbox_api::VolumeMount>())
+            .collect::<Result<Vec<_>, _>>()
+        {
+            Ok(v) => v,
+            Err(e) => return failed(e.0),
+        };
         let req = CreateRequest {
             image: a.image,
+            volumes,
             ttl_seconds: Some(a.ttl_seconds.unwrap_or(3600)),
             network,
             ttl_action: persistent.then_some(TtlAction::Hibernate),
@@ -407,7 +418,33 @@ impl ForkboxMcp {
             "expires_unix": v.expires_unix,
             "persistent": persistent,
             "idle": v.idle,
+            "volumes": v.info.volumes,
         }))
+    }
+
+    #[tool(
+        description = "Make a volume: a disk of its own that outlives sandboxes (a workspace to come back to, a package cache). Mount it with sandbox_create's volumes: read-write in one sandbox at a time, or read-only in any number."
+    )]
+    async fn volume_create(&self, Parameters(a): Parameters<VolumeArgs>) -> ToolResult {
+        let req = forkbox_api::VolumeCreateRequest {
+            name: a.name,
+            size: a.size,
+            node: None,
+        };
+        ok(try_tool!(self.c().create_volume(&req).await))
+    }
+
+    #[tool(description = "List volumes, with the sandboxes that have each mounted.")]
+    async fn list_volumes(&self) -> ToolResult {
+        ok(try_tool!(self.c().list_volumes().await))
+    }
+
+    #[tool(
+        description = "Remove a volume and everything on it (refused while a sandbox has it mounted)."
+    )]
+    async fn volume_remove(&self, Parameters(a): Parameters<VolumeNameArgs>) -> ToolResult {
+        try_tool!(self.c().remove_volume(&a.name).await);
+        text(format!("removed volume {}", a.name))
     }
 
     #[tool(

@@ -20,6 +20,7 @@ TOOLS = {
     "sandbox_create", "exec", "read_file", "write_file", "edit_file", "list_dir", "upload",
     "download", "git_diff", "snapshot", "fork", "hibernate", "resume", "destroy",
     "list_sandboxes", "run_tests", "port_forward", "run_code", "code_context",
+    "volume_create", "list_volumes", "volume_remove",
 }
 
 
@@ -203,6 +204,29 @@ async def idle(s):
     print("mcp idle: slept, woken by exec")
 
 
+async def volumes(s):
+    """A volume written in one sandbox is read in the next; a second writer is refused."""
+    name = f"mcp-{os.getpid()}"
+    made = json.loads(await ok(s, "volume_create", name=name, size="32m"))
+    assert made["name"] == name and made["size_bytes"] == 32 << 20, made
+    w = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, volumes=[f"{name}:/data"]))
+    assert w["volumes"] == [{"name": name, "path": "/data", "read_only": False, "slot": 0}], w
+    await ok(s, "exec", sandbox=w["sandbox"], command="echo kept > /data/f && sync")
+    err, text = await call(s, "sandbox_create", volumes=[f"{name}:/data:ro"])
+    assert err and "in use" in text and w["sandbox"] in text, text
+    err, text = await call(s, "sandbox_create", volumes=["nope"])
+    assert err and "NAME:/path" in text, text
+    await ok(s, "destroy", sandbox=w["sandbox"])
+    r = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, volumes=[f"{name}:/v:ro"]))
+    out = json.loads(await ok(s, "exec", sandbox=r["sandbox"], command="cat /v/f"))
+    assert out["stdout"] == "kept\n", out
+    listed = json.loads(await ok(s, "list_volumes"))
+    assert [v["holders"] for v in listed if v["name"] == name] == [[{"sandbox": r["sandbox"], "read_only": True}]], listed
+    await ok(s, "destroy", sandbox=r["sandbox"])
+    await ok(s, "volume_remove", name=name)
+    print("mcp volumes: written by one sandbox, read by the next, a second writer refused")
+
+
 async def main():
     mode = sys.argv[1]
     if mode == "code":
@@ -228,6 +252,7 @@ async def main():
                 kept = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, persistent=True))
                 assert kept["persistent"] is True, kept
                 await idle(s)
+                await volumes(s)
         print("stdio session made", " ".join(sorted(made)))
         print("persistent:", kept["sandbox"])
     else:

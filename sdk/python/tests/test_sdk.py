@@ -276,6 +276,29 @@ def test_an_idle_sandbox_sleeps_and_an_exec_wakes_it(rt):
             s.set_idle(8 * 24 * 3600)
 
 
+def test_a_volume_outlives_its_writer_and_is_read_by_the_next(rt):
+    name = f"py-sdk-{os.getpid()}"
+    v = rt.volumes.create(name, size="32m")
+    assert v["name"] == name and v["size_bytes"] == 32 << 20 and v["holders"] == []
+    try:
+        with pytest.raises(forkbox.Conflict, match="exists"):
+            rt.volumes.create(name)
+        with rt.sandboxes.create(ttl_seconds=TTL, volumes=[f"{name}:/data"]) as w:
+            assert w.exec("echo kept > /data/f && sync").exit_code == 0
+            assert w.info["volumes"] == [{"name": name, "path": "/data", "read_only": False, "slot": 0}]
+            with pytest.raises(forkbox.Conflict, match=f"{w.id} has it read-write"):
+                rt.sandboxes.create(ttl_seconds=TTL, volumes=[f"{name}:/data:ro"])
+            with pytest.raises(forkbox.Conflict, match="in use"):
+                rt.volumes.remove(name)
+        with rt.sandboxes.create(ttl_seconds=TTL, volumes=[{"name": name, "path": "/v", "read_only": True}]) as r:
+            assert r.exec("cat /v/f").stdout == "kept\n"
+            assert rt.volumes.get(name)["holders"] == [{"sandbox": r.id, "read_only": True}]
+    finally:
+        rt.volumes.remove(name)
+    with pytest.raises(forkbox.NotFound, match=f"no volume {name}"):
+        rt.volumes.get(name)
+
+
 def test_images_build_from_a_seed_and_offer_python(rt):
     progress = []
     img = rt.images.build(

@@ -119,6 +119,21 @@ export interface CreateOptions {
    * needs it (`wakeOnUse: false`: only by `resume()`). */
   idleSeconds?: number;
   wakeOnUse?: boolean;
+  /** Volumes to mount: `"NAME:/path"` (read-write: one sandbox at a time), `"NAME:/path:ro"`
+   * (read-only: any number), or `{ name, path, readOnly }`. */
+  volumes?: VolumeMountSpec[];
+}
+
+/** A volume to mount (see `CreateOptions.volumes`). */
+export type VolumeMountSpec = string | { name: string; path: string; readOnly?: boolean };
+
+/** A volume and the sandboxes that have it mounted. */
+export interface Volume {
+  name: string;
+  size_bytes: number;
+  created_unix: number;
+  holders: Array<{ sandbox: string; read_only: boolean }>;
+  node?: string;
 }
 
 /** A secret for a sandbox (see `CreateOptions.secrets`). */
@@ -163,6 +178,9 @@ export interface ForkOptions {
    * source's. */
   idleSeconds?: number;
   wakeOnUse?: boolean;
+  /** More volumes for the copies (copies of a sandbox have its read-only volumes anyway,
+   * never its read-write ones). */
+  volumes?: VolumeMountSpec[];
 }
 
 export interface DirEntry {
@@ -282,12 +300,14 @@ export class Runtime {
   readonly images: Images;
   readonly sandboxes: Sandboxes;
   readonly snapshots: Snapshots;
+  readonly volumes: Volumes;
 
   constructor(opts: ConnectOptions = {}) {
     this.t = new Transport(opts);
     this.images = new Images(this);
     this.sandboxes = new Sandboxes(this);
     this.snapshots = new Snapshots(this);
+    this.volumes = new Volumes(this);
   }
 
   /** The daemon: version, home, the accelerator sandboxes get (kvm or tcg) and why. */
@@ -353,6 +373,7 @@ export class Sandboxes {
     if (net) body.network = net;
     if (o.persistent) body.ttl_action = "hibernate";
     Object.assign(body, idleBody(o.idleSeconds, o.wakeOnUse));
+    if (o.volumes?.length) body.volumes = volumesBody(o.volumes);
     return new Sandbox(this.rt, await this.rt.t.json<SandboxInfo>("POST", "/sandboxes", { json: body }));
   }
 
@@ -394,7 +415,52 @@ function forkBody(o: ForkOptions): Record<string, unknown> {
   if (o.node !== undefined) body.node = o.node;
   if (o.secrets?.length) body.secrets = secretsBody(o.secrets);
   Object.assign(body, idleBody(o.idleSeconds, o.wakeOnUse));
+  if (o.volumes?.length) body.volumes = volumesBody(o.volumes);
   return body;
+}
+
+/** Volume mounts as the API takes them. */
+function volumesBody(v: VolumeMountSpec[]): Array<{ name: string; path: string; read_only: boolean }> {
+  return v.map((m) => {
+    if (typeof m !== "string") return { name: m.name, path: m.path, read_only: m.readOnly ?? false };
+    const at = m.indexOf(":");
+    let path = m.slice(at + 1);
+    let ro = false;
+    if (path.endsWith(":ro") || path.endsWith(":rw")) {
+      ro = path.endsWith(":ro");
+      path = path.slice(0, -3);
+    }
+    if (at <= 0 || !path) throw new TypeError(`${JSON.stringify(m)} is not a volume mount: give NAME:/path or NAME:/path:ro`);
+    return { name: m.slice(0, at), path, read_only: ro };
+  });
+}
+
+/** Volumes: disks of their own that outlive the sandboxes that mount them. */
+export class Volumes {
+  constructor(private readonly rt: Runtime) {}
+
+  /** Makes volume `name` of `size` ("512m", "10g"; 1 GiB by default), its space taken on the
+   * host at once. */
+  create(name: string, o: { size?: string; node?: string } = {}): Promise<Volume> {
+    const body: Record<string, unknown> = { name };
+    if (o.size !== undefined) body.size = o.size;
+    if (o.node !== undefined) body.node = o.node;
+    return this.rt.t.json("POST", "/volumes", { json: body });
+  }
+
+  list(): Promise<Volume[]> {
+    return this.rt.t.json("GET", "/volumes");
+  }
+
+  get(name: string): Promise<Volume> {
+    return this.rt.t.json("GET", `/volumes/${name}`);
+  }
+
+  /** Removes the volume and what is on it; refused (`ConflictError`) while a sandbox has it
+   * mounted. */
+  async remove(name: string): Promise<void> {
+    await this.rt.t.json("DELETE", `/volumes/${name}`);
+  }
 }
 
 /** The idle policy of a create, a fork or `setIdle`. */

@@ -257,6 +257,35 @@ test("an idle sandbox sleeps and an exec wakes it", async () => {
   }
 });
 
+test("a volume outlives its writer and is read by the next; a second writer is refused", async () => {
+  const name = `ts-sdk-${process.pid}`;
+  const v = await rt.volumes.create(name, { size: "32m" });
+  assert.equal(v.size_bytes, 32 << 20);
+  try {
+    const w = await rt.sandboxes.create({ ttlSeconds: TTL, volumes: [`${name}:/data`] });
+    try {
+      assert.equal((await w.exec("echo kept > /data/f && sync")).exitCode, 0);
+      await assert.rejects(
+        rt.sandboxes.create({ ttlSeconds: TTL, volumes: [{ name, path: "/data", readOnly: true }] }),
+        (e) => e instanceof ConflictError && e.code === "volume_in_use" && e.message.includes(w.id),
+      );
+      await assert.rejects(rt.volumes.remove(name), ConflictError);
+    } finally {
+      await w.stop();
+    }
+    const r = await rt.sandboxes.create({ ttlSeconds: TTL, volumes: [`${name}:/v:ro`] });
+    try {
+      assert.equal((await r.exec("cat /v/f")).stdout, "kept\n");
+      assert.deepEqual((await rt.volumes.get(name)).holders, [{ sandbox: r.id, read_only: true }]);
+    } finally {
+      await r.stop();
+    }
+  } finally {
+    await rt.volumes.remove(name);
+  }
+  await assert.rejects(rt.volumes.get(name), NotFoundError);
+});
+
 test("images: a bad recipe is refused, a missing base fails the build", async () => {
   await assert.rejects(rt.images.build({ name: "x", recipe: { bsae: "bookworm" } }), /bsae/);
   await assert.rejects(rt.images.build({ name: "x", recipe: { base: "no-such-base" } }), (e) => {

@@ -333,7 +333,8 @@ fn in_use(name: &str, held: &[Holder]) -> VolumeError {
 }
 
 /// An ext4 file system on the whole file: no reserved blocks (it is all the user's), no discard
-/// (that would punch holes in the space taken for it), tables initialised lazily by the guest.
+/// (that would punch holes in the space taken for it), tables initialised lazily by the guest,
+/// its top directory writable by all (sticky).
 fn mkfs(name: &str, disk: &Path) -> Result<(), VolumeError> {
     let mkfs = crate::setup::require("mkfs.ext4")
         .map_err(|e| VolumeError::Bad(format!("volume {name}: {e}")))?;
@@ -353,6 +354,22 @@ fn mkfs(name: &str, disk: &Path) -> Result<(), VolumeError> {
         return Err(VolumeError::io(
             name,
             "make its file system",
+            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
+        ));
+    }
+    // Its top directory open to every user of the guest, as /tmp is (a sandbox's commands may
+    // run as a user of their own): mkfs makes it root's, 0755.
+    let debugfs = crate::setup::require("debugfs")
+        .map_err(|e| VolumeError::Bad(format!("volume {name}: {e}")))?;
+    let out = std::process::Command::new(debugfs)
+        .args(["-w", "-R", "sif / mode 041777"])
+        .arg(disk)
+        .output()
+        .map_err(|e| VolumeError::io(name, "run debugfs", e))?;
+    if !out.status.success() {
+        return Err(VolumeError::io(
+            name,
+            "open its top directory to the guest's users",
             std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
         ));
     }

@@ -37,6 +37,7 @@ class AsyncRuntime:
         self.images = AsyncImages(self)
         self.sandboxes = AsyncSandboxes(self)
         self.snapshots = AsyncSnapshots(self)
+        self.volumes = AsyncVolumes(self)
 
     async def close(self) -> None:
         await self._http.aclose()
@@ -140,12 +141,13 @@ class AsyncSandboxes:
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
         idle_seconds: Optional[int] = None,
         wake_on_use: Optional[bool] = None,
+        volumes: Optional[Sequence[Any]] = None,
     ) -> "AsyncSandbox":
         """See ``Sandboxes.create``: ``idle_seconds`` makes it sleep when unused and wake on
         use."""
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node, secrets, idle_seconds, wake_on_use,
+            node, secrets, idle_seconds, wake_on_use, volumes,
         )
         return AsyncSandbox(self._rt, await self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -163,6 +165,32 @@ class AsyncSandboxes:
             AsyncSandbox(self._rt, d)
             for d in await self._rt._call("GET", "/sandboxes", params=params)
         ]
+
+
+class AsyncVolumes:
+    """Volumes: disks of their own that outlive the sandboxes that mount them (``volumes=
+    ["NAME:/path"]`` read-write, one sandbox at a time; ``"NAME:/path:ro"`` read-only, any
+    number)."""
+
+    def __init__(self, rt: "AsyncRuntime") -> None:
+        self._rt = rt
+
+    async def create(self, name: str, *, size: Optional[str] = None, node: Optional[str] = None) -> Dict[str, Any]:
+        """Makes volume ``name`` of ``size`` (``"512m"``, ``"10g"``; 1 GiB by default), its
+        space taken on the host at once."""
+        return await self._rt._call("POST", "/volumes", json=c.volume_body(name, size, node))
+
+    async def list(self) -> List[Dict[str, Any]]:
+        """Every volume, with ``holders``: the sandboxes that have it mounted."""
+        return await self._rt._call("GET", "/volumes")
+
+    async def get(self, name: str) -> Dict[str, Any]:
+        return await self._rt._call("GET", f"/volumes/{name}")
+
+    async def remove(self, name: str) -> None:
+        """Removes the volume and what is on it; refused (``Conflict``) while a sandbox has it
+        mounted."""
+        await self._rt._call("DELETE", f"/volumes/{name}")
 
 
 class AsyncSnapshots:
@@ -404,8 +432,9 @@ class AsyncSandbox:
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+        volumes: Optional[Sequence[Any]] = None,
     ) -> List["AsyncSandbox"]:
-        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets, volumes)
         reply = await self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body)
         return await _forked(self._rt, reply)
 

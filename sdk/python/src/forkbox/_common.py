@@ -275,6 +275,15 @@ def port_body(guest_port: int, host_port: Optional[int], address: Optional[str])
     return body
 
 
+def volume_body(name: str, size: Optional[str], node: Optional[str]) -> Dict[str, Any]:
+    body: Dict[str, Any] = {"name": name}
+    if size is not None:
+        body["size"] = str(size)
+    if node is not None:
+        body["node"] = node
+    return body
+
+
 def create_body(
     image: Optional[str] = None,
     snapshot: Optional[str] = None,
@@ -289,9 +298,12 @@ def create_body(
     secrets: Optional[Sequence[Mapping[str, Any]]] = None,
     idle_seconds: Optional[int] = None,
     wake_on_use: Optional[bool] = None,
+    volumes: Optional[Sequence[Any]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"labels": dict(labels or {})}
     body.update(idle_body(idle_seconds, wake_on_use))
+    if volumes:
+        body["volumes"] = volumes_body(volumes)
     for k, v in (
         ("image", image),
         ("snapshot", snapshot),
@@ -308,6 +320,24 @@ def create_body(
     if persistent:
         body["ttl_action"] = "hibernate"
     return body
+
+
+def volumes_body(volumes: Sequence[Any]) -> List[Dict[str, Any]]:
+    """Volumes to mount: each ``"NAME:/path"`` (read-write), ``"NAME:/path:ro"``, or
+    ``{"name", "path", "read_only"}``."""
+    out: List[Dict[str, Any]] = []
+    for v in volumes:
+        if isinstance(v, str):
+            name, sep, rest = v.partition(":")
+            path, ro = rest, False
+            if rest.endswith(":ro") or rest.endswith(":rw"):
+                path, ro = rest[:-3], rest.endswith(":ro")
+            if not sep or not name or not path:
+                raise ValueError(f"{v!r} is not a volume mount: give NAME:/path or NAME:/path:ro")
+            out.append({"name": name, "path": path, "read_only": ro})
+        else:
+            out.append({"name": v["name"], "path": v["path"], "read_only": bool(v.get("read_only", False))})
+    return out
 
 
 def idle_body(idle_seconds: Optional[int], wake_on_use: Optional[bool]) -> Dict[str, Any]:
@@ -328,8 +358,11 @@ def fork_body(
     labels: Optional[Mapping[str, str]],
     node: Optional[str] = None,
     secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+    volumes: Optional[Sequence[Any]] = None,
 ) -> Dict[str, Any]:
     body: Dict[str, Any] = {"count": count, "labels": dict(labels or {})}
+    if volumes:
+        body["volumes"] = volumes_body(volumes)
     if secrets:
         body["secrets"] = secrets_body(secrets)
     if ttl_seconds is not None:

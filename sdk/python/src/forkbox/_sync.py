@@ -36,6 +36,7 @@ class Runtime:
         self.images = Images(self)
         self.sandboxes = Sandboxes(self)
         self.snapshots = Snapshots(self)
+        self.volumes = Volumes(self)
 
     def close(self) -> None:
         self._http.close()
@@ -150,6 +151,7 @@ class Sandboxes:
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
         idle_seconds: Optional[int] = None,
         wake_on_use: Optional[bool] = None,
+        volumes: Optional[Sequence[Any]] = None,
     ) -> "Sandbox":
         """A new running sandbox of ``image`` (NAME or NAME@N; the default image when None), or
         of ``snapshot``. In a cluster, ``node`` pins it to that node. No network unless ``network={"internet": True}`` or
@@ -161,7 +163,7 @@ class Sandboxes:
         call that needs it wakes it (``wake_on_use=False``: only ``resume()`` does)."""
         body = c.create_body(
             image, snapshot, ttl_seconds, persistent, network, labels, cpus, memory_mib, disk_gib,
-            node, secrets, idle_seconds, wake_on_use,
+            node, secrets, idle_seconds, wake_on_use, volumes,
         )
         return Sandbox(self._rt, self._rt._call("POST", "/sandboxes", json=body), persistent)
 
@@ -178,6 +180,32 @@ class Sandboxes:
         on ``node``."""
         params = {k: v for k, v in (("label", label), ("state", state), ("node", node)) if v}
         return [Sandbox(self._rt, d) for d in self._rt._call("GET", "/sandboxes", params=params)]
+
+
+class Volumes:
+    """Volumes: disks of their own that outlive the sandboxes that mount them (``volumes=
+    ["NAME:/path"]`` read-write, one sandbox at a time; ``"NAME:/path:ro"`` read-only, any
+    number)."""
+
+    def __init__(self, rt: "Runtime") -> None:
+        self._rt = rt
+
+    def create(self, name: str, *, size: Optional[str] = None, node: Optional[str] = None) -> Dict[str, Any]:
+        """Makes volume ``name`` of ``size`` (``"512m"``, ``"10g"``; 1 GiB by default), its
+        space taken on the host at once."""
+        return self._rt._call("POST", "/volumes", json=c.volume_body(name, size, node))
+
+    def list(self) -> List[Dict[str, Any]]:
+        """Every volume, with ``holders``: the sandboxes that have it mounted."""
+        return self._rt._call("GET", "/volumes")
+
+    def get(self, name: str) -> Dict[str, Any]:
+        return self._rt._call("GET", f"/volumes/{name}")
+
+    def remove(self, name: str) -> None:
+        """Removes the volume and what is on it; refused (``Conflict``) while a sandbox has it
+        mounted."""
+        self._rt._call("DELETE", f"/volumes/{name}")
 
 
 class Snapshots:
@@ -432,10 +460,11 @@ class Sandbox:
         labels: Optional[Mapping[str, str]] = None,
         node: Optional[str] = None,
         secrets: Optional[Sequence[Mapping[str, Any]]] = None,
+        volumes: Optional[Sequence[Any]] = None,
     ) -> List["Sandbox"]:
         """``count`` (1-20) running copies of this sandbox as it is now; it keeps running.
         ``node``: in a cluster, the node the copies run on (saved here, brought there by chunks)."""
-        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets)
+        body = c.fork_body(count, ttl_seconds, network, labels, node, secrets, volumes)
         return _forked(self._rt, self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body))
 
     def hibernate(self) -> "Sandbox":
