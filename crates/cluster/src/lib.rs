@@ -106,6 +106,9 @@ pub struct NodeRecord {
     pub images: Vec<String>,
     /// Snapshots it holds, by name.
     pub snapshots: Vec<String>,
+    /// Volumes it holds, by name: a sandbox that mounts one is placed here.
+    #[serde(default)]
+    pub volumes: Vec<String>,
     /// `kvm` or `tcg`.
     pub accel: String,
     /// The node's clock when it wrote this record (Unix ms): a node far off is refused.

@@ -26,6 +26,8 @@ pub struct Want<'a> {
     pub memory_mib: u64,
     /// How many copies.
     pub count: u32,
+    /// The volumes it mounts: each lives on one node, which the sandbox must be on.
+    pub volumes: &'a [String],
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -36,6 +38,16 @@ pub enum PlaceError {
     Drained(String),
     #[error("no live node holds snapshot {0:?}")]
     NoHolder(String),
+    #[error("no live node holds volume {0:?}")]
+    NoVolume(String),
+    #[error(
+        "volume {volume} lives on node {holder}, and a sandbox that mounts it runs there: {why}"
+    )]
+    VolumeElsewhere {
+        volume: String,
+        holder: String,
+        why: String,
+    },
     #[error("no node has room for {count} × {memory_mib} MiB: {short}")]
     NoRoom {
         count: u32,
@@ -77,8 +89,50 @@ fn names<'a>(nodes: impl Iterator<Item = &'a NodeRecord>) -> String {
     }
 }
 
+/// The one node holding every volume `want` mounts (none when it mounts none).
+fn volume_home<'n>(
+    nodes: &'n [NodeRecord],
+    want: &Want,
+) -> Result<Option<&'n NodeRecord>, PlaceError> {
+    let mut home: Option<&NodeRecord> = None;
+    for v in want.volumes {
+        let Some(h) = nodes.iter().find(|n| n.volumes.contains(v)) else {
+            return Err(PlaceError::NoVolume(v.clone()));
+        };
+        match home {
+            Some(o) if o.name != h.name => {
+                return Err(PlaceError::VolumeElsewhere {
+                    volume: v.clone(),
+                    holder: h.name.clone(),
+                    why: format!("another volume it mounts lives on node {}", o.name),
+                })
+            }
+            _ => home = Some(h),
+        }
+    }
+    Ok(home)
+}
+
 /// The node for `want` among the live `nodes`.
 pub fn place(nodes: &[NodeRecord], want: &Want) -> Result<String, PlaceError> {
+    if let Some(home) = volume_home(nodes, want)? {
+        let volume = want.volumes.first().cloned().unwrap_or_default();
+        let elsewhere = |why: String| PlaceError::VolumeElsewhere {
+            volume: volume.clone(),
+            holder: home.name.clone(),
+            why,
+        };
+        if let Some(p) = want.pinned.filter(|p| *p != home.name) {
+            return Err(elsewhere(format!("it was asked for on node {p}")));
+        }
+        if home.drained {
+            return Err(elsewhere("that node is drained".into()));
+        }
+        return match shortfall(home, want) {
+            Some(short) => Err(elsewhere(short)),
+            None => Ok(home.name.clone()),
+        };
+    }
     if let Some(p) = want.pinned {
         let Some(n) = nodes.iter().find(|n| n.name == p) else {
             return Err(PlaceError::UnknownNode {
@@ -134,6 +188,49 @@ pub fn place(nodes: &[NodeRecord], want: &Want) -> Result<String, PlaceError> {
         key(a).cmp(&key(b))
     });
     Ok(best.map(|n| n.name.clone()).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod volume_tests {
+    use super::*;
+
+    fn node(name: &str, volumes: &[&str]) -> NodeRecord {
+        NodeRecord {
+            name: name.into(),
+            mem_free_mib: 8192,
+            disk_free_mib: 8192,
+            volumes: volumes.iter().map(|v| v.to_string()).collect(),
+            ..NodeRecord::default()
+        }
+    }
+
+    #[test]
+    fn a_volume_pins_its_sandbox_to_the_node_it_lives_on() {
+        let nodes = [node("a", &[]), node("b", &["cache"]), node("c", &["work"])];
+        let vols = ["cache".to_string()];
+        let want = |pinned, volumes| Want {
+            pinned,
+            memory_mib: 1024,
+            count: 1,
+            volumes,
+            ..Want::default()
+        };
+        assert_eq!(place(&nodes, &want(None, &vols)), Ok("b".into()));
+        let e = place(&nodes, &want(Some("a"), &vols))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("volume cache lives on node b") && e.contains("node a"),
+            "{e}"
+        );
+        let none = ["gone".to_string()];
+        assert_eq!(
+            place(&nodes, &want(None, &none)),
+            Err(PlaceError::NoVolume("gone".into()))
+        );
+        let two = ["cache".to_string(), "work".to_string()];
+        assert!(place(&nodes, &want(None, &two)).is_err());
+    }
 }
 
 #[cfg(test)]

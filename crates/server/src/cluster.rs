@@ -268,8 +268,13 @@ impl Node {
             .call(ops::SnapshotNames {})
             .await
             .unwrap_or_default();
+        let volumes = match self.engine.call(ops::ListVolumes {}).await {
+            Ok(v) => v.into_iter().map(|v| v.name).collect(),
+            Err(_) => Vec::new(),
+        };
         let info = self.engine.call(ops::Info {}).await.ok();
         NodeRecord {
+            volumes,
             name: cfg.node.clone(),
             node_id: cfg.node_id.clone(),
             advertise: cfg.advertise.clone(),

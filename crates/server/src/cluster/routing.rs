@@ -26,6 +26,10 @@ enum Target {
     Snapshot(String),
     SnapshotList,
     MigrationList,
+    VolumeList,
+    /// A new volume: made on the node it names, else here.
+    VolumeCreate,
+    Volume(String),
     Build(String),
     Local,
 }
@@ -38,6 +42,9 @@ fn classify(method: &Method, path: &str) -> Target {
         (_, ["v1", "sandboxes", id, ..]) if !id.is_empty() => Target::Sandbox(id.to_string()),
         (&Method::GET, ["v1", "snapshots"]) => Target::SnapshotList,
         (&Method::GET, ["v1", "migrations"]) => Target::MigrationList,
+        (&Method::GET, ["v1", "volumes"]) => Target::VolumeList,
+        (&Method::POST, ["v1", "volumes"]) => Target::VolumeCreate,
+        (_, ["v1", "volumes", name]) if !name.is_empty() => Target::Volume(name.to_string()),
         (&Method::GET, ["v1", "cluster", "builds", image]) => Target::Build(image.to_string()),
         (_, ["v1", "snapshots", name, ..]) if !name.is_empty() => {
             Target::Snapshot(name.to_string())
@@ -53,8 +60,9 @@ enum Effect {
     Creates,
     Forks,
     Deletes,
-    /// Makes or removes a snapshot: this node's record (what it holds) is rewritten at once,
-    /// so a fork of it through another node finds it.
+    /// Makes or removes a snapshot or a volume: this node's record (what it holds) is
+    /// rewritten at once, so a fork of it (a create that mounts it) through another node finds
+    /// it.
     Snapshots,
 }
 
@@ -69,6 +77,9 @@ fn effect(method: &Method, path: &str) -> Effect {
             Effect::Snapshots
         }
         (&Method::DELETE, ["v1", "snapshots", _]) => Effect::Snapshots,
+        (&Method::POST, ["v1", "volumes"]) | (&Method::DELETE, ["v1", "volumes", _]) => {
+            Effect::Snapshots
+        }
         _ => Effect::None,
     }
 }
@@ -91,6 +102,9 @@ pub async fn route(State(node): State<Arc<Node>>, req: Request, next: Next) -> R
         Target::List => list(&node, req).await,
         Target::SnapshotList => list_everywhere(&node, req, "snapshots").await,
         Target::MigrationList => list_everywhere(&node, req, "migrations").await,
+        Target::VolumeList => list_everywhere(&node, req, "volumes").await,
+        Target::VolumeCreate => volume_create(&node, req, next).await,
+        Target::Volume(name) => by_volume(&node, name, req, next).await,
         Target::Build(image) => super::builds::route(&node, &image, req).await,
         Target::Create => create(&node, req, next).await,
         Target::Sandbox(id) => by_owner(&node, id, req, next).await,
@@ -523,6 +537,59 @@ async fn by_holder(node: &Node, name: String, req: Request, next: Next) -> Respo
     }
 }
 
+/// A new volume: on the node it names (which must be live), else here.
+async fn volume_create(node: &Node, req: Request, next: Next) -> Response {
+    let (req, body) = match read_json(req).await {
+        Ok(x) => x,
+        Err(r) => return r,
+    };
+    let Some(pinned) = body
+        .get("node")
+        .and_then(|n| n.as_str())
+        .filter(|p| *p != node.name)
+    else {
+        return local(node, req, next).await;
+    };
+    let Some(c) = node.cluster().await else {
+        return Node::unavailable("this node has not reached etcd yet");
+    };
+    let live = match live_nodes(&c, Some(pinned)).await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    match live.iter().find(|n| n.name == pinned) {
+        Some(target) => node.forward(target, req).await,
+        None => place_refusal(placement::PlaceError::UnknownNode {
+            name: pinned.to_string(),
+            live: live
+                .iter()
+                .map(|n| n.name.as_str())
+                .collect::<Vec<_>>()
+                .join(", "),
+        }),
+    }
+}
+
+/// A call about volume `name`: on the node it lives on (this one first).
+async fn by_volume(node: &Node, name: String, req: Request, next: Next) -> Response {
+    let here = node
+        .engine
+        .call(ops::GetVolume { name: name.clone() })
+        .await
+        .is_ok();
+    let Some(c) = node.cluster().await.filter(|_| !here) else {
+        return local(node, req, next).await;
+    };
+    let live = match c.nodes_fresh().await {
+        Ok(n) => n,
+        Err(e) => return Node::unavailable(e),
+    };
+    match live.iter().find(|n| n.volumes.contains(&name)) {
+        Some(holder) => node.forward(holder, req).await,
+        None => local(node, req, next).await,
+    }
+}
+
 /// The live nodes as this etcd member has them; when `pinned` names one it lacks (a node that
 /// joined a moment ago), as the leader has them.
 async fn live_nodes(c: &Cluster, pinned: Option<&str>) -> forkbox_cluster::Result<Vec<NodeRecord>> {
@@ -539,6 +606,8 @@ fn place_refusal(e: placement::PlaceError) -> Response {
         P::UnknownNode { .. } => Code::BadRequest,
         P::Drained(_) => Code::Conflict,
         P::NoHolder(_) => Code::SnapshotNotFound,
+        P::NoVolume(_) => Code::VolumeNotFound,
+        P::VolumeElsewhere { .. } => Code::Conflict,
         P::NoRoom { .. } => Code::NoCapacity,
     };
     refusal(code, e.to_string())
@@ -558,6 +627,15 @@ async fn create(node: &Node, req: Request, next: Next) -> Response {
     let text = |k: &str| v.get(k).and_then(|x| x.as_str()).map(str::to_string);
     let (pinned, image, snapshot) = (text("node"), text("image"), text("snapshot"));
     let memory = v.get("memory_mib").and_then(|m| m.as_u64());
+    let volumes: Vec<String> = v
+        .get("volumes")
+        .and_then(|a| a.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|m| m.get("name")?.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
     let decided = std::time::Instant::now();
     let live = match live_nodes(&c, pinned.as_deref()).await {
         Ok(n) => n,
@@ -569,6 +647,7 @@ async fn create(node: &Node, req: Request, next: Next) -> Response {
         snapshot: snapshot.as_deref(),
         memory_mib: memory.unwrap_or(default_memory_mib()),
         count: 1,
+        volumes: &volumes,
     };
     let chosen = match placement::place(&live, &want) {
         Ok(n) => n,
