@@ -45,6 +45,7 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
     // exec, files and the listing from every node.
     let (id, owner) = nodes[0].create(&["--node", "b", "--ttl", "30m"]);
     assert_eq!(owner, "b");
+    volume_pins_its_sandboxes(&nodes);
     let out = nodes[2].ok(&[
         "sandbox",
         "exec",
@@ -316,6 +317,54 @@ fn three_nodes_on_etcd_one_api_placement_failure_and_quorum() {
 /// The Python and TypeScript SDKs' own suites and the MCP client over Streamable HTTP, pointed
 /// at node b of a cluster (with a cluster token; the TCP checks against node c): their
 /// sandboxes are placed on any node and reached through b.
+/// A volume lives on the node it was made on (c, asked through a) and pins the sandboxes that
+/// mount it there, whichever node the create goes through; one pinned elsewhere is refused in
+/// words; its calls reach it from any node.
+fn volume_pins_its_sandboxes(nodes: &[Node]) {
+    let vol = format!("vol-{}", std::process::id());
+    nodes[0].ok(&["volume", "create", &vol, "--size", "32m", "--node", "c"]);
+    let listed = nodes[1].ok(&["volume", "ls"]);
+    assert!(
+        listed
+            .lines()
+            .any(|l| l.starts_with(&vol) && l.contains("[node c]")),
+        "{listed}"
+    );
+    let (id, owner) = nodes[0].create(&["--ttl", "30m", "--volume", &format!("{vol}:/data")]);
+    assert_eq!(owner, "c");
+    nodes[1].ok(&[
+        "sandbox",
+        "exec",
+        &id,
+        "--",
+        "sh",
+        "-c",
+        "echo on-c > /data/f && sync",
+    ]);
+    let o = nodes[0].run(&[
+        "sandbox",
+        "create",
+        "--node",
+        "a",
+        "--volume",
+        &format!("{vol}:/data:ro"),
+    ]);
+    assert!(
+        !o.status.success() && stderr(&o).contains(&format!("volume {vol} lives on node c")),
+        "{}",
+        stderr(&o)
+    );
+    let o = nodes[1].run(&["volume", "rm", &vol]);
+    assert!(
+        !o.status.success() && stderr(&o).contains("in use"),
+        "{}",
+        stderr(&o)
+    );
+    nodes[2].ok(&["sandbox", "rm", &id]);
+    nodes[0].ok(&["volume", "rm", &vol]);
+    assert!(!nodes[1].ok(&["volume", "ls", "-q"]).contains(&vol));
+}
+
 #[test]
 fn the_sdks_and_mcp_work_pointed_at_any_node() {
     let root = common::mcp_root();
