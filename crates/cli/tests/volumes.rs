@@ -89,12 +89,14 @@ fn daemon(name: &str) -> Daemon {
     let paths = infra::isolated_home(name);
     common::stop_daemon_of(&paths);
     let _ = std::fs::remove_dir_all(paths.volumes());
+
     Daemon::start_in(paths, &[])
 }
 
 #[test]
 fn one_writer_or_many_readers_and_the_volume_outlives_them() {
     let d = daemon("volumes-share");
+    let snapshots_before = ok(&d, &["snapshot", "ls", "--all", "-q"]);
     // A home that never had a volume: none listed, bad input refused in words.
     assert_eq!(ok(&d, &["volume", "ls"]).trim(), "no volumes");
     refused(&d, &["volume", "create", "Data!"], &["not a volume name"]);
@@ -171,6 +173,9 @@ fn one_writer_or_many_readers_and_the_volume_outlives_them() {
         assert_eq!(sh(&d, c, "cat /work/note"), "from-a\nagain\n");
     }
     assert_eq!(holders(&d, "data").len(), 4);
+    // A copy asleep keeps its read-only hold; deleted asleep, it gives it back.
+    ok(&d, &["sandbox", "hibernate", copies[0]]);
+    assert_eq!(holders(&d, "data").len(), 4);
     let mut all = vec![r1.as_str(), r2.as_str()];
     all.extend(&copies);
     let mut rm = vec!["sandbox", "rm"];
@@ -199,6 +204,9 @@ fn one_writer_or_many_readers_and_the_volume_outlives_them() {
     ok(&d, &["volume", "rm", "data"]);
     assert_eq!(ok(&d, &["volume", "ls"]).trim(), "no volumes");
     d.assert_nothing_left();
+    // The snapshots forkbox made for the forks and the sleeps went with the last sandbox that
+    // needed them (one deleted while asleep included).
+    assert_eq!(ok(&d, &["snapshot", "ls", "--all", "-q"]), snapshots_before);
 }
 
 /// The allocated bytes of a file on the host.

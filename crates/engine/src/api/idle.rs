@@ -221,9 +221,16 @@ impl Engine {
         let Some(s) = self.sleepers.write().await.remove(id) else {
             return Err(EngineError::NoSuchSandbox(id.to_string()));
         };
-        crate::snapshot::SnapshotStore::new(&self.paths).remove(&s.snapshot, &[])?;
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let parent = store
+            .get(&s.snapshot)
+            .ok()
+            .and_then(|x| x.meta.parent.clone());
+        store.remove(&s.snapshot, &[])?;
         self.forget_transition(id);
         self.release_volumes(&s.info);
+        // The fork's snapshot it was a copy of, if it was the last.
+        self.drop_unused_auto(parent).await;
         Ok(())
     }
 

@@ -428,13 +428,39 @@ impl Engine {
         self.metrics.sandboxes.dec();
         self.metrics.forget(&id);
         // A snapshot made only to fork a sandbox goes with its last copy.
-        if let Some(origin) = entry.sandbox.info().origin_snapshot() {
-            let auto = origin.starts_with(AUTO_SNAPSHOT)
-                || origin.starts_with(crate::snapshot::HIBERNATION);
-            if auto && self.snapshot_users(origin).await.is_empty() {
-                let _ = crate::snapshot::SnapshotStore::new(&self.paths).remove(origin, &[]);
-                self.sweep_objects().await;
+        let origin = entry.sandbox.info().origin_snapshot().map(str::to_string);
+        self.drop_unused_auto(origin).await;
+    }
+
+    /// Removes the snapshots forkbox made for itself (a fork's, a hibernation's) that nothing
+    /// uses any more, from `origin` up its chain of parents: a copy that slept and woke runs on
+    /// its hibernation's snapshot, whose parent is its fork's; both go with it. One that a
+    /// sandbox (running or asleep) or a later snapshot still needs stays, and so do its parents.
+    async fn drop_unused_auto(&self, mut origin: Option<String>) {
+        let store = crate::snapshot::SnapshotStore::new(&self.paths);
+        let mut dropped = false;
+        while let Some(name) = origin.take() {
+            let auto =
+                name.starts_with(AUTO_SNAPSHOT) || name.starts_with(crate::snapshot::HIBERNATION);
+            let asleep = self
+                .sleepers
+                .read()
+                .await
+                .values()
+                .any(|s| s.snapshot == name);
+            if !auto || asleep || !self.snapshot_users(&name).await.is_empty() {
+                break;
             }
+            let parent = store.get(&name).ok().and_then(|s| s.meta.parent.clone());
+            // Refused while a snapshot depends on it.
+            if store.remove(&name, &[]).is_err() {
+                break;
+            }
+            dropped = true;
+            origin = parent;
+        }
+        if dropped {
+            self.sweep_objects().await;
         }
     }
 
