@@ -47,6 +47,10 @@ pub struct RunArgs {
     tty: bool,
     #[command(flatten)]
     net: crate::daemon::NetArgs,
+    /// Mount a volume: NAME:/path (read-write) or NAME:/path:ro, repeatable (`forkbox volume
+    /// create` makes one; it outlives the run).
+    #[arg(long = "volume", value_name = "NAME:/PATH[:ro]", value_parser = crate::units::volume_mount)]
+    volumes: Vec<forkbox_engine::api::VolumeMount>,
     /// Print one JSON object with the result instead of streaming the output.
     #[arg(long)]
     json: bool,
@@ -149,6 +153,7 @@ async fn through_api(
         network: args.net.policy(),
         node: None,
         secrets: args.net.secrets.clone(),
+        volumes: args.volumes.clone(),
         ..Default::default()
     };
     let mut signals = Signals::new()?;
