@@ -207,7 +207,14 @@ async def idle(s):
 async def volumes(s):
     """A volume written in one sandbox is read in the next; a second writer is refused."""
     name = f"mcp-{os.getpid()}"
-    made = json.loads(await ok(s, "volume_create", name=name, size="32m"))
+    # The tools' own argument `name` meets `ok`'s: called with a dict.
+    async def ok_with(tool, args):
+        r = await s.call_tool(tool, args)
+        text = "".join(getattr(c, "text", "") for c in r.content)
+        assert not r.is_error, f"{tool} failed: {text}"
+        return text
+
+    made = json.loads(await ok_with("volume_create", {"name": name, "size": "32m"}))
     assert made["name"] == name and made["size_bytes"] == 32 << 20, made
     w = json.loads(await ok(s, "sandbox_create", ttl_seconds=900, volumes=[f"{name}:/data"]))
     assert w["volumes"] == [{"name": name, "path": "/data", "read_only": False, "slot": 0}], w
@@ -223,7 +230,7 @@ async def volumes(s):
     listed = json.loads(await ok(s, "list_volumes"))
     assert [v["holders"] for v in listed if v["name"] == name] == [[{"sandbox": r["sandbox"], "read_only": True}]], listed
     await ok(s, "destroy", sandbox=r["sandbox"])
-    await ok(s, "volume_remove", name=name)
+    await ok_with("volume_remove", {"name": name})
     print("mcp volumes: written by one sandbox, read by the next, a second writer refused")
 
 
