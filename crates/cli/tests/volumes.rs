@@ -159,7 +159,18 @@ fn one_writer_or_many_readers_and_the_volume_outlives_them() {
         assert_eq!(sh(&d, r, "cat /work/note"), "from-a\nagain\n");
     }
     // `forkbox run` mounts it too, beside the readers.
-    let out = ok(&d, &["run", "-q", "--volume", "data:/work:ro", "--", "cat", "/work/note"]);
+    let out = ok(
+        &d,
+        &[
+            "run",
+            "-q",
+            "--volume",
+            "data:/work:ro",
+            "--",
+            "cat",
+            "/work/note",
+        ],
+    );
     assert_eq!(out, "from-a\nagain\n");
     let w = sh(&d, &r1, "{ echo x > /work/other; } 2>&1 || true");
     assert!(w.contains("Read-only file system"), "{w}");

@@ -4,6 +4,7 @@
 // directory whose node_modules holds the SDK. Every step prints `ok: STEP (S s)`; the first
 // failure throws. Nothing here knows forkbox: it is what an agent written for E2B does.
 import { Sandbox, CommandExitError, NotFoundError, AuthenticationError } from 'e2b'
+import * as E2B from 'e2b'
 import assert from 'node:assert/strict'
 import { randomBytes } from 'node:crypto'
 
@@ -144,6 +145,37 @@ try {
   const listed = await pager.nextItems()
   assert.deepEqual(listed.map((s) => s.sandboxId), [sbx.sandboxId])
   ok('setTimeout, getInfo, getMetrics, Sandbox.list by metadata', t)
+
+  if (E2B.Volume) {
+    t = Date.now()
+    const name = `vol-js-${RUN}`
+    const vol = await E2B.Volume.create(name)
+    try {
+      assert.equal(vol.name, name)
+      assert.ok((await E2B.Volume.list()).some((v) => v.name === name))
+      const a = await Sandbox.create(TEMPLATE, { timeoutMs: 300_000, volumeMounts: { '/mnt/shared': vol } })
+      try {
+        await a.commands.run('echo from-js > /mnt/shared/note && sync')
+        assert.deepEqual((await Sandbox.getInfo(a.sandboxId)).volumeMounts, [{ name, path: '/mnt/shared' }])
+        await assert.rejects(
+          Sandbox.create(TEMPLATE, { timeoutMs: 300_000, volumeMounts: { '/data': name } }),
+          (e) => String(e).includes('in use') && String(e).includes(a.sandboxId),
+        )
+      } finally {
+        await a.kill()
+      }
+      const b = await Sandbox.create(TEMPLATE, { timeoutMs: 300_000, volumeMounts: { '/data': name } })
+      try {
+        assert.equal(await b.files.read('/data/note'), 'from-js\n')
+      } finally {
+        await b.kill()
+      }
+    } finally {
+      assert.equal(await E2B.Volume.destroy(vol.volumeId), true)
+    }
+    assert.equal(await E2B.Volume.destroy(vol.volumeId), false)
+    ok('Volume.create, volumeMounts: written by one sandbox, read by the next; a second writer refused; destroy', t)
+  }
 
   t = Date.now()
   await sbx.commands.run("nohup sh -c 'n=0; while :; do n=$((n+1)); echo $n > /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &")
