@@ -2,7 +2,8 @@
 //! one sandbox has it read-write or any number read-only, never both, and a second writer is
 //! told who holds it; forks get a read-only volume, never a read-write one; a sleeping sandbox
 //! keeps its volume; a full volume is the guest's ENOSPC and nothing else's; a daemon killed
-//! with SIGKILL mid-write and then the VM itself lose nothing the guest had synced. Each test
+//! with SIGKILL mid-write and then the VM itself lose nothing the guest had synced; of two
+//! creates racing for one volume read-write, one wins and the other is told who. Each test
 //! boots VMs (TCG: a few seconds each) in a home of its own with no volumes in it.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -236,7 +237,36 @@ fn a_full_volume_and_a_killed_daemon_lose_nothing_synced() {
     let disk = d.paths.volumes().join("v/disk.ext4");
     let taken = |n: u64| (128 << 20..(128 << 20) + (1 << 20)).contains(&n);
     assert!(taken(allocated(&disk)), "its whole size is taken at once");
-    let a = create(&d, &["--volume", "v:/work"]);
+    // Two creates racing for it read-write: one wins, the other is told who holds it.
+    let racers: Vec<_> = (0..2)
+        .map(|_| {
+            let mut c = d.client(Path::new(env!("CARGO_BIN_EXE_forkbox")));
+            c.env("FORKBOX_HOME", d.paths.home())
+                .args(["sandbox", "create", "--ttl", "1800", "--volume", "v:/work"])
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            c.spawn().unwrap()
+        })
+        .collect();
+    let outs: Vec<Output> = racers
+        .into_iter()
+        .map(|c| c.wait_with_output().unwrap())
+        .collect();
+    let won: Vec<&Output> = outs.iter().filter(|o| o.status.success()).collect();
+    assert_eq!(
+        won.len(),
+        1,
+        "{:?}",
+        outs.iter().map(|o| text(&o.stderr)).collect::<Vec<_>>()
+    );
+    let a = text(&won[0].stdout).trim().to_string();
+    let lost = outs.iter().find(|o| !o.status.success()).unwrap();
+    assert!(
+        text(&lost.stderr).contains(&format!("sandbox {a} has it read-write")),
+        "{}",
+        text(&lost.stderr)
+    );
+    assert_eq!(holders(&d, "v"), vec![(a.clone(), false)]);
 
     // 2 GiB into 128 MiB: the guest's ENOSPC; the volume's file stays its size, and the
     // sandbox's own disk does not take the rest.

@@ -211,7 +211,16 @@ impl Sandbox {
             crate::snapshot::next_disk(&run.disk_dir()),
             cfg.die_with_parent,
         );
-        vm_cfg.volumes = match take_volumes(paths, &id, cfg) {
+        // Off the runtime's threads: it may wait for another process's lock, and checks the
+        // file system of a volume no sandbox had.
+        let taken = {
+            let (paths, id, cfg) = (paths.clone(), id.clone(), cfg.clone());
+            tokio::task::spawn_blocking(move || take_volumes(&paths, &id, &cfg))
+                .await
+                .map_err(|e| SandboxError::io("take the volumes", std::io::Error::other(e)))
+                .and_then(|r| r)
+        };
+        vm_cfg.volumes = match taken {
             Ok(v) => v,
             Err(e) => {
                 run.remove();

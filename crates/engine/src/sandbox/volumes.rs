@@ -281,6 +281,10 @@ impl VolumeStore {
             })?;
         let _lock = nix::fcntl::Flock::lock(lock, nix::fcntl::FlockArg::LockExclusive)
             .map_err(|(_, e)| VolumeError::io(name, "lock it", e.into()))?;
+        // Removed while this waited for the lock.
+        if !dir.join(META).is_file() {
+            return Err(VolumeError::NotFound(name.into()));
+        }
         let path = dir.join(HOLDERS);
         let read: Vec<Holder> = match std::fs::read(&path) {
             Ok(b) => serde_json::from_slice(&b).unwrap_or_default(),
