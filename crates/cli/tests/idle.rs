@@ -14,31 +14,10 @@ use std::time::{Duration, Instant};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{http, Daemon};
+use common::{cli, http, ok, text, Daemon};
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
-/// `forkbox ARGS` against daemon `d` (its Unix socket).
-fn cli(d: &Daemon, args: &[&str]) -> Output {
-    d.client(Path::new(env!("CARGO_BIN_EXE_forkbox")))
-        .env("FORKBOX_HOME", d.paths.home())
-        .args(args)
-        .output()
-        .unwrap()
-}
 
-/// `forkbox ARGS` that must succeed; its standard output.
-fn ok(d: &Daemon, args: &[&str]) -> String {
-    let out = cli(d, args);
-    assert!(
-        out.status.success(),
-        "forkbox {args:?}: {}",
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
 
 /// Sandbox `id`'s view.
 fn view(d: &Daemon, id: &str) -> serde_json::Value {

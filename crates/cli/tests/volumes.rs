@@ -15,29 +15,10 @@ use std::time::Duration;
 use forkbox_test_infra as infra;
 
 mod common;
-use common::Daemon;
+use common::{cli, ok, text, Daemon};
 
-fn text(b: &[u8]) -> String {
-    String::from_utf8_lossy(b).into_owned()
-}
 
-fn cli(d: &Daemon, args: &[&str]) -> Output {
-    d.client(Path::new(env!("CARGO_BIN_EXE_forkbox")))
-        .env("FORKBOX_HOME", d.paths.home())
-        .args(args)
-        .output()
-        .unwrap()
-}
 
-fn ok(d: &Daemon, args: &[&str]) -> String {
-    let out = cli(d, args);
-    assert!(
-        out.status.success(),
-        "forkbox {args:?}: {}",
-        text(&out.stderr)
-    );
-    text(&out.stdout)
-}
 
 /// `forkbox ARGS` that must fail; its error, which must say each of `words`.
 fn refused(d: &Daemon, args: &[&str], words: &[&str]) -> String {

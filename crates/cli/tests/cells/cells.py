@@ -116,6 +116,23 @@ async def concurrently():
     ok("the async client: cells asked for at once all answer", t)
 
 
+def sleeps_with_its_server(rt):
+    """A sandbox that sleeps when idle is not kept awake by its code server (which only waits
+    for cells): it sleeps, and the next cell wakes it with the kernel's state."""
+    t = time.time()
+    with rt.sandboxes.create(image="code-interpreter", ttl_seconds=900, idle_seconds=3) as s:
+        assert s.run_code("y = 41").error is None
+        state = None
+        for _ in range(180):
+            state = rt.sandboxes.get(s.id).info["state"]
+            if state == "sleeping":
+                break
+            time.sleep(0.5)
+        assert state == "sleeping", state
+        assert s.run_code("y + 1").text == "42", "the kernel's state after a sleep"
+    ok("an idle sandbox sleeps with its code server running; the next cell wakes it", t)
+
+
 def main():
     with Runtime() as rt:
         t = time.time()
@@ -125,6 +142,7 @@ def main():
             if "--only-hostile" not in sys.argv:
                 cells(sbx)
                 forked(sbx)
+                sleeps_with_its_server(rt)
             if "hostile" in " ".join(sys.argv):
                 hostile(sbx)
         finally:

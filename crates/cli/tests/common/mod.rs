@@ -184,3 +184,28 @@ pub fn http(addr: &str, host: &str, path: &str, extra: &str) -> String {
         Err(e) => format!("(no answer from {addr}: {e})"),
     }
 }
+
+/// Bytes as text (lossy).
+pub fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+/// `forkbox ARGS` against daemon `d` (its Unix socket).
+pub fn cli(d: &Daemon, args: &[&str]) -> std::process::Output {
+    d.client(Path::new(env!("CARGO_BIN_EXE_forkbox")))
+        .env("FORKBOX_HOME", d.paths.home())
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+/// `forkbox ARGS` against daemon `d` that must succeed; its standard output.
+pub fn ok(d: &Daemon, args: &[&str]) -> String {
+    let out = cli(d, args);
+    assert!(
+        out.status.success(),
+        "forkbox {args:?}: {}",
+        text(&out.stderr)
+    );
+    text(&out.stdout)
+}

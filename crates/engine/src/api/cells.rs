@@ -157,8 +157,10 @@ impl Engine {
         }
         let path = GuestPath::parse(SERVER_PATH)?;
         self.write_file(id, &path, SERVER.as_bytes(), 0o644).await?;
+        // It waits for cells: a sandbox whose idle time passes sleeps with it, and the next
+        // cell wakes both.
         let cid = self
-            .start_command(
+            .start_service(
                 id,
                 ExecRequest {
                     argv: Some(vec!["python3".into(), SERVER_PATH.into()]),

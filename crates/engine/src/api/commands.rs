@@ -66,6 +66,25 @@ impl Engine {
         id: &str,
         request: ExecRequest,
     ) -> Result<String, EngineError> {
+        self.start_command_as(id, request, Keeps::Awake).await
+    }
+
+    /// [`Engine::start_command`] for a command that serves the sandbox's callers (the code
+    /// server): while it runs, waiting for them, the sandbox may sleep when nothing uses it.
+    pub(super) async fn start_service(
+        &self,
+        id: &str,
+        request: ExecRequest,
+    ) -> Result<String, EngineError> {
+        self.start_command_as(id, request, Keeps::Asleep).await
+    }
+
+    async fn start_command_as(
+        &self,
+        id: &str,
+        request: ExecRequest,
+        keeps: Keeps,
+    ) -> Result<String, EngineError> {
         let spec = exec_spec(request)?;
         self.awake(id).await?;
         let map = self.sandboxes.read().await;
@@ -78,6 +97,9 @@ impl Engine {
         };
         let reads_stdin = spec.stdin;
         let ex = e.sandbox.exec(spec).await?;
+        if keeps == Keeps::Asleep {
+            e.sandbox.client().quiet(ex.id());
+        }
         let log = crate::commands::CommandLog::start(ex, reads_stdin);
         let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
         let n = e
@@ -186,4 +208,11 @@ pub(super) fn cut(mut v: Vec<u8>) -> (String, bool) {
     let truncated = v.len() > OUTPUT_CAP;
     v.truncate(OUTPUT_CAP);
     (String::from_utf8_lossy(&v).into_owned(), truncated)
+}
+
+/// Whether a running command keeps its sandbox awake (a sandbox with an idle policy).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Keeps {
+    Awake,
+    Asleep,
 }

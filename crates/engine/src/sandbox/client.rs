@@ -36,6 +36,9 @@ pub struct AgentClient {
     failure: Failure,
     /// When it was last used and what holds it now (requests in flight are `routes`).
     pub activity: Arc<super::activity::Activity>,
+    /// Requests in flight that do not keep the sandbox awake: a service forkbox runs in it for
+    /// its callers (the code server), which waits for them without being used.
+    quiet: Arc<Mutex<std::collections::HashSet<u32>>>,
 }
 
 /// One event of a running command.
@@ -202,6 +205,7 @@ impl AgentClient {
             net,
             failure,
             activity: Default::default(),
+            quiet: Default::default(),
         }
     }
 
@@ -249,7 +253,13 @@ impl AgentClient {
 
     fn unroute(&self, id: u32) {
         lock(&self.routes).remove(&id);
+        lock(&self.quiet).remove(&id);
         self.activity.touch();
+    }
+
+    /// Request `id` (a command that serves the sandbox's callers) no longer keeps it awake.
+    pub fn quiet(&self, id: u32) {
+        lock(&self.quiet).insert(id);
     }
 
     /// How long nothing has used this sandbox: zero while a request to its agent is in flight
@@ -257,7 +267,8 @@ impl AgentClient {
     /// preview's connection, a connection of the guest's through the proxy). Busy counts as a
     /// use when seen, so idleness is counted from the last time something held it.
     pub fn idle_for(&self) -> std::time::Duration {
-        let in_flight = lock(&self.routes).len() + self.net.tunnels();
+        let quiet = lock(&self.quiet).len();
+        let in_flight = lock(&self.routes).len().saturating_sub(quiet) + self.net.tunnels();
         if in_flight > 0 {
             self.activity.touch();
         }

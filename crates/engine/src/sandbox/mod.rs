@@ -1280,6 +1280,11 @@ pub struct SandboxExecution {
 }
 
 impl SandboxExecution {
+    /// Its request's number on the agent connection.
+    pub fn id(&self) -> u32 {
+        self.inner.id
+    }
+
     pub async fn next(&mut self) -> Result<ExecEvent, SandboxError> {
         let ev = match self.deadline {
             None => self.inner.next().await,

@@ -340,40 +340,28 @@ fn in_use(name: &str, held: &[Holder]) -> VolumeError {
 /// (that would punch holes in the space taken for it), tables initialised lazily by the guest,
 /// its top directory writable by all (sticky).
 fn mkfs(name: &str, disk: &Path) -> Result<(), VolumeError> {
-    let mkfs = crate::setup::require("mkfs.ext4")
-        .map_err(|e| VolumeError::Bad(format!("volume {name}: {e}")))?;
-    let out = std::process::Command::new(mkfs)
-        .args([
-            "-q",
-            "-F",
-            "-m",
-            "0",
-            "-E",
-            "nodiscard,lazy_itable_init=1,lazy_journal_init=1",
-        ])
-        .arg(disk)
-        .output()
-        .map_err(|e| VolumeError::io(name, "run mkfs.ext4", e))?;
-    if !out.status.success() {
-        return Err(VolumeError::io(
-            name,
-            "make its file system",
-            std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
-        ));
-    }
+    let opts = "nodiscard,lazy_itable_init=1,lazy_journal_init=1";
+    let mkfs = ["-q", "-F", "-m", "0", "-E", opts];
+    tool(name, "mkfs.ext4", &mkfs, disk, "make its file system")?;
     // Its top directory open to every user of the guest, as /tmp is (a sandbox's commands may
     // run as a user of their own): mkfs makes it root's, 0755.
-    let debugfs = crate::setup::require("debugfs")
+    let sif = ["-w", "-R", "sif / mode 041777"];
+    tool(name, "debugfs", &sif, disk, "open its top directory to the guest's users")
+}
+
+/// Runs host program `program` with `args` on `disk`; its words when it fails.
+fn tool(name: &str, program: &str, args: &[&str], disk: &Path, what: &str) -> Result<(), VolumeError> {
+    let path = crate::setup::require(program)
         .map_err(|e| VolumeError::Bad(format!("volume {name}: {e}")))?;
-    let out = std::process::Command::new(debugfs)
-        .args(["-w", "-R", "sif / mode 041777"])
+    let out = std::process::Command::new(path)
+        .args(args)
         .arg(disk)
         .output()
-        .map_err(|e| VolumeError::io(name, "run debugfs", e))?;
+        .map_err(|e| VolumeError::io(name, format!("run {program}"), e))?;
     if !out.status.success() {
         return Err(VolumeError::io(
             name,
-            "open its top directory to the guest's users",
+            what,
             std::io::Error::other(String::from_utf8_lossy(&out.stderr).trim().to_string()),
         ));
     }
