@@ -36,6 +36,7 @@ pub enum VolumeCmd {
     },
     /// Remove volumes and what is on them (refused while a sandbox has one mounted).
     Rm {
+        /// Volume names.
         #[arg(required = true)]
         names: Vec<String>,
         /// Print the removed volumes as JSON.
