@@ -7,8 +7,6 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::path::Path;
-use std::process::Output;
 use std::time::{Duration, Instant};
 
 use forkbox_test_infra as infra;
