@@ -14,9 +14,6 @@ use forkbox_test_infra as infra;
 mod common;
 use common::{cli, http, ok, text, Daemon};
 
-
-
-
 /// Sandbox `id`'s view.
 fn view(d: &Daemon, id: &str) -> serde_json::Value {
     let all: serde_json::Value =

@@ -17,9 +17,6 @@ use forkbox_test_infra as infra;
 mod common;
 use common::{cli, ok, text, Daemon};
 
-
-
-
 /// `forkbox ARGS` that must fail; its error, which must say each of `words`.
 fn refused(d: &Daemon, args: &[&str], words: &[&str]) -> String {
     let out = cli(d, args);

@@ -108,17 +108,28 @@ pub fn snapshot_name(owner: &str, label: Option<&str>) -> Result<String, crate::
             format!("snapshot name {label:?}: 1-48 letters, digits, '-' or '_'"),
         ));
     }
-    Ok(format!("e2b-{}-{label}", &owner[..12]))
+    Ok(owned_name(owner, &label))
+}
+
+/// The forkbox name of what the owner `owner` calls `label` (a snapshot, a volume):
+/// `e2b-OWNER12-LABEL`, so a key's own are told by their names.
+pub fn owned_name(owner: &str, label: &str) -> String {
+    format!("e2b-{}-{label}", &owner[..12])
+}
+
+/// The label of `name` when the owner `owner` made it.
+pub fn owned_label<'a>(owner: &str, name: &'a str) -> Option<&'a str> {
+    name.strip_prefix("e2b-")?
+        .strip_prefix(&owner[..12])?
+        .strip_prefix('-')
 }
 
 /// Whether snapshot `name` is one the owner `owner` made.
 pub fn snapshot_is(owner: &str, name: &str) -> bool {
-    name.strip_prefix("e2b-")
-        .and_then(|r| r.strip_prefix(&owner[..12]))
-        .is_some_and(|r| r.starts_with('-'))
+    owned_label(owner, name).is_some()
 }
 
-/// The name its maker gave snapshot `name`.
+/// The name its maker gave snapshot or volume `name`.
 pub fn snapshot_label(name: &str) -> &str {
     name.splitn(3, '-').nth(2).unwrap_or(name)
 }

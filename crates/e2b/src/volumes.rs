@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 
 use crate::control::{body, caller, status};
 use crate::errors::Failure;
-use crate::E2b;
+use crate::{keys, E2b};
 
 type Answer = Result<Response, Failure>;
 
@@ -37,19 +37,11 @@ pub(crate) fn forkbox_name(owner: &str, name: &str) -> Result<String, Failure> {
             format!("volume name {name:?}: 1-46 of lowercase letters, digits, '-', '_' or '.'"),
         ));
     }
-    Ok(format!("e2b-{}-{name}", &owner[..12]))
-}
-
-/// The name the caller gave a volume, if it is theirs.
-fn theirs<'a>(owner: &str, forkbox: &'a str) -> Option<&'a str> {
-    forkbox
-        .strip_prefix("e2b-")?
-        .strip_prefix(&owner[..12])?
-        .strip_prefix('-')
+    Ok(keys::owned_name(owner, name))
 }
 
 fn shape(owner: &str, v: &VolumeView) -> Option<Value> {
-    let name = theirs(owner, &v.name)?;
+    let name = keys::owned_label(owner, &v.name)?;
     // No content API, so no token for it; the SDK requires the field.
     Some(json!({ "volumeID": v.name, "name": name, "token": "" }))
 }
@@ -96,7 +88,7 @@ pub(crate) async fn list(State(e): State<Arc<E2b>>, headers: HeaderMap) -> Answe
 
 /// The caller's volume `id` (others' are not found, as an unknown one).
 async fn mine(c: &crate::control::Caller, id: &str) -> Result<VolumeView, Failure> {
-    if theirs(&c.owner, id).is_none() {
+    if keys::owned_label(&c.owner, id).is_none() {
         return Err(not_found(id));
     }
     match c.client.get_volume(id).await {
@@ -154,17 +146,17 @@ pub(crate) fn mounts(owner: &str, asked: &[Value]) -> Result<Vec<VolumeMount>, F
 /// A sandbox's `volumeMounts` as E2B shows them: the names its owner gave (a sandbox is shown
 /// only to its owner, whose volumes alone it can mount).
 pub(crate) fn shown(v: &forkbox_api::SandboxView) -> Value {
-    let given = |n: &str| -> String {
-        n.strip_prefix("e2b-")
-            .filter(|r| r.len() > 13 && r.as_bytes()[12] == b'-')
-            .map(|r| r[13..].to_string())
-            .unwrap_or_else(|| n.to_string())
-    };
     Value::Array(
         v.info
             .volumes
             .iter()
-            .map(|m| json!({ "name": given(&m.name), "path": m.path }))
+            .map(|m| {
+                let name = match m.name.starts_with("e2b-") {
+                    true => keys::snapshot_label(&m.name),
+                    false => &m.name,
+                };
+                json!({ "name": name, "path": m.path })
+            })
             .collect(),
     )
 }

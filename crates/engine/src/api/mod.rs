@@ -408,12 +408,6 @@ impl Engine {
         }
     }
 
-    /// Stops a sandbox that was never handed out, and gives back its volumes.
-    async fn discard(&self, sandbox: &Sandbox) {
-        sandbox.destroy().await;
-        self.release_volumes(sandbox.info());
-    }
-
     async fn removed(&self, entry: Entry) {
         let id = entry.sandbox.info().id.clone();
         self.forget_transition(&id);
@@ -578,8 +572,7 @@ impl Engine {
                         .await?;
                 // Each copy its own placeholders and CA; none carries the source's secrets.
                 if let Err(e) = give_secrets(&sb, &secrets).await {
-                    sb.destroy().await;
-                    crate::volumes::VolumeStore::new(&paths).release(&sb.info().id);
+                    discard(&paths, &sb).await;
                     return Err(e);
                 }
                 Ok::<_, EngineError>(sb)
@@ -878,11 +871,11 @@ impl Engine {
             }
         };
         if let Err(e) = sandbox.set_network(network).await {
-            self.discard(&sandbox).await;
+            discard(&self.paths, &sandbox).await;
             return Err(e.into());
         }
         if let Err(e) = give_secrets(&sandbox, &r.secrets).await {
-            self.discard(&sandbox).await;
+            discard(&self.paths, &sandbox).await;
             return Err(e);
         }
         let view = self
@@ -911,7 +904,7 @@ impl Engine {
     /// Makes `entry` the daemon's, as [`Engine::register`] does for a new one.
     async fn keep(&self, entry: Entry) -> Result<SandboxView, EngineError> {
         if let Err(e) = entry.persist(self.db.as_deref()) {
-            entry.sandbox.destroy().await;
+            discard(&self.paths, &entry.sandbox).await;
             return Err(e);
         }
         let view = entry.view(self.node.get());
@@ -948,7 +941,13 @@ async fn give_secrets(sandbox: &Sandbox, specs: &[SecretSpec]) -> Result<(), Eng
     Ok(())
 }
 
-/// Six random hex digits that tell apart names made for one sandbox.
+/// Stops a sandbox that was never handed out (or could not be kept), and gives back its
+/// volumes.
+async fn discard(paths: &Paths, sandbox: &Sandbox) {
+    sandbox.destroy().await;
+    volumes::release(paths, sandbox.info());
+}
+
 /// Runs `save` with the sandbox's volumes unmounted in its guest (a snapshot holds no volume),
 /// and mounts them again after, whether it saved or not.
 async fn without_volumes(
@@ -963,6 +962,7 @@ async fn without_volumes(
     Ok(snap)
 }
 
+/// Six random hex digits that tell apart names made for one sandbox.
 fn random_suffix() -> Result<String, EngineError> {
     crate::random::hex(3).map_err(|e| SandboxError::io("draw a random name", e).into())
 }

@@ -71,10 +71,13 @@ impl Engine {
 
     /// Gives back what a sandbox that is gone held.
     pub(super) fn release_volumes(&self, info: &SandboxInfo) {
-        if !info.volumes.is_empty() {
-            VolumeStore::new(&self.paths).release(&info.id);
-        }
+        release(&self.paths, info);
     }
+}
+
+/// Gives back the volumes sandbox `info` held.
+pub(super) fn release(paths: &Paths, info: &SandboxInfo) {
+    VolumeStore::new(paths).release(&info.id, info.volumes.iter().map(|v| v.name.as_str()));
 }
 
 /// The slots of the volumes a sandbox asks for (in the order asked), checked and found.

@@ -267,8 +267,13 @@ impl AgentClient {
     /// preview's connection, a connection of the guest's through the proxy). Busy counts as a
     /// use when seen, so idleness is counted from the last time something held it.
     pub fn idle_for(&self) -> std::time::Duration {
-        let quiet = lock(&self.quiet).len();
-        let in_flight = lock(&self.routes).len().saturating_sub(quiet) + self.net.tunnels();
+        let quiet = lock(&self.quiet);
+        let busy = lock(&self.routes)
+            .keys()
+            .filter(|id| !quiet.contains(id))
+            .count();
+        drop(quiet);
+        let in_flight = busy + self.net.tunnels();
         if in_flight > 0 {
             self.activity.touch();
         }

@@ -211,16 +211,7 @@ impl Sandbox {
             crate::snapshot::next_disk(&run.disk_dir()),
             cfg.die_with_parent,
         );
-        // Off the runtime's threads: it may wait for another process's lock, and checks the
-        // file system of a volume no sandbox had.
-        let taken = {
-            let (paths, id, cfg) = (paths.clone(), id.clone(), cfg.clone());
-            tokio::task::spawn_blocking(move || take_volumes(&paths, &id, &cfg))
-                .await
-                .map_err(|e| SandboxError::io("take the volumes", std::io::Error::other(e)))
-                .and_then(|r| r)
-        };
-        vm_cfg.volumes = match taken {
+        vm_cfg.volumes = match take_volumes(paths, &id, cfg).await {
             Ok(v) => v,
             Err(e) => {
                 run.remove();
@@ -251,9 +242,7 @@ impl Sandbox {
             Ok(v) => v,
             Err(e) => {
                 run.remove();
-                if !cfg.volumes_in_guest && !cfg.volumes.is_empty() {
-                    crate::volumes::VolumeStore::new(paths).release(&id);
-                }
+                give_back(paths, &id, cfg);
                 return Err(e);
             }
         };
@@ -285,7 +274,11 @@ impl Sandbox {
             volumes: cfg.volumes.clone(),
         };
         let sb = Sandbox::assemble(info, image, vm, client, run);
-        sb.set_network(cfg.network.clone()).await?;
+        if let Err(e) = sb.set_network(cfg.network.clone()).await {
+            sb.destroy().await;
+            give_back(paths, &sb.info.id, cfg);
+            return Err(e);
+        }
         Ok(sb)
     }
 
@@ -817,8 +810,24 @@ async fn convert_raw(disk: &std::path::Path, dest: &std::path::Path) -> Result<(
 }
 
 /// Takes the volumes `cfg` asks for, for sandbox `id`: their disks in their slots. A sandbox
-/// waking takes again what it held (its holds stood while it slept).
-fn take_volumes(
+/// waking takes again what it held (its holds stood while it slept). Off the runtime's
+/// threads: it may wait for another process's lock, and checks the file system of a volume no
+/// sandbox had.
+async fn take_volumes(
+    paths: &Paths,
+    id: &str,
+    cfg: &SandboxConfig,
+) -> Result<Vec<vm::VolumeDisk>, SandboxError> {
+    if cfg.volumes.is_empty() {
+        return Ok(Vec::new());
+    }
+    let (paths, id, cfg) = (paths.clone(), id.to_string(), cfg.clone());
+    tokio::task::spawn_blocking(move || take_volumes_now(&paths, &id, &cfg))
+        .await
+        .map_err(|e| SandboxError::io("take the volumes", std::io::Error::other(e)))?
+}
+
+fn take_volumes_now(
     paths: &Paths,
     id: &str,
     cfg: &SandboxConfig,
@@ -827,20 +836,27 @@ fn take_volumes(
     let mut disks = Vec::new();
     for v in &cfg.volumes {
         match store.take(&v.name, id, v.read_only, !cfg.volumes_in_guest) {
-            Ok(t) => disks.push(vm::VolumeDisk {
+            Ok(disk) => disks.push(vm::VolumeDisk {
                 slot: v.slot,
-                disk: t.disk,
-                read_only: t.read_only,
+                disk,
+                read_only: v.read_only,
             }),
             Err(e) => {
-                if !cfg.volumes_in_guest {
-                    store.release(id);
-                }
+                give_back(paths, id, cfg);
                 return Err(e.into());
             }
         }
     }
     Ok(disks)
+}
+
+/// Gives back the volumes `cfg` took for sandbox `id`, which is not made after all (a sandbox
+/// waking keeps its holds: it still sleeps).
+fn give_back(paths: &Paths, id: &str, cfg: &SandboxConfig) {
+    if !cfg.volumes_in_guest {
+        let names = cfg.volumes.iter().map(|v| v.name.as_str());
+        crate::volumes::VolumeStore::new(paths).release(id, names);
+    }
 }
 
 /// Has the guest mount the volumes `cfg` asks for (none for a sandbox waking: its guest has

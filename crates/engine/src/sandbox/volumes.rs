@@ -46,14 +46,6 @@ pub struct VolumeStore {
     paths: Paths,
 }
 
-/// A volume taken for a sandbox: its disk, and how it is attached.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Taken {
-    pub name: String,
-    pub disk: PathBuf,
-    pub read_only: bool,
-}
-
 impl VolumeStore {
     pub fn new(paths: &Paths) -> VolumeStore {
         VolumeStore {
@@ -213,14 +205,14 @@ impl VolumeStore {
     /// none has it read-write; otherwise refused, naming who has it. With `check`, the first
     /// holder finds its file system replayed (`e2fsck -p`: a writer that died leaves a journal
     /// to replay, which a read-only mount could not); a sleeping sandbox waking takes its
-    /// volume again without (its guest has it mounted).
+    /// volume again without (its guest has it mounted). Its disk.
     pub fn take(
         &self,
         name: &str,
         sandbox: &str,
         read_only: bool,
         check: bool,
-    ) -> Result<Taken, VolumeError> {
+    ) -> Result<PathBuf, VolumeError> {
         let disk = self.disk(name)?;
         self.with_lock(name, |held| {
             held.retain(|h| h.sandbox != sandbox);
@@ -240,24 +232,20 @@ impl VolumeStore {
             });
             Ok(())
         })?;
-        Ok(Taken {
-            name: name.into(),
-            disk,
-            read_only,
-        })
+        Ok(disk)
     }
 
-    /// Gives back every volume `sandbox` holds (it was deleted, or its creation failed).
-    pub fn release(&self, sandbox: &str) {
-        for v in self.list() {
-            if v.holders.iter().any(|h| h.sandbox == sandbox) {
-                let r = self.with_lock(&v.name, |held| {
-                    held.retain(|h| h.sandbox != sandbox);
-                    Ok(())
-                });
-                if let Err(e) = r {
-                    tracing::warn!("{sandbox}: volume {} not given back: {e}", v.name);
-                }
+    /// Gives back the volumes `names` that `sandbox` holds (it was deleted, or its creation
+    /// failed).
+    pub fn release<'a>(&self, sandbox: &str, names: impl IntoIterator<Item = &'a str>) {
+        for name in names {
+            let r = self.with_lock(name, |held| {
+                held.retain(|h| h.sandbox != sandbox);
+                Ok(())
+            });
+            match r {
+                Ok(()) | Err(VolumeError::NotFound(_)) => {}
+                Err(e) => tracing::warn!("{sandbox}: volume {name} not given back: {e}"),
             }
         }
     }
@@ -346,11 +334,23 @@ fn mkfs(name: &str, disk: &Path) -> Result<(), VolumeError> {
     // Its top directory open to every user of the guest, as /tmp is (a sandbox's commands may
     // run as a user of their own): mkfs makes it root's, 0755.
     let sif = ["-w", "-R", "sif / mode 041777"];
-    tool(name, "debugfs", &sif, disk, "open its top directory to the guest's users")
+    tool(
+        name,
+        "debugfs",
+        &sif,
+        disk,
+        "open its top directory to the guest's users",
+    )
 }
 
 /// Runs host program `program` with `args` on `disk`; its words when it fails.
-fn tool(name: &str, program: &str, args: &[&str], disk: &Path, what: &str) -> Result<(), VolumeError> {
+fn tool(
+    name: &str,
+    program: &str,
+    args: &[&str],
+    disk: &Path,
+    what: &str,
+) -> Result<(), VolumeError> {
     let path = crate::setup::require(program)
         .map_err(|e| VolumeError::Bad(format!("volume {name}: {e}")))?;
     let out = std::process::Command::new(path)
@@ -441,7 +441,7 @@ mod tests {
         let e = s.take("cache", "sb-b", true, true).unwrap_err().to_string();
         assert!(e.contains("sb-a has it read-write"), "{e}");
         assert!(matches!(s.remove("cache"), Err(VolumeError::InUse { .. })));
-        s.release("sb-a");
+        s.release("sb-a", ["cache"]);
         s.take("cache", "sb-b", true, true).unwrap();
         s.take("cache", "sb-c", true, true).unwrap();
         let e = s
@@ -457,7 +457,7 @@ mod tests {
         );
         std::fs::write(&path, text).unwrap();
         s.take("cache", "sb-d", false, true).unwrap();
-        s.release("sb-d");
+        s.release("sb-d", ["cache"]);
         s.remove("cache").unwrap();
         assert!(matches!(s.get("cache"), Err(VolumeError::NotFound(_))));
     }
