@@ -94,6 +94,16 @@ fn one_writer_or_many_readers_and_the_volume_outlives_them() {
         &["sandbox", "create", "--volume", "data:/proc/x"],
         &["system's own"],
     );
+    // One larger than the host's disk can give (with room left for sandboxes): refused before
+    // anything is written, and nothing left behind.
+    refused(
+        &d,
+        &["volume", "create", "huge", "--size", "16t"],
+        &["no room for volume huge", "MiB free"],
+    );
+    assert_eq!(ok(&d, &["volume", "ls"]).trim(), "no volumes");
+    let leftovers = std::fs::read_dir(d.paths.volumes()).map_or(0, |r| r.count());
+    assert_eq!(leftovers, 0, "a refused volume left files");
     assert_eq!(
         ok(&d, &["volume", "create", "data", "--size", "64m"]).trim(),
         "data"

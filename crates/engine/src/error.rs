@@ -235,11 +235,12 @@ pub enum VolumeError {
     Exists(String),
     #[error("volume {name} is in use: {holders}")]
     InUse { name: String, holders: String },
-    #[error("no room for volume {name}: it takes {want_mib} MiB on the host at once, and {} has {free_mib} MiB free", dir.display())]
+    #[error("no room for volume {name}: it takes {want_mib} MiB on the host at once and must leave {reserve_mib} MiB free for sandboxes, and {} has {free_mib} MiB free", dir.display())]
     NoRoom {
         name: String,
         want_mib: u64,
         free_mib: u64,
+        reserve_mib: u64,
         dir: PathBuf,
     },
     #[error("{0}")]

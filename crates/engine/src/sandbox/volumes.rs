@@ -23,6 +23,9 @@ const DISK: &str = "disk.ext4";
 const META: &str = "volume.json";
 const HOLDERS: &str = "holders.json";
 const LOCK: &str = ".lock";
+/// Free space a new volume must leave in the home's file system: the sandboxes' own disks,
+/// snapshots and templates live there too, and a host disk a volume filled would pause them.
+pub const HOST_RESERVE_BYTES: u64 = 1 << 30;
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 struct Meta {
@@ -102,6 +105,10 @@ impl VolumeStore {
     }
 
     fn make(&self, name: &str, bytes: u64, tmp: &Path) -> Result<Meta, VolumeError> {
+        let free = crate::diskwatch::free_bytes(&self.root);
+        if free < bytes.saturating_add(HOST_RESERVE_BYTES) {
+            return Err(self.no_room(name, bytes));
+        }
         std::fs::create_dir(tmp).map_err(|e| VolumeError::io(name, "create its directory", e))?;
         let disk = tmp.join(DISK);
         let file = std::fs::File::create(&disk)
@@ -114,12 +121,7 @@ impl VolumeStore {
             bytes as libc::off_t,
         ) {
             return Err(match e {
-                nix::errno::Errno::ENOSPC => VolumeError::NoRoom {
-                    name: name.into(),
-                    want_mib: bytes >> 20,
-                    free_mib: crate::diskwatch::free_bytes(&self.root) >> 20,
-                    dir: self.root.clone(),
-                },
+                nix::errno::Errno::ENOSPC => self.no_room(name, bytes),
                 e => VolumeError::io(name, "allocate its space", e.into()),
             });
         }
@@ -135,6 +137,16 @@ impl VolumeStore {
         crate::paths::write_atomic(&tmp.join(META), &text)
             .map_err(|e| VolumeError::io(name, "record it", e))?;
         Ok(meta)
+    }
+
+    fn no_room(&self, name: &str, bytes: u64) -> VolumeError {
+        VolumeError::NoRoom {
+            name: name.into(),
+            want_mib: bytes >> 20,
+            free_mib: crate::diskwatch::free_bytes(&self.root) >> 20,
+            reserve_mib: HOST_RESERVE_BYTES >> 20,
+            dir: self.root.clone(),
+        }
     }
 
     /// Every volume, by name, with its live holders.
