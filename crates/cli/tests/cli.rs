@@ -1089,7 +1089,7 @@ fn ids(out: &Output) -> Vec<String> {
 fn forks_through_the_cli() {
     let paths = infra::isolated_home("fork-cli");
     stop_daemon(&paths);
-    let _ = std::fs::remove_dir_all(paths.snapshots()); // left by an earlier, failed run
+    forkbox_engine::tree::remove_tree(&paths.snapshots()).unwrap(); // left by an earlier, failed run
     let parent = text(&run(&paths, &["sandbox", "create"]).stdout)
         .trim()
         .to_string();
@@ -1337,7 +1337,7 @@ fn creates_that_come_together_share_the_pools_restores() {
 fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     let paths = infra::isolated_home("hibernate");
     stop_daemon(&paths);
-    let _ = std::fs::remove_dir_all(paths.snapshots());
+    forkbox_engine::tree::remove_tree(&paths.snapshots()).unwrap();
     let created: serde_json::Value = serde_json::from_slice(
         &run(
             &paths,
@@ -1436,12 +1436,12 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
 fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
     let paths = infra::isolated_home("disk-full");
     stop_daemon(&paths);
+    // The tmpfs is mounted in a mount namespace of this test's own (its daemons are started
+    // from here, so they see it): never on the host, gone with the test's processes however
+    // the test ends.
+    infra::private_mounts();
     let disks = paths.disks();
-    let _ = std::process::Command::new("umount")
-        .arg("-l")
-        .arg(&disks)
-        .status();
-    let _ = std::fs::remove_dir_all(&disks);
+    forkbox_engine::tree::remove_tree(&disks).unwrap();
     std::fs::create_dir_all(&disks).unwrap();
     let mount = |opts: &[&str]| {
         let s = std::process::Command::new("mount")
@@ -1452,16 +1452,6 @@ fn a_full_host_disk_pauses_the_sandbox_and_loses_nothing() {
         assert!(s.success(), "mount {opts:?}");
     };
     mount(&["-t", "tmpfs", "-o", "size=96m", "tmpfs"]);
-    struct Unmount(std::path::PathBuf);
-    impl Drop for Unmount {
-        fn drop(&mut self) {
-            let _ = std::process::Command::new("umount")
-                .arg("-l")
-                .arg(&self.0)
-                .status();
-        }
-    }
-    let _unmount = Unmount(disks.clone());
     let created = run(&paths, &["sandbox", "create"]);
     let id = text(&created.stdout).trim().to_string();
     assert!(

@@ -67,7 +67,7 @@ fn holders(d: &Daemon, name: &str) -> Vec<(String, bool)> {
 fn daemon(name: &str) -> Daemon {
     let paths = infra::isolated_home(name);
     common::stop_daemon_of(&paths);
-    let _ = std::fs::remove_dir_all(paths.volumes());
+    forkbox_engine::tree::remove_tree(&paths.volumes()).expect("remove an earlier run's volumes");
 
     Daemon::start_in(paths, &[])
 }

@@ -29,7 +29,9 @@ pub mod snapshot;
 pub mod vm;
 
 pub(crate) use host::cpio;
-pub use host::{agent_bin, fds, guestlog, kernel, limits, metrics, paths, procfs, random, setup};
+pub use host::{
+    agent_bin, fds, guestlog, kernel, limits, metrics, paths, procfs, random, setup, tree,
+};
 pub use lifecycle::{commands, doctor, pool};
 pub use sandbox::{activity, client, diskwatch, files, net, secrets, volumes};
 pub use snapshot::{fastram, ram, runstate, state};

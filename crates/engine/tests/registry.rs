@@ -88,7 +88,7 @@ fn registry_images_unpack_with_whiteouts_pin_their_digest_and_build_in_a_vm() {
         "name = \"reg-built\"\nbase = \"{reference}\"\nrun = [\"uname -r > /built-kernel; id -u > /built-uid; touch /srv/app/built\"]\n[env]\nRECIPE = \"yes\"\n"
     );
     // Layers kept from an earlier run would hide the pull: this run fetches them.
-    let _ = std::fs::remove_dir_all(paths.home().join("oci/blobs"));
+    forkbox_engine::tree::remove_tree(&paths.home().join("oci/blobs")).unwrap();
     let t = std::time::Instant::now();
     let (img, log) = build(&paths, &text);
     let img = img.unwrap_or_else(|e| panic!("{e}\n{}", log.join("\n")));

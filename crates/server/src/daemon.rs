@@ -151,6 +151,17 @@ pub async fn serve(
     for line in forkbox_engine::runstate::sweep(&paths).lines() {
         tracing::info!("start-up sweep: {line}");
     }
+    // Image builds a killed process left (their mounts too, where a forkbox from before builds
+    // had namespaces of their own left them on the host).
+    let builds = {
+        let paths = paths.clone();
+        tokio::task::spawn_blocking(move || forkbox_engine::image::sweep_builds(&paths))
+            .await
+            .unwrap_or_default()
+    };
+    for line in builds {
+        tracing::info!("start-up sweep: {line}");
+    }
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     let pid_file = hold_pid_file(&paths)?;

@@ -128,6 +128,19 @@ fn same_recipe(store: &ImageStore, built: &Recipe, recipe: &Recipe) -> bool {
     }
 }
 
+/// Puts the calling thread (and every process it starts from now on: daemons, CLIs, builds)
+/// in a mount namespace of its own, nothing propagating to or from the host: what a test
+/// mounts there is never visible on the host and goes with the test's processes, however the
+/// test ends. (Namespaces are per thread; a test's own thread is the one that calls this.)
+pub fn private_mounts() {
+    use nix::mount::{mount, MsFlags};
+    nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWNS)
+        .expect("a mount namespace of the test's own (tests run as root)");
+    let none: Option<&str> = None;
+    mount(none, "/", none, MsFlags::MS_REC | MsFlags::MS_PRIVATE, none)
+        .expect("make the test's mounts private");
+}
+
 /// A home that holds nothing from an earlier run (made anew at each call), as a new node's:
 /// only the guest kernel is shared (what `forkbox setup` installs once per host), and with
 /// `with_images` the test home's images (a node that has built them). Stop any daemon of the
@@ -139,7 +152,7 @@ pub fn fresh_home(name: &str, with_images: bool) -> Paths {
     }
     let dir = shared.home().join("fresh").join(name);
     if dir.exists() {
-        std::fs::remove_dir_all(&dir).expect("remove the fresh home of an earlier run");
+        forkbox_engine::tree::remove_tree(&dir).expect("remove the fresh home of an earlier run");
     }
     std::fs::create_dir_all(&dir).expect("create a fresh home");
     let shared_dirs: &[&str] = if with_images {

@@ -18,7 +18,7 @@ fn snapshots_move_between_nodes_by_chunks() {
     // Node c keeps images of its own (none at first); a and b share the test's.
     let c_images = infra::home().home().join("homes/xfer-c/images");
     let _ = std::fs::remove_file(&c_images);
-    let _ = std::fs::remove_dir_all(&c_images);
+    forkbox_engine::tree::remove_tree(&c_images).unwrap();
     std::fs::create_dir_all(&c_images).unwrap();
     let TestCluster {
         mut nodes,

@@ -40,7 +40,8 @@ impl Node {
             let _ = std::fs::remove_file(paths.home().join(f));
         }
         for d in ["snapshots", "objects"] {
-            let _ = std::fs::remove_dir_all(paths.home().join(d));
+            forkbox_engine::tree::remove_tree(&paths.home().join(d))
+                .expect("remove what an earlier run left");
         }
         Node::in_home(paths, name, ns, addr, endpoints, extra)
     }

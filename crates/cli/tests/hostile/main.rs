@@ -11,6 +11,7 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 mod attacks;
+mod builds;
 mod egress;
 mod escape;
 mod exhaustion;
@@ -64,7 +65,7 @@ impl Daemon {
             "state.db-shm",
         ] {
             let p = paths.home().join(sub);
-            let _ = std::fs::remove_dir_all(&p);
+            forkbox_engine::tree::remove_tree(&p).expect("remove what an earlier run left");
             let _ = std::fs::remove_file(&p);
         }
         for f in ["daemon.log", "daemon.log.1", "daemon.out", "daemon.pid"] {

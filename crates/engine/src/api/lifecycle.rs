@@ -66,7 +66,7 @@ impl Engine {
                 None => {
                     tracing::warn!("{id}: its VM is gone; removing its files");
                     crate::runstate::kill_qemus_of(&dir);
-                    let _ = std::fs::remove_dir_all(&dir);
+                    crate::tree::discard_tree(&dir);
                     let _ = db.remove(&id);
                 }
             }
@@ -77,7 +77,7 @@ impl Engine {
             if !self.sandboxes.read().await.contains_key(&r.id) {
                 tracing::warn!("{}: not in the state database; removing its files", r.id);
                 crate::runstate::kill_qemus_of(&dir);
-                let _ = std::fs::remove_dir_all(&dir);
+                crate::tree::discard_tree(&dir);
             }
         }
         adopted.extend(self.adopt_sleepers().await);

@@ -13,3 +13,4 @@ pub mod paths;
 pub mod procfs;
 pub mod random;
 pub mod setup;
+pub mod tree;

@@ -185,7 +185,7 @@ fn install_kernel(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Kerne
     let tmp = paths
         .kernels()
         .join(format!(".unpack-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&tmp);
+    crate::tree::discard_tree(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| SetupError::io("create temp dir", e))?;
     let result = (|| {
         run(Command::new("apt-get")
@@ -207,14 +207,14 @@ fn install_kernel(paths: &Paths, progress: &mut dyn FnMut(&str)) -> Result<Kerne
         run(Command::new("dpkg-deb").arg("-x").arg(&deb).arg(&root))?;
         let _ = std::fs::remove_file(&deb);
         let dest = paths.kernels().join(&release);
-        let _ = std::fs::remove_dir_all(&dest);
+        crate::tree::discard_tree(&dest);
         std::fs::rename(&root, &dest).map_err(|e| SetupError::io("move kernel into place", e))?;
         Kernel::find(paths, &release).ok_or_else(|| SetupError::BadKernel {
             release: release.clone(),
             message: "the package holds no boot/vmlinuz".into(),
         })
     })();
-    let _ = std::fs::remove_dir_all(&tmp);
+    crate::tree::discard_tree(&tmp);
     result
 }
 

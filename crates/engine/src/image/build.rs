@@ -5,15 +5,17 @@ use std::collections::BTreeMap;
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Instant;
 
 use super::recipe::{Base, Recipe};
 use super::store::{Image, ImageMeta, ImageStore, IMAGE_FORMAT};
+pub(super) use super::workspace::Workspace;
 use crate::error::ImageError;
 use crate::kernel::Kernel;
-use crate::paths::{write_atomic, Paths};
+use crate::paths::Paths;
 use crate::setup::require;
 
 /// Progress of a build.
@@ -156,21 +158,6 @@ fn dir_bytes(p: &Path) -> u64 {
     total
 }
 
-/// Removes leftovers of builds whose process is gone.
-fn sweep_partial(name_dir: &Path) {
-    for e in fs::read_dir(name_dir).into_iter().flatten().flatten() {
-        let n = e.file_name().to_string_lossy().into_owned();
-        if let Some(pid) = n
-            .strip_prefix(".build-")
-            .and_then(|p| p.parse::<i32>().ok())
-        {
-            if nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_err() {
-                let _ = fs::remove_dir_all(e.path());
-            }
-        }
-    }
-}
-
 /// Builds `recipe` as the next version of its name. `recipe_text` is stored beside the image.
 pub fn build(
     paths: &Paths,
@@ -236,7 +223,7 @@ pub fn build(
         disk: disk_bytes,
         suite: found_suite,
     } = result?;
-    let _ = fs::remove_dir_all(work.join("root"));
+    crate::tree::discard_tree(&work.join("root"));
     let _ = fs::remove_file(work.join("customize.sh"));
     let meta = ImageMeta {
         format: IMAGE_FORMAT,
@@ -270,70 +257,6 @@ pub fn build(
         },
     };
     ws.commit(meta, &[("recipe.toml", recipe_text.as_bytes())])
-}
-
-/// Where a build of a name happens: `images/NAME/.build-PID/`, under the name's lock (one
-/// build per name at a time, so versions are never handed out twice).
-pub(super) struct Workspace {
-    _lock: nix::fcntl::Flock<fs::File>,
-    name_dir: PathBuf,
-    pub(super) work: PathBuf,
-    store: ImageStore,
-}
-
-impl Workspace {
-    pub(super) fn open(paths: &Paths, name: &str) -> Result<Workspace, ImageError> {
-        let name_dir = paths.images().join(name);
-        fs::create_dir_all(&name_dir)
-            .map_err(|e| ImageError::io(format!("create {}", name_dir.display()), e))?;
-        let lock_file = fs::File::create(name_dir.join(".lock"))
-            .map_err(|e| ImageError::io("create build lock", e))?;
-        let lock = nix::fcntl::Flock::lock(lock_file, nix::fcntl::FlockArg::LockExclusive)
-            .map_err(|(_, e)| ImageError::io("lock image name", e.into()))?;
-        sweep_partial(&name_dir);
-        let work = name_dir.join(format!(".build-{}", std::process::id()));
-        let _ = fs::remove_dir_all(&work);
-        fs::create_dir_all(&work)
-            .map_err(|e| ImageError::io(format!("create {}", work.display()), e))?;
-        Ok(Workspace {
-            _lock: lock,
-            name_dir,
-            work,
-            store: ImageStore::new(paths),
-        })
-    }
-
-    /// Makes the work directory (its `rootfs.ext4` written) the name's next version, with
-    /// `meta` (its version set here) and `files` beside it.
-    pub(super) fn commit(
-        self,
-        mut meta: ImageMeta,
-        files: &[(&str, &[u8])],
-    ) -> Result<super::Image, ImageError> {
-        meta.version = self.store.next_version(&meta.name);
-        let io = |e| ImageError::io("write image metadata", e);
-        for (name, bytes) in files {
-            write_atomic(&self.work.join(name), bytes).map_err(io)?;
-        }
-        let json = serde_json::to_vec_pretty(&meta)
-            .map_err(|e| ImageError::io("encode image.json", e.into()))?;
-        write_atomic(&self.work.join("image.json"), &json).map_err(io)?;
-        let dest = self.name_dir.join(meta.version.to_string());
-        fs::rename(&self.work, &dest)
-            .map_err(|e| ImageError::io(format!("move image into {}", dest.display()), e))?;
-        let _ = fs::File::open(&self.name_dir).and_then(|d| d.sync_all());
-        self.store.resolve(&super::ImageRef {
-            name: meta.name.clone(),
-            version: Some(meta.version),
-        })
-    }
-}
-
-impl Drop for Workspace {
-    fn drop(&mut self) {
-        // Gone once committed (renamed); a failed build's leftovers go here.
-        let _ = fs::remove_dir_all(&self.work);
-    }
 }
 
 /// Where a build's root comes from.
@@ -508,7 +431,7 @@ fn on_debian(
         total,
         what: format!("Debian {} root with {} package(s)", r.suite, include.len()),
     });
-    let mut cmd = Command::new(mmdebstrap);
+    let mut cmd = contained(mmdebstrap)?;
     cmd.arg("--variant=minbase")
         .arg("--mode=root")
         .arg("--format=directory");
@@ -544,6 +467,38 @@ fn on_debian(
         what,
         log,
     )
+}
+
+/// A command for `program` in mount and PID namespaces of its own (util-linux's `unshare`):
+/// what it mounts (mmdebstrap binds the host's `/dev/shm` and `/proc`, `/sys` and a devpts into
+/// the root it builds, and unmounts nothing when killed) is never visible on the host and goes
+/// with its namespace; every process of it dies with its first (`--kill-child`), and that one
+/// with the thread that starts it (a daemon killed mid-build takes the build down, mounts and
+/// all, instead of leaving it running into a directory the next build removes).
+fn contained(program: &Path) -> Result<Command, ImageError> {
+    let mut cmd = Command::new(require("unshare")?);
+    cmd.args([
+        "--mount",
+        "--propagation=private",
+        "--pid",
+        "--fork",
+        "--kill-child",
+        "--mount-proc",
+        "--",
+    ])
+    .arg(program);
+    // SAFETY: prctl(PR_SET_PDEATHSIG) is async-signal-safe and touches no memory of the parent;
+    // it runs in the child between fork and exec. The signal fires when the thread that forked
+    // exits: builds wait for their steps on that thread.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    Ok(cmd)
 }
 
 /// What every Debian root gets from forkbox: `python` beside `python3` (so `python -m pytest`
@@ -590,7 +545,7 @@ pub(super) fn stage_from_root(
         step,
         log,
     )?;
-    let _ = fs::remove_dir_all(root);
+    crate::tree::discard_tree(root);
     Ok(stage_image(stage, r, kernel, env, sizes))
 }
 
@@ -649,7 +604,7 @@ fn in_sandbox(
         paths, image, script, &rootfs, &r.name, log,
     ))?;
     if stage.starts_with(work) {
-        let _ = fs::remove_dir_all(&stage);
+        crate::tree::discard_tree(&stage);
     }
     check_built_disk(&rootfs, &r.name)?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))

@@ -165,9 +165,9 @@ pub fn build_dockerfile(
     std::fs::rename(fin.image.rootfs(), &rootfs)
         .map_err(|e| ImageError::io("keep the last stage's disk", e))?;
     for d in done.values() {
-        let _ = std::fs::remove_dir_all(&d.image.dir);
+        crate::tree::discard_tree(&d.image.dir);
     }
-    let _ = std::fs::remove_dir_all(&fin.image.dir);
+    crate::tree::discard_tree(&fin.image.dir);
     ctx.step("recording the image".into());
     let meta = meta_of(name, &fin, &ctx.kernel.release, &rootfs, started);
     let labels = serde_json::to_vec_pretty(&fin.state.labels).unwrap_or_default();
@@ -400,7 +400,7 @@ impl Ctx<'_, '_> {
         sb.export_root(&dir.join("rootfs.ext4"))
             .await
             .map_err(|e| self.fail(st.line, "write the stage's disk", e.to_string()))?;
-        let _ = std::fs::remove_dir_all(self.work.join(format!("stage-{i}")));
+        crate::tree::discard_tree(&self.work.join(format!("stage-{i}")));
         b::check_built_disk(&dir.join("rootfs.ext4"), self.name)?;
         let base = state.pinned.clone().unwrap_or_default();
         let image = self.stage_image(dir, state.env.clone(), base);

@@ -12,8 +12,10 @@ pub mod layers;
 pub mod oci;
 mod recipe;
 mod store;
+mod workspace;
 
 pub use build::{build, env_pairs, BuildEvent};
 pub use docker::{build_dockerfile, DockerBuild};
 pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};
+pub use workspace::sweep_builds;

@@ -238,8 +238,8 @@ impl ImageStore {
                     .images()
                     .join(&r.name)
                     .join(r.version.unwrap_or(0).to_string());
-                fs::remove_dir_all(&dir)
-                    .map_err(|e| ImageError::io(format!("remove {}", dir.display()), e))?;
+                crate::tree::remove_tree(&dir)
+                    .map_err(|e| ImageError::io(format!("remove {}", dir.display()), e.into()))?;
                 return Err(ImageError::NotFound {
                     reference: r.to_string(),
                     available: "a broken copy was removed".into(),
@@ -267,8 +267,8 @@ impl ImageStore {
         ));
         fs::rename(&image.dir, &trash)
             .map_err(|e| ImageError::io(format!("remove {}", image.dir.display()), e))?;
-        fs::remove_dir_all(&trash)
-            .map_err(|e| ImageError::io(format!("remove {}", trash.display()), e))?;
+        crate::tree::remove_tree(&trash)
+            .map_err(|e| ImageError::io(format!("remove {}", trash.display()), e.into()))?;
         // Its templates (`NAME-N-c…`) boot nothing else and their disks stand on its rootfs.
         let prefix = format!("{}-{}-c", image.meta.name, image.meta.version);
         for e in fs::read_dir(self.paths.templates())
@@ -277,7 +277,7 @@ impl ImageStore {
             .flatten()
         {
             if e.file_name().to_string_lossy().starts_with(&prefix) {
-                let _ = fs::remove_dir_all(e.path());
+                crate::tree::discard_tree(&e.path());
             }
         }
         Ok(image)

@@ -1016,7 +1016,7 @@ pub async fn ensure_template(
     // Short: QEMU's sockets go in it, and a socket path has at most 107 bytes.
     let tmp = root
         .join(snap::tmp_name().map_err(|e| SandboxError::io("name a template's directory", e))?);
-    let _ = std::fs::remove_dir_all(&tmp);
+    crate::tree::discard_tree(&tmp);
     std::fs::create_dir_all(&tmp)
         .map_err(|e| SandboxError::io(format!("create {}", tmp.display()), e))?;
     let vm_cfg = VmConfig {
@@ -1071,7 +1071,7 @@ pub async fn ensure_template(
     });
     drop(lock);
     if published.is_err() {
-        let _ = std::fs::remove_dir_all(&tmp);
+        crate::tree::discard_tree(&tmp);
     }
     published
 }

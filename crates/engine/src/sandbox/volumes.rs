@@ -98,7 +98,7 @@ impl VolumeStore {
         match placed {
             Ok(meta) => Ok(self.view_of(meta, Vec::new())),
             Err(e) => {
-                let _ = std::fs::remove_dir_all(&tmp);
+                crate::tree::discard_tree(&tmp);
                 Err(e)
             }
         }
@@ -210,7 +210,8 @@ impl VolumeStore {
             // Out of its name while the lock is held: no mount can take it from here.
             std::fs::rename(&dir, &gone).map_err(|e| VolumeError::io(name, "remove it", e))
         })?;
-        std::fs::remove_dir_all(&gone).map_err(|e| VolumeError::io(name, "remove its files", e))
+        crate::tree::remove_tree(&gone)
+            .map_err(|e| VolumeError::io(name, "remove its files", e.into()))
     }
 
     /// Takes volume `name` for sandbox `sandbox`: read-write if no sandbox has it, read-only if

@@ -136,9 +136,9 @@ fn target(snapshot_dir: &Path) -> Option<PathBuf> {
 /// Removes a snapshot's directory and, when its RAM file is in memory, that file's directory.
 pub fn remove_snapshot_dir(dir: &Path) -> io::Result<()> {
     if let Some(ram) = target(dir) {
-        let _ = std::fs::remove_dir_all(ram);
+        crate::tree::discard_tree(&ram);
     }
-    std::fs::remove_dir_all(dir)
+    crate::tree::remove_tree(dir).map_err(Into::into)
 }
 
 /// The file a snapshot's `mem` is: the link's target for a RAM file in memory.
@@ -168,7 +168,7 @@ fn sweep_in(paths: &Paths, root: &Path) -> Vec<PathBuf> {
     for e in std::fs::read_dir(root).into_iter().flatten().flatten() {
         let p = e.path();
         let old = crate::runstate::untouched_for_a_minute(&e);
-        if p.is_dir() && old && !linked.contains(&p) && std::fs::remove_dir_all(&p).is_ok() {
+        if p.is_dir() && old && !linked.contains(&p) && crate::tree::remove_tree(&p).is_ok() {
             removed.push(p);
         }
     }
@@ -186,7 +186,7 @@ fn sweep_in(paths: &Paths, root: &Path) -> Vec<PathBuf> {
                 String::from_utf8_lossy(&h).into_owned(),
             ))
         });
-        if p != root && home.is_some_and(|h| !h.exists()) && std::fs::remove_dir_all(&p).is_ok() {
+        if p != root && home.is_some_and(|h| !h.exists()) && crate::tree::remove_tree(&p).is_ok() {
             removed.push(p);
         }
     }

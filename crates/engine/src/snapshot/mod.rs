@@ -332,7 +332,7 @@ pub fn release_disk_dirs(home: &Path, ids: impl IntoIterator<Item = String>) {
         .flat_map(|s| s.meta.disk_dirs)
         .collect();
     for id in gone.iter().filter(|id| !needed.contains(*id)) {
-        let _ = std::fs::remove_dir_all(home.join("disks").join(id));
+        crate::tree::discard_tree(&home.join("disks").join(id));
     }
 }
 

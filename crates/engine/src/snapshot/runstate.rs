@@ -121,7 +121,7 @@ impl RunDir {
     }
 
     pub fn remove(&self) {
-        let _ = fs::remove_dir_all(&self.dir);
+        crate::tree::discard_tree(&self.dir);
         if let (Some(home), Some(id)) = (
             self.dir.parent().and_then(Path::parent),
             self.dir.file_name(),
@@ -273,14 +273,14 @@ pub fn sweep(paths: &Paths) -> Swept {
                 // The record may predate the QEMU PID (its owner died right after starting it),
                 // so look for the sandbox's QEMU by what its command line names.
                 kill_qemus_of(&dir);
-                let _ = fs::remove_dir_all(&dir);
+                crate::tree::discard_tree(&dir);
                 cleaned.push(r.id);
             }
             None => {
                 // A directory without a readable record is half-made; give its maker a minute.
                 if untouched_for_a_minute(&e) {
                     kill_qemus_of(&dir);
-                    let _ = fs::remove_dir_all(&dir);
+                    crate::tree::discard_tree(&dir);
                     cleaned.push(e.file_name().to_string_lossy().into_owned());
                 }
             }

@@ -200,7 +200,7 @@ pub fn assemble_image(
         std::fs::rename(&tmp, &dest).map_err(io(format!("publish {}", dest.display())))
     })();
     if let Err(e) = result {
-        let _ = std::fs::remove_dir_all(&tmp);
+        crate::tree::discard_tree(&tmp);
         return Err(e);
     }
     // Its chunks are known (each verified): a snapshot of this image brought later finds them.

@@ -1,0 +1,330 @@
+//! Image builds killed at their worst moment: while mmdebstrap has the host's `/dev/shm`,
+//! `/proc` and `/sys` bound into the root it builds (it unmounts nothing when killed), and while
+//! a Dockerfile step runs in its sandbox. Promise: nothing of the killed build is ever mounted
+//! where the host, or anything that later removes the home, can reach it; nothing of it runs
+//! on; the host's shared memory is untouched; the next build of the same name succeeds and
+//! removes what the killed one left, crossing no mount.
+//!
+//! Each test runs in a mount namespace of its own with a private tmpfs as `/dev/shm` holding a
+//! file of "another program", so the host's own `/dev/shm` is never at stake. Costs (TCG, 2
+//! cores): a minimal Debian root ~30 s, `python-bookworm` ~45 s, a Dockerfile step ~15 s.
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Stdio};
+use std::time::Duration;
+
+use forkbox_engine::paths::Paths;
+use forkbox_engine::tree::mounts_under;
+use forkbox_test_infra as infra;
+
+use crate::{text, Daemon};
+
+const OTHER: &str = "/dev/shm/another-program";
+
+/// This test's own mount namespace, with a private tmpfs as `/dev/shm` holding a file that
+/// belongs to "another program".
+fn private_shm() {
+    infra::private_mounts();
+    nix::mount::mount(
+        Some("tmpfs"),
+        "/dev/shm",
+        Some("tmpfs"),
+        nix::mount::MsFlags::empty(),
+        Some("size=64m"),
+    )
+    .expect("a private /dev/shm");
+    std::fs::write(OTHER, "another program's shared memory").unwrap();
+}
+
+/// Processes of `home`: their command line names it, or their root or working directory is
+/// inside it (a build's chroot).
+fn processes_of(home: &Path) -> Vec<String> {
+    let needle = home.display().to_string();
+    let mut found = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if pid.parse::<u32>().is_err() || pid == std::process::id().to_string() {
+            continue;
+        }
+        let cmd = text(&std::fs::read(e.path().join("cmdline")).unwrap_or_default());
+        let inside =
+            |link: &str| std::fs::read_link(e.path().join(link)).is_ok_and(|p| p.starts_with(home));
+        if cmd.contains(&needle) || inside("root") || inside("cwd") {
+            found.push(format!("{pid}: {}", cmd.replace('\0', " ")));
+        }
+    }
+    found
+}
+
+/// Waits until a process of the build runs chrooted inside its root: mmdebstrap's package
+/// step, with its mounts in place. Its PID.
+fn wait_for_package_step(home: &Path, what: &str) -> u32 {
+    let mut found = None;
+    let seen = infra::wait_until(Duration::from_secs(600), || {
+        found = std::fs::read_dir("/proc")
+            .into_iter()
+            .flatten()
+            .flatten()
+            .find(|e| {
+                std::fs::read_link(e.path().join("root"))
+                    .is_ok_and(|r| r.starts_with(home) && r.to_string_lossy().contains("/.build-"))
+            })
+            .and_then(|e| e.file_name().to_str()?.parse().ok());
+        found.is_some()
+    });
+    assert!(seen, "{what}: the build never reached its package step");
+    found.unwrap_or_default()
+}
+
+/// The invariants once a build is killed: nothing of it runs (after a grace for the kernel to
+/// deliver the parent-death signals), and [`check_no_mount_and_shm_intact`].
+fn check_nothing_left(home: &Path, what: &str) {
+    let mut left = Vec::new();
+    let gone = infra::wait_until(Duration::from_secs(30), || {
+        left = processes_of(home);
+        left.is_empty()
+    });
+    assert!(
+        gone,
+        "{what}: processes of the killed build run on: {left:#?}"
+    );
+    check_no_mount_and_shm_intact(home, what);
+}
+
+/// Nothing under the home is mounted; the other program's shared memory is there.
+fn check_no_mount_and_shm_intact(home: &Path, what: &str) {
+    assert_eq!(
+        mounts_under(home),
+        Vec::<PathBuf>::new(),
+        "{what}: the killed build left mounts"
+    );
+    assert_eq!(
+        std::fs::read_to_string(OTHER).unwrap_or_default(),
+        "another program's shared memory",
+        "{what}: another program's shared memory was touched"
+    );
+}
+
+/// Work directories of builds under the home's images.
+fn build_dirs(paths: &Paths) -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    for name in std::fs::read_dir(paths.images())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        for e in std::fs::read_dir(name.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            if e.file_name().to_string_lossy().starts_with(".build-") {
+                dirs.push(e.path());
+            }
+        }
+    }
+    dirs
+}
+
+/// `forkbox ARGS` of `paths` in a process group of its own, its output in `log`.
+fn spawn_cli(paths: &Paths, args: &[&str], log: &Path) -> Child {
+    let out = std::fs::File::create(log).unwrap();
+    let mut c = Daemon::cmd(paths);
+    c.args(args)
+        .process_group(0)
+        .stdout(out.try_clone().unwrap())
+        .stderr(out);
+    c.spawn().expect("start forkbox")
+}
+
+fn read(p: &Path) -> String {
+    std::fs::read_to_string(p).unwrap_or_default()
+}
+
+/// A recipe build (mmdebstrap, in the CLI's own process) whose whole process group is killed
+/// during its package step. Its mounts are never visible outside it, not even while it runs;
+/// the next build of the name succeeds and removes the dead one's directory.
+#[test]
+fn a_recipe_build_killed_in_its_package_step_leaves_no_mount_and_the_hosts_shm_intact() {
+    private_shm();
+    let paths = infra::fresh_home("killed-recipe-build", false);
+    let recipe = paths.home().join("killed.toml");
+    std::fs::write(
+        &recipe,
+        "name = \"killed-build\"\nsuite = \"bookworm\"\napt = [\"procps\"]\n",
+    )
+    .unwrap();
+    let log = paths.home().join("build.log");
+    let args = ["image", "build", recipe.to_str().unwrap()];
+    let mut child = spawn_cli(&paths, &args, &log);
+    wait_for_package_step(paths.home(), "the first build");
+    assert_eq!(
+        mounts_under(paths.home()),
+        Vec::<PathBuf>::new(),
+        "a running build's mounts are visible outside it"
+    );
+    nix::sys::signal::killpg(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    check_nothing_left(paths.home(), "a recipe build killed with its process group");
+    assert_eq!(
+        build_dirs(&paths).len(),
+        1,
+        "the killed build left its work directory"
+    );
+    let out = Daemon::cmd(&paths).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "the build after the kill: {}\n-- the killed one's log:\n{}",
+        text(&out.stderr),
+        read(&log)
+    );
+    assert!(paths.images().join("killed-build/1/rootfs.ext4").exists());
+    assert_eq!(build_dirs(&paths), Vec::<PathBuf>::new());
+    check_nothing_left(paths.home(), "the build after the kill");
+}
+
+/// A fresh daemon's first `sandbox create` builds the carried `python-bookworm`; the daemon
+/// alone is killed during mmdebstrap's package step. The build dies with it (mmdebstrap, apt,
+/// dpkg and their mounts); the next daemon's start-up sweep removes its directory and says so;
+/// the next create builds the image and answers.
+#[test]
+fn a_daemon_killed_while_a_first_create_builds_a_carried_image_leaves_nothing() {
+    private_shm();
+    let paths = infra::fresh_home("killed-carried-build", false);
+    let serve = |paths: &Paths| {
+        let mut c = Daemon::cmd(paths);
+        c.arg("serve").stdout(Stdio::null()).stderr(Stdio::null());
+        Daemon::spawn(paths.clone(), c)
+    };
+    let mut d = serve(&paths);
+    let log = paths.home().join("create.log");
+    let mut create = spawn_cli(
+        &paths,
+        &["sandbox", "create", "--image", "python-bookworm"],
+        &log,
+    );
+    wait_for_package_step(paths.home(), "the first create");
+    assert_eq!(mounts_under(paths.home()), Vec::<PathBuf>::new());
+    d.kill9();
+    let _ = create.wait();
+    check_nothing_left(paths.home(), "a daemon killed mid-build");
+    assert_eq!(
+        build_dirs(&paths).len(),
+        1,
+        "the killed build left its work directory"
+    );
+    let d = serve(&paths);
+    assert_eq!(
+        build_dirs(&paths),
+        Vec::<PathBuf>::new(),
+        "the start-up sweep removes it"
+    );
+    let said = d.log_text();
+    assert!(
+        said.contains("start-up sweep: removed") && said.contains("a killed build's"),
+        "the daemon's log does not name what it removed:\n{said}"
+    );
+    let id = d.create(&["--image", "python-bookworm"]);
+    assert_eq!(d.ok(&id, "python3 -c 'print(6*7)'"), "42\n");
+    check_no_mount_and_shm_intact(paths.home(), "the create after the kill");
+}
+
+/// A Dockerfile build (in the CLI's process: the daemon builds no Dockerfiles) killed, the CLI
+/// alone, while its `RUN` step's sandbox runs: the sandbox's QEMU dies with it, nothing stays
+/// mounted, and the next build of the name succeeds.
+#[test]
+fn a_dockerfile_build_killed_in_its_run_step_leaves_nothing() {
+    private_shm();
+    let shared = infra::home();
+    infra::image(&shared, "python-bookworm");
+    let paths = infra::fresh_home("killed-dockerfile-build", false);
+    // The base comes from the test home; the image built is this home's own.
+    std::fs::create_dir_all(paths.images()).unwrap();
+    std::os::unix::fs::symlink(
+        shared.images().join("python-bookworm"),
+        paths.images().join("python-bookworm"),
+    )
+    .unwrap();
+    let ctx = paths.home().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let dockerfile = ctx.join("Dockerfile");
+    std::fs::write(
+        &dockerfile,
+        "FROM python-bookworm\nRUN sleep 5 && echo built > /built\n",
+    )
+    .unwrap();
+    let args = [
+        "image",
+        "build",
+        dockerfile.to_str().unwrap(),
+        "--name",
+        "killed-docker",
+    ];
+    let log = paths.home().join("build.log");
+    let mut child = spawn_cli(&paths, &args, &log);
+    let mut qemu = Vec::new();
+    let up = infra::wait_until(Duration::from_secs(300), || {
+        qemu = infra::qemus_of(&paths);
+        !qemu.is_empty()
+    });
+    assert!(up, "the RUN step's sandbox never started:\n{}", read(&log));
+    // Into the step: the guest boots and runs `sleep`.
+    std::thread::sleep(Duration::from_secs(3));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    let _ = child.wait();
+    check_nothing_left(paths.home(), "a Dockerfile build killed in its RUN step");
+    let out = Daemon::cmd(&paths).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "the build after the kill: {}\n-- the killed one's log:\n{}",
+        text(&out.stderr),
+        read(&log)
+    );
+    assert!(paths.images().join("killed-docker/1/rootfs.ext4").exists());
+    assert_eq!(build_dirs(&paths), Vec::<PathBuf>::new());
+    check_nothing_left(paths.home(), "the build after the kill");
+}
+
+/// What a forkbox from before builds had namespaces of their own left on a host: a dead
+/// build's root with the (test's private) `/dev/shm` bound into it. A daemon's start detaches
+/// the mount, names it in its log, and removes the tree without touching `/dev/shm`.
+#[test]
+fn a_daemon_detaches_mounts_a_dead_build_left_and_removes_its_tree() {
+    private_shm();
+    let paths = infra::fresh_home("dead-build-mounts", false);
+    let root = paths.images().join("old/.build-4242/root");
+    let shm = root.join("dev/shm");
+    std::fs::create_dir_all(&shm).unwrap();
+    std::fs::write(root.join("etc-file"), "x").unwrap();
+    let none: Option<&str> = None;
+    nix::mount::mount(
+        Some("/dev/shm"),
+        &shm,
+        none,
+        nix::mount::MsFlags::MS_BIND,
+        none,
+    )
+    .unwrap();
+    assert_eq!(mounts_under(paths.home()), vec![shm.clone()]);
+    let mut c = Daemon::cmd(&paths);
+    c.arg("serve").stdout(Stdio::null()).stderr(Stdio::null());
+    let d = Daemon::spawn(paths.clone(), c);
+    assert_eq!(mounts_under(paths.home()), Vec::<PathBuf>::new());
+    assert!(!paths.images().join("old/.build-4242").exists());
+    let said = d.log_text();
+    assert!(
+        said.contains(&format!("detached {}", shm.display())),
+        "the daemon's log does not name the mount it detached:\n{said}"
+    );
+    assert!(said.contains("left mounted by a killed build"), "{said}");
+    check_no_mount_and_shm_intact(paths.home(), "a daemon's start-up sweep");
+}
