@@ -48,6 +48,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "procfs",
             "guestlog",
             "metrics",
+            "tree",
         ],
     ),
 ];

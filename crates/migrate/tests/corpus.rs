@@ -65,8 +65,8 @@ fn chroot(dir: &Path) -> PathBuf {
     locked(dir, || {
         if !root.join("usr/bin/python3").exists() {
             let tmp = dir.join("bookworm.tmp");
-            let _ = std::fs::remove_dir_all(&tmp);
-            let st = Command::new("mmdebstrap")
+            forkbox_engine::tree::remove_tree(&tmp).expect("remove a killed run's root");
+            let st = forkbox_test_infra::mmdebstrap()
                 .args([
                     "--variant=minbase",
                     "--include=python3,python3-pytest",

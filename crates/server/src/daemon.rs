@@ -126,6 +126,23 @@ async fn claimed(
     next.run(req).await
 }
 
+/// What dead owners left, removed before any request is served and named in the log: their
+/// sandboxes' files, unfinished snapshots, cgroups, and image builds a killed process left
+/// (with their mounts, where a forkbox from before builds had namespaces of their own left
+/// them on the host).
+async fn sweep_at_start(paths: &Paths) {
+    let mut lines = forkbox_engine::runstate::sweep(paths).lines();
+    let paths = paths.clone();
+    lines.extend(
+        tokio::task::spawn_blocking(move || forkbox_engine::image::sweep_builds(&paths))
+            .await
+            .unwrap_or_default(),
+    );
+    for line in lines {
+        tracing::info!("start-up sweep: {line}");
+    }
+}
+
 /// Serves the API on the Unix socket (and, with `tcp`, on that address for bearer tokens)
 /// until SIGINT or SIGTERM, then stops every sandbox. `extra` routes (the MCP endpoint, which
 /// lives in a crate of its own) are served beside the API, behind the same authentication;
@@ -148,20 +165,7 @@ pub async fn serve(
     for id in engine.adopt_all().await {
         tracing::info!("{id}: re-adopted");
     }
-    for line in forkbox_engine::runstate::sweep(&paths).lines() {
-        tracing::info!("start-up sweep: {line}");
-    }
-    // Image builds a killed process left (their mounts too, where a forkbox from before builds
-    // had namespaces of their own left them on the host).
-    let builds = {
-        let paths = paths.clone();
-        tokio::task::spawn_blocking(move || forkbox_engine::image::sweep_builds(&paths))
-            .await
-            .unwrap_or_default()
-    };
-    for line in builds {
-        tracing::info!("start-up sweep: {line}");
-    }
+    sweep_at_start(&paths).await;
     let listener = tokio::net::UnixListener::bind(&socket)?;
     std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
     let pid_file = hold_pid_file(&paths)?;

@@ -273,7 +273,7 @@ pub fn debian_layer(paths: &forkbox_engine::paths::Paths) -> Vec<u8> {
             eprintln!("test-infra: making a Debian root for the registry tests (once per machine)");
             std::fs::create_dir_all(file.parent().expect("cache dir")).expect("cache dir");
             let tar = file.with_extension("part");
-            let out = Command::new("mmdebstrap")
+            let out = crate::mmdebstrap()
                 .args(["--quiet", "--variant=minbase", "--format=tar", "bookworm"])
                 .arg(&tar)
                 .output()

@@ -58,10 +58,17 @@ fn processes_of(home: &Path) -> Vec<String> {
 }
 
 /// Waits until a process of the build runs chrooted inside its root: mmdebstrap's package
-/// step, with its mounts in place. Its PID.
-fn wait_for_package_step(home: &Path, what: &str) -> u32 {
+/// step, with its mounts in place (failing if `builder` ends first: its output is in `log`).
+/// Its PID.
+fn wait_for_package_step(home: &Path, builder: &mut Child, log: &Path, what: &str) -> u32 {
     let mut found = None;
     let seen = infra::wait_until(Duration::from_secs(600), || {
+        if let Ok(Some(status)) = builder.try_wait() {
+            panic!(
+                "{what}: the build ended ({status}) before its package step:\n{}",
+                read(log)
+            );
+        }
         found = std::fs::read_dir("/proc")
             .into_iter()
             .flatten()
@@ -127,15 +134,35 @@ fn build_dirs(paths: &Paths) -> Vec<PathBuf> {
     dirs
 }
 
+/// A process in a group of its own, killed with its whole group when the test ends (a test
+/// that fails half-way leaves no build running).
+struct Group(Child);
+
+impl Group {
+    fn kill(&self) {
+        let _ = nix::sys::signal::killpg(
+            nix::unistd::Pid::from_raw(self.0.id() as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        );
+    }
+}
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// `forkbox ARGS` of `paths` in a process group of its own, its output in `log`.
-fn spawn_cli(paths: &Paths, args: &[&str], log: &Path) -> Child {
+fn spawn_cli(paths: &Paths, args: &[&str], log: &Path) -> Group {
     let out = std::fs::File::create(log).unwrap();
     let mut c = Daemon::cmd(paths);
     c.args(args)
         .process_group(0)
         .stdout(out.try_clone().unwrap())
         .stderr(out);
-    c.spawn().expect("start forkbox")
+    Group(c.spawn().expect("start forkbox"))
 }
 
 fn read(p: &Path) -> String {
@@ -156,20 +183,16 @@ fn a_recipe_build_killed_in_its_package_step_leaves_no_mount_and_the_hosts_shm_i
     )
     .unwrap();
     let log = paths.home().join("build.log");
-    let args = ["image", "build", recipe.to_str().unwrap()];
+    let args = ["image", "build", "--file", recipe.to_str().unwrap()];
     let mut child = spawn_cli(&paths, &args, &log);
-    wait_for_package_step(paths.home(), "the first build");
+    wait_for_package_step(paths.home(), &mut child.0, &log, "the first build");
     assert_eq!(
         mounts_under(paths.home()),
         Vec::<PathBuf>::new(),
         "a running build's mounts are visible outside it"
     );
-    nix::sys::signal::killpg(
-        nix::unistd::Pid::from_raw(child.id() as i32),
-        nix::sys::signal::Signal::SIGKILL,
-    )
-    .unwrap();
-    let _ = child.wait();
+    child.kill();
+    let _ = child.0.wait();
     check_nothing_left(paths.home(), "a recipe build killed with its process group");
     assert_eq!(
         build_dirs(&paths).len(),
@@ -188,12 +211,36 @@ fn a_recipe_build_killed_in_its_package_step_leaves_no_mount_and_the_hosts_shm_i
     check_nothing_left(paths.home(), "the build after the kill");
 }
 
-/// A fresh daemon's first `sandbox create` builds the carried `python-bookworm`; the daemon
-/// alone is killed during mmdebstrap's package step. The build dies with it (mmdebstrap, apt,
-/// dpkg and their mounts); the next daemon's start-up sweep removes its directory and says so;
-/// the next create builds the image and answers.
+/// The daemon's build of a carried image, as E2B's front end asks for it on a first
+/// `Sandbox.create` of a template it has not built yet (`POST /v1/images` with the carried
+/// recipe), sent with curl; its answer (the build's progress lines) goes to `log`.
+fn daemon_build(paths: &Paths, log: &Path) -> Child {
+    let recipe = infra::repo_root().join("images/python-bookworm.toml");
+    let (r, _) = forkbox_engine::image::Recipe::load(&recipe).unwrap();
+    let body = serde_json::json!({
+        "name": r.name,
+        "recipe": { "base": r.suite, "apt": r.apt, "env": r.env },
+    });
+    let out = std::fs::File::create(log).unwrap();
+    std::process::Command::new("curl")
+        .args(["--silent", "--show-error", "--no-buffer", "--unix-socket"])
+        .arg(forkbox_server::socket_path(paths))
+        .args(["-H", "content-type: application/json", "--data"])
+        .arg(body.to_string())
+        .arg("http://forkbox/v1/images")
+        .stdout(out.try_clone().unwrap())
+        .stderr(out)
+        .spawn()
+        .expect("run curl")
+}
+
+/// A fresh daemon builds the carried `python-bookworm` (what a first create of it through
+/// E2B's front end does); the daemon alone is killed during mmdebstrap's package step. The
+/// build dies with it (mmdebstrap, apt, dpkg and their mounts: the parent-death signal and the
+/// build's PID namespace); the next daemon's start-up sweep removes its directory and says so;
+/// the next build succeeds and a sandbox of it answers.
 #[test]
-fn a_daemon_killed_while_a_first_create_builds_a_carried_image_leaves_nothing() {
+fn a_daemon_killed_while_it_builds_a_carried_image_leaves_nothing() {
     private_shm();
     let paths = infra::fresh_home("killed-carried-build", false);
     let serve = |paths: &Paths| {
@@ -202,21 +249,18 @@ fn a_daemon_killed_while_a_first_create_builds_a_carried_image_leaves_nothing() 
         Daemon::spawn(paths.clone(), c)
     };
     let mut d = serve(&paths);
-    let log = paths.home().join("create.log");
-    let mut create = spawn_cli(
-        &paths,
-        &["sandbox", "create", "--image", "python-bookworm"],
-        &log,
-    );
-    wait_for_package_step(paths.home(), "the first create");
+    let log = paths.home().join("build.log");
+    let mut build = daemon_build(&paths, &log);
+    wait_for_package_step(paths.home(), &mut build, &log, "the daemon's build");
     assert_eq!(mounts_under(paths.home()), Vec::<PathBuf>::new());
     d.kill9();
-    let _ = create.wait();
+    let _ = build.wait();
     check_nothing_left(paths.home(), "a daemon killed mid-build");
     assert_eq!(
         build_dirs(&paths).len(),
         1,
-        "the killed build left its work directory"
+        "the killed build left its work directory:\n{}",
+        read(&log)
     );
     let d = serve(&paths);
     assert_eq!(
@@ -229,9 +273,15 @@ fn a_daemon_killed_while_a_first_create_builds_a_carried_image_leaves_nothing() 
         said.contains("start-up sweep: removed") && said.contains("a killed build's"),
         "the daemon's log does not name what it removed:\n{said}"
     );
+    let status = daemon_build(&paths, &log).wait().unwrap();
+    assert!(
+        status.success() && read(&log).contains("\"done\""),
+        "{}",
+        read(&log)
+    );
     let id = d.create(&["--image", "python-bookworm"]);
     assert_eq!(d.ok(&id, "python3 -c 'print(6*7)'"), "42\n");
-    check_no_mount_and_shm_intact(paths.home(), "the create after the kill");
+    check_no_mount_and_shm_intact(paths.home(), "the build after the kill");
 }
 
 /// A Dockerfile build (in the CLI's process: the daemon builds no Dockerfiles) killed, the CLI
@@ -261,6 +311,7 @@ fn a_dockerfile_build_killed_in_its_run_step_leaves_nothing() {
     let args = [
         "image",
         "build",
+        "--file",
         dockerfile.to_str().unwrap(),
         "--name",
         "killed-docker",
@@ -269,6 +320,12 @@ fn a_dockerfile_build_killed_in_its_run_step_leaves_nothing() {
     let mut child = spawn_cli(&paths, &args, &log);
     let mut qemu = Vec::new();
     let up = infra::wait_until(Duration::from_secs(300), || {
+        if let Ok(Some(status)) = child.0.try_wait() {
+            panic!(
+                "the build ended ({status}) before its RUN step:\n{}",
+                read(&log)
+            );
+        }
         qemu = infra::qemus_of(&paths);
         !qemu.is_empty()
     });
@@ -276,11 +333,11 @@ fn a_dockerfile_build_killed_in_its_run_step_leaves_nothing() {
     // Into the step: the guest boots and runs `sleep`.
     std::thread::sleep(Duration::from_secs(3));
     nix::sys::signal::kill(
-        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::unistd::Pid::from_raw(child.0.id() as i32),
         nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let _ = child.wait();
+    let _ = child.0.wait();
     check_nothing_left(paths.home(), "a Dockerfile build killed in its RUN step");
     let out = Daemon::cmd(&paths).args(args).output().unwrap();
     assert!(

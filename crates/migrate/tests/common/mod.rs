@@ -94,8 +94,8 @@ pub fn chroot(dir: &Path, suite: &str, packages: &[&str], probe: &str) -> PathBu
     locked(dir, || {
         if !root.join(probe).exists() {
             let tmp = dir.join(format!("{suite}.tmp"));
-            let _ = std::fs::remove_dir_all(&tmp);
-            let st = Command::new("mmdebstrap")
+            forkbox_engine::tree::remove_tree(&tmp).expect("remove a killed run's root");
+            let st = forkbox_test_infra::mmdebstrap()
                 .arg("--variant=minbase")
                 .arg(format!("--include={}", packages.join(",")))
                 .arg(suite)
@@ -103,7 +103,7 @@ pub fn chroot(dir: &Path, suite: &str, packages: &[&str], probe: &str) -> PathBu
                 .status()
                 .unwrap();
             assert!(st.success(), "mmdebstrap {suite} failed");
-            let _ = std::fs::remove_dir_all(&root);
+            forkbox_engine::tree::remove_tree(&root).expect("remove an older root");
             std::fs::rename(&tmp, &root).unwrap();
         }
     });
