@@ -191,8 +191,9 @@ pub async fn unpack_into<E: From<ArchiveError>>(
         .and_then(|r| r);
     let result = outcome.and(unpacked.map_err(E::from));
     if result.is_err() {
-        // Fail closed: nothing half-written stays behind.
-        let _ = std::fs::remove_dir_all(dest);
+        // Fail closed: nothing half-written stays behind (and nothing beyond a mount is
+        // touched in removing it).
+        forkbox_hostfs::discard_tree(dest);
     }
     result
 }

@@ -13,4 +13,5 @@ pub mod paths;
 pub mod procfs;
 pub mod random;
 pub mod setup;
-pub mod tree;
+/// Removing trees without crossing a mount (the `forkbox-hostfs` crate).
+pub use forkbox_hostfs as tree;

@@ -1,5 +1,15 @@
 //! Removing a tree forkbox made, and the mounts a killed build can leave in one.
 //!
+//! ```no_run
+//! // A build's work directory, whatever a killed build left mounted in it.
+//! let dir = std::path::Path::new("/var/lib/forkbox/images/x/.build-42");
+//! for m in forkbox_hostfs::detach_mounts_under(dir) {
+//!     eprintln!("detached {}", m.display());
+//! }
+//! forkbox_hostfs::remove_tree(dir)?;
+//! # Ok::<(), forkbox_hostfs::TreeError>(())
+//! ```
+//!
 //! `std::fs::remove_dir_all` descends into whatever is mounted inside the tree: a build root
 //! that a killed `mmdebstrap` left with the host's `/dev/shm`, `/proc` and `/sys` bound into it
 //! would have the host's shared memory, and every empty cgroup, removed through it. Every tree
@@ -7,6 +17,7 @@
 //! parent with `openat2(RESOLVE_NO_XDEV | RESOLVE_NO_SYMLINKS)`: it never crosses into another
 //! mount (a bind mount of the same file system included), never follows a link, and stops at
 //! the first mount point it meets, naming it.
+#![forbid(unsafe_code)]
 
 use std::ffi::{CStr, OsStr};
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
@@ -203,7 +214,7 @@ pub fn detach_mounts_under(under: &Path) -> Vec<PathBuf> {
     loop {
         let mut any = false;
         for m in mounts_under(under) {
-            if nix::mount::umount2(&m, nix::mount::MntFlags::MNT_DETACH).is_ok() {
+            if rustix::mount::unmount(&m, rustix::mount::UnmountFlags::DETACH).is_ok() {
                 any = true;
                 detached.push(m);
             }
