@@ -22,6 +22,7 @@ const LAYERS: &[(&str, &[&str])] = &[
             "activity",
             "files",
             "net",
+            "handshakes",
             "secrets",
             "volumes",
             "diskwatch",

@@ -261,3 +261,130 @@ async fn forks_keep_the_network_of_their_sandbox_and_bad_policies_are_refused() 
     }
     engine.shutdown().await;
 }
+
+/// A TLS server in the test's namespace that gives every client `limit` seconds from its
+/// connect to finish the handshake (as the npm registry's front does, ~10 s), answers `ok`
+/// to one line, and counts handshakes finished and given up on.
+const STRICT_TLS: &str = r#"
+import asyncio, ssl, sys
+cert, key, addr, port, limit = sys.argv[1:6]
+ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+ctx.load_cert_chain(cert, key)
+async def serve(r, w):
+    print('handshake done', flush=True)
+    await r.readline()
+    w.write(b'ok\n')
+    await w.drain()
+    w.close()
+async def banner(r, w):
+    # Speaks first, then gives the client 2 s to answer (a server's reply time).
+    w.write(b'hello\n')
+    await w.drain()
+    try:
+        await asyncio.wait_for(r.readline(), 2)
+    except asyncio.TimeoutError:
+        print('banner timed out', flush=True)
+    w.close()
+async def main():
+    await asyncio.start_server(serve, addr, int(port), ssl=ctx, ssl_handshake_timeout=float(limit), backlog=512)
+    await asyncio.start_server(banner, addr, int(port) + 1)
+    print('listening', flush=True)
+    await asyncio.Event().wait()
+asyncio.run(main())
+"#;
+
+/// A program like a package manager on one thread: opens `n` TLS connections through the
+/// guest's proxy at once, and spends `work` seconds of its one thread on each connection
+/// before it connects and again once the proxy has answered (npm's own code for a request:
+/// ~0.15 s under emulation), while the other connections' handshakes wait for the thread.
+/// Sends a line on each; prints how many answered and how many failed (the first error).
+const TLS_BURST: &str = r#"
+import asyncio, ssl, sys, time
+host, port, n, work = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4])
+ctx = ssl.create_default_context()
+ctx.check_hostname = False
+ctx.verify_mode = ssl.CERT_NONE
+def busy():
+    t = time.perf_counter()
+    while time.perf_counter() - t < work:
+        pass
+async def one():
+    busy()
+    r, w = await asyncio.open_connection('127.0.0.1', 3128)
+    w.write(f'CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n'.encode())
+    head = await r.readuntil(b'\r\n\r\n')
+    if b' 200 ' not in head.split(b'\r\n')[0]:
+        raise RuntimeError(head)
+    busy()
+    await w.start_tls(ctx)
+    w.write(b'hi\n')
+    await w.drain()
+    if not (await r.readline()).startswith(b'ok'):
+        raise RuntimeError('no answer')
+async def main():
+    got = await asyncio.gather(*[one() for _ in range(n)], return_exceptions=True)
+    errors = [repr(e) for e in got if e is not None]
+    print(n - len(errors), len(errors), errors[:1])
+asyncio.run(main())
+"#;
+
+/// New connections take turns for their first round trip (`sandbox::handshakes`): a burst of
+/// 48 TLS connections from a program that keeps its one thread busy between them all get
+/// through a server that allows 3 s per handshake, none waiting out a turn that is never
+/// given back. A remote that speaks first and gets no answer in its time closes the
+/// connection: the host counts it (`sandbox_network_cut_short`) and says so in its log. (The
+/// cause this was built for, `npm ci`'s hundred handshakes at once against the npm registry's
+/// ~10 s, is checked with the real registry: `corpus_js.rs`, `npm_ci_in_a_sandbox`.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls_bursts_take_turns_and_a_remote_that_gives_up_on_a_silent_guest_is_counted() {
+    let (paths, mut cfg) = infra::sandbox_setup("python-bookworm");
+    let dir = tempfile::tempdir().unwrap();
+    let key = rcgen::generate_simple_self_signed(vec!["strict.test".into()]).unwrap();
+    std::fs::write(dir.path().join("cert.pem"), key.cert.pem()).unwrap();
+    std::fs::write(dir.path().join("key.pem"), key.signing_key.serialize_pem()).unwrap();
+    std::fs::write(dir.path().join("server.py"), STRICT_TLS).unwrap();
+    let mut net = infra::TestNet::new();
+    let [server, _] = net.peer_ips.clone();
+    let log = dir.path().join("server.log");
+    let p = |f: &str| dir.path().join(f).display().to_string();
+    net.run_server(
+        "python3",
+        &[
+            &p("server.py"),
+            &p("cert.pem"),
+            &p("key.pem"),
+            &server,
+            "8443",
+            "3",
+        ],
+        &server,
+        8443,
+        &log,
+    );
+    cfg.network = policy(&[&format!("{server}:8443"), &format!("{server}:8444")]);
+    let sb = Sandbox::create(&paths, &cfg).await.unwrap();
+    let code = format!("import sys; sys.argv = ['', '{server}', '8443', '48', '0.1']\n{TLS_BURST}");
+    let out = py(&sb, &code).await;
+    let said = std::fs::read_to_string(&log).unwrap_or_default();
+    assert!(
+        out.starts_with("48 0 "),
+        "every connection answers: {out}\nthe server:\n{said}"
+    );
+    assert_eq!(said.matches("handshake done").count(), 48, "{said}");
+    assert_eq!(sb.client().net.counts().cut_short, 0);
+    // A remote that speaks first, and a guest that never answers it.
+    let silent = format!(
+        "import http.client, time\n\
+         c = http.client.HTTPConnection('127.0.0.1', 3128, timeout=30)\n\
+         c.set_tunnel('{server}', 8444)\n\
+         c.connect()\n\
+         print(c.sock.recv(16))\n\
+         time.sleep(4)\n"
+    );
+    assert!(py(&sb, &silent).await.contains("hello"));
+    assert!(infra::wait_until(
+        std::time::Duration::from_secs(10),
+        || { sb.client().net.counts().cut_short == 1 }
+    ));
+    sb.destroy().await;
+}

@@ -28,6 +28,9 @@ pub struct NetCounts {
     pub bytes_out: u64,
     pub bytes_in: u64,
     pub refused: u64,
+    /// Connections a remote ended before the guest answered its first bytes (a guest too slow
+    /// for the server: a TLS handshake not finished in the server's time).
+    pub cut_short: u64,
 }
 
 pub struct Metrics {
@@ -47,6 +50,7 @@ pub struct Metrics {
     pub memory_mib_seconds: Family<SandboxLabel, Counter<f64, AtomicU64>>,
     pub network_bytes: Family<NetLabel, Gauge>,
     pub network_refused: Family<SandboxLabel, Gauge>,
+    pub network_cut_short: Family<SandboxLabel, Gauge>,
     /// Snapshots brought from other nodes, the chunks' bytes fetched, and those served.
     pub snapshots_pulled: Counter,
     pub chunk_bytes_fetched: Counter,
@@ -79,6 +83,7 @@ impl Default for Metrics {
             memory_mib_seconds: Family::default(),
             network_bytes: Family::default(),
             network_refused: Family::default(),
+            network_cut_short: Family::default(),
             snapshots_pulled: Counter::default(),
             chunk_bytes_fetched: Counter::default(),
             chunk_bytes_served: Counter::default(),
@@ -101,6 +106,12 @@ impl Metrics {
             "sandbox_network_refused",
             "Connections of a sandbox the host refused by its network policy",
             self.network_refused.clone(),
+        );
+        registry.register(
+            "sandbox_network_cut_short",
+            "Connections of a sandbox a remote ended before the guest answered its first bytes \
+             (a guest too slow for the server's handshake time)",
+            self.network_cut_short.clone(),
         );
         registry.register(
             "sandboxes_running",
@@ -202,6 +213,9 @@ impl Metrics {
         self.network_refused
             .get_or_create(&label)
             .set(i64::try_from(net.refused).unwrap_or(i64::MAX));
+        self.network_cut_short
+            .get_or_create(&label)
+            .set(i64::try_from(net.cut_short).unwrap_or(i64::MAX));
         let mut now = Usage::default();
         if let Some(cpu) = process_cpu_seconds(pid) {
             let gauge = self.cpu_seconds.get_or_create(&label);
@@ -238,6 +252,7 @@ impl Metrics {
         self.cpu_seconds.remove(&label);
         self.memory_mib_seconds.remove(&label);
         self.network_refused.remove(&label);
+        self.network_cut_short.remove(&label);
         for direction in ["out", "in"] {
             self.network_bytes.remove(&NetLabel {
                 sandbox: sandbox.to_string(),
@@ -290,6 +305,7 @@ mod tests {
                 bytes_out: 7,
                 bytes_in: 9,
                 refused: 1,
+                cut_short: 0,
             },
         );
         m.bytes_uploaded.inc_by(42);

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod client;
 pub mod diskwatch;
 pub mod files;
+pub mod handshakes;
 pub mod net;
 pub mod secrets;
 pub mod volumes;

@@ -7,6 +7,7 @@
 //! address, fe80::/10), multicast or unspecified; the connection goes to exactly that
 //! address, so a name cannot be re-resolved elsewhere in between.
 
+use super::handshakes::Turn;
 use std::collections::{HashMap, HashSet};
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
@@ -245,6 +246,8 @@ pub struct HostNet {
     policy: RwLock<NetworkPolicy>,
     open: Mutex<HashMap<u32, Slot>>,
     pending: Arc<Semaphore>,
+    /// Turns for new connections' first round trips ([`super::handshakes`]).
+    turns: Arc<Semaphore>,
     outbox: mpsc::Sender<HostMsg>,
     /// Frames the guest has been sent so far: whether it reads at all.
     delivered: Arc<AtomicU64>,
@@ -258,6 +261,8 @@ pub struct HostNet {
     pub bytes_out: AtomicU64,
     pub bytes_in: AtomicU64,
     pub refused: AtomicU64,
+    /// Connections a remote ended before the guest answered it (see [`HostNet::say_cut_short`]).
+    pub cut_short: AtomicU64,
     /// The sandbox's secrets and the listener their connections end at, when it has any.
     secrets: RwLock<Option<Arc<crate::secrets::SecretProxy>>>,
     /// Port forwards waiting for the agent's `ForwardReady`.
@@ -293,6 +298,7 @@ impl HostNet {
             policy: RwLock::new(NetworkPolicy::default()),
             open: Mutex::new(HashMap::new()),
             pending: Arc::new(Semaphore::new(MAX_PENDING_OPENS)),
+            turns: Arc::new(Semaphore::new(super::handshakes::AT_ONCE)),
             outbox,
             delivered,
             read_stall: READ_STALL,
@@ -303,6 +309,7 @@ impl HostNet {
             bytes_out: AtomicU64::new(0),
             bytes_in: AtomicU64::new(0),
             refused: AtomicU64::new(0),
+            cut_short: AtomicU64::new(0),
             secrets: RwLock::new(None),
             forwards: Mutex::new(HashMap::new()),
             next_forward: AtomicU32::new(0),
@@ -378,7 +385,7 @@ impl HostNet {
             .peer_addr()
             .unwrap_or_else(|_| SocketAddr::from(([127, 0, 0, 1], 0)));
         self.clone()
-            .carry(tunnel, addr, stream, Carry::Forward)
+            .carry(tunnel, addr, stream, Carry::Forward, None)
             .await;
         Ok(())
     }
@@ -422,6 +429,7 @@ impl HostNet {
             bytes_out: self.bytes_out.load(Ordering::Relaxed),
             bytes_in: self.bytes_in.load(Ordering::Relaxed),
             refused: self.refused.load(Ordering::Relaxed),
+            cut_short: self.cut_short.load(Ordering::Relaxed),
         }
     }
 
@@ -590,10 +598,12 @@ impl HostNet {
                 let net = self.clone();
                 let pending = self.pending.clone();
                 tokio::spawn(async move {
+                    // Its turn first: the remote is connected when the guest can answer it.
+                    let turn = Turn::take(&net.turns).await;
                     let Ok(permit) = pending.acquire_owned().await else {
                         return;
                     };
-                    net.open(tunnel, host, port).await;
+                    net.open(tunnel, host, port, turn).await;
                     drop(permit);
                 });
                 return Ok(());
@@ -699,7 +709,7 @@ impl HostNet {
         }
     }
 
-    async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16) {
+    async fn open(self: Arc<Self>, tunnel: u32, host: String, port: u16, turn: Arc<Turn>) {
         let refuse = |why: String| async {
             if matches!(lock(&self.open).get(&tunnel), Some(Slot::Pending)) {
                 lock(&self.open).remove(&tunnel);
@@ -742,7 +752,13 @@ impl HostNet {
                 sandbox: self.name().to_string(),
             };
             return match proxy.connect(target).await {
-                Ok(s) => self.carry(tunnel, addr, s, Carry::Secrets).await,
+                Ok(s) => {
+                    let turn = Some(Opening {
+                        turn,
+                        target: format!("{host}:{port}"),
+                    });
+                    self.carry(tunnel, addr, s, Carry::Secrets, turn).await
+                }
                 Err(e) => refuse(format!("{host}:{port}: the secrets' listener: {e}")).await,
             };
         }
@@ -755,7 +771,11 @@ impl HostNet {
                     return refuse(format!("{host}:{port} ({addr}): connection timed out")).await
                 }
             };
-        self.carry(tunnel, addr, stream, Carry::Remote).await;
+        let turn = Some(Opening {
+            turn,
+            target: format!("{host}:{port}"),
+        });
+        self.carry(tunnel, addr, stream, Carry::Remote, turn).await;
     }
 
     /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote at `addr`:
@@ -777,6 +797,7 @@ impl HostNet {
         addr: SocketAddr,
         stream: tokio::net::TcpStream,
         kind: Carry,
+        opening: Option<Opening>,
     ) {
         let may_swap = kind == Carry::Remote;
         let connected = std::time::Instant::now();
@@ -821,6 +842,7 @@ impl HostNet {
             swap_rx,
             quiet_end: quiet_end.clone(),
             credit,
+            opening: opening.clone(),
         }));
         let up = tokio::spawn(self.clone().guest_to_remote(Up {
             tunnel,
@@ -832,6 +854,7 @@ impl HostNet {
             quiet_end,
             unacked,
             may_swap,
+            turn: opening.map(|o| o.turn),
         }));
         match lock(&self.open).get_mut(&tunnel) {
             Some(Slot::Open(o)) => o.tasks.extend([down, up]),
@@ -852,9 +875,12 @@ impl HostNet {
             mut swap_rx,
             quiet_end,
             credit,
+            opening,
         } = d;
         let mut buf = vec![0u8; 64 * 1024];
         let mut waiting_swap = true;
+        let started = std::time::Instant::now();
+        let mut got = 0u64;
         loop {
             let read = tokio::select! {
                 biased;
@@ -884,6 +910,9 @@ impl HostNet {
                 // The remote has spoken, or no new connection came: this one stays.
                 swap_rx.close();
             }
+            if matches!(read, Ok(0) | Err(_)) {
+                self.say_cut_short(opening.as_ref(), &read, started, got);
+            }
             let n = match read {
                 Ok(0) => {
                     let _ = self.outbox.send(HostMsg::TunnelEof { tunnel }).await;
@@ -898,6 +927,10 @@ impl HostNet {
                 Err(_) => return,
             }
             self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
+            got += n as u64;
+            if let Some(o) = &opening {
+                o.turn.remote_spoke();
+            }
             let data = buf[..n].to_vec();
             if self
                 .outbox
@@ -908,6 +941,39 @@ impl HostNet {
                 return;
             }
         }
+    }
+
+    /// Says in the log (rate-limited) when a remote ends a guest's connection that has not
+    /// answered the remote's first bytes: a server that gave up waiting for a slow guest (a TLS
+    /// handshake not finished in the server's time), which the guest's program reports only as
+    /// a reset connection.
+    fn say_cut_short(
+        &self,
+        opening: Option<&Opening>,
+        read: &std::io::Result<usize>,
+        started: std::time::Instant,
+        got: u64,
+    ) {
+        let Some(o) = opening else { return };
+        let Some(waited) = o.turn.unanswered_for() else {
+            return;
+        };
+        self.cut_short.fetch_add(1, Ordering::Relaxed);
+        let how = match read {
+            Err(e) => format!("reset it ({e})"),
+            _ => "closed it".to_string(),
+        };
+        crate::guest_info!(
+            self.log,
+            "{}: {} {how} {:.1} s after its first answer, which the guest had not answered \
+             ({got} bytes sent to the guest, {:.1} s after the connect): the remote's time for \
+             a reply ran out (a guest too slow for it; a program that sees the connection \
+             reset retries)",
+            self.name(),
+            crate::guestlog::quote(&o.target),
+            waited.as_secs_f64(),
+            started.elapsed().as_secs_f64()
+        );
     }
 
     /// Guest -> remote, acknowledged as written. The guest's first bytes go over a fresh
@@ -923,6 +989,7 @@ impl HostNet {
             quiet_end,
             unacked,
             may_swap,
+            turn,
         } = u;
         let mut swap_tx = Some(swap_tx);
         while let Some(m) = rx.recv().await {
@@ -941,6 +1008,9 @@ impl HostNet {
             }
             match m {
                 Some(d) => {
+                    if let Some(t) = &turn {
+                        t.guest_spoke();
+                    }
                     if let Err(e) = wr.write_all(&d).await {
                         return self.remote_failed(tunnel, &e).await;
                     }
@@ -981,6 +1051,16 @@ struct Down {
     quiet_end: Arc<std::sync::atomic::AtomicBool>,
     /// The bytes the guest's agent may still take (its window).
     credit: Arc<Semaphore>,
+    /// A guest's connection: its turn and what it connects to.
+    opening: Option<Opening>,
+}
+
+/// A connection the guest opened: its turn for its first round trip, and what it connects to
+/// (`host:port`, for log lines).
+#[derive(Clone)]
+struct Opening {
+    turn: Arc<Turn>,
+    target: String,
 }
 
 /// What a tunnel's writer (guest -> remote) works with.
@@ -995,6 +1075,8 @@ struct Up {
     unacked: Arc<AtomicUsize>,
     /// Whether late first bytes may go over a fresh connection (see [`HostNet::carry`]).
     may_swap: bool,
+    /// A guest's connection's turn, passed on once the guest answers the remote.
+    turn: Option<Arc<Turn>>,
 }
 
 /// A fresh connection's read half for a tunnel's reader, and how it says it took it.
@@ -1279,7 +1361,9 @@ mod tests {
         let (server, _) = listener.accept().await.unwrap();
         lock(&net.open).insert(9, Slot::Pending);
         let addr = listener.local_addr().unwrap();
-        net.clone().carry(9, addr, remote, Carry::Remote).await;
+        net.clone()
+            .carry(9, addr, remote, Carry::Remote, None)
+            .await;
         assert_eq!(net.tunnels(), 1);
         // The guest speaks, the server reads it and resets.
         guest_sends(&net, 9, b"ping").await;
@@ -1354,7 +1438,9 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(3, Slot::Pending);
-        net.clone().carry(3, addr, remote, Carry::Remote).await;
+        net.clone()
+            .carry(3, addr, remote, Carry::Remote, None)
+            .await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 3, b"hello").await;
         let (served, got) = tokio::time::timeout(Duration::from_secs(10), server)
@@ -1392,7 +1478,9 @@ mod tests {
         });
         let remote = tokio::net::TcpStream::connect(addr).await.unwrap();
         lock(&net.open).insert(4, Slot::Pending);
-        net.clone().carry(4, addr, remote, Carry::Remote).await;
+        net.clone()
+            .carry(4, addr, remote, Carry::Remote, None)
+            .await;
         tokio::time::sleep(FRESH_FOR + Duration::from_millis(500)).await;
         guest_sends(&net, 4, b"reply").await;
         let got = tokio::time::timeout(Duration::from_secs(10), server)
