@@ -104,7 +104,13 @@ pub fn eof(tunnel: u32) {
 
 pub fn close(tunnel: u32) {
     if let Some(t) = get(tunnel) {
-        t.closed.store(true, Ordering::SeqCst);
+        // Under the credit lock: a sender that found the tunnel open is then either waiting
+        // (and woken here) or has not checked yet (and sees it closed); set between its check
+        // and its wait, the wake-up was lost and the sender slept for good.
+        {
+            let _credit = lock(&t.credit);
+            t.closed.store(true, Ordering::SeqCst);
+        }
         t.more.notify_all();
         let _ = t.to_guest.send(ToGuest::Close);
     }
