@@ -15,10 +15,17 @@
 //! handshake's round trip, or a second request), when the tunnel ends, or after [`HOLD`] (a
 //! connection that never makes a round trip delays others that long at most). A connection
 //! waits [`WAIT`] at most for its turn (the guest's agent gives up on an open after 60 s).
+//!
+//! How many turns there are follows how fast the guest answers ([`Turns`]): one fewer (down to
+//! one) each time a guest took more than [`SLOW`] to answer a remote's first bytes, one more
+//! (up to [`AT_ONCE`]) each time it answered within [`QUICK`]. A guest whose CPU is throttled
+//! or starved then handshakes one or two connections at a time, each within the server's time.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
@@ -28,9 +35,69 @@ pub const AT_ONCE: usize = 6;
 pub const HOLD: Duration = Duration::from_secs(10);
 /// Longest a connection waits for a turn before it goes ahead without one.
 pub const WAIT: Duration = Duration::from_secs(40);
+/// An answer slower than this takes a turn away.
+pub const SLOW: Duration = Duration::from_secs(3);
+/// An answer quicker than this gives a turn back.
+pub const QUICK: Duration = Duration::from_secs(1);
+
+/// The turns of one guest's connections: as many as its answers show it can keep up with.
+pub struct Turns {
+    permits: Arc<Semaphore>,
+    /// Turns there are now (given out or free), between 1 and [`AT_ONCE`].
+    size: AtomicUsize,
+}
+
+impl Default for Turns {
+    fn default() -> Turns {
+        Turns::with(AT_ONCE)
+    }
+}
+
+impl Turns {
+    /// `n` turns to start with (1 to [`AT_ONCE`]).
+    pub fn with(n: usize) -> Turns {
+        let n = n.clamp(1, AT_ONCE);
+        Turns {
+            permits: Arc::new(Semaphore::new(n)),
+            size: AtomicUsize::new(n),
+        }
+    }
+
+    /// Turns there are now.
+    pub fn size(&self) -> usize {
+        self.size.load(Ordering::Relaxed)
+    }
+
+    /// A turn ends; the guest took `answer` to answer the remote (`None`: it never did).
+    fn give_back(&self, permit: OwnedSemaphorePermit, answer: Option<Duration>) {
+        let slow = answer.is_none_or(|a| a > SLOW);
+        if slow {
+            let shrunk = self
+                .size
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n > 1).then(|| n - 1)
+                });
+            if shrunk.is_ok() {
+                permit.forget();
+                return;
+            }
+        } else if answer.is_some_and(|a| a < QUICK)
+            && self
+                .size
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
+                    (n < AT_ONCE).then_some(n + 1)
+                })
+                .is_ok()
+        {
+            self.permits.add_permits(1);
+        }
+        drop(permit);
+    }
+}
 
 /// One connection's turn, from the moment it is given until its first round trip.
 pub struct Turn {
+    turns: Arc<Turns>,
     permit: Mutex<Option<OwnedSemaphorePermit>>,
     /// When the remote's first bytes were passed to the guest.
     answered: Mutex<Option<Instant>>,
@@ -45,13 +112,14 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Turn {
     /// Waits for a turn among `turns` ([`WAIT`] at most: then a turn without a permit, which
     /// holds nobody up).
-    pub async fn take(turns: &Arc<Semaphore>) -> Arc<Turn> {
-        let permit = tokio::time::timeout(WAIT, turns.clone().acquire_owned())
+    pub async fn take(turns: &Arc<Turns>) -> Arc<Turn> {
+        let permit = tokio::time::timeout(WAIT, turns.permits.clone().acquire_owned())
             .await
             .ok()
             .and_then(Result::ok);
         let held = permit.is_some();
         let turn = Arc::new(Turn {
+            turns: turns.clone(),
             permit: Mutex::new(permit),
             answered: Mutex::new(None),
             done: AtomicBool::new(false),
@@ -68,8 +136,15 @@ impl Turn {
         turn
     }
 
+    /// Gives the turn back (once), saying how long the guest took to answer.
     fn release(&self) {
-        lock(&self.permit).take();
+        if let Some(p) = lock(&self.permit).take() {
+            let answer = match self.done.load(Ordering::Relaxed) {
+                true => lock(&self.answered).map(|t| t.elapsed()),
+                false => None,
+            };
+            self.turns.give_back(p, answer);
+        }
     }
 
     /// The remote's bytes reach the guest.
@@ -99,57 +174,106 @@ impl Turn {
     }
 }
 
+impl Drop for Turn {
+    /// A tunnel that ends gives its turn back; unanswered, it counts as slow only when the
+    /// remote had spoken (a connection that ends before, refused or unused, says nothing of
+    /// the guest's speed).
+    fn drop(&mut self) {
+        if let Some(p) = lock(&self.permit).take() {
+            let spoke = lock(&self.answered).is_some();
+            match (self.done.load(Ordering::Relaxed), spoke) {
+                (false, true) => self.turns.give_back(p, None),
+                _ => drop(p),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn free(t: &Turns) -> usize {
+        t.permits.available_permits()
+    }
+
     #[tokio::test]
     async fn a_turn_passes_on_after_a_round_trip_and_not_before() {
-        let turns = Arc::new(Semaphore::new(1));
+        let turns = Arc::new(Turns::with(1));
         let first = Turn::take(&turns).await;
-        assert_eq!(turns.available_permits(), 0);
+        assert_eq!(free(&turns), 0);
         first.guest_spoke(); // the ClientHello: no round trip yet
-        assert_eq!(turns.available_permits(), 0);
+        assert_eq!(free(&turns), 0);
         first.remote_spoke();
         assert!(first.unanswered_for().is_some());
         first.guest_spoke();
-        assert_eq!(turns.available_permits(), 1, "the round trip is made");
         assert_eq!(first.unanswered_for(), None);
+        assert_eq!(turns.size(), 2, "a quick answer gives a turn more");
+        assert_eq!(free(&turns), 2);
         let second = Turn::take(&turns).await;
         drop(second);
         assert_eq!(
-            turns.available_permits(),
-            1,
-            "a tunnel that ends gives its turn back"
+            free(&turns),
+            2,
+            "a tunnel that ends unused gives its turn back"
         );
     }
 
     #[tokio::test(start_paused = true)]
     async fn a_turn_is_held_for_a_bounded_time_and_waited_for_a_bounded_time() {
-        let turns = Arc::new(Semaphore::new(1));
+        let turns = Arc::new(Turns::with(1));
         let silent = Turn::take(&turns).await;
         let started = tokio::time::Instant::now();
         let next = Turn::take(&turns).await;
         assert_eq!(
-            started.elapsed().as_secs(),
-            HOLD.as_secs(),
+            started.elapsed(),
+            HOLD,
             "taken once the first's hold ran out"
         );
         drop(silent);
         let third = Turn::take(&turns).await;
         assert_eq!(
-            started.elapsed().as_secs(),
-            HOLD.as_secs() * 2,
+            started.elapsed(),
+            HOLD * 2,
             "the second holds its turn as long"
         );
+        assert_eq!(turns.size(), 1, "never fewer than one");
         drop((next, third));
-        // Every permit held by turns that never end: a newcomer goes ahead after WAIT.
-        let held: Vec<_> = (0..1)
-            .map(|_| turns.clone().try_acquire_owned().unwrap())
-            .collect();
+        // Every turn held (by whatever never gives it back): a newcomer goes ahead after WAIT.
+        let full = Arc::new(Turns::with(1));
+        let held = full.permits.clone().try_acquire_owned().unwrap();
         let t0 = tokio::time::Instant::now();
-        let _late = Turn::take(&turns).await;
-        assert_eq!(t0.elapsed().as_secs(), WAIT.as_secs());
-        drop(held);
+        let late = Turn::take(&full).await;
+        assert_eq!(t0.elapsed(), WAIT);
+        drop((held, late));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn slow_answers_take_turns_away_and_quick_ones_give_them_back() {
+        let turns = Arc::new(Turns::default());
+        let answer = |after: Duration| {
+            let turns = turns.clone();
+            async move {
+                let t = Turn::take(&turns).await;
+                t.remote_spoke();
+                tokio::time::sleep(after).await;
+                t.guest_spoke();
+            }
+        };
+        for _ in 0..AT_ONCE + 2 {
+            answer(SLOW + Duration::from_millis(500)).await;
+        }
+        assert_eq!(turns.size(), 1);
+        assert_eq!(free(&turns), 1);
+        // A remote that gives up on an unanswered connection counts as slow too.
+        let cut = Turn::take(&turns).await;
+        cut.remote_spoke();
+        drop(cut);
+        assert_eq!(turns.size(), 1);
+        for _ in 0..AT_ONCE + 2 {
+            answer(Duration::from_millis(200)).await;
+        }
+        assert_eq!(turns.size(), AT_ONCE);
+        assert_eq!(free(&turns), AT_ONCE);
     }
 }

@@ -247,7 +247,7 @@ pub struct HostNet {
     open: Mutex<HashMap<u32, Slot>>,
     pending: Arc<Semaphore>,
     /// Turns for new connections' first round trips ([`super::handshakes`]).
-    turns: Arc<Semaphore>,
+    turns: Arc<super::handshakes::Turns>,
     outbox: mpsc::Sender<HostMsg>,
     /// Frames the guest has been sent so far: whether it reads at all.
     delivered: Arc<AtomicU64>,
@@ -298,7 +298,7 @@ impl HostNet {
             policy: RwLock::new(NetworkPolicy::default()),
             open: Mutex::new(HashMap::new()),
             pending: Arc::new(Semaphore::new(MAX_PENDING_OPENS)),
-            turns: Arc::new(Semaphore::new(super::handshakes::AT_ONCE)),
+            turns: Arc::default(),
             outbox,
             delivered,
             read_stall: READ_STALL,
