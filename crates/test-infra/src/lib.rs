@@ -141,23 +141,13 @@ pub fn private_mounts() {
         .expect("make the test's mounts private");
 }
 
-/// `mmdebstrap` in mount and PID namespaces of its own, as forkbox's own builds run it: as root
-/// it binds the host's `/dev/shm`, `/proc` and `/sys` into the root it makes and, killed,
-/// unmounts nothing; here its mounts are never on the host and every process of it dies with
-/// the first. Remove what a killed one left with [`forkbox_engine::tree::remove_tree`].
+/// `mmdebstrap` in mount and PID namespaces of its own, as forkbox's own builds run it
+/// ([`forkbox_engine::image::contained`]): as root it binds the host's `/dev/shm`, `/proc` and
+/// `/sys` into the root it makes and, killed, unmounts nothing; here its mounts are never on the
+/// host and every process of it dies with the first. Remove what a killed one left with
+/// [`forkbox_engine::tree::remove_tree`].
 pub fn mmdebstrap() -> std::process::Command {
-    let mut c = std::process::Command::new("unshare");
-    c.args([
-        "--mount",
-        "--propagation=private",
-        "--pid",
-        "--fork",
-        "--kill-child",
-        "--mount-proc",
-        "--",
-        "mmdebstrap",
-    ]);
-    c
+    image::contained(Path::new("mmdebstrap")).expect("util-linux's unshare (forkbox setup)")
 }
 
 /// A home that holds nothing from an earlier run (made anew at each call), as a new node's:

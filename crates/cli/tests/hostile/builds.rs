@@ -169,6 +169,21 @@ fn read(p: &Path) -> String {
     std::fs::read_to_string(p).unwrap_or_default()
 }
 
+/// The build `args` run again after the kill (the killed one's output in `log`): it succeeds,
+/// makes `name`@1, and leaves no work directory and nothing else behind.
+fn build_again(paths: &Paths, args: &[&str], log: &Path, name: &str) {
+    let out = Daemon::cmd(paths).args(args).output().unwrap();
+    assert!(
+        out.status.success(),
+        "the build after the kill: {}\n-- the killed one's log:\n{}",
+        text(&out.stderr),
+        read(log)
+    );
+    assert!(paths.images().join(name).join("1/rootfs.ext4").exists());
+    assert_eq!(build_dirs(paths), Vec::<PathBuf>::new());
+    check_nothing_left(paths.home(), "the build after the kill");
+}
+
 /// A recipe build (mmdebstrap, in the CLI's own process) whose whole process group is killed
 /// during its package step. Its mounts are never visible outside it, not even while it runs;
 /// the next build of the name succeeds and removes the dead one's directory.
@@ -199,16 +214,7 @@ fn a_recipe_build_killed_in_its_package_step_leaves_no_mount_and_the_hosts_shm_i
         1,
         "the killed build left its work directory"
     );
-    let out = Daemon::cmd(&paths).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "the build after the kill: {}\n-- the killed one's log:\n{}",
-        text(&out.stderr),
-        read(&log)
-    );
-    assert!(paths.images().join("killed-build/1/rootfs.ext4").exists());
-    assert_eq!(build_dirs(&paths), Vec::<PathBuf>::new());
-    check_nothing_left(paths.home(), "the build after the kill");
+    build_again(&paths, &args, &log, "killed-build");
 }
 
 /// The daemon's build of a carried image, as E2B's front end asks for it on a first
@@ -339,16 +345,7 @@ fn a_dockerfile_build_killed_in_its_run_step_leaves_nothing() {
     .unwrap();
     let _ = child.0.wait();
     check_nothing_left(paths.home(), "a Dockerfile build killed in its RUN step");
-    let out = Daemon::cmd(&paths).args(args).output().unwrap();
-    assert!(
-        out.status.success(),
-        "the build after the kill: {}\n-- the killed one's log:\n{}",
-        text(&out.stderr),
-        read(&log)
-    );
-    assert!(paths.images().join("killed-docker/1/rootfs.ext4").exists());
-    assert_eq!(build_dirs(&paths), Vec::<PathBuf>::new());
-    check_nothing_left(paths.home(), "the build after the kill");
+    build_again(&paths, &args, &log, "killed-docker");
 }
 
 /// What a forkbox from before builds had namespaces of their own left on a host: a dead

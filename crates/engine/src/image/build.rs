@@ -474,8 +474,9 @@ fn on_debian(
 /// the root it builds, and unmounts nothing when killed) is never visible on the host and goes
 /// with its namespace; every process of it dies with its first (`--kill-child`), and that one
 /// with the thread that starts it (a daemon killed mid-build takes the build down, mounts and
-/// all, instead of leaving it running into a directory the next build removes).
-fn contained(program: &Path) -> Result<Command, ImageError> {
+/// all, instead of leaving it running into a directory the next build removes). The tests'
+/// own mmdebstraps run the same way.
+pub fn contained(program: &Path) -> Result<Command, ImageError> {
     let mut cmd = Command::new(require("unshare")?);
     cmd.args([
         "--mount",

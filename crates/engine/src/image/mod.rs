@@ -14,7 +14,7 @@ mod recipe;
 mod store;
 mod workspace;
 
-pub use build::{build, env_pairs, BuildEvent};
+pub use build::{build, contained, env_pairs, BuildEvent};
 pub use docker::{build_dockerfile, DockerBuild};
 pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};

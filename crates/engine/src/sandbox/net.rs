@@ -737,6 +737,10 @@ impl HostNet {
                 return refuse(why).await;
             }
         };
+        let opening = Some(Opening {
+            turn,
+            target: format!("{host}:{port}"),
+        });
         // A connection a secret may go into ends at the sandbox's secret listener instead.
         let proxy = self
             .secrets
@@ -752,13 +756,7 @@ impl HostNet {
                 sandbox: self.name().to_string(),
             };
             return match proxy.connect(target).await {
-                Ok(s) => {
-                    let turn = Some(Opening {
-                        turn,
-                        target: format!("{host}:{port}"),
-                    });
-                    self.carry(tunnel, addr, s, Carry::Secrets, turn).await
-                }
+                Ok(s) => self.carry(tunnel, addr, s, Carry::Secrets, opening).await,
                 Err(e) => refuse(format!("{host}:{port}: the secrets' listener: {e}")).await,
             };
         }
@@ -771,11 +769,8 @@ impl HostNet {
                     return refuse(format!("{host}:{port} ({addr}): connection timed out")).await
                 }
             };
-        let turn = Some(Opening {
-            turn,
-            target: format!("{host}:{port}"),
-        });
-        self.carry(tunnel, addr, stream, Carry::Remote, turn).await;
+        self.carry(tunnel, addr, stream, Carry::Remote, opening)
+            .await;
     }
 
     /// Carries tunnel `tunnel` (pending) over `stream`, connected to its remote at `addr`:
