@@ -102,6 +102,9 @@ pub struct Turn {
     answered: Mutex<Option<Instant>>,
     /// The guest has sent something since then: the round trip is made.
     done: AtomicBool,
+    /// The task that ends the turn after [`HOLD`]; stopped when the turn ends first, so a
+    /// guest that opens and drops connections quickly leaves no sleeping tasks behind.
+    watchdog: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -122,15 +125,17 @@ impl Turn {
             permit: Mutex::new(permit),
             answered: Mutex::new(None),
             done: AtomicBool::new(false),
+            watchdog: Mutex::new(None),
         });
         if held {
             let weak: Weak<Turn> = Arc::downgrade(&turn);
-            tokio::spawn(async move {
+            let watchdog = tokio::spawn(async move {
                 tokio::time::sleep(HOLD).await;
                 if let Some(t) = weak.upgrade() {
                     t.release();
                 }
             });
+            *lock(&turn.watchdog) = Some(watchdog);
         }
         turn
     }
@@ -160,6 +165,9 @@ impl Turn {
         if lock(&self.answered).is_some() {
             self.done.store(true, Ordering::Relaxed);
             self.release();
+            if let Some(w) = lock(&self.watchdog).take() {
+                w.abort();
+            }
         }
     }
 
@@ -178,6 +186,9 @@ impl Drop for Turn {
     /// remote had spoken (a connection that ends before, refused or unused, says nothing of
     /// the guest's speed).
     fn drop(&mut self) {
+        if let Some(w) = lock(&self.watchdog).take() {
+            w.abort();
+        }
         if let Some(p) = lock(&self.permit).take() {
             let spoke = lock(&self.answered).is_some();
             match (self.done.load(Ordering::Relaxed), spoke) {
@@ -211,6 +222,14 @@ mod tests {
         assert_eq!(free(&turns), 2);
         let second = Turn::take(&turns).await;
         drop(second);
+        drop(first);
+        tokio::task::yield_now().await;
+        assert_eq!(
+            tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+            0,
+            "a turn that ends stops its watchdog: a guest opening and dropping connections \
+             quickly leaves no sleeping tasks"
+        );
         assert_eq!(
             free(&turns),
             2,
