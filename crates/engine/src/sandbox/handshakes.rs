@@ -17,9 +17,10 @@
 //! waits [`WAIT`] at most for its turn (the guest's agent gives up on an open after 60 s).
 //!
 //! How many turns there are follows how fast the guest answers ([`Turns`]): one fewer (down to
-//! one) each time a guest took more than [`SLOW`] to answer a remote's first bytes, one more
-//! (up to [`AT_ONCE`]) each time it answered within [`QUICK`]. A guest whose CPU is throttled
-//! or starved then handshakes one or two connections at a time, each within the server's time.
+//! one) each time a guest took more than [`SLOW`] to answer a remote's first bytes (or let its
+//! turn run out, or the remote give up, without answering them), one more (up to [`AT_ONCE`])
+//! each time it answered within [`QUICK`]. A connection that ends, or whose remote never
+//! speaks (a server waiting for the guest, a tarpit), says nothing of the guest's speed.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, Weak};
@@ -67,9 +68,13 @@ impl Turns {
         self.size.load(Ordering::Relaxed)
     }
 
-    /// A turn ends; the guest took `answer` to answer the remote (`None`: it never did).
-    fn give_back(&self, permit: OwnedSemaphorePermit, answer: Option<Duration>) {
-        let slow = answer.is_none_or(|a| a > SLOW);
+    /// A turn ends, with what it says of the guest's speed.
+    fn give_back(&self, permit: OwnedSemaphorePermit, answer: Answer) {
+        let slow = match answer {
+            Answer::After(a) => a > SLOW,
+            Answer::Never => true,
+            Answer::Unknown => false,
+        };
         if slow {
             let shrunk = self
                 .size
@@ -80,7 +85,7 @@ impl Turns {
                 permit.forget();
                 return;
             }
-        } else if answer.is_some_and(|a| a < QUICK)
+        } else if matches!(answer, Answer::After(a) if a < QUICK)
             && self
                 .size
                 .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| {
@@ -92,6 +97,16 @@ impl Turns {
         }
         drop(permit);
     }
+}
+
+/// What a turn that ends says of the guest.
+enum Answer {
+    /// It answered the remote's first bytes this long after they came.
+    After(Duration),
+    /// It had not answered them when its turn ran out or the remote gave up on it.
+    Never,
+    /// Nothing: the remote never spoke, or the connection ended otherwise.
+    Unknown,
 }
 
 /// One connection's turn, from the moment it is given until its first round trip.
@@ -140,14 +155,25 @@ impl Turn {
         turn
     }
 
-    /// Gives the turn back (once), saying how long the guest took to answer.
+    /// Gives the turn back (once), saying how long the guest took to answer: the round trip
+    /// made, or the turn run out (unanswered if the remote had spoken).
     fn release(&self) {
         if let Some(p) = lock(&self.permit).take() {
-            let answer = match self.done.load(Ordering::Relaxed) {
-                true => lock(&self.answered).map(|t| t.elapsed()),
-                false => None,
+            let answered = *lock(&self.answered);
+            let answer = match (self.done.load(Ordering::Relaxed), answered) {
+                (true, Some(t)) => Answer::After(t.elapsed()),
+                (false, Some(_)) => Answer::Never,
+                _ => Answer::Unknown,
             };
             self.turns.give_back(p, answer);
+        }
+    }
+
+    /// The remote gave up on the connection before the guest answered its first bytes: the
+    /// guest counts as slow (if the turn is still held).
+    pub fn cut_short(&self) {
+        if let Some(p) = lock(&self.permit).take() {
+            self.turns.give_back(p, Answer::Never);
         }
     }
 
@@ -182,19 +208,15 @@ impl Turn {
 }
 
 impl Drop for Turn {
-    /// A tunnel that ends gives its turn back; unanswered, it counts as slow only when the
-    /// remote had spoken (a connection that ends before, refused or unused, says nothing of
-    /// the guest's speed).
+    /// A tunnel that ends gives its turn back, saying nothing of the guest's speed (a plain
+    /// HTTP answer read and closed, a refused or unused connection); a remote that gave up on
+    /// an unanswered one said so first ([`Turn::cut_short`]).
     fn drop(&mut self) {
         if let Some(w) = lock(&self.watchdog).take() {
             w.abort();
         }
         if let Some(p) = lock(&self.permit).take() {
-            let spoke = lock(&self.answered).is_some();
-            match (self.done.load(Ordering::Relaxed), spoke) {
-                (false, true) => self.turns.give_back(p, None),
-                _ => drop(p),
-            }
+            self.turns.give_back(p, Answer::Unknown);
         }
     }
 }
@@ -225,7 +247,9 @@ mod tests {
         drop(first);
         tokio::task::yield_now().await;
         assert_eq!(
-            tokio::runtime::Handle::current().metrics().num_alive_tasks(),
+            tokio::runtime::Handle::current()
+                .metrics()
+                .num_alive_tasks(),
             0,
             "a turn that ends stops its watchdog: a guest opening and dropping connections \
              quickly leaves no sleeping tasks"
@@ -283,15 +307,26 @@ mod tests {
         }
         assert_eq!(turns.size(), 1);
         assert_eq!(free(&turns), 1);
-        // A remote that gives up on an unanswered connection counts as slow too.
-        let cut = Turn::take(&turns).await;
-        cut.remote_spoke();
-        drop(cut);
-        assert_eq!(turns.size(), 1);
         for _ in 0..AT_ONCE + 2 {
             answer(Duration::from_millis(200)).await;
         }
         assert_eq!(turns.size(), AT_ONCE);
         assert_eq!(free(&turns), AT_ONCE);
+        // A remote that gives up on an unanswered connection counts as slow too.
+        let cut = Turn::take(&turns).await;
+        cut.remote_spoke();
+        cut.cut_short();
+        assert_eq!(turns.size(), AT_ONCE - 1);
+        drop(cut);
+        // A connection that ends after the remote spoke (a plain HTTP answer read and closed),
+        // and one whose remote never speaks until its turn runs out, say nothing.
+        let read_and_closed = Turn::take(&turns).await;
+        read_and_closed.remote_spoke();
+        drop(read_and_closed);
+        let tarpit = Turn::take(&turns).await;
+        tokio::time::sleep(HOLD + Duration::from_secs(1)).await;
+        drop(tarpit);
+        assert_eq!(turns.size(), AT_ONCE - 1);
+        assert_eq!(free(&turns), AT_ONCE - 1);
     }
 }

@@ -876,6 +876,7 @@ impl HostNet {
         let mut waiting_swap = true;
         let started = std::time::Instant::now();
         let mut got = 0u64;
+        let mut last_sent = started;
         loop {
             let read = tokio::select! {
                 biased;
@@ -906,7 +907,8 @@ impl HostNet {
                 swap_rx.close();
             }
             if matches!(read, Ok(0) | Err(_)) {
-                self.say_cut_short(opening.as_ref(), &read, started, got);
+                let quiet = last_sent.elapsed();
+                self.say_cut_short(opening.as_ref(), &read, (started, quiet), got);
             }
             let n = match read {
                 Ok(0) => {
@@ -923,6 +925,7 @@ impl HostNet {
             }
             self.bytes_in.fetch_add(n as u64, Ordering::Relaxed);
             got += n as u64;
+            last_sent = std::time::Instant::now();
             if let Some(o) = &opening {
                 o.turn.remote_spoke();
             }
@@ -939,20 +942,25 @@ impl HostNet {
     }
 
     /// Says in the log (rate-limited) when a remote ends a guest's connection that has not
-    /// answered the remote's first bytes: a server that gave up waiting for a slow guest (a TLS
-    /// handshake not finished in the server's time), which the guest's program reports only as
-    /// a reset connection.
+    /// answered the remote's first bytes, after waiting for it ([`CUT_AFTER`] or more since
+    /// its last bytes): a server that gave up on a slow guest (a TLS handshake not finished in
+    /// the server's time), which the guest's program reports only as a reset connection. (A
+    /// server that answers and closes at once, plain HTTP's way, waited for nothing.)
     fn say_cut_short(
         &self,
         opening: Option<&Opening>,
         read: &std::io::Result<usize>,
-        started: std::time::Instant,
+        (started, quiet): (std::time::Instant, Duration),
         got: u64,
     ) {
         let Some(o) = opening else { return };
         let Some(waited) = o.turn.unanswered_for() else {
             return;
         };
+        if quiet < CUT_AFTER {
+            return;
+        }
+        o.turn.cut_short();
         self.cut_short.fetch_add(1, Ordering::Relaxed);
         let how = match read {
             Err(e) => format!("reset it ({e})"),
@@ -1083,6 +1091,10 @@ fn take_swap(rd: &mut tokio::net::tcp::OwnedReadHalf, (new_rd, taken): Swap) {
     *rd = new_rd;
     let _ = taken.send(());
 }
+
+/// How long a remote must have waited, silent, before it ends a connection the guest had not
+/// answered for the end to count as it giving up on the guest.
+const CUT_AFTER: Duration = Duration::from_secs(1);
 
 /// How long a connection may wait unused for the guest's first bytes before they go over a new
 /// one instead (see [`HostNet::carry`]).
