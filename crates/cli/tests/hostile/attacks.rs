@@ -226,7 +226,7 @@ fn a_guest_that_keeps_breaking_the_window_is_cut_off_and_marked_failed() {
     let d = Daemon::start("violations");
     let id = d.create(&["--allow", &format!("{remote}:9001")]);
     // Twelve real tunnels, each then sent more than its window.
-    d.ok(
+    let opened = d.ok(
         &id,
         &format!(
             "setsid python3 -c \"
@@ -239,8 +239,15 @@ for i in range(12):
     keep.append(s)
 print('open', flush=True)
 time.sleep(600)
-\" > /root/tunnels.out 2>&1 < /dev/null & sleep 8; cat /root/tunnels.out"
+\" > /root/tunnels.out 2>&1 < /dev/null &
+for i in $(seq 60); do grep -q open /root/tunnels.out && break; sleep 1; done; cat /root/tunnels.out"
         ),
+    );
+    // (New connections take turns, six at a time, each until its first round trip or 10 s:
+    // to a remote that never speaks, the last six open about 10 s after the first.)
+    assert!(
+        opened.contains("open"),
+        "the twelve tunnels did not open: {opened}"
     );
     let chunk = vec![1u8; 30_000];
     let bytes = frames((1..=12u32).flat_map(|t| {
