@@ -217,7 +217,14 @@ fn refuse(c: &mut TcpStream, status: &str, why: &str) {
     );
 }
 
+/// The send buffer of the agent's side of a program's connection: what the agent writes goes
+/// on only as the program reads, so the agent acknowledges to the host what the program took
+/// in steps of about this (a kernel-sized buffer of megabytes let a program reading 16 KiB/s
+/// look to the host as if it read nothing for minutes).
+const TO_PROGRAM_BUFFER: usize = 128 * 1024;
+
 fn serve_client(mut c: TcpStream, out: &Outbox) {
+    let _ = nix::sys::socket::setsockopt(&c, nix::sys::socket::sockopt::SndBuf, &TO_PROGRAM_BUFFER);
     let (head, early) = match read_head(&mut c) {
         Ok(h) => h,
         Err(_) => return,

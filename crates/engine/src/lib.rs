@@ -33,7 +33,9 @@ pub use host::{
     agent_bin, fds, guestlog, kernel, limits, metrics, paths, procfs, random, setup, tree,
 };
 pub use lifecycle::{commands, doctor, pool};
-pub use sandbox::{activity, client, diskwatch, files, net, secrets, volumes};
+pub use sandbox::{
+    activity, ca, client, diskwatch, files, intercept, net, packages, secrets, volumes,
+};
 pub use snapshot::{fastram, ram, runstate, state};
 
 pub use forkbox_protocol as protocol;

@@ -17,13 +17,12 @@
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use forkbox_migrate::reports::{Format, Results};
 use forkbox_test_infra as infra;
 
 mod common;
-use common::{locked, passed};
+use common::passed;
 
 /// Every project of this corpus runs with `FORKBOX_CORPUS=1` or `all`.
 fn enabled() -> bool {
@@ -33,92 +32,6 @@ fn enabled() -> bool {
 /// The chroot of Debian `suite` with its Node.js (made once per test home).
 fn chroot(dir: &Path, suite: &str) -> PathBuf {
     common::chroot(dir, suite, &["nodejs"], "usr/bin/node")
-}
-
-fn run(cmd: &mut Command, what: &str) {
-    let out = cmd.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{what}: {}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
-
-/// The package's tarball (fetched once into the cache), unpacked into a fresh directory, its
-/// development dependencies trimmed to `keep` (plus `add`), locked and installed.
-fn package(
-    dir: &Path,
-    spec: &str,
-    keep: &[&str],
-    add: &[(&str, &str)],
-    npm_test: Option<&str>,
-) -> (tempfile::TempDir, PathBuf) {
-    let cache = dir.join("tarballs");
-    std::fs::create_dir_all(&cache).unwrap();
-    let file = cache.join(format!("{}.tgz", spec.replace(['/', '@'], "_")));
-    locked(dir, || {
-        if !file.exists() {
-            let tmp = tempfile::tempdir_in(&cache).unwrap();
-            run(
-                Command::new("npm")
-                    .args(["pack", "--silent", spec])
-                    .current_dir(tmp.path()),
-                &format!("npm pack {spec}"),
-            );
-            let packed = std::fs::read_dir(tmp.path())
-                .unwrap()
-                .next()
-                .unwrap()
-                .unwrap()
-                .path();
-            std::fs::rename(packed, &file).unwrap();
-        }
-    });
-    let work = common::untar(&file);
-    let code = work.path().join("package");
-    let manifest = code.join("package.json");
-    let mut pkg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&manifest).unwrap()).unwrap();
-    let mut dev = serde_json::Map::new();
-    for (name, version) in pkg["devDependencies"]
-        .as_object()
-        .cloned()
-        .unwrap_or_default()
-    {
-        if keep.contains(&name.as_str()) {
-            dev.insert(name, version);
-        }
-    }
-    for (name, version) in add {
-        dev.insert(name.to_string(), serde_json::Value::from(*version));
-    }
-    pkg["devDependencies"] = serde_json::Value::Object(dev);
-    // What would run on install is not the suite's business; `npm test` is the suite's.
-    pkg.as_object_mut().unwrap().remove("scripts");
-    if let Some(test) = npm_test {
-        pkg["scripts"] = serde_json::json!({ "test": test });
-    }
-    std::fs::write(&manifest, serde_json::to_vec_pretty(&pkg).unwrap()).unwrap();
-    run(
-        Command::new("npm")
-            .args([
-                "install",
-                "--package-lock-only",
-                "--ignore-scripts",
-                "--no-audit",
-                "--no-fund",
-            ])
-            .current_dir(&code),
-        &format!("{spec}: npm install --package-lock-only"),
-    );
-    run(
-        Command::new("npm")
-            .args(["ci", "--ignore-scripts", "--no-audit", "--no-fund"])
-            .current_dir(&code),
-        &format!("{spec}: npm ci"),
-    );
-    (work, code)
 }
 
 /// The suite run natively in `root` (see [`common::native`]); its results and how long it took.
@@ -229,7 +142,7 @@ async fn check(s: Suite<'_>) {
     let dir = paths.home().join("corpus-js");
     std::fs::create_dir_all(&dir).unwrap();
     let (bookworm, trixie) = (chroot(&dir, "bookworm"), chroot(&dir, "trixie"));
-    let (_keep, code) = package(&dir, spec, keep, add, npm_test);
+    let (_keep, code) = infra::npm::project(&dir, spec, keep, add, npm_test);
 
     let by_hand = native_test.unwrap_or(test);
     let (native18, ms18) = native(&bookworm, &code, by_hand);
@@ -293,99 +206,13 @@ async fn check(s: Suite<'_>) {
     );
 }
 
-/// The development dependencies qs's tape suite needs (the rest of its list is tooling).
-const QS_KEEP: &[&str] = &[
-    "tape",
-    "es-value-fixtures",
-    "for-each",
-    "has-override-mistake",
-    "has-property-descriptors",
-    "has-symbols",
-    "iconv-lite",
-    "mock-property",
-    "object-inspect",
-    "safer-buffer",
-];
-
-/// `npm ci` in a sandbox, as a migration's prepare step runs it: qs with its tape suite's
-/// dependencies (136 packages), a lock file without `resolved` URLs (what this machine's npm
-/// writes, so npm first asks for every package's metadata: a hundred TLS connections at
-/// once), in a one-vCPU node-trixie sandbox that may reach the registry and nothing else.
-/// Under emulation the guest could not answer that many handshakes within the registry
-/// front's time (~10 s): it closed them, npm retried and in the end failed with ECONNRESET.
-/// New connections now take turns for their first round trip (`sandbox::handshakes`).
-/// Measured here without turns: 60 connections cut short, 100 fetches retried, 190 s; with
-/// them: none, none, 132 s. Prints `FIGURE` lines.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn npm_ci_in_a_sandbox() {
-    use forkbox_engine::sandbox::{Sandbox, SandboxConfig};
-    if !enabled() {
-        eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 to run it)");
-        return;
-    }
-    let paths = infra::home();
-    let image = infra::image(&paths, "node-trixie");
-    let dir = paths.home().join("corpus-js");
-    std::fs::create_dir_all(&dir).unwrap();
-    let (_keep, code) = package(&dir, "qs@6.13.0", QS_KEEP, &[], None);
-    let lock = std::fs::read_to_string(code.join("package-lock.json")).unwrap();
-    assert!(
-        !lock.contains("\"resolved\""),
-        "the lock file names no download URLs"
-    );
-    forkbox_engine::tree::remove_tree(&code.join("node_modules")).unwrap();
-    let cfg = SandboxConfig {
-        image,
-        memory_mib: 2048,
-        network: forkbox_engine::net::NetworkPolicy {
-            internet: false,
-            allow: vec!["registry.npmjs.org".into()],
-        },
-        ..Default::default()
-    };
-    let sb = Sandbox::create(&paths, &cfg).await.unwrap();
-    forkbox_engine::sandbox::files::upload(sb.client(), &code, "/root/qs")
-        .await
-        .unwrap();
-    let started = std::time::Instant::now();
-    let out = sb
-        .run(infra::argv(
-            &[
-                "sh",
-                "-c",
-                "cd /root/qs && npm ci --no-audit --no-fund --loglevel http 2>&1",
-            ],
-            &[],
-            1_500_000,
-        ))
-        .await
-        .unwrap();
-    let log = out.stdout_text();
-    let tail: Vec<&str> = log.lines().rev().take(15).collect();
-    assert_eq!(out.code(), 0, "npm ci failed:\n{}", tail.join("\n"));
-    let retried = log.matches(" attempt #").count();
-    let cut = sb.client().net.counts().cut_short;
-    println!(
-        "FIGURE npm ci of qs (136 packages) in a 1-vCPU sandbox: {:.0} s, {retried} fetches \
-         retried, {cut} connections the registry cut short",
-        started.elapsed().as_secs_f64()
-    );
-    // Without turns: 60 on a quiet machine. A few may still go on a host so loaded that a
-    // guest takes ~10 s for six handshakes.
-    assert!(
-        cut < 5,
-        "{cut} connections were cut short by the registry before the guest answered them"
-    );
-    sb.destroy().await;
-}
-
 /// tape, the suite of the issue that found the collapse: hundreds of assertions named
 /// "should be deeply equivalent" under 249 named tests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn qs_tape() {
     check(Suite {
         spec: "qs@6.13.0",
-        keep: QS_KEEP,
+        keep: infra::npm::QS_KEEP,
         add: &[],
         npm_test: None,
         test: "node_modules/.bin/tape 'test/**/*.js'",

@@ -304,7 +304,8 @@ pub struct Refresh {
     pub unix_secs: u64,
     pub unix_nanos: u32,
     pub hostname: String,
-    /// 32 lowercase hex digits, written to /etc/machine-id.
+    /// 32 lowercase hex digits, written to /etc/machine-id, with a new boot id drawn; empty
+    /// for the same machine resumed (a hibernated sandbox woken), which keeps both.
     pub machine_id: String,
     /// New cap on the processes of the copy's commands (0: unchanged).
     pub max_procs: u32,

@@ -11,6 +11,7 @@
 
 pub mod cluster_net;
 pub mod etcd;
+pub mod npm;
 pub mod registry;
 
 use std::path::{Path, PathBuf};
@@ -610,6 +611,36 @@ pub fn kube_python() -> PathBuf {
 /// `name` tells the environments apart; made once per machine.
 pub fn e2b_python(name: &str, spec: &str, module: &str) -> PathBuf {
     python_venv(name, &format!("import {module}"), &[spec])
+}
+
+/// E2B's own test suites, unchanged (`FORKBOX_E2B_SUITES`, else `../shared/e2b-suites` beside
+/// the repository), when this machine has them.
+pub fn e2b_suites() -> Option<PathBuf> {
+    let dir = match std::env::var_os("FORKBOX_E2B_SUITES") {
+        Some(d) => PathBuf::from(d),
+        None => repo_root().join("../shared/e2b-suites"),
+    };
+    dir.join("python-sdk/pytest.ini").exists().then_some(dir)
+}
+
+/// The Python that runs E2B's Python SDK suite: `e2b` at the suite's release and the suite's
+/// test dependencies (its `pyproject.toml`'s dev group), from PyPI; made once per machine.
+pub fn e2b_suite_python() -> PathBuf {
+    python_venv(
+        "e2b-suite-venv-2.45.1",
+        "import e2b, pytest, xdist, pytest_asyncio, pytest_timeout, dotenv\n\
+         from importlib.metadata import version\n\
+         assert version('e2b') == '2.45.1'",
+        &[
+            "e2b==2.45.1",
+            "pytest>=9.0.3,<10",
+            "pytest-xdist>=3.3.1,<4",
+            "python-dotenv>=1.0.0,<2",
+            "pytest-dotenv>=0.5.2,<0.6",
+            "pytest-asyncio>=1.3.0,<2",
+            "pytest-timeout>=2.4.0,<3",
+        ],
+    )
 }
 
 /// A directory (in the test home) whose `node_modules` holds npm package `package` (E2B's

@@ -282,6 +282,7 @@ impl Engine {
                 // Its guest has them mounted, and its holds stood while it slept.
                 volumes: sleeper.info.volumes.clone(),
                 volumes_in_guest: true,
+                packages: self.packages()?,
                 ..SandboxConfig::default()
             };
             let origin = format!("snapshot:{}", snap.meta.name);

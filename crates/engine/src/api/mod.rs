@@ -129,6 +129,7 @@ impl Sleeper {
             node: node.cloned(),
             transfer: None,
             secrets: self.secrets.as_ref().map(|s| s.views()).unwrap_or_default(),
+            network_log: Vec::new(),
         }
     }
 }
@@ -211,6 +212,7 @@ impl Entry {
                 .secrets()
                 .map(|s| s.views())
                 .unwrap_or_default(),
+            network_log: self.sandbox.client().net.notes(),
         }
     }
 }
@@ -245,6 +247,8 @@ pub struct Engine {
     /// This engine as its daemon holds it ([`Engine::bind`]): what a port forward of a
     /// sleeping sandbox wakes it through.
     me: std::sync::OnceLock<std::sync::Weak<Engine>>,
+    /// The home's package cache, opened when the first sandbox is made (none: turned off).
+    packages: std::sync::OnceLock<Option<Arc<crate::packages::PackageCache>>>,
 }
 
 /// A counter that moves on with every change to what the engine holds (an operation that is
@@ -289,7 +293,32 @@ impl Engine {
             transitions: Default::default(),
             between: Default::default(),
             me: std::sync::OnceLock::new(),
+            packages: std::sync::OnceLock::new(),
         }
+    }
+
+    /// The home's package cache (`FORKBOX_PACKAGE_CACHE` and its kin; see
+    /// [`crate::packages`]), opened the first time a sandbox is made.
+    pub fn packages(&self) -> Result<Option<Arc<crate::packages::PackageCache>>, EngineError> {
+        if let Some(p) = self.packages.get() {
+            return Ok(p.clone());
+        }
+        let opened = match crate::packages::Settings::from_env().map_err(EngineError::BadRequest)? {
+            None => None,
+            // Nothing to verify a registry against: its connections are tunnelled as they are.
+            Some(_) if crate::net::host_ca_bundle().is_none() => {
+                tracing::warn!(
+                    "the package cache is off: this host has no CA bundle to verify registries \
+                     against (install ca-certificates, or set SSL_CERT_FILE)"
+                );
+                None
+            }
+            Some(settings) => Some(
+                crate::packages::PackageCache::open(&self.paths.package_cache(), settings)
+                    .map_err(EngineError::Internal)?,
+            ),
+        };
+        Ok(self.packages.get_or_init(|| opened).clone())
     }
 
     /// Tells the engine how its daemon holds it, so that a connection to a sleeping
@@ -405,6 +434,16 @@ impl Engine {
                 interval_s,
                 e.sandbox.client().net.counts(),
             );
+        }
+        if let Some(Some(cache)) = self.packages.get() {
+            let c = cache.counts();
+            let answers = [
+                ("hit", c.hits),
+                ("revalidated", c.revalidated),
+                ("fetched", c.fetched),
+                ("passed", c.passed),
+            ];
+            self.metrics.package_cache(&answers, cache.size().0);
         }
     }
 
@@ -820,6 +859,7 @@ impl Engine {
         cfg.volumes = volumes::slotted(&self.paths, &r.volumes)?;
         // The daemon outlives any one request; its VMs must not die with a request's thread.
         cfg.die_with_parent = self.vms_die_with_thread;
+        cfg.packages = self.packages()?;
         Ok(cfg)
     }
 

@@ -22,6 +22,12 @@ pub struct NetLabel {
     pub direction: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AnswerLabel {
+    /// `hit`, `revalidated`, `fetched` or `passed` (see the package cache).
+    pub answer: String,
+}
+
 /// What a sandbox's proxy tunnels carried and how many the host refused, so far.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct NetCounts {
@@ -51,6 +57,9 @@ pub struct Metrics {
     pub network_bytes: Family<NetLabel, Gauge>,
     pub network_refused: Family<SandboxLabel, Gauge>,
     pub network_cut_short: Family<SandboxLabel, Gauge>,
+    /// The package cache's answers by kind, and the bytes it keeps.
+    pub package_answers: Family<AnswerLabel, Gauge>,
+    pub package_bytes: Gauge,
     /// Snapshots brought from other nodes, the chunks' bytes fetched, and those served.
     pub snapshots_pulled: Counter,
     pub chunk_bytes_fetched: Counter,
@@ -84,6 +93,8 @@ impl Default for Metrics {
             network_bytes: Family::default(),
             network_refused: Family::default(),
             network_cut_short: Family::default(),
+            package_answers: Family::default(),
+            package_bytes: Gauge::default(),
             snapshots_pulled: Counter::default(),
             chunk_bytes_fetched: Counter::default(),
             chunk_bytes_served: Counter::default(),
@@ -112,6 +123,18 @@ impl Metrics {
             "Connections of a sandbox a remote ended before the guest answered its first bytes \
              (a guest too slow for the server's handshake time)",
             self.network_cut_short.clone(),
+        );
+        registry.register(
+            "package_cache_answers",
+            "Registry requests of sandboxes the package cache answered, by how: from the cache \
+             (hit), from the cache after asking the registry (revalidated), fetched and kept \
+             (fetched), carried and kept nowhere (passed)",
+            self.package_answers.clone(),
+        );
+        registry.register(
+            "package_cache_bytes",
+            "Bytes of registry responses the package cache keeps",
+            self.package_bytes.clone(),
         );
         registry.register(
             "sandboxes_running",
@@ -185,6 +208,19 @@ impl Metrics {
         )];
         let r = Registry::with_prefix_and_labels("forkbox", labels.into_iter());
         let _ = self.labelled.set(self.registry_with(r));
+    }
+
+    /// Sets the package cache's figures: its answers by kind, and the bytes it keeps.
+    pub fn package_cache(&self, answers: &[(&str, u64)], bytes: u64) {
+        for (answer, n) in answers {
+            self.package_answers
+                .get_or_create(&AnswerLabel {
+                    answer: (*answer).to_string(),
+                })
+                .set(i64::try_from(*n).unwrap_or(i64::MAX));
+        }
+        self.package_bytes
+            .set(i64::try_from(bytes).unwrap_or(i64::MAX));
     }
 
     /// The metrics in Prometheus text format.

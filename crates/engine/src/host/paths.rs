@@ -5,6 +5,8 @@
 //! ├── kernels/<release>/      a Debian cloud kernel package, unpacked (vmlinuz, modules)
 //! ├── cache/initramfs/        initramfs per (kernel, agent) pair, content-addressed
 //! ├── cache/accel.json        the verdict of the KVM probe for this host
+//! ├── cache/packages/         the package cache: its CA (ca.key, 0600) and the registries'
+//! │                           responses (store/); removing it loses nothing but time
 //! ├── images/<name>/<N>/      immutable images: rootfs.ext4, image.json, recipe.toml
 //! ├── templates/<key>/        a booted image saved right after its agent answered: RAM file,
 //! │                           device state, disk; what `create` restores (key: image, size,
@@ -84,6 +86,9 @@ impl Paths {
     }
     pub fn kernels(&self) -> PathBuf {
         self.home.join("kernels")
+    }
+    pub fn package_cache(&self) -> PathBuf {
+        self.home.join("cache/packages")
     }
     pub fn initramfs_cache(&self) -> PathBuf {
         self.home.join("cache/initramfs")

@@ -9,14 +9,9 @@
 //! send a token). A placeholder sent anywhere else stays a placeholder. The values live in this
 //! process's memory only: not in the state database, a snapshot, a log or a reply.
 //!
-//! The tunnel machinery in [`crate::net`] carries bytes to a TCP stream; a secret's connection
-//! is one to this sandbox's listener on 127.0.0.1, which knows the connection by its source
-//! address (registered before connecting) and serves it with what it was opened for.
+//! A secret's connection is one to this sandbox's listener ([`crate::intercept`]).
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
-use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::sync::Arc;
 
 use base64::Engine as _;
 use forkbox_api::{entry_matches, SecretSpec, SecretView};
@@ -25,25 +20,16 @@ use hyper::body::Incoming;
 use hyper::header::{HeaderValue, AUTHORIZATION};
 use hyper::{Request, Response};
 use hyper_util::rt::TokioIo;
-use rustls_pki_types::pem::PemObject as _;
-use rustls_pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::{TcpListener, TcpSocket, TcpStream};
+use rustls_pki_types::ServerName;
+use tokio::net::TcpStream;
 
-/// How long the guest may take to start and finish its TLS handshake (under emulation on a
-/// busy host, seconds).
-const HANDSHAKE: Duration = Duration::from_secs(60);
-/// How long the connection to the real host may take, with its TLS handshake.
-const UPSTREAM: Duration = Duration::from_secs(30);
+use crate::ca::Ca;
+use crate::intercept::{Listener, Opened, Target, UPSTREAM};
 
 /// A sandbox's secrets, its CA and the certificates it issued so far.
 pub struct Secrets {
     entries: Vec<Entry>,
-    ca_der: CertificateDer<'static>,
-    ca_pem: String,
-    issuer: rcgen::Issuer<'static, rcgen::KeyPair>,
-    /// The one key of every host certificate this CA issues.
-    leaf_key: rcgen::KeyPair,
-    configs: Mutex<HashMap<String, Arc<rustls::ServerConfig>>>,
+    ca: Ca,
 }
 
 struct Entry {
@@ -51,24 +37,6 @@ struct Entry {
     hosts: Vec<String>,
     placeholder: String,
     value: String,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// This year, by the host's clock (a certificate's validity starts the year before).
-fn this_year() -> i32 {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    1970 + (secs / 31_556_952) as i32
-}
-
-fn validity(params: &mut rcgen::CertificateParams) {
-    let year = this_year();
-    params.not_before = rcgen::date_time_ymd(year - 1, 1, 1);
-    params.not_after = rcgen::date_time_ymd(year + 2, 1, 1);
 }
 
 impl Secrets {
@@ -90,31 +58,8 @@ impl Secrets {
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
-        let ca_key = rcgen::KeyPair::generate().map_err(|e| format!("make a CA key: {e}"))?;
-        let mut params = rcgen::CertificateParams::default();
-        params.distinguished_name.push(
-            rcgen::DnType::CommonName,
-            format!("forkbox sandbox {id} CA"),
-        );
-        params.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            rcgen::KeyUsagePurpose::KeyCertSign,
-            rcgen::KeyUsagePurpose::CrlSign,
-            rcgen::KeyUsagePurpose::DigitalSignature,
-        ];
-        validity(&mut params);
-        let ca = params
-            .self_signed(&ca_key)
-            .map_err(|e| format!("make a CA certificate: {e}"))?;
-        let leaf_key = rcgen::KeyPair::generate().map_err(|e| format!("make a key: {e}"))?;
-        Ok(Secrets {
-            entries,
-            ca_der: ca.der().clone(),
-            ca_pem: ca.pem(),
-            issuer: rcgen::Issuer::new(params, ca_key),
-            leaf_key,
-            configs: Mutex::new(HashMap::new()),
-        })
+        let ca = Ca::new(&format!("forkbox sandbox {id} CA"))?;
+        Ok(Secrets { entries, ca })
     }
 
     /// Names and hosts, for the sandbox's view.
@@ -146,7 +91,7 @@ impl Secrets {
 
     /// The CA's certificate, PEM: the guest trusts it.
     pub fn ca_pem(&self) -> &str {
-        &self.ca_pem
+        self.ca.pem()
     }
 
     /// Whether a connection to `host`:`port` is one a secret may go into.
@@ -170,141 +115,33 @@ impl Secrets {
         }
         (!used.is_empty()).then_some((out, used))
     }
-
-    /// The TLS configuration the guest's side of a connection to `host` is served with: a
-    /// certificate for `host` this CA issued (made once per host), HTTP/1.1 only.
-    fn server_config(&self, host: &str) -> Result<Arc<rustls::ServerConfig>, String> {
-        if let Some(c) = lock(&self.configs).get(host) {
-            return Ok(c.clone());
-        }
-        let mut params = rcgen::CertificateParams::new(vec![host.to_string()])
-            .map_err(|e| format!("a certificate for {host:?}: {e}"))?;
-        params
-            .distinguished_name
-            .push(rcgen::DnType::CommonName, host.to_string());
-        params.use_authority_key_identifier_extension = true;
-        params.key_usages = vec![rcgen::KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![rcgen::ExtendedKeyUsagePurpose::ServerAuth];
-        validity(&mut params);
-        let leaf = params
-            .signed_by(&self.leaf_key, &self.issuer)
-            .map_err(|e| format!("a certificate for {host:?}: {e}"))?;
-        let key = PrivateKeyDer::try_from(self.leaf_key.serialize_der())
-            .map_err(|e| format!("a key for {host:?}: {e}"))?;
-        let mut config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| format!("TLS for {host:?}: {e}"))?
-            .with_no_client_auth()
-            .with_single_cert(vec![leaf.der().clone(), self.ca_der.clone()], key)
-            .map_err(|e| format!("TLS for {host:?}: {e}"))?;
-        config.alpn_protocols = vec![b"http/1.1".to_vec()];
-        let config = Arc::new(config);
-        lock(&self.configs).insert(host.to_string(), config.clone());
-        Ok(config)
-    }
-}
-
-fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
-}
-
-/// The TLS configuration of this side's connections to the real hosts: verified against the
-/// host's CA bundle (read once), HTTP/1.1.
-fn upstream_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CONFIG: std::sync::OnceLock<Result<Arc<rustls::ClientConfig>, String>> =
-        std::sync::OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let bundle = crate::net::host_ca_bundle().ok_or(
-                "the host has no CA bundle (/etc/ssl/certs/ca-certificates.crt or SSL_CERT_FILE) to verify the secret's host against",
-            )?;
-            let mut roots = rustls::RootCertStore::empty();
-            let certs = CertificateDer::pem_file_iter(bundle)
-                .map_err(|e| format!("read {}: {e}", bundle.display()))?
-                .filter_map(Result::ok);
-            roots.add_parsable_certificates(certs);
-            let mut config = rustls::ClientConfig::builder_with_provider(provider())
-                .with_safe_default_protocol_versions()
-                .map_err(|e| format!("TLS: {e}"))?
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"http/1.1".to_vec()];
-            Ok(Arc::new(config))
-        })
-        .clone()
-}
-
-/// What a connection to the listener was opened for.
-#[derive(Clone)]
-pub(crate) struct Target {
-    pub host: String,
-    pub port: u16,
-    /// The address the policy resolved the host to.
-    pub addr: SocketAddr,
-    /// The sandbox, for log lines.
-    pub sandbox: String,
 }
 
 /// A sandbox's listener for its secrets' connections.
 pub struct SecretProxy {
     pub secrets: Arc<Secrets>,
-    addr: SocketAddr,
-    expected: Arc<Mutex<HashMap<SocketAddr, Target>>>,
-    accept: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for SecretProxy {
-    fn drop(&mut self) {
-        self.accept.abort();
-    }
+    listener: Listener,
 }
 
 impl SecretProxy {
-    /// Starts the listener of `secrets` on 127.0.0.1 (a port of its own).
+    /// Starts the listener of `secrets`.
     pub async fn start(secrets: Arc<Secrets>) -> std::io::Result<SecretProxy> {
-        let listener = TcpListener::bind("127.0.0.1:0").await?;
-        let addr = listener.local_addr()?;
-        let expected: Arc<Mutex<HashMap<SocketAddr, Target>>> = Default::default();
-        let (known, s) = (expected.clone(), secrets.clone());
-        let accept = tokio::spawn(async move {
-            loop {
-                let Ok((stream, peer)) = listener.accept().await else {
-                    // Out of descriptors, say: wait a moment rather than spin.
-                    tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                    continue;
-                };
-                // Only connections this process registered: anyone else on the host gets
-                // nothing but a closed connection.
-                let Some(target) = lock(&known).remove(&peer) else {
-                    continue;
-                };
-                tokio::spawn(serve(stream, target, s.clone()));
-            }
-        });
-        Ok(SecretProxy {
-            secrets,
-            addr,
-            expected,
-            accept,
-        })
+        let s = secrets.clone();
+        let listener = Listener::start(Arc::new(move |stream, target| {
+            Box::pin(serve(stream, target, s.clone()))
+        }))
+        .await?;
+        Ok(SecretProxy { secrets, listener })
     }
 
     /// Where the listener is (on the host's loopback, which no guest may reach).
-    pub fn addr(&self) -> SocketAddr {
-        self.addr
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.listener.addr()
     }
 
     /// A connection for a tunnel to `target`, served by this listener.
     pub(crate) async fn connect(&self, target: Target) -> std::io::Result<TcpStream> {
-        let socket = TcpSocket::new_v4()?;
-        socket.bind("127.0.0.1:0".parse().map_err(std::io::Error::other)?)?;
-        let local = socket.local_addr()?;
-        lock(&self.expected).insert(local, target);
-        let r = socket.connect(self.addr).await;
-        if r.is_err() {
-            lock(&self.expected).remove(&local);
-        }
-        r
+        self.listener.connect(target).await
     }
 }
 
@@ -312,15 +149,7 @@ impl SecretProxy {
 /// the guest does not speak TLS first, the bytes carried to the host untouched (no secret goes
 /// into a connection in clear).
 async fn serve(guest: TcpStream, t: Target, secrets: Arc<Secrets>) {
-    let mut first = [0u8; 1];
-    match tokio::time::timeout(HANDSHAKE, guest.peek(&mut first)).await {
-        Ok(Ok(1..)) => {}
-        _ => return,
-    }
-    if first[0] != 0x16 {
-        return carry_plain(guest, t).await;
-    }
-    let config = match secrets.server_config(&t.host) {
+    let config = match secrets.ca.server_config(&t.host) {
         Ok(c) => c,
         Err(e) => {
             tracing::warn!("{}: secrets: {e}", t.sandbox);
@@ -329,22 +158,9 @@ async fn serve(guest: TcpStream, t: Target, secrets: Arc<Secrets>) {
     };
     // The connection to the real host is made while the guest's handshake runs (a guest
     // under emulation takes tens of ms for it): the request then waits for neither in turn.
-    let accept = tokio::time::timeout(
-        HANDSHAKE,
-        tokio_rustls::TlsAcceptor::from(config).accept(guest),
-    );
-    let (accepted, up) = tokio::join!(accept, upstream(&t));
-    let guest_tls = match accepted {
-        Ok(Ok(s)) => s,
-        Ok(Err(e)) => {
-            tracing::info!(
-                "{}: secrets: the guest's TLS handshake for {} failed: {e}",
-                t.sandbox,
-                t.host
-            );
-            return;
-        }
-        Err(_) => return,
+    let (opened, up) = tokio::join!(crate::intercept::accept(guest, &t, config), upstream(&t));
+    let Opened::Tls(guest_tls) = opened else {
+        return;
     };
     let io = TokioIo::new(guest_tls);
     let served = match up {
@@ -393,7 +209,7 @@ fn bad_gateway(why: &str) -> Response<Body> {
 /// The connection to the real host: TCP to the address the policy chose, TLS verified for its
 /// name, HTTP/1.1.
 async fn upstream(t: &Target) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, String> {
-    let config = upstream_config()?;
+    let config = crate::ca::upstream_config()?;
     let name = ServerName::try_from(t.host.clone())
         .map_err(|e| format!("{} is not a name TLS can verify: {e}", t.host))?;
     let connect = async {
@@ -494,15 +310,6 @@ pub fn put_secrets(
     used
 }
 
-/// A connection to a secret's host that does not start with TLS: carried as it is.
-async fn carry_plain(mut guest: TcpStream, t: Target) {
-    let Ok(Ok(mut remote)) = tokio::time::timeout(UPSTREAM, TcpStream::connect(t.addr)).await
-    else {
-        return;
-    };
-    let _ = tokio::io::copy_bidirectional(&mut guest, &mut remote).await;
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -589,10 +396,10 @@ mod tests {
         assert_ne!(placeholder(&a, "TOKEN"), placeholder(&b, "TOKEN"));
         assert!(!a.ca_pem().contains("PRIVATE"));
         // A certificate per host, made once.
-        let c1 = a.server_config("api.example.com").expect("config");
-        let c2 = a.server_config("api.example.com").expect("config");
+        let c1 = a.ca.server_config("api.example.com").expect("config");
+        let c2 = a.ca.server_config("api.example.com").expect("config");
         assert!(Arc::ptr_eq(&c1, &c2));
-        a.server_config("10.9.8.7")
+        a.ca.server_config("10.9.8.7")
             .expect("an IP address gets a certificate too");
     }
 }

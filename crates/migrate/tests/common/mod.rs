@@ -12,14 +12,8 @@ use std::time::Instant;
 use forkbox_migrate::flow::MigrateReport;
 use forkbox_migrate::MigrateConfig;
 
-/// Runs `f` holding the lock of the cache in `dir` (the corpus tests run side by side).
-pub fn locked<T>(dir: &Path, f: impl FnOnce() -> T) -> T {
-    let file = std::fs::File::create(dir.join(".lock")).unwrap();
-    let _lock = nix::fcntl::Flock::lock(file, nix::fcntl::FlockArg::LockExclusive)
-        .map_err(|(_, e)| e)
-        .unwrap();
-    f()
-}
+#[allow(unused_imports)] // each test file uses some of them
+pub use forkbox_test_infra::npm::{locked, untar};
 
 /// A finished migration of one plan: its report, how long it took, and its output directory.
 pub struct OnePlan {
@@ -266,20 +260,6 @@ pub async fn same_and_break(
         toml(breaks)
     );
     migration(paths, images, code, test, &[SAME, &broken], 1).await
-}
-
-/// `file` (a `.tar.gz`) unpacked into a fresh directory.
-pub fn untar(file: &Path) -> tempfile::TempDir {
-    let work = tempfile::tempdir().unwrap();
-    let st = Command::new("tar")
-        .arg("xzf")
-        .arg(file)
-        .arg("-C")
-        .arg(work.path())
-        .status()
-        .unwrap();
-    assert!(st.success(), "tar xzf {}", file.display());
-    work
 }
 
 /// Checks a finished two-plan migration against the native runs: the baseline is `old`, the
