@@ -12,6 +12,8 @@
 #   50 MB: `files.write` + `files.read` against `forkbox sandbox upload` + `download`
 #   the code interpreter (`e2b-code-interpreter`): create -> first cell against create -> first
 #       command, and a trivial cell's round trip against `commands.run("true")`
+#   E2B's own test suites (crates/cli/tests/e2b_suites.rs): each suite's wall time per mode, with
+#       its counts (BENCH_E2B_SUITES=0 leaves them out)
 # BENCH_E2B_ROUNDS (default 15) creates, 3x as many commands.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -147,3 +149,10 @@ cs.kill()
 sbx.kill()
 fs.stop()
 PY
+
+# E2B's own suites, in every mode, with the counts and wall time each prints.
+if [ "${BENCH_E2B_SUITES:-1}" = 1 ]; then
+  echo "E2B's own test suites (two tests at a time, TCG):"
+  FORKBOX_E2B_SUITES_ALL=1 cargo nextest run -p forkbox-cli --test e2b_suites --test-threads 1 --no-capture 2>&1 \
+    | grep -E '^(E2B SUITE|skipped)' | sed 's/^/  /'
+fi

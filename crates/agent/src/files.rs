@@ -27,8 +27,15 @@ pub fn write(path: &str, mode: u32, append: bool, data: &[u8]) -> io::Result<()>
         .truncate(!append)
         .mode(mode)
         .open(p)?;
-    if !append {
+    // The mode asked for, whatever the umask made of it or the file had (and no change, and
+    // no event to a watch of the directory, when it has it already).
+    if !append && f.metadata()?.permissions().mode() & 0o7777 != mode & 0o7777 {
         f.set_permissions(fs::Permissions::from_mode(mode))?;
+    }
+    if !append {
+        // A file written whole is a new file to E2B's SDKs: the metadata of the one it
+        // replaces goes (a file system without user attributes has none to lose).
+        let _ = crate::xattrs::clear(p);
     }
     f.write_all(data)
 }

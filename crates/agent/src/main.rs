@@ -12,9 +12,19 @@ mod net;
 mod refresh;
 mod serve;
 mod volumes;
+mod watch;
+mod xattrs;
 
 fn main() {
     if std::process::id() != 1 {
+        // Run by a guest process as a helper of the E2B front end's scripts: file metadata
+        // (`/proc/1/exe xattrs …`, as root) and watches (a copy of the binary, as a user).
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        match args.get(1).and_then(|a| a.to_str()) {
+            Some("xattrs") => std::process::exit(xattrs::main(&args[2..])),
+            Some("watch") => std::process::exit(watch::main(&args[2..])),
+            _ => {}
+        }
         eprintln!("forkbox-agent: must run as PID 1 inside a forkbox guest");
         std::process::exit(2);
     }

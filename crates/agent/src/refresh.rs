@@ -22,10 +22,25 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
         nix::unistd::sethostname(&r.hostname).map_err(io::Error::from)?;
         fs::write(hostname_file, format!("{}\n", r.hostname))?;
     }
+    // No machine id: the same machine resumed, which keeps its machine id and boot id.
     if !r.machine_id.is_empty() {
         fs::write(machine_id_file, format!("{}\n", r.machine_id))?;
+        new_boot_id()?;
     }
-    // A boot id of its own, drawn after the reseed above.
+    if r.grow_root_to > 0 {
+        grow_root(r.grow_root_to)?;
+    }
+    if r.max_procs > 0 {
+        fs::write(
+            format!("{}/pids.max", crate::boot::COMMANDS_CGROUP),
+            r.max_procs.to_string(),
+        )?;
+    }
+    Ok(())
+}
+
+/// A boot id of the copy's own, drawn from the reseeded RNG.
+fn new_boot_id() -> io::Result<()> {
     let mut b = [0u8; 16];
     io::Read::read_exact(&mut fs::File::open("/dev/urandom")?, &mut b)?;
     b[6] = (b[6] & 0x0f) | 0x40;
@@ -41,17 +56,7 @@ pub fn apply(r: &Refresh) -> io::Result<()> {
             &hex[16..20],
             &hex[20..]
         ),
-    )?;
-    if r.grow_root_to > 0 {
-        grow_root(r.grow_root_to)?;
-    }
-    if r.max_procs > 0 {
-        fs::write(
-            format!("{}/pids.max", crate::boot::COMMANDS_CGROUP),
-            r.max_procs.to_string(),
-        )?;
-    }
-    Ok(())
+    )
 }
 
 /// Credits `entropy` to the input pool, then forces the CRNG to reseed from it, so that

@@ -47,6 +47,20 @@ pub struct SandboxView {
     /// Whether use wakes it while it sleeps.
     #[serde(default)]
     pub wake_on_use: bool,
+    /// What the host decided about its connections lately, oldest first (at most
+    /// [`NETWORK_LOG_LINES`]): tunnels refused by its policy, connections ended and why.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub network_log: Vec<NetworkNote>,
+}
+
+/// The most lines a sandbox's [`SandboxView::network_log`] keeps.
+pub const NETWORK_LOG_LINES: usize = 64;
+
+/// One line of a sandbox's network log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct NetworkNote {
+    pub at_unix: u64,
+    pub text: String,
 }
 
 /// A snapshot or image brought to a node from the nodes that held it, by chunks: what moved

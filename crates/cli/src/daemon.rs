@@ -179,6 +179,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
             SandboxCmd::PortForward(a) => port_forward(&c, a).await,
             SandboxCmd::Network { id, net, json } => crate::network::set(&c, &id, &net, json).await,
             SandboxCmd::Idle(a) => idle(&c, a).await,
+            SandboxCmd::Logs { id, json } => logs(&c, &id, json).await,
             SandboxCmd::Resume { id, json } => {
                 let v = c.resume(&id).await?;
                 show(json, &v, || {
@@ -285,6 +286,21 @@ async fn idle(c: &Client, a: IdleCmdArgs) -> anyhow::Result<ExitCode> {
             }
         ),
         None => println!("{id} does not sleep by itself"),
+    })
+}
+
+async fn logs(c: &Client, id: &str, json: bool) -> anyhow::Result<ExitCode> {
+    let v = c.get(id).await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    show(json, &v.network_log, || {
+        if v.network_log.is_empty() {
+            println!("the host has refused or ended none of {id}'s connections");
+        }
+        for n in &v.network_log {
+            println!("{:>6} s ago  {}", now.saturating_sub(n.at_unix), n.text);
+        }
     })
 }
 

@@ -222,6 +222,16 @@ pub enum SandboxCmd {
     },
     /// Fork a running sandbox or a snapshot into COUNT new sandboxes; prints their ids.
     Fork(ForkArgs),
+    /// What the host decided about a sandbox's connections lately: tunnels its policy refused,
+    /// connections ended and why (the last 64 lines; the daemon's log has them too).
+    Logs {
+        /// Sandbox id.
+        #[arg(value_parser = sandbox_id)]
+        id: String,
+        /// Print them as JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Set a sandbox's TTL anew, counted from now.
     Ttl {
         /// Sandbox id.

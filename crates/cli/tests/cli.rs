@@ -2522,6 +2522,29 @@ fn a_running_sandboxs_network_is_replaced() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(v["network"]["allow"], serde_json::json!(["pypi.org"]));
     assert_ne!(proxy(&id), "none");
+    // A host the policy does not allow is refused, and `sandbox logs` says so beside it.
+    let out = run(&paths, &["sandbox", "logs", &id]);
+    assert!(
+        text(&out.stdout).contains("none of"),
+        "{}",
+        text(&out.stdout)
+    );
+    // (The proxy's answer may come in pieces: read to its first line's end.)
+    let asked = "import socket; s = socket.create_connection(('127.0.0.1', 3128)); \
+                 s.sendall(b'CONNECT example.com:443 HTTP/1.1\\r\\n\\r\\n'); a = b''\n\
+                 while b'\\r\\n' not in a:\n    b = s.recv(200)\n    a += b\n    \
+                 if not b: break\nprint(a)";
+    let out = run(
+        &paths,
+        &["sandbox", "exec", &id, "--", "python3", "-c", asked],
+    );
+    assert!(text(&out.stdout).contains("403"), "{}", text(&out.stdout));
+    let out = run(&paths, &["sandbox", "logs", &id]);
+    let said = text(&out.stdout);
+    assert!(
+        said.contains("tunnel to \"example.com\":443 refused") && said.contains("s ago"),
+        "{said}"
+    );
     let out = run(&paths, &["sandbox", "network", &id]);
     assert!(
         text(&out.stdout).contains("no network"),

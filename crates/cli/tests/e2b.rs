@@ -12,6 +12,7 @@ use std::process::Command;
 use forkbox_test_infra as infra;
 
 mod common;
+use common::domain::DomainMode;
 use common::{forkbox, stop_daemon_of, Daemon};
 
 fn scenario(file: &str) -> PathBuf {
@@ -21,21 +22,9 @@ fn scenario(file: &str) -> PathBuf {
 /// `program` with E2B's variables aimed at daemon `d`: its TCP listener for the API and the
 /// sandboxes, its token as the key, a second token of the same daemon as another user's key.
 fn e2b_client(d: &Daemon, program: &Path) -> Command {
-    let other = forkbox(&d.paths)
-        .args(["token", "create", "--name", "another-user"])
-        .output()
-        .unwrap();
-    assert!(other.status.success());
-    let mut c = d.client(program);
-    c.env("E2B_API_KEY", &d.token)
-        .env(
-            "E2B_OTHER_KEY",
-            String::from_utf8(other.stdout).unwrap().trim(),
-        )
-        .env("E2B_API_URL", &d.tcp)
-        .env("E2B_SANDBOX_URL", &d.tcp)
-        .env_remove("E2B_DOMAIN")
-        .env_remove("E2B_DEBUG");
+    let other = d.new_token("another-user", false);
+    let mut c = d.e2b_url_client(program, &d.token);
+    c.env("E2B_OTHER_KEY", other);
     c
 }
 
@@ -114,85 +103,24 @@ fn javascript_sdk_newest_and_the_v1_paths() {
 fn python_sdk_in_domain_mode_over_tls() {
     infra::image(&infra::home(), "base");
     let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
-    let mut net = infra::TestNet::new();
-    let paths = infra::isolated_home("e2b-domain");
-    let listen = format!("{}:443", net.host_ip);
-    let d = Daemon::start_on(paths, &listen, &["--e2b-domain", "e2b.test"]);
-    // A resolver of the namespace's own: *.e2b.test is the daemon.
-    let dns = net.peer_ips[0].clone();
-    let log = d.paths.home().join("dnsmasq.log");
-    let _ = std::fs::remove_file(d.paths.home().join("dnsmasq.pid"));
-    net.run_server(
-        "dnsmasq",
-        &[
-            "--keep-in-foreground",
-            "--no-resolv",
-            "--no-hosts",
-            "--bind-interfaces",
-            &format!("--listen-address={dns}"),
-            &format!("--address=/e2b.test/{}", net.host_ip),
-            &format!(
-                "--pid-file={}",
-                d.paths.home().join("dnsmasq.pid").display()
-            ),
-            "--log-queries",
-            "--log-facility=-",
-        ],
-        &dns,
-        53,
-        &log,
-    );
-    // `ip netns exec` puts /etc/netns/NAME/resolv.conf in place of /etc/resolv.conf.
-    let etc = Path::new("/etc/netns").join(&net.name);
-    std::fs::create_dir_all(&etc).unwrap();
-    std::fs::write(etc.join("resolv.conf"), format!("nameserver {dns}\n")).unwrap();
-    let _clean = Cleanup(etc.clone());
-    // The SDK trusts the system's roots and the daemon's CA.
-    let ca = d.paths.home().join("e2b-tls/ca.pem");
-    let mut bundle =
-        std::fs::read_to_string("/etc/ssl/certs/ca-certificates.crt").unwrap_or_default();
-    bundle.push_str(&std::fs::read_to_string(&ca).unwrap());
-    let bundle_file = d.paths.home().join("trusted.pem");
-    std::fs::write(&bundle_file, bundle).unwrap();
-    let other = forkbox(&d.paths)
-        .args(["token", "create", "--name", "another-user"])
-        .output()
-        .unwrap();
-    let mut cmd = Command::new("ip");
-    cmd.args(["netns", "exec", &net.name])
-        .arg(&python)
-        .arg(scenario("scenario.py"))
+    let dm = DomainMode::start("e2b-domain", "e2b.test");
+    let other = dm.daemon.new_token("another-user", false);
+    let mut cmd = dm.client(&python, &dm.daemon.token);
+    cmd.arg(scenario("scenario.py"))
         .arg("sync")
-        .env("E2B_DOMAIN", "e2b.test")
-        .env("E2B_API_KEY", &d.token)
-        .env(
-            "E2B_OTHER_KEY",
-            String::from_utf8(other.stdout).unwrap().trim(),
-        )
-        .env("SSL_CERT_FILE", &bundle_file)
-        .env_remove("E2B_API_URL")
-        .env_remove("E2B_SANDBOX_URL")
-        .env_remove("FORKBOX_API")
-        .current_dir(infra::repo_root())
-        .stdin(std::process::Stdio::null());
-    let out = d.check(&mut cmd, "e2b (Python, newest) in domain mode");
+        .env("E2B_OTHER_KEY", other)
+        .current_dir(infra::repo_root());
+    let out = dm
+        .daemon
+        .check(&mut cmd, "e2b (Python, newest) in domain mode");
     assert!(out.contains("all sync steps passed"), "{out}");
     assert!(out.contains("get_host(8080) reaches"), "{out}");
-    let queries = std::fs::read_to_string(&log).unwrap_or_default();
+    let queries = std::fs::read_to_string(&dm.dns_log).unwrap_or_default();
     assert!(
         queries.contains("api.e2b.test"),
         "the SDK did not ask the test's resolver:\n{queries}"
     );
-    d.assert_nothing_left();
-}
-
-/// Removes a directory when dropped.
-struct Cleanup(PathBuf);
-
-impl Drop for Cleanup {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
+    dm.daemon.assert_nothing_left();
 }
 
 /// An agent framework's E2B adapter, unchanged: the OpenAI Agents SDK's E2B sandbox client
@@ -208,12 +136,7 @@ fn openai_agents_e2b_sandbox_client() {
         "agents.extensions.sandbox.e2b",
     );
     let d = Daemon::start("e2b-openai-agents");
-    let key = forkbox(&d.paths)
-        .args(["token", "create", "--e2b", "--name", "agents"])
-        .output()
-        .unwrap();
-    assert!(key.status.success());
-    let key = String::from_utf8(key.stdout).unwrap().trim().to_string();
+    let key = d.new_token("agents", true);
     assert!(key.starts_with("e2b_"), "{key}");
     let out = d.check(
         e2b_client(&d, &python)

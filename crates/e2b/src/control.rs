@@ -130,6 +130,8 @@ struct NewSandbox {
     metadata: Option<BTreeMap<String, String>>,
     env_vars: Option<BTreeMap<String, String>>,
     auto_pause: Option<bool>,
+    /// `false`: the TTL's pause is filesystem-only (refused: not done yet).
+    auto_pause_memory: Option<bool>,
     auto_resume: Option<Value>,
     #[serde(rename = "allow_internet_access")]
     allow_internet_access: Option<bool>,
@@ -145,6 +147,7 @@ struct Network {
     allow_out: Option<Vec<String>>,
     deny_out: Option<Vec<String>>,
     allow_public_traffic: Option<bool>,
+    mask_request_host: Option<String>,
     egress_proxy: Option<Value>,
     rules: Option<Value>,
     /// In an update (in a create it is the body's).
@@ -160,6 +163,9 @@ fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
     }
     if set(&n.iam) {
         return Err(Failure::unsupported("IAM tokens (`iam`)"));
+    }
+    if n.auto_pause_memory == Some(false) {
+        return Err(Failure::unsupported(FS_ONLY_PAUSE));
     }
     Ok(())
 }
@@ -181,11 +187,6 @@ fn policy(net: Option<&Network>, internet: Option<bool>) -> Result<NetworkPolicy
             || net.rules.as_ref().is_some_and(|v| !v.is_null())
         {
             return Err(Failure::unsupported("`egressProxy` or network `rules`"));
-        }
-        if net.allow_public_traffic == Some(false) {
-            return Err(Failure::unsupported(
-                "`allowPublicTraffic: false` (ports are reached through the daemon, with its token)",
-            ));
         }
     }
     let deny_all = deny.iter().any(|d| all_traffic(d));
@@ -225,6 +226,7 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     }
     labels.insert(OWNER_LABEL.into(), c.owner.clone());
     labels.insert(TEMPLATE_LABEL.into(), n.template_id.clone());
+    labels.insert(keys::STARTED_LABEL.into(), now_ms().to_string());
     let resume = n
         .auto_resume
         .as_ref()
@@ -232,6 +234,20 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         .and_then(Value::as_bool);
     if resume == Some(true) {
         labels.insert(keys::AUTO_RESUME_LABEL.into(), "1".into());
+    }
+    if let Some(net) = &n.network {
+        if net.allow_public_traffic == Some(false) {
+            labels.insert(keys::PRIVATE_TRAFFIC_LABEL.into(), "1".into());
+        }
+        if let Some(mask) = net.mask_request_host.as_ref().filter(|m| !m.is_empty()) {
+            axum::http::HeaderValue::from_str(mask).map_err(|_| {
+                Failure::new(
+                    400,
+                    format!("maskRequestHost {mask:?} is not a host header"),
+                )
+            })?;
+            labels.insert(keys::MASK_HOST_LABEL.into(), mask.clone());
+        }
     }
     let env = crate::guest::env_file(&n.env_vars.clone().unwrap_or_default())
         .map_err(|m| Failure::new(400, m))?;
@@ -334,6 +350,7 @@ async fn kill(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<Stri
     mine(&c, &id).await?;
     c.client.delete(&id).await?;
     e.forget(&id);
+    e.metrics.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
@@ -362,7 +379,12 @@ async fn connect(
         }
         _ => (v, StatusCode::OK),
     };
+    // Connecting only ever extends a running sandbox's life (E2B's); a resumed one gets it.
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
     let v = match t.timeout {
+        Some(s) if code == StatusCode::OK && v.expires_unix.is_none_or(|end| end >= now + s) => v,
         Some(s) => c.client.set_ttl(&id, s.max(1)).await?,
         None => v,
     };
@@ -385,8 +407,27 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn pause(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+/// What forkbox does not do yet, said where E2B's SDK asks for it.
+const FS_ONLY_PAUSE: &str = "a filesystem-only pause (`keep_memory=False`: a pause keeps the \
+     sandbox's memory and processes, and its resume is the same machine; pause with memory)";
+
+/// A pause's body: `memory: false` asks for a filesystem-only pause.
+#[derive(Debug, Default, Deserialize)]
+struct PauseRequest {
+    memory: Option<bool>,
+}
+
+async fn pause(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    bytes: bytes::Bytes,
+) -> Answer {
     let c = caller(&e, &headers)?;
+    let asked: PauseRequest = body(&bytes)?;
+    if asked.memory == Some(false) {
+        return Err(Failure::unsupported(FS_ONLY_PAUSE));
+    }
     let v = mine(&c, &id).await?;
     if shape::state(&v) == "paused" {
         return Err(Failure::of(
@@ -400,44 +441,40 @@ async fn pause(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<Str
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-async fn metrics(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<String>) -> Answer {
+/// `start` and `end` of a metrics request (Unix seconds).
+#[derive(Debug, Default, Deserialize)]
+struct Range {
+    start: Option<u64>,
+    end: Option<u64>,
+}
+
+/// The sandbox's kept metrics in the asked range, a new sample taken first when the newest
+/// is older than the collection bucket (`metrics`).
+async fn metrics(
+    State(e): State<Arc<E2b>>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Query(r): Query<Range>,
+) -> Answer {
     let c = caller(&e, &headers)?;
     let v = mine(&c, &id).await?;
-    if shape::state(&v) == "paused" {
-        return Ok(Json(json!([])).into_response());
-    }
-    let out = e
-        .run_root(
-            &id,
-            vec![
-                "/bin/sh".into(),
-                "-c".into(),
-                crate::guest::METRICS_SCRIPT.into(),
-            ],
-        )
-        .await?;
-    let n: Vec<u64> = out
-        .split_whitespace()
-        .map(|w| w.parse().unwrap_or(0))
-        .collect();
-    let at = |i: usize| n.get(i).copied().unwrap_or(0);
     let now = std::time::SystemTime::now();
-    let unix = now
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs())
-        .unwrap_or(0);
-    Ok(Json(json!([{
-        "timestamp": humantime::format_rfc3339_seconds(now).to_string(),
-        "timestampUnix": unix,
-        "cpuCount": at(0),
-        "cpuUsedPct": at(1) as f64,
-        "memUsed": at(2),
-        "memTotal": at(3),
-        "memCache": at(4),
-        "diskUsed": at(5),
-        "diskTotal": at(6),
-    }]))
-    .into_response())
+    if shape::state(&v) != "paused" && e.metrics.wants_sample(&id, now) {
+        let out = e
+            .run_root(
+                &id,
+                vec![
+                    "/bin/sh".into(),
+                    "-c".into(),
+                    crate::guest::METRICS_SCRIPT.into(),
+                ],
+            )
+            .await?;
+        e.metrics
+            .keep(&id, crate::metrics::Sample::parse(now, &out));
+    }
+    let kept = e.metrics.range(&id, r.start, r.end);
+    Ok(Json(Value::Array(kept.iter().map(|s| s.json()).collect())).into_response())
 }
 
 /// `update_network`: the sandbox's policy replaced (fields left out are cleared, as E2B has it).
@@ -466,10 +503,17 @@ struct ListQuery {
     next_token: Option<String>,
     order: Option<String>,
     template: Option<String>,
+    started_after: Option<String>,
 }
 
-/// The caller's sandboxes that pass the query's filters, oldest first (newest with
-/// `order=desc`).
+fn now_ms() -> u128 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis())
+}
+
+/// The caller's sandboxes that pass the query's filters, newest first (oldest with
+/// `order=asc`), as E2B lists them.
 async fn listing(c: &Caller, q: &ListQuery) -> Result<Vec<SandboxView>, Failure> {
     let label = format!("{OWNER_LABEL}={}", c.owner);
     let mut all = c
@@ -494,9 +538,32 @@ async fn listing(c: &Caller, q: &ListQuery) -> Result<Vec<SandboxView>, Failure>
             && (states.is_empty() || states.contains(&shape::state(v)))
             && q.template.as_ref().is_none_or(|t| &shape::template(v) == t)
     });
-    all.sort_by(|a, b| (a.created_unix, &a.info.id).cmp(&(b.created_unix, &b.info.id)));
-    if q.order.as_deref() == Some("desc") {
-        all.reverse();
+    arrange(all, q)
+}
+
+/// `all` made after the query's `startedAfter`, in its order (newest first by default), by
+/// when each was made to the ms, then by id.
+fn arrange(mut all: Vec<SandboxView>, q: &ListQuery) -> Result<Vec<SandboxView>, Failure> {
+    if let Some(after) = &q.started_after {
+        // As the SDKs send it: RFC 3339 with any offset (Python's `isoformat()` of an aware
+        // time gives `+00:00`), to the microsecond.
+        let t = time::OffsetDateTime::parse(after, &time::format_description::well_known::Rfc3339)
+            .map_err(|e| {
+                Failure::new(
+                    400,
+                    format!("startedAfter {after:?}: {e} (an RFC 3339 time: 2025-01-31T12:00:00Z)"),
+                )
+            })?;
+        let ms = (t.unix_timestamp_nanos() / 1_000_000).max(0) as u64;
+        // A sandbox started at the very time asked for is in (E2B's SDK lists with a
+        // sandbox's own `startedAt`).
+        all.retain(|v| shape::started_ms(v) >= ms);
+    }
+    all.sort_by(|a, b| (shape::started_ms(a), &a.info.id).cmp(&(shape::started_ms(b), &b.info.id)));
+    match q.order.as_deref() {
+        None | Some("desc") => all.reverse(),
+        Some("asc") => {}
+        Some(o) => return Err(Failure::new(400, format!("order {o:?}: `asc` or `desc`"))),
     }
     Ok(all)
 }
@@ -693,6 +760,7 @@ async fn fork(
     }
     let mut labels = v.labels.clone();
     labels.insert(OWNER_LABEL.into(), c.owner.clone());
+    labels.insert(keys::STARTED_LABEL.into(), now_ms().to_string());
     let req = ForkRequest {
         count,
         labels,
@@ -712,4 +780,68 @@ async fn fork(
             .map(|f| json!({ "error": { "code": 500, "message": f } })),
     );
     Ok(status(StatusCode::CREATED, Value::Array(out)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(id: &str, created_unix: u64, started_ms: Option<u64>) -> SandboxView {
+        let mut labels = serde_json::Map::new();
+        if let Some(ms) = started_ms {
+            labels.insert(keys::STARTED_LABEL.into(), ms.to_string().into());
+        }
+        serde_json::from_value(json!({
+            "id": id, "image": "base", "accel": {"accel": "tcg", "reason": ""},
+            "cpus": 1, "memory_mib": 512, "guest_kernel": "k", "boot_ms": 0,
+            "labels": labels, "created_unix": created_unix, "expires_unix": null,
+            "from_pool": false, "state": "running", "failure": null, "ttl_action": "delete",
+            "network": {"internet": false, "allow": []}, "node": null, "transfer": null,
+        }))
+        .expect("a view")
+    }
+
+    fn ids(q: &ListQuery, all: &[SandboxView]) -> Result<Vec<String>, u16> {
+        arrange(all.to_vec(), q)
+            .map(|v| v.into_iter().map(|v| v.info.id).collect())
+            .map_err(|f| f.status)
+    }
+
+    #[test]
+    fn listing_is_newest_first_to_the_ms_and_filtered_by_start() {
+        // Made in the same second, the later one's id sorting first: the ms decide.
+        let all = [
+            view("sb-b", 1_700_000_000, Some(1_700_000_000_100)),
+            view("sb-a", 1_700_000_000, Some(1_700_000_000_900)),
+            view("sb-old", 1_600_000_000, None),
+        ];
+        let q = ListQuery::default();
+        assert_eq!(ids(&q, &all).unwrap(), ["sb-a", "sb-b", "sb-old"]);
+        let asc = ListQuery {
+            order: Some("asc".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&asc, &all).unwrap(), ["sb-old", "sb-b", "sb-a"]);
+        let after = ListQuery {
+            started_after: Some("2023-11-14T22:13:20.500Z".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&after, &all).unwrap(), ["sb-a"]);
+        // Python's isoformat: an offset and microseconds; the very ms a sandbox started is in.
+        let same = ListQuery {
+            started_after: Some("2023-11-14T22:13:20.100000+00:00".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&same, &all).unwrap(), ["sb-a", "sb-b"]);
+        let bad = ListQuery {
+            started_after: Some("yesterday".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&bad, &all), Err(400));
+        let sideways = ListQuery {
+            order: Some("sideways".into()),
+            ..Default::default()
+        };
+        assert_eq!(ids(&sideways, &all), Err(400));
+    }
 }

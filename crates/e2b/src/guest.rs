@@ -25,11 +25,16 @@ done < /etc/passwd
 if [ -z "$u" ]; then if [ -n "$dh" ]; then u=user; h=$dh; else u=root; h=$rh; fi; fi
 if [ -z "$h" ]; then echo "no user $u in this sandbox" >&2; exit 126; fi
 [ -n "$d" ] || d=$h
+case $d in /*) ;; *) d=$h/$d;; esac
 "#;
 
-/// Becomes `$1`'s user (see [`LOOKUP`]) with HOME, USER and LOGNAME set, in `$2`, runs the
-/// rest.
-const AS_USER: &str = r#"[ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null
+/// Becomes `$1`'s user (see [`LOOKUP`]) with HOME, USER and LOGNAME set, in `$2` (a relative
+/// one is the home's; a missing one made by the user, or by root where the user may not),
+/// runs the rest.
+const AS_USER: &str = r#"if [ ! -d "$d" ] && [ "$u" != root ]; then
+  setpriv --reuid="$u" --regid="$u" --init-groups -- mkdir -p -- "$d" 2>/dev/null
+fi
+[ -d "$d" ] || mkdir -p -- "$d" 2>/dev/null
 cd -- "$d" || exit 1
 export HOME="$h" USER="$u" LOGNAME="$u"
 [ -r /etc/e2b/env ] && . /etc/e2b/env
@@ -77,11 +82,6 @@ pub fn start(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
 /// `$E2B_USER`).
 pub fn in_home(user: &str, script: &str, args: &[&str]) -> Vec<String> {
     wrapped(IN_HOME, user, script, args)
-}
-
-/// argv that runs shell `script` with `args` as `$1…` as `user`.
-pub fn as_user(user: &str, script: &str, args: &[&str]) -> Vec<String> {
-    wrapped(AS_USER, user, script, args)
 }
 
 /// argv that finds `user` ([`LOOKUP`]), then runs `script` with `args` after `then`.
@@ -146,20 +146,33 @@ const ABS: &str = r#"p=$1; case $p in /*) ;; *) p=$PWD/$p;; esac
 [ "$p" = / ] || p=${p%/}
 "#;
 
+/// The agent's binary as a root process of the guest runs it: its file metadata helper.
+pub const XATTRS_HELPER: &str = "/proc/1/exe";
+
+/// What separates the entries a file script prints from their metadata.
+pub const META_MARK: &str = "\x1exattrs\0";
+
+/// `meta FIND-ARGS…`: [`META_MARK`], then the metadata (`user.e2b.*` attributes) of the paths
+/// `find FIND-ARGS… -print0` names, from the agent's helper (PID 1's binary, run as root: the
+/// file scripts run as root; `$FORKBOX_XATTRS` instead when set, as the host's tests of the
+/// scripts set it); nothing more where the helper is not there.
+const META: &str = r#"meta() { printf '\036xattrs\000'; find "$@" -print0 | ${FORKBOX_XATTRS:-/proc/1/exe} xattrs get 2>/dev/null; true; }
+"#;
+
 /// `$1`'s entry.
 pub fn stat_script() -> String {
     format!(
-        r#"{ABS}[ -e "$p" ] || [ -L "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
-find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+        r#"{ABS}{META}[ -e "$p" ] || [ -L "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}' && meta "$p" -maxdepth 0"#
     )
 }
 
 /// The entries under `$1` down to depth `$2`.
 pub fn list_script() -> String {
     format!(
-        r#"{ABS}[ -e "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
+        r#"{ABS}{META}[ -e "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
 [ -d "$p" ] || {{ echo "$p: Not a directory" >&2; exit 20; }}
-find "$p" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}'"#
+find "$p" -mindepth 1 -maxdepth "$2" -printf '{ENTRY_FORMAT}' && meta "$p" -mindepth 1 -maxdepth "$2""#
     )
 }
 
@@ -182,24 +195,47 @@ if [ -n "$top" ] && [ -n "$E2B_USER" ] && [ "$E2B_USER" != root ]; then chown -R
 /// Renames `$1` to `$2` (its parent made), then its entry.
 pub fn move_script() -> String {
     format!(
-        r#"{ABS}s=$p; set -- "$2"
+        r#"{ABS}{META}s=$p; set -- "$2"
 {ABS}[ -e "$s" ] || [ -L "$s" ] || {{ echo "$s: No such file or directory" >&2; exit 2; }}
 t=$p; p=$(dirname -- "$t")
 {MAKE_DIRS}p=$t
-mv -T -- "$s" "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}'"#
+mv -T -- "$s" "$p" && find "$p" -maxdepth 0 -printf '{ENTRY_FORMAT}' && meta "$p" -maxdepth 0"#
     )
 }
 
 /// Removes `$1` and everything under it.
 pub fn remove_script() -> String {
-    format!(
-        r#"{ABS}[ -e "$p" ] || [ -L "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
-rm -rf -- "$p""#
+    // A missing path is removed already (envd's `os.RemoveAll`).
+    format!(r#"{ABS}rm -rf -- "$p""#)
+}
+
+/// Where the agent's binary is copied for every user to run as the watch helper.
+const WATCH_HELPER: &str = "/run/forkbox-helper";
+
+/// Run as root before a watch becomes its user: copies PID 1's binary to [`WATCH_HELPER`]
+/// once, if it is an agent that has the helper (an older one, in a snapshot made before it,
+/// has not: the watch then compares listings).
+/// (`$wh` is [`WATCH_HELPER`], `$px` PID 1's binary, [`XATTRS_HELPER`]; `$h` is the user's
+/// home, [`LOOKUP`]'s.)
+const COPY_HELPER: &str = r#"if [ ! -x $wh ] && grep -qF 'watch DIR RECURSIVE(0|1) ENTRY(0|1)' $px 2>/dev/null; then
+  cp $px $wh.$$ && chmod 755 $wh.$$ && mv -f $wh.$$ $wh || rm -f $wh.$$
+fi
+"#;
+
+/// argv of a watch of `path` as `user` ([`watch_script`] with `recursive` and `entry`, `0` or
+/// `1`), the helper made ready first.
+pub fn watch(user: &str, path: &str, recursive: &str, entry: &str) -> Vec<String> {
+    wrapped(
+        &format!("wh={WATCH_HELPER} px={XATTRS_HELPER}\n{COPY_HELPER}{AS_USER}"),
+        user,
+        &watch_script(),
+        &[path, recursive, entry],
     )
 }
 
-/// Watches directory `$1` (recursively when `$2` is 1) by comparing listings every 200 ms
-/// (any image has `find` and `awk`; none need inotify tools): says `ready` once it has the
+/// Watches directory `$1` (recursively when `$2` is 1; with entries when `$3` is 1) by the
+/// agent's inotify helper where the guest has it ([`COPY_HELPER`]), else by comparing
+/// listings every 200 ms (any image has `find` and `awk`): says `ready` once it has the
 /// first, then a line `TYPE\tNAME` per change (NAME relative to the directory): CREATE and,
 /// for a new file with data, WRITE; WRITE when size or time changes; CHMOD; REMOVE; RENAME for
 /// the old name of an inode seen under a new one (which is a CREATE).
@@ -207,6 +243,7 @@ pub fn watch_script() -> String {
     format!(
         r#"{ABS}[ -e "$p" ] || {{ echo "$p: No such file or directory" >&2; exit 2; }}
 [ -d "$p" ] || {{ echo "$p: Not a directory" >&2; exit 20; }}
+[ -x {WATCH_HELPER} ] && exec {WATCH_HELPER} watch "$p" "$2" "${{3:-0}}"
 depth="-maxdepth 1"; [ "$2" = 1 ] && depth=""
 d=$(mktemp -d /tmp/.e2b-watch.XXXXXX) || exit 1
 trap 'rm -rf "$d"' EXIT; trap 'exit 0' TERM INT HUP
@@ -373,5 +410,46 @@ mod tests {
             has_user
         );
         assert_eq!(sh(home("no-such-user-here")).status.code(), Some(126));
+    }
+
+    /// A command's relative working directory is the user's home's (made when missing), as
+    /// envd's; an absolute one is itself. (Run as this host's root, whose home is /root.)
+    #[test]
+    fn a_relative_cwd_is_the_homes() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        if !status.lines().any(|l| l.starts_with("Uid:\t0\t")) {
+            return;
+        }
+        let rel = format!("forkbox-cwd-test-{}", std::process::id());
+        let run = |cwd: &str| {
+            let mut argv = vec!["/bin/sh".to_string(), "-c".to_string()];
+            argv.push(format!("{LOOKUP}{AS_USER}"));
+            argv.extend(["e2b", "root", cwd, "pwd"].map(String::from));
+            let out = std::process::Command::new(&argv[0])
+                .args(&argv[1..])
+                .current_dir("/tmp")
+                .output()
+                .unwrap();
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        assert_eq!(run(&rel), format!("/root/{rel}"));
+        assert_eq!(run("/tmp"), "/tmp");
+        std::fs::remove_dir(format!("/root/{rel}")).unwrap();
+    }
+
+    /// A watch's set-up (the helper's copy, as root) leaves the user's HOME as it is.
+    #[test]
+    fn a_watch_runs_with_its_users_home() {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        if !status.lines().any(|l| l.starts_with("Uid:\t0\t")) {
+            return;
+        }
+        let mut argv = watch("root", "/tmp", "0", "0");
+        argv[8] = r#"printf %s "$HOME""#.into();
+        let out = std::process::Command::new(&argv[0])
+            .args(&argv[1..])
+            .output()
+            .unwrap();
+        assert_eq!(String::from_utf8_lossy(&out.stdout), "/root");
     }
 }

@@ -15,6 +15,15 @@ pub const OWNER_LABEL: &str = "e2b.owner";
 pub const AUTO_RESUME_LABEL: &str = "e2b.auto-resume";
 /// The label that keeps the template a sandbox was asked for by.
 pub const TEMPLATE_LABEL: &str = "e2b.template";
+/// When a sandbox was made, in ms since the epoch: E2B lists by it, newest first, and two made
+/// in the same second keep their order.
+pub const STARTED_LABEL: &str = "e2b.started-ms";
+/// The label of a sandbox whose ports answer only requests with its traffic access token
+/// (`allowPublicTraffic: false`).
+pub const PRIVATE_TRAFFIC_LABEL: &str = "e2b.private-traffic";
+/// The label holding `maskRequestHost`: the Host requests to the sandbox's ports carry
+/// (`${PORT}` in it the port's number).
+pub const MASK_HOST_LABEL: &str = "e2b.mask-request-host";
 
 fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
@@ -51,17 +60,31 @@ pub fn load_or_make(file: &Path) -> std::io::Result<[u8; 32]> {
     Ok(k)
 }
 
-fn mac(key: &[u8; 32], sandbox: &str) -> Hmac<Sha256> {
+fn mac(key: &[u8; 32], purpose: &[u8], sandbox: &str) -> Hmac<Sha256> {
     #[allow(clippy::expect_used)]
     let mut m = Hmac::<Sha256>::new_from_slice(key).expect("HMAC takes a key of any length");
-    m.update(b"e2b-envd-access:");
+    m.update(purpose);
     m.update(sandbox.as_bytes());
     m
 }
 
+const ENVD: &[u8] = b"e2b-envd-access:";
+const TRAFFIC: &[u8] = b"e2b-traffic-access:";
+
+/// Sandbox `sandbox`'s traffic access token (`trafficAccessToken`): what a request to its
+/// ports carries in `e2b-traffic-access-token` when its traffic is not public.
+pub fn traffic_token(key: &[u8; 32], sandbox: &str) -> String {
+    hex(&mac(key, TRAFFIC, sandbox).finalize().into_bytes())
+}
+
+/// Whether `token` is sandbox `sandbox`'s traffic access token (in constant time).
+pub fn traffic_token_ok(key: &[u8; 32], sandbox: &str, token: &str) -> bool {
+    unhex(token).is_some_and(|b| mac(key, TRAFFIC, sandbox).verify_slice(&b).is_ok())
+}
+
 /// Sandbox `sandbox`'s access token (`envdAccessToken`).
 pub fn access_token(key: &[u8; 32], sandbox: &str) -> String {
-    hex(&mac(key, sandbox).finalize().into_bytes())
+    hex(&mac(key, ENVD, sandbox).finalize().into_bytes())
 }
 
 /// Whether `token` is sandbox `sandbox`'s access token (compared in constant time).
@@ -69,7 +92,7 @@ pub fn token_ok(key: &[u8; 32], sandbox: &str, token: &str) -> bool {
     let Some(bytes) = unhex(token) else {
         return false;
     };
-    mac(key, sandbox).verify_slice(&bytes).is_ok()
+    mac(key, ENVD, sandbox).verify_slice(&bytes).is_ok()
 }
 
 fn unhex(s: &str) -> Option<Vec<u8>> {

@@ -18,6 +18,7 @@ pub mod errors;
 mod guest;
 mod interpreter;
 mod keys;
+mod metrics;
 mod ports;
 mod shape;
 mod templates;
@@ -33,8 +34,9 @@ use forkbox_client::{Client, Endpoint};
 
 /// The envd version this front end says it speaks: what the SDKs then use (0.4.0: commands as
 /// the default user unless one is named; 0.5.2: CloseStdin; 0.5.7: octet-stream and gzip
-/// uploads).
-pub const ENVD_VERSION: &str = "0.5.7";
+/// uploads; 0.6.2: file metadata; 0.6.3: watch events with their entries; 0.6.4: watches of
+/// network mounts).
+pub const ENVD_VERSION: &str = "0.6.4";
 
 /// The header the SDKs put on every data-plane request.
 pub const SANDBOX_ID_HEADER: &str = "e2b-sandbox-id";
@@ -62,11 +64,14 @@ pub struct Options {
     pub tls_dir: PathBuf,
 }
 
+/// Whether a request is E2B's, by its URI and headers.
+pub type Claims = Arc<dyn Fn(&axum::http::Uri, &HeaderMap) -> bool + Send + Sync>;
+
 /// E2B's front end, ready to serve: its routes, which requests are its own, and in domain mode
 /// the TLS site it answers.
 pub struct Front {
     pub router: axum::Router,
-    pub claims: Arc<dyn Fn(&HeaderMap) -> bool + Send + Sync>,
+    pub claims: Claims,
     pub site: Option<tls::Site>,
 }
 
@@ -92,6 +97,8 @@ pub(crate) struct E2b {
     warming: tokio::sync::Mutex<()>,
     /// One first build of a carried template at a time.
     building: tokio::sync::Mutex<()>,
+    /// Every sandbox's kept metrics.
+    metrics: metrics::Series,
 }
 
 /// What a command may print before its `ready` line (and of its stderr, what is kept for the
@@ -108,9 +115,16 @@ pub(crate) struct Ready {
 
 /// Whether a request is E2B's: a data-plane call names its sandbox in `E2b-Sandbox-Id`, a
 /// control-plane call carries `X-API-KEY` (forkbox's own API takes `Authorization: Bearer`),
-/// and in domain mode every name under the domain is E2B's.
-fn claims(headers: &HeaderMap, domain: Option<&str>) -> bool {
+/// a pre-signed file URL is `/files?…&signature=…` (in URL mode it names no sandbox: its
+/// signature tells which), and in domain mode every name under the domain is E2B's.
+fn claims(uri: &axum::http::Uri, headers: &HeaderMap, domain: Option<&str>) -> bool {
     if headers.contains_key(SANDBOX_ID_HEADER) || headers.contains_key(API_KEY_HEADER) {
+        return true;
+    }
+    let signed = uri
+        .query()
+        .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("signature=")));
+    if uri.path() == "/files" && signed {
         return true;
     }
     let Some(d) = domain else {
@@ -151,6 +165,7 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         domain: domain.clone(),
         warming: tokio::sync::Mutex::new(()),
         building: tokio::sync::Mutex::new(()),
+        metrics: metrics::Series::default(),
     });
     // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's
     // do not meet; each data-plane handler checks its sandbox's header and token. In domain
@@ -161,7 +176,7 @@ pub fn front(options: Options) -> std::io::Result<Front> {
     let d = domain.clone();
     Ok(Front {
         router,
-        claims: Arc::new(move |h: &HeaderMap| claims(h, d.as_deref())),
+        claims: Arc::new(move |u: &axum::http::Uri, h: &HeaderMap| claims(u, h, d.as_deref())),
         site,
     })
 }
@@ -238,15 +253,19 @@ impl E2b {
             }
             Err(e) => return Err(e.into()),
         };
-        let auto = v
-            .labels
-            .get(keys::AUTO_RESUME_LABEL)
-            .is_some_and(|x| x == "1");
-        if crate::shape::state(&v) == "paused" && (auto || v.wake_on_use) {
+        if crate::shape::state(&v) == "paused" && crate::shape::auto_resumes(&v) {
             tracing::info!("e2b: {id} is paused and asked for autoResume: resuming it");
             self.daemon.resume(id).await?;
         }
         Ok(())
+    }
+
+    /// Whether sandbox `id` is there and running.
+    async fn running(&self, id: &str) -> bool {
+        matches!(
+            self.daemon.get(id).await,
+            Ok(v) if v.state == forkbox_api::SandboxState::Running
+        )
     }
 
     /// Runs `argv` as root in sandbox `id` through the daemon; its stdout when it exits 0.

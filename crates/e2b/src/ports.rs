@@ -81,35 +81,29 @@ async fn forward(e: &E2b, id: &str, port: u16) -> Result<u16, Failure> {
 /// Carries `req` to port `port` of sandbox `id` and its answer back (a WebSocket upgrade
 /// joins both ends).
 pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
-    let host_port = match forward(e, id, port).await {
-        Ok(p) => p,
-        Err(f) if f.status == 404 => {
-            return plain(502, format!("The sandbox {id} was not found"));
-        }
-        Err(f) => return plain(502, f.message),
-    };
-    let stream = match tokio::net::TcpStream::connect(("127.0.0.1", host_port)).await {
+    if let Err(refused) = admit(e, id, port, &mut req).await {
+        return refused;
+    }
+    let first = open(e, id, port).await;
+    let mut sender = match first {
         Ok(s) => s,
-        Err(err) => return plain(502, format!("port {port} of {id}: {err}")),
+        Err(refused) => {
+            // A sandbox of autoResume that was being paused as the request came (its TTL ran
+            // out; listed as paused meanwhile): resumed once the pause is done (the daemon's
+            // resume waits for it), and the request goes to it.
+            if e.awake(id).await.is_err() {
+                return refused;
+            }
+            match open(e, id, port).await {
+                Ok(s) => s,
+                Err(_) => return refused,
+            }
+        }
     };
-    let unreachable = |err: hyper::Error| {
-        plain(
-            502,
-            format!("nothing answered on port {port} of sandbox {id} ({err}): is a server listening there?"),
-        )
-    };
-    let (mut sender, conn) = match hyper::client::conn::http1::handshake(TokioIo::new(stream)).await
-    {
-        Ok(x) => x,
-        Err(err) => return unreachable(err),
-    };
-    tokio::spawn(async move {
-        let _ = conn.with_upgrades().await;
-    });
     let from_client = hyper::upgrade::on(&mut req);
     let mut answer = match sender.send_request(req).await {
         Ok(a) => a,
-        Err(err) => return unreachable(err),
+        Err(err) => return unreachable(id, port, err),
     };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         let from_guest = hyper::upgrade::on(&mut answer);
@@ -121,6 +115,97 @@ pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
         });
     }
     answer.map(Body::new)
+}
+
+/// The header a request to a sandbox's port carries its traffic access token in.
+const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
+
+/// Lets `req` through to `port` of sandbox `id` as its create asked: with its traffic access
+/// token when its traffic is not public (403 without), the token taken off; its Host made the
+/// sandbox's `maskRequestHost`.
+async fn admit(e: &E2b, id: &str, port: u16, req: &mut Request) -> Result<(), Response> {
+    let Ok(v) = e.daemon.get(id).await else {
+        // Not there: the forward says so.
+        return Ok(());
+    };
+    let token = req
+        .headers_mut()
+        .remove(TRAFFIC_TOKEN_HEADER)
+        .and_then(|h| h.to_str().ok().map(str::to_string));
+    if crate::shape::private_traffic(&v)
+        && !token.is_some_and(|t| crate::keys::traffic_token_ok(&e.key, id, &t))
+    {
+        return Err(plain(
+            403,
+            format!(
+                "sandbox {id}'s traffic is not public: send its traffic access token in \
+                 {TRAFFIC_TOKEN_HEADER}"
+            ),
+        ));
+    }
+    // Carried over HTTP/1: an HTTP/2 request's authority becomes its Host, its target the
+    // path alone.
+    if let Some(authority) = req.uri().authority().cloned() {
+        if !req.headers().contains_key(axum::http::header::HOST) {
+            if let Ok(h) = axum::http::HeaderValue::from_str(authority.as_str()) {
+                req.headers_mut().insert(axum::http::header::HOST, h);
+            }
+        }
+        let path = req
+            .uri()
+            .path_and_query()
+            .map_or("/", |p| p.as_str())
+            .to_string();
+        if let Ok(uri) = path.parse() {
+            *req.uri_mut() = uri;
+        }
+        *req.version_mut() = axum::http::Version::HTTP_11;
+    }
+    if let Some(mask) = v.labels.get(crate::keys::MASK_HOST_LABEL) {
+        let host = mask.replace("${PORT}", &port.to_string());
+        if let Ok(h) = axum::http::HeaderValue::from_str(&host) {
+            req.headers_mut().insert(axum::http::header::HOST, h);
+        }
+    }
+    Ok(())
+}
+
+/// An HTTP/1 connection to `port` of sandbox `id`, or the 502 that says why there is none.
+async fn open(
+    e: &E2b,
+    id: &str,
+    port: u16,
+) -> Result<hyper::client::conn::http1::SendRequest<Body>, Response> {
+    let host_port = match forward(e, id, port).await {
+        Ok(p) => p,
+        Err(f) if f.status == 404 => {
+            return Err(plain(502, format!("The sandbox {id} was not found")));
+        }
+        Err(f) => return Err(plain(502, f.message)),
+    };
+    let stream = tokio::net::TcpStream::connect(("127.0.0.1", host_port))
+        .await
+        .map_err(|err| plain(502, format!("port {port} of {id}: {err}")))?;
+    // Header names written as Go's servers and proxies write them (`Host`, `User-Agent`),
+    // as E2B's edge passes them on.
+    let (sender, conn) = hyper::client::conn::http1::Builder::new()
+        .title_case_headers(true)
+        .handshake(TokioIo::new(stream))
+        .await
+        .map_err(|err| unreachable(id, port, err))?;
+    tokio::spawn(async move {
+        let _ = conn.with_upgrades().await;
+    });
+    Ok(sender)
+}
+
+fn unreachable(id: &str, port: u16, err: hyper::Error) -> Response {
+    plain(
+        502,
+        format!(
+            "nothing answered on port {port} of sandbox {id} ({err}): is a server listening there?"
+        ),
+    )
 }
 
 #[cfg(test)]

@@ -55,9 +55,42 @@ pub fn sandbox(v: &SandboxView, key: &[u8; 32]) -> Value {
         "clientID": CLIENT_ID,
         "envdVersion": crate::ENVD_VERSION,
         "envdAccessToken": keys::access_token(key, &v.info.id),
-        "trafficAccessToken": null,
+        "trafficAccessToken": traffic_token(v, key),
         "domain": null,
     })
+}
+
+/// Whether label `label` of `v` is set (`1`).
+fn flag(v: &SandboxView, label: &str) -> bool {
+    v.labels.get(label).is_some_and(|x| x == "1")
+}
+
+/// Whether a use of `v` while it is paused resumes it: E2B's `autoResume`, or forkbox's own
+/// waking on use.
+pub fn auto_resumes(v: &SandboxView) -> bool {
+    v.wake_on_use || flag(v, keys::AUTO_RESUME_LABEL)
+}
+
+/// Whether `v`'s ports answer only requests with its traffic access token
+/// (`allowPublicTraffic: false`).
+pub fn private_traffic(v: &SandboxView) -> bool {
+    flag(v, keys::PRIVATE_TRAFFIC_LABEL)
+}
+
+/// The sandbox's traffic access token when its traffic is not public, else null.
+fn traffic_token(v: &SandboxView, key: &[u8; 32]) -> Value {
+    match private_traffic(v) {
+        true => json!(keys::traffic_token(key, &v.info.id)),
+        false => Value::Null,
+    }
+}
+
+/// When `v` was made, in ms since the epoch (made through E2B's API: to the ms).
+pub fn started_ms(v: &SandboxView) -> u64 {
+    v.labels
+        .get(keys::STARTED_LABEL)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(v.created_unix * 1000)
 }
 
 /// A `ListedSandbox`.
@@ -69,7 +102,7 @@ pub fn listed(v: &SandboxView) -> Value {
         "alias": template(v),
         "sandboxID": v.info.id,
         "clientID": CLIENT_ID,
-        "startedAt": rfc3339(v.created_unix),
+        "startedAt": humantime::format_rfc3339_millis(UNIX_EPOCH + Duration::from_millis(started_ms(v))).to_string(),
         "endAt": rfc3339(end),
         "cpuCount": v.info.cpus,
         "memoryMB": v.info.memory_mib,
@@ -90,15 +123,12 @@ pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
         TtlAction::Delete => "kill",
     };
     d["envdAccessToken"] = json!(keys::access_token(key, &v.info.id));
+    d["trafficAccessToken"] = traffic_token(v, key);
     d["domain"] = Value::Null;
     d["allowInternetAccess"] = json!(v.network.internet);
     if !v.network.internet {
         d["network"] = json!({ "allowOut": v.network.allow, "denyOut": ["0.0.0.0/0"] });
     }
-    let auto = v.wake_on_use
-        || v.labels
-            .get(keys::AUTO_RESUME_LABEL)
-            .is_some_and(|x| x == "1");
-    d["lifecycle"] = json!({ "autoResume": auto, "onTimeout": on_timeout });
+    d["lifecycle"] = json!({ "autoResume": auto_resumes(v), "onTimeout": on_timeout });
     d
 }

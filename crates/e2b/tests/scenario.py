@@ -23,6 +23,7 @@ from e2b import (
     NotFoundException,
     Sandbox,
     SandboxQuery,
+    TimeoutException,
 )
 from e2b.sandbox.commands.command_handle import PtySize
 
@@ -92,6 +93,14 @@ def run_sync_steps(sbx):
     except CommandExitException as e:
         assert e.exit_code == 3 and e.stdout == "out\n", e
     ok("a nonzero exit raises CommandExitException with its code", t)
+
+    t = time.time()
+    try:
+        sbx.commands.run("sleep 30", timeout=2)
+        raise AssertionError("a command past its timeout returned")
+    except TimeoutException:
+        pass
+    ok("a command past its timeout raises TimeoutException (Connect's deadline_exceeded)", t)
 
     t = time.time()
     assert sbx.commands.run("whoami").stdout.strip() == "user"

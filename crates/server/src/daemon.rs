@@ -68,13 +68,16 @@ pub fn spawn_private(
     )))
 }
 
+/// Whether a request is a front end's, by its URI and headers.
+pub type Claims = Arc<dyn Fn(&axum::http::Uri, &axum::http::HeaderMap) -> bool + Send + Sync>;
+
 /// A front end that speaks another API on the TCP listener and authenticates its callers
 /// itself (E2B's, whose SDKs send `X-API-KEY`): it takes the requests `claims` says are its
 /// own, ahead of the token gate, and reaches the engine only through the daemon's own API.
 #[derive(Clone)]
 pub struct Front {
     pub router: Router,
-    pub claims: Arc<dyn Fn(&axum::http::HeaderMap) -> bool + Send + Sync>,
+    pub claims: Claims,
     /// A TLS site it answers on the listener: its domain (and every name under it), its
     /// certificate chain and key (PEM).
     pub site: Option<Site>,
@@ -105,7 +108,9 @@ impl Site {
             .with_no_client_auth()
             .with_single_cert(chain, key)
             .map_err(|e| bad("certificate", &e))?;
-        c.alpn_protocols = vec![b"http/1.1".to_vec()];
+        // HTTP/2 as E2B's edge speaks it (the SDKs ask for it), else HTTP/1.1: a Connect stream
+        // cut short then reaches the SDK as a reset stream, the way it tells a sandbox that died.
+        c.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(c))
     }
 }
@@ -117,7 +122,7 @@ async fn claimed(
     next: axum::middleware::Next,
 ) -> axum::response::Response {
     use tower::ServiceExt as _;
-    if (front.claims)(req.headers()) {
+    if (front.claims)(req.uri(), req.headers()) {
         return match front.router.oneshot(req).await {
             Ok(r) => r,
             Err(e) => match e {},

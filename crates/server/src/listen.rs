@@ -18,7 +18,7 @@ use axum::serve::Listener;
 use axum::Router;
 use http_body_util::BodyExt;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use tokio::sync::{watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tower::ServiceExt;
 
@@ -198,16 +198,20 @@ impl Tls {
     }
 }
 
+/// A connection to serve, the peer its certificate names (a cluster node's), and whether it
+/// speaks HTTP/2 (a TLS client that chose `h2`).
+type Opened = (Box<dyn Stream>, Option<PeerCertificate>, bool);
+
 /// The connection to serve: TLS when the client opens with a handshake and `tls` answers the
 /// name it asks for (a peer's: the node its verified client certificate names beside it), else
 /// as it came; None when the handshake fails or does not finish within [`HEADER_TIMEOUT`].
-async fn open<I: Peek>(io: I, tls: &Tls) -> Option<(Box<dyn Stream>, Option<PeerCertificate>)> {
+async fn open<I: Peek>(io: I, tls: &Tls) -> Option<Opened> {
     if tls.is_empty() {
-        return Some((Box::new(io), None));
+        return Some((Box::new(io), None, false));
     }
     let handshake = async {
         if io.first_byte().await != Some(TLS_HANDSHAKE) {
-            return Some((Box::new(io) as Box<dyn Stream>, None));
+            return Some((Box::new(io) as Box<dyn Stream>, None, false));
         }
         let start = tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
             .await
@@ -235,7 +239,8 @@ async fn open<I: Peek>(io: I, tls: &Tls) -> Option<(Box<dyn Stream>, Option<Peer
                             .and_then(forkbox_cluster::tls::peer_node),
                     )
                 });
-                Some((Box::new(s) as Box<dyn Stream>, cert))
+                let h2 = s.get_ref().1.alpn_protocol() == Some(b"h2");
+                Some((Box::new(s) as Box<dyn Stream>, cert, h2))
             }
             Err(e) => {
                 tracing::debug!("a TLS handshake failed: {e}");
@@ -290,7 +295,7 @@ pub async fn serve_tls<L: Listener>(
         let mut stop_rx = stop_rx.clone();
         let tls = tls.clone();
         tokio::spawn(async move {
-            let Some((io, peer)) = open(io, &tls).await else {
+            let Some((io, peer, h2)) = open(io, &tls).await else {
                 lock(&table).held.remove(&id);
                 drop(slot);
                 return;
@@ -317,21 +322,36 @@ pub async fn serve_tls<L: Listener>(
                     }))
                 }
             });
-            let conn = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_TIMEOUT)
-                .serve_connection(TokioIo::new(io), service)
-                // A preview URL's WebSocket (see `preview`) takes its connection over.
-                .with_upgrades();
-            tokio::pin!(conn);
-            let stopping = tokio::select! {
-                _ = conn.as_mut() => false,
-                () = cut.notified() => false,
-                r = stop_rx.wait_for(|s| *s) => r.is_ok(),
-            };
-            if stopping {
-                conn.as_mut().graceful_shutdown();
-                let _ = tokio::time::timeout(DRAIN, conn).await;
+            // Until the connection ends, is cut to make room, or the listener stops (then its
+            // requests under way are finished, for at most DRAIN).
+            macro_rules! drive {
+                ($conn:expr) => {{
+                    let conn = $conn;
+                    tokio::pin!(conn);
+                    let stopping = tokio::select! {
+                        _ = conn.as_mut() => false,
+                        () = cut.notified() => false,
+                        r = stop_rx.wait_for(|s| *s) => r.is_ok(),
+                    };
+                    if stopping {
+                        conn.as_mut().graceful_shutdown();
+                        let _ = tokio::time::timeout(DRAIN, conn).await;
+                    }
+                }};
+            }
+            if h2 {
+                drive!(
+                    hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                        .timer(TokioTimer::new())
+                        .serve_connection(TokioIo::new(io), service)
+                );
+            } else {
+                drive!(hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(HEADER_TIMEOUT)
+                    .serve_connection(TokioIo::new(io), service)
+                    // A preview URL's WebSocket (see `preview`) takes its connection over.
+                    .with_upgrades());
             }
             lock(&table).held.remove(&id);
             drop(slot);

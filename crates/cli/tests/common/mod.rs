@@ -4,6 +4,7 @@
 #![allow(dead_code)] // each test crate uses what it needs
 
 pub mod cluster;
+pub mod domain;
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -96,6 +97,30 @@ impl Daemon {
             .env_remove("FORKBOX_TOKEN")
             .current_dir(infra::repo_root())
             .stdin(Stdio::null());
+        c
+    }
+
+    /// A new token of the daemon (`e2b`: in E2B's key format, `e2b_…`).
+    pub fn new_token(&self, name: &str, e2b: bool) -> String {
+        let mut c = forkbox(&self.paths);
+        c.args(["token", "create", "--name", name]);
+        if e2b {
+            c.arg("--e2b");
+        }
+        let out = c.output().unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    }
+
+    /// `program` with E2B's URL variables aimed at the daemon's TCP listener (for the API and
+    /// the sandboxes) and `key` as the API key; no domain, no debug mode.
+    pub fn e2b_url_client(&self, program: &Path, key: &str) -> Command {
+        let mut c = self.client(program);
+        c.env("E2B_API_KEY", key)
+            .env("E2B_API_URL", &self.tcp)
+            .env("E2B_SANDBOX_URL", &self.tcp)
+            .env_remove("E2B_DOMAIN")
+            .env_remove("E2B_DEBUG");
         c
     }
 

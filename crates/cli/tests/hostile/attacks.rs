@@ -215,6 +215,97 @@ time.sleep(600)
     assert!(d.answers());
 }
 
+/// A server that sends every connection as much as it takes.
+const FLOOD: &str = r#"
+import socket, threading
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind((REMOTE_ADDR, 9003))
+s.listen(64)
+def pour(c):
+    b = b'x' * 65536
+    try:
+        while True:
+            c.sendall(b)
+    except OSError:
+        pass
+while True:
+    c, _ = s.accept()
+    threading.Thread(target=pour, args=(c,), daemon=True).start()
+"#;
+
+/// A flooding remote and a guest that opens eight tunnels to it and reads nothing, beside
+/// one that reads 32 KiB a second (the guest's agent acknowledges what the program's socket
+/// took, in steps of up to ~192 KiB: every few seconds here). Promise: the host reads from the remote only what the
+/// guest's window has room for, so the daemon's memory stays flat; after
+/// `FORKBOX_TUNNEL_READ_NOTHING_SECS` (20 here) it closes the eight and says why in the
+/// sandbox's network log (`forkbox sandbox logs`); the slow reader keeps its connection.
+#[test]
+fn tunnels_whose_guest_reads_nothing_are_closed_in_words_and_a_slow_reader_is_not() {
+    let mut net = infra::TestNet::new();
+    let remote = net.peer_ips[0].clone();
+    let flood = FLOOD.replace("REMOTE_ADDR", &format!("'{remote}'"));
+    let log = std::env::temp_dir().join(format!("flood-{}.log", std::process::id()));
+    net.run_server("python3", &["-c", &flood], &remote, 9003, &log);
+    let paths = Daemon::home("read-nothing");
+    let mut c = Daemon::cmd(&paths);
+    c.env("FORKBOX_TUNNEL_READ_NOTHING_SECS", "20")
+        .arg("serve")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null());
+    let d = Daemon::spawn(paths, c);
+    let id = d.create(&["--allow", &format!("{remote}:9003")]);
+    let before = d.rss_kib();
+    // Eight tunnels that read nothing, and one that reads 32 KiB a second, for 25 s. (A new
+    // connection to a remote that speaks first and is never answered holds its turn for 10 s:
+    // six open at once, then one per 10 s.)
+    let out = d.ok(
+        &id,
+        &format!(
+            "python3 -c \"
+import socket, time
+def tunnel():
+    s = socket.create_connection(('127.0.0.1', 3128))
+    s.sendall(b'CONNECT {remote}:9003 HTTP/1.1\\r\\n\\r\\n')
+    head = b''
+    while not head.endswith(b'\\r\\n\\r\\n'):
+        head += s.recv(1)
+    return s
+idle = [tunnel() for i in range(8)]
+slow = tunnel()
+got = 0
+for i in range(25):
+    got += len(slow.recv(32768))
+    time.sleep(1)
+print('slow reader got', got, flush=True)
+\""
+        ),
+    );
+    let after = d.rss_kib();
+    println!(
+        "FIGURE eight tunnels reading nothing from a flood: daemon RSS {} -> {} MiB",
+        before >> 10,
+        after >> 10
+    );
+    assert!(out.contains("slow reader got"), "{out}");
+    let got: u64 = out
+        .split_whitespace()
+        .last()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0);
+    assert!(got >= 20 * 32768, "{out}");
+    assert!(
+        after < before + 48 * 1024,
+        "the daemon grew from {before} to {after} KiB"
+    );
+    let said = text(&d.cli(&["sandbox", "logs", &id]).stdout);
+    let closed = said
+        .matches("the guest read nothing of it for 20 s")
+        .count();
+    assert_eq!(closed, 8, "{closed} closed:\n{said}");
+    assert!(d.answers());
+}
+
 /// Protocol violations past the limit: data past the window on many tunnels. Promise: the
 /// host stops talking to that guest, the sandbox is listed `failed` with the reason, a
 /// command is refused at once in words, and `rm` still removes it with its cgroups.

@@ -4,6 +4,7 @@
 //! belong to the call's user. A relative path is the user's home's.
 //! Pre-signed URLs (`signature`, `signature_expiration`) stand in for the access token.
 
+use std::collections::BTreeMap;
 use std::io::Read as _;
 use std::sync::Arc;
 
@@ -28,35 +29,55 @@ pub(super) struct FilesQuery {
     signature_expiration: Option<u64>,
 }
 
-/// The call's sandbox and user: by access token, or by a pre-signed URL's signature.
-fn caller(e: &E2b, headers: &HeaderMap, q: &FilesQuery, op: &str) -> Result<Target, Failure> {
+/// The call's sandbox and user: by access token, or by a pre-signed URL's signature. A signed
+/// URL made in URL mode names no sandbox (the SDK's sandbox URL is the daemon's): the sandbox
+/// is the one whose access token the signature was made with.
+async fn caller(e: &E2b, headers: &HeaderMap, q: &FilesQuery, op: &str) -> Result<Target, Failure> {
     let user = q.username.as_deref().unwrap_or("");
     let Some(sig) = &q.signature else {
         return target(e, headers, Some(user));
     };
-    let id = headers
+    let path = q.path.as_deref().unwrap_or("");
+    let signed_by = |id: &str| {
+        let token = keys::access_token(&e.key, id);
+        signature_ok(sig, path, op, user, &token, q.signature_expiration).then_some(token)
+    };
+    let named = headers
         .get(crate::SANDBOX_ID_HEADER)
         .and_then(|v| v.to_str().ok())
-        .unwrap_or("")
-        .to_string();
-    let path = q.path.as_deref().unwrap_or("");
-    let token = keys::access_token(&e.key, &id);
-    if !signature_ok(sig, path, op, user, &token, q.signature_expiration) {
+        .filter(|id| !id.is_empty())
+        .map(str::to_string);
+    let found = match named {
+        Some(id) => signed_by(&id).map(|token| (id, token)),
+        None => e
+            .daemon
+            .list(None, None)
+            .await
+            .map_err(Failure::from)?
+            .into_iter()
+            .find_map(|v| signed_by(&v.info.id).map(|token| (v.info.id, token))),
+    };
+    let Some((id, token)) = found else {
         return Err(Failure::new(
             401,
             "the URL's signature is not valid for this file, operation and user",
         ));
-    }
+    };
     if let Some(exp) = q.signature_expiration {
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(u64::MAX);
         if now > exp {
-            return Err(Failure::new(401, "the URL's signature has expired"));
+            // envd's words.
+            return Err(Failure::new(401, "signature is already expired"));
         }
     }
-    target(e, &with_token(headers, &token), Some(user))
+    let mut h = with_token(headers, &token);
+    if let Ok(v) = id.parse() {
+        h.insert(crate::SANDBOX_ID_HEADER, v);
+    }
+    target(e, &h, Some(user))
 }
 
 fn with_token(headers: &HeaderMap, token: &str) -> HeaderMap {
@@ -149,7 +170,7 @@ pub(super) async fn read(
 }
 
 async fn read_one(e: &E2b, headers: &HeaderMap, q: &FilesQuery) -> Result<Bytes, Failure> {
-    let t = caller(e, headers, q, "read")?;
+    let t = caller(e, headers, q, "read").await?;
     e.awake(&t.id).await?;
     let asked = q
         .path
@@ -180,7 +201,9 @@ pub(super) async fn write(
 
 async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failure> {
     let headers = req.headers().clone();
-    let t = caller(e, &headers, q, "write")?;
+    let t = caller(e, &headers, q, "write").await?;
+    // Refused before anything is written.
+    let meta = metadata(&headers)?;
     e.awake(&t.id).await?;
     let (user, home) = home(e, &t).await?;
     let files = bodies(q, req).await?;
@@ -228,16 +251,63 @@ async fn write_all(e: &E2b, q: &FilesQuery, req: Request) -> Result<Value, Failu
         argv.extend(made);
         e.run_root(&t.id, argv).await?;
     }
-    let written = paths;
+    // A file written whole lost its metadata (the agent's write); the request's is set.
+    if !meta.is_empty() {
+        let mut argv = vec![
+            guest::XATTRS_HELPER.to_string(),
+            "xattrs".into(),
+            "set".into(),
+        ];
+        argv.extend(meta.iter().map(|(k, v)| format!("{k}={v}")));
+        argv.push("--".into());
+        argv.extend(paths.iter().cloned());
+        e.run_root(&t.id, argv).await.map_err(|f| {
+            Failure::new(
+                400,
+                format!("the files' metadata could not be kept: {}", f.message),
+            )
+        })?;
+    }
     Ok(Value::Array(
-        written
+        paths
             .iter()
             .map(|p| {
                 let name = p.rsplit('/').next().unwrap_or(p);
-                json!({ "name": name, "type": "file", "path": p })
+                let mut v = json!({ "name": name, "type": "file", "path": p });
+                if !meta.is_empty() {
+                    v["metadata"] = json!(meta);
+                }
+                v
             })
             .collect(),
     ))
+}
+
+/// The metadata a write carries in `X-Metadata-KEY: VALUE` headers (keys lowercased, as envd
+/// keeps them), refused as envd refuses it: keys of HTTP token characters, values of
+/// printable US-ASCII.
+fn metadata(headers: &HeaderMap) -> Result<BTreeMap<String, String>, Failure> {
+    let mut out = BTreeMap::new();
+    for (name, value) in headers {
+        let Some(key) = name.as_str().strip_prefix("x-metadata-") else {
+            continue;
+        };
+        let value = value
+            .to_str()
+            .ok()
+            .filter(|v| v.bytes().all(|b| (0x20..=0x7e).contains(&b)))
+            .ok_or_else(|| {
+                Failure::new(
+                    400,
+                    format!("metadata {key:?}: values are printable US-ASCII"),
+                )
+            })?;
+        if key.is_empty() {
+            return Err(Failure::new(400, "a metadata key is empty"));
+        }
+        out.insert(key.to_string(), value.to_string());
+    }
+    Ok(out)
 }
 
 /// The files a write carries: (path, bytes) each.

@@ -2,6 +2,7 @@
 //! privileges, relative paths in the home of the user the call names, the directories made
 //! given to that user; by the scripts of [`crate::guest`]; watches in [`super::watch`].
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
@@ -80,7 +81,9 @@ async fn unary_call(
             let r: ListRequest = unary(bytes)?;
             let depth = r.depth.unwrap_or(1).max(1).to_string();
             let out = script(e, &t, &guest::list_script(), &[path(&r.path)?, &depth]).await?;
-            let entries: Vec<Value> = entries(&out).into_iter().collect();
+            // By path, as envd lists them (a directory's order is the file system's).
+            let mut entries: Vec<Value> = entries(&out);
+            entries.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
             Ok(json!({ "entries": entries }))
         }
         "Remove" => {
@@ -160,12 +163,40 @@ fn one(out: &str, asked: &str) -> Result<Value, Failure> {
         .ok_or_else(|| Failure::new(500, format!("{asked}: the guest gave no entry")))
 }
 
-/// Entries as `find -printf` wrote them ([`guest::ENTRY_FORMAT`]), as envd's `EntryInfo`.
+/// Entries as `find -printf` wrote them ([`guest::ENTRY_FORMAT`]), as envd's `EntryInfo`,
+/// with the metadata the agent's helper wrote after them ([`guest::META_MARK`]).
 pub(super) fn entries(out: &str) -> Vec<Value> {
-    out.split('\0')
+    let (listed, meta) = match out.split_once(guest::META_MARK) {
+        Some((l, m)) => (l, metadata(m)),
+        None => (out, BTreeMap::new()),
+    };
+    listed
+        .split('\0')
         .filter(|r| !r.is_empty())
         .filter_map(entry)
+        .map(|mut v| {
+            let m = v["path"].as_str().and_then(|p| meta.get(p));
+            if let Some(m) = m {
+                v["metadata"] = json!(m);
+            }
+            v
+        })
         .collect()
+}
+
+/// What `xattrs get` wrote: a path, then key and value fields, an empty field after the last;
+/// by path.
+fn metadata(out: &str) -> BTreeMap<&str, BTreeMap<&str, &str>> {
+    let mut all = BTreeMap::new();
+    let mut fields = out.split('\0');
+    while let Some(path) = fields.next().filter(|p| !p.is_empty()) {
+        let mut pairs = BTreeMap::new();
+        while let Some(k) = fields.next().filter(|k| !k.is_empty()) {
+            pairs.insert(k, fields.next().unwrap_or(""));
+        }
+        all.insert(path, pairs);
+    }
+    all
 }
 
 fn entry(rec: &str) -> Option<Value> {
@@ -192,9 +223,29 @@ fn entry(rec: &str) -> Option<Value> {
         "modifiedTime": humantime::format_rfc3339_nanos(modified).to_string(),
     });
     if kind == "l" {
-        v["symlinkTarget"] = json!(link);
+        v["symlinkTarget"] = json!(link_target(path, link));
     }
     Some(v)
+}
+
+/// A link's target as envd gives it: absolute, a relative one taken from the link's directory
+/// (`.` and `..` folded).
+fn link_target(path: &str, link: &str) -> String {
+    let joined = match link.starts_with('/') {
+        true => link.to_string(),
+        false => format!("{}/{link}", path.rsplit_once('/').map_or("", |(d, _)| d)),
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for p in joined.split('/') {
+        match p {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
 }
 
 #[cfg(test)]
@@ -210,8 +261,21 @@ mod tests {
         std::fs::create_dir_all(dir.join("sub")).unwrap();
         std::fs::write(dir.join("a.txt"), b"hello").unwrap();
         std::os::unix::fs::symlink("a.txt", dir.join("link")).unwrap();
+        let helper = format!(
+            "#!/bin/sh\ncat > /dev/null; printf '%s\\0author\\0mish\\0k\\0v=w\\0\\0' '{}/a.txt'\n",
+            dir.display()
+        );
+        let helper_file = dir.with_extension("helper");
+        std::fs::write(&helper_file, helper).unwrap();
+        std::fs::set_permissions(
+            &helper_file,
+            std::os::unix::fs::PermissionsExt::from_mode(0o755),
+        )
+        .unwrap();
         let run = |script: String, args: &[&str]| {
             let out = std::process::Command::new("/bin/sh")
+                // Never the host's PID 1: a helper that prints one path's metadata.
+                .env("FORKBOX_XATTRS", &helper_file)
                 .arg("-c")
                 .arg(script)
                 .arg("t")
@@ -232,8 +296,12 @@ mod tests {
         assert_eq!(es[0]["name"], "a.txt");
         assert_eq!(es[0]["size"], "5");
         assert_eq!(es[0]["type"], "FILE_TYPE_FILE");
+        // The helper's metadata lands on its path's entry, and on no other.
+        assert_eq!(es[0]["metadata"], json!({ "author": "mish", "k": "v=w" }));
+        assert!(es[1].get("metadata").is_none());
         assert_eq!(es[1]["type"], "FILE_TYPE_FILE");
-        assert_eq!(es[1]["symlinkTarget"], "a.txt");
+        // A link's target, resolved from its directory, as envd gives it.
+        assert_eq!(es[1]["symlinkTarget"], format!("{d}/a.txt"));
         assert_eq!(es[2]["type"], "FILE_TYPE_DIRECTORY");
         assert_eq!(es[2]["path"], format!("{d}/sub"));
         assert_eq!(run(guest::stat_script(), &[&format!("{d}/nope")]).0, 2);
@@ -246,6 +314,12 @@ mod tests {
         assert_eq!(entries(&out)[0]["path"], format!("{d}/x/b.txt"));
         assert_eq!(run(guest::remove_script(), &[&format!("{d}/x/")]).0, 0);
         assert!(!dir.join("x").exists());
+        assert_eq!(link_target("/home/user/d/l", "t.txt"), "/home/user/d/t.txt");
+        assert_eq!(link_target("/home/user/d/l", "../e/./t"), "/home/user/e/t");
+        assert_eq!(link_target("/home/user/l", "/etc/hosts"), "/etc/hosts");
+        // Removing what is not there succeeds, as envd's does.
+        assert_eq!(run(guest::remove_script(), &[&format!("{d}/x/")]).0, 0);
         std::fs::remove_dir_all(&dir).unwrap();
+        std::fs::remove_file(&helper_file).unwrap();
     }
 }

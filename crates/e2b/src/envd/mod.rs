@@ -120,11 +120,9 @@ async fn health(
         Ok(t) => t,
         Err(f) => return f.into_response(),
     };
-    match e.daemon.get(&t.id).await {
-        Ok(v) if v.state == forkbox_api::SandboxState::Running => {
-            StatusCode::NO_CONTENT.into_response()
-        }
-        _ => not_running(&t.id),
+    match e.running(&t.id).await {
+        true => StatusCode::NO_CONTENT.into_response(),
+        false => not_running(&t.id),
     }
 }
 
@@ -253,6 +251,14 @@ impl Stream {
     /// Sends message `v`; false once the client has gone.
     pub async fn send(&self, v: &Value) -> bool {
         self.tx.send(Ok(connect::message(v))).await.is_ok()
+    }
+
+    /// Cuts the stream short, as a connection to a sandbox that died is: no end frame, the
+    /// response broken off (the SDKs then ask `/health` and, the sandbox gone, raise
+    /// "killed or reached its end of life").
+    pub async fn cut(&self) {
+        let lost = std::io::Error::new(std::io::ErrorKind::ConnectionAborted, "sandbox gone");
+        let _ = self.tx.send(Err(lost)).await;
     }
 
     /// Ends the stream, with an error or without.

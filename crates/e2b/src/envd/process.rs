@@ -472,15 +472,9 @@ impl Follow {
                     continue;
                 }
             };
-            let Some(ev) = ev else {
-                return Err(Failure::new(
-                    503,
-                    format!("sandbox {} stopped before the command ended", self.sandbox),
-                ));
-            };
             let out = match ev {
-                CommandEvent::Command { .. } => continue,
-                CommandEvent::Stdout { data_b64 } => {
+                Some(CommandEvent::Command { .. }) => continue,
+                Some(CommandEvent::Stdout { data_b64 }) => {
                     let mut data = bytes_field(&data_b64)?;
                     if let Some(mut h) = head.take() {
                         h.extend_from_slice(&data);
@@ -511,23 +505,10 @@ impl Follow {
                     let key = if self.pty { "pty" } else { "stdout" };
                     json!({ "event": { "data": { key: b64(&data) } } })
                 }
-                CommandEvent::Stderr { data_b64 } => {
+                Some(CommandEvent::Stderr { data_b64 }) => {
                     json!({ "event": { "data": { "stderr": data_b64 } } })
                 }
-                CommandEvent::Exit(x) => {
-                    self.forget_pid(pid);
-                    pid.ok_or_else(|| no_pid(&x.error))?;
-                    stream.send(&exit_end(x)).await;
-                    return Ok(());
-                }
-                CommandEvent::Error { message, exit_code } => {
-                    self.forget_pid(pid);
-                    if pid.is_none() {
-                        return Err(no_pid(&Some(message)));
-                    }
-                    stream.send(&error_end(&message, exit_code)).await;
-                    return Ok(());
-                }
+                last => return self.end(last, pid, stream).await,
             };
             if pid.is_none() {
                 held.push(out);
@@ -537,6 +518,55 @@ impl Follow {
                 return Ok(());
             }
         }
+    }
+
+    /// The call's end: the command's `end` when it exited (or its Connect error), and when its
+    /// sandbox died under it (`last` is an error, or the events stopped), the stream cut short.
+    async fn end(
+        &self,
+        last: Option<CommandEvent>,
+        pid: Option<u32>,
+        stream: &Stream,
+    ) -> Result<(), Failure> {
+        self.forget_pid(pid);
+        match last {
+            Some(CommandEvent::Exit(x)) => {
+                pid.ok_or_else(|| no_pid(&x.error))?;
+                // A deadline that passed ends the call as envd's does: Connect's
+                // `deadline_exceeded` (the SDKs' TimeoutException), not an end event.
+                if x.timed_out && x.error.is_none() {
+                    return Err(Failure::new(504, DEADLINE_PASSED));
+                }
+                stream.send(&exit_end(x)).await;
+            }
+            Some(CommandEvent::Error { message, .. }) if pid.is_none() => {
+                return Err(no_pid(&Some(message)));
+            }
+            _ if self.sandbox_gone().await => stream.cut().await,
+            Some(CommandEvent::Error { message, exit_code }) => {
+                stream.send(&error_end(&message, exit_code)).await;
+            }
+            _ => {
+                return Err(Failure::new(
+                    503,
+                    format!("sandbox {} stopped before the command ended", self.sandbox),
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the command's sandbox is gone (killed, ended, or no longer running). A
+    /// command's connection breaks while its sandbox is being taken down, before the daemon
+    /// lists it as gone: a running sandbox is asked about again for up to 3 s.
+    async fn sandbox_gone(&self) -> bool {
+        for _ in 0..12 {
+            if !self.e.running(&self.sandbox).await {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        false
     }
 
     fn register(&self, pid: u32) {
@@ -563,6 +593,8 @@ impl Follow {
     }
 }
 
+const DEADLINE_PASSED: &str = "the command's deadline passed (connect-timeout-ms)";
+
 /// envd's `end` of a command that exited (or was killed by a signal).
 fn exit_end(x: forkbox_api::ExitInfo) -> Value {
     let (code, exited, status) = match x.signal {
@@ -572,7 +604,7 @@ fn exit_end(x: forkbox_api::ExitInfo) -> Value {
     let mut end = json!({ "exitCode": code, "exited": exited, "status": status });
     match (x.error, x.timed_out) {
         (Some(err), _) => end["error"] = json!(err),
-        (None, true) => end["error"] = json!("the command's deadline passed (connect-timeout-ms)"),
+        (None, true) => end["error"] = json!(DEADLINE_PASSED),
         (None, false) => {}
     }
     json!({ "event": { "end": end } })

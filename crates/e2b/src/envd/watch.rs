@@ -1,7 +1,7 @@
-//! Directory watches: a watcher is a command in the guest ([`crate::guest::watch_script`]) that
-//! prints a line per change. `WatchDir` (JavaScript's SDK) streams its lines as events;
-//! `CreateWatcher`, `GetWatcherEvents` and `RemoveWatcher` (Python's) keep it running and read
-//! what it printed since the last call.
+//! Directory watches: a watcher is a command in the guest ([`crate::guest::watch`]: the agent's
+//! inotify helper) that prints a line per change, with the path's entry when asked. `WatchDir`
+//! (JavaScript's SDK) streams its lines as events; `CreateWatcher`, `GetWatcherEvents` and
+//! `RemoveWatcher` (Python's) keep it running and read what it printed since the last call.
 
 use std::sync::Arc;
 
@@ -37,6 +37,10 @@ struct WatchRequest {
     path: String,
     #[serde(default)]
     recursive: bool,
+    /// Each event carries its entry (envd 0.6.3). (`allowNetworkMounts`, envd 0.6.4, needs
+    /// nothing: the guest's inotify watches whatever file system it is given.)
+    #[serde(default)]
+    include_entry: bool,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -49,12 +53,13 @@ struct WatcherId {
 /// Starts a watch of `req.path`; its command, once it has its first listing.
 async fn begin(e: &E2b, t: &Target, req: &WatchRequest) -> Result<crate::Ready, Failure> {
     let path = super::filesystem::path(&req.path)?;
-    let recursive = if req.recursive { "1" } else { "0" };
+    let flag = |b: bool| if b { "1" } else { "0" };
     let exec = ExecRequest {
-        argv: Some(guest::as_user(
+        argv: Some(guest::watch(
             &t.user,
-            &guest::watch_script(),
-            &[path, recursive],
+            path,
+            flag(req.recursive),
+            flag(req.include_entry),
         )),
         timeout_secs: Some(forkbox_api::MAX_TIMEOUT_SECS),
         ..Default::default()
@@ -78,14 +83,23 @@ fn events_of(partial: &mut String, more: &str) -> Vec<Value> {
     }
     while let Some(nl) = partial.find('\n') {
         let line: String = partial.drain(..=nl).collect();
-        let Some((kind, name)) = line.trim_end_matches('\n').split_once('\t') else {
+        let mut f = line.trim_end_matches('\n').splitn(3, '\t');
+        let (Some(kind), Some(name)) = (f.next(), f.next()) else {
             continue;
         };
         let kind = match kind {
             "CREATE" | "WRITE" | "REMOVE" | "RENAME" | "CHMOD" => kind,
             _ => continue,
         };
-        out.push(json!({ "name": name, "type": format!("EVENT_TYPE_{kind}") }));
+        let mut v = json!({ "name": name, "type": format!("EVENT_TYPE_{kind}") });
+        // With entries asked for: the path's entry, where it still exists.
+        if let Some(entry) = f
+            .next()
+            .and_then(|rec| super::filesystem::entries(rec).pop())
+        {
+            v["entry"] = entry;
+        }
+        out.push(v);
     }
     out
 }
