@@ -70,6 +70,9 @@ codes! {
     SandboxFailed = "sandbox_failed", 409;
     SnapshotExists = "snapshot_exists", 409;
     SnapshotInUse = "snapshot_in_use", 409;
+    /// A snapshot this host cannot restore (another QEMU saved it, a disk it stands on is
+    /// gone): the words say why; save it again.
+    SnapshotUnrestorable = "snapshot_unrestorable", 409;
     ImageInUse = "image_in_use", 409;
     VolumeExists = "volume_exists", 409;
     /// A volume mounted read-write by one sandbox, or read-only by some (the message names

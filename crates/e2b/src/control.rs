@@ -251,7 +251,7 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     }
     let env = crate::guest::env_file(&n.env_vars.clone().unwrap_or_default())
         .map_err(|m| Failure::new(400, m))?;
-    let mut req = CreateRequest {
+    let req = CreateRequest {
         labels,
         ttl_seconds: Some(n.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
         ttl_action: Some(match n.auto_pause {
@@ -269,18 +269,7 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         )?),
         ..CreateRequest::default()
     };
-    let theirs = keys::snapshot_is(&c.owner, &n.template_id);
-    // A template is a snapshot's name (a create from it is a copy), the code interpreter's (a
-    // copy of its warm sandbox, the server and a kernel running), or an image.
-    match theirs && c.client.get_snapshot(&n.template_id).await.is_ok() {
-        true => req.snapshot = Some(n.template_id.clone()),
-        false if interpreter::wanted(&n.template_id) => {
-            ensure_built(&e, &c.client, interpreter::IMAGE, "not built yet").await?;
-            req.snapshot = Some(interpreter::warm(&e).await?);
-        }
-        false => req.image = Some(n.template_id.clone()),
-    }
-    let v = create_building(&e, &c.client, &req).await?;
+    let v = create_of_template(&e, &c, &n.template_id, req).await?;
     if !env.is_empty() {
         if let Err(f) = e.run_root(&v.info.id, crate::guest::write_env(&env)).await {
             let _ = c.client.delete(&v.info.id).await;
@@ -288,6 +277,38 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         }
     }
     Ok(status(StatusCode::CREATED, shape::sandbox(&v, &e.key)))
+}
+
+/// Creates a sandbox of `template`: a snapshot's name (a create from it is a copy), the code
+/// interpreter's (a copy of its warm sandbox, the server and a kernel running), or an image.
+async fn create_of_template(
+    e: &E2b,
+    c: &Caller,
+    template: &str,
+    mut req: CreateRequest,
+) -> Result<SandboxView, Failure> {
+    let theirs = keys::snapshot_is(&c.owner, template);
+    if theirs && c.client.get_snapshot(template).await.is_ok() {
+        req.snapshot = Some(template.to_owned());
+        return create_building(e, &c.client, &req).await;
+    }
+    if !interpreter::wanted(template) {
+        req.image = Some(template.to_owned());
+        return create_building(e, &c.client, &req).await;
+    }
+    ensure_built(e, &c.client, interpreter::IMAGE, "not built yet").await?;
+    let warm = interpreter::warm(e).await?;
+    req.snapshot = Some(warm.clone());
+    match create_building(e, &c.client, &req).await {
+        // The warm snapshot lost a disk it stands on (a template removed under it): made
+        // again, once.
+        Err(f) if f.code == Some(Code::SnapshotUnrestorable) => {
+            interpreter::forget(e, &warm, &f.message).await;
+            req.snapshot = Some(interpreter::warm(e).await?);
+            create_building(e, &c.client, &req).await
+        }
+        r => r,
+    }
 }
 
 /// Creates; when the image is one forkbox carries a recipe for and this daemon has not built

@@ -32,6 +32,7 @@ pub fn connect_code(code: Code) -> &'static str {
         Code::SandboxHibernated
         | Code::SandboxNotHibernated
         | Code::SnapshotInUse
+        | Code::SnapshotUnrestorable
         | Code::ImageInUse
         | Code::VolumeInUse
         | Code::Conflict => "failed_precondition",

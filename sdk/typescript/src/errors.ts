@@ -62,6 +62,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   sandbox_failed: ConflictError,
   snapshot_exists: ConflictError,
   snapshot_in_use: ConflictError,
+  snapshot_unrestorable: ConflictError,
   image_in_use: ConflictError,
   volume_exists: ConflictError,
   volume_in_use: ConflictError,

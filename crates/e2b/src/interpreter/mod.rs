@@ -19,13 +19,45 @@ pub fn wanted(template: &str) -> bool {
     template == TEMPLATE || template == IMAGE
 }
 
-/// The warm snapshot of image `reference` with this build's server: named by both, so a new
-/// image or a new server makes a new one.
-fn warm_name(reference: &str) -> String {
+/// The warm snapshot of one build of image `reference` with this build's server: named by
+/// all three, so a new image, the same `NAME@N` built again (its template and disks are new)
+/// or a new server makes a new one.
+fn warm_name(image: &forkbox_api::ImageView) -> String {
     use sha2::Digest as _;
-    let h = sha2::Sha256::digest(forkbox_api::code::SERVER.as_bytes());
-    let hex: String = h[..6].iter().map(|b| format!("{b:02x}")).collect();
-    format!("e2b-ci-{}-{hex}", reference.replace('@', "-"))
+    let mut h = sha2::Sha256::new();
+    h.update(forkbox_api::code::SERVER.as_bytes());
+    h.update(image.created_unix.to_be_bytes());
+    let hex: String = h.finalize()[..6]
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    format!("{WARM_PREFIX}{}-{hex}", image.reference.replace('@', "-"))
+}
+
+const WARM_PREFIX: &str = "e2b-ci-";
+
+/// Removes the warm snapshots other than `keep` (earlier images, builds or servers). One whose
+/// copies still run stays until they end (the daemon refuses while they depend on it).
+async fn remove_older(e: &E2b, keep: &str) {
+    let Ok(all) = e.daemon.list_snapshots().await else {
+        return;
+    };
+    for s in all
+        .iter()
+        .filter(|s| s.name.starts_with(WARM_PREFIX) && s.name != keep)
+    {
+        match e.daemon.delete_snapshot(&s.name).await {
+            Ok(_) => tracing::info!("e2b: removed {}, an earlier warm sandbox", s.name),
+            Err(err) => tracing::debug!("e2b: {} stays: {err}", s.name),
+        }
+    }
+}
+
+/// Forgets the warm snapshot `name` after the daemon refused to restore it (a disk it stands
+/// on is gone), so that the next [`warm`] makes it again.
+pub async fn forget(e: &E2b, name: &str, why: &str) {
+    tracing::warn!("e2b: {name} cannot be restored ({why}); making the warm sandbox again");
+    let _ = e.daemon.delete_snapshot(name).await;
 }
 
 /// Whether the warm snapshot `name` is there and restores here. One saved by another QEMU (the
@@ -52,7 +84,7 @@ async fn restorable(e: &E2b, name: &str) -> Result<bool, Failure> {
 /// daemon has none for the newest image (once, however many creates ask).
 pub async fn warm(e: &E2b) -> Result<String, Failure> {
     let image = e.daemon.get_image(IMAGE).await?;
-    let name = warm_name(&image.reference);
+    let name = warm_name(&image);
     if restorable(e, &name).await? {
         return Ok(name);
     }
@@ -81,5 +113,7 @@ pub async fn warm(e: &E2b) -> Result<String, Failure> {
     .await
     .map_err(Failure::from);
     let _ = e.daemon.delete(&id).await;
-    saved.map(|_| name)
+    saved?;
+    remove_older(e, &name).await;
+    Ok(name)
 }

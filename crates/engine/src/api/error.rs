@@ -127,7 +127,8 @@ fn snapshot_code(e: &SnapshotError) -> Code {
         SnapshotError::NotFound(_) => Code::SnapshotNotFound,
         SnapshotError::Exists(_) => Code::SnapshotExists,
         SnapshotError::InUse { .. } => Code::SnapshotInUse,
-        SnapshotError::BadName(_) | SnapshotError::Incompatible { .. } => Code::BadRequest,
+        SnapshotError::BadName(_) => Code::BadRequest,
+        SnapshotError::Incompatible { .. } => Code::SnapshotUnrestorable,
         SnapshotError::Io { source, .. }
             if source.kind() == std::io::ErrorKind::StorageFull
                 || source.raw_os_error() == Some(libc::ENOSPC) =>

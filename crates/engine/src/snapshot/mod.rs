@@ -115,6 +115,19 @@ impl Snapshot {
                 });
             }
         }
+        // Nor a disk whose backing chain lost a file (a template removed under it).
+        if let Some(gone) = crate::vm::jail::backing_chain(&self.disk())
+            .into_iter()
+            .find(|p| !p.exists())
+        {
+            return Err(SnapshotError::Incompatible {
+                name: self.meta.name.clone(),
+                why: format!(
+                    "its disk stands on {}, which is gone; save the snapshot again",
+                    gone.display()
+                ),
+            });
+        }
         Ok(())
     }
 
@@ -831,6 +844,56 @@ mod tests {
         std::fs::remove_file(dir.path().join(MEM)).unwrap();
         let err = snap.check_restorable().unwrap_err().to_string();
         assert!(err.contains("mem is missing"), "{err}");
+    }
+
+    /// A snapshot whose disk is an overlay on a template that was removed since: refused in
+    /// words naming the missing file (qemu-img's "Could not open backing file" came later and
+    /// said nothing of the snapshot); with its backing file there, restorable.
+    #[test]
+    fn a_snapshot_whose_disk_lost_its_backing_file_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        for f in [MEM, VMSTATE, META] {
+            std::fs::write(dir.path().join(f), b"x").unwrap();
+        }
+        let base = dir.path().join("template.qcow2");
+        let qemu_img = |args: &[&str]| {
+            let ok = std::process::Command::new("qemu-img").args(args).status();
+            assert!(ok.unwrap().success(), "qemu-img {args:?}");
+        };
+        qemu_img(&["create", "-q", "-f", "qcow2", base.to_str().unwrap(), "1M"]);
+        let disk = dir.path().join(DISK);
+        qemu_img(&[
+            "create",
+            "-q",
+            "-f",
+            "qcow2",
+            "-F",
+            "qcow2",
+            "-b",
+            base.to_str().unwrap(),
+            disk.to_str().unwrap(),
+        ]);
+        let mut meta: SnapshotMeta = serde_json::from_value(json!({
+            "name": "warm", "kind": "snapshot", "image": "python-bookworm@1",
+            "kernel": "vmlinuz", "initramfs": "initrd",
+            "accel": {"accel": "tcg", "reason": "test"}, "cpus": 1, "memory_mib": 256,
+            "max_procs": 512, "qemu_version": qemu_version(), "parent": null,
+            "from_sandbox": null, "created_unix": 0, "pause_ms": null, "took_ms": 0,
+            "memory_bytes": 0
+        }))
+        .unwrap();
+        meta.ram_tail_kib = ram_tail_kib(crate::vm::Accel::Tcg);
+        let snap = Snapshot {
+            dir: dir.path().to_path_buf(),
+            meta,
+        };
+        snap.check_restorable().unwrap();
+        std::fs::remove_file(&base).unwrap();
+        let err = snap.check_restorable().unwrap_err().to_string();
+        assert!(
+            err.contains("warm") && err.contains("template.qcow2") && err.contains("gone"),
+            "{err}"
+        );
     }
 
     /// A snapshot saved under KVM, on a host whose verdict is TCG: refused in words before any

@@ -77,6 +77,7 @@ _BY_CODE = {
     "sandbox_failed": Conflict,
     "snapshot_exists": Conflict,
     "snapshot_in_use": Conflict,
+    "snapshot_unrestorable": Conflict,
     "image_in_use": Conflict,
     "volume_exists": Conflict,
     "volume_in_use": Conflict,
