@@ -643,6 +643,50 @@ pub fn e2b_suite_python() -> PathBuf {
     )
 }
 
+/// The dev dependencies of E2B's JavaScript SDK its node test projects import (beside its
+/// own dependencies): the rest serve its browser, Cloudflare and build tooling.
+const E2B_JS_TEST_DEPS: &[&str] = &["vitest", "msw", "dotenv", "error-stack-parser-es"];
+
+/// A directory (in the test home) whose `node_modules` holds what E2B's JavaScript SDK suite
+/// in `sdk` (its `packages/js-sdk`) needs to run its node projects: the SDK's dependencies and
+/// the test dependencies above, at the ranges its `package.json` gives, from the npm registry;
+/// made once per machine and suite version.
+pub fn e2b_suite_js(sdk: &Path) -> PathBuf {
+    let paths = home();
+    let theirs: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(sdk.join("package.json")).expect("the suite's package.json"),
+    )
+    .expect("the suite's package.json is JSON");
+    let mut deps = theirs["dependencies"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    for d in E2B_JS_TEST_DEPS {
+        let range = theirs["devDependencies"][*d].clone();
+        assert!(range.is_string(), "the suite's package.json names no {d}");
+        deps.insert((*d).to_string(), range);
+    }
+    let version = theirs["version"].as_str().unwrap_or("unknown");
+    let ours = serde_json::json!({"name": "e2b-suite-js", "private": true, "dependencies": deps});
+    let ours = serde_json::to_string_pretty(&ours).unwrap_or_default();
+    let dir = paths.home().join(format!("e2b-suite-js-{version}"));
+    with_lock(&paths, || {
+        let made = std::fs::read_to_string(dir.join("package.json")).ok() == Some(ours.clone());
+        if made && dir.join("node_modules/vitest/package.json").exists() {
+            return;
+        }
+        std::fs::create_dir_all(&dir).expect("create the suite's npm directory");
+        std::fs::write(dir.join("package.json"), &ours).expect("write package.json");
+        must(
+            std::process::Command::new("npm")
+                .args(["install", "--no-audit", "--no-fund", "--loglevel=error"])
+                .current_dir(&dir),
+            "npm install (E2B's JavaScript suite's dependencies)",
+        );
+    });
+    dir
+}
+
 /// A directory (in the test home) whose `node_modules` holds npm package `package` (E2B's
 /// published `e2b`, `@e2b/code-interpreter`) at `version` (`latest`, `2.50.0`), from the npm
 /// registry; made once per machine.

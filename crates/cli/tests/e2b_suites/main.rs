@@ -1,0 +1,45 @@
+//! E2B's own published test suites, unchanged, against a forkbox daemon: the Python SDK's
+//! `tests` at the commit of `e2b` 2.45.1 with that release from PyPI. The folder of suites comes
+//! from `FORKBOX_E2B_SUITES` (default `../shared/e2b-suites` beside the repository); without
+//! it the tests say they skipped and why.
+//!
+//! Every test must pass but those in `crates/e2b/tests/suites/expected-failures.txt`, each
+//! listed with its one reason (it needs the public internet, a public E2B template forkbox
+//! does not carry, a feature forkbox refuses in words, or in URL mode E2B's own domain that
+//! the variables replace; `open:` marks a gap not yet closed, named, that the E2B suites'
+//! issue still owes). A test failing that is not listed fails the run; so does a listed test
+//! that passes, but for an `open:` one (the list is kept exact).
+//!
+//! The default run takes the Python suite in domain mode (the daemon on 443 of a namespace of
+//! the test's own, with a `dnsmasq` resolving `*.e2b.test` and its CA trusted: per-sandbox
+//! host names and signed URLs are exercised); `FORKBOX_E2B_SUITES_ALL=1` adds URL mode. Each
+//! prints an `E2B SUITE` line: passed, listed, skipped, total. `FORKBOX_E2B_SUITE_ARGS` runs
+//! some of a suite's tests (pytest's arguments) instead of all. A few unlisted failures are run
+//! once more, alone (a test starved beside the others passes then, and is said FLAKY).
+
+#![allow(clippy::unwrap_used)] // tests fail loudly by design
+
+use std::path::PathBuf;
+
+use forkbox_test_infra as infra;
+
+#[path = "../common/mod.rs"]
+mod common;
+mod js;
+mod list;
+mod python;
+
+/// The suites' folder, or `None` after saying why the test skips.
+pub fn suites() -> Option<PathBuf> {
+    let found = infra::e2b_suites();
+    if found.is_none() {
+        eprintln!(
+            "skipped: E2B's suites are not on this machine (FORKBOX_E2B_SUITES, or \
+             ../shared/e2b-suites beside the repository)"
+        );
+    }
+    found
+}
+
+/// Most tests one failing test not listed is run again, alone.
+pub const AGAIN_AT_MOST: usize = 20;
