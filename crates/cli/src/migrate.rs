@@ -223,6 +223,7 @@ fn settle(a: MigrateArgs) -> anyhow::Result<Result<MigrateConfig, ExitCode>> {
     let setup_network = forkbox_engine::net::NetworkPolicy {
         internet: false,
         allow: setup_allow,
+        deny: Vec::new(),
     };
     if let Err(e) = setup_network.validate() {
         return Ok(Err(usage(format!("--setup-allow: {e}"))));

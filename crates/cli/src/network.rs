@@ -12,11 +12,16 @@ use crate::daemon::show;
 pub struct PolicyArgs {
     /// Outbound access to the internet through forkbox's host-side proxy (never the host
     /// itself, loopback, link-local or metadata addresses).
-    #[arg(long, conflicts_with = "allow")]
+    #[arg(long)]
     pub internet: bool,
-    /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
+    /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP, a
+    /// network (10.0.0.0/24). With --internet and --deny: an exception to the deny list.
     #[arg(long = "allow", value_name = "HOST", value_parser = allow_entry)]
     pub allow: Vec<String>,
+    /// With --internet, keep this out of reach (repeatable): example.org, *.example.org, an
+    /// IP, a network (10.0.0.0/8), each optionally :PORT (else every port).
+    #[arg(long = "deny", value_name = "HOST", requires = "internet", value_parser = deny_entry)]
+    pub deny: Vec<String>,
 }
 
 impl PolicyArgs {
@@ -25,6 +30,7 @@ impl PolicyArgs {
         forkbox_engine::net::NetworkPolicy {
             internet: self.internet,
             allow: self.allow.clone(),
+            deny: self.deny.clone(),
         }
     }
 }
@@ -34,6 +40,13 @@ pub async fn set(c: &Client, id: &str, net: &PolicyArgs, json: bool) -> anyhow::
     let v = c.set_network(id, &net.policy()).await?;
     show(json, &v, || {
         let what = match (v.network.internet, v.network.allow.is_empty()) {
+            (true, _) if !v.network.deny.is_empty() => {
+                let mut w = format!("the internet but {}", v.network.deny.join(", "));
+                if !v.network.allow.is_empty() {
+                    w += &format!(" (except {})", v.network.allow.join(", "));
+                }
+                w
+            }
             (true, _) => "the internet".to_string(),
             (false, true) => "no network".to_string(),
             (false, false) => v.network.allow.join(", "),
@@ -42,16 +55,11 @@ pub async fn set(c: &Client, id: &str, net: &PolicyArgs, json: bool) -> anyhow::
     })
 }
 
-/// Network policy flags. Without either, no network at all.
+/// Network policy flags. Without any, no network at all.
 #[derive(clap::Args, Debug, Clone, Default)]
 pub struct NetArgs {
-    /// Outbound access to the internet through forkbox's host-side proxy (never the host
-    /// itself, loopback, link-local or metadata addresses).
-    #[arg(long, conflicts_with = "allow")]
-    pub internet: bool,
-    /// Allow only this host (repeatable): pypi.org, *.pythonhosted.org, host:port, an IP.
-    #[arg(long = "allow", value_name = "HOST", value_parser = allow_entry)]
-    pub allow: Vec<String>,
+    #[command(flatten)]
+    pub policy: PolicyArgs,
     /// A secret the guest never holds (repeatable): NAME@HOST[,HOST...] takes the value of
     /// this host's $NAME, NAME=env:VAR@HOSTS of $VAR, NAME=file:PATH@HOSTS of a file. The
     /// guest's $NAME is a placeholder; HTTPS requests to the HOSTS carry the value in its
@@ -62,11 +70,20 @@ pub struct NetArgs {
 
 impl NetArgs {
     pub fn policy(&self) -> Option<forkbox_engine::net::NetworkPolicy> {
-        (self.internet || !self.allow.is_empty()).then(|| forkbox_engine::net::NetworkPolicy {
-            internet: self.internet,
-            allow: self.allow.clone(),
-        })
+        let p = self.policy.policy();
+        (!p.is_off()).then_some(p)
     }
+}
+
+pub(crate) fn deny_entry(s: &str) -> Result<String, String> {
+    let p = forkbox_engine::net::NetworkPolicy {
+        internet: true,
+        allow: Vec::new(),
+        deny: vec![s.to_string()],
+    };
+    p.validate()
+        .map(|_| s.to_string())
+        .map_err(|e| e.to_string())
 }
 
 pub(crate) fn allow_entry(s: &str) -> Result<String, String> {

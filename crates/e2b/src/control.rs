@@ -175,10 +175,21 @@ fn all_traffic(a: &str) -> bool {
     matches!(a.trim(), "0.0.0.0/0" | "::/0")
 }
 
+/// An address of E2B's `allowOut` / `denyOut` as a forkbox entry: E2B's addresses mean every
+/// port, as forkbox's networks do (a bare address means 80 and 443 in forkbox's allow list).
+fn e2b_entry(a: &str) -> String {
+    let a = a.trim();
+    match a.parse::<std::net::IpAddr>() {
+        Ok(ip) if ip.is_ipv4() => format!("{a}/32"),
+        Ok(_) => format!("{a}/128"),
+        Err(_) => a.to_string(),
+    }
+}
+
 /// The sandbox's network policy from E2B's fields, as E2B reads them: outbound traffic is open
-/// unless `allow_internet_access` is false or `denyOut` names all of it; then only the hosts of
-/// `allowOut` (which wins over a deny) are reached. forkbox's policy is an allow list: a
-/// `denyOut` of some addresses only is refused, saying so.
+/// unless `allow_internet_access` is false or `denyOut` names all of it (then only the hosts of
+/// `allowOut` are reached); a `denyOut` of some addresses keeps the rest open, and `allowOut`
+/// wins over it (forkbox's deny list, with its allow entries as the exceptions).
 fn policy(net: Option<&Network>, internet: Option<bool>) -> Result<NetworkPolicy, Failure> {
     let deny = net.and_then(|n| n.deny_out.clone()).unwrap_or_default();
     let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
@@ -190,24 +201,31 @@ fn policy(net: Option<&Network>, internet: Option<bool>) -> Result<NetworkPolicy
         }
     }
     let deny_all = deny.iter().any(|d| all_traffic(d));
-    if !deny.is_empty() && !deny_all {
-        return Err(Failure::unsupported(
-            "a `denyOut` of some addresses (forkbox's policy is an allow list: deny all \
-             traffic, `0.0.0.0/0`, and give the hosts to reach in `allowOut`)",
-        ));
-    }
     let closed = deny_all || internet == Some(false);
-    let allow: Vec<String> = allow.into_iter().filter(|a| !all_traffic(a)).collect();
-    Ok(match closed {
-        false => NetworkPolicy {
-            internet: true,
-            allow: Vec::new(),
-        },
-        true => NetworkPolicy {
+    let allow: Vec<String> = allow
+        .iter()
+        .filter(|a| !all_traffic(a))
+        .map(|a| e2b_entry(a))
+        .collect();
+    let deny: Vec<String> = deny.iter().map(|a| e2b_entry(a)).collect();
+    let p = match (closed, deny.is_empty()) {
+        (true, _) => NetworkPolicy {
             internet: false,
             allow,
+            deny: Vec::new(),
         },
-    })
+        (false, true) => NetworkPolicy {
+            internet: true,
+            ..NetworkPolicy::default()
+        },
+        (false, false) => NetworkPolicy {
+            internet: true,
+            allow,
+            deny,
+        },
+    };
+    p.validate().map_err(|e| Failure::new(400, e.to_string()))?;
+    Ok(p)
 }
 
 async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Bytes) -> Answer {

@@ -128,6 +128,8 @@ pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
     d["allowInternetAccess"] = json!(v.network.internet);
     if !v.network.internet {
         d["network"] = json!({ "allowOut": v.network.allow, "denyOut": ["0.0.0.0/0"] });
+    } else if !v.network.deny.is_empty() {
+        d["network"] = json!({ "allowOut": v.network.allow, "denyOut": v.network.deny });
     }
     d["lifecycle"] = json!({ "autoResume": auto_resumes(v), "onTimeout": on_timeout });
     d

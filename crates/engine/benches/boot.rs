@@ -144,7 +144,7 @@ fn main() {
             let host = std::process::Command::new("python3").args(["-c", &fetch]).output().expect("host python3");
             let host_secs: f64 = String::from_utf8_lossy(&host.stdout).trim().parse().expect("host download");
             let ncfg = SandboxConfig {
-                network: forkbox_engine::net::NetworkPolicy { internet: false, allow: vec![format!("{ip}:8080")] },
+                network: forkbox_engine::net::NetworkPolicy { internet: false, allow: vec![format!("{ip}:8080")], deny: Vec::new() },
                 ..cfg.clone()
             };
             let sb = Sandbox::create(&paths, &ncfg).await.expect("create with network");

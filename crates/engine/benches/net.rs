@@ -227,6 +227,7 @@ fn main() {
                     network: Some(NetworkPolicy {
                         internet: false,
                         allow: vec![format!("{b}:443")],
+                        deny: Vec::new(),
                     }),
                     secrets: vec![SecretSpec {
                         name: "TOKEN".into(),

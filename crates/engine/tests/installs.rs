@@ -144,6 +144,7 @@ fn sandbox_config(
         network: forkbox_engine::net::NetworkPolicy {
             internet: false,
             allow: allow.iter().map(|h| h.to_string()).collect(),
+            deny: Vec::new(),
         },
         packages: Some(cache.clone()),
         ..Default::default()

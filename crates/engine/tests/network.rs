@@ -40,6 +40,7 @@ fn policy(allow: &[&str]) -> NetworkPolicy {
     NetworkPolicy {
         internet: false,
         allow: allow.iter().map(|s| s.to_string()).collect(),
+        deny: Vec::new(),
     }
 }
 
@@ -119,8 +120,11 @@ async fn with_an_allow_list_only_the_allowed_host_answers() {
     sb.destroy().await;
 }
 
+/// With the internet on and a deny list (the test network, but one host of it allowed): the
+/// denied host is refused naming its entry, the allowed one answers, and the host, loopback
+/// and metadata addresses stay out of reach whatever the lists say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn internet_reaches_other_hosts_but_never_the_host_or_metadata() {
+async fn internet_with_a_deny_list_reaches_other_hosts_but_never_the_host_or_metadata() {
     let (paths, mut cfg) = infra::sandbox_setup("python-bookworm");
     let web = tempfile::tempdir().unwrap();
     let big: Vec<u8> = (0..20_000_000u32)
@@ -129,8 +133,11 @@ async fn internet_reaches_other_hosts_but_never_the_host_or_metadata() {
     std::fs::write(web.path().join("big.bin"), &big).unwrap();
     std::fs::write(web.path().join("ok.txt"), "outside").unwrap();
     let mut net = infra::TestNet::new();
-    let outside = net.peer_ips[0].clone();
+    let [outside, denied] = net.peer_ips.clone();
     net.serve(&outside, 8080, web.path());
+    net.serve(&denied, 8080, web.path());
+    // The test network's /24 is denied, but for `outside`, an allowed exception.
+    let subnet = format!("{}.0/24", outside.rsplit_once('.').unwrap().0);
     // The host's own address on the test network, with a listener.
     let host_listener = std::net::TcpListener::bind(format!("{}:0", net.host_ip)).unwrap();
     host_listener.set_nonblocking(true).unwrap();
@@ -138,9 +145,15 @@ async fn internet_reaches_other_hosts_but_never_the_host_or_metadata() {
 
     cfg.network = NetworkPolicy {
         internet: true,
-        allow: vec![],
+        allow: vec![format!("{outside}/32")],
+        deny: vec![subnet.clone()],
     };
     let sb = Sandbox::create(&paths, &cfg).await.unwrap();
+    let out = fetch(&sb, &[format!("http://{denied}:8080/ok.txt")]).await;
+    assert!(
+        out.contains(" 403 forkbox: ") && out.contains(&format!("deny entry \"{subnet}\"")),
+        "a denied network's host answers 403 naming the entry: {out}"
+    );
     let out = fetch(
         &sb,
         &[

@@ -294,6 +294,7 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
                 network: Some(NetworkPolicy {
                     internet: false,
                     allow: vec![format!("{b}:443")],
+                    deny: Vec::new(),
                 }),
                 secrets: vec![secret.clone()],
                 ..Default::default()

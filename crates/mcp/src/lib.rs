@@ -381,6 +381,7 @@ impl ForkboxMcp {
         .then(|| NetworkPolicy {
             internet: a.internet.unwrap_or(false),
             allow: a.allow.unwrap_or_default(),
+            deny: Vec::new(),
         });
         let persistent = a.persistent.unwrap_or(false);
         let secrets = match secret_specs(a.secrets) {

@@ -377,6 +377,7 @@ async fn the_node_example_installs_once_and_takes_the_smallest_port() {
         setup_network: forkbox_engine::net::NetworkPolicy {
             internet: false,
             allow: list("setup_allow"),
+            deny: Vec::new(),
         },
         share: list("share"),
         test_timeout_secs: 900,
@@ -452,6 +453,7 @@ async fn a_postinstall_script_reaches_the_registry_and_nothing_else() {
             network: forkbox_engine::net::NetworkPolicy {
                 internet: false,
                 allow: vec!["registry.npmjs.org".into()],
+                deny: Vec::new(),
             },
             ..SandboxConfig::default()
         },

@@ -854,6 +854,7 @@ pub(super) fn build_sandbox(name: &str) -> crate::sandbox::SandboxConfig {
         network: crate::net::NetworkPolicy {
             internet: true,
             allow: vec![],
+            deny: Vec::new(),
         },
         ..Default::default()
     }

@@ -156,12 +156,18 @@ pub async fn resolve(policy: &NetworkPolicy, host: &str, port: u16) -> Result<So
     let found = lookup(host, port).await?;
     let own = host_addresses();
     let mut refused = Vec::new();
+    let mut by_policy = None;
     for a in found {
         if never_reachable(a.ip(), &own) {
             refused.push(a.ip().to_string());
+        } else if let Err(why) = policy.permits_address(host, a.ip(), port) {
+            by_policy.get_or_insert(why);
         } else {
             return Ok(a);
         }
+    }
+    if let Some(why) = by_policy {
+        return Err(why);
     }
     Err(format!(
         "{host} resolves only to addresses a sandbox may never reach (the host itself, loopback, link-local, cloud metadata): {}",

@@ -43,6 +43,7 @@ fn allow(list: &[&str]) -> NetworkPolicy {
     NetworkPolicy {
         internet: false,
         allow: list.iter().map(|s| s.to_string()).collect(),
+        deny: Vec::new(),
     }
 }
 
@@ -70,6 +71,7 @@ fn allow_lists_match_names_subdomains_and_ports() {
     let any = NetworkPolicy {
         internet: true,
         allow: vec![],
+        deny: Vec::new(),
     };
     assert!(any.permits_name("example.org", 22).is_ok());
 }
@@ -85,8 +87,75 @@ fn bad_policies_say_what_is_wrong() {
     let both = NetworkPolicy {
         internet: true,
         allow: vec!["pypi.org".into()],
+        deny: Vec::new(),
     };
     assert_eq!(both.validate(), Err(PolicyError::Both));
+}
+
+/// Deny entries narrow the open internet by name, address or network (every port unless one
+/// is given); an allow entry that also matches wins; a name that resolves into a denied network
+/// is refused by address, naming the entry.
+#[test]
+fn deny_lists_narrow_the_internet_and_allow_entries_win() {
+    let p = NetworkPolicy {
+        internet: true,
+        allow: vec!["10.9.0.7/32".into(), "ok.example.org".into()],
+        deny: vec![
+            "10.9.0.0/24".into(),
+            "*.example.org".into(),
+            "bad.test:22".into(),
+        ],
+    };
+    p.validate().unwrap();
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    // By name, before resolving.
+    let e = p.permits_name("x.example.org", 8080).unwrap_err();
+    assert!(e.contains("*.example.org"), "{e}");
+    assert!(p.permits_name("ok.example.org", 443).is_ok());
+    assert!(p.permits_name("bad.test", 22).is_err());
+    assert!(p.permits_name("bad.test", 443).is_ok());
+    assert!(p.permits_name("pypi.org", 443).is_ok());
+    // By address: the denied network, its allowed host, a name resolving into it.
+    let e = p
+        .permits_address("10.9.0.5", ip("10.9.0.5"), 5000)
+        .unwrap_err();
+    assert!(e.contains("10.9.0.0/24"), "{e}");
+    assert!(p.permits_address("10.9.0.7", ip("10.9.0.7"), 5000).is_ok());
+    let e = p
+        .permits_address("inside.test", ip("10.9.0.9"), 443)
+        .unwrap_err();
+    assert!(e.contains("inside.test") && e.contains("10.9.0.9"), "{e}");
+    assert!(p
+        .permits_address("pypi.org", ip("151.101.0.223"), 443)
+        .is_ok());
+    // An allow list may name a network (every port), reached by address or by a name in it.
+    let net = allow(&["10.9.0.0/24"]);
+    net.validate().unwrap();
+    assert!(net.permits_name("10.9.0.5", 5000).is_ok());
+    assert!(net.permits_name("10.9.1.5", 5000).is_err());
+    assert!(net.permits_name("inside.test", 443).is_ok());
+    assert!(net
+        .permits_address("inside.test", ip("10.9.0.9"), 5000)
+        .is_ok());
+    assert!(net
+        .permits_address("outside.test", ip("10.9.1.9"), 443)
+        .is_err());
+    // Deny entries need the internet; bad ones are named.
+    let lone = NetworkPolicy {
+        internet: false,
+        allow: vec!["pypi.org".into()],
+        deny: vec!["10.0.0.0/8".into()],
+    };
+    assert_eq!(lone.validate(), Err(PolicyError::DenyWithoutInternet));
+    let bad = NetworkPolicy {
+        internet: true,
+        allow: Vec::new(),
+        deny: vec!["10.0.0.0/99".into()],
+    };
+    assert_eq!(
+        bad.validate(),
+        Err(PolicyError::BadDeny("10.0.0.0/99".into()))
+    );
 }
 
 #[test]
