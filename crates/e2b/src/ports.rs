@@ -47,6 +47,16 @@ fn plain(status: u16, text: String) -> Response {
         .into_response()
 }
 
+/// E2B's answer for a port of a sandbox that is not there (killed, or never was).
+fn gone(id: &str) -> Response {
+    let body = serde_json::json!({
+        "message": "The sandbox was not found",
+        "sandboxId": id,
+        "code": 502,
+    });
+    (StatusCode::BAD_GATEWAY, axum::Json(body)).into_response()
+}
+
 /// The host port whose connections reach `port` of sandbox `id` (a forward of the daemon's,
 /// made now if there is none).
 async fn forward(e: &E2b, id: &str, port: u16) -> Result<u16, Failure> {
@@ -178,9 +188,7 @@ async fn open(
 ) -> Result<hyper::client::conn::http1::SendRequest<Body>, Response> {
     let host_port = match forward(e, id, port).await {
         Ok(p) => p,
-        Err(f) if f.status == 404 => {
-            return Err(plain(502, format!("The sandbox {id} was not found")));
-        }
+        Err(f) if f.status == 404 => return Err(gone(id)),
         Err(f) => return Err(plain(502, f.message)),
     };
     let stream = tokio::net::TcpStream::connect(("127.0.0.1", host_port))

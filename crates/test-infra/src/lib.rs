@@ -649,8 +649,9 @@ const E2B_JS_TEST_DEPS: &[&str] = &["vitest", "msw", "dotenv", "error-stack-pars
 
 /// A directory (in the test home) whose `node_modules` holds what E2B's JavaScript SDK suite
 /// in `sdk` (its `packages/js-sdk`) needs to run its node projects: the SDK's dependencies and
-/// the test dependencies above, at the ranges its `package.json` gives, from the npm registry;
-/// made once per machine and suite version.
+/// the test dependencies above, at the ranges its `package.json` gives, and its own release of
+/// that version (whose `dist` is that source built), from the npm registry; made once per
+/// machine and suite version.
 pub fn e2b_suite_js(sdk: &Path) -> PathBuf {
     let paths = home();
     let theirs: serde_json::Value = serde_json::from_slice(
@@ -667,6 +668,8 @@ pub fn e2b_suite_js(sdk: &Path) -> PathBuf {
         deps.insert((*d).to_string(), range);
     }
     let version = theirs["version"].as_str().unwrap_or("unknown");
+    // Its published build (`dist`, which its bundle test reads): that source, built.
+    deps.insert("e2b".into(), serde_json::json!(version));
     let ours = serde_json::json!({"name": "e2b-suite-js", "private": true, "dependencies": deps});
     let ours = serde_json::to_string_pretty(&ours).unwrap_or_default();
     let dir = paths.home().join(format!("e2b-suite-js-{version}"));

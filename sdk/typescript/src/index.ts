@@ -26,10 +26,15 @@ export type { ConnectOptions } from "./http.js";
 /** A shell string (run with `/bin/sh -c`) or an argv array (run directly). */
 export type Cmd = string | string[];
 
-/** `{ internet: true }` or `{ allow: ["pypi.org", "*.pythonhosted.org"] }`; none by default. */
+/**
+ * `{ internet: true }` or `{ allow: ["pypi.org", "*.pythonhosted.org"] }`; none by default.
+ * With `internet`, `deny` keeps names, addresses or networks (`10.0.0.0/8`) out of reach, and
+ * `allow` entries are the exceptions.
+ */
 export interface NetworkPolicy {
   internet?: boolean;
   allow?: string[];
+  deny?: string[];
 }
 
 /** A recipe: `base` is a Debian suite (bullseye, bookworm, trixie), a forkbox image
@@ -262,7 +267,9 @@ function checked(r: ExecResult, timeoutMs?: number): ExecResult {
 
 function network(n?: NetworkPolicy): NetworkPolicy | undefined {
   if (!n || (!n.internet && !(n.allow ?? []).length)) return undefined;
-  return { internet: !!n.internet, allow: n.allow ?? [] };
+  const p: NetworkPolicy = { internet: !!n.internet, allow: n.allow ?? [] };
+  if (n.deny?.length) p.deny = n.deny;
+  return p;
 }
 
 /** Reads a command's event stream into callbacks and a result. */

@@ -121,6 +121,8 @@ fn vitest(
         .unwrap();
     assert!(st.success());
     std::os::unix::fs::symlink(deps.join("node_modules"), copy.join("node_modules")).unwrap();
+    // The SDK as released (its bundle test reads `dist`): the same source, built by E2B.
+    std::os::unix::fs::symlink(deps.join("node_modules/e2b/dist"), copy.join("dist")).unwrap();
     let config = "vitest.forkbox.mts";
     std::fs::copy(
         infra::repo_root()

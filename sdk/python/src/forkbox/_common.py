@@ -235,15 +235,19 @@ def exec_body(
 
 
 def network_body(network: Optional[Mapping[str, Any]]) -> Optional[Dict[str, Any]]:
-    """``{"internet": bool}`` or ``{"allow": [hosts]}``; None means no network at all."""
+    """``{"internet": bool}``, ``{"allow": [hosts]}``, or ``{"internet": True, "deny":
+    [hosts or networks], "allow": [exceptions]}``; None means no network at all."""
     if network is None:
         return None
-    unknown = set(network) - {"internet", "allow"}
+    unknown = set(network) - {"internet", "allow", "deny"}
     if unknown:
-        raise TypeError(f"network takes 'internet' and 'allow', not {sorted(unknown)}")
+        raise TypeError(f"network takes 'internet', 'allow' and 'deny', not {sorted(unknown)}")
     if not network.get("internet") and not network.get("allow"):
         return None
-    return {"internet": bool(network.get("internet")), "allow": list(network.get("allow") or [])}
+    body = {"internet": bool(network.get("internet")), "allow": list(network.get("allow") or [])}
+    if network.get("deny"):
+        body["deny"] = list(network["deny"])
+    return body
 
 
 def secrets_body(secrets: Optional[Sequence[Mapping[str, Any]]]) -> Optional[List[Dict[str, Any]]]:
