@@ -825,6 +825,34 @@ async fn fork(
 mod tests {
     use super::*;
 
+    /// E2B's network fields as E2B reads them: open by default; a `denyOut` of some addresses
+    /// keeps the rest open with `allowOut` winning over it (its addresses every port); a
+    /// `denyOut` of everything, or internet access off, leaves only `allowOut`.
+    #[test]
+    fn e2b_network_fields_map_onto_allow_and_deny_lists() {
+        let net = |allow: &[&str], deny: &[&str]| Network {
+            allow_out: Some(allow.iter().map(|s| s.to_string()).collect()),
+            deny_out: Some(deny.iter().map(|s| s.to_string()).collect()),
+            ..Network::default()
+        };
+        let open = policy(None, None).expect("open");
+        assert!(open.internet && open.allow.is_empty() && open.deny.is_empty());
+        let some = policy(Some(&net(&["1.1.1.1"], &["1.1.1.0/24", "8.8.8.8"])), None)
+            .expect("a deny list");
+        assert!(some.internet);
+        assert_eq!(some.deny, ["1.1.1.0/24", "8.8.8.8/32"]);
+        assert_eq!(some.allow, ["1.1.1.1/32"]);
+        assert!(some.permits_address("8.8.8.8", "8.8.8.8".parse().unwrap(), 443).is_err());
+        assert!(some.permits_address("1.1.1.1", "1.1.1.1".parse().unwrap(), 443).is_ok());
+        assert!(some.permits_address("1.1.1.2", "1.1.1.2".parse().unwrap(), 443).is_err());
+        let closed = policy(Some(&net(&["1.1.1.1", "pypi.org"], &["0.0.0.0/0"])), None)
+            .expect("deny all");
+        assert!(!closed.internet && closed.deny.is_empty());
+        assert_eq!(closed.allow, ["1.1.1.1/32", "pypi.org"]);
+        let off = policy(Some(&net(&["pypi.org"], &[])), Some(false)).expect("internet off");
+        assert!(!off.internet && off.allow == ["pypi.org"]);
+    }
+
     fn view(id: &str, created_unix: u64, started_ms: Option<u64>) -> SandboxView {
         let mut labels = serde_json::Map::new();
         if let Some(ms) = started_ms {
