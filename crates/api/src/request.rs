@@ -121,6 +121,8 @@ pub enum TtlAction {
     #[default]
     Delete,
     Hibernate,
+    /// Hibernate without the memory: its files kept, its processes gone; the resume boots it.
+    HibernateDisk,
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize, utoipa::ToSchema)]

@@ -129,4 +129,8 @@ pub struct DaemonRecord {
     pub idle: Option<crate::IdlePolicy>,
     #[serde(default)]
     pub wake_on_use: bool,
+    /// Saved without its memory (E2B's filesystem-only pause): the machine id its guest had,
+    /// which it boots again with from its own disk; none of its processes come back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub without_memory: Option<String>,
 }

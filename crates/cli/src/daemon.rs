@@ -173,8 +173,16 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
         let c = connect(paths).await?;
         match cmd {
             SandboxCmd::Create(args) => create(paths, &c, args).await,
-            SandboxCmd::Hibernate { ids, json } => {
-                each(&ids, json, "hibernated", async |id| c.hibernate(id).await).await
+            SandboxCmd::Hibernate {
+                ids,
+                disk_only,
+                json,
+            } => {
+                each(&ids, json, "hibernated", async |id| match disk_only {
+                    true => c.hibernate_files_only(id).await,
+                    false => c.hibernate(id).await,
+                })
+                .await
             }
             SandboxCmd::PortForward(a) => port_forward(&c, a).await,
             SandboxCmd::Network { id, net, json } => crate::network::set(&c, &id, &net, json).await,
@@ -393,6 +401,7 @@ async fn create(paths: &Paths, c: &Client, a: CreateArgs) -> anyhow::Result<Exit
         ttl_action: a.ttl_action.map(|t| match t {
             TtlArg::Delete => TtlAction::Delete,
             TtlArg::Hibernate => TtlAction::Hibernate,
+            TtlArg::HibernateDisk => TtlAction::HibernateDisk,
         }),
         idle,
         wake_on_use,

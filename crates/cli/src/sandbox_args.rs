@@ -174,6 +174,10 @@ pub enum SandboxCmd {
         /// Sandbox ids.
         #[arg(required = true, value_parser = sandbox_id)]
         ids: Vec<String>,
+        /// Keep only their files (synced to disk): a resume boots them from their disks, with
+        /// their ids and machine ids but none of their processes.
+        #[arg(long)]
+        disk_only: bool,
         /// Print the hibernated sandboxes as JSON.
         #[arg(long)]
         json: bool,
@@ -357,6 +361,8 @@ pub enum TtlArg {
     Delete,
     /// Hibernate it (to disk, without a VM).
     Hibernate,
+    /// Hibernate its files only: the resume boots it from its disk, with no processes.
+    HibernateDisk,
 }
 
 /// `[HOST_PORT:]GUEST_PORT`, each 1-65535.

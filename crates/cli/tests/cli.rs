@@ -1418,6 +1418,7 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
         "{}",
         text(&out.stderr)
     );
+    disk_only_hibernation_boots_from_the_disk(&paths, &id);
 
     // Deleting it removes its snapshot and disks too.
     assert!(run(&paths, &["sandbox", "rm", &id]).status.success());
@@ -1425,6 +1426,47 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     assert_eq!(text(&out.stdout).trim(), "no snapshots");
     assert!(!paths.disks().join(&id).exists(), "its disks are removed");
     stop_daemon(&paths);
+}
+
+/// Part of the hibernate test (its sandbox, resumed, its counter running): hibernated with
+/// `--disk-only` and resumed across a daemon restart, the sandbox boots from its disk: a file
+/// written just before is there, its hostname and machine id are its own, its boot id is new,
+/// and its processes (the counter) are gone.
+fn disk_only_hibernation_boots_from_the_disk(paths: &forkbox_engine::paths::Paths, id: &str) {
+    let ids = "echo written-last > /root/last; hostname; cat /etc/machine-id; \
+               cat /proc/sys/kernel/random/boot_id";
+    let out = run(paths, &["sandbox", "exec", id, "--", "sh", "-c", ids]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+    let out = run(paths, &["sandbox", "hibernate", "--disk-only", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    stop_daemon(paths);
+    let out = run(paths, &["sandbox", "resume", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let ids = "cat /root/last /root/f; hostname; cat /etc/machine-id; \
+               cat /proc/sys/kernel/random/boot_id; a=$(cat /tmp/n 2>/dev/null); sleep 1.5; \
+               [ \"$(cat /tmp/n 2>/dev/null)\" = \"$a\" ] && echo still";
+    let out = run(paths, &["sandbox", "exec", id, "--", "sh", "-c", ids]);
+    let after: Vec<String> = text(&out.stdout).lines().map(String::from).collect();
+    assert_eq!(
+        after.len(),
+        6,
+        "{}\n{}",
+        text(&out.stdout),
+        text(&out.stderr)
+    );
+    assert_eq!(
+        after[..2],
+        ["written-last", "on-disk"],
+        "its files: {after:?}"
+    );
+    assert_eq!(
+        after[2..4],
+        before[..2],
+        "its hostname and machine id: {after:?}"
+    );
+    assert_ne!(after[4], before[2], "a new boot id");
+    assert_eq!(after[5], "still", "its counter did not come back");
 }
 
 /// One restore. A full host disk, through the daemon and across its SIGKILL: the sandbox's disk

@@ -442,6 +442,12 @@ impl Client {
         self.json(self.at(op::hibernate, &[id])).await
     }
 
+    /// Hibernates keeping only the sandbox's files: its resume boots it from its disk.
+    pub async fn hibernate_files_only(&self, id: &str) -> Result<reply::hibernate, ClientError> {
+        let req = self.at(op::hibernate, &[id]).query(&[("memory", "false")]);
+        self.json(req).await
+    }
+
     pub async fn resume(&self, id: &str) -> Result<reply::resume, ClientError> {
         self.json(self.at(op::resume, &[id])).await
     }

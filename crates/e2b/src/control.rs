@@ -164,9 +164,6 @@ fn refuse_unsupported(n: &NewSandbox) -> Result<(), Failure> {
     if set(&n.iam) {
         return Err(Failure::unsupported("IAM tokens (`iam`)"));
     }
-    if n.auto_pause_memory == Some(false) {
-        return Err(Failure::unsupported(FS_ONLY_PAUSE));
-    }
     Ok(())
 }
 
@@ -272,8 +269,9 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     let req = CreateRequest {
         labels,
         ttl_seconds: Some(n.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
-        ttl_action: Some(match n.auto_pause {
-            Some(true) => TtlAction::Hibernate,
+        ttl_action: Some(match (n.auto_pause, n.auto_pause_memory) {
+            (Some(true), Some(false)) => TtlAction::HibernateDisk,
+            (Some(true), _) => TtlAction::Hibernate,
             _ => TtlAction::Delete,
         }),
         // A paused sandbox made with autoResume wakes on the next call that needs it, as
@@ -446,10 +444,6 @@ async fn set_timeout(
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// What forkbox does not do yet, said where E2B's SDK asks for it.
-const FS_ONLY_PAUSE: &str = "a filesystem-only pause (`keep_memory=False`: a pause keeps the \
-     sandbox's memory and processes, and its resume is the same machine; pause with memory)";
-
 /// A pause's body: `memory: false` asks for a filesystem-only pause.
 #[derive(Debug, Default, Deserialize)]
 struct PauseRequest {
@@ -464,9 +458,6 @@ async fn pause(
 ) -> Answer {
     let c = caller(&e, &headers)?;
     let asked: PauseRequest = body(&bytes)?;
-    if asked.memory == Some(false) {
-        return Err(Failure::unsupported(FS_ONLY_PAUSE));
-    }
     let v = mine(&c, &id).await?;
     if shape::state(&v) == "paused" {
         return Err(Failure::of(
@@ -475,7 +466,11 @@ async fn pause(
         )
         .with_status(409));
     }
-    c.client.hibernate(&id).await?;
+    // A filesystem-only pause keeps the files; the resume boots the guest from them.
+    match asked.memory {
+        Some(false) => c.client.hibernate_files_only(&id).await?,
+        _ => c.client.hibernate(&id).await?,
+    };
     e.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
@@ -842,11 +837,17 @@ mod tests {
         assert!(some.internet);
         assert_eq!(some.deny, ["1.1.1.0/24", "8.8.8.8/32"]);
         assert_eq!(some.allow, ["1.1.1.1/32"]);
-        assert!(some.permits_address("8.8.8.8", "8.8.8.8".parse().unwrap(), 443).is_err());
-        assert!(some.permits_address("1.1.1.1", "1.1.1.1".parse().unwrap(), 443).is_ok());
-        assert!(some.permits_address("1.1.1.2", "1.1.1.2".parse().unwrap(), 443).is_err());
-        let closed = policy(Some(&net(&["1.1.1.1", "pypi.org"], &["0.0.0.0/0"])), None)
-            .expect("deny all");
+        assert!(some
+            .permits_address("8.8.8.8", "8.8.8.8".parse().unwrap(), 443)
+            .is_err());
+        assert!(some
+            .permits_address("1.1.1.1", "1.1.1.1".parse().unwrap(), 443)
+            .is_ok());
+        assert!(some
+            .permits_address("1.1.1.2", "1.1.1.2".parse().unwrap(), 443)
+            .is_err());
+        let closed =
+            policy(Some(&net(&["1.1.1.1", "pypi.org"], &["0.0.0.0/0"])), None).expect("deny all");
         assert!(!closed.internet && closed.deny.is_empty());
         assert_eq!(closed.allow, ["1.1.1.1/32", "pypi.org"]);
         let off = policy(Some(&net(&["pypi.org"], &[])), Some(false)).expect("internet off");

@@ -119,7 +119,7 @@ pub fn listed(v: &SandboxView) -> Value {
 pub fn detail(v: &SandboxView, key: &[u8; 32]) -> Value {
     let mut d = listed(v);
     let on_timeout = match v.ttl_action {
-        TtlAction::Hibernate => "pause",
+        TtlAction::Hibernate | TtlAction::HibernateDisk => "pause",
         TtlAction::Delete => "kill",
     };
     d["envdAccessToken"] = json!(keys::access_token(key, &v.info.id));

@@ -120,7 +120,7 @@ async fn with_an_allow_list_only_the_allowed_host_answers() {
     sb.destroy().await;
 }
 
-/// With the internet on and a deny list (the test network, but one host of it allowed): the
+/// With the internet on and a deny list (two hosts of the test network, one allowed): the
 /// denied host is refused naming its entry, the allowed one answers, and the host, loopback
 /// and metadata addresses stay out of reach whatever the lists say.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -136,8 +136,9 @@ async fn internet_with_a_deny_list_reaches_other_hosts_but_never_the_host_or_met
     let [outside, denied] = net.peer_ips.clone();
     net.serve(&outside, 8080, web.path());
     net.serve(&denied, 8080, web.path());
-    // The test network's /24 is denied, but for `outside`, an allowed exception.
-    let subnet = format!("{}.0/24", outside.rsplit_once('.').unwrap().0);
+    // The namespace's end of the test network (.2 and .3, not the host's .1) is denied, but
+    // for `outside`, an allowed exception.
+    let subnet = format!("{}.2/31", outside.rsplit_once('.').unwrap().0);
     // The host's own address on the test network, with a listener.
     let host_listener = std::net::TcpListener::bind(format!("{}:0", net.host_ip)).unwrap();
     host_listener.set_nonblocking(true).unwrap();

@@ -371,9 +371,26 @@ async fn fork_snapshot(
     answer::<reply::fork_snapshot, _>(&e, ops::Fork { source, request }, StatusCode::CREATED).await
 }
 
-#[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", params(("id" = String, Path)), responses((status = 200, body = SandboxView), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
-async fn hibernate(State(e): State<Arc<Engine>>, UrlPath(id): UrlPath<String>) -> Api {
-    answer::<reply::hibernate, _>(&e, ops::Hibernate { id }, StatusCode::OK).await
+#[derive(serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+struct HibernateQuery {
+    /// `false`: keep only the sandbox's files (synced to its disk); the resume boots it from
+    /// them, under the same id and machine id, with none of its processes. Default `true`.
+    #[serde(default = "yes")]
+    memory: bool,
+}
+
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/hibernate", params(("id" = String, Path), HibernateQuery), responses((status = 200, body = SandboxView), (status = 400, description = "memory=false with volumes mounted", body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]
+async fn hibernate(
+    State(e): State<Arc<Engine>>,
+    UrlPath(id): UrlPath<String>,
+    Params(q): Params<HibernateQuery>,
+) -> Api {
+    let op = ops::Hibernate {
+        id,
+        memory: q.memory,
+    };
+    answer::<reply::hibernate, _>(&e, op, StatusCode::OK).await
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/ports", params(("id" = String, Path)), request_body = PortRequest, responses((status = 201, description = "a host port whose connections reach the guest's port", body = PortView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody), (status = 409, body = ErrorBody)))]

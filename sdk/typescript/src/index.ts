@@ -601,8 +601,14 @@ export class Sandbox {
   }
 
   /** Saves the sandbox to disk and stops its VM; `resume()` brings it back. */
-  async hibernate(): Promise<void> {
-    this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/hibernate`);
+  /**
+   * Saves the sandbox to disk and stops its VM; `resume()` brings it back. With
+   * `{ memory: false }` only its files are kept: the resume boots it from its disk, with its id
+   * and machine id but none of its processes.
+   */
+  async hibernate(opts: { memory?: boolean } = {}): Promise<void> {
+    const q = opts.memory === false ? "?memory=false" : "";
+    this.info = await this.rt.t.json("POST", `/sandboxes/${this.id}/hibernate${q}`);
   }
 
   async resume(): Promise<void> {

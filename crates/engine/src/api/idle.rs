@@ -138,7 +138,7 @@ impl Engine {
                 continue; // changing already: a later sweep looks again
             };
             let started = Instant::now();
-            match self.hibernate_now(&id, Some(after)).await {
+            match self.hibernate_now(&id, Some(after), true).await {
                 Ok(Some(_)) => {
                     let took = started.elapsed();
                     self.metrics.sleep_seconds.observe(took.as_secs_f64());
@@ -182,7 +182,7 @@ impl Engine {
                     Ok(()) => deleted.push(id),
                     Err(e) => tracing::warn!("{id}: its TTL passed while asleep, not deleted: {e}"),
                 },
-                TtlAction::Hibernate => {
+                TtlAction::Hibernate | TtlAction::HibernateDisk => {
                     if let Err(e) = self.rewrite_sleeper(&id, |r| r.expires_unix = None).await {
                         tracing::warn!("{id}: its TTL passed while asleep: {e}");
                     }

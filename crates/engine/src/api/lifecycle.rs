@@ -116,11 +116,16 @@ impl Engine {
         adopted
     }
 
-    /// Saves a running sandbox to disk under the same id and stops its VM.
-    pub(super) async fn hibernate(&self, id: &str) -> Result<SandboxView, EngineError> {
+    /// Saves a running sandbox to disk under the same id and stops its VM; without `memory`,
+    /// its files only (see [`Sandbox::boot_from_disk`]).
+    pub(super) async fn hibernate(
+        &self,
+        id: &str,
+        memory: bool,
+    ) -> Result<SandboxView, EngineError> {
         let lock = self.transition(id);
         let _changing = lock.lock().await;
-        match self.hibernate_now(id, None).await? {
+        match self.hibernate_now(id, None, memory).await? {
             Some(view) => Ok(view),
             None => Err(EngineError::Internal(format!("{id} was not hibernated"))),
         }
@@ -133,6 +138,7 @@ impl Engine {
         &self,
         id: &str,
         idle_for: Option<std::time::Duration>,
+        memory: bool,
     ) -> Result<Option<SandboxView>, EngineError> {
         // Listed as what it becomes while it is saved.
         let going = self.sandboxes.read().await.get(id).map(|e| {
@@ -147,7 +153,7 @@ impl Engine {
         if let Some(v) = going {
             self.set_between(id, v);
         }
-        let r = self.hibernate_moving(id, idle_for).await;
+        let r = self.hibernate_moving(id, idle_for, memory).await;
         self.clear_between(id);
         r
     }
@@ -156,6 +162,7 @@ impl Engine {
         &self,
         id: &str,
         idle_for: Option<std::time::Duration>,
+        memory: bool,
     ) -> Result<Option<SandboxView>, EngineError> {
         let entry = self.sandboxes.write().await.remove(id);
         let Some(entry) = entry else {
@@ -169,18 +176,12 @@ impl Engine {
             return Ok(None);
         }
         let name = format!("{}{id}-{}", crate::snapshot::HIBERNATION, random_suffix()?);
-        let record = crate::runstate::DaemonRecord {
-            info: serde_json::to_value(entry.sandbox.info()).map_err(|e| {
-                EngineError::Internal(format!("a sandbox record that does not serialize: {e}"))
-            })?,
-            labels: entry.labels.clone(),
-            // A TTL that hibernated the sandbox is spent.
-            expires_unix: entry.expires_unix.filter(|t| *t > now_unix()),
-            ttl_action: entry.life.ttl_action,
-            created_unix: entry.created_unix,
-            network: entry.sandbox.network(),
-            idle: entry.life.idle,
-            wake_on_use: entry.life.wake_on_use,
+        let record = match sleep_record(&entry, memory).await {
+            Ok(r) => r,
+            Err(e) => {
+                self.sandboxes.write().await.insert(id.to_string(), entry);
+                return Err(e);
+            }
         };
         let saved = async {
             let mut snap = entry
@@ -285,16 +286,19 @@ impl Engine {
                 packages: self.packages()?,
                 ..SandboxConfig::default()
             };
-            let origin = format!("snapshot:{}", snap.meta.name);
-            let sb = Sandbox::restore(
-                &self.paths,
-                &snap,
-                origin,
-                &cfg,
-                std::time::Instant::now(),
-                Some(id.to_string()),
-            )
-            .await?;
+            let sb = match &sleeper.record.without_memory {
+                // Paused without its memory: booted from its disk.
+                Some(machine_id) => {
+                    Sandbox::boot_from_disk(&self.paths, &snap, &cfg, id.to_string(), machine_id)
+                        .await?
+                }
+                None => {
+                    let origin = format!("snapshot:{}", snap.meta.name);
+                    let at = std::time::Instant::now();
+                    Sandbox::restore(&self.paths, &snap, origin, &cfg, at, Some(id.to_string()))
+                        .await?
+                }
+            };
             // From here the sandbox is a running copy of the snapshot, which goes with it.
             snap.meta.hibernated = None;
             crate::snapshot::rewrite_meta(&snap)?;
@@ -330,7 +334,10 @@ impl Engine {
         );
         *entry.ports.lock().unwrap_or_else(|p| p.into_inner()) = sleeper.ports;
         let (commands, last) = sleeper.commands;
-        *entry.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+        // A guest booted from its disk runs none of the commands it ran.
+        if sleeper.record.without_memory.is_none() {
+            *entry.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
+        }
         entry
             .next_command
             .store(last, std::sync::atomic::Ordering::Relaxed);
@@ -351,18 +358,18 @@ impl Engine {
                 .collect();
             ids.iter().filter_map(|id| map.remove(id)).collect()
         };
-        let sleepy: Vec<String> = self
+        let sleepy: Vec<(String, bool)> = self
             .sandboxes
             .read()
             .await
             .iter()
             .filter(|(_, e)| e.expires_unix.is_some_and(|t| t <= now))
-            .filter(|(_, e)| e.life.ttl_action == TtlAction::Hibernate)
-            .map(|(id, _)| id.clone())
+            .filter(|(_, e)| e.life.ttl_action != TtlAction::Delete)
+            .map(|(id, e)| (id.clone(), e.life.ttl_action == TtlAction::Hibernate))
             .collect();
         let hibernated = !sleepy.is_empty();
-        for id in sleepy {
-            if let Err(e) = self.hibernate(&id).await {
+        for (id, memory) in sleepy {
+            if let Err(e) = self.hibernate(&id, memory).await {
                 tracing::warn!("{id}: its TTL passed but it could not be hibernated: {e}");
             }
         }
@@ -392,4 +399,18 @@ impl Engine {
             self.removed(e).await;
         }
     }
+}
+
+/// The record a sandbox sleeps with (a TTL that hibernated it is spent); without `memory`, its
+/// guest's files written to its disk and its machine id read first.
+async fn sleep_record(
+    entry: &Entry,
+    memory: bool,
+) -> Result<crate::runstate::DaemonRecord, EngineError> {
+    let mut record = entry.record()?;
+    record.expires_unix = record.expires_unix.filter(|t| *t > now_unix());
+    if !memory {
+        record.without_memory = Some(entry.sandbox.files_only_pause().await?);
+    }
+    Ok(record)
 }

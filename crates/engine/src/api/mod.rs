@@ -170,6 +170,7 @@ impl Entry {
             network: self.sandbox.network(),
             idle: self.life.idle,
             wake_on_use: self.life.wake_on_use,
+            without_memory: None,
         })
     }
 

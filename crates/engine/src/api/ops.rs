@@ -92,7 +92,9 @@ operations! {
     ClosePort { id: String, host_port: u16 } -> Deleted
         = |e, op| e.close_port(&op.id, op.host_port).await;
     /// Saves a sandbox to disk and stops its VM; [`Resume`] brings it back with its processes.
-    Hibernate { id: String } -> SandboxView = |e, op| e.hibernate(&op.id).await;
+    /// Without `memory`, only its files are kept: the resume boots it from its disk.
+    Hibernate { id: String, memory: bool } -> SandboxView
+        = |e, op| e.hibernate(&op.id, op.memory).await;
     Resume { id: String } -> SandboxView = |e, op| e.resume(&op.id).await;
     /// A new idle policy: when the sandbox sleeps by itself and whether use wakes it.
     SetIdle { id: String, request: IdleRequest } -> SandboxView

@@ -12,6 +12,7 @@ pub mod intercept;
 pub mod net;
 mod network;
 pub mod packages;
+mod reboot;
 pub mod secrets;
 mod starting;
 pub mod volumes;
@@ -30,7 +31,7 @@ use crate::snapshot::Snapshot;
 use crate::vm::{self, AccelChoice, AccelDecision, Vm, VmConfig};
 
 pub use forkbox_api::SandboxInfo;
-use starting::{boot, disk_growth, start_copy, Copy};
+use starting::{boot, disk_growth, fresh_identity, start_copy, Copy};
 pub use starting::{boot_kit, ensure_template, BootKit};
 
 pub const DEFAULT_MAX_PROCS: u32 = 4096;
@@ -276,18 +277,7 @@ impl Sandbox {
             max_procs,
             kernel: snap.meta.kernel.clone(),
             initramfs: snap.meta.initramfs.clone(),
-            disk_dirs: snap
-                .meta
-                .disk_dirs
-                .iter()
-                .cloned()
-                .chain([run.record.id.clone()])
-                .fold(Vec::new(), |mut v, d| {
-                    if !v.contains(&d) {
-                        v.push(d);
-                    }
-                    v
-                }),
+            disk_dirs: reboot::disk_dirs(snap, &run.record.id),
             volumes: cfg.volumes.clone(),
         };
         let sb = Sandbox::assemble(info, image, vm, client, run);

@@ -370,7 +370,7 @@ pub(super) async fn start_copy(
 /// A new identity for a restored copy: fresh entropy (from `draw`, the OS's RNG), the host's
 /// time, its own names. No identity without the entropy: a copy not reseeded would share its
 /// parent's randomness, so it is not handed out.
-fn fresh_identity(
+pub(super) fn fresh_identity(
     id: &str,
     max_procs: u32,
     draw: impl Fn(&mut [u8]) -> std::io::Result<()>,

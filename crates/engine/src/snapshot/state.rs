@@ -201,6 +201,7 @@ mod tests {
             network: Default::default(),
             idle: None,
             wake_on_use: false,
+            without_memory: None,
         }
     }
 

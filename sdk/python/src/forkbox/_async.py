@@ -438,8 +438,11 @@ class AsyncSandbox:
         reply = await self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body)
         return await _forked(self._rt, reply)
 
-    async def hibernate(self) -> "AsyncSandbox":
-        self.info = await self._rt._call("POST", f"/sandboxes/{self.id}/hibernate")
+    async def hibernate(self, *, memory: bool = True) -> "AsyncSandbox":
+        params = None if memory else {"memory": "false"}
+        self.info = await self._rt._call(
+            "POST", f"/sandboxes/{self.id}/hibernate", params=params
+        )
         return self
 
     async def resume(self) -> "AsyncSandbox":

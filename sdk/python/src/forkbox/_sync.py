@@ -467,9 +467,12 @@ class Sandbox:
         body = c.fork_body(count, ttl_seconds, network, labels, node, secrets, volumes)
         return _forked(self._rt, self._rt._call("POST", f"/sandboxes/{self.id}/fork", json=body))
 
-    def hibernate(self) -> "Sandbox":
-        """Saves the sandbox to disk and stops its VM; ``resume()`` brings it back."""
-        self.info = self._rt._call("POST", f"/sandboxes/{self.id}/hibernate")
+    def hibernate(self, *, memory: bool = True) -> "Sandbox":
+        """Saves the sandbox to disk and stops its VM; ``resume()`` brings it back. With
+        ``memory=False`` only its files are kept: the resume boots it from its disk, with its
+        id and machine id but none of its processes."""
+        params = None if memory else {"memory": "false"}
+        self.info = self._rt._call("POST", f"/sandboxes/{self.id}/hibernate", params=params)
         return self
 
     def resume(self) -> "Sandbox":
