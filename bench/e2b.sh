@@ -12,7 +12,7 @@
 #   50 MB: `files.write` + `files.read` against `forkbox sandbox upload` + `download`
 #   the code interpreter (`e2b-code-interpreter`): create -> first cell against create -> first
 #       command, and a trivial cell's round trip against `commands.run("true")`
-#   E2B's own test suites (crates/cli/tests/e2b_suites.rs): each suite's wall time per mode, with
+#   E2B's own test suites (crates/cli/tests/e2b_suites/: Python and JavaScript SDKs): each suite's wall time per mode, with
 #       its counts (BENCH_E2B_SUITES=0 leaves them out)
 # BENCH_E2B_ROUNDS (default 15) creates, 3x as many commands.
 set -euo pipefail

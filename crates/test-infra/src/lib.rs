@@ -643,6 +643,28 @@ pub fn e2b_suite_python() -> PathBuf {
     )
 }
 
+/// The Python that runs E2B's code-interpreter suite: `e2b-code-interpreter` 2.9.1 with the
+/// `e2b` of its lock file (2.39.1) and its test dependencies (its `pyproject.toml`'s dev
+/// group), from PyPI; made once per machine.
+pub fn e2b_code_interpreter_suite_python() -> PathBuf {
+    python_venv(
+        "e2b-code-interpreter-suite-venv-2.9.1",
+        "import e2b_code_interpreter, pytest, xdist, pytest_asyncio, dotenv, matplotlib\n\
+         from importlib.metadata import version\n\
+         assert version('e2b-code-interpreter') == '2.9.1' and version('e2b') == '2.39.1'",
+        &[
+            "e2b-code-interpreter==2.9.1",
+            "e2b==2.39.1",
+            "pytest>=9.0.3,<10",
+            "pytest-xdist>=3.6.1,<4",
+            "python-dotenv>=1.0.0,<2",
+            "pytest-dotenv>=0.5.2,<0.6",
+            "pytest-asyncio>=1.3.0,<2",
+            "matplotlib>=3.8.0,<4",
+        ],
+    )
+}
+
 /// The dev dependencies of E2B's JavaScript SDK its node test projects import (beside its
 /// own dependencies): the rest serve its browser, Cloudflare and build tooling.
 const E2B_JS_TEST_DEPS: &[&str] = &["vitest", "msw", "dotenv", "error-stack-parser-es"];

@@ -1,7 +1,8 @@
 //! E2B's own published test suites, unchanged, against a forkbox daemon: the Python SDK's
-//! `tests` at the commit of `e2b` 2.45.1 with that release from PyPI. The folder of suites comes
-//! from `FORKBOX_E2B_SUITES` (default `../shared/e2b-suites` beside the repository); without
-//! it the tests say they skipped and why.
+//! `tests` at the commit of `e2b` 2.45.1 with that release from PyPI ([`python`]), and the
+//! JavaScript SDK's at 2.45.0 with its dependencies from npm ([`js`]). The folder of suites
+//! comes from `FORKBOX_E2B_SUITES` (default `../shared/e2b-suites` beside the repository);
+//! without it the tests say they skipped and why.
 //!
 //! Every test must pass but those in `crates/e2b/tests/suites/expected-failures.txt`, each
 //! listed with its one reason (it needs the public internet, a public E2B template forkbox
@@ -10,12 +11,14 @@
 //! issue still owes). A test failing that is not listed fails the run; so does a listed test
 //! that passes, but for an `open:` one (the list is kept exact).
 //!
-//! The default run takes the Python suite in domain mode (the daemon on 443 of a namespace of
-//! the test's own, with a `dnsmasq` resolving `*.e2b.test` and its CA trusted: per-sandbox
-//! host names and signed URLs are exercised); `FORKBOX_E2B_SUITES_ALL=1` adds URL mode. Each
-//! prints an `E2B SUITE` line: passed, listed, skipped, total. `FORKBOX_E2B_SUITE_ARGS` runs
-//! some of a suite's tests (pytest's arguments) instead of all. A few unlisted failures are run
-//! once more, alone (a test starved beside the others passes then, and is said FLAKY).
+//! The default run takes both suites in domain mode (the daemon on 443 of a namespace of the
+//! test's own, with a `dnsmasq` resolving `*.e2b.test` and its CA trusted: per-sandbox host
+//! names, signed URLs and the JavaScript suite's mocked API are exercised);
+//! `FORKBOX_E2B_SUITES_ALL=1` adds URL mode. Each prints an `E2B SUITE` line: passed, listed,
+//! skipped, total, wall time. `FORKBOX_E2B_SUITE_ARGS` (pytest's arguments) and
+//! `FORKBOX_E2B_JS_SUITE_ARGS` (vitest's) run some of a suite's tests instead of all. A few
+//! unlisted failures are run once more, alone (a test starved beside the others passes then,
+//! and is said FLAKY).
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 

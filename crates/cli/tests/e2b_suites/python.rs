@@ -1,5 +1,7 @@
-//! E2B's Python SDK suite (`python-sdk/`: its `tests` at the commit of `e2b` 2.45.1, with that
-//! release from PyPI), run by pytest two tests at a time.
+//! E2B's Python suites, run by pytest two tests at a time: the Python SDK's (`python-sdk/`: its
+//! `tests` at the commit of `e2b` 2.45.1, with that release from PyPI) and the code
+//! interpreter's (`code-interpreter/python`: its `tests` at `e2b-code-interpreter` 2.9.1, with
+//! that release and its lock file's `e2b` 2.39.1).
 
 use std::path::Path;
 use std::process::Command;
@@ -92,10 +94,27 @@ fn pytest(
 /// is said as such; one that fails again fails the run.
 fn run_python(suites: &Path, mode: &str, client: impl Fn(&Path) -> Command) {
     let python = infra::e2b_suite_python();
-    let suite = suites.join("python-sdk");
-    let name = format!("python-{mode}");
+    run_pytest_suite(
+        "python-sdk",
+        &python,
+        &suites.join("python-sdk"),
+        mode,
+        client,
+    );
+}
+
+/// Runs the Python suite `list_name` in `suite` with `python`, judged against the list.
+fn run_pytest_suite(
+    list_name: &str,
+    python: &Path,
+    suite: &Path,
+    mode: &str,
+    client: impl Fn(&Path) -> Command,
+) {
+    let (python, suite) = (python.to_path_buf(), suite.to_path_buf());
+    let name = format!("{list_name}-{mode}");
     let (mut outcomes, secs) = pytest(&name, &python, &suite, &client, None);
-    let listed = listed("python-sdk", mode);
+    let listed = listed(list_name, mode);
     let again: Vec<String> = outcomes
         .iter()
         .filter(|o| o.outcome == "failed" && !listed.contains_key(&o.test))
@@ -121,7 +140,7 @@ fn run_python(suites: &Path, mode: &str, client: impl Fn(&Path) -> Command) {
         }
     }
     judge(
-        "python-sdk",
+        list_name,
         mode,
         &listed,
         (outcomes, secs),
@@ -152,4 +171,24 @@ fn python_sdk_suite_in_url_mode() {
     let d = Daemon::start("e2b-suite-url");
     let key = d.new_token("e2b-suite", true);
     run_python(&suites, "url", |p| d.e2b_url_client(p, &key));
+}
+
+/// E2B's code-interpreter suite (its Python tests, `code-interpreter-v1` their template) with
+/// `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon's TCP listener (with
+/// `FORKBOX_E2B_SUITES_ALL=1`: ~8 min under TCG, past what the default run has room for).
+#[test]
+fn code_interpreter_suite_in_url_mode() {
+    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
+        eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it)");
+        return;
+    }
+    let Some(suites) = suites() else { return };
+    infra::image(&infra::home(), "code-interpreter");
+    let python = infra::e2b_code_interpreter_suite_python();
+    let d = Daemon::start("e2b-suite-ci-url");
+    let key = d.new_token("e2b-suite", true);
+    let suite = suites.join("code-interpreter/python");
+    run_pytest_suite("code-interpreter", &python, &suite, "url", |p| {
+        d.e2b_url_client(p, &key)
+    });
 }
