@@ -167,6 +167,20 @@ pub(crate) async fn drain(
     bail!("the daemon's stream ended before the command did")
 }
 
+/// `forkbox sandbox hibernate [--disk-only] ID...`.
+async fn hibernate(
+    c: &Client,
+    ids: &[String],
+    disk_only: bool,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    each(ids, json, "hibernated", async |id| match disk_only {
+        true => c.hibernate_files_only(id).await,
+        false => c.hibernate(id).await,
+    })
+    .await
+}
+
 pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
     let rt = current_thread()?;
     rt.block_on(async {
@@ -177,13 +191,7 @@ pub fn sandbox(paths: &Paths, cmd: SandboxCmd) -> anyhow::Result<ExitCode> {
                 ids,
                 disk_only,
                 json,
-            } => {
-                each(&ids, json, "hibernated", async |id| match disk_only {
-                    true => c.hibernate_files_only(id).await,
-                    false => c.hibernate(id).await,
-                })
-                .await
-            }
+            } => hibernate(&c, &ids, disk_only, json).await,
             SandboxCmd::PortForward(a) => port_forward(&c, a).await,
             SandboxCmd::Network { id, net, json } => crate::network::set(&c, &id, &net, json).await,
             SandboxCmd::Idle(a) => idle(&c, a).await,
