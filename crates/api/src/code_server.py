@@ -80,6 +80,8 @@ class Context:
         self.km = None
         self.kc = None
         self.node = None
+        # The sandbox's variables its kernel was last given.
+        self.env_seen = {}
         if language == "python":
             self.start()
         elif language in ("javascript", "js"):
@@ -118,6 +120,7 @@ class Context:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
         quiet(self, CAP_CODE % CELL_OUTPUT)
+        self.env_seen = {}
 
     def restart(self):
         with self.lock:
@@ -176,14 +179,20 @@ const sandbox = { require, process, Buffer, setTimeout, clearTimeout, setInterva
   console: { log: say('stdout'), info: say('stdout'), debug: say('stdout'), warn: say('stderr'), error: say('stderr') } };
 vm.createContext(sandbox);
 readline.createInterface({ input: process.stdin }).on('line', async (line) => {
-  const { code } = JSON.parse(line);
+  const { code, base, envs } = JSON.parse(line);
+  // The sandbox's variables stay; a cell's own are set for that cell alone.
+  Object.assign(process.env, base || {});
+  const saved = {};
+  for (const [k, v] of Object.entries(envs || {})) { saved[k] = process.env[k]; process.env[k] = v; }
   try {
     let value = vm.runInContext(code, sandbox, { filename: 'cell.js' });
     if (value && typeof value.then === 'function') value = await value;
-    if (value !== undefined) out({ result: util.inspect(value) });
+    // A string shows as its text, as E2B's JavaScript kernel shows it.
+    if (value !== undefined) out({ result: typeof value === 'string' ? value : util.inspect(value) });
   } catch (e) {
     out({ error: { name: (e && e.name) || 'Error', value: (e && e.message) || String(e), traceback: (e && e.stack) || '' } });
   }
+  for (const [k, v] of Object.entries(saved)) { if (v === undefined) delete process.env[k]; else process.env[k] = v; }
   out({ done: true });
 });
 """
@@ -191,6 +200,30 @@ readline.createInterface({ input: process.stdin }).on('line', async (line) => {
 CONTEXTS = {}
 DEFAULT = {}
 STATE = threading.Lock()
+
+
+# The sandbox's own environment variables (E2B's create `envs`), written by the E2B front to
+# ENV_FILE after the server started (it starts in a warm snapshot, before any create): read
+# again whenever the file changes, and given to every cell.
+ENV_FILE = "/etc/e2b/env"
+SANDBOX_ENV = {"mtime": None, "vars": {}}
+
+
+def sandbox_env():
+    try:
+        mtime = os.stat(ENV_FILE).st_mtime_ns
+    except OSError:
+        return {}
+    with STATE:
+        if SANDBOX_ENV["mtime"] != mtime:
+            out = subprocess.run(["env", "-i", "sh", "-c", f". {ENV_FILE} && env -0"],
+                                 capture_output=True, timeout=30)
+            pairs = (e.split(b"=", 1) for e in out.stdout.split(b"\0") if b"=" in e)
+            got = {k.decode(): v.decode(errors="replace") for k, v in pairs}
+            for k in ("PWD", "SHLVL", "_"):
+                got.pop(k, None)
+            SANDBOX_ENV.update(mtime=mtime, vars=got)
+        return dict(SANDBOX_ENV["vars"])
 
 
 def context_for(language, context_id):
@@ -238,8 +271,20 @@ def run_python(ctx, code, envs, send, limit):
         # It died between cells (a memory hog's last act, say): this cell runs on a new one.
         ctx.restart()
         send({"type": "stderr", "text": "[forkbox: the kernel had died and was started again; its state is gone]\n", "timestamp": now()})
+    base = sandbox_env()
+    if base != ctx.env_seen:
+        quiet(ctx, f"__fbx_env({json.dumps(base)}, keep=True)")
+        ctx.env_seen = base
     if envs:
-        code = "import os as __fbx_os\n__fbx_os.environ.update(" + json.dumps(envs) + ")\ndel __fbx_os\n" + code
+        quiet(ctx, f"__fbx_env({json.dumps(envs)})")
+    try:
+        run_python_cell(ctx, code, send, limit)
+    finally:
+        if envs and ctx.kc is not None:
+            quiet(ctx, "__fbx_env_back()")
+
+
+def run_python_cell(ctx, code, send, limit):
     out = Output(send)
     # stop_on_error=False: ipykernel otherwise aborts, silently, a request that arrives within
     # stop_on_error_timeout of an error (the next cell an agent sends at once).
@@ -319,7 +364,7 @@ def run_node(ctx, code, envs, send, limit):
         ctx.start_node()
         send({"type": "stderr", "text": "[forkbox: the JavaScript context had ended and was started again; its state is gone]\n", "timestamp": now()})
     out = Output(send)
-    ctx.node.stdin.write(json.dumps({"code": code}) + "\n")
+    ctx.node.stdin.write(json.dumps({"code": code, "base": sandbox_env(), "envs": envs or {}}) + "\n")
     ctx.node.stdin.flush()
     deadline = time.monotonic() + limit
     while True:
@@ -351,7 +396,7 @@ def run_node(ctx, code, envs, send, limit):
 
 def run_shell(ctx, code, envs, send, limit):
     out = Output(send)
-    env = dict(os.environ, **(envs or {}))
+    env = dict(os.environ, **sandbox_env(), **(envs or {}))
     p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env, start_new_session=True,
                          preexec_fn=lambda: Cells.enter(ctx.id),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
@@ -523,6 +568,22 @@ def __fbx_cap(limit):
     get_ipython().events.register("pre_run_cell", reset)
 __fbx_cap(%d)
 del __fbx_cap
+# A str result shows as its text, as E2B's kernels show it (not its repr).
+get_ipython().display_formatter.formatters["text/plain"].for_type(str, lambda o, p, cycle: p.text(o))
+def __fbx_env(envs, keep=False):
+    # Sets a cell's variables (saved, for __fbx_env_back), or with keep the sandbox's own.
+    import os
+    global __fbx_saved
+    if not keep:
+        __fbx_saved = {k: os.environ.get(k) for k in envs}
+    os.environ.update(envs)
+def __fbx_env_back():
+    import os
+    for k, v in globals().get("__fbx_saved", {}).items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
 """
 
 
@@ -620,6 +681,8 @@ def become(user):
 def main():
     become(os.environ.get("FORKBOX_CI_USER"))
     preload(context_for("python", None))
+    # E2B lists a JavaScript context beside the Python one from the start.
+    context_for("javascript", None)
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
     server.serve_forever()

@@ -29,7 +29,7 @@ try {
   t = Date.now()
   const ctx = await sbx.createCodeContext({ cwd: '/tmp' })
   ex = await sbx.runCode('import os; os.getcwd()', { context: ctx })
-  assert.equal(ex.text, "'/tmp'")
+  assert.equal(ex.text, "/tmp")
   assert.ok((await sbx.listCodeContexts()).some((c) => c.id === ctx.id))
   await sbx.restartCodeContext(ctx)
   await sbx.removeCodeContext(ctx)

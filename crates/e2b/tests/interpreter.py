@@ -54,7 +54,7 @@ def main():
         t = time.time()
         ctx = sbx.create_code_context(cwd="/tmp")
         ex = sbx.run_code("import os\ny = 5\nos.getcwd()", context=ctx)
-        assert ex.text == "'/tmp'", ex.text
+        assert ex.text == "/tmp", ex.text
         ex = sbx.run_code("'y' in dir()")
         assert ex.text == "False", "contexts are apart"
         assert ctx.id in [c.id for c in sbx.list_code_contexts()]

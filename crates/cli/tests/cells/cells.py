@@ -47,7 +47,7 @@ def cells(sbx):
     assert sbx.run_code("let a = 2; a * 21", context=ctx).text == "42"
     assert ctx.id in [c.id for c in sbx.list_code_contexts()]
     sbx.restart_code_context(ctx)
-    assert sbx.run_code("typeof a", context=ctx).text == "'undefined'", "a restart forgets"
+    assert sbx.run_code("typeof a", context=ctx).text == "undefined", "a restart forgets"
     sbx.remove_code_context(ctx)
     assert ctx.id not in [c.id for c in sbx.list_code_contexts()]
     ex = sbx.run_code("echo $((6 * 7)); pwd", language="bash")
@@ -81,7 +81,7 @@ def hostile(sbx):
     assert ex.error and ex.error.name == "OutputLimitError" and "10485760" in ex.error.value, ex.error
     assert sum(len(s) for s in ex.stdout) <= 10 << 20, "the output is bounded"
     ex = sbx.run_code("kept")
-    assert ex.text == "'state'", ex
+    assert ex.text == "state", ex
     ex = sbx.run_code("print('y' * 100); 1 + 1")
     assert (ex.text, ex.stdout, ex.error) == ("2", ["y" * 100 + "\n"], None), ex
     ok("a cell that prints without end: stopped at 10 MiB, its state kept; the next cell prints", t)
