@@ -239,11 +239,13 @@ impl Cgroup {
     /// forked at once, in a busy guest, left its children in the agent's own cgroup, outside
     /// the command's, where a timeout's kill missed them (a `setsid` child outlived its
     /// command). Each such process descends from `pid` and was made after it; a process it
-    /// forked before being moved is found on the next pass. One whose parent already exited
-    /// (reparented to the agent) is not told apart from the agent's own and stays.
+    /// forked before being moved is found on the next pass, until a pass finds none: a fork
+    /// bomb's processes left outside would fork on with no cap, in the agent's cgroup (there
+    /// were four passes, whatever they found). One whose parent already exited (reparented to
+    /// the agent) is not told apart from the agent's own and stays.
     fn gather(&self, pid: u32) {
         let me = std::process::id();
-        for _ in 0..4 {
+        for _ in 0..GATHER_PASSES {
             let Ok(list) = fs::read_to_string(AGENT_CGROUP_PROCS) else {
                 return;
             };
@@ -287,6 +289,10 @@ impl Drop for Cgroup {
         let _ = fs::remove_dir(&self.path);
     }
 }
+
+/// At most this many passes of [`Cgroup::gather`] (each moves every stray it sees, and what a
+/// moved process forks is born in the command's cgroup, so the strays only shrink).
+const GATHER_PASSES: usize = 64;
 
 /// The processes of the agent's own cgroup (the root: the agent never leaves it), where a
 /// command's child starts before it joins the command's.
