@@ -396,7 +396,7 @@ def run_node(ctx, code, envs, send, limit):
 
 def run_shell(ctx, code, envs, send, limit):
     out = Output(send)
-    env = dict(os.environ, **sandbox_env(), **(envs or {}))
+    env = {**os.environ, **sandbox_env(), **(envs or {})}
     p = subprocess.Popen(["/bin/bash", "-c", code], cwd=ctx.cwd, env=env, start_new_session=True,
                          preexec_fn=lambda: Cells.enter(ctx.id),
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1)
