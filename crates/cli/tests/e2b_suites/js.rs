@@ -8,10 +8,8 @@ use std::process::Command;
 
 use forkbox_test_infra as infra;
 
-use crate::common::domain::DomainMode;
-use crate::common::Daemon;
-use crate::list::{judge, listed, Outcome};
-use crate::{suites, AGAIN_AT_MOST};
+use crate::list::{judge, listed, take_reruns, Outcome};
+use crate::{flagged, in_mode, suites, Mode, AGAIN_AT_MOST};
 
 const SUITE: &str = "js-sdk";
 
@@ -104,7 +102,7 @@ fn first_line(s: &str) -> String {
 /// wall time. vitest's whole output is kept in the test home as `e2b-suite-NAME.log`.
 fn vitest(
     name: &str,
-    client: &impl Fn(&Path) -> Command,
+    client: &dyn Fn(&Path) -> Command,
     args: &[String],
     workers: usize,
 ) -> (Vec<Outcome>, f64) {
@@ -183,12 +181,12 @@ fn which(program: &str) -> std::path::PathBuf {
 /// Runs E2B's JavaScript suite through `client` and judges it against the list for `mode`.
 /// The files of a few tests that failed unlisted run once more, one at a time: a test of
 /// theirs that passes then was starved beside the others and is said FLAKY.
-fn run_js(mode: &str, client: impl Fn(&Path) -> Command) {
+fn run_js(mode: &str, client: &dyn Fn(&Path) -> Command) {
     let name = format!("js-{mode}");
     let args: Vec<String> = selection()
         .map(|s| s.split_whitespace().map(String::from).collect())
         .unwrap_or_default();
-    let (mut outcomes, secs) = vitest(&name, &client, &args, 2);
+    let (mut outcomes, secs) = vitest(&name, client, &args, 2);
     let listed = listed(SUITE, mode);
     let again: Vec<String> = outcomes
         .iter()
@@ -207,16 +205,8 @@ fn run_js(mode: &str, client: impl Fn(&Path) -> Command) {
             again.len(),
             files.len()
         );
-        let (second, _) = vitest(&format!("{name}-again"), &client, &files, 1);
-        for o in second
-            .into_iter()
-            .filter(|o| o.outcome == "passed" && again.contains(&o.test))
-        {
-            println!("FLAKY (failed beside the others, passed alone): {}", o.test);
-            if let Some(first) = outcomes.iter_mut().find(|f| f.test == o.test) {
-                *first = o;
-            }
-        }
+        let (second, _) = vitest(&format!("{name}-again"), client, &files, 1);
+        take_reruns(&mut outcomes, second, &again);
     }
     judge(
         SUITE,
@@ -232,23 +222,17 @@ fn run_js(mode: &str, client: impl Fn(&Path) -> Command) {
 #[test]
 fn javascript_sdk_suite_in_domain_mode() {
     let Some(_) = suites() else { return };
-    infra::image(&infra::home(), "base");
-    let dm = DomainMode::start("e2b-suite-js-domain", "e2b.test");
-    let key = dm.daemon.new_token("e2b-suite", true);
-    run_js("domain", |p| dm.client(p, &key));
+    in_mode("e2b-suite-js-domain", Mode::Domain, "base", |client| {
+        run_js("domain", client)
+    });
 }
 
 /// E2B's JavaScript SDK suite with `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon's TCP
 /// listener (with `FORKBOX_E2B_SUITES_ALL=1`).
 #[test]
 fn javascript_sdk_suite_in_url_mode() {
-    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
-        eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it; domain mode runs by default)");
-        return;
-    }
-    let Some(_) = suites() else { return };
-    infra::image(&infra::home(), "base");
-    let d = Daemon::start("e2b-suite-js-url");
-    let key = d.new_token("e2b-suite", true);
-    run_js("url", |p| d.e2b_url_client(p, &key));
+    let Some(_) = flagged(suites) else { return };
+    in_mode("e2b-suite-js-url", Mode::Url, "base", |client| {
+        run_js("url", client)
+    });
 }

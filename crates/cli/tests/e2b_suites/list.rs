@@ -110,3 +110,18 @@ pub fn judge(
         "listed, but the suite has no such test: {missing:#?}"
     );
 }
+
+/// Puts over `outcomes` the passes of `second`, a lone run of tests that failed beside the
+/// others: such a test was starved of the machine (its suite's timeouts are short for TCG),
+/// and is said FLAKY.
+pub fn take_reruns(outcomes: &mut [Outcome], second: Vec<Outcome>, again: &[String]) {
+    for o in second
+        .into_iter()
+        .filter(|o| o.outcome == "passed" && again.contains(&o.test))
+    {
+        println!("FLAKY (failed beside the others, passed alone): {}", o.test);
+        if let Some(first) = outcomes.iter_mut().find(|f| f.test == o.test) {
+            *first = o;
+        }
+    }
+}

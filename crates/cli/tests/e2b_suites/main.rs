@@ -22,9 +22,13 @@
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 
 use forkbox_test_infra as infra;
+
+use common::domain::DomainMode;
+use common::Daemon;
 
 #[path = "../common/mod.rs"]
 mod common;
@@ -46,3 +50,39 @@ pub fn suites() -> Option<PathBuf> {
 
 /// Most tests one failing test not listed is run again, alone.
 pub const AGAIN_AT_MOST: usize = 20;
+
+/// How a suite reaches the daemon: E2B's domain mode (`E2B_DOMAIN` only) or its URL
+/// variables (`E2B_API_URL`, `E2B_SANDBOX_URL`).
+#[derive(Clone, Copy)]
+pub enum Mode {
+    Domain,
+    Url,
+}
+
+/// Runs `run` with a client in `mode` of a daemon of its own (isolated home `name`, a key of
+/// E2B's), image `image` built first; the daemon lives as long as the call.
+pub fn in_mode(name: &str, mode: Mode, image: &str, run: impl FnOnce(&dyn Fn(&Path) -> Command)) {
+    infra::image(&infra::home(), image);
+    match mode {
+        Mode::Domain => {
+            let dm = DomainMode::start(name, "e2b.test");
+            let key = dm.daemon.new_token("e2b-suite", true);
+            run(&|p| dm.client(p, &key));
+        }
+        Mode::Url => {
+            let d = Daemon::start(name);
+            let key = d.new_token("e2b-suite", true);
+            run(&|p| d.e2b_url_client(p, &key));
+        }
+    }
+}
+
+/// `found()` (the suites' folder) when `FORKBOX_E2B_SUITES_ALL` asks for the runs behind the
+/// flag, or `None` after saying why the test skips.
+pub fn flagged(found: impl FnOnce() -> Option<PathBuf>) -> Option<PathBuf> {
+    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
+        eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it; the default run has domain mode)");
+        return None;
+    }
+    found()
+}

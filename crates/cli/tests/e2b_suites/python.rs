@@ -8,10 +8,8 @@ use std::process::Command;
 
 use forkbox_test_infra as infra;
 
-use crate::common::domain::DomainMode;
-use crate::common::Daemon;
-use crate::list::{judge, listed, Outcome};
-use crate::{suites, AGAIN_AT_MOST};
+use crate::list::{judge, listed, take_reruns, Outcome};
+use crate::{flagged, in_mode, suites, Mode, AGAIN_AT_MOST};
 
 /// Pytest's arguments that pick some of the suite's tests instead of all of them
 /// (`FORKBOX_E2B_SUITE_ARGS`, say `tests/sync/sandbox_sync/files -k secured`), when given.
@@ -92,7 +90,7 @@ fn pytest(
 /// that fails unlisted is run once more, alone, when there are few: one that then passes was
 /// starved of the machine beside the others (the suite's own timeouts are 30 s under TCG) and
 /// is said as such; one that fails again fails the run.
-fn run_python(suites: &Path, mode: &str, client: impl Fn(&Path) -> Command) {
+fn run_python(suites: &Path, mode: &str, client: &dyn Fn(&Path) -> Command) {
     let python = infra::e2b_suite_python();
     run_pytest_suite(
         "python-sdk",
@@ -109,7 +107,7 @@ fn run_pytest_suite(
     python: &Path,
     suite: &Path,
     mode: &str,
-    client: impl Fn(&Path) -> Command,
+    client: &dyn Fn(&Path) -> Command,
 ) {
     let (python, suite) = (python.to_path_buf(), suite.to_path_buf());
     let name = format!("{list_name}-{mode}");
@@ -132,12 +130,7 @@ fn run_pytest_suite(
             &client,
             Some(&again),
         );
-        for o in second.into_iter().filter(|o| o.outcome == "passed") {
-            println!("FLAKY (failed beside the others, passed alone): {}", o.test);
-            if let Some(first) = outcomes.iter_mut().find(|f| f.test == o.test) {
-                *first = o;
-            }
-        }
+        take_reruns(&mut outcomes, second, &again);
     }
     judge(
         list_name,
@@ -152,25 +145,21 @@ fn run_pytest_suite(
 #[test]
 fn python_sdk_suite_in_domain_mode() {
     let Some(suites) = suites() else { return };
-    infra::image(&infra::home(), "base");
-    let dm = DomainMode::start("e2b-suite-domain", "e2b.test");
-    let key = dm.daemon.new_token("e2b-suite", true);
-    run_python(&suites, "domain", |p| dm.client(p, &key));
+    in_mode("e2b-suite-domain", Mode::Domain, "base", |client| {
+        run_python(&suites, "domain", client)
+    });
 }
 
 /// E2B's Python SDK suite with `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon's TCP
 /// listener (with `FORKBOX_E2B_SUITES_ALL=1`).
 #[test]
 fn python_sdk_suite_in_url_mode() {
-    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
-        eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it; domain mode runs by default)");
+    let Some(suites) = flagged(suites) else {
         return;
-    }
-    let Some(suites) = suites() else { return };
-    infra::image(&infra::home(), "base");
-    let d = Daemon::start("e2b-suite-url");
-    let key = d.new_token("e2b-suite", true);
-    run_python(&suites, "url", |p| d.e2b_url_client(p, &key));
+    };
+    in_mode("e2b-suite-url", Mode::Url, "base", |client| {
+        run_python(&suites, "url", client)
+    });
 }
 
 /// E2B's code-interpreter suite (its Python tests, `code-interpreter-v1` their template) with
@@ -178,17 +167,15 @@ fn python_sdk_suite_in_url_mode() {
 /// `FORKBOX_E2B_SUITES_ALL=1`: ~8 min under TCG, past what the default run has room for).
 #[test]
 fn code_interpreter_suite_in_url_mode() {
-    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
-        eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it)");
+    let Some(suites) = flagged(suites) else {
         return;
-    }
-    let Some(suites) = suites() else { return };
-    infra::image(&infra::home(), "code-interpreter");
+    };
     let python = infra::e2b_code_interpreter_suite_python();
-    let d = Daemon::start("e2b-suite-ci-url");
-    let key = d.new_token("e2b-suite", true);
     let suite = suites.join("code-interpreter/python");
-    run_pytest_suite("code-interpreter", &python, &suite, "url", |p| {
-        d.e2b_url_client(p, &key)
-    });
+    in_mode(
+        "e2b-suite-ci-url",
+        Mode::Url,
+        "code-interpreter",
+        |client| run_pytest_suite("code-interpreter", &python, &suite, "url", client),
+    );
 }
