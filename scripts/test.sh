@@ -65,8 +65,14 @@ node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)'
 # every one with FORKBOX_CORPUS=all);
 # FORKBOX_CORPUS=0 leaves them out (they need PyPI, npm, crates.io and a Debian mirror).
 export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
+started=$(date +%s)
+status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --locked --workspace --no-fail-fast
+  cargo nextest run --locked --workspace --no-fail-fast || status=$?
+  # The slowest tests, from the run's JUnit report (where the test time goes).
+  python3 scripts/slowest.py target/nextest/default/junit.xml 20 || true
 else
-  cargo test --locked --workspace --no-fail-fast
+  cargo test --locked --workspace --no-fail-fast || status=$?
 fi
+echo "== tests took $(( ($(date +%s) - started) / 60 )) min" >&2
+exit "$status"

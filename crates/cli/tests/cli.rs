@@ -51,7 +51,74 @@ fn text(b: &[u8]) -> String {
 }
 
 fn run(paths: &forkbox_engine::paths::Paths, args: &[&str]) -> Output {
-    forkbox(paths).args(args).output().expect("run forkbox")
+    watched(paths, args, forkbox(paths).args(args), None)
+}
+
+/// How long one CLI call may take before its test says where it is stuck (a hang of the test
+/// as a whole says nothing but the test's name).
+const CALL_LIMIT: Duration = Duration::from_secs(200);
+
+/// Runs `cmd` (`forkbox ARGS` in `paths`'s home) to its end, `input` on its standard input,
+/// saying the call and its time; one that runs past [`CALL_LIMIT`] is killed and the test fails
+/// with the end of the home's daemon log and the sandboxes' QEMUs.
+fn watched(
+    paths: &forkbox_engine::paths::Paths,
+    args: &[&str],
+    cmd: &mut Command,
+    input: Option<&[u8]>,
+) -> Output {
+    use std::io::Write;
+    let started = std::time::Instant::now();
+    println!("$ forkbox {}", args.join(" "));
+    let stdin = match input {
+        Some(_) => Stdio::piped(),
+        None => Stdio::null(),
+    };
+    let mut child = cmd
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run forkbox");
+    let writer = child.stdin.take().map(|mut w| {
+        let input = input.unwrap_or_default().to_vec();
+        std::thread::spawn(move || {
+            let _ = w.write_all(&input);
+        })
+    });
+    let pid = child.id();
+    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+    let watchdog = std::thread::spawn(move || {
+        if done_rx.recv_timeout(CALL_LIMIT).is_err() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(pid as i32),
+                nix::sys::signal::Signal::SIGKILL,
+            );
+            return true;
+        }
+        false
+    });
+    let out = child.wait_with_output().expect("wait for forkbox");
+    let _ = done_tx.send(());
+    let killed = watchdog.join().unwrap();
+    if let Some(w) = writer {
+        w.join().unwrap();
+    }
+    println!("  ({:.1} s)", started.elapsed().as_secs_f64());
+    if killed {
+        let log = std::fs::read_to_string(paths.home().join("daemon.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        let qemus = infra::processes_mentioning(&paths.home().display().to_string());
+        panic!(
+            "forkbox {} did not end in {CALL_LIMIT:?}; it printed {:?} and {:?}; processes of the \
+             home: {qemus:?}; the daemon log ends:\n{}",
+            args.join(" "),
+            text(&out.stdout),
+            text(&out.stderr),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        );
+    }
+    out
 }
 
 /// One boot. The README's first example.
@@ -1618,22 +1685,7 @@ fn doctor_reports_a_loose_home_and_how_to_fix_it() {
 
 /// `forkbox` as `run` gives it, fed `input` on standard input.
 fn run_with_stdin(paths: &forkbox_engine::paths::Paths, args: &[&str], input: &[u8]) -> Output {
-    use std::io::Write;
-    let mut child = forkbox(paths)
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let input = input.to_vec();
-    let writer = std::thread::spawn(move || {
-        let _ = stdin.write_all(&input);
-    });
-    let out = child.wait_with_output().unwrap();
-    writer.join().unwrap();
-    out
+    watched(paths, args, forkbox(paths).args(args), Some(input))
 }
 
 /// Two restores and a fork. Habits people bring from docker: sizes and durations with units,

@@ -346,12 +346,12 @@ asyncio.run(main())
 
 /// New connections take turns for their first round trip (`sandbox::handshakes`): a burst of
 /// 24 TLS connections from a program that keeps its one thread busy between them all get
-/// through a server that allows 10 s per handshake (the npm registry's front), none waiting
-/// out a turn that is never given back, none counted cut short. (How many turns there are, and
-/// when one ends, is checked on a paused clock in `handshakes`' own tests: a window short
-/// enough to tell turns from none here, 3 s, also failed a guest starved by a busy host; 48 connections, whose
-/// first handshake starts after ~5 s of the program's own busy time, left too little of the
-/// window beside E2B's suites in CI.)
+/// through a server that allows 30 s per handshake, none waiting out a turn that is never given
+/// back, none counted cut short. (How many turns there are, and when one ends, is checked on a
+/// paused clock in `handshakes`' own tests: a window short enough to tell turns from none here,
+/// 3 s, also failed a guest starved by a busy host; the npm registry's ~10 s, and 48
+/// connections, whose first handshake starts after ~5 s of the program's own busy time, each
+/// left too little of the window beside E2B's suites in CI.)
 /// A remote that speaks first and gets no answer in its time closes the
 /// connection: the host counts it (`sandbox_network_cut_short`) and says so in its log. (The
 /// cause this was built for, `npm ci`'s hundred handshakes at once against the npm registry's
@@ -376,7 +376,7 @@ async fn tls_bursts_take_turns_and_a_remote_that_gives_up_on_a_silent_guest_is_c
             &p("key.pem"),
             &server,
             "8443",
-            "10",
+            "30",
         ],
         &server,
         8443,
@@ -404,7 +404,7 @@ async fn tls_bursts_take_turns_and_a_remote_that_gives_up_on_a_silent_guest_is_c
     );
     assert!(py(&sb, &silent).await.contains("hello"));
     assert!(infra::wait_until(
-        std::time::Duration::from_secs(10),
+        std::time::Duration::from_secs(30),
         || { sb.client().net.counts().cut_short == 1 }
     ));
     sb.destroy().await;

@@ -224,23 +224,34 @@ impl Checker {
             }
             None => Body::empty(),
         };
-        let resp = self
-            .app
-            .clone()
-            .oneshot(req.body(body).unwrap())
-            .await
-            .unwrap();
-        let status = resp.status().as_u16();
-        let content_type = resp
-            .headers()
-            .get("content-type")
-            .and_then(|v| v.to_str().ok())
-            .unwrap_or("")
-            .to_string();
+        // A call that never ends fails the test saying which (a hang says only the test's name).
+        let started = std::time::Instant::now();
+        println!("{method} {uri}");
+        let answer = async {
+            let resp = self
+                .app
+                .clone()
+                .oneshot(req.body(body).unwrap())
+                .await
+                .unwrap();
+            let status = resp.status().as_u16();
+            let content_type = resp
+                .headers()
+                .get("content-type")
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("")
+                .to_string();
+            let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
+                .await
+                .unwrap();
+            (status, content_type, bytes)
+        };
+        let (status, content_type, bytes) =
+            tokio::time::timeout(std::time::Duration::from_secs(150), answer)
+                .await
+                .unwrap_or_else(|_| panic!("{method} {uri} did not answer in 150 s"));
+        println!("  {status} ({:.1} s)", started.elapsed().as_secs_f64());
         let ndjson = content_type.contains("ndjson");
-        let bytes = axum::body::to_bytes(resp.into_body(), 64 << 20)
-            .await
-            .unwrap();
         let what = format!("{method} {uri} -> {status}");
         let schema = self.schema_of(
             doc_path,
