@@ -43,6 +43,8 @@ const BASE_ENV: &[(&str, &str)] = &[
 ];
 
 struct Running {
+    /// Which spawn this is (`Inner::seq`), so only its own end removes it.
+    run_no: u64,
     /// Set once the command's process exists.
     pgid: Option<Pid>,
     stdin: Option<Sender<Option<Vec<u8>>>>,
@@ -98,23 +100,42 @@ impl Execs {
         } else {
             (None, None)
         };
-        lock(&self.0.running).insert(
-            id,
-            Running {
-                pgid: None,
-                stdin: stdin_tx,
-                pending_signal: None,
-                tty: None,
-                pending_size: None,
-            },
-        );
+        // Ids come from the host's connection; one still running from an earlier connection
+        // (a copy restored from a snapshot, a daemon restarted) keeps its id, and a new command
+        // may not take it over: its input and signals would go to the wrong process, and the
+        // old one's end would remove the new one's entry.
+        let run_no = self.0.seq.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut running = lock(&self.0.running);
+            if running.contains_key(&id) {
+                drop(running);
+                return self.0.out.error(
+                    id,
+                    &std::io::Error::new(
+                        std::io::ErrorKind::AlreadyExists,
+                        format!("request id {id} is taken by a command still running"),
+                    ),
+                );
+            }
+            running.insert(
+                id,
+                Running {
+                    run_no,
+                    pgid: None,
+                    stdin: stdin_tx,
+                    pending_signal: None,
+                    tty: None,
+                    pending_size: None,
+                },
+            );
+        }
         let inner = self.0.clone();
         let started = spawn_small(move || {
             run(&inner, id, spec, stdin_rx);
-            lock(&inner.running).remove(&id);
+            forget(&inner, id, run_no);
         });
         if let Err(e) = started {
-            lock(&self.0.running).remove(&id);
+            forget(&self.0, id, run_no);
             self.0.out.error(
                 id,
                 &std::io::Error::new(
@@ -165,6 +186,14 @@ impl Execs {
             Some(r) => r.pending_signal = Some(sig),
             None => {}
         }
+    }
+}
+
+/// Removes command `id`'s entry if it is still run `run_no`'s.
+fn forget(inner: &Inner, id: u32, run_no: u64) {
+    let mut running = lock(&inner.running);
+    if running.get(&id).is_some_and(|r| r.run_no == run_no) {
+        running.remove(&id);
     }
 }
 

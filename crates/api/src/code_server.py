@@ -14,6 +14,8 @@ as that user in their home (the `code-interpreter` image names `user`, as E2B's 
 import json
 import os
 import queue
+import select
+import socket
 import subprocess
 import sys
 import threading
@@ -31,6 +33,8 @@ MIME = {
     "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
     "application/pdf": "pdf", "text/latex": "latex", "application/json": "json",
     "application/javascript": "javascript",
+    # Set by the formatters FORMATS_CODE registers in every Python kernel, as E2B's template's.
+    "e2b/data": "data", "e2b/chart": "chart",
 }
 
 
@@ -84,12 +88,11 @@ class Context:
         self.env_seen = {}
         if language == "python":
             self.start()
-        elif language in ("javascript", "js"):
-            self.language = "javascript"
+        elif language in ("javascript", "typescript"):
             self.start_node()
 
     def start_node(self):
-        self.node = subprocess.Popen(["node", "-e", NODE_DRIVER], cwd=self.cwd, text=True, bufsize=1,
+        self.node = subprocess.Popen(["node", "--expose-internals", "-e", NODE_DRIVER], cwd=self.cwd, text=True, bufsize=1,
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, start_new_session=True,
                                      preexec_fn=lambda: Cells.enter(self.id))
         expendable(self.node.pid)
@@ -120,6 +123,7 @@ class Context:
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
         quiet(self, CAP_CODE % CELL_OUTPUT)
+        quiet(self, FORMATS_CODE)
         self.env_seen = {}
 
     def restart(self):
@@ -173,20 +177,60 @@ class Context:
 # (top-level declarations stay, as in a console), its console printing as the cell's output.
 NODE_DRIVER = r"""
 const vm = require('vm'), util = require('util'), readline = require('readline');
+// The REPL's own rewriting of a top-level `await` (node runs with --expose-internals for it):
+// the cell becomes an async function whose declarations stay the context's, as in node's REPL.
+const { processTopLevelAwait } = require('internal/repl/await');
 const out = (o) => process.stdout.write(JSON.stringify(o) + '\n');
-const say = (kind) => (...a) => out({ [kind]: util.format(...a) + '\n' });
+const say = (kind) => (...a) => { out({ [kind]: util.format(...a) + '\n' }); };
 const sandbox = { require, process, Buffer, setTimeout, clearTimeout, setInterval, clearInterval,
+  __fbx_default: (m) => (m && m.__esModule && 'default' in m ? m.default : m),
   console: { log: say('stdout'), info: say('stdout'), debug: say('stdout'), warn: say('stderr'), error: say('stderr') } };
 vm.createContext(sandbox);
+// ES module imports at the start of a line, as E2B's JavaScript cells take them, become
+// requires (node's built-in modules and CommonJS packages).
+const bindings = (clause, from) => {
+  const parts = [];
+  const ns = clause.match(/^\*\s+as\s+([\w$]+)$/);
+  if (ns) return `var ${ns[1]} = require(${from});`;
+  const m = clause.match(/^([\w$]+)?\s*,?\s*(?:\{([^}]*)\}|\*\s+as\s+([\w$]+))?$/);
+  if (!m) return null;
+  if (m[1]) parts.push(`var ${m[1]} = __fbx_default(require(${from}));`);
+  if (m[2] !== undefined) {
+    const names = m[2].split(',').map((n) => n.trim()).filter(Boolean).map((n) => n.replace(/\s+as\s+/, ': '));
+    parts.push(`var { ${names.join(', ')} } = require(${from});`);
+  }
+  if (m[3]) parts.push(`var ${m[3]} = require(${from});`);
+  return parts.join(' ');
+};
+const imports = (code) => code.replace(/^([ \t]*)import\s+(?:([^'";]+?)\s+from\s+)?(['"][^'"]+['"])[ \t]*;?/gm,
+  (all, indent, clause, from) => {
+    if (clause === undefined) return `${indent}require(${from});`;
+    const b = bindings(clause.trim().replace(/\s+/g, ' '), from);
+    return b === null ? all : indent + b;
+  });
+// A TypeScript cell is JavaScript once its types are gone (Debian's esbuild strips them).
+const fromTypeScript = (code) => {
+  const r = require('child_process').spawnSync('esbuild', ['--loader=ts', '--log-level=error'], { input: code, encoding: 'utf8' });
+  if (r.error) throw r.error;
+  if (r.status !== 0) { const e = new SyntaxError((r.stderr || '').trim()); e.stack = ''; throw e; }
+  return r.stdout;
+};
 readline.createInterface({ input: process.stdin }).on('line', async (line) => {
-  const { code, base, envs } = JSON.parse(line);
+  const { code, base, envs, typescript } = JSON.parse(line);
   // The sandbox's variables stay; a cell's own are set for that cell alone.
   Object.assign(process.env, base || {});
   const saved = {};
   for (const [k, v] of Object.entries(envs || {})) { saved[k] = process.env[k]; process.env[k] = v; }
   try {
-    let value = vm.runInContext(code, sandbox, { filename: 'cell.js' });
+    const source = imports(typescript ? fromTypeScript(code) : code);
+    let wrapped = null;
+    if (source.includes('await')) {
+      try { wrapped = processTopLevelAwait(source); } catch (e) { wrapped = null; }
+    }
+    let value = vm.runInContext(wrapped === null ? source : wrapped, sandbox, { filename: 'cell.js' });
     if (value && typeof value.then === 'function') value = await value;
+    // A rewritten cell's last expression comes as { value } (node 16 and later).
+    if (wrapped !== null && /return \{ value: /.test(wrapped)) value = value && value.value;
     // A string shows as its text, as E2B's JavaScript kernel shows it.
     if (value !== undefined) out({ result: typeof value === 'string' ? value : util.inspect(value) });
   } catch (e) {
@@ -224,6 +268,17 @@ def sandbox_env():
                 got.pop(k, None)
             SANDBOX_ENV.update(mtime=mtime, vars=got)
         return dict(SANDBOX_ENV["vars"])
+
+
+# The languages a cell may be in, by the names E2B's SDKs give them.
+LANGUAGES = {"python": "python", "bash": "bash", "javascript": "javascript", "js": "javascript",
+             "typescript": "typescript", "ts": "typescript"}
+UNKNOWN_LANGUAGE = "forkbox's code interpreter runs python, javascript, typescript and bash cells, not %s"
+
+
+def language_of(name):
+    """The language a cell's `language` names (Python when none), or None."""
+    return LANGUAGES.get((name or "python").lower())
 
 
 def context_for(language, context_id):
@@ -313,6 +368,14 @@ def run_python_cell(ctx, code, send, limit):
                 ctx.restart()
                 send({"type": "error", "name": "KernelDied", "value": "the kernel died during the cell and was started again", "traceback": ""})
                 return
+            if getattr(send, "gone", lambda: False)():
+                # Its client gave up (a timeout of its own): the cell is interrupted rather than
+                # left to hold the context, so the next cell does not wait behind it.
+                note(f"context {ctx.id}: the client left during a cell; interrupting it")
+                ctx.km.interrupt_kernel()
+                drain(ctx, msg_id)
+                settle(ctx)
+                raise BrokenPipeError("the client left")
             continue
         if msg.get("parent_header", {}).get("msg_id") != msg_id:
             continue
@@ -326,7 +389,11 @@ def run_python_cell(ctx, code, send, limit):
                 send(out.stopped())
                 return
         elif kind in ("execute_result", "display_data"):
-            result = {MIME[m]: v for m, v in content.get("data", {}).items() if m in MIME}
+            data = content.get("data", {})
+            result = {MIME[m]: v for m, v in data.items() if m in MIME}
+            extra = {m: v for m, v in data.items() if m not in MIME}
+            if extra:
+                result["extra"] = extra
             result["type"] = "result"
             result["is_main_result"] = kind == "execute_result"
             send(result)
@@ -364,7 +431,8 @@ def run_node(ctx, code, envs, send, limit):
         ctx.start_node()
         send({"type": "stderr", "text": "[forkbox: the JavaScript context had ended and was started again; its state is gone]\n", "timestamp": now()})
     out = Output(send)
-    ctx.node.stdin.write(json.dumps({"code": code, "base": sandbox_env(), "envs": envs or {}}) + "\n")
+    ctx.node.stdin.write(json.dumps({"code": code, "base": sandbox_env(), "envs": envs or {},
+                                     "typescript": ctx.language == "typescript"}) + "\n")
     ctx.node.stdin.flush()
     deadline = time.monotonic() + limit
     while True:
@@ -477,10 +545,16 @@ class Handler(BaseHTTPRequestHandler):
     def do_POST(self):
         if self.path == "/contexts":
             req = self.body()
-            lang = (req.get("language") or "python").lower()
-            if lang not in ("python", "bash", "javascript", "js"):
-                return self.reply(400, {"error": f"forkbox's code interpreter runs python, javascript and bash cells, not {lang}"})
-            ctx = Context(lang, req.get("cwd") or os.environ.get("HOME", "/home/user"))
+            lang = language_of(req.get("language"))
+            if lang is None:
+                return self.reply(400, {"error": UNKNOWN_LANGUAGE % req.get("language")})
+            cwd = req.get("cwd") or os.environ.get("HOME", "/home/user")
+            if not (os.path.isdir(cwd) and os.access(cwd, os.X_OK)):
+                return self.reply(400, {"error": f"cwd {cwd}: not a directory the code interpreter's user can enter"})
+            try:
+                ctx = Context(lang, cwd)
+            except Exception as e:  # a kernel that does not start: said, the server goes on
+                return self.reply(500, {"error": f"the {lang} context did not start: {e}"})
             with STATE:
                 CONTEXTS[ctx.id] = ctx
             return self.reply(200, ctx.view())
@@ -497,11 +571,9 @@ class Handler(BaseHTTPRequestHandler):
     def execute(self, req):
         if req.get("context_id") and req.get("language"):
             return self.reply(400, {"error": "give a context or a language, not both"})
-        lang = (req.get("language") or "python").lower()
-        if lang == "js":
-            lang = "javascript"
-        if not req.get("context_id") and lang not in ("python", "bash", "javascript"):
-            return self.reply(400, {"error": f"forkbox's code interpreter runs python, javascript and bash cells, not {lang}"})
+        lang = language_of(req.get("language"))
+        if not req.get("context_id") and lang is None:
+            return self.reply(400, {"error": UNKNOWN_LANGUAGE % req.get("language")})
         try:
             limit = min(float(req.get("timeout") or CELL_TIMEOUT), CELL_TIMEOUT)
         except (TypeError, ValueError):
@@ -519,9 +591,19 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.write(b"%x\r\n%s\r\n" % (len(line), line))
             self.wfile.flush()
 
+        def gone():
+            """Whether the client closed its side (it sends nothing while it reads a cell)."""
+            try:
+                ready, _, _ = select.select([self.connection], [], [], 0)
+                return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
+            except OSError:
+                return True
+
+        send.gone = gone
+
         try:
             with ctx.lock:
-                run = {"python": run_python, "javascript": run_node}.get(ctx.language, run_shell)
+                run = {"python": run_python, "javascript": run_node, "typescript": run_node}.get(ctx.language, run_shell)
                 run(ctx, req.get("code", ""), req.get("env_vars"), send, limit)
             send({"type": "end_of_execution"})
             self.wfile.write(b"0\r\n\r\n")
@@ -584,6 +666,87 @@ def __fbx_env_back():
             os.environ.pop(k, None)
         else:
             os.environ[k] = v
+"""
+
+# In every Python kernel, the result formats E2B's code interpreter gives beside IPython's: a
+# pandas DataFrame's columns as lists (`e2b/data`), a matplotlib figure's data (`e2b/chart`,
+# by E2B's e2b_charts package, installed in the image), and an image a cell saves with PIL
+# shown as a result. Each costs nothing until the cell uses its library.
+FORMATS_CODE = r"""
+def __fbx_formats():
+    import importlib.util, sys
+    from IPython.core.formatters import BaseFormatter
+    from traitlets import ObjectName, Unicode
+
+    class DataFormatter(BaseFormatter):
+        format_type = Unicode("e2b/data")
+        print_method = ObjectName("_repr_e2b_data_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj):
+            pd = sys.modules.get("pandas")
+            if pd is None or not isinstance(obj, pd.DataFrame):
+                return super().__call__(obj)
+            columns = obj.to_dict(orient="list")
+            return {k: [v.isoformat() if isinstance(v, pd.Timestamp) else v for v in vs]
+                    for k, vs in columns.items()}
+
+    class ChartFormatter(BaseFormatter):
+        format_type = Unicode("e2b/chart")
+        print_method = ObjectName("_repr_e2b_chart_")
+        _return_type = (dict, str)
+
+        def __call__(self, obj):
+            if "matplotlib" not in sys.modules:
+                return super().__call__(obj)
+            from matplotlib.figure import Figure
+            if not isinstance(obj, Figure):
+                return super().__call__(obj)
+            try:
+                from e2b_charts import chart_figure_to_dict
+                return chart_figure_to_dict(obj)
+            except Exception:
+                return {}
+
+    shown = get_ipython().display_formatter
+    shown.formatters["e2b/data"] = DataFormatter(parent=shown)
+    shown.formatters["e2b/chart"] = ChartFormatter(parent=shown)
+
+    def patch(image):
+        save = image.Image.save
+        def shown_save(self, fp, format=None, **params):
+            if isinstance(fp, str):
+                from IPython.display import display
+                display(self)
+            return save(self, fp, format, **params)
+        image.Image.save = shown_save
+        # No viewer to start in a sandbox: show() displays the image as a result instead.
+        try:
+            from PIL import ImageShow
+            ImageShow.UnixViewer.show_file = lambda self, path, **options: 0
+        except Exception:
+            pass
+
+    class OnImport:
+        # Patches PIL.Image when a cell first imports it (or now, if it is loaded).
+        def find_spec(self, name, path=None, target=None):
+            if name != "PIL.Image":
+                return None
+            sys.meta_path.remove(self)
+            spec = importlib.util.find_spec(name)
+            run = spec.loader.exec_module
+            def exec_module(module):
+                run(module)
+                patch(module)
+            spec.loader.exec_module = exec_module
+            return spec
+
+    if "PIL.Image" in sys.modules:
+        patch(sys.modules["PIL.Image"])
+    else:
+        sys.meta_path.insert(0, OnImport())
+__fbx_formats()
+del __fbx_formats
 """
 
 

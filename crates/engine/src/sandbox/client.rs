@@ -200,7 +200,7 @@ impl AgentClient {
         AgentClient {
             writer,
             routes,
-            next_id: Arc::new(AtomicU32::new(1)),
+            next_id: Arc::new(AtomicU32::new(first_request_id())),
             hello,
             net,
             failure,
@@ -603,4 +603,18 @@ impl Drop for Execution {
     fn drop(&mut self) {
         self.client.unroute(self.id);
     }
+}
+
+/// Where a connection's request ids start: anywhere in the lower half of the id space, so a
+/// new connection's ids do not meet those of commands a guest still runs from an earlier one
+/// (a copy restored from a snapshot, a daemon restarted; the agent keeps its commands by id).
+fn first_request_id() -> u32 {
+    let mut b = [0u8; 4];
+    if getrandom::getrandom(&mut b).is_err() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default();
+        b = now.subsec_nanos().to_le_bytes();
+    }
+    (u32::from_le_bytes(b) >> 1).max(1)
 }
