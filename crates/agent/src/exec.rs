@@ -913,6 +913,75 @@ mod pump_tests {
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
+mod id_tests {
+    use std::sync::mpsc::sync_channel;
+
+    use forkbox_protocol::{decode, FrameDecoder, Program};
+
+    use super::*;
+
+    fn spec(argv: &[&str]) -> ExecSpec {
+        ExecSpec {
+            program: Program::Argv(argv.iter().map(|a| a.to_string()).collect()),
+            cwd: Some("/".into()),
+            env: vec![],
+            timeout_ms: Some(20_000),
+            stdin: true,
+            tty: None,
+            user: None,
+        }
+    }
+
+    /// The next message for request `id`, others skipped.
+    fn next_for(rx: &Receiver<Vec<u8>>, id: u32) -> AgentMsg {
+        loop {
+            let frame = rx.recv_timeout(Duration::from_secs(20)).unwrap();
+            let mut dec = FrameDecoder::new();
+            dec.push(&frame);
+            while let Some(payload) = dec.next_frame().unwrap() {
+                let msg: AgentMsg = decode(&payload).unwrap();
+                if msg.id() == id {
+                    return msg;
+                }
+            }
+        }
+    }
+
+    /// A request id still running (a command from an earlier connection, in a guest restored
+    /// from a snapshot) is refused to a new command, which would otherwise take its input and
+    /// signals; and once it ends, the id is free again.
+    #[test]
+    fn a_running_request_id_is_not_taken_over() {
+        let (tx, rx) = sync_channel(64);
+        let execs = Execs::start(crate::serve::Outbox::new(tx));
+        execs.spawn(7, spec(&["cat"]));
+        assert!(matches!(next_for(&rx, 7), AgentMsg::Started { .. }));
+        execs.spawn(7, spec(&["true"]));
+        match next_for(&rx, 7) {
+            AgentMsg::Error { message, .. } => assert!(message.contains("taken"), "{message}"),
+            other => panic!("a second command took id 7: {other:?}"),
+        }
+        // The first still has its input: what it is sent comes back, and closing it ends it.
+        execs.stdin(7, Some(b"still mine\n".to_vec()));
+        match next_for(&rx, 7) {
+            AgentMsg::Stdout { data, .. } => assert_eq!(data, b"still mine\n"),
+            other => panic!("{other:?}"),
+        }
+        execs.stdin(7, None);
+        assert!(matches!(next_for(&rx, 7), AgentMsg::Exited { .. }));
+        // Its entry goes with it (a moment after its end is sent), and the id is free.
+        let freed = Instant::now();
+        while lock(&execs.0.running).contains_key(&7) {
+            assert!(freed.elapsed() < Duration::from_secs(10));
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        execs.spawn(7, spec(&["true"]));
+        assert!(matches!(next_for(&rx, 7), AgentMsg::Started { .. }));
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
 mod user_tests {
     use super::*;
 

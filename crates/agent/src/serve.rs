@@ -19,6 +19,11 @@ use crate::files;
 pub struct Outbox(SyncSender<Vec<u8>>);
 
 impl Outbox {
+    /// Frames go to `tx` (the port's writer; a test's receiver).
+    pub fn new(tx: SyncSender<Vec<u8>>) -> Outbox {
+        Outbox(tx)
+    }
+
     pub fn send(&self, msg: &AgentMsg) {
         match encode_frame(msg) {
             Ok(f) => {
@@ -98,7 +103,7 @@ pub fn serve(port_path: &Path) -> ! {
         crate::boot::power_off()
     });
     std::thread::spawn(move || writer(wport, rx));
-    let out = Outbox(tx);
+    let out = Outbox::new(tx);
     let execs = Execs::start(out.clone());
     let uploads = crate::archive::Uploads::default();
     let mut port = port;
