@@ -914,9 +914,7 @@ mod pump_tests {
 #[cfg(test)]
 #[allow(clippy::unwrap_used)]
 mod id_tests {
-    use std::sync::mpsc::sync_channel;
-
-    use forkbox_protocol::{decode, FrameDecoder, Program};
+    use forkbox_protocol::{decode, FrameDecoder};
 
     use super::*;
 

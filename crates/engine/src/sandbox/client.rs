@@ -610,11 +610,9 @@ impl Drop for Execution {
 /// (a copy restored from a snapshot, a daemon restarted; the agent keeps its commands by id).
 fn first_request_id() -> u32 {
     let mut b = [0u8; 4];
-    if getrandom::getrandom(&mut b).is_err() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default();
-        b = now.subsec_nanos().to_le_bytes();
+    if let Err(e) = crate::random::fill(&mut b) {
+        tracing::warn!("agent request ids start at 1: {e}");
+        return 1;
     }
     (u32::from_le_bytes(b) >> 1).max(1)
 }
