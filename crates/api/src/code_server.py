@@ -122,8 +122,8 @@ class Context:
         self.kc = self.km.client()
         self.kc.start_channels()
         self.kc.wait_for_ready(timeout=120)
-        quiet(self, CAP_CODE % CELL_OUTPUT)
-        quiet(self, FORMATS_CODE)
+        # One request for both (each is a round trip to the kernel, slow under emulation).
+        quiet(self, CAP_CODE % CELL_OUTPUT + FORMATS_CODE)
         self.env_seen = {}
 
     def restart(self):
@@ -368,7 +368,7 @@ def run_python_cell(ctx, code, send, limit):
                 ctx.restart()
                 send({"type": "error", "name": "KernelDied", "value": "the kernel died during the cell and was started again", "traceback": ""})
                 return
-            if getattr(send, "gone", lambda: False)():
+            if send.gone():
                 # Its client gave up (a timeout of its own): the cell is interrupted rather than
                 # left to hold the context, so the next cell does not wait behind it.
                 note(f"context {ctx.id}: the client left during a cell; interrupting it")
