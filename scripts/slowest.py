@@ -4,7 +4,10 @@ import sys
 import xml.etree.ElementTree as ET
 
 report, n = sys.argv[1], int(sys.argv[2]) if len(sys.argv) > 2 else 20
-root = ET.parse(report).getroot()
+try:
+    root = ET.parse(report).getroot()
+except (OSError, ET.ParseError) as e:
+    sys.exit(f"== no slowest tests: the run left no readable report ({e})")
 tests = sorted(
     ((float(t.get("time", 0)), t.get("classname", ""), t.get("name", "")) for t in root.iter("testcase")),
     reverse=True,

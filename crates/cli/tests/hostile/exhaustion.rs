@@ -61,9 +61,13 @@ fn a_memory_hog_meets_the_guests_oom_killer_not_the_hosts() {
 fn filling_the_guest_disk_stays_inside_the_guest() {
     let d = Daemon::start("disk-fill");
     let id = d.create(&[]);
+    // Reserve all but 200 MB first (reserved blocks, not written), so the fill writes 200 MB
+    // on the host rather than the whole disk (6 GB of the default image, which once filled
+    // CI's disk beside the rest of the run); the guest still meets the end of its disk.
     let out = d.sh(
         &id,
-        "dd if=/dev/zero of=/root/fill bs=1M 2>&1; df -k / | tail -1",
+        "fallocate -l $(( $(df --output=avail -B1 / | tail -1) - 200000000 )) /root/ballast \
+         && dd if=/dev/zero of=/root/fill bs=1M 2>&1; df -k / | tail -1",
     );
     let t = text(&out.stdout);
     assert!(t.contains("No space left on device"), "{t}");
