@@ -106,6 +106,18 @@ async fn with_an_allow_list_only_the_allowed_host_answers() {
         local.accept().is_err(),
         "nothing reached the host's loopback"
     );
+    // The guest's own server, named 0.0.0.0 as `curl http://0.0.0.0:PORT` names it, answers
+    // without the proxy (which refuses any loopback).
+    let own = py(
+        &sb,
+        "import http.server, threading, urllib.request\n\
+         s = http.server.HTTPServer(('0.0.0.0', 8099), http.server.SimpleHTTPRequestHandler)\n\
+         threading.Thread(target=s.serve_forever, daemon=True).start()\n\
+         for h in ['0.0.0.0', '127.0.0.1', 'localhost']:\n\
+         \x20   print(h, urllib.request.urlopen(f'http://{h}:8099/', timeout=30).status)\n",
+    )
+    .await;
+    assert_eq!(own, "0.0.0.0 200\n127.0.0.1 200\nlocalhost 200\n");
     // The host counted what it refused: the other host, the other port, loopback twice.
     assert_eq!(sb.client().net.counts().refused, 4);
     // A plain HTTP server answers and closes at once: it did not give up on the guest.

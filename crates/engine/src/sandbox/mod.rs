@@ -510,8 +510,10 @@ impl Sandbox {
             for k in ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"] {
                 env.push((k.into(), proxy.clone()));
             }
+            // The guest's own addresses, 0.0.0.0 among them (`curl http://0.0.0.0:PORT`
+            // reaches a server of the guest's; through the proxy it would be refused).
             for k in ["no_proxy", "NO_PROXY"] {
-                env.push((k.into(), "localhost,127.0.0.1,::1".into()));
+                env.push((k.into(), "localhost,127.0.0.1,::1,0.0.0.0".into()));
             }
             let secrets = self.client.net.secrets();
             let packages = self.client.net.packages().is_some();
