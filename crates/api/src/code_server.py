@@ -9,6 +9,8 @@ Limits: a cell runs at most FORKBOX_CELL_TIMEOUT seconds (300, or less when the 
 output is cut past FORKBOX_CELL_OUTPUT bytes (10 MiB) with a marker, and a kernel that dies is
 started again (the cell says so). Started as root with FORKBOX_CI_USER naming a user, it runs
 as that user in their home (the `code-interpreter` image names `user`, as E2B's does).
+A supervisor (this file without arguments) runs the server (`--serve`) and starts it again
+whenever it ends after it had answered, as E2B's template has systemd do.
 """
 
 import json
@@ -751,17 +753,20 @@ del __fbx_formats
 
 
 class Cells:
-    """Cgroups (v2) that hold what cells run, apart from the server: under the server's own
-    cgroup (the agent's for its command), `server` holds the server and `cells/CONTEXT` each
-    context's kernel and all it starts. `cells` may hold FORKBOX_CELL_PIDS processes (512) and
-    has a tenth of the server's CPU weight, so a fork bomb stops at its limit, the server still
-    answers, and a context's restart kills all it had (`cgroup.kill`), setsid or not. Without
-    cgroup2 (or not started as root) cells run where the server does."""
+    """Cgroups (v2) that hold what cells run, apart from the server: under the supervisor's own
+    cgroup (the agent's for its command), `supervisor` holds the supervisor, `server` the
+    server and `cells/CONTEXT` each context's kernel and all it starts. `cells` may hold
+    FORKBOX_CELL_PIDS processes (512) and has a tenth of the server's CPU weight, so a fork bomb
+    stops at its limit, the server still answers, and a context's restart kills all it had
+    (`cgroup.kill`), setsid or not. Without cgroup2 (or not started as root) cells run where
+    the server does."""
 
     base = None
 
     @staticmethod
-    def setup(uid, gid):
+    def prepare(uid, gid):
+        """Made once, by the supervisor (as root): the cgroups, the supervisor moved into its
+        own. Returns their parent, or None."""
         def write(path, text):
             with open(path, "w") as f:
                 f.write(text)
@@ -770,11 +775,11 @@ class Cells:
             with open("/proc/self/cgroup") as f:
                 own = f.read().strip().split("::", 1)[1]
             if os.getuid() != 0 or own in ("", "/"):
-                return
+                return None
             base = "/sys/fs/cgroup" + own
-            for d in ("server", "cells"):
+            for d in ("supervisor", "server", "cells"):
                 os.makedirs(f"{base}/{d}", exist_ok=True)
-            write(f"{base}/server/cgroup.procs", str(os.getpid()))
+            write(f"{base}/supervisor/cgroup.procs", str(os.getpid()))
             path = "/sys/fs/cgroup"
             for part in own.strip("/").split("/") + ["cells"]:
                 for ctl in ("+pids", "+cpu"):
@@ -792,9 +797,33 @@ class Cells:
             if uid:
                 os.chown(f"{base}/cgroup.procs", uid, gid)
                 os.chown(f"{base}/cells", uid, gid)
-            Cells.base = base
+            return base
         except (OSError, IndexError) as e:
             print(f"forkbox code server: cells run without cgroups of their own ({e})", file=sys.stderr, flush=True)
+            return None
+
+    @staticmethod
+    def join(base):
+        """Moves the server (still root) into its cgroup, and kills what the contexts of a
+        server before it left running (it was killed; its kernels were not)."""
+        if not base:
+            return
+        try:
+            with open(f"{base}/server/cgroup.procs", "w") as f:
+                f.write(str(os.getpid()))
+        except OSError as e:
+            print(f"forkbox code server: cells run without cgroups of their own ({e})", file=sys.stderr, flush=True)
+            return
+        Cells.base = base
+        for ctx_id in os.listdir(f"{base}/cells"):
+            if os.path.isdir(f"{base}/cells/{ctx_id}"):
+                Cells.kill(ctx_id)
+                for _ in range(50):
+                    try:
+                        os.rmdir(f"{base}/cells/{ctx_id}")
+                        break
+                    except OSError:
+                        time.sleep(0.02)
 
     @staticmethod
     def enter(ctx_id, pid=0):
@@ -821,14 +850,19 @@ class Cells:
             pass
 
 
-def become(user):
-    """Runs the rest as `user` (in their home) when started as root."""
+def account(user):
+    """`user`'s uid, gid and home, or None when the server runs as whoever started it."""
     import pwd
     if not user or os.getuid() != 0:
-        Cells.setup(0, 0)
+        return None
+    return pwd.getpwnam(user)
+
+
+def become(user):
+    """Runs the rest as `user` (in their home) when started as root."""
+    pw = account(user)
+    if pw is None:
         return
-    pw = pwd.getpwnam(user)
-    Cells.setup(pw.pw_uid, pw.pw_gid)
     try:
         with open("/proc/self/oom_score_adj", "w") as f:
             f.write("-500")  # the server outlives a cell that fills memory
@@ -841,14 +875,47 @@ def become(user):
     os.chdir(pw.pw_dir)
 
 
-def main():
+def supervise():
+    """Runs the server and starts it again whenever it ends after it had answered (killed, say:
+    E2B's template has systemd do the same). A server that ends before it answers cannot run
+    here (an image without a Jupyter kernel): its exit is the supervisor's, for the daemon to
+    report. A server that keeps ending is started at longer intervals, up to 5 s."""
+    pw = account(os.environ.get("FORKBOX_CI_USER"))
+    base = Cells.prepare(pw.pw_uid, pw.pw_gid) if pw else Cells.prepare(0, 0)
+    pause = 0.2
+    while True:
+        ready_r, ready_w = os.pipe()
+        env = {**os.environ, "FORKBOX_CI_READY_FD": str(ready_w), "FORKBOX_CI_CGROUP": base or ""}
+        server = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--serve"], pass_fds=(ready_w,), env=env)
+        os.close(ready_w)
+        with os.fdopen(ready_r, "rb") as r:
+            ready = r.read(1) == b"r"  # the server's word, or its end
+        started = time.monotonic()
+        code = server.wait()
+        if not ready:
+            return code if code >= 0 else 128 - code
+        pause = 0.2 if time.monotonic() - started > 60 else min(pause * 2, 5.0)
+        note(f"the server ended ({'signal ' + str(-code) if code < 0 else 'exit ' + str(code)}); starting it again in {pause:g} s")
+        time.sleep(pause)
+
+
+def serve():
+    Cells.join(os.environ.pop("FORKBOX_CI_CGROUP", None))
     become(os.environ.get("FORKBOX_CI_USER"))
     preload(context_for("python", None))
     # E2B lists a JavaScript context beside the Python one from the start.
     context_for("javascript", None)
     server = ThreadingHTTPServer(("0.0.0.0", PORT), Handler)
     server.daemon_threads = True
+    ready = os.environ.pop("FORKBOX_CI_READY_FD", None)
+    if ready:
+        os.write(int(ready), b"r")
+        os.close(int(ready))
     server.serve_forever()
+
+
+def main():
+    return serve() if sys.argv[1:] == ["--serve"] else supervise()
 
 
 if __name__ == "__main__":

@@ -79,6 +79,20 @@ def main():
         ok("a bash cell", t)
 
         t = time.time()
+        health = 'curl -s -o /dev/null -w "%{http_code}" http://0.0.0.0:49999/health || true'
+        assert sbx.commands.run(health).stdout == "200", "the server, as the guest names it"
+        # The server itself killed (E2B's template has systemd start it again; forkbox's
+        # supervisor does): it answers again, with a new kernel.
+        sbx.commands.run("pkill -9 -f '^/usr/bin/python3 /opt/forkbox/ci/server.py --serve$'", user="root")
+        for _ in range(60):
+            if sbx.commands.run(health).stdout == "200":
+                break
+            time.sleep(0.5)
+        ex = sbx.run_code("x = 21; x")
+        assert ex.text == "21", (ex.text, ex.error)
+        ok("the server killed inside the sandbox answers again", t)
+
+        t = time.time()
         copies = sbx.fork(count=2, timeout=300) if hasattr(sbx, "fork") else []
         try:
             for i, c in enumerate(copies):
