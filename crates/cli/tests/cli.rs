@@ -1485,6 +1485,7 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
         "{}",
         text(&out.stderr)
     );
+    a_command_sleeps_with_its_sandbox(&paths, &id);
     disk_only_hibernation_boots_from_the_disk(&paths, &id);
 
     // Deleting it removes its snapshot and disks too.
@@ -1493,6 +1494,43 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     assert_eq!(text(&out.stdout).trim(), "no snapshots");
     assert!(!paths.disks().join(&id).exists(), "its disks are removed");
     stop_daemon(&paths);
+}
+
+/// Part of the hibernate test (its sandbox, resumed): a command started before a hibernation
+/// (with the same daemon) goes on after the resume, and `attach` follows it from its start
+/// across the pause to its end and exit code.
+fn a_command_sleeps_with_its_sandbox(paths: &forkbox_engine::paths::Paths, id: &str) {
+    let out = run(
+        paths,
+        &[
+            "sandbox",
+            "exec",
+            "--detach",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "echo before; while [ ! -e /tmp/go ]; do sleep 0.2; done; echo after; exit 7",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let cmd = text(&out.stdout).trim().to_string();
+    assert!(run(paths, &["sandbox", "hibernate", id]).status.success());
+    let out = run(paths, &["sandbox", "resume", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(
+        run(paths, &["sandbox", "exec", id, "--", "touch", "/tmp/go"])
+            .status
+            .success()
+    );
+    let out = run(paths, &["sandbox", "attach", id, &cmd]);
+    assert_eq!(
+        text(&out.stdout),
+        "before\nafter\n",
+        "{}",
+        text(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(7), "{}", text(&out.stderr));
 }
 
 /// Part of the hibernate test (its sandbox, resumed, its counter running): hibernated with

@@ -467,11 +467,18 @@ async fn pause(
         .with_status(409));
     }
     // A filesystem-only pause keeps the files; the resume boots the guest from them.
+    // With its memory, its processes sleep with it and keep their streams (a client may
+    // reconnect to one after the resume).
     match asked.memory {
-        Some(false) => c.client.hibernate_files_only(&id).await?,
-        _ => c.client.hibernate(&id).await?,
+        Some(false) => {
+            c.client.hibernate_files_only(&id).await?;
+            e.forget(&id);
+        }
+        _ => {
+            c.client.hibernate(&id).await?;
+            e.forget_all_but_processes(&id);
+        }
     };
-    e.forget(&id);
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 

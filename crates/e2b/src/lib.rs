@@ -349,6 +349,11 @@ impl E2b {
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .retain(|(sb, _), _| sb != id);
+        self.forget_all_but_processes(id);
+    }
+
+    /// [`Self::forget`] but for its processes (it sleeps with its memory: they run on).
+    fn forget_all_but_processes(&self, id: &str) {
         self.watchers
             .lock()
             .unwrap_or_else(|p| p.into_inner())

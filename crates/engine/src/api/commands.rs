@@ -101,6 +101,9 @@ impl Engine {
             e.sandbox.client().quiet(ex.id());
         }
         let log = crate::commands::CommandLog::start(ex, reads_stdin);
+        if keeps == Keeps::Asleep {
+            log.set_quiet();
+        }
         let mut cmds = e.commands.lock().unwrap_or_else(|p| p.into_inner());
         let n = e
             .next_command

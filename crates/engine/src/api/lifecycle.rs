@@ -183,6 +183,19 @@ impl Engine {
                 return Err(e);
             }
         };
+        // Its commands sleep with it when its memory is kept: they wait for the connection
+        // that wakes it rather than ending with this one.
+        let held: Vec<Arc<crate::commands::CommandLog>> = match record.without_memory {
+            Some(_) => Vec::new(),
+            None => entry
+                .commands
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .filter(|log| log.hold())
+                .cloned()
+                .collect(),
+        };
         let saved = async {
             let mut snap = entry
                 .sandbox
@@ -197,6 +210,7 @@ impl Engine {
             Ok(s) => s,
             Err(e) => {
                 // Still running (the save resumes it on failure): put it back.
+                held.iter().for_each(|log| log.release());
                 self.sandboxes.write().await.insert(id.to_string(), entry);
                 if let Ok(s) = crate::snapshot::SnapshotStore::new(&self.paths).get(&name) {
                     let _ =
@@ -267,7 +281,7 @@ impl Engine {
     }
 
     async fn resume_moving(&self, id: &str) -> Result<SandboxView, EngineError> {
-        let sleeper = match self.sleepers.write().await.remove(id) {
+        let mut sleeper = match self.sleepers.write().await.remove(id) {
             Some(s) => s,
             None if self.sandboxes.read().await.contains_key(id) => {
                 return Err(EngineError::NotHibernated(id.to_string()))
@@ -332,10 +346,18 @@ impl Engine {
             false,
             Life::of(&sleeper.record),
         );
-        *entry.ports.lock().unwrap_or_else(|p| p.into_inner()) = sleeper.ports;
-        let (commands, last) = sleeper.commands;
-        // A guest booted from its disk runs none of the commands it ran.
+        *entry.ports.lock().unwrap_or_else(|p| p.into_inner()) = std::mem::take(&mut sleeper.ports);
+        let (commands, last) = std::mem::take(&mut sleeper.commands);
+        // A guest booted from its disk runs none of the commands it ran; one restored from its
+        // memory runs them on, their output coming on the new connection.
         if sleeper.record.without_memory.is_none() {
+            for log in commands.values().filter(|log| log.held()) {
+                let ex = entry.sandbox.adopt_command(log.agent_id());
+                if log.is_quiet() {
+                    entry.sandbox.client().quiet(log.agent_id());
+                }
+                log.wake(ex);
+            }
             *entry.commands.lock().unwrap_or_else(|p| p.into_inner()) = commands;
         }
         entry

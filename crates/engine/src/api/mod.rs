@@ -104,6 +104,14 @@ struct Sleeper {
     commands: (HashMap<String, Arc<crate::commands::CommandLog>>, u64),
 }
 
+impl Drop for Sleeper {
+    /// A sleeper that goes without waking (removed, or woken from its disk alone): the
+    /// commands that slept with it end.
+    fn drop(&mut self) {
+        self.commands.0.values().for_each(|log| log.release());
+    }
+}
+
 impl Sleeper {
     fn view(&self, node: Option<&String>) -> SandboxView {
         SandboxView {

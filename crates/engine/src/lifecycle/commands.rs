@@ -5,7 +5,7 @@
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
-use tokio::sync::{mpsc, Notify};
+use tokio::sync::{mpsc, oneshot, Notify};
 
 use crate::client::ExecEvent;
 use crate::sandbox::SandboxExecution;
@@ -61,6 +61,19 @@ pub struct CommandLog {
     control: mpsc::Sender<Control>,
     /// Whether it reads standard input from its clients (else /dev/null).
     reads_stdin: bool,
+    /// Its request's number on the agent connection (the guest keeps it by that number).
+    agent_id: u32,
+    /// Set while its sandbox sleeps with it: the connection that wakes it is handed over.
+    hold: Mutex<Hold>,
+    /// Whether it leaves its sandbox idle while it runs (a service of forkbox's own).
+    quiet: std::sync::atomic::AtomicBool,
+}
+
+/// The two ends by which a sleeping command's new connection reaches its pump.
+#[derive(Default)]
+struct Hold {
+    tx: Option<oneshot::Sender<SandboxExecution>>,
+    rx: Option<oneshot::Receiver<SandboxExecution>>,
 }
 
 /// What a reader gets: chunks from index `from` on, and the exit once there is one.
@@ -80,6 +93,9 @@ impl CommandLog {
             changed: Notify::new(),
             control,
             reads_stdin,
+            agent_id: ex.id(),
+            hold: Mutex::default(),
+            quiet: Default::default(),
         });
         let me = log.clone();
         tokio::spawn(async move {
@@ -117,6 +133,23 @@ impl CommandLog {
                         duration_ms,
                         error: None,
                     }),
+                    // Its sandbox went to sleep with it: it goes on on the connection that
+                    // wakes it.
+                    Err(e) if cannot_start(&e).is_none() && me.held() => {
+                        match me.woken(&ex).await {
+                            Some(woke) => {
+                                ex = woke;
+                                continue;
+                            }
+                            None => Some(ExitInfo {
+                                exit_code: -1,
+                                error: Some(format!(
+                                    "its sandbox went to sleep and did not wake with it ({e})"
+                                )),
+                                ..Default::default()
+                            }),
+                        }
+                    }
                     Err(e) => Some(match cannot_start(&e) {
                         Some((exit_code, message)) => ExitInfo {
                             exit_code,
@@ -138,6 +171,69 @@ impl CommandLog {
             }
         });
         log
+    }
+
+    /// The connection its sandbox woke with, `before`'s deadline carried over; `None` when
+    /// it will not wake.
+    async fn woken(&self, before: &SandboxExecution) -> Option<SandboxExecution> {
+        let lost_at = std::time::Instant::now();
+        let rx = self.hold_lock().rx.take()?;
+        let mut woke = rx.await.ok()?;
+        woke.carry_on(before, lost_at);
+        Some(woke)
+    }
+
+    fn hold_lock(&self) -> std::sync::MutexGuard<'_, Hold> {
+        self.hold.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Its sandbox is about to sleep with it (its memory kept): when its connection ends, it
+    /// waits for the one that wakes it ([`Self::wake`]) rather than ending. False when it had
+    /// ended already.
+    pub fn hold(&self) -> bool {
+        if self.finished() {
+            return false;
+        }
+        let (tx, rx) = oneshot::channel();
+        *self.hold_lock() = Hold {
+            tx: Some(tx),
+            rx: Some(rx),
+        };
+        true
+    }
+
+    /// Whether it waits for its sandbox to wake.
+    pub fn held(&self) -> bool {
+        self.hold_lock().tx.is_some()
+    }
+
+    /// Its sandbox did not go to sleep after all, or will not wake (removed, or booted from
+    /// its disk): it ends with its connection.
+    pub fn release(&self) {
+        *self.hold_lock() = Hold::default();
+    }
+
+    /// Its sandbox woke, running it on: its output and end come through `ex` (the new
+    /// connection's, see [`crate::sandbox::Sandbox::adopt_command`]) from now on.
+    pub fn wake(&self, ex: SandboxExecution) {
+        let tx = self.hold_lock().tx.take();
+        if let Some(tx) = tx {
+            let _ = tx.send(ex);
+        }
+    }
+
+    /// Its request's number on the agent connection.
+    pub fn agent_id(&self) -> u32 {
+        self.agent_id
+    }
+
+    /// It leaves its sandbox idle while it runs (also on the connection that wakes it).
+    pub fn set_quiet(&self) {
+        self.quiet.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn is_quiet(&self) -> bool {
+        self.quiet.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Log> {

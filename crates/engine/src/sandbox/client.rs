@@ -251,6 +251,26 @@ impl AgentClient {
         (id, rx)
     }
 
+    /// Request `id` of an earlier connection to this guest, still running in it (its
+    /// sandbox slept with it and woke on this connection): its replies come here from now on.
+    pub fn adopt(&self, id: u32) -> Execution {
+        let (tx, rx) = mpsc::channel(64);
+        {
+            let routes = lock(&self.routes);
+            if lock(&self.failure).is_none() {
+                let mut routes = routes;
+                routes.insert(id, tx);
+            }
+        }
+        self.activity.touch();
+        Execution {
+            id,
+            rx,
+            client: self.clone(),
+            done: false,
+        }
+    }
+
     fn unroute(&self, id: u32) {
         lock(&self.routes).remove(&id);
         lock(&self.quiet).remove(&id);

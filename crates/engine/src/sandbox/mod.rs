@@ -550,6 +550,17 @@ impl Sandbox {
         })
     }
 
+    /// Command `id` of the connection before a sleep, running on in the guest that woke:
+    /// what it prints from now on, and its end.
+    pub fn adopt_command(&self, id: u32) -> SandboxExecution {
+        SandboxExecution {
+            inner: self.client.adopt(id),
+            deadline: None,
+            timeout_secs: 0,
+            console: self.console.clone(),
+        }
+    }
+
     /// Runs a command to completion and collects its output.
     pub async fn run(&self, spec: ExecSpec) -> Result<Output, SandboxError> {
         let mut ex = self.exec(spec).await?;
@@ -850,6 +861,15 @@ impl SandboxExecution {
     /// Its request's number on the agent connection.
     pub fn id(&self) -> u32 {
         self.inner.id
+    }
+
+    /// Takes over `before`'s deadline, less the time its sandbox slept since `lost_at` (the
+    /// guest's clock stood still meanwhile).
+    pub fn carry_on(&mut self, before: &SandboxExecution, lost_at: Instant) {
+        self.deadline = before
+            .deadline
+            .map(|d| Instant::now() + d.saturating_duration_since(lost_at));
+        self.timeout_secs = before.timeout_secs;
     }
 
     pub async fn next(&mut self) -> Result<ExecEvent, SandboxError> {
