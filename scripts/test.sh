@@ -47,15 +47,17 @@ done
 export FORKBOX_TEST_HOME="${FORKBOX_TEST_HOME:-/var/tmp/forkbox-test}"
 mkdir -p "$FORKBOX_TEST_HOME" target
 free_gib() { df --output=avail -BG "$1" | tail -1 | tr -dc 0-9; }
-if [ "$(free_gib "$FORKBOX_TEST_HOME")" -lt 8 ]; then
-  echo "test: only $(free_gib "$FORKBOX_TEST_HOME") GiB free under $FORKBOX_TEST_HOME; a run needs up to 45 on a fresh machine, less with images made (free some, or set FORKBOX_TEST_HOME elsewhere)" >&2
+free=$(free_gib "$FORKBOX_TEST_HOME")
+if [ "$free" -lt 8 ]; then
+  echo "test: only ${free} GiB free under $FORKBOX_TEST_HOME; a run needs up to 45 on a fresh machine, less with images made (free some, or set FORKBOX_TEST_HOME elsewhere)" >&2
   exit 1
 fi
 dirs=("$FORKBOX_TEST_HOME")
 [ "$(stat -c %d target)" = "$(stat -c %d "$FORKBOX_TEST_HOME")" ] || dirs+=(target)
 for d in "${dirs[@]}"; do
-  if [ "$(free_gib "$d")" -lt 45 ]; then
-    echo "== note: $(free_gib "$d") GiB free under $d; a run on a fresh machine writes up to ~45 GB (build output and the test home), less with images made" >&2
+  free=$(free_gib "$d")
+  if [ "$free" -lt 45 ]; then
+    echo "== note: ${free} GiB free under $d; a run on a fresh machine writes up to ~45 GB (build output and the test home), less with images made" >&2
   fi
 done
 echo "== building the static guest agent" >&2

@@ -241,6 +241,11 @@ impl AgentClient {
     /// receiver is closed at once (callers see the agent gone, and [`Self::failure`] says why).
     fn route(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
+        (id, self.route_id(id))
+    }
+
+    /// Where request `id`'s replies arrive (closed at once on a failed connection).
+    fn route_id(&self, id: u32) -> mpsc::Receiver<AgentMsg> {
         let (tx, rx) = mpsc::channel(64);
         let routes = lock(&self.routes);
         if lock(&self.failure).is_none() {
@@ -248,21 +253,13 @@ impl AgentClient {
             routes.insert(id, tx);
         }
         self.activity.touch();
-        (id, rx)
+        rx
     }
 
     /// Request `id` of an earlier connection to this guest, still running in it (its
     /// sandbox slept with it and woke on this connection): its replies come here from now on.
     pub fn adopt(&self, id: u32) -> Execution {
-        let (tx, rx) = mpsc::channel(64);
-        {
-            let routes = lock(&self.routes);
-            if lock(&self.failure).is_none() {
-                let mut routes = routes;
-                routes.insert(id, tx);
-            }
-        }
-        self.activity.touch();
+        let rx = self.route_id(id);
         Execution {
             id,
             rx,
