@@ -241,8 +241,9 @@ impl E2b {
 
 impl E2b {
     /// Resumes sandbox `id` when it is paused and was made with `autoResume` (E2B resumes such
-    /// a sandbox on the next call that needs it); a sandbox that is gone is E2B's 502.
-    async fn awake(&self, id: &str) -> Result<(), errors::Failure> {
+    /// a sandbox on the next call that needs it); a sandbox that is gone is E2B's 502. Says
+    /// whether it resumed it.
+    async fn awake(&self, id: &str) -> Result<bool, errors::Failure> {
         let v = match self.daemon.get(id).await {
             Ok(v) => v,
             Err(e) if e.status() == Some(404) => {
@@ -256,8 +257,9 @@ impl E2b {
         if crate::shape::state(&v) == "paused" && crate::shape::auto_resumes(&v) {
             tracing::info!("e2b: {id} is paused and asked for autoResume: resuming it");
             self.daemon.resume(id).await?;
+            return Ok(true);
         }
-        Ok(())
+        Ok(false)
     }
 
     /// Whether sandbox `id` is there and running.

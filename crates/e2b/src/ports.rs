@@ -91,29 +91,49 @@ async fn forward(e: &E2b, id: &str, port: u16) -> Result<u16, Failure> {
 /// Carries `req` to port `port` of sandbox `id` and its answer back (a WebSocket upgrade
 /// joins both ends).
 pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
-    if let Err(refused) = admit(e, id, port, &mut req).await {
-        return refused;
-    }
+    let seen = match admit(e, id, port, &mut req).await {
+        Ok(seen) => seen,
+        Err(refused) => return refused,
+    };
+    // A forward to a paused sandbox of autoResume wakes it.
+    let asleep = seen
+        .as_ref()
+        .is_some_and(|v| crate::shape::state(v) == "paused");
     let first = open(e, id, port).await;
-    let mut sender = match first {
-        Ok(s) => s,
+    let (sender, woke) = match first {
+        Ok(s) => (s, asleep),
         Err(refused) => {
             // A sandbox of autoResume that was being paused as the request came (its TTL ran
             // out; listed as paused meanwhile): resumed once the pause is done (the daemon's
             // resume waits for it), and the request goes to it.
-            if e.awake(id).await.is_err() {
+            if !matches!(e.awake(id).await, Ok(true)) {
                 return refused;
             }
             match open(e, id, port).await {
-                Ok(s) => s,
+                Ok(s) => (s, true),
                 Err(_) => return refused,
             }
         }
     };
     let from_client = hyper::upgrade::on(&mut req);
-    let mut answer = match sender.send_request(req).await {
+    let answered = if repeatable(&req) {
+        let emulated = seen.is_some_and(|v| v.info.accel.accel == forkbox_api::Accel::Tcg);
+        let waits = match (woke, emulated) {
+            (true, _) => WOKEN_WAITS,
+            (false, true) => EMULATED_DIAL_WAITS,
+            (false, false) => DIAL_WAITS,
+        };
+        send_again_while_closed(e, id, port, sender, req, waits).await
+    } else {
+        let mut sender = sender;
+        sender
+            .send_request(req)
+            .await
+            .map_err(|err| unreachable(id, port, err))
+    };
+    let mut answer = match answered {
         Ok(a) => a,
-        Err(err) => return unreachable(id, port, err),
+        Err(refused) => return refused,
     };
     if answer.status() == StatusCode::SWITCHING_PROTOCOLS {
         let from_guest = hyper::upgrade::on(&mut answer);
@@ -127,16 +147,92 @@ pub async fn proxy(e: &E2b, id: &str, port: u16, mut req: Request) -> Response {
     answer.map(Body::new)
 }
 
+/// The pauses between tries of a request whose port nobody listens on yet, as E2B's sandbox
+/// proxy dials a sandbox's port again (5 tries, 100 to 400 ms apart: a server that is
+/// starting gets about a second).
+const DIAL_WAITS: &[u64] = &[100, 200, 300, 400];
+
+/// The same in a sandbox under TCG, where a server starts ~15 times slower than under KVM (a
+/// `python3` HTTP server listens 1.5 s after its start in a new sandbox, several seconds on
+/// a busy host): E2B's tries, then every 500 ms to 5 s in all.
+const EMULATED_DIAL_WAITS: &[u64] = &[100, 200, 300, 400, 500, 500, 500, 500, 500, 500, 500, 500];
+
+/// The same after the request woke its sandbox: the guest was frozen where its pause found
+/// it, and a server it was starting (a TTL may run out seconds after the start; under TCG a
+/// `python3 -m http.server` takes 1.5 s to listen in a new sandbox) listens only once the
+/// guest runs again: tried again every 200 ms for 10 s.
+const WOKEN_WAITS: &[u64] = &[200; 50];
+
+/// Whether `req` may be sent again when nothing answered it: no body, and a method that asks
+/// for nothing to change (GET, HEAD, OPTIONS). A closed port inside the guest ends the
+/// forward's connection before any answer, as a server that closed without answering would:
+/// only such a request is safe to repeat.
+fn repeatable(req: &Request) -> bool {
+    use axum::http::header::{CONTENT_LENGTH, TRANSFER_ENCODING};
+    use axum::http::Method;
+    let h = req.headers();
+    matches!(*req.method(), Method::GET | Method::HEAD | Method::OPTIONS)
+        && !h.contains_key(TRANSFER_ENCODING)
+        && h.get(CONTENT_LENGTH).is_none_or(|v| v.as_bytes() == b"0")
+}
+
+/// Whether `err` is how a forward's connection ends when nothing listens on the guest's port:
+/// reset before any answer (the forward's refusal), or closed.
+fn nothing_listened(err: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionAborted, ConnectionReset};
+    let io = std::error::Error::source(err).and_then(|s| s.downcast_ref::<std::io::Error>());
+    err.is_incomplete_message()
+        || err.is_closed()
+        || io.is_some_and(|e| matches!(e.kind(), ConnectionReset | BrokenPipe | ConnectionAborted))
+}
+
+/// Sends repeatable `req`, and while nothing answers on the port, again on a new connection
+/// after each of `waits` (milliseconds).
+async fn send_again_while_closed(
+    e: &E2b,
+    id: &str,
+    port: u16,
+    mut sender: hyper::client::conn::http1::SendRequest<Body>,
+    req: Request,
+    waits: &[u64],
+) -> Result<axum::http::Response<hyper::body::Incoming>, Response> {
+    let (parts, _) = req.into_parts();
+    let mut waits = waits.iter();
+    loop {
+        let mut again = Request::new(Body::empty());
+        *again.method_mut() = parts.method.clone();
+        *again.uri_mut() = parts.uri.clone();
+        *again.version_mut() = parts.version;
+        *again.headers_mut() = parts.headers.clone();
+        let err = match sender.send_request(again).await {
+            Ok(a) => return Ok(a),
+            Err(err) => err,
+        };
+        match waits.next() {
+            Some(ms) if nothing_listened(&err) => {
+                tokio::time::sleep(std::time::Duration::from_millis(*ms)).await;
+                sender = open(e, id, port).await?;
+            }
+            _ => return Err(unreachable(id, port, err)),
+        }
+    }
+}
+
 /// The header a request to a sandbox's port carries its traffic access token in.
 const TRAFFIC_TOKEN_HEADER: &str = "e2b-traffic-access-token";
 
 /// Lets `req` through to `port` of sandbox `id` as its create asked: with its traffic access
 /// token when its traffic is not public (403 without), the token taken off; its Host made the
-/// sandbox's `maskRequestHost`.
-async fn admit(e: &E2b, id: &str, port: u16, req: &mut Request) -> Result<(), Response> {
+/// sandbox's `maskRequestHost`. Gives the sandbox as it found it.
+async fn admit(
+    e: &E2b,
+    id: &str,
+    port: u16,
+    req: &mut Request,
+) -> Result<Option<forkbox_api::SandboxView>, Response> {
     let Ok(v) = e.daemon.get(id).await else {
         // Not there: the forward says so.
-        return Ok(());
+        return Ok(None);
     };
     let token = req
         .headers_mut()
@@ -177,7 +273,7 @@ async fn admit(e: &E2b, id: &str, port: u16, req: &mut Request) -> Result<(), Re
             req.headers_mut().insert(axum::http::header::HOST, h);
         }
     }
-    Ok(())
+    Ok(Some(v))
 }
 
 /// An HTTP/1 connection to `port` of sandbox `id`, or the 502 that says why there is none.

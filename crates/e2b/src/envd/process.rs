@@ -444,7 +444,8 @@ fn take_mark(head: &[u8]) -> Option<Result<(u32, usize), ()>> {
 
 impl Follow {
     /// Forwards the command's events: `start{pid}` first (at once when `known` — a Connect —
-    /// else once the command has said its pid), its output, then its `end`.
+    /// else once the command has said its pid; on a terminal, once its program has drawn too:
+    /// see [`TERMINAL_READY_WAIT`]), its output, then its `end`.
     async fn run(
         &self,
         mut events: forkbox_client::Events<CommandEvent>,
@@ -460,6 +461,8 @@ impl Follow {
         // Output before the mark is read (a Connect replays from the command's start).
         let mut head: Option<Vec<u8>> = Some(Vec::new());
         let mut held: Vec<Value> = Vec::new();
+        // A terminal's pid, known, whose start waits for its program's first output.
+        let mut gate: Option<(u32, tokio::time::Instant)> = None;
         let mut tick =
             tokio::time::interval_at(tokio::time::Instant::now() + self.keepalive, self.keepalive);
         loop {
@@ -469,6 +472,10 @@ impl Follow {
                     if pid.is_some() && !stream.send(&json!({ "event": { "keepalive": {} } })).await {
                         return Ok(());
                     }
+                    continue;
+                }
+                _ = until(gate.map(|g| g.1)) => {
+                    pid = self.open(gate.take(), &mut held, stream).await;
                     continue;
                 }
             };
@@ -486,13 +493,12 @@ impl Follow {
                             Some(Ok((p, n))) => {
                                 data = h.split_off(n);
                                 if pid.is_none() {
-                                    pid = Some(p);
                                     self.register(p);
-                                    stream
-                                        .send(&json!({ "event": { "start": { "pid": p } } }))
-                                        .await;
-                                    for v in held.drain(..) {
-                                        stream.send(&v).await;
+                                    gate = Some((p, tokio::time::Instant::now()));
+                                    if self.pty && data.is_empty() {
+                                        gate = gate.map(|(p, t)| (p, t + TERMINAL_READY_WAIT));
+                                    } else {
+                                        pid = self.open(gate.take(), &mut held, stream).await;
                                     }
                                 }
                             }
@@ -508,16 +514,42 @@ impl Follow {
                 Some(CommandEvent::Stderr { data_b64 }) => {
                     json!({ "event": { "data": { "stderr": data_b64 } } })
                 }
-                last => return self.end(last, pid, stream).await,
+                last => {
+                    if gate.is_some() {
+                        pid = self.open(gate.take(), &mut held, stream).await;
+                    }
+                    return self.end(last, pid, stream).await;
+                }
             };
             if pid.is_none() {
                 held.push(out);
+                if gate.is_some() {
+                    pid = self.open(gate.take(), &mut held, stream).await;
+                }
             } else if !stream.send(&out).await {
                 // The client let go: the command goes on (a background command), until it
                 // ends or its deadline passes.
                 return Ok(());
             }
         }
+    }
+
+    /// Sends the `start` of the command whose pid `gate` holds, then the output held for it;
+    /// returns the pid.
+    async fn open(
+        &self,
+        gate: Option<(u32, tokio::time::Instant)>,
+        held: &mut Vec<Value>,
+        stream: &Stream,
+    ) -> Option<u32> {
+        let (p, _) = gate?;
+        stream
+            .send(&json!({ "event": { "start": { "pid": p } } }))
+            .await;
+        for v in held.drain(..) {
+            stream.send(&v).await;
+        }
+        Some(p)
     }
 
     /// The call's end: the command's `end` when it exited (or its Connect error), and when its
@@ -590,6 +622,21 @@ impl Follow {
                 m.remove(&(self.sandbox.clone(), p));
             }
         }
+    }
+}
+
+/// How long a new terminal's `start` waits for its program's first output (a shell's
+/// prompt). A client types as soon as `start` comes; a terminal is ready then, as E2B's are:
+/// under TCG a sandbox's first login shell takes 0.2-0.5 s to read its terminal (more on a
+/// busy host), and a client that gave its input 0.3 s to echo (E2B's own PTY tests do) saw
+/// nothing of it. A program that draws nothing starts this much later.
+const TERMINAL_READY_WAIT: Duration = Duration::from_secs(2);
+
+/// Waits until `at`, or forever.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
     }
 }
 
