@@ -454,6 +454,9 @@ def lifecycle_steps(sbx):
     sbx.commands.run("nohup sh -c 'while :; do n=$(cat /tmp/count); echo $((n+1)) > /tmp/count; sleep 0.2; done' >/dev/null 2>&1 &", user="root")
     sbx.files.write("/home/user/kept.txt", "kept")
     time.sleep(1)
+    # Printing as the sandbox pauses: none of its output may be lost across the pause.
+    printing = sbx.commands.run("for i in $(seq 1 30000); do echo $i; done; sleep 5; echo done", background=True)
+    time.sleep(0.3)
     assert sbx.pause() in (True, None)
     assert Sandbox.get_info(sbx.sandbox_id).state.value == "paused"
     paused = Sandbox.list(query=SandboxQuery(metadata={"run": RUN}, state=[e2b.SandboxState.PAUSED])).next_items()
@@ -471,7 +474,12 @@ def lifecycle_steps(sbx):
         after = int(back.files.read("/tmp/count"))
     assert after > before > 0, (before, after)
     assert back.files.read("/home/user/kept.txt") == "kept"
-    ok(f"pause, then connect resumes it with its processes (counter {before} -> {after})", t)
+    lines = back.commands.connect(printing.pid).wait().stdout.split()
+    want = [str(i) for i in range(1, 30001)] + ["done"]
+    lost = len(set(want) - set(lines))
+    assert lines == want, f"{lost} of {len(want)} lines lost across the pause ({len(lines)} came)"
+    ok(f"pause, then connect resumes it with its processes (counter {before} -> {after}), "
+       "a command printing through the pause losing none of its 30,000 lines", t)
 
     if "lifecycle" in Sandbox.create.__code__.co_varnames:
         t = time.time()

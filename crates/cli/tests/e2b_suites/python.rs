@@ -164,18 +164,26 @@ fn python_sdk_suite_in_url_mode() {
 
 /// E2B's code-interpreter suite (its Python tests, `code-interpreter-v1` their template) with
 /// `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon's TCP listener (with
-/// `FORKBOX_E2B_SUITES_ALL=1`: ~8 min under TCG, past what the default run has room for).
+/// `FORKBOX_E2B_SUITES_ALL=1`: ~7 min under TCG, past what the default run has room for).
 #[test]
 fn code_interpreter_suite_in_url_mode() {
+    code_interpreter_suite("e2b-suite-ci-url", Mode::Url, "url");
+}
+
+/// The same with only `E2B_DOMAIN` and a key: the interpreter's client reaches its server at
+/// `49999-ID.DOMAIN` (with `FORKBOX_E2B_SUITES_ALL=1`).
+#[test]
+fn code_interpreter_suite_in_domain_mode() {
+    code_interpreter_suite("e2b-suite-ci-domain", Mode::Domain, "domain");
+}
+
+fn code_interpreter_suite(home: &str, mode: Mode, mode_name: &str) {
     let Some(suites) = flagged(suites) else {
         return;
     };
     let python = infra::e2b_code_interpreter_suite_python();
     let suite = suites.join("code-interpreter/python");
-    in_mode(
-        "e2b-suite-ci-url",
-        Mode::Url,
-        "code-interpreter",
-        |client| run_pytest_suite("code-interpreter", &python, &suite, "url", client),
-    );
+    in_mode(home, mode, "code-interpreter", |client| {
+        run_pytest_suite("code-interpreter", &python, &suite, mode_name, client)
+    });
 }
