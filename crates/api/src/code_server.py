@@ -30,6 +30,8 @@ from jupyter_client.manager import KernelManager
 PORT = int(os.environ.get("FORKBOX_CI_PORT", "49999"))
 CELL_TIMEOUT = float(os.environ.get("FORKBOX_CELL_TIMEOUT", "300"))
 CELL_OUTPUT = int(os.environ.get("FORKBOX_CELL_OUTPUT", str(10 << 20)))
+# Linux's TCP states (tcp_states.h), as TCP_INFO's first byte gives them.
+TCP_CLOSE, TCP_CLOSE_WAIT = 7, 8
 MIME = {
     "text/plain": "text", "text/html": "html", "text/markdown": "markdown",
     "image/svg+xml": "svg", "image/png": "png", "image/jpeg": "jpeg",
@@ -594,7 +596,15 @@ class Handler(BaseHTTPRequestHandler):
             self.wfile.flush()
 
         def gone():
-            """Whether the client closed its side (it sends nothing while it reads a cell)."""
+            """Whether the client closed its side (it sends nothing while it reads a cell): its
+            FIN came (the socket is in CLOSE_WAIT; bytes it left unread before it, a request's
+            trailing CRLF say, hide the end of the stream from a peek), or the stream ended."""
+            try:
+                state = self.connection.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 1)[0]
+                if state in (TCP_CLOSE_WAIT, TCP_CLOSE):
+                    return True
+            except (OSError, AttributeError):
+                pass
             try:
                 ready, _, _ = select.select([self.connection], [], [], 0)
                 return bool(ready) and self.connection.recv(1, socket.MSG_PEEK) == b""
