@@ -494,11 +494,11 @@ impl Follow {
                                 data = h.split_off(n);
                                 if pid.is_none() {
                                     self.register(p);
-                                    gate = Some((p, tokio::time::Instant::now()));
+                                    let now = tokio::time::Instant::now();
                                     if self.pty && data.is_empty() {
-                                        gate = gate.map(|(p, t)| (p, t + TERMINAL_READY_WAIT));
+                                        gate = Some((p, now + TERMINAL_READY_WAIT));
                                     } else {
-                                        pid = self.open(gate.take(), &mut held, stream).await;
+                                        pid = self.open(Some((p, now)), &mut held, stream).await;
                                     }
                                 }
                             }
@@ -515,17 +515,13 @@ impl Follow {
                     json!({ "event": { "data": { "stderr": data_b64 } } })
                 }
                 last => {
-                    if gate.is_some() {
-                        pid = self.open(gate.take(), &mut held, stream).await;
-                    }
+                    pid = pid.or(self.open(gate.take(), &mut held, stream).await);
                     return self.end(last, pid, stream).await;
                 }
             };
             if pid.is_none() {
                 held.push(out);
-                if gate.is_some() {
-                    pid = self.open(gate.take(), &mut held, stream).await;
-                }
+                pid = self.open(gate.take(), &mut held, stream).await;
             } else if !stream.send(&out).await {
                 // The client let go: the command goes on (a background command), until it
                 // ends or its deadline passes.
@@ -535,7 +531,7 @@ impl Follow {
     }
 
     /// Sends the `start` of the command whose pid `gate` holds, then the output held for it;
-    /// returns the pid.
+    /// returns the pid (none, and nothing sent, without a gate).
     async fn open(
         &self,
         gate: Option<(u32, tokio::time::Instant)>,

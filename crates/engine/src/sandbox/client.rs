@@ -25,7 +25,8 @@ type Routes = Arc<Mutex<HashMap<u32, mpsc::Sender<AgentMsg>>>>;
 /// from the guest but not yet written when the VM stopped, comes before the agent's answer
 /// to the hello, and more comes before the held commands are adopted. Dropped, that lost a
 /// block of a command's output across every pause (1,215 to 3,112 lines of 30,000 in three
-/// tries). Bounded: [`STRAYS_MOST`] bytes, for [`STRAYS_FOR`] after the connection is made.
+/// tries). Bounded: [`STRAYS_MOST`] bytes, kept for [`STRAYS_FOR`] after the connection is
+/// made (what is left is dropped at the next stray reply after that, or with the client).
 #[derive(Default)]
 struct Strays {
     by_id: HashMap<u32, Vec<AgentMsg>>,
@@ -294,27 +295,18 @@ impl AgentClient {
     /// receiver is closed at once (callers see the agent gone, and [`Self::failure`] says why).
     fn route(&self) -> (u32, mpsc::Receiver<AgentMsg>) {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
-        (id, self.route_id(id))
+        (id, self.route_id(id, false))
     }
 
-    /// Where request `id`'s replies arrive (closed at once on a failed connection).
-    fn route_id(&self, id: u32) -> mpsc::Receiver<AgentMsg> {
-        let (tx, rx) = mpsc::channel(64);
-        let routes = lock(&self.routes);
-        if lock(&self.failure).is_none() {
-            let mut routes = routes;
-            routes.insert(id, tx);
-        }
-        self.activity.touch();
-        rx
-    }
-
-    /// Request `id` of an earlier connection to this guest, still running in it (its
-    /// sandbox slept with it and woke on this connection): its replies come here from now on.
-    /// What it sent before this (early in the connection, see [`Strays`]) comes first.
-    pub fn adopt(&self, id: u32) -> Execution {
+    /// Where request `id`'s replies arrive (closed at once on a failed connection); `adopted`:
+    /// those it sent before (early in the connection, see [`Strays`]) come first, taken under
+    /// the routes' lock so that none arrives between them and the route.
+    fn route_id(&self, id: u32, adopted: bool) -> mpsc::Receiver<AgentMsg> {
         let mut routes = lock(&self.routes);
-        let early = lock(&self.strays).by_id.remove(&id).unwrap_or_default();
+        let early = match adopted {
+            true => lock(&self.strays).by_id.remove(&id).unwrap_or_default(),
+            false => Vec::new(),
+        };
         if !early.is_empty() {
             tracing::debug!(
                 "request {id} adopted with {} replies that came before",
@@ -330,6 +322,14 @@ impl AgentClient {
         }
         drop(routes);
         self.activity.touch();
+        rx
+    }
+
+    /// Request `id` of an earlier connection to this guest, still running in it (its
+    /// sandbox slept with it and woke on this connection): its replies come here from now on,
+    /// what it sent before this first.
+    pub fn adopt(&self, id: u32) -> Execution {
+        let rx = self.route_id(id, true);
         Execution {
             id,
             rx,
@@ -591,19 +591,16 @@ async fn read_frames(
                 }
                 continue;
             }
-            let tx = {
-                let r = lock(routes);
-                let tx = r.get(&msg.id()).cloned();
-                if tx.is_none() {
+            let tx = match lock(routes).get(&msg.id()) {
+                Some(tx) => tx.clone(),
+                // Kept under the routes' lock: an adoption takes them with its route.
+                None => {
                     lock(strays).keep(msg, payload.len());
                     continue;
                 }
-                tx
             };
-            if let Some(tx) = tx {
-                // Waiting here slows the guest down (backpressure) rather than buffering without bound.
-                let _ = tx.send(msg).await;
-            }
+            // Waiting here slows the guest down (backpressure) rather than buffering without bound.
+            let _ = tx.send(msg).await;
         }
         match rd.read(&mut buf).await {
             Ok(0) | Err(_) => return None,

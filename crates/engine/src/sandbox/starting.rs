@@ -210,7 +210,7 @@ pub async fn ensure_template(
 /// rest is QEMU translating the guest's code anew in each sandbox). Best effort: an image
 /// without bash, or a shell that does not end within seconds, saves the template as booted.
 /// No history is written (`HISTFILE` empty).
-pub const WARM_UP: &str = "login shell on a terminal, exit";
+const WARM_UP: &str = "login shell on a terminal, exit";
 
 async fn warm_shell(client: &AgentClient) {
     let spec = ExecSpec {
