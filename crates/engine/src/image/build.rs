@@ -698,9 +698,6 @@ fn apt_lines(include: &[String]) -> String {
     )
 }
 
-/// Unpacks a pulled image's layers beneath `work/root` and puts in what every forkbox root
-/// has (the directories the agent mounts over, its name); step 2 of `total`. Returns the root
-/// and the Debian suite its `/etc/os-release` names.
 /// Room a pull's layers may unpack into: the free space of the filesystem `dir` is on, less
 /// what forkbox leaves free for everything else (2 GiB).
 fn unpack_budget(dir: &Path) -> u64 {
@@ -710,6 +707,9 @@ fn unpack_budget(dir: &Path) -> u64 {
         .map_or(0, |free| free.saturating_sub(KEEP_FREE))
 }
 
+/// Unpacks a pulled image's layers beneath `work/root` and puts in what every forkbox root
+/// has (the directories the agent mounts over, its name); step 2 of `total`. Returns the root
+/// and the Debian suite its `/etc/os-release` names.
 pub(super) fn unpack_registry(
     work: &Path,
     pulled: &super::oci::Pulled,

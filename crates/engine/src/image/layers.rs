@@ -75,6 +75,8 @@ pub struct Root {
     /// Bytes of file data the layers may still write (a layer's size says nothing of what it
     /// unpacks to).
     budget: std::cell::Cell<u64>,
+    /// The budget given, for the refusal's words.
+    room: u64,
 }
 
 fn errno(e: Errno) -> io::Error {
@@ -93,12 +95,14 @@ impl Root {
         Ok(Root {
             fd: f.into(),
             budget: std::cell::Cell::new(u64::MAX),
+            room: u64::MAX,
         })
     }
 
     /// At most `bytes` of file data may be unpacked into this root; past it a layer is refused.
-    pub fn with_budget(self, bytes: u64) -> Root {
+    pub fn with_budget(mut self, bytes: u64) -> Root {
         self.budget.set(bytes);
+        self.room = bytes;
         self
     }
 
@@ -310,7 +314,10 @@ impl Root {
                 if n > budget {
                     return Err(refused(
                         rel,
-                        "the layers unpack to more than the host's disk can take (forkbox keeps room free)",
+                        format!(
+                            "the layers unpack to more than the host's disk can take: {} MB were free past the 2 GiB forkbox keeps free; free some disk and pull again",
+                            self.room / 1_000_000
+                        ),
                     ));
                 }
                 self.budget.set(budget - n);

@@ -196,8 +196,13 @@ pub async fn ensure_template(
         Ok(snap::publish(&tmp, &dest, &meta, true)?)
     });
     drop(lock);
-    if published.is_err() {
-        crate::tree::discard_tree(&tmp);
+    match &published {
+        Ok(t) => {
+            for gone in snap::retire::retire_replaced(paths, &t.meta) {
+                tracing::info!("removed {}: {key} replaces it", gone.display());
+            }
+        }
+        Err(_) => crate::tree::discard_tree(&tmp),
     }
     published
 }

@@ -33,6 +33,7 @@
 pub mod chunks;
 pub mod fastram;
 pub mod ram;
+pub mod retire;
 pub mod runstate;
 pub mod state;
 
