@@ -60,6 +60,18 @@ for d in "${dirs[@]}"; do
     echo "== note: ${free} GiB free under $d; a run on a fresh machine writes up to ~45 GB (build output and the test home), less with images made" >&2
   fi
 done
+# Each test's own home (homes/, fresh/) starts empty, as a user's first run does: what an
+# earlier run left there (the snapshots a test took, a daemon's database) goes, unless something
+# is still mounted under it. The shared images, templates, corpora and venvs stay.
+for d in homes fresh; do
+  p="$FORKBOX_TEST_HOME/$d"
+  [ -d "$p" ] || continue
+  if findmnt -rn -o TARGET | grep -q "^$p/"; then
+    echo "== note: something is mounted under $p; it is left as it is" >&2
+  else
+    rm -rf --one-file-system "$p"
+  fi
+done
 echo "== building the static guest agent" >&2
 scripts/build.sh agent >/dev/null
 echo "== installing host packages (forkbox setup)" >&2
