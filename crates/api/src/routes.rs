@@ -83,6 +83,7 @@ routes! {
     list_images: Get "/v1/images" -> Vec<ImageView>;
     build_log: Get "/v1/cluster/builds/{name}" -> BuildLogView;
     build_image: Post "/v1/images" -> Lines<BuildProgress>;
+    build_dockerfile: Post "/v1/images/dockerfile" -> Lines<BuildProgress>;
     get_image: Get "/v1/images/{reference}" -> ImageView;
     remove_image: Delete "/v1/images/{reference}" -> ImageView;
     create: Post "/v1/sandboxes" -> SandboxView;

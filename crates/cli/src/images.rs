@@ -294,7 +294,7 @@ fn dockerfile_build(
         &image::DockerBuild {
             name: &name,
             dockerfile: &text,
-            context: &context,
+            context: image::Context::Dir(&context),
             args,
         },
         &mut log,

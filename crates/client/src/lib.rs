@@ -714,6 +714,30 @@ impl Client {
         let req = self.at(op::build_image, &[]).json(req);
         Ok(Events::new(self.send(req).await?))
     }
+
+    /// Builds the next version of `name` from the Dockerfile at `dockerfile` (default
+    /// `Dockerfile`) in `context`, a tar.zst of the build context; its progress, ending with
+    /// `done` or `error`.
+    pub async fn build_dockerfile(
+        &self,
+        name: &str,
+        dockerfile: Option<&str>,
+        args: &[(String, String)],
+        context: reqwest::Body,
+    ) -> Result<Events<BuildProgress>, ClientError> {
+        let mut query = vec![("name", name.to_string())];
+        if let Some(f) = dockerfile {
+            query.push(("dockerfile", f.to_string()));
+        }
+        for (k, v) in args {
+            query.push(("arg", format!("{k}={v}")));
+        }
+        let req = self
+            .at(op::build_dockerfile, &[])
+            .query(&query)
+            .body(context);
+        Ok(Events::new(self.send(req).await?))
+    }
 }
 
 fn format_name(f: ArchiveFormat) -> &'static str {

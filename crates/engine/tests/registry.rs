@@ -433,7 +433,7 @@ CMD ["hello"]
         &image::DockerBuild {
             name: "reg-docker",
             dockerfile,
-            context: &ctx,
+            context: image::Context::Dir(&ctx),
             args,
         },
         &mut |ev| {
@@ -520,7 +520,7 @@ CMD ["hello"]
         &image::DockerBuild {
             name: "reg-docker",
             dockerfile: &format!("FROM {base}\nRUN echo about to fail >&2; exit 3\n"),
-            context: &ctx,
+            context: image::Context::Dir(&ctx),
             args: Default::default(),
         },
         &mut |_| {},

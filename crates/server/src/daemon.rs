@@ -137,6 +137,7 @@ async fn claimed(
 /// them on the host).
 async fn sweep_at_start(paths: &Paths) {
     let mut lines = forkbox_engine::runstate::sweep(paths).lines();
+    lines.extend(crate::images::sweep_contexts(paths));
     let paths = paths.clone();
     lines.extend(
         tokio::task::spawn_blocking(move || forkbox_engine::image::sweep_builds(&paths))

@@ -24,6 +24,7 @@ use forkbox_engine::api::CodeEvent;
         list_images,
         build_log,
         build_image,
+        build_dockerfile,
         get_image,
         remove_image,
         create,

@@ -34,8 +34,10 @@ use forkbox_engine::snapshot::SnapshotMeta;
 
 mod cells;
 mod extract;
+mod images;
 
 use cells::*;
+use images::*;
 
 pub use daemon::{
     is_running, pid_path, running_pid, serve, socket_path, spawn_private, Front, Site,
@@ -667,72 +669,6 @@ async fn info(State(e): State<Arc<Engine>>) -> Api {
     answer::<reply::info, _>(&e, ops::Info {}, StatusCode::OK).await
 }
 
-/// Outside a cluster nothing builds on the daemon's own account (the CLI builds a carried image
-/// itself, with its progress); a cluster's node answers this in its routing
-/// (`cluster::routing`).
-#[utoipa::path(get, path = "/v1/cluster/builds/{name}", params(("name" = String, Path, description = "a carried image's name"), ("from" = Option<usize>, Query, description = "the first line wanted")), responses((status = 200, body = BuildLogView), (status = 404, description = "no build of it under way or ended on a node", body = ErrorBody)))]
-async fn build_log(UrlPath(name): UrlPath<String>) -> Response {
-    refusal(
-        forkbox_engine::api::Code::ImageNotFound,
-        format!(
-            "no build of image {name} here: this daemon is not a cluster's node (outside a \
-             cluster the CLI builds a carried image itself)"
-        ),
-    )
-}
-
-#[utoipa::path(get, path = "/v1/images", responses((status = 200, body = Vec<ImageView>)))]
-async fn list_images(State(e): State<Arc<Engine>>) -> Api {
-    answer::<reply::list_images, _>(&e, ops::ListImages {}, StatusCode::OK).await
-}
-
-fn image_ref(r: &str) -> Result<forkbox_engine::image::ImageRef, ApiError> {
-    r.parse()
-        .map_err(|e: forkbox_engine::error::ImageError| ApiError(e.into()))
-}
-
-#[utoipa::path(get, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME (the newest) or NAME@N")), responses((status = 200, body = ImageView), (status = 400, body = ErrorBody), (status = 404, body = ErrorBody)))]
-async fn get_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
-    let reference = image_ref(&r)?;
-    answer::<reply::get_image, _>(&e, ops::GetImage { reference }, StatusCode::OK).await
-}
-
-#[utoipa::path(delete, path = "/v1/images/{reference}", params(("reference" = String, Path, description = "NAME@N")), responses((status = 200, description = "the removed image", body = ImageView), (status = 404, body = ErrorBody), (status = 409, description = "in use", body = ErrorBody)))]
-async fn remove_image(State(e): State<Arc<Engine>>, UrlPath(r): UrlPath<String>) -> Api {
-    let reference = image_ref(&r)?;
-    answer::<reply::remove_image, _>(&e, ops::RemoveImage { reference }, StatusCode::OK).await
-}
-
-/// Builds an image; the answer is newline-delimited JSON [`BuildProgress`] events, the last of
-/// which is `done`, `up_to_date` or `error`. A bad recipe is refused before anything starts.
-/// The build goes on if the client leaves.
-#[utoipa::path(post, path = "/v1/images", request_body = BuildRequest, responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done, up_to_date or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, description = "the body does not parse, or the recipe is not valid", body = ErrorBody)))]
-async fn build_image(State(e): State<Arc<Engine>>, Body(request): Body<BuildRequest>) -> Api {
-    let recipe = forkbox_engine::api::build_recipe(&request)?;
-    let if_changed = request.if_changed;
-    let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
-    tokio::spawn(async move {
-        let result = e
-            .call(ops::BuildImage {
-                recipe,
-                source: None,
-                if_changed,
-                events: Some(tx.clone()),
-            })
-            .await;
-        if let Err(err) = result {
-            let _ = tx
-                .send(BuildProgress::Error {
-                    status: err.http_status(),
-                    code: err.code().as_str().into(),
-                    message: err.to_string(),
-                })
-                .await;
-        }
-    });
-    Ok(ndjson(rx))
-}
-
 #[derive(serde::Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 struct FileQuery {
@@ -826,6 +762,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::info.path, get(info))
         .route(op::build_log.path, get(build_log))
         .route(op::list_images.path, get(list_images).post(build_image))
+        .route(op::build_dockerfile.path, post(build_dockerfile))
         .route(op::get_image.path, get(get_image).delete(remove_image))
         .route(
             op::read_file.path,

@@ -12,6 +12,7 @@
 
 mod attacks;
 mod builds;
+mod contexts;
 mod egress;
 mod escape;
 mod exhaustion;

@@ -127,6 +127,16 @@ operations! {
         if_changed: bool,
         events: Option<mpsc::Sender<BuildProgress>>,
     } -> ImageView = |e, op| e.build_image(op.recipe, op.source, op.if_changed, op.events).await;
+    /// Builds the next version of `name` from a Dockerfile (its text) whose build context is
+    /// the tar.zst file `context` (the caller's: it removes it after); progress as
+    /// [`BuildImage`]'s.
+    BuildDockerfile {
+        name: String,
+        dockerfile: String,
+        context: std::path::PathBuf,
+        args: std::collections::BTreeMap<String, String>,
+        events: Option<mpsc::Sender<BuildProgress>>,
+    } -> ImageView = |e, op| e.build_dockerfile(op).await;
     /// A file's bytes.
     ReadFile { id: String, path: GuestPath } -> Vec<u8> [keeps] = |e, op| e.read_file(&op.id, &op.path).await;
     WriteFile { id: String, path: GuestPath, data: Vec<u8>, mode: u32 } -> Written [keeps]

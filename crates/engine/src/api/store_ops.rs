@@ -8,6 +8,43 @@ use crate::files::TransferError;
 use crate::image::{ImageStore, Recipe};
 use forkbox_protocol::ExecSpec;
 
+/// Runs a build on a blocking thread, its events to `events` (a slow reader loses log lines,
+/// never the build), ending with `done`.
+async fn built(
+    events: Option<mpsc::Sender<BuildProgress>>,
+    build: impl FnOnce(
+            &mut dyn FnMut(crate::image::BuildEvent),
+        ) -> Result<crate::image::Image, crate::error::ImageError>
+        + Send
+        + 'static,
+) -> Result<ImageView, EngineError> {
+    let done = events.clone();
+    let img = tokio::task::spawn_blocking(move || {
+        let mut send = |ev: crate::image::BuildEvent| {
+            let Some(tx) = &events else { return };
+            let ev = match ev {
+                crate::image::BuildEvent::Step { n, total, what } => {
+                    BuildProgress::Step { n, total, what }
+                }
+                crate::image::BuildEvent::Log(line) => BuildProgress::Log { line },
+            };
+            let _ = tx.try_send(ev);
+        };
+        build(&mut send)
+    })
+    .await
+    .map_err(|e| EngineError::Internal(format!("the build's task failed: {e}")))??;
+    let view = ImageView::from(&img);
+    if let Some(tx) = done {
+        let _ = tx
+            .send(BuildProgress::Done {
+                image: view.clone(),
+            })
+            .await;
+    }
+    Ok(view)
+}
+
 impl Engine {
     pub(super) fn list_images(&self) -> Vec<ImageView> {
         ImageStore::new(&self.paths)
@@ -62,33 +99,37 @@ impl Engine {
             }
         }
         let paths = self.paths.clone();
-        let done = events.clone();
-        let img = tokio::task::spawn_blocking(move || {
-            let mut send = |ev: crate::image::BuildEvent| {
-                let Some(tx) = &events else { return };
-                let ev = match ev {
-                    crate::image::BuildEvent::Step { n, total, what } => {
-                        BuildProgress::Step { n, total, what }
-                    }
-                    crate::image::BuildEvent::Log(line) => BuildProgress::Log { line },
-                };
-                // A slow reader loses log lines, never the build.
-                let _ = tx.try_send(ev);
-            };
+        built(events, move |send| {
             let text = source.unwrap_or_else(|| recipe.to_toml());
-            crate::image::build(&paths, &recipe, &text, &mut send)
+            crate::image::build(&paths, &recipe, &text, send)
         })
         .await
-        .map_err(|e| EngineError::Internal(format!("the build's task failed: {e}")))??;
-        let view = ImageView::from(&img);
-        if let Some(tx) = done {
-            let _ = tx
-                .send(BuildProgress::Done {
-                    image: view.clone(),
-                })
-                .await;
-        }
-        Ok(view)
+    }
+
+    /// Builds an image from a Dockerfile and its context's archive, its progress as
+    /// [`build_image`](Self::build_image)'s.
+    pub(super) async fn build_dockerfile(
+        &self,
+        op: super::ops::BuildDockerfile,
+    ) -> Result<ImageView, EngineError> {
+        let paths = self.paths.clone();
+        let super::ops::BuildDockerfile {
+            name,
+            dockerfile,
+            context,
+            args,
+            events,
+        } = op;
+        built(events, move |send| {
+            let req = crate::image::DockerBuild {
+                name: &name,
+                dockerfile: &dockerfile,
+                context: crate::image::Context::Archive(&context),
+                args,
+            };
+            crate::image::build_dockerfile(&paths, &req, send)
+        })
+        .await
     }
 
     pub(super) async fn read_file(

@@ -6,6 +6,7 @@
 
 mod build;
 pub mod bundled;
+mod context;
 mod docker;
 pub mod dockerfile;
 pub mod layers;
@@ -15,6 +16,7 @@ mod store;
 mod workspace;
 
 pub use build::{build, contained, env_pairs, BuildEvent};
+pub use context::Context;
 pub use docker::{build_dockerfile, DockerBuild};
 pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};
