@@ -303,6 +303,7 @@ fn e2b_front(
         key_file: paths.home().join("e2b.key"),
         domain,
         tls_dir: paths.home().join("e2b-tls"),
+        uploads_dir: paths.home().join("e2b-uploads"),
     })
     .context("E2B's API could not start")?;
     let site = f.site.map(|s| {

@@ -106,10 +106,11 @@ async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
             .any(|v| path.starts_with(&format!("{v}{p}")))
     };
     if under("/templates") {
-        return Failure::unsupported(
-            "building E2B templates: build a forkbox image (`forkbox image build`, a recipe, a \
-             registry image or a Dockerfile) and give its name as the template",
-        );
+        return Failure::unsupported(&format!(
+            "{method} {path} of E2B's template API: builds through E2B's Template SDK \
+             (Template.build, build_in_background, get_build_status, exists) are answered; \
+             template tags, listings and the older build routes are not yet"
+        ));
     }
     if under("/volumecontent") || under("/volumes") {
         return Failure::unsupported(
@@ -307,6 +308,25 @@ async fn create_of_template(
     if theirs && c.client.get_snapshot(template).await.is_ok() {
         req.snapshot = Some(template.to_owned());
         return create_building(e, &c.client, &req).await;
+    }
+    // `name:tag`: the build of the template the tag names.
+    if template.contains(':') {
+        let (name, tag) = crate::tags::split(template)?;
+        let found = e.tags.get(&name, &tag).ok_or_else(|| {
+            Failure::of(
+                Code::ImageNotFound,
+                format!("template {name} has no tag {tag}"),
+            )
+        })?;
+        req.image = Some(found.image);
+        return create_building(e, &c.client, &req).await;
+    }
+    // A template built with a start command: the caller's sandbox of it, saved running.
+    if let Some(started) = crate::started::snapshot_of(&c.owner, template) {
+        if c.client.get_snapshot(&started).await.is_ok() {
+            req.snapshot = Some(started);
+            return create_building(e, &c.client, &req).await;
+        }
     }
     if !interpreter::wanted(template) {
         req.image = Some(template.to_owned());

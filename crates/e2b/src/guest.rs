@@ -64,6 +64,21 @@ printf '\036e2b-pid %s\n' $$
     )
 }
 
+/// argv that runs `cmd` as `user` in `cwd` (`""`: the default user, its home), unrecorded: a
+/// template build's ready command.
+pub fn run(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
+    let mut v = vec![
+        "/bin/sh".to_string(),
+        "-c".to_string(),
+        format!("{LOOKUP}{AS_USER}"),
+        "e2b-run".to_string(),
+        user.to_string(),
+        cwd.to_string(),
+    ];
+    v.extend(cmd.iter().cloned());
+    v
+}
+
 /// argv that runs `cmd` (envd's `cmd` and `args`) as `user` in `cwd`, recording it.
 pub fn start(user: &str, cwd: &str, cmd: &[String]) -> Vec<String> {
     let mut v = vec![

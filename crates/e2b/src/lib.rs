@@ -11,6 +11,7 @@
 //!
 //! Shapes: [`connect`] (the Connect protocol's envelopes), [`errors`] (E2B's error bodies).
 
+mod builds;
 pub mod connect;
 mod control;
 mod envd;
@@ -21,6 +22,9 @@ mod keys;
 mod metrics;
 mod ports;
 mod shape;
+mod started;
+mod steps;
+mod tags;
 mod templates;
 pub mod tls;
 mod volumes;
@@ -62,6 +66,8 @@ pub struct Options {
     pub domain: Option<String>,
     /// Where the domain mode's CA and certificate are kept (made on first use).
     pub tls_dir: PathBuf,
+    /// Where the files of template builds' COPY steps are kept, by their hash.
+    pub uploads_dir: PathBuf,
 }
 
 /// Whether a request is E2B's, by its URI and headers.
@@ -99,6 +105,10 @@ pub(crate) struct E2b {
     building: tokio::sync::Mutex<()>,
     /// Every sandbox's kept metrics.
     metrics: metrics::Series,
+    /// Template builds.
+    builds: builds::Builds,
+    /// Template tags.
+    tags: tags::Tags,
 }
 
 /// What a command may print before its `ready` line (and of its stderr, what is kept for the
@@ -124,7 +134,7 @@ fn claims(uri: &axum::http::Uri, headers: &HeaderMap, domain: Option<&str>) -> b
     let signed = uri
         .query()
         .is_some_and(|q| q.split('&').any(|kv| kv.starts_with("signature=")));
-    if uri.path() == "/files" && signed {
+    if (uri.path() == "/files" || builds::is_upload(uri)) && signed {
         return true;
     }
     let Some(d) = domain else {
@@ -166,11 +176,15 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         warming: tokio::sync::Mutex::new(()),
         building: tokio::sync::Mutex::new(()),
         metrics: metrics::Series::default(),
+        builds: builds::Builds::new(options.uploads_dir.clone()),
+        tags: tags::Tags::load(options.uploads_dir.with_file_name("e2b-tags.json")),
     });
     // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's
     // do not meet; each data-plane handler checks its sandbox's header and token. In domain
     // mode a sandbox's own ports come first, by host name.
     let router = envd::router(state.clone())
+        .merge(builds::router(state.clone()))
+        .merge(tags::router(state.clone()))
         .merge(control::router(state.clone()))
         .layer(axum::middleware::from_fn_with_state(state, sandbox_ports));
     let d = domain.clone();
