@@ -47,7 +47,14 @@ struct Build {
 }
 
 impl Builds {
+    /// The builds of a front end starting: uploads a killed daemon left half written
+    /// (`.HASH.PID`) are removed.
     pub(crate) fn new(dir: PathBuf) -> Builds {
+        for e in std::fs::read_dir(&dir).into_iter().flatten().flatten() {
+            if e.file_name().to_string_lossy().starts_with('.') {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
         Builds {
             dir,
             all: Mutex::default(),
