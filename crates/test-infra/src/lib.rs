@@ -197,6 +197,57 @@ pub fn isolated_home(name: &str) -> Paths {
     Paths::new(dir)
 }
 
+/// Gives isolated home `paths` images and templates of its own before its daemon starts: its
+/// `images` a directory of links to each of the test home's images (what it builds stays its
+/// own), its `templates` empty. For a suite whose tests build images nobody removes (E2B's
+/// template tests): [`drop_own_images`] takes them away after it.
+pub fn own_images(paths: &Paths) {
+    let shared = home();
+    for sub in ["images", "templates"] {
+        let dir = paths.home().join(sub);
+        if dir
+            .symlink_metadata()
+            .is_ok_and(|m| m.file_type().is_symlink())
+        {
+            std::fs::remove_file(&dir).expect("unlink the shared directory");
+        }
+        std::fs::create_dir_all(&dir).expect("make a directory of the home's own");
+    }
+    for e in std::fs::read_dir(shared.images())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let link = paths.images().join(e.file_name());
+        if link.symlink_metadata().is_err() {
+            std::os::unix::fs::symlink(e.path(), &link).expect("link a shared image");
+        }
+    }
+}
+
+/// Removes what [`own_images`] gave a home once its daemon has stopped: the images built in
+/// it (not the links to the shared ones) and its templates.
+pub fn drop_own_images(paths: &Paths) {
+    for e in std::fs::read_dir(paths.images())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            forkbox_engine::tree::remove_tree(&e.path()).expect("remove an image a suite built");
+        }
+    }
+    for e in std::fs::read_dir(paths.templates())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if e.file_type().is_ok_and(|t| t.is_dir()) {
+            forkbox_engine::fastram::remove_snapshot_dir(&e.path()).expect("remove a template");
+        }
+    }
+}
+
 /// The shared test home and the default sandbox configuration on the image built from
 /// `images/<recipe>.toml`.
 pub fn sandbox_setup(recipe: &str) -> (Paths, forkbox_engine::sandbox::SandboxConfig) {

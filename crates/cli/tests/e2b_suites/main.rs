@@ -65,6 +65,10 @@ pub enum Mode {
 /// E2B's), image `image` built first; the daemon lives as long as the call.
 pub fn in_mode(name: &str, mode: Mode, image: &str, run: impl FnOnce(&dyn Fn(&Path) -> Command)) {
     infra::image(&infra::home(), image);
+    // The suites' template tests build an image each (~0.6 GB) and remove none: they go with
+    // the suite's home, not into the shared one.
+    let paths = infra::isolated_home(name);
+    infra::own_images(&paths);
     match mode {
         Mode::Domain => {
             let dm = DomainMode::start(name, "e2b.test");
@@ -77,6 +81,7 @@ pub fn in_mode(name: &str, mode: Mode, image: &str, run: impl FnOnce(&dyn Fn(&Pa
             run(&|p| d.e2b_url_client(p, &key));
         }
     }
+    infra::drop_own_images(&paths);
 }
 
 /// `found()` (the suites' folder) when `FORKBOX_E2B_SUITES_ALL` asks for the runs behind the
