@@ -48,14 +48,10 @@ fn run(script: &str) -> String {
 
 /// Makes user `u` when it is missing, as E2B's `USER` step does.
 fn make_user(u: &str) -> String {
-    let q = shell_quote(u);
+    let q = crate::guest::quote(u);
     run(&format!(
         "id -u {q} >/dev/null 2>&1 || useradd --create-home --shell /bin/bash {q}"
     ))
-}
-
-pub fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 /// The part of a COPY source before its first wildcard (what E2B's builder copies from).
@@ -120,7 +116,7 @@ pub fn plan(base: &str, steps: &[Step]) -> Result<Plan, (usize, String)> {
             "WORKDIR" if !a(0).is_empty() => {
                 p.push("USER root".into(), k);
                 p.push(format!("WORKDIR {}", a(0)), k);
-                p.push(run(&format!("chown {} .", shell_quote(&user))), k);
+                p.push(run(&format!("chown {} .", crate::guest::quote(&user))), k);
                 p.push(format!("USER {user}"), k);
             }
             "USER" if !a(0).is_empty() => {

@@ -52,27 +52,12 @@ pub(crate) async fn build_image(
 ) -> Api {
     let recipe = forkbox_engine::api::build_recipe(&request)?;
     let if_changed = request.if_changed;
-    let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
-    tokio::spawn(async move {
-        let result = e
-            .call(ops::BuildImage {
-                recipe,
-                source: None,
-                if_changed,
-                events: Some(tx.clone()),
-            })
-            .await;
-        if let Err(err) = result {
-            let _ = tx
-                .send(BuildProgress::Error {
-                    status: err.http_status(),
-                    code: err.code().as_str().into(),
-                    message: err.to_string(),
-                })
-                .await;
-        }
-    });
-    Ok(ndjson(rx))
+    Ok(streamed(e, (), move |events| ops::BuildImage {
+        recipe,
+        source: None,
+        if_changed,
+        events,
+    }))
 }
 
 /// Builds an image from a Dockerfile: the body is the build context as tar.zst (plain files,
@@ -93,15 +78,31 @@ pub(crate) async fn build_dockerfile(
     let size = write_body(body, context.path()).await?;
     tracing::info!("image {name}: a Dockerfile build with a {size}-byte context");
     let text = dockerfile_in(context.path(), &file).await?;
+    let path = context.path().to_path_buf();
+    Ok(streamed(e, context, move |events| ops::BuildDockerfile {
+        name,
+        dockerfile: text,
+        context: path,
+        args,
+        events,
+    }))
+}
+
+/// Runs the build `op` makes with its events' sender, answering its progress as
+/// newline-delimited JSON; an error ends it as an `error` event. `keep` (a context's file)
+/// lives until the build ends; the build goes on if the client leaves.
+fn streamed<O, K>(
+    e: Arc<Engine>,
+    keep: K,
+    op: impl FnOnce(Option<tokio::sync::mpsc::Sender<BuildProgress>>) -> O,
+) -> Response
+where
+    O: forkbox_engine::api::Operation<Reply = forkbox_engine::api::ImageView>,
+    K: Send + 'static,
+{
     let (tx, rx) = tokio::sync::mpsc::channel::<BuildProgress>(1024);
+    let op = op(Some(tx.clone()));
     tokio::spawn(async move {
-        let op = ops::BuildDockerfile {
-            name,
-            dockerfile: text,
-            context: context.path().to_path_buf(),
-            args,
-            events: Some(tx.clone()),
-        };
         if let Err(err) = e.call(op).await {
             let _ = tx
                 .send(BuildProgress::Error {
@@ -111,9 +112,9 @@ pub(crate) async fn build_dockerfile(
                 })
                 .await;
         }
-        drop(context);
+        drop(keep);
     });
-    Ok(ndjson(rx))
+    ndjson(rx)
 }
 
 fn bad(message: String) -> ApiError {
