@@ -60,6 +60,22 @@ pub enum ImageCmd {
         #[arg(long)]
         insecure: bool,
     },
+    /// Pull a registry's images from mirrors first, as container runtimes do: each mirror in
+    /// turn, then the registry itself; what a mirror gives is checked against the same
+    /// digests and keeps the registry's name.
+    ///
+    /// `forkbox image mirror docker.io http://127.0.0.1:5000` (a mirror given with http:// is
+    /// spoken to over plain HTTP); without mirrors, prints those recorded; `--clear` forgets
+    /// them. The daemon's next pull uses them.
+    Mirror {
+        /// The registry mirrored: HOST or HOST:PORT (Docker Hub: docker.io).
+        registry: String,
+        /// Its mirrors, in the order they are asked: HOST[:PORT], or http://HOST[:PORT].
+        mirrors: Vec<String>,
+        /// Forget the registry's mirrors.
+        #[arg(long)]
+        clear: bool,
+    },
     /// Forget what `image login` recorded for a registry.
     Logout {
         /// The registry: HOST or HOST:PORT.
@@ -149,6 +165,11 @@ pub fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             password_stdin,
             insecure,
         } => image_login(paths, &registry, username, password_stdin, insecure),
+        ImageCmd::Mirror {
+            registry,
+            mirrors,
+            clear,
+        } => image_mirror(paths, &registry, &mirrors, clear),
         ImageCmd::Logout { registry } => {
             let registry = registry_key(&registry)?;
             if !oci::logins(paths).contains_key(&registry) {
@@ -200,11 +221,63 @@ fn image_login(
         (Some(_), false) => "credentials",
         _ => "plain HTTP",
     };
-    oci::save_login(paths, &registry, Some(oci::Login { auth, insecure }))?;
+    let mut login = oci::logins(paths).remove(&registry).unwrap_or_default();
+    login.auth = auth;
+    login.insecure = insecure;
+    oci::save_login(paths, &registry, Some(login))?;
     println!(
         "{registry}: {said} recorded in {} (readable by root only); used by the next build on one of its images",
         paths.home().join("registries.json").display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `image mirror`: the mirrors asked for a registry's images before it.
+fn image_mirror(
+    paths: &Paths,
+    registry: &str,
+    mirrors: &[String],
+    clear: bool,
+) -> anyhow::Result<ExitCode> {
+    let registry = registry_key(registry)?;
+    let mut all = oci::logins(paths);
+    if mirrors.is_empty() && !clear {
+        match all
+            .get(&registry)
+            .map(|l| &l.mirrors)
+            .filter(|m| !m.is_empty())
+        {
+            Some(m) => println!("{registry}: {}", m.join(" ")),
+            None => println!("{registry}: no mirrors"),
+        }
+        return Ok(ExitCode::SUCCESS);
+    }
+    if clear && !mirrors.is_empty() {
+        anyhow::bail!("give mirrors or --clear, not both");
+    }
+    let mut keys = Vec::new();
+    for m in mirrors {
+        let key = registry_key(m)?;
+        if key == registry {
+            anyhow::bail!("{registry} cannot be its own mirror");
+        }
+        if m.starts_with("http://") {
+            all.entry(key.clone()).or_default().insecure = true;
+        }
+        keys.push(key);
+    }
+    all.entry(registry.clone()).or_default().mirrors = keys.clone();
+    for (r, login) in all {
+        let keep = login != oci::Login::default();
+        oci::save_login(paths, &r, keep.then_some(login))?;
+    }
+    match keys.is_empty() {
+        true => println!("{registry}: mirrors forgotten"),
+        false => println!(
+            "{registry}: pulled from {} first, then from {registry}",
+            keys.join(", then ")
+        ),
+    }
     Ok(ExitCode::SUCCESS)
 }
 

@@ -29,6 +29,7 @@ fn insecure(paths: &Paths, reg: &Registry) {
         Some(Login {
             auth: None,
             insecure: true,
+            mirrors: vec![],
         }),
     )
     .unwrap();
@@ -308,6 +309,7 @@ fn private_registries_take_the_right_password_and_refuse_the_wrong_one_in_words(
         Login {
             auth: Some(base64::engine::general_purpose::STANDARD.encode(creds)),
             insecure: true,
+            mirrors: vec![],
         }
     };
     save_login(&paths, &reg.addr, Some(with("agent:wrong"))).unwrap();
@@ -534,4 +536,63 @@ CMD ["hello"]
     assert!(ImageStore::new(&paths)
         .resolve(&"reg-docker".parse().unwrap())
         .is_err());
+}
+
+/// A registry this host cannot reach, its images pulled through its mirrors (`image mirror`):
+/// a dead mirror is passed over for the next, the image keeps the registry's name and is
+/// pinned by the digest the mirror served, and with every mirror dead the error names each.
+#[test]
+fn a_registry_is_pulled_through_its_mirrors_in_turn() {
+    use forkbox_engine::image::oci::{logins, parse_reference, pull};
+    let paths = infra::isolated_home("registry-mirror");
+    let _ = std::fs::remove_file(paths.home().join("registries.json"));
+    let reg = Registry::start(None);
+    let t = tempfile::tempdir().unwrap();
+    let layout = t.path().join("layout");
+    let tool = layer(&[Entry::File("opt/tool/hello", "from the mirror\n", 0o644)]);
+    let manifest = write_layout(&layout, &[tool], &Config::default());
+    reg.push(&layout, "team/tool:1");
+    // A port nothing listens on: a mirror that is down.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let upstream = "registry.invalid";
+    let mirrored = |mirrors: Vec<String>| {
+        for m in [&dead, &reg.addr] {
+            save_login(
+                &paths,
+                m,
+                Some(Login {
+                    auth: None,
+                    insecure: true,
+                    mirrors: vec![],
+                }),
+            )
+            .unwrap();
+        }
+        let mut l = logins(&paths).remove(upstream).unwrap_or_default();
+        l.mirrors = mirrors;
+        save_login(&paths, upstream, Some(l)).unwrap();
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let reference = parse_reference(&format!("{upstream}/team/tool:1")).unwrap();
+    let mut events = 0;
+    let mut pull_now = || rt.block_on(pull(&paths, &reference, &mut |_| events += 1));
+
+    let err = pull_now().unwrap_err().to_string();
+    assert!(err.contains("registry.invalid"), "{err}");
+
+    mirrored(vec![dead.clone(), reg.addr.clone()]);
+    let pulled = pull_now().unwrap();
+    assert_eq!(pulled.pinned, format!("{upstream}/team/tool@{manifest}"));
+    assert_eq!(pulled.digest, manifest);
+    assert_eq!(pulled.layers.len(), 1);
+
+    mirrored(vec![dead.clone()]);
+    let err = pull_now().unwrap_err().to_string();
+    assert!(
+        err.contains(&format!("after its mirrors: mirror {dead}")),
+        "{err}"
+    );
 }

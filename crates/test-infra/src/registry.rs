@@ -291,3 +291,32 @@ pub fn debian_layer(paths: &forkbox_engine::paths::Paths) -> Vec<u8> {
     });
     std::fs::read(&file).expect("read the root layer")
 }
+
+/// A mirror of Docker Hub on loopback for the daemon of home `paths`: a registry holding the
+/// public images E2B's template tests name (`ubuntu:22.04`), each made here from what this
+/// machine reaches (a Debian bookworm minbase root: a shell, coreutils and `useradd`, what the
+/// tests run in it), recorded in the home's `registries.json` as docker.io's mirror (plain
+/// HTTP), as `forkbox image mirror docker.io http://ADDR` records it. Stopped when dropped.
+pub fn hub_mirror(paths: &forkbox_engine::paths::Paths) -> Registry {
+    use forkbox_engine::image::oci::{logins, save_login};
+    let reg = Registry::start(None);
+    let t = tempfile::tempdir().expect("a layout dir");
+    let layout = t.path().join("layout");
+    write_layout(
+        &layout,
+        &[debian_layer(&crate::home())],
+        &Config {
+            env: &["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],
+            workdir: None,
+            user: None,
+        },
+    );
+    reg.push(&layout, "library/ubuntu:22.04");
+    let mut mirror = logins(paths).remove(&reg.addr).unwrap_or_default();
+    mirror.insecure = true;
+    save_login(paths, &reg.addr, Some(mirror)).expect("record the mirror as plain HTTP");
+    let mut hub = logins(paths).remove("index.docker.io").unwrap_or_default();
+    hub.mirrors = vec![reg.addr.clone()];
+    save_login(paths, "index.docker.io", Some(hub)).expect("record docker.io's mirror");
+    reg
+}

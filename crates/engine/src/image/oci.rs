@@ -7,6 +7,12 @@
 //! then `REGISTRY_AUTH_FILE`, then `~/.docker/config.json`; each is sent only to its registry.
 //! A registry is spoken to over plain HTTP only when it is named insecure: by `image login
 //! --insecure` or in `FORKBOX_INSECURE_REGISTRIES` (comma-separated `host[:port]`).
+//!
+//! A registry may have mirrors (`forkbox image mirror REGISTRY MIRROR…`, kept in the same
+//! file), as container runtimes configure theirs: a pull asks each mirror in turn, the
+//! registry itself last, under the same reference (`?ns=REGISTRY` tells a mirror whose it is);
+//! what a mirror gives is checked against the digests as the registry's would be, and the
+//! image keeps the registry's name.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -44,6 +50,9 @@ pub struct Login {
     pub auth: Option<String>,
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure: bool,
+    /// Registries (`host[:port]`) asked for this one's images first, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mirrors: Vec<String>,
 }
 
 /// The registries `forkbox image login` has recorded.
@@ -211,7 +220,11 @@ fn registry_error(
     login: &Option<String>,
 ) -> ImageError {
     use oci_client::errors::OciDistributionError as E;
-    let registry = reference.registry();
+    // Where it was asked: a mirror, else the registry (Docker Hub by its short name).
+    let registry = match reference.resolve_registry() {
+        "index.docker.io" => reference.registry(),
+        r => r,
+    };
     let message = match &e {
         E::AuthenticationFailure(_) | E::UnauthorizedError { .. } => match login {
             Some(file) => format!(
@@ -244,8 +257,51 @@ fn client(paths: &Paths) -> Client {
     })
 }
 
-/// Pulls `reference`: manifest, config, and every layer not already kept.
+/// The mirrors recorded for the registry `reference` names.
+fn mirrors(paths: &Paths, reference: &Reference) -> Vec<String> {
+    logins(paths)
+        .get(reference.resolve_registry())
+        .map(|l| l.mirrors.clone())
+        .unwrap_or_default()
+}
+
+/// Pulls `reference`: from each of its registry's mirrors in turn, then from the registry.
 pub async fn pull(
+    paths: &Paths,
+    reference: &Reference,
+    progress: &mut dyn FnMut(PullEvent),
+) -> Result<Pulled, ImageError> {
+    let mut failed = Vec::new();
+    for m in mirrors(paths, reference) {
+        let mut through = reference.clone();
+        through.set_mirror_registry(m.clone());
+        match pull_from(paths, &through, progress).await {
+            Ok(p) => return Ok(p),
+            Err(e) => {
+                tracing::warn!(
+                    mirror = m,
+                    "pulling {} through a mirror: {e}",
+                    reference.whole()
+                );
+                failed.push(format!("mirror {m}: {e}"));
+            }
+        }
+    }
+    pull_from(paths, reference, progress)
+        .await
+        .map_err(|e| match (e, failed.is_empty()) {
+            (e, true) => e,
+            (ImageError::Registry { reference, message }, false) => ImageError::Registry {
+                reference,
+                message: format!("{message} (after its mirrors: {})", failed.join("; ")),
+            },
+            (e, false) => e,
+        })
+}
+
+/// Pulls `reference` from where it resolves: manifest, config, and every layer not already
+/// kept.
+async fn pull_from(
     paths: &Paths,
     reference: &Reference,
     progress: &mut dyn FnMut(PullEvent),
