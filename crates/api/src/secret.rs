@@ -15,6 +15,12 @@ pub struct SecretSpec {
     pub hosts: Vec<String>,
     /// The value; write-only.
     pub value: String,
+    /// A header the host sets to the value itself on every HTTPS request to the hosts,
+    /// replacing any the guest sent (`Authorization`: the value is then the whole
+    /// `Bearer …`), instead of replacing a placeholder the guest sends; the guest then gets
+    /// no placeholder at all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
 }
 
 impl std::fmt::Debug for SecretSpec {
@@ -23,6 +29,7 @@ impl std::fmt::Debug for SecretSpec {
             .field("name", &self.name)
             .field("hosts", &self.hosts)
             .field("value", &"<hidden>")
+            .field("header", &self.header)
             .finish()
     }
 }
@@ -32,6 +39,9 @@ impl std::fmt::Debug for SecretSpec {
 pub struct SecretView {
     pub name: String,
     pub hosts: Vec<String>,
+    /// The header it sets, if it sets one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<String>,
 }
 
 /// Longest a secret's value may be.
@@ -61,6 +71,8 @@ pub enum SecretError {
     BadValue(String),
     #[error("at most {MAX_SECRETS} secrets per sandbox")]
     TooMany,
+    #[error("secret {0:?}: its header is not an HTTP header name (letters, digits and !#$%&'*+-.^_`|~), or is one the proxy owns (Host, Content-Length, Transfer-Encoding, Connection)")]
+    BadHeader(String),
 }
 
 /// Checks secrets as given to a create or a fork.
@@ -99,6 +111,17 @@ pub fn validate_secrets(secrets: &[SecretSpec]) -> Result<(), SecretError> {
                 ));
             }
         }
+        if let Some(h) = &s.header {
+            let token = !h.is_empty()
+                && h.len() <= 128
+                && h.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c));
+            let owned = ["host", "content-length", "transfer-encoding", "connection"]
+                .contains(&h.to_ascii_lowercase().as_str());
+            if !token || owned {
+                return Err(SecretError::BadHeader(n.clone()));
+            }
+        }
         if s.value.is_empty() {
             return Err(SecretError::Empty(n.clone()));
         }
@@ -121,6 +144,7 @@ mod tests {
             name: name.into(),
             hosts: hosts.iter().map(|h| h.to_string()).collect(),
             value: value.into(),
+            header: None,
         }
     }
 
@@ -136,7 +160,26 @@ mod tests {
             (spec("T", &["*.com"], "v"), "top-level"),
             (spec("T", &["a.com"], ""), "empty"),
             (spec("T", &["a.com"], "a\r\nX-Evil: 1"), "line break"),
+            (
+                SecretSpec {
+                    header: Some("Bad Header".into()),
+                    ..spec("T", &["a.com"], "v")
+                },
+                "HTTP header name",
+            ),
+            (
+                SecretSpec {
+                    header: Some("Host".into()),
+                    ..spec("T", &["a.com"], "v")
+                },
+                "the proxy owns",
+            ),
         ];
+        let header = SecretSpec {
+            header: Some("Authorization".into()),
+            ..ok.clone()
+        };
+        assert_eq!(validate_secrets(&[header]), Ok(()));
         for (s, says) in cases {
             let e = validate_secrets(std::slice::from_ref(&s))
                 .expect_err(&s.name)

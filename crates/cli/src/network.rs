@@ -125,7 +125,12 @@ pub fn secret_arg(s: &str) -> Result<forkbox_engine::api::SecretSpec, String> {
             (name.to_string(), value)
         }
     };
-    let spec = forkbox_engine::api::SecretSpec { name, hosts, value };
+    let spec = forkbox_engine::api::SecretSpec {
+        name,
+        hosts,
+        value,
+        header: None,
+    };
     forkbox_engine::api::validate_secrets(std::slice::from_ref(&spec))
         .map_err(|e| e.to_string())?;
     Ok(spec)

@@ -233,6 +233,7 @@ fn main() {
                         name: "TOKEN".into(),
                         hosts: vec![a.clone()],
                         value: "bench-value".into(),
+                        header: None,
                     }],
                     ..Default::default()
                 },

@@ -267,6 +267,7 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
         name: "TOKEN".into(),
         hosts: vec![a.clone()],
         value: value.clone(),
+        header: None,
     };
     // Bad input first: a secret that would go everywhere is refused, nothing made.
     let bad = engine
@@ -442,6 +443,28 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
         "{out}"
     );
 
+    // A secret that sets a header (E2B's network rules): the guest sends what it likes and
+    // holds no placeholder; the host sets the whole header on the secret's host alone.
+    let header = fork(vec![SecretSpec {
+        name: "E2B_RULE_1".into(),
+        hosts: vec![a.clone()],
+        value: format!("Bearer {value}"),
+        header: Some("Authorization".into()),
+    }])
+    .await;
+    // (Letters and digits alone: the test's server reads a bearer as base64 too.)
+    let out = requests(&header, &a, &b, Some("sentbyguest1")).await;
+    assert!(
+        out.contains(&format!("https://{a}/bearer bearer ok")),
+        "{out}"
+    );
+    assert!(
+        out.contains(&format!("https://{b}/echo got: Bearer sentbyguest1")),
+        "{out}"
+    );
+    let (_, env) = run(&header, &["sh", "-c", "env; cat /proc/1/environ"], &[]).await;
+    assert!(!env.contains("E2B_RULE") && !env.contains(&value), "{env}");
+
     // A snapshot of the sandbox (its RAM file, its disk) and every file the run wrote under
     // its home and its RAM files' place in /dev/shm: the value is in none of them.
     engine
@@ -456,7 +479,12 @@ async fn a_secret_reaches_its_host_and_nothing_else_holds_it() {
     dirs.extend(shm.as_deref());
     let found = holding(&dirs, started, value.as_bytes());
     assert!(found.is_empty(), "the value is in {found:?}");
-    for id in [with.info().id.clone(), without.info().id.clone(), v.info.id] {
+    for id in [
+        with.info().id.clone(),
+        without.info().id.clone(),
+        header.info().id.clone(),
+        v.info.id,
+    ] {
         engine.call(ops::Delete { id }).await.unwrap();
     }
 }

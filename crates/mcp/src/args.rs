@@ -70,6 +70,7 @@ pub(crate) fn secret_specs(
                 name: a.name,
                 hosts: a.hosts,
                 value,
+                header: None,
             })
         })
         .collect()

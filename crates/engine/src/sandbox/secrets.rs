@@ -37,6 +37,8 @@ struct Entry {
     hosts: Vec<String>,
     placeholder: String,
     value: String,
+    /// The header it sets on its hosts' requests (then the guest has no placeholder).
+    header: Option<hyper::header::HeaderName>,
 }
 
 impl Secrets {
@@ -50,11 +52,19 @@ impl Secrets {
                     "fbxs_{}",
                     crate::random::hex(20).map_err(|e| format!("draw a placeholder: {e}"))?
                 );
+                let header = match &s.header {
+                    Some(h) => Some(
+                        hyper::header::HeaderName::from_bytes(h.as_bytes())
+                            .map_err(|e| format!("secret {}: header {h:?}: {e}", s.name))?,
+                    ),
+                    None => None,
+                };
                 Ok(Entry {
                     name: s.name.clone(),
                     hosts: s.hosts.clone(),
                     placeholder,
                     value: s.value.clone(),
+                    header,
                 })
             })
             .collect::<Result<Vec<_>, String>>()?;
@@ -69,16 +79,43 @@ impl Secrets {
             .map(|e| SecretView {
                 name: e.name.clone(),
                 hosts: e.hosts.clone(),
+                header: e.header.as_ref().map(|h| h.to_string()),
             })
             .collect()
     }
 
-    /// `NAME=placeholder` for every secret: what the guest's commands see.
+    /// `NAME=placeholder` for every secret the guest sends itself: what the guest's
+    /// commands see (a secret that sets a header has none).
     pub fn env(&self) -> Vec<(String, String)> {
         self.entries
             .iter()
+            .filter(|e| e.header.is_none())
             .map(|e| (e.name.clone(), e.placeholder.clone()))
             .collect()
+    }
+
+    /// Sets the headers of the secrets scoped to `host`:`port` that set one, replacing what
+    /// the guest sent; the names of those set.
+    pub fn set_headers(
+        &self,
+        headers: &mut hyper::HeaderMap,
+        host: &str,
+        port: u16,
+    ) -> Vec<String> {
+        let mut set = Vec::new();
+        for e in &self.entries {
+            let Some(h) = &e.header else { continue };
+            if !e.hosts.iter().any(|x| entry_matches(x, host, port)) {
+                continue;
+            }
+            if let Ok(v) = HeaderValue::from_str(&e.value) {
+                let mut v = v;
+                v.set_sensitive(true);
+                headers.insert(h.clone(), v);
+                set.push(e.name.clone());
+            }
+        }
+        set
     }
 
     /// Every host entry of every secret (the network policy allows them).
@@ -252,7 +289,8 @@ async fn forward(
     secrets: &Secrets,
     t: &Target,
 ) -> Result<Response<Body>, std::convert::Infallible> {
-    let used = put_secrets(req.headers_mut(), secrets, &t.host, t.port);
+    let mut used = put_secrets(req.headers_mut(), secrets, &t.host, t.port);
+    used.extend(secrets.set_headers(req.headers_mut(), &t.host, t.port));
     if !used.is_empty() {
         tracing::info!(
             "{}: secrets {} put into a request to {}:{}",
@@ -322,11 +360,13 @@ mod tests {
                     name: "TOKEN".into(),
                     hosts: vec!["api.example.com".into(), "10.9.8.7:8443".into()],
                     value: "real-value-1".into(),
+                    header: None,
                 },
                 SecretSpec {
                     name: "OTHER".into(),
                     hosts: vec!["*.other.org".into()],
                     value: "real-value-2".into(),
+                    header: None,
                 },
             ],
         )
@@ -373,6 +413,35 @@ mod tests {
         );
         assert!(put_secrets(&mut cross, &s, "api.example.com", 443).is_empty());
         assert_eq!(cross[AUTHORIZATION], format!("Bearer {q}").as_str());
+    }
+
+    #[test]
+    fn a_header_secret_sets_its_header_on_its_hosts_alone() {
+        let s = Secrets::new(
+            "sb-test",
+            &[SecretSpec {
+                name: "E2B_RULE_1".into(),
+                hosts: vec!["api.example.com".into()],
+                value: "Bearer real-value-3".into(),
+                header: Some("Authorization".into()),
+            }],
+        )
+        .expect("secrets");
+        // The guest gets no placeholder for it.
+        assert!(s.env().is_empty());
+        let mut h = hyper::HeaderMap::new();
+        h.insert(AUTHORIZATION, "Bearer guest-sent".parse().expect("header"));
+        assert!(s
+            .set_headers(&mut h.clone(), "other.example.com", 443)
+            .is_empty());
+        assert_eq!(
+            s.set_headers(&mut h, "api.example.com", 443),
+            ["E2B_RULE_1"]
+        );
+        assert_eq!(h[AUTHORIZATION], "Bearer real-value-3");
+        assert_eq!(h.get_all(AUTHORIZATION).iter().count(), 1);
+        assert!(s.scoped("api.example.com", 443));
+        assert_eq!(s.views()[0].header.as_deref(), Some("authorization"));
     }
 
     #[test]
