@@ -54,6 +54,18 @@ fn make_user(u: &str) -> String {
     ))
 }
 
+/// Fails, in the words of E2B's builder, when user `u` that `cmd` is to run as is missing.
+fn user_exists(u: &str, cmd: &str) -> String {
+    let said = format!(
+        "failed to run command '{cmd}': command failed: unauthenticated: invalid username: '{u}'"
+    );
+    format!(
+        "id -u {} >/dev/null 2>&1 || {{ echo {} >&2; exit 1; }}",
+        crate::guest::quote(u),
+        crate::guest::quote(&said)
+    )
+}
+
 /// The part of a COPY source before its first wildcard (what E2B's builder copies from).
 fn source_prefix(src: &str) -> String {
     let wild = |c: &str| c.contains(['*', '?', '[', '{']);
@@ -95,6 +107,8 @@ pub fn plan(base: &str, steps: &[Step]) -> Result<Plan, (usize, String)> {
                 if who.is_empty() || who == user {
                     p.push(run(a(0)), k);
                 } else {
+                    p.push("USER root".into(), k);
+                    p.push(run(&user_exists(who, a(0))), k);
                     p.push(format!("USER {who}"), k);
                     p.push(run(a(0)), k);
                     p.push(format!("USER {user}"), k);
@@ -225,9 +239,13 @@ mod tests {
                 "USER user"
             ]
         );
+        let run_as = of(2);
+        assert_eq!(run_as.len(), 5);
+        assert_eq!(run_as[0], "USER root");
+        assert!(run_as[1].contains("id -u 'root'") && run_as[1].contains("invalid username: "));
         assert_eq!(
-            of(2),
-            vec![
+            run_as[2..],
+            [
                 "USER root",
                 "RUN [\"/bin/sh\", \"-c\", \"whoami\"]",
                 "USER user"
