@@ -69,6 +69,8 @@ pub fn in_mode(name: &str, mode: Mode, image: &str, run: impl FnOnce(&dyn Fn(&Pa
     // the suite's home, not into the shared one.
     let paths = infra::isolated_home(name);
     infra::own_images(&paths);
+    // The public images the template tests build from come from a mirror on loopback.
+    let _hub = infra::registry::hub_mirror(&paths);
     match mode {
         Mode::Domain => {
             let dm = DomainMode::start(name, "e2b.test");
