@@ -24,7 +24,9 @@ fn scenario(file: &str) -> PathBuf {
 fn e2b_client(d: &Daemon, program: &Path) -> Command {
     let other = d.new_token("another-user", false);
     let mut c = d.e2b_url_client(program, &d.token);
-    c.env("E2B_OTHER_KEY", other);
+    // Volumes' content API is E2B's own variable in URL mode (api.DOMAIN in domain mode).
+    c.env("E2B_OTHER_KEY", other)
+        .env("E2B_VOLUME_API_URL", &d.tcp);
     c
 }
 
@@ -56,7 +58,10 @@ fn python_sdk_async_and_the_v1_paths() {
     infra::image(&infra::home(), "base");
     let newest = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
     let v250 = infra::e2b_python("e2b-venv-2.50", "e2b==2.50.0", "e2b");
-    let d = Daemon::start("e2b-python");
+    // The example's template (an image and its saved sandbox) stays in this home alone.
+    let paths = infra::isolated_home("e2b-python");
+    infra::own_images(&paths);
+    let d = Daemon::start_in(paths.clone(), &[]);
     let out = d.check(
         e2b_client(&d, &newest)
             .arg(scenario("scenario.py"))
@@ -71,7 +76,16 @@ fn python_sdk_async_and_the_v1_paths() {
         "e2b (Python, 2.50.0) sync scenario",
     );
     assert!(out.contains("all sync steps passed"), "{out}");
+    // README's template example, as it is.
+    let example = infra::repo_root().join("examples/e2b/template.py");
+    let out = d.check(
+        e2b_client(&d, &newest).arg(&example),
+        "README's E2B template example",
+    );
+    assert!(out.contains("hello from a template"), "{out}");
     d.assert_nothing_left();
+    drop(d);
+    infra::drop_own_images(&paths);
 }
 
 /// The JavaScript SDK's scenario, newest version and 2.50.0, against one daemon.

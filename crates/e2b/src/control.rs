@@ -112,11 +112,6 @@ async fn unknown(method: axum::http::Method, uri: axum::http::Uri) -> Failure {
              template tags, listings and the older build routes are not yet"
         ));
     }
-    if under("/volumecontent") || under("/volumes") {
-        return Failure::unsupported(
-            "reading or writing a volume's files without a sandbox: mount it in one              (`volumeMounts`) and use the sandbox's files",
-        );
-    }
     Failure::new(404, format!("forkbox's E2B API has no {method} {path}"))
 }
 
@@ -192,10 +187,8 @@ fn policy(net: Option<&Network>, internet: Option<bool>) -> Result<NetworkPolicy
     let deny = net.and_then(|n| n.deny_out.clone()).unwrap_or_default();
     let allow = net.and_then(|n| n.allow_out.clone()).unwrap_or_default();
     if let Some(net) = net {
-        if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null())
-            || net.rules.as_ref().is_some_and(|v| !v.is_null())
-        {
-            return Err(Failure::unsupported("`egressProxy` or network `rules`"));
+        if net.egress_proxy.as_ref().is_some_and(|v| !v.is_null()) {
+            return Err(Failure::unsupported("`egressProxy`"));
         }
     }
     let deny_all = deny.iter().any(|d| all_traffic(d));
@@ -267,6 +260,11 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
     }
     let env = crate::guest::env_file(&n.env_vars.clone().unwrap_or_default())
         .map_err(|m| Failure::new(400, m))?;
+    let network = policy(
+        n.network.as_ref(),
+        n.allow_internet_access
+            .or(n.network.as_ref().and_then(|x| x.allow_internet_access)),
+    )?;
     let req = CreateRequest {
         labels,
         ttl_seconds: Some(n.timeout.unwrap_or(DEFAULT_TIMEOUT_SECS).max(1)),
@@ -279,13 +277,20 @@ async fn create(State(e): State<Arc<E2b>>, headers: HeaderMap, bytes: bytes::Byt
         // E2B's does: forkbox's own waking on use.
         wake_on_use: resume,
         volumes: volumes::mounts(&c.owner, n.volume_mounts.as_deref().unwrap_or_default())?,
-        network: Some(policy(
-            n.network.as_ref(),
-            n.allow_internet_access
-                .or(n.network.as_ref().and_then(|x| x.allow_internet_access)),
-        )?),
+        network: Some(network.clone()),
+        secrets: crate::rules::header_secrets(
+            &e,
+            &c.owner,
+            n.network.as_ref().and_then(|x| x.rules.as_ref()),
+            &network,
+        )?,
         ..CreateRequest::default()
     };
+    // A helper serving a volume's content calls makes room for the sandbox that mounts it.
+    let asked: Vec<&str> = req.volumes.iter().map(|m| m.name.as_str()).collect();
+    if !asked.is_empty() {
+        volumes::door::release(&e, &asked).await;
+    }
     let v = create_of_template(&e, &c, &n.template_id, req).await?;
     if !env.is_empty() {
         if let Err(f) = e.run_root(&v.info.id, crate::guest::write_env(&env)).await {
@@ -349,7 +354,7 @@ async fn create_of_template(
 
 /// Creates; when the image is one forkbox carries a recipe for and this daemon has not built
 /// yet, builds it first (once, however many creates ask), as the CLI does on first use.
-async fn create_building(
+pub(crate) async fn create_building(
     e: &E2b,
     client: &Client,
     req: &CreateRequest,
@@ -548,6 +553,11 @@ async fn network(
     let c = caller(&e, &headers)?;
     let n: Network = body(&bytes)?;
     mine(&c, &id).await?;
+    if n.rules.as_ref().is_some_and(|v| !v.is_null()) {
+        return Err(Failure::unsupported(
+            "changing a running sandbox's network `rules`: forkbox sets them at create",
+        ));
+    }
     let p = policy(Some(&n), n.allow_internet_access)?;
     c.client.set_network(&id, &p).await?;
     Ok(StatusCode::NO_CONTENT.into_response())

@@ -21,6 +21,8 @@ mod interpreter;
 mod keys;
 mod metrics;
 mod ports;
+mod rules;
+mod secrets;
 mod shape;
 mod started;
 mod steps;
@@ -109,6 +111,10 @@ pub(crate) struct E2b {
     builds: builds::Builds,
     /// Template tags.
     tags: tags::Tags,
+    /// One volume content helper made or released at a time.
+    volume_helpers: tokio::sync::Mutex<()>,
+    /// Every key's secrets, their values sealed.
+    secrets: secrets::Secrets,
 }
 
 /// What a command may print before its `ready` line (and of its stderr, what is kept for the
@@ -137,6 +143,10 @@ fn claims(uri: &axum::http::Uri, headers: &HeaderMap, domain: Option<&str>) -> b
     if (uri.path() == "/files" || builds::is_upload(uri)) && signed {
         return true;
     }
+    // A volume's content calls carry its token as their bearer; forkbox's API has no such path.
+    if uri.path().starts_with("/volumecontent/") {
+        return true;
+    }
     let Some(d) = domain else {
         return false;
     };
@@ -163,10 +173,11 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         Some(d) => Some(tls::site(&options.tls_dir, d)?),
         None => None,
     };
+    let key = keys::load_or_make(&options.key_file)?;
     let state = Arc::new(E2b {
         daemon,
         api_url: options.api_url.trim_end_matches('/').to_string(),
-        key: keys::load_or_make(&options.key_file)?,
+        key,
         keyed: Mutex::default(),
         procs: Mutex::default(),
         watchers: Mutex::default(),
@@ -178,6 +189,11 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         metrics: metrics::Series::default(),
         builds: builds::Builds::new(options.uploads_dir.clone()),
         tags: tags::Tags::load(options.uploads_dir.with_file_name("e2b-tags.json")),
+        volume_helpers: tokio::sync::Mutex::new(()),
+        secrets: secrets::Secrets::load(
+            options.uploads_dir.with_file_name("e2b-secrets.json"),
+            &key,
+        ),
     });
     // The data plane's paths (Connect services, `/files`, `/health`) and the control plane's
     // do not meet; each data-plane handler checks its sandbox's header and token. In domain
@@ -185,6 +201,8 @@ pub fn front(options: Options) -> std::io::Result<Front> {
     let router = envd::router(state.clone())
         .merge(builds::router(state.clone()))
         .merge(tags::router(state.clone()))
+        .merge(volumes::router(state.clone()))
+        .merge(secrets::router(state.clone()))
         .merge(control::router(state.clone()))
         .layer(axum::middleware::from_fn_with_state(state, sandbox_ports));
     let d = domain.clone();

@@ -203,6 +203,7 @@ def run_sync_steps(sbx):
     files_steps(sbx)
     network_steps()
     volume_steps()
+    secret_steps()
     lifecycle_steps(sbx)
 
 
@@ -216,10 +217,40 @@ def volume_steps():
         assert vol.name == name, vol
         assert name in [v.name for v in e2b.Volume.list()]
         assert e2b.Volume.get_info(vol.volume_id).name == name
+        content = hasattr(vol, "write_file")
+        if content:
+            # Without a sandbox of the user's: the daemon's helper has the volume.
+            t = time.time()
+            d = vol.make_dir("/seed")
+            assert d.type.value == "directory" and d.path == "/seed", d
+            w = vol.write_file("/seed/hello.txt", "from the content API", mode=0o600, uid=1000)
+            assert (w.name, w.size, w.mode, w.uid) == ("hello.txt", 20, 0o600, 1000), w
+            assert vol.read_file("/seed/hello.txt") == "from the content API"
+            assert [e.name for e in vol.list("/seed")] == ["hello.txt"]
+            assert vol.exists("/seed/hello.txt") and not vol.exists("/nothing")
+            try:
+                vol.write_file("/seed/hello.txt", "again")
+                raise AssertionError("a write over a file without force succeeded")
+            except e2b.VolumeException:
+                pass
+            try:
+                vol.read_file("/../etc/passwd")
+                raise AssertionError("a path out of the volume was read")
+            except e2b.VolumeException:
+                pass
+            ok("Volume content without a sandbox: make_dir, write_file, read_file, list, exists", t)
         a = Sandbox.create(template=TEMPLATE, timeout=300, metadata={"run": RUN},
                            volume_mounts={"/mnt/shared": vol})
         try:
+            if content:
+                seen = a.commands.run("cat /mnt/shared/seed/hello.txt; stat -c %a:%u /mnt/shared/seed/hello.txt")
+                assert seen.stdout == "from the content API600:1000\n", seen.stdout
             a.commands.run("echo written-by-a > /mnt/shared/note && sync")
+            if content:
+                # Through the sandbox that has it mounted: what it wrote, at once.
+                assert vol.read_file("/note") == "written-by-a\n"
+                vol.write_file("/from-api", b"\x00\x01binary")
+                assert a.files.read("/mnt/shared/from-api", format="bytes") == b"\x00\x01binary"
             mounts = Sandbox.get_info(a.sandbox_id).volume_mounts
             assert mounts == [{"name": name, "path": "/mnt/shared"}], mounts
             try:
@@ -235,10 +266,59 @@ def volume_steps():
             assert b.files.read("/data/note") == "written-by-a\n"
         finally:
             b.kill()
+        if content:
+            vol.remove("/seed")
+            assert not vol.exists("/seed")
+            assert sorted(e.name for e in vol.list("/")) == ["from-api", "lost+found", "note"], \
+                [e.name for e in vol.list("/")]
     finally:
         assert e2b.Volume.destroy(vol.volume_id) is True
     assert e2b.Volume.destroy(vol.volume_id) is False
     ok("Volume.create, volume_mounts: written by one sandbox, read by the next; a second writer refused; destroy", t)
+
+
+def secret_steps():
+    if not hasattr(e2b, "Secret"):
+        return
+    t = time.time()
+    name = f"key-{RUN}"
+    value = f"s3cr3t-{uuid.uuid4().hex}"
+    info = e2b.Secret.create(name, value, metadata={"env": "test"})
+    try:
+        assert info.secret_id.startswith("sec_") and info.name == name and info.version == 1, info
+        assert not hasattr(info, "value")
+        assert e2b.Secret.get_info(name).secret_id == info.secret_id
+        assert e2b.Secret.exists(info.secret_id) and not e2b.Secret.exists(f"nope-{RUN}")
+        updated = e2b.Secret.update(name, value + "-2")
+        assert updated.version == 2, updated
+        listed = [s.name for s in e2b.Secret.list().next_items()]
+        assert name in listed, listed
+        # Another key sees none of them.
+        other = os.environ.get("E2B_OTHER_KEY")
+        if other:
+            assert not e2b.Secret.exists(name, api_key=other)
+        try:
+            Sandbox.create(template=TEMPLATE, timeout=60, network={
+                "rules": {"api.example.com": [{"transform": {"headers": {
+                    "Authorization": "Bearer " + e2b.Secret.fill(f"missing-{RUN}")}}}]}})
+            raise AssertionError("a rule naming a missing secret made a sandbox")
+        except e2b.SandboxException as e:
+            assert "no secret named" in str(e), e
+        # A rule with the secret: the guest holds neither the value nor a placeholder of it.
+        s = Sandbox.create(template=TEMPLATE, timeout=120, network={
+            "allow_out": ["api.example.com"], "deny_out": ["0.0.0.0/0"],
+            "rules": {"api.example.com": [{"transform": {"headers": {
+                "Authorization": "Bearer " + e2b.Secret.fill(name)}}}]}})
+        try:
+            env = s.commands.run("env; cat /proc/1/environ | tr '\\0' '\\n'", user="root").stdout
+            assert value not in env and "E2B_RULE" not in env, env
+        finally:
+            s.kill()
+    finally:
+        assert e2b.Secret.destroy(info.secret_id) is True
+    assert e2b.Secret.destroy(info.secret_id) is False
+    ok("Secret: create, get_info, exists, update, list (no values), another key sees none; "
+       "a rule puts one in at egress, never in the guest", t)
 
 
 def network_steps():

@@ -13,7 +13,7 @@ pub fn expected_file() -> PathBuf {
 }
 
 /// One test's end as the suite's plugin wrote it.
-#[derive(serde::Deserialize)]
+#[derive(Debug, serde::Deserialize)]
 pub struct Outcome {
     pub test: String,
     pub outcome: String,

@@ -146,8 +146,75 @@ fn run_pytest_suite(
 fn python_sdk_suite_in_domain_mode() {
     let Some(suites) = suites() else { return };
     in_mode("e2b-suite-domain", Mode::Domain, "base", |client| {
-        run_python(&suites, "domain", client)
+        run_python(&suites, "domain", client);
+        volume_files(&suites, client);
     });
+}
+
+/// E2B's volume file tests (`test_file.py`, sync and async, unchanged) with volumes on the
+/// daemon: E2B's own fixtures answer every content call with a mock, so beside the tests goes
+/// `crates/e2b/tests/suites/volume-content/conftest.py`, whose fixtures make real volumes
+/// through the SDK. Every test passes but the one E2B itself skips.
+fn volume_files(suites: &Path, client: &dyn Fn(&Path) -> Command) {
+    let work = tempfile::tempdir().unwrap();
+    let from = suites.join("python-sdk");
+    for dir in ["sync/volume_sync", "async/volume_async"] {
+        let to = work.path().join("tests").join(dir);
+        std::fs::create_dir_all(&to).unwrap();
+        std::fs::copy(
+            from.join("tests").join(dir).join("test_file.py"),
+            to.join("test_file.py"),
+        )
+        .unwrap();
+    }
+    std::fs::copy(from.join("pytest.ini"), work.path().join("pytest.ini")).unwrap();
+    let ours = infra::repo_root().join("crates/e2b/tests/suites/volume-content/conftest.py");
+    std::fs::copy(ours, work.path().join("tests/conftest.py")).unwrap();
+    let outcomes = work.path().join("outcomes.jsonl");
+    let out = client(&infra::e2b_suite_python())
+        .args([
+            "-m",
+            "pytest",
+            "-n",
+            "2",
+            "-q",
+            "-rfE",
+            "-p",
+            "no:cacheprovider",
+        ])
+        .args(["-p", "forkbox_outcomes", "tests"])
+        .env(
+            "PYTHONPATH",
+            infra::repo_root().join("crates/e2b/tests/suites"),
+        )
+        .env("PYTHONDONTWRITEBYTECODE", "1")
+        .env("FORKBOX_OUTCOMES", &outcomes)
+        .current_dir(work.path())
+        .output()
+        .unwrap();
+    println!("{}", String::from_utf8_lossy(&out.stdout));
+    let all: Vec<Outcome> = std::fs::read_to_string(&outcomes)
+        .unwrap_or_default()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let wrong: Vec<&Outcome> = all
+        .iter()
+        .filter(|o| o.outcome != "passed" && !o.test.ends_with("test_list_with_depth"))
+        .collect();
+    assert!(
+        all.len() >= 50,
+        "E2B's volume file tests: {} ran",
+        all.len()
+    );
+    assert!(
+        wrong.is_empty(),
+        "E2B's volume file tests on the daemon: {wrong:#?}"
+    );
+    println!(
+        "E2B's volume file tests on the daemon: {} passed",
+        all.len() - 2
+    );
 }
 
 /// E2B's Python SDK suite with `E2B_API_URL` and `E2B_SANDBOX_URL` at the daemon's TCP

@@ -1,8 +1,14 @@
 //! E2B's volumes (`/volumes`): each a forkbox volume named `e2b-OWNER12-NAME`, so a key sees
 //! only its own, mounted through a create's `volumeMounts` read-write (E2B's volumes have no
 //! read-only mounts; forkbox's one-writer rule then holds: a second sandbox that mounts a
-//! volume another has is refused, naming it). The content API of E2B's volumes (reading and
-//! writing a volume's files without a sandbox) is not served: mount it in a sandbox.
+//! volume another has is refused, naming it). Their files are read and written without a
+//! sandbox of the caller's through E2B's content API ([`content`]).
+
+mod content;
+pub(crate) mod door;
+mod script;
+
+pub(crate) use content::router;
 
 use std::sync::Arc;
 
@@ -40,10 +46,10 @@ pub(crate) fn forkbox_name(owner: &str, name: &str) -> Result<String, Failure> {
     Ok(keys::owned_name(owner, name))
 }
 
-fn shape(owner: &str, v: &VolumeView) -> Option<Value> {
+fn shape(e: &E2b, owner: &str, v: &VolumeView) -> Option<Value> {
     let name = keys::owned_label(owner, &v.name)?;
-    // No content API, so no token for it; the SDK requires the field.
-    Some(json!({ "volumeID": v.name, "name": name, "token": "" }))
+    let token = content::token(&e.key, &v.name, v.created_unix);
+    Some(json!({ "volumeID": v.name, "name": name, "token": token }))
 }
 
 fn not_found(id: &str) -> Failure {
@@ -66,7 +72,7 @@ pub(crate) async fn create(
             node: None,
         })
         .await?;
-    let shaped = shape(&c.owner, &v).unwrap_or(Value::Null);
+    let shaped = shape(&e, &c.owner, &v).unwrap_or(Value::Null);
     Ok(status(StatusCode::CREATED, shaped))
 }
 
@@ -77,7 +83,7 @@ pub(crate) async fn list(State(e): State<Arc<E2b>>, headers: HeaderMap) -> Answe
         .list_volumes()
         .await?
         .iter()
-        .filter_map(|v| shape(&c.owner, v))
+        .filter_map(|v| shape(&e, &c.owner, v))
         .map(|mut v| {
             v.as_object_mut().map(|o| o.remove("token"));
             v
@@ -107,7 +113,7 @@ pub(crate) async fn info(
     let v = mine(&c, &id).await?;
     Ok(status(
         StatusCode::OK,
-        shape(&c.owner, &v).unwrap_or(Value::Null),
+        shape(&e, &c.owner, &v).unwrap_or(Value::Null),
     ))
 }
 
@@ -118,6 +124,7 @@ pub(crate) async fn destroy(
 ) -> Answer {
     let c = caller(&e, &headers)?;
     mine(&c, &id).await?;
+    door::release(&e, &[&id]).await;
     c.client.remove_volume(&id).await?;
     Ok(StatusCode::NO_CONTENT.into_response())
 }
