@@ -589,6 +589,17 @@ fn a_registry_is_pulled_through_its_mirrors_in_turn() {
     assert_eq!(pulled.digest, manifest);
     assert_eq!(pulled.layers.len(), 1);
 
+    // Two pulls of it at once (two templates built FROM one image) each get it whole.
+    forkbox_engine::tree::remove_tree(&paths.home().join("oci/blobs")).unwrap();
+    let (one, two) = rt.block_on(async {
+        let (mut a, mut b) = (|_| {}, |_| {});
+        tokio::join!(
+            pull(&paths, &reference, &mut a),
+            pull(&paths, &reference, &mut b)
+        )
+    });
+    assert_eq!(one.unwrap().digest, two.unwrap().digest);
+
     mirrored(vec![dead.clone()]);
     let err = pull_now().unwrap_err().to_string();
     assert!(

@@ -351,7 +351,12 @@ async fn pull_from(
             layers.push(path);
             continue;
         }
-        let part = blobs.join(format!(".{hex}.{}", std::process::id()));
+        // A part file of this pull's own: two pulls of one image at once (a daemon building
+        // two templates FROM it) each fetch into their own and the last rename wins, the
+        // bytes being the same.
+        static PULLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = PULLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let part = blobs.join(format!(".{hex}.{}.{n}", std::process::id()));
         let file = tokio::fs::File::create(&part)
             .await
             .map_err(|e| ImageError::io(format!("create {}", part.display()), e))?;
