@@ -271,3 +271,86 @@ fn agent_frameworks_on_e2b() {
     assert!(out.contains("langchain-e2b sandbox passed"), "{out}");
     d.assert_nothing_left();
 }
+
+/// A volume's file system is the guest's to write: one made corrupt (its superblock, then its
+/// inode tables, overwritten on the host as a hostile guest could have left them) and read
+/// through E2B's content API fails in words, harming nothing: the host mounts nothing, the
+/// daemon serves on, and the volume is destroyed as any other.
+#[test]
+fn a_corrupt_volume_read_through_the_content_api_harms_nothing() {
+    const STEP: &str = r#"
+import sys, e2b
+step, name = sys.argv[1], sys.argv[2]
+if step == "make":
+    vol = e2b.Volume.create(name)
+    vol.write_file("/a.txt", "before")
+    # A sandbox that mounts it makes the helper leave; once it is gone nothing holds it.
+    s = e2b.Sandbox.create(template="base", timeout=120, volume_mounts={"/v": vol})
+    assert s.files.read("/v/a.txt") == "before"
+    s.kill()
+    print("volume", vol.volume_id)
+elif step == "read":
+    vol = e2b.Volume.connect(sys.argv[3])
+    try:
+        print("read", vol.read_file("/a.txt"))
+    except (e2b.VolumeException, e2b.NotFoundException) as e:
+        print("refused", type(e).__name__, e)
+else:
+    print("destroyed", e2b.Volume.destroy(sys.argv[3]))
+"#;
+    let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
+    let d = Daemon::start("e2b-corrupt-volume");
+    let run = |args: &[&str]| {
+        d.check(
+            e2b_client(&d, &python).args(["-c", STEP]).args(args),
+            "a corrupt volume's step",
+        )
+    };
+    // The inode tables and bitmaps of one volume (its superblock still says ext4), the
+    // superblock of another; each read by a helper that mounts it then.
+    // (A 1 GiB ext4 keeps its bitmaps and inode tables well within its first 64 MiB.)
+    for (what, at, len, byte) in [
+        ("inode tables", 1u64 << 20, 63usize << 20, None),
+        ("superblock", 1024, 1024, Some(0xffu8)),
+    ] {
+        let name = format!("corrupt-{}-{}", std::process::id(), at);
+        let out = run(&["make", &name]);
+        let id = out
+            .lines()
+            .find_map(|l| l.strip_prefix("volume "))
+            .unwrap()
+            .trim()
+            .to_string();
+        let disk = d.paths.home().join("volumes").join(&id).join("disk.ext4");
+        {
+            use std::io::{Seek, Write};
+            let mut f = std::fs::OpenOptions::new().write(true).open(&disk).unwrap();
+            f.seek(std::io::SeekFrom::Start(at)).unwrap();
+            let junk: Vec<u8> = match byte {
+                Some(b) => vec![b; len],
+                None => (0..len).map(|i| (i * 7919 % 251) as u8).collect(),
+            };
+            f.write_all(&junk).unwrap();
+        }
+        let out = run(&["read", &name, &id]);
+        assert!(out.contains("refused"), "{what}: {out}");
+        println!("{what} spoilt: {}", out.trim());
+        // Nothing on the host mounts it or puts a loop device on it.
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        assert!(!mounts.contains(&id), "{mounts}");
+        let loops = Command::new("losetup")
+            .arg("-j")
+            .arg(&disk)
+            .output()
+            .unwrap();
+        assert!(
+            loops.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&loops.stdout)
+        );
+        let out = run(&["destroy", &name, &id]);
+        assert!(out.contains("destroyed True"), "{out}");
+        assert!(!disk.exists());
+    }
+    d.assert_nothing_left();
+}

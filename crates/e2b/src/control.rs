@@ -323,6 +323,15 @@ async fn create_of_template(
                 format!("template {name} has no tag {tag}"),
             )
         })?;
+        // That build saved running with its start command, when it is the one kept.
+        if let Some(started) = crate::started::snapshot_of(&c.owner, &name) {
+            if let Ok(m) = c.client.get_snapshot(&started).await {
+                if m.image == found.image {
+                    req.snapshot = Some(started);
+                    return create_building(e, &c.client, &req).await;
+                }
+            }
+        }
         req.image = Some(found.image);
         return create_building(e, &c.client, &req).await;
     }
