@@ -76,7 +76,7 @@ pub enum ImageCmd {
         #[arg(long)]
         clear: bool,
     },
-    /// Forget what `image login` recorded for a registry.
+    /// Forget what `image login` recorded for a registry (its mirrors stay).
     Logout {
         /// The registry: HOST or HOST:PORT.
         registry: String,
@@ -170,15 +170,7 @@ pub fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
             mirrors,
             clear,
         } => image_mirror(paths, &registry, &mirrors, clear),
-        ImageCmd::Logout { registry } => {
-            let registry = registry_key(&registry)?;
-            if !oci::logins(paths).contains_key(&registry) {
-                anyhow::bail!("nothing is recorded for {registry}");
-            }
-            oci::save_login(paths, &registry, None)?;
-            println!("{registry}: forgotten");
-            Ok(ExitCode::SUCCESS)
-        }
+        ImageCmd::Logout { registry } => image_logout(paths, &registry),
         ImageCmd::Rm { reference, json } => {
             let r: ImageRef = reference.parse()?;
             // A running daemon removes it: it stops its pooled copies of the image first.
@@ -229,6 +221,21 @@ fn image_login(
         "{registry}: {said} recorded in {} (readable by root only); used by the next build on one of its images",
         paths.home().join("registries.json").display()
     );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `image logout`: forgets what is recorded for a registry.
+fn image_logout(paths: &Paths, registry: &str) -> anyhow::Result<ExitCode> {
+    let registry = registry_key(registry)?;
+    let Some(mut login) = oci::logins(paths).remove(&registry) else {
+        anyhow::bail!("nothing is recorded for {registry}");
+    };
+    // Its mirrors stay (`image mirror --clear` forgets them).
+    login.auth = None;
+    login.insecure = false;
+    let keep = !login.mirrors.is_empty();
+    oci::save_login(paths, &registry, keep.then_some(login))?;
+    println!("{registry}: forgotten");
     Ok(ExitCode::SUCCESS)
 }
 
