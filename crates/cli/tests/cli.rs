@@ -2729,3 +2729,51 @@ fn a_host_without_ca_certificates_reaches_its_own_daemon() {
         text(&out.stderr)
     );
 }
+
+/// `image mirror`: recorded per registry in the order given (a mirror named with http:// is
+/// plain HTTP), printed, kept by `image logout`, forgotten by `--clear`; bad input refused in
+/// words, nothing recorded.
+#[test]
+fn image_mirrors_are_recorded_printed_and_forgotten() {
+    let paths = infra::fresh_home("image-mirror", false);
+    let file = paths.home().join("registries.json");
+    let ok = |args: &[&str]| {
+        let out = run(&paths, args);
+        assert!(out.status.success(), "{args:?}: {}", text(&out.stderr));
+        text(&out.stdout)
+    };
+    let out = ok(&[
+        "image",
+        "mirror",
+        "docker.io",
+        "http://127.0.0.1:5000",
+        "mirror.internal",
+    ]);
+    assert!(
+        out.contains("127.0.0.1:5000, then mirror.internal"),
+        "{out}"
+    );
+    let kept: serde_json::Value = serde_json::from_slice(&std::fs::read(&file).unwrap()).unwrap();
+    assert_eq!(
+        kept["index.docker.io"]["mirrors"],
+        serde_json::json!(["127.0.0.1:5000", "mirror.internal"])
+    );
+    assert_eq!(kept["127.0.0.1:5000"]["insecure"], true);
+    assert!(kept.get("mirror.internal").is_none(), "{kept}");
+    assert!(ok(&["image", "mirror", "docker.io"]).contains("127.0.0.1:5000 mirror.internal"));
+    for bad in [
+        vec!["image", "mirror", "docker.io", "docker.io"],
+        vec!["image", "mirror", "docker.io", "a/b"],
+        vec!["image", "mirror", "docker.io", "x", "--clear"],
+    ] {
+        let before = std::fs::read(&file).unwrap();
+        let out = run(&paths, &bad);
+        assert!(!out.status.success(), "{bad:?}");
+        assert!(!text(&out.stderr).trim().is_empty(), "{bad:?}");
+        assert_eq!(std::fs::read(&file).unwrap(), before, "{bad:?}");
+    }
+    ok(&["image", "logout", "docker.io"]);
+    assert!(ok(&["image", "mirror", "docker.io"]).contains("mirror.internal"));
+    ok(&["image", "mirror", "docker.io", "--clear"]);
+    assert!(ok(&["image", "mirror", "docker.io"]).contains("no mirrors"));
+}
