@@ -46,8 +46,7 @@ pub fn load_or_make(file: &Path) -> std::io::Result<[u8; 32]> {
         )));
     }
     let mut k = [0u8; 32];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut k))?;
+    random_bytes(&mut k)?;
     if let Some(dir) = file.parent() {
         std::fs::create_dir_all(dir)?;
     }
@@ -105,11 +104,15 @@ fn unhex(s: &str) -> Option<Vec<u8>> {
         .collect()
 }
 
+/// Fills `b` from the kernel's random source.
+pub fn random_bytes(b: &mut [u8]) -> std::io::Result<()> {
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, b))
+}
+
 /// Random bytes in hex.
 pub fn random_hex(n: usize) -> std::io::Result<String> {
     let mut b = vec![0u8; n];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b))?;
+    random_bytes(&mut b)?;
     Ok(hex(&b))
 }
 

@@ -50,14 +50,10 @@ pub(crate) fn header_secrets(
                 continue;
             }
             for (name, value) in headers {
-                let mut resolved = value.to_string();
-                for (secret, v) in crate::secrets::resolve(e, owner, value)? {
-                    resolved = resolved.replace(&format!("${{e2b.secrets.{secret}}}"), &v);
-                }
                 specs.push(SecretSpec {
                     name: format!("E2B_RULE_{}", specs.len() + 1),
                     hosts: vec![domain.clone()],
-                    value: resolved,
+                    value: crate::secrets::resolve(e, owner, value)?,
                     header: Some(name.clone()),
                 });
             }

@@ -82,8 +82,7 @@ impl Secrets {
 
     fn seal(&self, id: &str, value: &str) -> Result<String, Failure> {
         let mut nonce = [0u8; NONCE_LEN];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut nonce))
+        keys::random_bytes(&mut nonce)
             .map_err(|e| Failure::new(500, format!("draw a nonce: {e}")))?;
         let mut data = value.as_bytes().to_vec();
         self.key
@@ -342,13 +341,15 @@ async fn destroy(State(e): State<Arc<E2b>>, headers: HeaderMap, Path(id): Path<S
     Ok(StatusCode::NO_CONTENT.into_response())
 }
 
-/// The placeholders of `owner`'s secrets in `text` (`${e2b.secrets.NAME}`), each with its
-/// value; a name the owner has no secret of is refused.
-pub(crate) fn resolve(e: &E2b, owner: &str, text: &str) -> Result<Vec<(String, String)>, Failure> {
-    let mut found = Vec::new();
+/// `text` with each placeholder of `owner`'s secrets (`${e2b.secrets.NAME}`) replaced by its
+/// value, in one pass (a value is never read for placeholders); a name the owner has no
+/// secret of is refused.
+pub(crate) fn resolve(e: &E2b, owner: &str, text: &str) -> Result<String, Failure> {
+    const OPEN: &str = "${e2b.secrets.";
+    let mut out = String::with_capacity(text.len());
     let mut rest = text;
-    while let Some(at) = rest.find("${e2b.secrets.") {
-        let after = &rest[at + "${e2b.secrets.".len()..];
+    while let Some(at) = rest.find(OPEN) {
+        let after = &rest[at + OPEN.len()..];
         let Some(end) = after.find('}') else { break };
         let name = &after[..end];
         let value = e
@@ -360,8 +361,10 @@ pub(crate) fn resolve(e: &E2b, owner: &str, text: &str) -> Result<Vec<(String, S
                     format!("network rule: no secret named {name:?} (make it with Secret.create)"),
                 )
             })?;
-        found.push((name.to_string(), value));
+        out.push_str(&rest[..at]);
+        out.push_str(&value);
         rest = &after[end + 1..];
     }
-    Ok(found)
+    out.push_str(rest);
+    Ok(out)
 }
