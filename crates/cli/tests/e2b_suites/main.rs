@@ -14,7 +14,8 @@
 //! The default run takes both suites in domain mode (the daemon on 443 of a namespace of the
 //! test's own, with a `dnsmasq` resolving `*.e2b.test` and its CA trusted: per-sandbox host
 //! names, signed URLs and the JavaScript suite's mocked API are exercised);
-//! `FORKBOX_E2B_SUITES_ALL=1` adds URL mode. Each prints an `E2B SUITE` line: passed, listed,
+//! `FORKBOX_E2B_SUITES_ALL=1` adds URL mode and the template builds whose requests another
+//! default test already makes (`python::left_out`, `js::left_out`). Each prints an `E2B SUITE` line: passed, listed,
 //! skipped, total, wall time. `FORKBOX_E2B_SUITE_ARGS` (pytest's arguments) and
 //! `FORKBOX_E2B_JS_SUITE_ARGS` (vitest's) run some of a suite's tests instead of all. A few
 //! unlisted failures are run once more, alone (a test starved beside the others passes then,
@@ -86,10 +87,15 @@ pub fn in_mode(name: &str, mode: Mode, image: &str, run: impl FnOnce(&dyn Fn(&Pa
     infra::drop_own_images(&paths);
 }
 
+/// Whether `FORKBOX_E2B_SUITES_ALL` asks for every run and every test.
+pub fn all() -> bool {
+    std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_some()
+}
+
 /// `found()` (the suites' folder) when `FORKBOX_E2B_SUITES_ALL` asks for the runs behind the
 /// flag, or `None` after saying why the test skips.
 pub fn flagged(found: impl FnOnce() -> Option<PathBuf>) -> Option<PathBuf> {
-    if std::env::var_os("FORKBOX_E2B_SUITES_ALL").is_none() {
+    if !all() {
         eprintln!("skipped (FORKBOX_E2B_SUITES_ALL=1 runs it; the default run has domain mode)");
         return None;
     }
