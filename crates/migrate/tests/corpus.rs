@@ -6,7 +6,8 @@
 //! plan that changes nothing is accepted with no test lost.
 //!
 //! Needs PyPI (`pip download`) and a Debian mirror (`mmdebstrap`, once per test home). Runs
-//! only with `FORKBOX_CORPUS=1`: about a minute per project under TCG. Prints `FIGURE` lines:
+//! with `FORKBOX_CORPUS=1` (two projects) or `all` (six): 20-80 s per
+//! project under TCG. Prints `FIGURE` lines:
 //! the native suite time, forkbox's baseline and whole-migration times, and their ratios.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
@@ -47,11 +48,6 @@ fn test_command(spec: &str) -> String {
 const MARK: &str = "ported by forkbox";
 const BIN: &str = "\\\\000\\\\001forkbox\\\\377\\\\376";
 const BIN_BYTES: &[u8] = b"\x00\x01forkbox\xff\xfe";
-
-/// Every project of this corpus runs with `FORKBOX_CORPUS=1` or `all`.
-fn enabled() -> bool {
-    common::corpus().is_some()
-}
 
 fn corpus_dir(paths: &forkbox_engine::paths::Paths) -> PathBuf {
     let d = paths.home().join("corpus");
@@ -171,9 +167,11 @@ fn passed(r: &Results) -> std::collections::BTreeSet<&String> {
         .collect()
 }
 
-async fn check(spec: &str) {
-    if !enabled() {
-        eprintln!("corpus: skipped (set FORKBOX_CORPUS=1 to run it)");
+/// Runs project `spec`: with `FORKBOX_CORPUS=1` when it is one of the `default` two (one
+/// module; a package whose suite has skips and expected failures, the richest outcome mix),
+/// with `all` every one.
+async fn check(spec: &str, default: bool) {
+    if !common::runs(spec, default) {
         return;
     }
     let paths = infra::home();
@@ -271,35 +269,35 @@ async fn check(spec: &str) {
 /// A single-module project with one test file at its root.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn six() {
-    check("six==1.16.0").await;
+    check("six==1.16.0", true).await;
 }
 
 /// A package with a `tests/` directory of unittest cases and data files.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idna() {
-    check("idna==3.7").await;
+    check("idna==3.7", false).await;
 }
 
 /// A large unittest suite (about a thousand tests).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn more_itertools() {
-    check("more-itertools==10.2.0").await;
+    check("more-itertools==10.2.0", false).await;
 }
 
 /// Tests inside the package (`toolz/tests`), pytest style.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn toolz() {
-    check("toolz==0.12.1").await;
+    check("toolz==0.12.1", false).await;
 }
 
 /// pytest-style tests with parametrised compliance cases.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jmespath() {
-    check("jmespath==1.0.1").await;
+    check("jmespath==1.0.1", false).await;
 }
 
 /// A checker whose tests live in `pyflakes/test`, with skips and expected failures.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pyflakes() {
-    check("pyflakes==3.2.0").await;
+    check("pyflakes==3.2.0", true).await;
 }
