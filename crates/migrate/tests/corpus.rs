@@ -6,9 +6,9 @@
 //! plan that changes nothing is accepted with no test lost.
 //!
 //! Needs PyPI (`pip download`) and a Debian mirror (`mmdebstrap`, once per test home). Runs
-//! with `FORKBOX_CORPUS=1` (two projects) or `all` (six): 20-80 s per
-//! project under TCG. Prints `FIGURE` lines:
-//! the native suite time, forkbox's baseline and whole-migration times, and their ratios.
+//! with `FORKBOX_CORPUS=1` (two projects) or `all` (six): 20-80 s per project under TCG.
+//! Prints `FIGURE` lines: the native suite time, forkbox's baseline and whole-migration
+//! times, and their ratios.
 
 #![allow(clippy::unwrap_used)] // tests fail loudly by design
 

@@ -8,7 +8,7 @@ use std::process::Command;
 
 use forkbox_test_infra as infra;
 
-use crate::list::{judge, listed, take_reruns, Outcome};
+use crate::list::{judge, leave_out, listed, take_reruns, Outcome};
 use crate::{flagged, in_mode, suites, Mode, AGAIN_AT_MOST};
 
 const SUITE: &str = "js-sdk";
@@ -208,11 +208,7 @@ fn run_js(mode: &str, client: &dyn Fn(&Path) -> Command) {
         .unwrap_or_default();
     let (mut outcomes, secs) = vitest(&name, client, &args, 2);
     let mut listed = listed(SUITE, mode);
-    listed.retain(|test, _| {
-        !left_out()
-            .iter()
-            .any(|f| test.starts_with(&format!("{f} > ")))
-    });
+    leave_out(&mut listed, left_out());
     let again: Vec<String> = outcomes
         .iter()
         .filter(|o| o.outcome == "failed" && !listed.contains_key(&o.test))

@@ -52,6 +52,20 @@ pub fn listed(suite: &str, mode: &str) -> BTreeMap<String, String> {
     out
 }
 
+/// Takes off `listed` the tests under `parts` (a folder or file of the suite's, as a test's
+/// name begins: `tests/async`, `tests/template/build.test.ts`), which a run left out: only a
+/// run that had them can judge them.
+pub fn leave_out(listed: &mut BTreeMap<String, String>, parts: &[&str]) {
+    listed.retain(|test, _| !parts.iter().any(|p| within(test, p)));
+}
+
+/// Whether test `name` is in `part`: its name begins with it, then a path's `/`, pytest's `::`
+/// or vitest's ` > ` (`tests/async` holds `tests/async/x.py::t`, not `tests/asyncio.py::t`).
+fn within(name: &str, part: &str) -> bool {
+    name.strip_prefix(part)
+        .is_some_and(|rest| ["/", "::", " > "].iter().any(|sep| rest.starts_with(sep)))
+}
+
 /// Compares `outcomes` of `suite` in `mode` (run in `secs`) with `listed`: prints the counts
 /// and the wall time, fails on a failing test not listed, a listed test that passed and a
 /// listed test the suite has not.
@@ -124,4 +138,32 @@ pub fn take_reruns(outcomes: &mut [Outcome], second: Vec<Outcome>, again: &[Stri
             *first = o;
         }
     }
+}
+
+/// A left-out part takes the tests under it and no namesake beside it.
+#[test]
+fn a_left_out_part_takes_its_tests_and_no_namesake() {
+    let mut listed: BTreeMap<String, String> = [
+        "tests/async/sandbox_async/test_a.py::test_x",
+        "tests/asyncio_helpers.py::test_y",
+        "tests/template/build.test.ts > build > works",
+        "tests/template/build.test.tsx > other",
+        "tests/sync/test_b.py::test_z",
+    ]
+    .into_iter()
+    .map(|t| (t.to_string(), "open: a reason".to_string()))
+    .collect();
+    leave_out(
+        &mut listed,
+        &["tests/async", "tests/template/build.test.ts"],
+    );
+    let left: Vec<&str> = listed.keys().map(String::as_str).collect();
+    assert_eq!(
+        left,
+        [
+            "tests/asyncio_helpers.py::test_y",
+            "tests/sync/test_b.py::test_z",
+            "tests/template/build.test.tsx > other",
+        ]
+    );
 }

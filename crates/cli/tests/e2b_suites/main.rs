@@ -13,10 +13,11 @@
 //!
 //! The default run takes both suites in domain mode (the daemon on 443 of a namespace of the
 //! test's own, with a `dnsmasq` resolving `*.e2b.test` and its CA trusted: per-sandbox host
-//! names, signed URLs and the JavaScript suite's mocked API are exercised);
-//! `FORKBOX_E2B_SUITES_ALL=1` adds URL mode and the template builds whose requests another
-//! default test already makes (`python::left_out`, `js::left_out`). Each prints an `E2B SUITE` line: passed, listed,
-//! skipped, total, wall time. `FORKBOX_E2B_SUITE_ARGS` (pytest's arguments) and
+//! names, signed URLs and the JavaScript suite's mocked API are exercised), but leaves out
+//! what another of its tests covers (`python::left_out`: the Python suite's async twins;
+//! `js::left_out`: JavaScript live template builds); `FORKBOX_E2B_SUITES_ALL=1` runs those
+//! and URL mode. Each prints an `E2B SUITE` line: passed, listed, skipped, total, wall time.
+//! `FORKBOX_E2B_SUITE_ARGS` (pytest's arguments) and
 //! `FORKBOX_E2B_JS_SUITE_ARGS` (vitest's) run some of a suite's tests instead of all. A few
 //! unlisted failures are run once more, alone (a test starved beside the others passes then,
 //! and is said FLAKY).

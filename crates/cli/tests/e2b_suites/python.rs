@@ -8,7 +8,7 @@ use std::process::Command;
 
 use forkbox_test_infra as infra;
 
-use crate::list::{judge, listed, take_reruns, Outcome};
+use crate::list::{judge, leave_out, listed, take_reruns, Outcome};
 use crate::{flagged, in_mode, suites, Mode, AGAIN_AT_MOST};
 
 /// Pytest's arguments that pick some of the suite's tests instead of all of them
@@ -34,15 +34,24 @@ pub fn left_out() -> &'static [&'static str] {
     }
 }
 
+/// Which of a suite's tests a pytest run takes.
+#[derive(Clone, Copy)]
+enum Tests<'a> {
+    /// The whole suite (or `FORKBOX_E2B_SUITE_ARGS`' choice) but these folders, two at a time.
+    AllBut(&'a [&'a str]),
+    /// These tests, one at a time.
+    Only(&'a [String]),
+}
+
 /// Runs E2B's Python suite from a copy of `suite` (pytest writes beside the tests), through
-/// `client` (the program to run, made ready to reach the daemon), two tests at a time: every
-/// test's outcome. Pytest's whole output is kept in the test home as `e2b-suite-NAME.log`.
+/// `client` (the program to run, made ready to reach the daemon): every test's outcome of
+/// those `tests` names. Pytest's whole output is kept in the test home as `e2b-suite-NAME.log`.
 fn pytest(
     name: &str,
     python: &Path,
     suite: &Path,
     client: &impl Fn(&Path) -> Command,
-    only: Option<&[String]>,
+    tests: Tests<'_>,
 ) -> (Vec<Outcome>, f64) {
     let work = tempfile::tempdir().unwrap();
     let copy = work.path().join("suite");
@@ -58,7 +67,11 @@ fn pytest(
     let started = std::time::Instant::now();
     let mut cmd = client(python);
     // Two at a time; tests run again, one at a time.
-    let workers = if only.is_some() { "0" } else { "2" };
+    let workers = if matches!(tests, Tests::Only(_)) {
+        "0"
+    } else {
+        "2"
+    };
     cmd.args([
         "-m",
         "pytest",
@@ -70,12 +83,12 @@ fn pytest(
         "no:cacheprovider",
     ])
     .args(["-p", "forkbox_outcomes"]);
-    match (only, selection()) {
-        (Some(tests), _) => cmd.args(tests),
-        (None, Some(args)) => cmd.args(args.split_whitespace()),
-        (None, None) => cmd
+    match (tests, selection()) {
+        (Tests::Only(tests), _) => cmd.args(tests),
+        (Tests::AllBut(_), Some(args)) => cmd.args(args.split_whitespace()),
+        (Tests::AllBut(skip), None) => cmd
             .arg("tests")
-            .args(left_out().iter().map(|d| format!("--ignore={d}"))),
+            .args(skip.iter().map(|d| format!("--ignore={d}"))),
     };
     let out = cmd
         .env("PYTHONPATH", &plugin)
@@ -113,24 +126,25 @@ fn run_python(suites: &Path, mode: &str, client: &dyn Fn(&Path) -> Command) {
         "python-sdk",
         &python,
         &suites.join("python-sdk"),
-        mode,
+        (mode, left_out()),
         client,
     );
 }
 
-/// Runs the Python suite `list_name` in `suite` with `python`, judged against the list.
+/// Runs the Python suite `list_name` in `suite` with `python` in `mode` but for its folders
+/// `skip`, judged against the list.
 fn run_pytest_suite(
     list_name: &str,
     python: &Path,
     suite: &Path,
-    mode: &str,
+    (mode, skip): (&str, &[&str]),
     client: &dyn Fn(&Path) -> Command,
 ) {
     let (python, suite) = (python.to_path_buf(), suite.to_path_buf());
     let name = format!("{list_name}-{mode}");
-    let (mut outcomes, secs) = pytest(&name, &python, &suite, &client, None);
+    let (mut outcomes, secs) = pytest(&name, &python, &suite, &client, Tests::AllBut(skip));
     let mut listed = listed(list_name, mode);
-    listed.retain(|test, _| !left_out().iter().any(|d| test.starts_with(d)));
+    leave_out(&mut listed, skip);
     let again: Vec<String> = outcomes
         .iter()
         .filter(|o| o.outcome == "failed" && !listed.contains_key(&o.test))
@@ -146,7 +160,7 @@ fn run_pytest_suite(
             &python,
             &suite,
             &client,
-            Some(&again),
+            Tests::Only(&again),
         );
         take_reruns(&mut outcomes, second, &again);
     }
@@ -269,6 +283,12 @@ fn code_interpreter_suite(home: &str, mode: Mode, mode_name: &str) {
     let python = infra::e2b_code_interpreter_suite_python();
     let suite = suites.join("code-interpreter/python");
     in_mode(home, mode, "code-interpreter", |client| {
-        run_pytest_suite("code-interpreter", &python, &suite, mode_name, client)
+        run_pytest_suite(
+            "code-interpreter",
+            &python,
+            &suite,
+            (mode_name, &[]),
+            client,
+        )
     });
 }
