@@ -558,3 +558,23 @@ fn the_document_is_the_route_table() {
         "in the route table, not documented"
     );
 }
+
+/// `docs/reference/http-api.json` is the document the daemon serves now, so the reference people
+/// read never drifts from the code; with FORKBOX_BLESS=1 this test writes it anew.
+#[test]
+fn the_checked_in_reference_is_the_document() {
+    let made = forkbox_server::doc::json() + "\n";
+    let path = forkbox_test_infra::repo_root().join("docs/reference/http-api.json");
+    if std::env::var_os("FORKBOX_BLESS").is_some_and(|v| v == "1") {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, &made).unwrap();
+        return;
+    }
+    let old = std::fs::read_to_string(&path).unwrap_or_default();
+    assert!(
+        old == made,
+        "docs/reference/http-api.json is not the document the code makes now; write it anew \
+         with `FORKBOX_BLESS=1 cargo nextest run -p forkbox-server --test openapi \
+         the_checked_in_reference_is_the_document` and commit it"
+    );
+}
