@@ -9,7 +9,7 @@
 #   python-bookworm.
 # Each sandbox: one vCPU, 2 GiB, allowed the registry alone; npm's and pip's own caches empty
 # every time (the host's too). The cache is emptied by removing its store while the daemon
-# runs (what the README tells a user). Prints wall times, ratios and the cache's answers.
+# runs (what docs/sandboxes.md tells a user). Prints wall times, ratios and the cache's answers.
 # BENCH_ONLY=npm or BENCH_ONLY=pip runs one of them.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -1,6 +1,6 @@
 """A template made with E2B's Template SDK, built and used: unchanged from what an E2B user
 runs. Against forkbox: E2B_API_URL and E2B_SANDBOX_URL (or E2B_DOMAIN) at the daemon, a
-forkbox token in E2B_API_KEY (README, "Agents written for E2B")."""
+forkbox token in E2B_API_KEY (docs/e2b.md, "Agents written for E2B")."""
 
 import time
 

@@ -121,7 +121,7 @@ fn watched(
     out
 }
 
-/// One boot. The README's first example.
+/// One boot. The first command of the README's five-minute tour.
 #[test]
 fn run_prints_the_guest_python_and_the_guest_kernel() {
     let paths = ready();

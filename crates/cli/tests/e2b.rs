@@ -76,11 +76,11 @@ fn python_sdk_async_and_the_v1_paths() {
         "e2b (Python, 2.50.0) sync scenario",
     );
     assert!(out.contains("all sync steps passed"), "{out}");
-    // README's template example, as it is.
+    // docs/e2b.md's template example, as it is.
     let example = infra::repo_root().join("examples/e2b/template.py");
     let out = d.check(
         e2b_client(&d, &newest).arg(&example),
-        "README's E2B template example",
+        "docs/e2b.md's E2B template example",
     );
     assert!(out.contains("hello from a template"), "{out}");
     d.assert_nothing_left();
@@ -162,7 +162,7 @@ fn openai_agents_e2b_sandbox_client() {
     d.assert_nothing_left();
 }
 
-/// Builds the `code-interpreter` image ahead for daemon `d`, as the README says (E2B's SDK does
+/// Builds the `code-interpreter` image ahead for daemon `d`, as docs/e2b.md says (E2B's SDK does
 /// not wait minutes for a create), through the daemon rather than under the fixtures' lock,
 /// which other tests wait on meanwhile (the tests that need it are one group: one builds it).
 fn code_interpreter_built(d: &Daemon) {

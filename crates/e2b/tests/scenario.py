@@ -58,7 +58,7 @@ def sync_suite():
 
     t = time.time()
     # On a fresh home this first create builds the `base` image (minutes under TCG on a busy
-    # host: longer than the SDK's default 60 s request timeout), as README says.
+    # host: longer than the SDK's default 60 s request timeout), as docs/e2b.md says.
     sbx = Sandbox.create(
         template=TEMPLATE,
         timeout=600,

@@ -344,7 +344,7 @@ async fn node_images_run_node_test_and_its_results_read() {
     }
 }
 
-/// The README's Node example end to end: nodekit from Node 18 to Node 20. `npm ci` runs once,
+/// The Node example of docs/migrate.md end to end: nodekit from Node 18 to Node 20. `npm ci` runs once,
 /// in the prepared sandbox (which may reach the npm registry alone); the baseline runs get its
 /// node_modules (they have no network); the forks port offline, one with `npx jscodeshift`
 /// from that node_modules. Costs: both Node images once per test home, `npm ci` under TCG
