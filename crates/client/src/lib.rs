@@ -136,6 +136,9 @@ fn transport(e: reqwest::Error) -> ClientError {
 
 impl Client {
     pub fn new(endpoint: Endpoint) -> Result<Client, ClientError> {
+        // reqwest is built without a crypto provider of its own: forkbox's one TLS stack is
+        // rustls on `ring`, made the process's default here (idempotent).
+        let _ = rustls::crypto::ring::default_provider().install_default();
         let (http, base) = match &endpoint {
             // No TLS on a Unix socket or to an `http://` URL: such a client needs no CA roots
             // (a host without a CA bundle still reaches its own daemon).

@@ -36,13 +36,13 @@ pub fn dns_name(node: &str) -> String {
 
 /// The rustls crypto provider every TLS end here uses.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
 }
 
-/// Makes it the process's default too: etcd's client (tonic) asks rustls for the default, and
-/// with two providers compiled in (tonic brings `ring`) there is none unless one is installed.
+/// Makes it the process's default too: etcd's client (tonic) and reqwest ask rustls for the
+/// default.
 pub fn install_provider() {
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 fn read(path: &Path, what: &str) -> Result<String, String> {

@@ -134,7 +134,7 @@ async fn guest(cache: &Arc<PackageCache>, addr: SocketAddr) -> Sender {
         .add(rustls_pki_types::CertificateDer::from_pem_slice(cache.ca_pem().as_bytes()).unwrap())
         .unwrap();
     let config = rustls::ClientConfig::builder_with_provider(Arc::new(
-        rustls::crypto::aws_lc_rs::default_provider(),
+        rustls::crypto::ring::default_provider(),
     ))
     .with_safe_default_protocol_versions()
     .unwrap()

@@ -332,6 +332,7 @@ pub async fn port(t: &Task<'_>) -> LlmRun {
         run.error = Some(LlmError::NoModel);
         return run;
     };
+    forkbox_engine::sandbox::ca::install_provider();
     let http = match reqwest::Client::builder()
         .timeout(Duration::from_secs(t.porter.request_timeout_secs))
         .build()

@@ -248,6 +248,7 @@ fn registry_error(
 }
 
 fn client(paths: &Paths) -> Client {
+    crate::sandbox::ca::install_provider();
     Client::new(ClientConfig {
         protocol: ClientProtocol::HttpsExcept(insecure(paths)),
         platform_resolver: Some(Box::new(oci_client::client::linux_amd64_resolver)),

@@ -198,7 +198,13 @@ impl Ca {
 }
 
 pub(crate) fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    Arc::new(rustls::crypto::aws_lc_rs::default_provider())
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Makes `ring`, forkbox's one TLS crypto provider, the process's default: reqwest and the OCI
+/// client are built without a provider of their own and take the default. Idempotent.
+pub fn install_provider() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
 }
 
 /// The TLS configuration of this side's connections to the real hosts: verified against the
