@@ -7,8 +7,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 prefix="${PREFIX:-/usr/local}"
-agent=$(scripts/build.sh agent)
 cli=$(scripts/build.sh)
+agent="$PWD/target/x86_64-unknown-linux-gnu/agent/forkbox-agent"
 install -D -m 0755 "$agent" "$prefix/lib/forkbox/forkbox-agent.new"
 mv -f "$prefix/lib/forkbox/forkbox-agent.new" "$prefix/lib/forkbox/forkbox-agent"
 # A link left by an older install would make `install` write through it into the build tree.

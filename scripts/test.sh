@@ -4,6 +4,7 @@
 # under $FORKBOX_TEST_HOME (default /var/tmp/forkbox-test).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. scripts/phases.sh
 # The SDK tests (crates/cli/tests/sdk.rs) make a Python venv from PyPI and run `npm ci` from
 # npm's registry; they need Node 18+ with npm and Python's venv module (Debian's packages).
 # The demo test opens the migration report in headless Chromium.
@@ -72,10 +73,9 @@ for d in homes fresh; do
     rm -rf --one-file-system "$p"
   fi
 done
-echo "== building the static guest agent" >&2
 scripts/build.sh agent >/dev/null
-echo "== installing host packages (forkbox setup)" >&2
-cargo run --quiet --locked -p forkbox-cli -- setup
+phase "building the forkbox CLI (debug) and installing host packages (forkbox setup)" \
+  cargo run --quiet --locked -p forkbox-cli -- setup
 command -v npm >/dev/null || { echo "test: this Node ($(command -v node)) has no npm; install the npm that goes with it" >&2; exit 1; }
 node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)' \
   || { echo "test: the TypeScript SDK needs Node 18 or newer; this is $(node --version)" >&2; exit 1; }
@@ -85,14 +85,17 @@ node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)'
 # every one with FORKBOX_CORPUS=all);
 # FORKBOX_CORPUS=0 leaves them out (they need PyPI, npm, crates.io and a Debian mirror).
 export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
-started=$(date +%s)
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
-  cargo nextest run --locked --workspace --no-fail-fast || status=$?
+  # cargo builds the test binaries first (silent for minutes on one large crate), then nextest
+  # names each test as it ends and every 30 s each one still running.
+  phase "building the tests and running them (cargo nextest, two at a time)" \
+    cargo nextest run --locked --workspace --no-fail-fast || status=$?
   # The slowest tests, from the run's JUnit report (where the test time goes).
   python3 scripts/slowest.py target/nextest/default/junit.xml 20 || true
 else
-  cargo test --locked --workspace --no-fail-fast || status=$?
+  phase "building the tests and running them (cargo test)" \
+    cargo test --locked --workspace --no-fail-fast || status=$?
 fi
-echo "== tests took $(( ($(date +%s) - started) / 60 )) min" >&2
+phases_summary
 exit "$status"
