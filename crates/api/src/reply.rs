@@ -237,6 +237,32 @@ pub struct Written {
     pub bytes: u64,
 }
 
+/// A build under way in the daemon's home (by the daemon, or by a CLI of the same home).
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct BuildView {
+    /// The image's name (its next version is what builds).
+    pub name: String,
+    /// The step that runs, `step` of `total` (0 of 0 before the first).
+    pub step: u32,
+    pub total: u32,
+    /// What the step does.
+    pub what: String,
+    pub started_unix: u64,
+    /// Seconds since it started.
+    pub seconds: u64,
+}
+
+impl BuildView {
+    /// `step 3 of 5: what (2 min 10 s so far)`, as every front end says it.
+    pub fn summary(&self) -> String {
+        let so_far = format!("{} min {:02} s so far", self.seconds / 60, self.seconds % 60);
+        match self.step {
+            0 => format!("starting ({so_far})"),
+            n => format!("step {n} of {}: {} ({so_far})", self.total, self.what),
+        }
+    }
+}
+
 /// The first build of a carried image in a cluster, as the node that builds it logs it: the
 /// lines from `?from=` on (`next` is where the next call starts).
 #[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]

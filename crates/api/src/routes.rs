@@ -82,6 +82,7 @@ routes! {
     info: Get "/v1/info" -> InfoView;
     list_images: Get "/v1/images" -> Vec<ImageView>;
     build_log: Get "/v1/cluster/builds/{name}" -> BuildLogView;
+    list_builds: Get "/v1/builds" -> Vec<BuildView>;
     build_image: Post "/v1/images" -> Lines<BuildProgress>;
     build_dockerfile: Post "/v1/images/dockerfile" -> Lines<BuildProgress>;
     get_image: Get "/v1/images/{reference}" -> ImageView;

@@ -37,9 +37,10 @@ pub enum ImageCmd {
         #[arg(long)]
         json: bool,
     },
-    /// List images.
+    /// List images, then the builds under way in this home (a daemon's too) with their step
+    /// and time so far.
     Ls {
-        /// Print the result as JSON.
+        /// Print the images as JSON (the builds under way: `GET /v1/builds`).
         #[arg(long)]
         json: bool,
     },
@@ -141,9 +142,10 @@ pub fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
         }
         ImageCmd::Ls { json } => {
             let rows: Vec<ImageView> = local::list_images(paths)?;
+            let builds = local::list_builds(paths)?;
             if json {
                 print_json(&rows)?;
-            } else if rows.is_empty() {
+            } else if rows.is_empty() && builds.is_empty() {
                 println!("no images; build one with `forkbox image build -f images/python-bookworm.toml`");
             } else {
                 println!(
@@ -155,6 +157,9 @@ pub fn image_cmd(paths: &Paths, cmd: ImageCmd) -> anyhow::Result<ExitCode> {
                         "{:<28} {:<10} {:<24} {:>6} MiB {:>6} MiB",
                         r.reference, r.suite, r.kernel, r.content_mib, r.disk_mib
                     );
+                }
+                for b in builds {
+                    println!("{:<28} building: {}", b.name, b.summary());
                 }
             }
             Ok(ExitCode::SUCCESS)
@@ -441,3 +446,4 @@ fn read_password(from_stdin: bool) -> anyhow::Result<String> {
     }
     Ok(pass)
 }
+

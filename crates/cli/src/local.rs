@@ -16,6 +16,12 @@ pub fn list_images(paths: &Paths) -> anyhow::Result<Vec<ImageView>> {
     Ok(rt.block_on(call(paths, ops::ListImages {}))?)
 }
 
+/// The builds under way in this home (this process's, a daemon's, another CLI's).
+pub fn list_builds(paths: &Paths) -> anyhow::Result<Vec<forkbox_engine::api::BuildView>> {
+    let rt = crate::daemon::current_thread()?;
+    Ok(rt.block_on(call(paths, ops::ListBuilds {}))?)
+}
+
 pub fn remove_image(paths: &Paths, reference: &ImageRef) -> anyhow::Result<ImageView> {
     let rt = crate::daemon::current_thread()?;
     let op = ops::RemoveImage {

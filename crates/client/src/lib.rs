@@ -701,6 +701,11 @@ impl Client {
         self.json(self.at(op::list_images, &[])).await
     }
 
+    /// The builds under way in the daemon's home.
+    pub async fn list_builds(&self) -> Result<reply::list_builds, ClientError> {
+        self.json(self.at(op::list_builds, &[])).await
+    }
+
     pub async fn get_image(&self, reference: &str) -> Result<reply::get_image, ClientError> {
         self.json(self.at(op::get_image, &[reference])).await
     }

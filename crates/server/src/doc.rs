@@ -23,6 +23,7 @@ use forkbox_engine::api::CodeEvent;
         info,
         list_images,
         build_log,
+        list_builds,
         build_image,
         build_dockerfile,
         get_image,

@@ -20,6 +20,13 @@ pub(crate) async fn build_log(UrlPath(name): UrlPath<String>) -> Response {
     )
 }
 
+/// The builds under way in this home: the daemon's own (an E2B template's first build, a
+/// build through this API) and those of a CLI of the same home.
+#[utoipa::path(get, path = "/v1/builds", responses((status = 200, body = Vec<BuildView>)))]
+pub(crate) async fn list_builds(State(e): State<Arc<Engine>>) -> Api {
+    answer::<reply::list_builds, _>(&e, ops::ListBuilds {}, StatusCode::OK).await
+}
+
 #[utoipa::path(get, path = "/v1/images", responses((status = 200, body = Vec<ImageView>)))]
 pub(crate) async fn list_images(State(e): State<Arc<Engine>>) -> Api {
     answer::<reply::list_images, _>(&e, ops::ListImages {}, StatusCode::OK).await

@@ -22,7 +22,7 @@ use axum::{Json, Router};
 use forkbox_engine::api::routes::reply;
 #[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, CommandEvent, CommandPoll,
+    ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, BuildView, CommandEvent, CommandPoll,
     CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest,
     ExecResult, ForkRequest, ForkResult, GuestPath, Health, IdleRequest, ImageView, InfoView,
     MigrationEvent, MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk,
@@ -761,6 +761,7 @@ pub fn router(engine: Arc<Engine>) -> Router {
         .route(op::openapi.path, get(openapi))
         .route(op::info.path, get(info))
         .route(op::build_log.path, get(build_log))
+        .route(op::list_builds.path, get(list_builds))
         .route(op::list_images.path, get(list_images).post(build_image))
         .route(op::build_dockerfile.path, post(build_dockerfile))
         .route(op::get_image.path, get(get_image).delete(remove_image))

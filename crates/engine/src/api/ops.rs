@@ -114,6 +114,8 @@ operations! {
     /// Deletes a snapshot no sandbox depends on.
     DeleteSnapshot { name: String } -> Deleted = |e, op| e.delete_snapshot(op.name).await;
     ListImages {} -> Vec<ImageView> [keeps] = |e, op| Ok(e.list_images());
+    /// The builds under way in this home (this daemon's, or a CLI's of the same home).
+    ListBuilds {} -> Vec<forkbox_api::BuildView> [keeps] = |e, op| Ok(e.list_builds());
     GetImage { reference: ImageRef } -> ImageView [keeps] = |e, op| e.get_image(&op.reference);
     RemoveImage { reference: ImageRef } -> ImageView = |e, op| e.remove_image(&op.reference).await;
     /// Builds an image; progress goes to `events` when given. `recipe` is parsed and checked

@@ -54,6 +54,20 @@ impl Engine {
             .collect()
     }
 
+    pub(super) fn list_builds(&self) -> Vec<forkbox_api::BuildView> {
+        crate::image::progress::under_way(&self.paths)
+            .into_iter()
+            .map(|u| forkbox_api::BuildView {
+                seconds: u.seconds(),
+                name: u.name,
+                step: u.step,
+                total: u.total,
+                what: u.what,
+                started_unix: u.started_unix,
+            })
+            .collect()
+    }
+
     pub(super) fn get_image(&self, r: &ImageRef) -> Result<ImageView, EngineError> {
         Ok(ImageView::from(&ImageStore::new(&self.paths).resolve(r)?))
     }

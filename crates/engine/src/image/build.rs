@@ -176,6 +176,11 @@ pub fn build(
     }
     let mkfs = require("mkfs.ext4")?;
     let kernel = Kernel::newest(paths)?;
+    let mut progress = super::progress::Progress::start(paths, &recipe.name);
+    let log = &mut |ev: BuildEvent| {
+        progress.see(&ev);
+        log(ev)
+    };
     let store = ImageStore::new(paths);
     let failed_at = |step: &str, message: String| ImageError::BuildFailed {
         name: recipe.name.clone(),

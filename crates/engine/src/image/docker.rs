@@ -111,6 +111,11 @@ pub fn build_dockerfile(
         .map_err(|e| failed(name, "read the Dockerfile", e.to_string()))?;
     let mkfs = require("mkfs.ext4")?;
     let kernel = Kernel::newest(paths)?;
+    let mut progress = super::progress::Progress::start(paths, name);
+    let log = &mut |ev: BuildEvent| {
+        progress.see(&ev);
+        log(ev)
+    };
     let ws = b::Workspace::open(paths, name)?;
     let context = context_dir(name, req.context, &ws.work)?;
     let ignore = Ignore::load(&context);

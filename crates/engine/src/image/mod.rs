@@ -11,6 +11,7 @@ mod docker;
 pub mod dockerfile;
 pub mod layers;
 pub mod oci;
+pub mod progress;
 mod recipe;
 mod store;
 mod workspace;
