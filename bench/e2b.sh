@@ -30,7 +30,8 @@ done
 venv="$test_home/bench-e2b-venv"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q --disable-pip-version-check e2b e2b-code-interpreter ./sdk/python >&2
-export FORKBOX_HOME="$home" FORKBOX_POOL_SIZE=0
+# The images are built below (timed apart): nothing built ahead at the daemon's start.
+export FORKBOX_HOME="$home" FORKBOX_POOL_SIZE=0 FORKBOX_E2B_PREBUILD=none
 port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
 "$forkbox" serve --listen "127.0.0.1:$port" >"$home/daemon.log" 2>&1 &
 trap 'kill "$(cat "$home/daemon.pid")" 2>/dev/null || true' EXIT

@@ -85,6 +85,9 @@ node -e 'process.exit(Number(process.versions.node.split(".")[0]) < 18 ? 1 : 0)'
 # every one with FORKBOX_CORPUS=all);
 # FORKBOX_CORPUS=0 leaves them out (they need PyPI, npm, crates.io and a Debian mirror).
 export FORKBOX_CORPUS="${FORKBOX_CORPUS:-1}"
+# A daemon with E2B's API builds E2B's templates it lacks as it starts; the tests' daemons share
+# the images the tests make, and the one test of that start says --e2b-prebuild itself.
+export FORKBOX_E2B_PREBUILD="${FORKBOX_E2B_PREBUILD:-none}"
 status=0
 if cargo nextest --version >/dev/null 2>&1; then
   # cargo builds the test binaries first (silent for minutes on one large crate), then nextest

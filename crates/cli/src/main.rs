@@ -60,6 +60,10 @@ enum Cmd {
         /// installed, with the weaknesses `forkbox doctor` lists).
         #[arg(long, value_enum, default_value_t = QemuFrom::Recent)]
         qemu: QemuFrom,
+        /// Also build the images of E2B's templates `base` and `code-interpreter-v1` now, with
+        /// their progress (else a daemon with E2B's API builds them when it starts).
+        #[arg(long)]
+        e2b: bool,
         /// Print the result as JSON.
         #[arg(long)]
         json: bool,
@@ -88,16 +92,8 @@ enum Cmd {
         /// (repeatable; none by default).
         #[arg(long = "mcp-root", value_name = "DIR")]
         mcp_roots: Vec<PathBuf>,
-        /// E2B's domain mode: answer `api.DOMAIN` and `PORT-ID.DOMAIN` over TLS on the --listen
-        /// port (443 for E2B's SDKs, which then need only E2B_DOMAIN and E2B_API_KEY), with a
-        /// certificate of a CA this home makes (its file is printed at start: trust it).
-        #[arg(
-            long,
-            value_name = "DOMAIN",
-            requires = "listen",
-            env = "FORKBOX_E2B_DOMAIN"
-        )]
-        e2b_domain: Option<String>,
+        #[command(flatten)]
+        e2b: serve::E2bArgs,
         #[command(flatten)]
         cluster: serve::ClusterArgs,
     },
@@ -457,24 +453,7 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
 
 fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
     match cli.command {
-        Cmd::Setup { qemu, json } => {
-            let source = match qemu {
-                QemuFrom::Recent => setup::QemuSource::Recent,
-                QemuFrom::System => setup::QemuSource::System,
-            };
-            let steps = setup::setup(&paths, source, &mut |line| {
-                eprintln!("forkbox setup: {line}")
-            })?;
-            if json {
-                print_json(&steps)?;
-            } else {
-                for s in &steps {
-                    println!("{:<40} {:<28} {}", s.item, s.action, s.why);
-                }
-                println!("forkbox home: {}", paths.home().display());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
+        Cmd::Setup { qemu, e2b, json } => setup_cmd(&paths, qemu, e2b, json),
         Cmd::Image { command } => images::image_cmd(&paths, command),
         Cmd::Daemon { command } => serve::daemon_cmd(&paths, command),
         Cmd::Pool { command } => serve::pool_cmd(&paths, command),
@@ -503,14 +482,14 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
         Cmd::Serve {
             listen,
             mcp_roots,
-            e2b_domain,
+            e2b,
             cluster,
             ..
         } => serve::serve(
             paths,
             listen,
             mcp_roots,
-            e2b_domain,
+            e2b,
             cluster.options(listen)?,
         ),
         Cmd::Mcp { roots, all } => serve::mcp(&paths, roots, all),
@@ -704,6 +683,35 @@ fn info(paths: &Paths, json: bool, accel: AccelChoice) -> anyhow::Result<ExitCod
     Ok(ExitCode::SUCCESS)
 }
 
+/// `forkbox setup`: host packages and files, then with `e2b` the images of E2B's templates.
+fn setup_cmd(paths: &Paths, qemu: QemuFrom, e2b: bool, json: bool) -> anyhow::Result<ExitCode> {
+    let source = match qemu {
+        QemuFrom::Recent => setup::QemuSource::Recent,
+        QemuFrom::System => setup::QemuSource::System,
+    };
+    let steps = setup::setup(paths, source, &mut |line| {
+        eprintln!("forkbox setup: {line}")
+    })?;
+    if json {
+        print_json(&steps)?;
+    } else {
+        for s in &steps {
+            println!("{:<40} {:<28} {}", s.item, s.action, s.why);
+        }
+        println!("forkbox home: {}", paths.home().display());
+    }
+    if e2b {
+        // E2B's templates are forkbox's carried images of these names.
+        for name in ["base", "code-interpreter"] {
+            bundled::ensure_blocking(paths, &name.parse()?, json)?;
+            if !json {
+                println!("E2B template image {name}: built");
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
 #[cfg(test)]
 mod tests {
     use super::Cli;
@@ -737,3 +745,4 @@ mod tests {
         assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
     }
 }
+

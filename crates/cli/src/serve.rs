@@ -253,11 +253,37 @@ pub fn cluster_secret(file: Option<std::path::PathBuf>) -> anyhow::Result<String
     }
 }
 
+/// E2B's API, answered on the --listen address.
+#[derive(clap::Args, Debug)]
+pub struct E2bArgs {
+    /// E2B's domain mode: answer `api.DOMAIN` and `PORT-ID.DOMAIN` over TLS on the --listen
+    /// port (443 for E2B's SDKs, which then need only E2B_DOMAIN and E2B_API_KEY), with a
+    /// certificate of a CA this home makes (its file is printed at start: trust it).
+    #[arg(
+        long,
+        value_name = "DOMAIN",
+        requires = "listen",
+        env = "FORKBOX_E2B_DOMAIN"
+    )]
+    pub e2b_domain: Option<String>,
+    /// E2B's templates to build at the start, in the background, when this home has none of
+    /// them yet (a first create then finds its template built, or says how far its build is):
+    /// a comma list, or `none`.
+    #[arg(
+        long,
+        value_name = "TEMPLATES",
+        value_delimiter = ',',
+        default_value = "base,code-interpreter-v1",
+        env = "FORKBOX_E2B_PREBUILD"
+    )]
+    pub e2b_prebuild: Vec<String>,
+}
+
 pub fn serve(
     paths: Paths,
     listen: Option<std::net::SocketAddr>,
     mcp_roots: Vec<std::path::PathBuf>,
-    e2b_domain: Option<String>,
+    e2b: E2bArgs,
     cluster: Option<forkbox_server::cluster::ClusterOptions>,
 ) -> anyhow::Result<ExitCode> {
     forkbox_engine::limits::raise_open_files();
@@ -275,8 +301,14 @@ pub fn serve(
     let extra = axum::Router::new().nest_service("/mcp", mcp);
     // E2B's API on the TCP listener: its control plane calls this daemon back on that
     // listener with the caller's key as their token, its data plane through the socket.
+    // A cluster builds a carried image once, on the node a create is placed on: no node builds
+    // E2B's templates ahead on its own.
+    let mut e2b = e2b;
+    if cluster.is_some() {
+        e2b.e2b_prebuild.clear();
+    }
     let fronts = match listen {
-        Some(addr) => vec![e2b_front(&paths, addr, e2b_domain)?],
+        Some(addr) => vec![e2b_front(&paths, addr, e2b, &rt)?],
         None => Vec::new(),
     };
     rt.block_on(forkbox_server::serve(
@@ -295,8 +327,22 @@ pub fn serve(
 fn e2b_front(
     paths: &Paths,
     addr: std::net::SocketAddr,
-    domain: Option<String>,
+    e2b: E2bArgs,
+    rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<forkbox_server::Front> {
+    let domain = e2b.e2b_domain;
+    let prebuild = e2b
+        .e2b_prebuild
+        .into_iter()
+        .map(|t| t.trim().to_string())
+        .filter(|t| !t.is_empty() && t != "none")
+        .collect::<Vec<_>>();
+    if let Some(t) = prebuild.iter().find(|t| !forkbox_e2b::carries(t)) {
+        anyhow::bail!(
+            "--e2b-prebuild: forkbox carries no recipe for template {t}; name base, \
+             code-interpreter-v1 or one of images/*.toml's names, or none"
+        );
+    }
     let f = forkbox_e2b::front(forkbox_e2b::Options {
         socket: forkbox_server::socket_path(paths),
         api_url: format!("http://{}", loopback(addr)),
@@ -304,8 +350,10 @@ fn e2b_front(
         domain,
         tls_dir: paths.home().join("e2b-tls"),
         uploads_dir: paths.home().join("e2b-uploads"),
+        prebuild,
     })
     .context("E2B's API could not start")?;
+    rt.spawn(f.prebuild);
     let site = f.site.map(|s| {
         let port = match addr.port() {
             443 => String::new(),

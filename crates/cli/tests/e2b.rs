@@ -31,20 +31,34 @@ fn e2b_client(d: &Daemon, program: &Path) -> Command {
 }
 
 /// The Python SDK's synchronous scenario on a home that holds nothing but the guest kernel:
-/// the first create builds E2B's `base` template (Debian, Python, Node, git, user `user`) from
-/// forkbox's own recipe, then every call of the scenario runs on it.
+/// the daemon starts building E2B's `base` template (Debian, Python, Node, git, user `user`)
+/// from forkbox's own recipe as it starts, `forkbox image ls` shows the build under way, the
+/// first create answers within the SDK's own request timeout saying how far the build is, and
+/// once it is built every call of the scenario runs on it.
 #[test]
 fn python_sdk_newest_on_a_fresh_home() {
     let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
     let paths = infra::fresh_home("e2b-first-day", false);
     stop_daemon_of(&paths);
-    let d = Daemon::start_in(paths, &[]);
+    let d = Daemon::start_in(paths, &["--e2b-prebuild", "base"]);
+    let mut shown = String::new();
+    let building = infra::wait_until(std::time::Duration::from_secs(120), || {
+        let o = forkbox(&d.paths).args(["image", "ls"]).output().unwrap();
+        shown = String::from_utf8_lossy(&o.stdout).into_owned();
+        shown.lines().any(|l| l.starts_with("base ") && l.contains("building: "))
+    });
+    assert!(building, "`forkbox image ls` showed no build of base under way:\n{shown}");
     let out = d.check(
         e2b_client(&d, &python)
-            .env("E2B_FIRST_CREATE_TIMEOUT", "900")
+            .env("E2B_FIRST_CREATE_WAIT", "1200")
             .arg(scenario("scenario.py"))
             .arg("sync"),
         "e2b (Python, newest) sync scenario on a fresh home",
+    );
+    // The first create came back within the SDK's 60 s with the build's progress.
+    assert!(
+        out.contains("not ready: ") && out.contains("template base is not ready yet"),
+        "{out}"
     );
     assert!(out.contains("all sync steps passed"), "{out}");
     assert!(out.contains("another key neither sees"), "{out}");

@@ -346,7 +346,7 @@ async fn create_of_template(
         req.image = Some(template.to_owned());
         return create_building(e, &c.client, &req).await;
     }
-    ensure_built(e, &c.client, interpreter::IMAGE, "not built yet").await?;
+    crate::first::ready(e, interpreter::TEMPLATE).await?;
     let warm = interpreter::warm(e).await?;
     req.snapshot = Some(warm.clone());
     match create_building(e, &c.client, &req).await {
@@ -362,7 +362,8 @@ async fn create_of_template(
 }
 
 /// Creates; when the image is one forkbox carries a recipe for and this daemon has not built
-/// yet, builds it first (once, however many creates ask), as the CLI does on first use.
+/// yet, builds it first in the background (once, however many creates ask), and says how far
+/// it is when that takes longer than a create may wait ([`crate::first`]).
 pub(crate) async fn create_building(
     e: &E2b,
     client: &Client,
@@ -373,7 +374,12 @@ pub(crate) async fn create_building(
             let Some(name) = req.image.as_deref() else {
                 return Err(err.into());
             };
-            ensure_built(e, client, name, &err.to_string()).await?;
+            if crate::templates::seed(name).is_some() {
+                crate::first::ready(e, name).await?;
+            } else {
+                // Neither built nor carried (unless built since): said so.
+                ensure_built(e, client, name, &err.to_string()).await?;
+            }
             client.create(req).await.map_err(Failure::from)
         }
         r => r.map_err(Failure::from),

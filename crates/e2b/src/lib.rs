@@ -16,6 +16,7 @@ pub mod connect;
 mod control;
 mod envd;
 pub mod errors;
+mod first;
 mod guest;
 mod interpreter;
 mod keys;
@@ -70,6 +71,9 @@ pub struct Options {
     pub tls_dir: PathBuf,
     /// Where the files of template builds' COPY steps are kept, by their hash.
     pub uploads_dir: PathBuf,
+    /// E2B templates forkbox carries a recipe for (`base`, `code-interpreter-v1`) to build at
+    /// the start when this home has none of them yet.
+    pub prebuild: Vec<String>,
 }
 
 /// Whether a request is E2B's, by its URI and headers.
@@ -81,10 +85,15 @@ pub struct Front {
     pub router: axum::Router,
     pub claims: Claims,
     pub site: Option<tls::Site>,
+    /// Builds the templates [`Options::prebuild`] names that this home lacks, once the daemon
+    /// answers: to spawn on the daemon's runtime.
+    pub prebuild: std::pin::Pin<Box<dyn std::future::Future<Output = ()> + Send>>,
 }
 
 /// The front end's state: its clients and what it knows of the commands it started.
 pub(crate) struct E2b {
+    /// Itself, for the work it spawns.
+    me: std::sync::Weak<E2b>,
     /// The daemon over its socket.
     daemon: Client,
     api_url: String,
@@ -105,6 +114,8 @@ pub(crate) struct E2b {
     warming: tokio::sync::Mutex<()>,
     /// One first build of a carried template at a time.
     building: tokio::sync::Mutex<()>,
+    /// Templates' first preparations under way.
+    firsts: first::Firsts,
     /// Every sandbox's kept metrics.
     metrics: metrics::Series,
     /// Template builds.
@@ -159,6 +170,12 @@ fn claims(uri: &axum::http::Uri, headers: &HeaderMap, domain: Option<&str>) -> b
     name == d || name.strip_suffix(d).is_some_and(|r| r.ends_with('.'))
 }
 
+/// Whether forkbox carries a recipe for E2B template `name` (what [`Options::prebuild`] may
+/// name): `base`, `code-interpreter-v1` and forkbox's own images.
+pub fn carries(name: &str) -> bool {
+    interpreter::wanted(name) || templates::seed(name).is_some()
+}
+
 /// E2B's front end over the daemon `options` names.
 pub fn front(options: Options) -> std::io::Result<Front> {
     let daemon =
@@ -174,7 +191,8 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         None => None,
     };
     let key = keys::load_or_make(&options.key_file)?;
-    let state = Arc::new(E2b {
+    let state = Arc::new_cyclic(|me| E2b {
+        me: me.clone(),
         daemon,
         api_url: options.api_url.trim_end_matches('/').to_string(),
         key,
@@ -186,6 +204,7 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         domain: domain.clone(),
         warming: tokio::sync::Mutex::new(()),
         building: tokio::sync::Mutex::new(()),
+        firsts: first::Firsts::default(),
         metrics: metrics::Series::default(),
         builds: builds::Builds::new(options.uploads_dir.clone()),
         tags: tags::Tags::load(options.uploads_dir.with_file_name("e2b-tags.json")),
@@ -204,12 +223,13 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         .merge(volumes::router(state.clone()))
         .merge(secrets::router(state.clone()))
         .merge(control::router(state.clone()))
-        .layer(axum::middleware::from_fn_with_state(state, sandbox_ports));
+        .layer(axum::middleware::from_fn_with_state(state.clone(), sandbox_ports));
     let d = domain.clone();
     Ok(Front {
         router,
         claims: Arc::new(move |u: &axum::http::Uri, h: &HeaderMap| claims(u, h, d.as_deref())),
         site,
+        prebuild: Box::pin(first::prebuild(state, options.prebuild)),
     })
 }
 

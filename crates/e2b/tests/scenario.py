@@ -57,15 +57,24 @@ def sync_suite():
     ok("a wrong key is refused (AuthenticationException)", t)
 
     t = time.time()
-    # On a fresh home this first create builds the `base` image (minutes under TCG on a busy
-    # host: longer than the SDK's default 60 s request timeout), as docs/e2b.md says.
-    sbx = Sandbox.create(
-        template=TEMPLATE,
-        timeout=600,
-        metadata={"suite": "py-sync", "run": RUN},
-        envs={"GREETING": "hello from envs"},
-        request_timeout=float(os.environ.get("E2B_FIRST_CREATE_TIMEOUT", "60")),
-    )
+    # On a fresh home the `base` image is still building (minutes under TCG): the create
+    # answers within the SDK's own request timeout, saying how far the build is, and an agent
+    # tries again (for up to E2B_FIRST_CREATE_WAIT seconds here).
+    give_up = time.time() + float(os.environ.get("E2B_FIRST_CREATE_WAIT", "0"))
+    while True:
+        try:
+            sbx = Sandbox.create(
+                template=TEMPLATE,
+                timeout=600,
+                metadata={"suite": "py-sync", "run": RUN},
+                envs={"GREETING": "hello from envs"},
+            )
+            break
+        except e2b.SandboxException as err:
+            if "is not ready yet" not in str(err) or time.time() > give_up:
+                raise
+            print(f"not ready: {err}", flush=True)
+            time.sleep(10)
     ok(f"create {sbx.sandbox_id} from {TEMPLATE}", t)
     try:
         run_sync_steps(sbx)

@@ -22,13 +22,15 @@ pub struct Daemon {
     pub token: String,
 }
 
-/// `forkbox` of this build for the home `paths`, no other API, accelerator or pool named.
+/// `forkbox` of this build for the home `paths`, no other API, accelerator or pool named, and
+/// no E2B template built ahead by a daemon (a test that wants it says `--e2b-prebuild`).
 pub fn forkbox(paths: &Paths) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_forkbox"));
     c.env("FORKBOX_HOME", paths.home())
         .env_remove("FORKBOX_API")
         .env_remove("FORKBOX_TOKEN")
         .env_remove("FORKBOX_ACCEL")
+        .env("FORKBOX_E2B_PREBUILD", "none")
         .env("FORKBOX_POOL_SIZE", "0");
     c
 }

@@ -63,6 +63,14 @@ pub async fn forget(e: &E2b, name: &str, why: &str) {
 /// Whether the warm snapshot `name` is there and restores here. One saved by another QEMU (the
 /// host's QEMU upgraded since, as `forkbox setup` does) never will: it is removed, to be made
 /// again.
+/// Whether the warm snapshot of the newest image is there to copy.
+pub async fn is_warm(e: &E2b) -> bool {
+    let Ok(image) = e.daemon.get_image(IMAGE).await else {
+        return false;
+    };
+    restorable(e, &warm_name(&image)).await.unwrap_or(false)
+}
+
 async fn restorable(e: &E2b, name: &str) -> Result<bool, Failure> {
     let Ok(snap) = e.daemon.get_snapshot(name).await else {
         return Ok(false);
