@@ -446,4 +446,3 @@ fn read_password(from_stdin: bool) -> anyhow::Result<String> {
     }
     Ok(pass)
 }
-

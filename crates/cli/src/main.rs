@@ -485,13 +485,7 @@ fn dispatch(cli: Cli, paths: Paths) -> anyhow::Result<ExitCode> {
             e2b,
             cluster,
             ..
-        } => serve::serve(
-            paths,
-            listen,
-            mcp_roots,
-            e2b,
-            cluster.options(listen)?,
-        ),
+        } => serve::serve(paths, listen, mcp_roots, e2b, cluster.options(listen)?),
         Cmd::Mcp { roots, all } => serve::mcp(&paths, roots, all),
         Cmd::Cluster { command } => cluster::cluster(command),
         Cmd::Node { command } => cluster::node(command),
@@ -745,4 +739,3 @@ mod tests {
         assert!(missing.is_empty(), "no help text:\n{}", missing.join("\n"));
     }
 }
-

@@ -45,9 +45,14 @@ fn python_sdk_newest_on_a_fresh_home() {
     let building = infra::wait_until(std::time::Duration::from_secs(120), || {
         let o = forkbox(&d.paths).args(["image", "ls"]).output().unwrap();
         shown = String::from_utf8_lossy(&o.stdout).into_owned();
-        shown.lines().any(|l| l.starts_with("base ") && l.contains("building: "))
+        shown
+            .lines()
+            .any(|l| l.starts_with("base ") && l.contains("building: "))
     });
-    assert!(building, "`forkbox image ls` showed no build of base under way:\n{shown}");
+    assert!(
+        building,
+        "`forkbox image ls` showed no build of base under way:\n{shown}"
+    );
     let out = d.check(
         e2b_client(&d, &python)
             .env("E2B_FIRST_CREATE_WAIT", "1200")

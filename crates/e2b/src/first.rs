@@ -77,7 +77,10 @@ fn start(e: &Arc<E2b>, template: &str) -> (Instant, watch::Receiver<Outcome>) {
         tracing::info!("e2b: preparing template {template} (its first build)");
         let outcome = prepare(&e, &template).await;
         if let Err(f) = &outcome {
-            tracing::warn!("e2b: template {template} could not be prepared: {}", f.message);
+            tracing::warn!(
+                "e2b: template {template} could not be prepared: {}",
+                f.message
+            );
         }
         // Gone from the table before it is said: a create after a failure starts again.
         e.firsts
@@ -97,7 +100,9 @@ pub(crate) async fn ready(e: &E2b, template: &str) -> Result<(), Failure> {
     if prepared(e, template).await {
         return Ok(());
     }
-    let me = e.me.upgrade().ok_or_else(|| Failure::new(503, "the daemon is stopping"))?;
+    let me =
+        e.me.upgrade()
+            .ok_or_else(|| Failure::new(503, "the daemon is stopping"))?;
     let (started, mut done) = start(&me, template);
     // The outcome taken out of the channel's guard before anything else is awaited.
     let waited = tokio::time::timeout(WAIT, done.wait_for(Option::is_some))
@@ -123,7 +128,10 @@ async fn under_way(e: &E2b, template: &str, started: Instant) -> Failure {
         .ok()
         .and_then(|b| b.into_iter().find(|b| b.name == image));
     let doing = match build {
-        Some(b) => format!("its image {image} is being built from forkbox's recipe, {}", b.summary()),
+        Some(b) => format!(
+            "its image {image} is being built from forkbox's recipe, {}",
+            b.summary()
+        ),
         None => {
             let s = started.elapsed().as_secs();
             format!(
@@ -166,7 +174,10 @@ pub(crate) async fn prebuild(e: Arc<E2b>, templates: Vec<String>) {
         );
         let (_, mut done) = start(&e, &template);
         if let Ok(Some(Err(f))) = done.wait_for(Option::is_some).await.map(|o| o.clone()) {
-            eprintln!("forkbox: E2B's template {template} could not be built: {}", f.message);
+            eprintln!(
+                "forkbox: E2B's template {template} could not be built: {}",
+                f.message
+            );
         }
     }
 }

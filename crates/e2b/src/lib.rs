@@ -223,7 +223,10 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         .merge(volumes::router(state.clone()))
         .merge(secrets::router(state.clone()))
         .merge(control::router(state.clone()))
-        .layer(axum::middleware::from_fn_with_state(state.clone(), sandbox_ports));
+        .layer(axum::middleware::from_fn_with_state(
+            state.clone(),
+            sandbox_ports,
+        ));
     let d = domain.clone();
     Ok(Front {
         router,

@@ -22,10 +22,10 @@ use axum::{Json, Router};
 use forkbox_engine::api::routes::reply;
 #[allow(unused_imports)] // some are named only by the OpenAPI annotations
 use forkbox_engine::api::{
-    ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, BuildView, CommandEvent, CommandPoll,
-    CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError, ExecRequest,
-    ExecResult, ForkRequest, ForkResult, GuestPath, Health, IdleRequest, ImageView, InfoView,
-    MigrationEvent, MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk,
+    ops, ArchiveFormat, BuildLogView, BuildProgress, BuildRequest, BuildView, CommandEvent,
+    CommandPoll, CommandStarted, CreateRequest, Deleted, DirListing, Engine, EngineError,
+    ExecRequest, ExecResult, ForkRequest, ForkResult, GuestPath, Health, IdleRequest, ImageView,
+    InfoView, MigrationEvent, MigrationStart, MigrationView, NetworkPolicy, Operation, PolledChunk,
     PortRequest, PortView, SandboxState, SandboxView, SnapshotRequest, StdinWritten, TerminalSize,
     Unpacked, VolumeCreateRequest, VolumeView, Written,
 };

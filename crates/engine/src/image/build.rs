@@ -222,21 +222,28 @@ pub fn build(
     };
     let ws = Workspace::open(paths, &recipe.name)?;
     let work = ws.work.clone();
-    let result = build_in(paths, &work, &source, &mkfs, recipe, &kernel, log);
-    let Built {
-        content: content_bytes,
-        disk: disk_bytes,
-        suite: found_suite,
-    } = result?;
+    let built = build_in(paths, &work, &source, &mkfs, recipe, &kernel, log)?;
     crate::tree::discard_tree(&work.join("root"));
     let _ = fs::remove_file(work.join("customize.sh"));
-    let meta = ImageMeta {
+    let meta = image_meta(recipe, &source, &kernel, built, started);
+    ws.commit(meta, &[("recipe.toml", recipe_text.as_bytes())])
+}
+
+/// What is recorded of an image built from `source` by `recipe` (its version set at commit).
+fn image_meta(
+    recipe: &Recipe,
+    source: &Source,
+    kernel: &Kernel,
+    built: Built,
+    started: Instant,
+) -> ImageMeta {
+    ImageMeta {
         format: IMAGE_FORMAT,
         name: recipe.name.clone(),
         version: 0,
-        suite: match &source {
+        suite: match source {
             Source::Image(img) => img.meta.suite.clone(),
-            Source::Registry(..) => found_suite.unwrap_or_else(|| "unknown".into()),
+            Source::Registry(..) => built.suite.unwrap_or_else(|| "unknown".into()),
             Source::Debian(_) => recipe.suite.clone(),
         },
         kernel: kernel.release.clone(),
@@ -244,8 +251,8 @@ pub fn build(
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0),
-        content_bytes,
-        disk_bytes,
+        content_bytes: built.content,
+        disk_bytes: built.disk,
         env: {
             let mut env = source.env();
             env.extend(recipe.env.clone());
@@ -255,13 +262,12 @@ pub fn build(
         build_seconds: started.elapsed().as_secs_f64(),
         workdir: source.defaults().and_then(|d| d.workdir.clone()),
         user: source.defaults().and_then(|d| d.user.clone()),
-        pulled: match &source {
+        pulled: match source {
             Source::Registry(p, _) => Some(p.pinned.clone()),
             Source::Image(img) => img.meta.pulled.clone(),
             Source::Debian(_) => None,
         },
-    };
-    ws.commit(meta, &[("recipe.toml", recipe_text.as_bytes())])
+    }
 }
 
 /// Where a build's root comes from.

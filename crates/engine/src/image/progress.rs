@@ -112,7 +112,11 @@ impl Drop for Progress {
 pub fn under_way(paths: &Paths) -> Vec<UnderWay> {
     let mut found = Vec::new();
     for name_dir in fs::read_dir(paths.images()).into_iter().flatten().flatten() {
-        for e in fs::read_dir(name_dir.path()).into_iter().flatten().flatten() {
+        for e in fs::read_dir(name_dir.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
             if !e.file_name().to_string_lossy().starts_with(PREFIX) {
                 continue;
             }
@@ -121,7 +125,11 @@ pub fn under_way(paths: &Paths) -> Vec<UnderWay> {
             }
         }
     }
-    found.sort_by(|a, b| a.name.cmp(&b.name).then(a.started_unix.cmp(&b.started_unix)));
+    found.sort_by(|a, b| {
+        a.name
+            .cmp(&b.name)
+            .then(a.started_unix.cmp(&b.started_unix))
+    });
     found
 }
 
@@ -160,6 +168,12 @@ mod tests {
         let again = Progress::start(&paths, "base");
         assert!(!left.exists());
         drop(again);
-        assert!(paths.images().join("base").read_dir().unwrap().next().is_none());
+        assert!(paths
+            .images()
+            .join("base")
+            .read_dir()
+            .unwrap()
+            .next()
+            .is_none());
     }
 }
