@@ -28,6 +28,9 @@ from e2b import (
 from e2b.sandbox.commands.command_handle import PtySize
 
 TEMPLATE = os.environ.get("E2B_TEMPLATE", "base")
+# What the SDK raises for a 503 ("retry"): ServiceBusyException since it has one, else
+# SandboxException.
+BUSY = tuple(c for c in (getattr(e2b, "ServiceBusyException", None), e2b.SandboxException) if c)
 RUN = uuid.uuid4().hex[:10]
 V = tuple(int(x) for x in importlib.metadata.version("e2b").split(".")[:2])
 T0 = time.time()
@@ -70,7 +73,7 @@ def sync_suite():
                 envs={"GREETING": "hello from envs"},
             )
             break
-        except e2b.SandboxException as err:
+        except BUSY as err:
             if "is not ready yet" not in str(err) or time.time() > give_up:
                 raise
             print(f"not ready: {err}", flush=True)
