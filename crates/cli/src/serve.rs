@@ -277,6 +277,10 @@ pub struct E2bArgs {
         env = "FORKBOX_E2B_PREBUILD"
     )]
     pub e2b_prebuild: Vec<String>,
+    /// How long a create waits for its template's first build before it answers, at once,
+    /// that the template is not ready yet and how far its build is (E2B's SDKs wait 60 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 30)]
+    pub e2b_create_wait: u64,
 }
 
 pub fn serve(
@@ -331,6 +335,7 @@ fn e2b_front(
     rt: &tokio::runtime::Runtime,
 ) -> anyhow::Result<forkbox_server::Front> {
     let domain = e2b.e2b_domain;
+    let create_wait = std::time::Duration::from_secs(e2b.e2b_create_wait);
     let prebuild = e2b
         .e2b_prebuild
         .into_iter()
@@ -351,6 +356,7 @@ fn e2b_front(
         tls_dir: paths.home().join("e2b-tls"),
         uploads_dir: paths.home().join("e2b-uploads"),
         prebuild,
+        create_wait,
     })
     .context("E2B's API could not start")?;
     rt.spawn(f.prebuild);

@@ -40,7 +40,9 @@ fn python_sdk_newest_on_a_fresh_home() {
     let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
     let paths = infra::fresh_home("e2b-first-day", false);
     stop_daemon_of(&paths);
-    let d = Daemon::start_in(paths, &["--e2b-prebuild", "base"]);
+    // A create waits a second for the build (30 s by default): the build under way is what
+    // the first create meets, however fast this host builds.
+    let d = Daemon::start_in(paths, &["--e2b-prebuild", "base", "--e2b-create-wait", "1"]);
     let mut shown = String::new();
     let building = infra::wait_until(std::time::Duration::from_secs(120), || {
         let o = forkbox(&d.paths).args(["image", "ls"]).output().unwrap();
@@ -60,7 +62,7 @@ fn python_sdk_newest_on_a_fresh_home() {
             .arg("sync"),
         "e2b (Python, newest) sync scenario on a fresh home",
     );
-    // The first create came back within the SDK's 60 s with the build's progress.
+    // The first create came back with the build's progress, not past the SDK's 60 s.
     assert!(
         out.contains("not ready: ") && out.contains("template base is not ready yet"),
         "{out}"

@@ -1,7 +1,8 @@
 //! A template's first preparation, in the background: its image built from forkbox's recipe
 //! and, for the code interpreter, its warm sandbox made. It starts at the daemon's start for
 //! the templates [`Options::prebuild`](crate::Options) names, or at the first create that needs
-//! it. A create waits for it up to [`WAIT`], well inside the SDKs' 60 s request timeout, then
+//! it. A create waits for it up to [`Options::create_wait`](crate::Options) (30 s by default,
+//! well inside the SDKs' 60 s request timeout), then
 //! answers at once with E2B's error body saying what is under way, how far it is and how long it
 //! has taken; the same create made again later finds the template ready. A failed preparation
 //! is said to the creates waiting on it, and the next create starts it again.
@@ -14,9 +15,6 @@ use tokio::sync::watch;
 
 use crate::errors::Failure;
 use crate::{control, interpreter, E2b};
-
-/// How long a create waits for its template's first preparation before it answers.
-pub(crate) const WAIT: Duration = Duration::from_secs(30);
 
 type Outcome = Option<Result<(), Failure>>;
 
@@ -94,7 +92,7 @@ fn start(e: &Arc<E2b>, template: &str) -> (Instant, watch::Receiver<Outcome>) {
 }
 
 /// Waits until `template` is ready for a create: at once when it is, else for its first
-/// preparation (started here unless under way) up to [`WAIT`]; past that, E2B's error body
+/// preparation (started here unless under way) up to `e.create_wait`; past that, E2B's error body
 /// saying how far it is (503: the SDK raises it, and a create later succeeds).
 pub(crate) async fn ready(e: &E2b, template: &str) -> Result<(), Failure> {
     if prepared(e, template).await {
@@ -105,7 +103,7 @@ pub(crate) async fn ready(e: &E2b, template: &str) -> Result<(), Failure> {
             .ok_or_else(|| Failure::new(503, "the daemon is stopping"))?;
     let (started, mut done) = start(&me, template);
     // The outcome taken out of the channel's guard before anything else is awaited.
-    let waited = tokio::time::timeout(WAIT, done.wait_for(Option::is_some))
+    let waited = tokio::time::timeout(e.create_wait, done.wait_for(Option::is_some))
         .await
         .map(|r| r.map(|outcome| outcome.clone()));
     match waited {

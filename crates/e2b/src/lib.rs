@@ -74,6 +74,9 @@ pub struct Options {
     /// E2B templates forkbox carries a recipe for (`base`, `code-interpreter-v1`) to build at
     /// the start when this home has none of them yet.
     pub prebuild: Vec<String>,
+    /// How long a create waits for its template's first build before answering that it is not
+    /// ready yet (the SDKs wait 60 s for an answer).
+    pub create_wait: std::time::Duration,
 }
 
 /// Whether a request is E2B's, by its URI and headers.
@@ -116,6 +119,8 @@ pub(crate) struct E2b {
     building: tokio::sync::Mutex<()>,
     /// Templates' first preparations under way.
     firsts: first::Firsts,
+    /// How long a create waits for one ([`Options::create_wait`]).
+    create_wait: std::time::Duration,
     /// Every sandbox's kept metrics.
     metrics: metrics::Series,
     /// Template builds.
@@ -205,6 +210,7 @@ pub fn front(options: Options) -> std::io::Result<Front> {
         warming: tokio::sync::Mutex::new(()),
         building: tokio::sync::Mutex::new(()),
         firsts: first::Firsts::default(),
+        create_wait: options.create_wait,
         metrics: metrics::Series::default(),
         builds: builds::Builds::new(options.uploads_dir.clone()),
         tags: tags::Tags::load(options.uploads_dir.with_file_name("e2b-tags.json")),
