@@ -77,7 +77,9 @@ def sync_suite():
             if "is not ready yet" not in str(err) or time.time() > give_up:
                 raise
             print(f"not ready: {err}", flush=True)
-            time.sleep(10)
+            # Not 10 s: the daemon closes a connection idle that long, and a request sent on
+            # it as it closes fails in the SDK's transport.
+            time.sleep(4)
     ok(f"create {sbx.sandbox_id} from {TEMPLATE}", t)
     try:
         run_sync_steps(sbx)
