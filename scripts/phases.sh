@@ -1,7 +1,6 @@
-# Phases of a long script, sourced by scripts/demo.sh, install.sh and test.sh: each says what it
-# does when it starts, how long it has run every 30 s while it runs (when standard error is not a
-# terminal, where cargo draws no progress bar of its own; on a terminal too for steps that print
-# nothing), and how long it took; phases_summary prints them all.
+# Phases of a long script, sourced by scripts/demo.sh, build.sh and test.sh: each says what it
+# does when it starts, how long it has run every 30 s while it runs (the outermost phase; one
+# within it says only its start and end), and how long it took; phases_summary prints them all.
 #   phase "building forkbox" cargo build ...
 #   phases_summary
 

@@ -252,14 +252,15 @@ pub struct BuildView {
     pub seconds: u64,
 }
 
+/// `2 min 10 s so far`, of `seconds`.
+pub fn so_far(seconds: u64) -> String {
+    format!("{} min {:02} s so far", seconds / 60, seconds % 60)
+}
+
 impl BuildView {
     /// `step 3 of 5: what (2 min 10 s so far)`, as every front end says it.
     pub fn summary(&self) -> String {
-        let so_far = format!(
-            "{} min {:02} s so far",
-            self.seconds / 60,
-            self.seconds % 60
-        );
+        let so_far = so_far(self.seconds);
         match self.step {
             0 => format!("starting ({so_far})"),
             n => format!("step {n} of {}: {} ({so_far})", self.total, self.what),

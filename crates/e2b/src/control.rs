@@ -346,8 +346,14 @@ async fn create_of_template(
         req.image = Some(template.to_owned());
         return create_building(e, &c.client, &req).await;
     }
-    crate::first::ready(e, interpreter::TEMPLATE).await?;
-    let warm = interpreter::warm(e).await?;
+    // A create of a warm interpreter asks the daemon what warm() would ask, once.
+    let warm = match interpreter::made(e).await {
+        Some(warm) => warm,
+        None => {
+            crate::first::ready(e, interpreter::TEMPLATE).await?;
+            interpreter::warm(e).await?
+        }
+    };
     req.snapshot = Some(warm.clone());
     match create_building(e, &c.client, &req).await {
         // The warm snapshot lost a disk it stands on (a template removed under it): made

@@ -38,12 +38,13 @@ fn image_of(template: &str) -> &str {
     }
 }
 
-/// Whether `template` needs nothing more before a create.
+/// Whether `template` needs nothing more before a create (the code interpreter's warm
+/// snapshot stands on its image).
 async fn prepared(e: &E2b, template: &str) -> bool {
-    if e.daemon.get_image(image_of(template)).await.is_err() {
-        return false;
+    if interpreter::wanted(template) {
+        return interpreter::made(e).await.is_some();
     }
-    !interpreter::wanted(template) || interpreter::is_warm(e).await
+    e.daemon.get_image(template).await.is_ok()
 }
 
 async fn prepare(e: &E2b, template: &str) -> Result<(), Failure> {
@@ -130,15 +131,11 @@ async fn under_way(e: &E2b, template: &str, started: Instant) -> Failure {
             "its image {image} is being built from forkbox's recipe, {}",
             b.summary()
         ),
-        None => {
-            let s = started.elapsed().as_secs();
-            format!(
-                "it is being prepared (the code interpreter's warm sandbox: a boot and its \
-                 server's start; {} min {:02} s so far)",
-                s / 60,
-                s % 60
-            )
-        }
+        None => format!(
+            "it is being prepared (the code interpreter's warm sandbox: a boot and its server's \
+             start; {})",
+            forkbox_api::so_far(started.elapsed().as_secs())
+        ),
     };
     Failure::new(
         503,

@@ -60,17 +60,17 @@ pub async fn forget(e: &E2b, name: &str, why: &str) {
     let _ = e.daemon.delete_snapshot(name).await;
 }
 
+/// The warm snapshot of the newest image, when it is made and restores here (else `None`:
+/// [`warm`] makes it).
+pub async fn made(e: &E2b) -> Option<String> {
+    let image = e.daemon.get_image(IMAGE).await.ok()?;
+    let name = warm_name(&image);
+    restorable(e, &name).await.ok()?.then_some(name)
+}
+
 /// Whether the warm snapshot `name` is there and restores here. One saved by another QEMU (the
 /// host's QEMU upgraded since, as `forkbox setup` does) never will: it is removed, to be made
 /// again.
-/// Whether the warm snapshot of the newest image is there to copy.
-pub async fn is_warm(e: &E2b) -> bool {
-    let Ok(image) = e.daemon.get_image(IMAGE).await else {
-        return false;
-    };
-    restorable(e, &warm_name(&image)).await.unwrap_or(false)
-}
-
 async fn restorable(e: &E2b, name: &str) -> Result<bool, Failure> {
     let Ok(snap) = e.daemon.get_snapshot(name).await else {
         return Ok(false);
