@@ -1486,6 +1486,7 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
         text(&out.stderr)
     );
     a_command_sleeps_with_its_sandbox(&paths, &id);
+    the_time_asleep_passes_for_the_guest(&paths, &id);
     disk_only_hibernation_boots_from_the_disk(&paths, &id);
 
     // Deleting it removes its snapshot and disks too.
@@ -1494,6 +1495,49 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     assert_eq!(text(&out.stdout).trim(), "no snapshots");
     assert!(!paths.disks().join(&id).exists(), "its disks are removed");
     stop_daemon(&paths);
+}
+
+/// Part of the hibernate test (its sandbox, resumed): a guest woken from hibernation sees the
+/// time it slept pass (under TCG, up to 10 s of it), as E2B's sandboxes do after a pause: its
+/// monotonic clock counts the 4 s it slept (it stood still before), and a `sleep 2` begun
+/// before the hibernation is over as it wakes.
+fn the_time_asleep_passes_for_the_guest(paths: &forkbox_engine::paths::Paths, id: &str) {
+    let uptime = || -> f64 {
+        let out = run(paths, &["sandbox", "exec", id, "--", "cat", "/proc/uptime"]);
+        let t = text(&out.stdout);
+        t.split_whitespace()
+            .next()
+            .and_then(|u| u.parse().ok())
+            .unwrap_or_else(|| panic!("{t}"))
+    };
+    let out = run(
+        paths,
+        &[
+            "sandbox",
+            "exec",
+            "--detach",
+            id,
+            "--",
+            "sh",
+            "-c",
+            "rm -f /tmp/slept; sleep 2; touch /tmp/slept",
+        ],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let before = uptime();
+    assert!(run(paths, &["sandbox", "hibernate", id]).status.success());
+    std::thread::sleep(Duration::from_secs(4));
+    let out = run(paths, &["sandbox", "resume", id]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let after = uptime();
+    println!("the guest's uptime went from {before:.2} s to {after:.2} s over a 4 s hibernation");
+    assert!(
+        after - before >= 4.0,
+        "the guest's clock stood still: {before} -> {after}"
+    );
+    let out = run(paths, &["sandbox", "exec", id, "--", "sh", "-c",
+        "for i in 1 2 3 4 5 6 7 8 9 10; do [ -e /tmp/slept ] && echo slept && break; sleep 0.1; done"]);
+    assert_eq!(text(&out.stdout), "slept\n", "{}", text(&out.stderr));
 }
 
 /// Part of the hibernate test (its sandbox, resumed): a command started before a hibernation

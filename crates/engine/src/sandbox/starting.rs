@@ -354,10 +354,16 @@ pub(super) async fn start_copy(
     run.save().map_err(|e| VmError::io("record the VM", e))?;
     let ready = async {
         let (qmp, state) = (vm_cfg.qmp_socket(), snap.vmstate());
+        // A guest woken from hibernation under TCG sees the time it slept pass (its clocks
+        // are QEMU's; under KVM they are the kernel's).
+        let slept = match (resumed, vm_cfg.accel, vm::host_tsc_khz()) {
+            (true, vm::Accel::Tcg, Some(khz)) => crate::snapshot::clock::Slept::since(&state, khz),
+            _ => None,
+        };
         // A busy host can keep a starting QEMU from its CPU for seconds (10 s were seen
         // beside two busy loops and three other restores): it gets as long as a boot.
         tokio::task::spawn_blocking(move || {
-            crate::snapshot::load_state(&qmp, &state, grow_to, boot_timeout)
+            crate::snapshot::load_state(&qmp, &state, grow_to, slept, boot_timeout)
         })
         .await
         .map_err(|e| VmError::io("load the device state", std::io::Error::other(e)))??;

@@ -31,6 +31,7 @@
 // Saved state: RAM files (kept in memory when there is room), records of live VM processes,
 // the daemon's catalogue.
 pub mod chunks;
+pub mod clock;
 pub mod fastram;
 pub mod ram;
 pub mod retire;
@@ -407,17 +408,24 @@ pub fn virtual_size(path: &Path) -> std::io::Result<u64> {
 
 /// Loads `vmstate` into a QEMU started with `-incoming defer` for it (see [`restore_config`])
 /// and lets it run; with `grow_to`, the root disk is then grown to that many bytes (the guest
-/// is told of the new size). `within`: how long QEMU may take to open its control socket (a
-/// QEMU that exits meanwhile is the caller's to notice).
+/// is told of the new size); with `slept`, the guest's clocks move on by that much first
+/// ([`clock`]). `within`: how long QEMU may take to open its control socket (a QEMU that exits
+/// meanwhile is the caller's to notice).
 pub fn load_state(
     qmp_socket: &Path,
     vmstate: &Path,
     grow_to: Option<u64>,
+    slept: Option<clock::Slept>,
     within: Duration,
 ) -> Result<(), VmError> {
     let mut q = Qmp::connect(qmp_socket, within)?;
     q.set_capabilities(&[("x-ignore-shared", true)])?;
-    let f = std::fs::File::open(vmstate).map_err(|e| VmError::io("open the device state", e))?;
+    let f = match slept {
+        Some(slept) => clock::state_file(vmstate, slept)?,
+        None => {
+            std::fs::File::open(vmstate).map_err(|e| VmError::io("open the device state", e))?
+        }
+    };
     q.pass_fd("state", std::os::fd::AsFd::as_fd(&f))?;
     drop(f);
     q.execute("migrate-incoming", json!({"uri": "fd:state"}))?;

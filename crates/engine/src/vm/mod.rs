@@ -15,7 +15,7 @@ pub use accel::{
 };
 pub use program::QEMU;
 pub use qemu::{
-    console_tail, create_overlay, kernel_cmdline, qemu_args, ram_bytes, ram_tail_kib, slot_serial,
-    Console, Memory, Start, Vm, VmConfig, VolumeDisk, CONSOLE_CAP, EVENTS_SOCKET, QMP_SOCKET,
-    TCG_RAM_TAIL_KIB, VOLUME_SLOTS,
+    console_tail, create_overlay, host_tsc_khz, kernel_cmdline, qemu_args, ram_bytes, ram_tail_kib,
+    slot_serial, Console, Memory, Start, Vm, VmConfig, VolumeDisk, CONSOLE_CAP, EVENTS_SOCKET,
+    QMP_SOCKET, TCG_RAM_TAIL_KIB, VOLUME_SLOTS,
 };
