@@ -30,7 +30,9 @@ pub enum ImageCmd {
         build_args: Vec<String>,
         /// A Dockerfile's build context.
         context: Option<PathBuf>,
-        /// Build only if the newest version of this name was built from a different recipe.
+        /// Build only if the newest version of this name was built from a different recipe (a
+        /// Dockerfile: other text, build arguments, context files or forkbox images it is
+        /// built on).
         #[arg(long)]
         if_changed: bool,
         /// Print the result as JSON.
@@ -325,9 +327,6 @@ fn dockerfile_build(
     if_changed: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    if if_changed {
-        anyhow::bail!("--if-changed is for recipes; a Dockerfile build always makes a new version");
-    }
     let text =
         std::fs::read_to_string(file).with_context(|| format!("cannot read {}", file.display()))?;
     let context = match context {
@@ -367,6 +366,26 @@ fn dockerfile_build(
             .with_context(|| format!("--build-arg {a:?} is not NAME=VALUE"))?;
         args.insert(k.to_string(), v.to_string());
     }
+    let req = image::DockerBuild {
+        name: &name,
+        dockerfile: &text,
+        context: image::Context::Dir(&context),
+        args,
+    };
+    if if_changed {
+        if let Some(img) = image::dockerfile_up_to_date(paths, &req)? {
+            if json {
+                print_json(&ImageView::from(&img))?;
+            } else {
+                println!(
+                    "{} is up to date with {} (the same Dockerfile, arguments, context files and bases)",
+                    img.reference(),
+                    file.display()
+                );
+            }
+            return Ok(ExitCode::SUCCESS);
+        }
+    }
     eprintln!(
         "forkbox: building {name}@{} from {} (context {})",
         ImageStore::new(paths).next_version(&name),
@@ -374,16 +393,7 @@ fn dockerfile_build(
         context.display()
     );
     let mut log = bundled::printer();
-    let img = image::build_dockerfile(
-        paths,
-        &image::DockerBuild {
-            name: &name,
-            dockerfile: &text,
-            context: image::Context::Dir(&context),
-            args,
-        },
-        &mut log,
-    )?;
+    let img = image::build_dockerfile(paths, &req, &mut log)?;
     say_built(&ImageView::from(&img), json)
 }
 

@@ -183,6 +183,27 @@ fn openai_agents_e2b_sandbox_client() {
     d.assert_nothing_left();
 }
 
+/// E2B's Template SDK, unchanged (`e2b` from PyPI): a template built again with the same steps,
+/// files and base is the first build's image (the build's log says `CACHED`, no step runs),
+/// `skip_cache=True` builds it anew, and a sandbox of it has what its steps made.
+#[test]
+fn a_template_built_again_unchanged_is_cached() {
+    infra::image(&infra::home(), "base");
+    let python = infra::e2b_python("e2b-venv-newest", "e2b", "e2b");
+    let d = Daemon::start("e2b-template-cache");
+    let folder = tempfile::tempdir().unwrap();
+    let name = format!("cache-{}", std::process::id());
+    let out = d.check(
+        e2b_client(&d, &python)
+            .arg(scenario("template_cache.py"))
+            .arg(&name)
+            .arg(folder.path()),
+        "a template built again",
+    );
+    assert!(out.contains("template cache passed"), "{out}");
+    d.assert_nothing_left();
+}
+
 /// Builds the `code-interpreter` image ahead for daemon `d`, as docs/e2b.md says (E2B's SDK does
 /// not wait minutes for a create), through the daemon rather than under the fixtures' lock,
 /// which other tests wait on meanwhile (the tests that need it are one group: one builds it).

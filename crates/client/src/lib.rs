@@ -725,15 +725,20 @@ impl Client {
 
     /// Builds the next version of `name` from the Dockerfile at `dockerfile` (default
     /// `Dockerfile`) in `context`, a tar.zst of the build context; its progress, ending with
-    /// `done` or `error`.
+    /// `done` or `error`. With `if_changed`, ends with `up_to_date` and builds nothing when the
+    /// newest version of `name` was made of the same inputs.
     pub async fn build_dockerfile(
         &self,
         name: &str,
         dockerfile: Option<&str>,
         args: &[(String, String)],
+        if_changed: bool,
         context: reqwest::Body,
     ) -> Result<Events<BuildProgress>, ClientError> {
         let mut query = vec![("name", name.to_string())];
+        if if_changed {
+            query.push(("if_changed", "true".to_string()));
+        }
         if let Some(f) = dockerfile {
             query.push(("dockerfile", f.to_string()));
         }

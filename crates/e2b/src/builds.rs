@@ -306,6 +306,9 @@ struct Start {
     from_image_registry: Option<Value>,
     start_cmd: Option<String>,
     ready_cmd: Option<String>,
+    /// `skip_cache()` before the base: nothing is taken from an earlier build.
+    #[serde(default)]
+    force: Option<bool>,
 }
 
 async fn start_build(
@@ -433,17 +436,26 @@ async fn run(
 ) -> Result<(), StepFailure> {
     let base = base_of(e, client, build, start).await?;
     let plan = steps::plan(&base, &start.steps).map_err(|(k, m)| (k.to_string(), m))?;
+    // forkbox's cache is the whole build's: the newest image of the template, when it was
+    // made of the same steps, files and base, is taken as it is; `skip_cache()` anywhere
+    // builds anew.
+    let cache = !start.force.unwrap_or(false) && !start.steps.iter().any(|s| s.force == Some(true));
     e.builds.log(
         build,
         "info",
         format!(
-            "[builder] {} step(s) from {base}; forkbox keeps no layer cache, every step runs",
-            start.steps.len()
+            "[builder] {} step(s) from {base}; {}",
+            start.steps.len(),
+            if cache {
+                "the template's newest image is reused if it was made of the same steps, files and base (forkbox caches whole builds, not each step)"
+            } else {
+                "skip_cache: every step runs"
+            }
         ),
     );
     let context = context(&e.builds, &plan).map_err(at_base)?;
     let mut events = client
-        .build_dockerfile(template, None, &[], reqwest::Body::from(context))
+        .build_dockerfile(template, None, &[], cache, reqwest::Body::from(context))
         .await
         .map_err(|err| at_base(err.to_string()))?;
     let mut at: Option<usize> = None;
@@ -464,6 +476,19 @@ async fn run(
             }
             Some(forkbox_api::BuildProgress::Log { line }) => e.builds.log(build, "info", line),
             Some(forkbox_api::BuildProgress::Done { image }) => {
+                tag(e, build, template, &image.reference);
+                break;
+            }
+            Some(forkbox_api::BuildProgress::UpToDate { image }) => {
+                e.builds.log(
+                    build,
+                    "info",
+                    format!(
+                        "CACHED: all {} step(s): {} was made of the same steps, files and base",
+                        start.steps.len(),
+                        image.reference
+                    ),
+                );
                 tag(e, build, template, &image.reference);
                 break;
             }

@@ -21,6 +21,9 @@ pub struct Step {
     pub args: Vec<String>,
     #[serde(default)]
     pub files_hash: Option<String>,
+    /// `skip_cache()` before this step: the build takes nothing from an earlier one.
+    #[serde(default)]
+    pub force: Option<bool>,
 }
 
 /// The Dockerfile of a template build, and what each of its instructions was: `None` for

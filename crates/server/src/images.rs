@@ -71,13 +71,18 @@ pub(crate) async fn build_image(
 /// directories and links with relative names), the Dockerfile in it; the answer is
 /// newline-delimited JSON [`BuildProgress`] events as a recipe build's. Every instruction runs
 /// in a sandbox, never on the host. The build goes on if the client leaves.
-#[utoipa::path(post, path = "/v1/images/dockerfile", params(("name" = String, Query, description = "the image's name (its next version is built)"), ("dockerfile" = Option<String>, Query, description = "the Dockerfile's path in the context (default Dockerfile)"), ("arg" = Option<Vec<String>>, Query, description = "a build argument NAME=VALUE, once for each")), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the build context, tar.zst"), responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, description = "no name, a bad argument, or no Dockerfile in the context", body = ErrorBody)))]
+#[utoipa::path(post, path = "/v1/images/dockerfile", params(("name" = String, Query, description = "the image's name (its next version is built)"), ("dockerfile" = Option<String>, Query, description = "the Dockerfile's path in the context (default Dockerfile)"), ("arg" = Option<Vec<String>>, Query, description = "a build argument NAME=VALUE, once for each"), ("if_changed" = Option<bool>, Query, description = "build only if the newest version of the name was made of other inputs (the Dockerfile, the arguments, the context's files, the forkbox images it names); otherwise answer up_to_date with it")), request_body(content = Vec<u8>, content_type = "application/octet-stream", description = "the build context, tar.zst"), responses((status = 200, description = "NDJSON progress, one BuildProgress a line, ending with done or error", body = BuildProgress, content_type = "application/x-ndjson"), (status = 400, description = "no name, a bad argument, or no Dockerfile in the context", body = ErrorBody)))]
 pub(crate) async fn build_dockerfile(
     State(e): State<Arc<Engine>>,
     uri: axum::http::Uri,
     body: axum::body::Body,
 ) -> Api {
-    let (name, file, args) = dockerfile_query(uri.query().unwrap_or(""))?;
+    let DockerfileQuery {
+        name,
+        file,
+        args,
+        if_changed,
+    } = dockerfile_query(uri.query().unwrap_or(""))?;
     // The context goes to a file of the home's first: the build reads the Dockerfile from it
     // before anything starts, and unpacks it (each entry checked) into its own directory.
     let dir = e.paths().home().join("tmp");
@@ -91,6 +96,7 @@ pub(crate) async fn build_dockerfile(
         dockerfile: text,
         context: path,
         args,
+        if_changed,
         events,
     }))
 }
@@ -128,12 +134,18 @@ fn bad(message: String) -> ApiError {
     ApiError(forkbox_engine::api::EngineError::BadRequest(message))
 }
 
-/// The name, the Dockerfile's path and the build arguments of a Dockerfile build's query
-/// (`arg` may come many times, which a struct cannot take).
-fn dockerfile_query(
-    query: &str,
-) -> Result<(String, String, std::collections::BTreeMap<String, String>), ApiError> {
+/// A Dockerfile build's query (`arg` may come many times, which a struct cannot take).
+struct DockerfileQuery {
+    name: String,
+    /// The Dockerfile's path in the context.
+    file: String,
+    args: std::collections::BTreeMap<String, String>,
+    if_changed: bool,
+}
+
+fn dockerfile_query(query: &str) -> Result<DockerfileQuery, ApiError> {
     let (mut name, mut file, mut args) = (None, None, std::collections::BTreeMap::new());
+    let mut if_changed = false;
     for (k, v) in form_urlencoded::parse(query.as_bytes()) {
         match &*k {
             "name" => name = Some(v.into_owned()),
@@ -144,15 +156,27 @@ fn dockerfile_query(
                     .ok_or_else(|| bad(format!("build argument {v:?} is not NAME=VALUE")))?;
                 args.insert(a.to_string(), b.to_string());
             }
+            "if_changed" => {
+                if_changed = match &*v {
+                    "true" | "1" => true,
+                    "false" | "0" => false,
+                    _ => return Err(bad(format!("if_changed={v:?}: true or false"))),
+                }
+            }
             other => {
                 return Err(bad(format!(
-                    "unknown query parameter {other:?} (name, dockerfile, arg)"
+                    "unknown query parameter {other:?} (name, dockerfile, arg, if_changed)"
                 )))
             }
         }
     }
     let name = name.ok_or_else(|| bad("give the image's name: ?name=NAME".into()))?;
-    Ok((name, file.unwrap_or_else(|| "Dockerfile".into()), args))
+    Ok(DockerfileQuery {
+        name,
+        file: file.unwrap_or_else(|| "Dockerfile".into()),
+        args,
+        if_changed,
+    })
 }
 
 fn tempfile_in(dir: &std::path::Path) -> Result<tempfile::NamedTempFile, ApiError> {

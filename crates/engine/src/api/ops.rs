@@ -137,6 +137,7 @@ operations! {
         dockerfile: String,
         context: std::path::PathBuf,
         args: std::collections::BTreeMap<String, String>,
+        if_changed: bool,
         events: Option<mpsc::Sender<BuildProgress>>,
     } -> ImageView = |e, op| e.build_dockerfile(op).await;
     /// A file's bytes.

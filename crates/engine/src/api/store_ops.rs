@@ -101,15 +101,7 @@ impl Engine {
     ) -> Result<ImageView, EngineError> {
         if if_changed {
             if let Some(img) = up_to_date(&self.paths, &recipe) {
-                let view = ImageView::from(&img);
-                if let Some(tx) = &events {
-                    let _ = tx
-                        .send(BuildProgress::UpToDate {
-                            image: view.clone(),
-                        })
-                        .await;
-                }
-                return Ok(view);
+                return Ok(up_to_date_view(&img, events.as_ref()).await);
             }
         }
         let paths = self.paths.clone();
@@ -132,8 +124,33 @@ impl Engine {
             dockerfile,
             context,
             args,
+            if_changed,
             events,
         } = op;
+        if if_changed {
+            // The context's files are read for their digest: off the async threads.
+            let (p, n, d, c, a) = (
+                paths.clone(),
+                name.clone(),
+                dockerfile.clone(),
+                context.clone(),
+                args.clone(),
+            );
+            let same = tokio::task::spawn_blocking(move || {
+                let req = crate::image::DockerBuild {
+                    name: &n,
+                    dockerfile: &d,
+                    context: crate::image::Context::Archive(&c),
+                    args: a,
+                };
+                crate::image::dockerfile_up_to_date(&p, &req)
+            })
+            .await
+            .map_err(|e| EngineError::Internal(format!("the build's digest task failed: {e}")))??;
+            if let Some(img) = same {
+                return Ok(up_to_date_view(&img, events.as_ref()).await);
+            }
+        }
         built(events, move |send| {
             let req = crate::image::DockerBuild {
                 name: &name,
@@ -312,6 +329,22 @@ find -H "$1" -mindepth 1 -maxdepth 1 -printf '%y\t%s\t%m\t%T@\t%P\0' | head -z -
             qemu: Some(crate::snapshot::qemu_version()),
         }
     }
+}
+
+/// The row of `img`, found up to date, said to `events` as `up_to_date`.
+async fn up_to_date_view(
+    img: &crate::image::Image,
+    events: Option<&mpsc::Sender<BuildProgress>>,
+) -> ImageView {
+    let view = ImageView::from(img);
+    if let Some(tx) = events {
+        let _ = tx
+            .send(BuildProgress::UpToDate {
+                image: view.clone(),
+            })
+            .await;
+    }
+    view
 }
 
 /// The newest image of the recipe's name when it was built from this very recipe (a base

@@ -267,6 +267,7 @@ fn image_meta(
             Source::Image(img) => img.meta.pulled.clone(),
             Source::Debian(_) => None,
         },
+        inputs: None,
     }
 }
 
@@ -586,6 +587,7 @@ pub(super) fn stage_image(
             workdir: None,
             user: None,
             pulled: None,
+            inputs: None,
         },
     }
 }

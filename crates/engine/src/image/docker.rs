@@ -116,6 +116,7 @@ pub fn build_dockerfile(
         progress.see(&ev);
         log(ev)
     };
+    let inputs = super::inputs::digest(paths, req.dockerfile, &file, &req.args, req.context)?;
     let ws = b::Workspace::open(paths, name)?;
     let context = context_dir(name, req.context, &ws.work)?;
     let ignore = Ignore::load(&context);
@@ -175,7 +176,7 @@ pub fn build_dockerfile(
     }
     crate::tree::discard_tree(&fin.image.dir);
     ctx.step("recording the image".into());
-    let meta = meta_of(name, &fin, &ctx.kernel.release, &rootfs, started);
+    let meta = meta_of(name, &fin, (&ctx.kernel.release, inputs), &rootfs, started);
     let labels = serde_json::to_vec_pretty(&fin.state.labels).unwrap_or_default();
     ws.commit(
         meta,
@@ -184,6 +185,18 @@ pub fn build_dockerfile(
             ("labels.json", &labels),
         ],
     )
+}
+
+/// The newest version of the build's name when it was made of the same inputs
+/// ([`super::inputs`]): what a build asked to run only if something changed returns.
+pub fn dockerfile_up_to_date(
+    paths: &Paths,
+    req: &DockerBuild<'_>,
+) -> Result<Option<Image>, ImageError> {
+    let file = df::parse(req.dockerfile)
+        .map_err(|e| failed(req.name, "read the Dockerfile", e.to_string()))?;
+    let inputs = super::inputs::digest(paths, req.dockerfile, &file, &req.args, req.context)?;
+    Ok(super::inputs::same_as_newest(paths, req.name, &inputs))
 }
 
 /// An image may be built under `name` here: a valid name, and root.
@@ -207,7 +220,7 @@ fn may_build(name: &str) -> Result<(), ImageError> {
 fn meta_of(
     name: &str,
     fin: &Done,
-    kernel: &str,
+    (kernel, inputs): (&str, String),
     rootfs: &Path,
     started: std::time::Instant,
 ) -> ImageMeta {
@@ -238,6 +251,7 @@ fn meta_of(
         workdir: st.workdir.clone(),
         user: st.user.clone(),
         pulled: st.pulled.clone(),
+        inputs: Some(inputs),
     }
 }
 

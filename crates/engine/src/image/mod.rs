@@ -9,6 +9,7 @@ pub mod bundled;
 mod context;
 mod docker;
 pub mod dockerfile;
+pub mod inputs;
 pub mod layers;
 pub mod oci;
 pub mod progress;
@@ -18,7 +19,7 @@ mod workspace;
 
 pub use build::{build, contained, env_pairs, BuildEvent};
 pub use context::Context;
-pub use docker::{build_dockerfile, DockerBuild};
+pub use docker::{build_dockerfile, dockerfile_up_to_date, DockerBuild};
 pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};
 pub use workspace::sweep_builds;

@@ -84,6 +84,10 @@ pub struct ImageMeta {
     /// The registry image it was built on, pinned: `registry/repository@sha256:…`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pulled: Option<String>,
+    /// What a Dockerfile build was made of ([`super::inputs`]): a build of the same inputs
+    /// asked to run only if something changed returns this version.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs: Option<String>,
 }
 
 #[derive(Debug, Clone)]
