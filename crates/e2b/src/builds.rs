@@ -496,7 +496,6 @@ async fn run(
                 let step = at.map_or("base".to_string(), |k| k.to_string());
                 return Err((step, message));
             }
-            Some(_) => {}
             None => return Err(at_base("the build ended without saying it was done")),
         }
     }

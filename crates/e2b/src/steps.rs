@@ -206,6 +206,7 @@ mod tests {
             kind: kind.into(),
             args: args.iter().map(|s| s.to_string()).collect(),
             files_hash: (kind == "COPY").then(|| "ab".repeat(32)),
+            force: None,
         }
     }
 

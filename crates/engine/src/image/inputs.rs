@@ -117,19 +117,24 @@ fn archive_entries(archive: &Path) -> io::Result<BTreeMap<String, String>> {
     Ok(out)
 }
 
-/// A context's entries from its directory, as [`archive_entries`] has them.
+/// A context's entries from its directory, as [`archive_entries`] has them, without what its
+/// `.dockerignore` leaves out (as a build never sees it).
 fn dir_entries(dir: &Path) -> io::Result<BTreeMap<String, String>> {
+    let ignore = super::context::Ignore::load(dir);
     let mut out = BTreeMap::new();
     let mut stack = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
         for e in std::fs::read_dir(&d)? {
             let e = e?;
-            let meta = e.path().symlink_metadata()?;
             let rel = e
                 .path()
                 .strip_prefix(dir)
                 .unwrap_or(&e.path())
                 .to_path_buf();
+            if ignore.excluded(&rel) {
+                continue;
+            }
+            let meta = e.path().symlink_metadata()?;
             let path = normal(&rel.to_string_lossy());
             let mode = meta.permissions().mode() & 0o7777;
             let described = if meta.is_dir() {
@@ -247,5 +252,12 @@ mod tests {
             ("x", "", 0o644),
         ]);
         assert_ne!(d(text, &[], more.path()), base);
+        // What .dockerignore leaves out does not count.
+        let ignore = more.path().join(".dockerignore");
+        std::fs::write(&ignore, "x\n").unwrap();
+        std::fs::set_permissions(&ignore, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let ignoring = d(text, &[], more.path());
+        std::fs::write(more.path().join("x"), "changed").unwrap();
+        assert_eq!(d(text, &[], more.path()), ignoring);
     }
 }

@@ -342,6 +342,7 @@ mod tests {
             workdir: None,
             user: None,
             pulled: None,
+            inputs: None,
         };
         fs::write(
             dir.join("image.json"),
