@@ -467,6 +467,25 @@ CMD ["hello"]
         .as_deref()
         .is_some_and(|p| p.contains("@sha256:")));
     assert!(img.dir.join("Dockerfile").is_file());
+    // Asked again with the same inputs, the build is this image (nothing runs); another
+    // argument is another build.
+    let again = |greeting: &str| {
+        let args = [
+            ("BASE".to_string(), base.clone()),
+            ("GREETING".to_string(), greeting.to_string()),
+        ]
+        .into_iter()
+        .collect();
+        let req = image::DockerBuild {
+            name: "reg-docker",
+            dockerfile,
+            context: image::Context::Dir(&ctx),
+            args,
+        };
+        image::dockerfile_up_to_date(&paths, &req).unwrap()
+    };
+    assert_eq!(again("hey").map(|i| i.reference()), Some(img.reference()));
+    assert!(again("hi").is_none());
 
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
