@@ -620,7 +620,7 @@ fn in_sandbox(
     if stage.starts_with(work) {
         crate::tree::discard_tree(&stage);
     }
-    check_built_disk(&rootfs, &r.name)?;
+    check_built_disk(paths, &rootfs, &r.name)?;
     fs::set_permissions(&rootfs, fs::Permissions::from_mode(0o444))
         .map_err(|e| ImageError::io("make rootfs read-only", e))?;
     log(BuildEvent::Step {
@@ -636,13 +636,26 @@ fn in_sandbox(
 }
 
 /// e2fsck of a disk a guest wrote: it exits 1 when it corrected something (the guest's disk
-/// is never unmounted, so its clean flag at least), 2 and up when the disk is beyond that.
-pub(super) fn check_built_disk(rootfs: &Path, name: &str) -> Result<(), ImageError> {
-    let checked = Command::new(require("e2fsck")?)
-        .args(["-f", "-p"])
-        .arg(rootfs)
-        .output()
-        .map_err(|e| ImageError::io("run e2fsck", e))?;
+/// is never unmounted, so its clean flag at least), 2 and up when the disk is beyond that. A
+/// guest wrote it, so the check runs confined ([`crate::vm::confined`]), the disk writable by
+/// the QEMUs' group alone.
+pub(super) fn check_built_disk(paths: &Paths, rootfs: &Path, name: &str) -> Result<(), ImageError> {
+    let e2fsck = require("e2fsck")?;
+    if crate::vm::jail::enabled() {
+        let gid = crate::vm::jail::vmm_gid().map_err(|e| {
+            ImageError::io(
+                "find the QEMUs' group",
+                std::io::Error::other(e.to_string()),
+            )
+        })?;
+        std::os::unix::fs::chown(rootfs, Some(0), Some(gid))
+            .and_then(|()| fs::set_permissions(rootfs, fs::Permissions::from_mode(0o660)))
+            .map_err(|e| ImageError::io("give the built disk to its check", e))?;
+    }
+    let arg = rootfs.to_string_lossy();
+    let checked =
+        crate::vm::confined::run(paths, &e2fsck, &["-f", "-p", &arg], &[rootfs.to_path_buf()])
+            .map_err(|e| ImageError::io("run e2fsck", std::io::Error::other(e.to_string())))?;
     if !matches!(checked.status.code(), Some(0 | 1)) {
         return Err(ImageError::BuildFailed {
             name: name.into(),
@@ -688,7 +701,7 @@ fn on_image(
         .open(&disk_file)
         .and_then(|f| f.set_len(disk))
         .map_err(|e| ImageError::io("grow the copy", e))?;
-    check_built_disk(&disk_file, &r.name)?;
+    check_built_disk(paths, &disk_file, &r.name)?;
     let mut cmd = Command::new(require("resize2fs")?);
     cmd.arg(&disk_file);
     run_logged(&mut cmd, "grow the copy's filesystem", &r.name, log)?;

@@ -421,7 +421,7 @@ impl Ctx<'_, '_> {
             .await
             .map_err(|e| self.fail(st.line, "write the stage's disk", e.to_string()))?;
         crate::tree::discard_tree(&self.work.join(format!("stage-{i}")));
-        b::check_built_disk(&dir.join("rootfs.ext4"), self.name)?;
+        b::check_built_disk(self.paths, &dir.join("rootfs.ext4"), self.name)?;
         let base = state.pinned.clone().unwrap_or_default();
         let image = self.stage_image(dir, state.env.clone(), base);
         if last {

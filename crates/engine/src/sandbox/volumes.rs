@@ -234,7 +234,7 @@ impl VolumeStore {
                 return Err(in_use(name, held));
             }
             if held.is_empty() && check {
-                fsck(name, &disk)?;
+                fsck(&self.paths, name, &disk)?;
             }
             let pid = std::process::id();
             held.push(Holder {
@@ -382,15 +382,14 @@ fn tool(
 }
 
 /// Replays its journal and checks it (`e2fsck -p`: what needs a person is refused in words).
-fn fsck(name: &str, disk: &Path) -> Result<(), VolumeError> {
+/// Guests wrote it: the check runs confined, as a QEMU does ([`crate::vm::confined`]).
+fn fsck(paths: &Paths, name: &str, disk: &Path) -> Result<(), VolumeError> {
     let Ok(e2fsck) = crate::setup::require("e2fsck") else {
         return Ok(());
     };
-    let out = std::process::Command::new(e2fsck)
-        .arg("-p")
-        .arg(disk)
-        .output()
-        .map_err(|e| VolumeError::io(name, "run e2fsck", e))?;
+    let arg = disk.to_string_lossy();
+    let out = crate::vm::confined::run(paths, &e2fsck, &["-p", &arg], &[disk.to_path_buf()])
+        .map_err(|e| VolumeError::io(name, "run e2fsck", std::io::Error::other(e.to_string())))?;
     // 0: clean; 1: errors corrected.
     match out.status.code() {
         Some(0) | Some(1) => Ok(()),

@@ -1,6 +1,7 @@
 //! QEMU `microvm` guests: the accelerator decision and the QEMU process.
 
 mod accel;
+pub mod confined;
 pub mod cpu;
 pub mod jail;
 pub mod program;
