@@ -89,7 +89,7 @@ mod tests {
             &paths,
             Path::new("/bin/sh"),
             &["-c", &script],
-            &[disk.clone()],
+            std::slice::from_ref(&disk),
         )
         .unwrap();
         let text = String::from_utf8_lossy(&out.stdout);
@@ -122,7 +122,13 @@ mod tests {
         let e2fsck = crate::setup::require("e2fsck").unwrap();
         let check = || {
             let arg = fs.to_string_lossy();
-            run(&paths, &e2fsck, &["-f", "-p", &arg], &[fs.clone()]).unwrap()
+            run(
+                &paths,
+                &e2fsck,
+                &["-f", "-p", &arg],
+                std::slice::from_ref(&fs),
+            )
+            .unwrap()
         };
         let clean = check();
         assert_eq!(clean.status.code(), Some(0), "{clean:?}");
