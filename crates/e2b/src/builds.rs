@@ -8,8 +8,10 @@
 //! of the template gives a copy with it running.
 //!
 //! Builds are kept in memory (a daemon restarted forgets the build records, not the images
-//! they made). forkbox keeps no layer cache across builds: every step runs each time and the
-//! log says so.
+//! they made). The cache is the whole build's (`?if_changed=true` on the daemon's Dockerfile
+//! build): a build whose steps, files and base are those of the template's newest image takes
+//! it, its log saying `CACHED`; any change runs every step (no per-step layers), and
+//! `skip_cache()` builds anew.
 
 use std::collections::HashMap;
 use std::path::{Path as FsPath, PathBuf};
