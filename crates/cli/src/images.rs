@@ -372,8 +372,9 @@ fn dockerfile_build(
         context: image::Context::Dir(&context),
         args,
     };
+    let inputs = image::inputs_of(paths, &req)?;
     if if_changed {
-        if let Some(img) = image::dockerfile_up_to_date(paths, &req)? {
+        if let Some(img) = image::inputs::same_as_newest(paths, &name, &inputs) {
             if json {
                 print_json(&ImageView::from(&img))?;
             } else {
@@ -393,7 +394,7 @@ fn dockerfile_build(
         context.display()
     );
     let mut log = bundled::printer();
-    let img = image::build_dockerfile(paths, &req, &mut log)?;
+    let img = image::build_dockerfile_of(paths, &req, inputs, &mut log)?;
     say_built(&ImageView::from(&img), json)
 }
 

@@ -1497,6 +1497,16 @@ fn hibernate_survives_a_daemon_restart_and_resume_keeps_processes() {
     stop_daemon(&paths);
 }
 
+/// Starts `sh -c script` detached in sandbox `id`; its command id.
+fn detached_sh(paths: &forkbox_engine::paths::Paths, id: &str, script: &str) -> String {
+    let out = run(
+        paths,
+        &["sandbox", "exec", "--detach", id, "--", "sh", "-c", script],
+    );
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    text(&out.stdout).trim().to_string()
+}
+
 /// Part of the hibernate test (its sandbox, resumed): a guest woken from hibernation sees the
 /// time it slept pass (under TCG, up to 10 s of it), as E2B's sandboxes do after a pause: its
 /// monotonic clock counts the 4 s it slept (it stood still before), and a `sleep 2` begun
@@ -1510,20 +1520,7 @@ fn the_time_asleep_passes_for_the_guest(paths: &forkbox_engine::paths::Paths, id
             .and_then(|u| u.parse().ok())
             .unwrap_or_else(|| panic!("{t}"))
     };
-    let out = run(
-        paths,
-        &[
-            "sandbox",
-            "exec",
-            "--detach",
-            id,
-            "--",
-            "sh",
-            "-c",
-            "rm -f /tmp/slept; sleep 2; touch /tmp/slept",
-        ],
-    );
-    assert!(out.status.success(), "{}", text(&out.stderr));
+    detached_sh(paths, id, "rm -f /tmp/slept; sleep 2; touch /tmp/slept");
     let before = uptime();
     assert!(run(paths, &["sandbox", "hibernate", id]).status.success());
     std::thread::sleep(Duration::from_secs(4));
@@ -1544,21 +1541,11 @@ fn the_time_asleep_passes_for_the_guest(paths: &forkbox_engine::paths::Paths, id
 /// (with the same daemon) goes on after the resume, and `attach` follows it from its start
 /// across the pause to its end and exit code.
 fn a_command_sleeps_with_its_sandbox(paths: &forkbox_engine::paths::Paths, id: &str) {
-    let out = run(
+    let cmd = detached_sh(
         paths,
-        &[
-            "sandbox",
-            "exec",
-            "--detach",
-            id,
-            "--",
-            "sh",
-            "-c",
-            "echo before; while [ ! -e /tmp/go ]; do sleep 0.2; done; echo after; exit 7",
-        ],
+        id,
+        "echo before; while [ ! -e /tmp/go ]; do sleep 0.2; done; echo after; exit 7",
     );
-    assert!(out.status.success(), "{}", text(&out.stderr));
-    let cmd = text(&out.stdout).trim().to_string();
     assert!(run(paths, &["sandbox", "hibernate", id]).status.success());
     let out = run(paths, &["sandbox", "resume", id]);
     assert!(out.status.success(), "{}", text(&out.stderr));

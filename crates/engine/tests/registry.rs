@@ -482,7 +482,8 @@ CMD ["hello"]
             context: image::Context::Dir(&ctx),
             args,
         };
-        image::dockerfile_up_to_date(&paths, &req).unwrap()
+        let inputs = image::inputs_of(&paths, &req).unwrap();
+        image::inputs::same_as_newest(&paths, "reg-docker", &inputs)
     };
     assert_eq!(again("hey").map(|i| i.reference()), Some(img.reference()));
     assert!(again("hi").is_none());

@@ -127,27 +127,28 @@ impl Engine {
             if_changed,
             events,
         } = op;
+        // What the build is made of, read once (the context's files: off the async threads):
+        // compared with the newest version's when asked, recorded by the build.
+        let (p, n, d, c, a) = (
+            paths.clone(),
+            name.clone(),
+            dockerfile.clone(),
+            context.clone(),
+            args.clone(),
+        );
+        let inputs = tokio::task::spawn_blocking(move || {
+            let req = crate::image::DockerBuild {
+                name: &n,
+                dockerfile: &d,
+                context: crate::image::Context::Archive(&c),
+                args: a,
+            };
+            crate::image::inputs_of(&p, &req)
+        })
+        .await
+        .map_err(|e| EngineError::Internal(format!("the build's digest task failed: {e}")))??;
         if if_changed {
-            // The context's files are read for their digest: off the async threads.
-            let (p, n, d, c, a) = (
-                paths.clone(),
-                name.clone(),
-                dockerfile.clone(),
-                context.clone(),
-                args.clone(),
-            );
-            let same = tokio::task::spawn_blocking(move || {
-                let req = crate::image::DockerBuild {
-                    name: &n,
-                    dockerfile: &d,
-                    context: crate::image::Context::Archive(&c),
-                    args: a,
-                };
-                crate::image::dockerfile_up_to_date(&p, &req)
-            })
-            .await
-            .map_err(|e| EngineError::Internal(format!("the build's digest task failed: {e}")))??;
-            if let Some(img) = same {
+            if let Some(img) = crate::image::inputs::same_as_newest(&paths, &name, &inputs) {
                 return Ok(up_to_date_view(&img, events.as_ref()).await);
             }
         }
@@ -158,7 +159,7 @@ impl Engine {
                 context: crate::image::Context::Archive(&context),
                 args,
             };
-            crate::image::build_dockerfile(&paths, &req, send)
+            crate::image::build_dockerfile_of(&paths, &req, inputs, send)
         })
         .await
     }

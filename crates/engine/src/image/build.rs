@@ -642,15 +642,12 @@ fn in_sandbox(
 pub(super) fn check_built_disk(paths: &Paths, rootfs: &Path, name: &str) -> Result<(), ImageError> {
     let e2fsck = require("e2fsck")?;
     if crate::vm::jail::enabled() {
-        let gid = crate::vm::jail::vmm_gid().map_err(|e| {
+        crate::vm::jail::share_file(rootfs, true).map_err(|e| {
             ImageError::io(
-                "find the QEMUs' group",
+                "give the built disk to its check",
                 std::io::Error::other(e.to_string()),
             )
         })?;
-        std::os::unix::fs::chown(rootfs, Some(0), Some(gid))
-            .and_then(|()| fs::set_permissions(rootfs, fs::Permissions::from_mode(0o660)))
-            .map_err(|e| ImageError::io("give the built disk to its check", e))?;
     }
     let arg = rootfs.to_string_lossy();
     let checked =

@@ -104,6 +104,25 @@ pub fn build_dockerfile(
     req: &DockerBuild<'_>,
     log: &mut dyn FnMut(BuildEvent),
 ) -> Result<Image, ImageError> {
+    build_dockerfile_of(paths, req, inputs_of(paths, req)?, log)
+}
+
+/// The digest of what the build `req` is made of ([`super::inputs`]): a build asked to run
+/// only if something changed compares it with the newest version's
+/// ([`super::inputs::same_as_newest`]).
+pub fn inputs_of(paths: &Paths, req: &DockerBuild<'_>) -> Result<String, ImageError> {
+    let file = df::parse(req.dockerfile)
+        .map_err(|e| failed(req.name, "read the Dockerfile", e.to_string()))?;
+    super::inputs::digest(paths, req.dockerfile, &file, &req.args, req.context)
+}
+
+/// [`build_dockerfile`] of a build whose inputs' digest ([`inputs_of`]) is `inputs`.
+pub fn build_dockerfile_of(
+    paths: &Paths,
+    req: &DockerBuild<'_>,
+    inputs: String,
+    log: &mut dyn FnMut(BuildEvent),
+) -> Result<Image, ImageError> {
     let started = std::time::Instant::now();
     let name = req.name;
     may_build(name)?;
@@ -116,19 +135,13 @@ pub fn build_dockerfile(
         progress.see(&ev);
         log(ev)
     };
-    let inputs = super::inputs::digest(paths, req.dockerfile, &file, &req.args, req.context)?;
     let ws = b::Workspace::open(paths, name)?;
     let context = context_dir(name, req.context, &ws.work)?;
     let ignore = Ignore::load(&context);
     let order = needed(&file);
     let instructions: usize = order.iter().map(|i| file.stages[*i].steps.len() + 1).sum();
     let total = u32::try_from(instructions + 1).unwrap_or(u32::MAX);
-    let mut globals: BTreeMap<String, String> = BTreeMap::new();
-    for (k, d) in &file.global_args {
-        if let Some(v) = req.args.get(k).or(d.as_ref()) {
-            globals.insert(k.clone(), v.clone());
-        }
-    }
+    let globals = file.globals(&req.args);
     let mut ctx = Ctx {
         paths,
         name,
@@ -185,18 +198,6 @@ pub fn build_dockerfile(
             ("labels.json", &labels),
         ],
     )
-}
-
-/// The newest version of the build's name when it was made of the same inputs
-/// ([`super::inputs`]): what a build asked to run only if something changed returns.
-pub fn dockerfile_up_to_date(
-    paths: &Paths,
-    req: &DockerBuild<'_>,
-) -> Result<Option<Image>, ImageError> {
-    let file = df::parse(req.dockerfile)
-        .map_err(|e| failed(req.name, "read the Dockerfile", e.to_string()))?;
-    let inputs = super::inputs::digest(paths, req.dockerfile, &file, &req.args, req.context)?;
-    Ok(super::inputs::same_as_newest(paths, req.name, &inputs))
 }
 
 /// An image may be built under `name` here: a valid name, and root.

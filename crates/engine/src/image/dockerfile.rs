@@ -89,6 +89,16 @@ pub struct Dockerfile {
     pub stages: Vec<Stage>,
 }
 
+impl Dockerfile {
+    /// The global `ARG`s' values: each the build argument given for it, else its default.
+    pub fn globals(&self, args: &BTreeMap<String, String>) -> BTreeMap<String, String> {
+        self.global_args
+            .iter()
+            .filter_map(|(k, d)| Some((k.clone(), args.get(k).or(d.as_ref())?.clone())))
+            .collect()
+    }
+}
+
 /// Logical lines: continuations joined, comments and blank lines dropped; each with the number
 /// of the line it starts on.
 fn logical_lines(text: &str) -> Result<Vec<(usize, String)>, DockerfileError> {

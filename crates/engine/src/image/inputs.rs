@@ -67,12 +67,7 @@ pub fn same_as_newest(paths: &Paths, name: &str, inputs: &str) -> Option<Image> 
 /// Each stage's `FROM` with the global arguments put in; a forkbox image's as the version it
 /// resolves to and when that was made.
 fn bases(paths: &Paths, file: &df::Dockerfile, args: &BTreeMap<String, String>) -> Vec<String> {
-    let mut globals = BTreeMap::new();
-    for (k, d) in &file.global_args {
-        if let Some(v) = args.get(k).or(d.as_ref()) {
-            globals.insert(k.clone(), v.clone());
-        }
-    }
+    let globals = file.globals(args);
     let store = ImageStore::new(paths);
     file.stages
         .iter()

@@ -19,7 +19,7 @@ mod workspace;
 
 pub use build::{build, contained, env_pairs, BuildEvent};
 pub use context::Context;
-pub use docker::{build_dockerfile, dockerfile_up_to_date, DockerBuild};
+pub use docker::{build_dockerfile, build_dockerfile_of, inputs_of, DockerBuild};
 pub use recipe::{valid_name, Base, Recipe, Seed, DEFAULT_SUITE, SUITES};
 pub use store::{Image, ImageMeta, ImageRef, ImageStore, IMAGE_FORMAT};
 pub use workspace::sweep_builds;

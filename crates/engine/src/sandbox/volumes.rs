@@ -410,8 +410,7 @@ fn fsck(paths: &Paths, name: &str, disk: &Path) -> Result<(), VolumeError> {
 fn share(disk: &Path) -> std::io::Result<()> {
     use std::os::unix::fs::PermissionsExt;
     if crate::vm::jail::enabled() {
-        let gid = crate::vm::jail::vmm_gid().map_err(std::io::Error::other)?;
-        std::os::unix::fs::chown(disk, Some(0), Some(gid))?;
+        return crate::vm::jail::share_file(disk, true).map_err(std::io::Error::other);
     }
     std::fs::set_permissions(disk, std::fs::Permissions::from_mode(0o660))
 }

@@ -3,7 +3,7 @@
 //! as it wakes instead of running its whole course again after.
 //!
 //! Under TCG the guest's clocks are QEMU's: its TSC (the clocksource the guest kernel uses,
-//! at the host's TSC rate, see [`crate::vm::qemu::host_tsc_khz`]) counts from QEMU's tick
+//! at the host's TSC rate, see [`crate::vm::host_tsc_khz`]) counts from QEMU's tick
 //! offset, and its timer interrupts from QEMU's virtual clock. Both stand still while the VM
 //! is stopped and are saved in the device state's `timer` section (QEMU's `vmstate_timers`:
 //! the tick offset, 8 unused bytes and the virtual clock's offset, each a big-endian `int64`,

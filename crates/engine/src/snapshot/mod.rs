@@ -682,14 +682,11 @@ pub fn publish(
     let _ = std::fs::remove_dir(tmp.join("jail"));
     crate::vm::jail::reclaim(tmp).map_err(io(format!("take back {}", tmp.display())))?;
     if crate::vm::jail::enabled() && tmp.join(MEM).exists() {
-        crate::vm::jail::share_ram_file(
-            &tmp.join(MEM),
-            !crate::vm::program::readonly_private_ram(),
-        )
-        .map_err(|e| SnapshotError::Io {
-            what: "share the RAM file with jailed QEMUs".into(),
-            source: std::io::Error::other(e.to_string()),
-        })?;
+        crate::vm::jail::share_file(&tmp.join(MEM), !crate::vm::program::readonly_private_ram())
+            .map_err(|e| SnapshotError::Io {
+                what: "share the RAM file with jailed QEMUs".into(),
+                source: std::io::Error::other(e.to_string()),
+            })?;
     }
     let disk = meta.disk.clone().unwrap_or_else(|| tmp.join(DISK));
     if durable {

@@ -61,7 +61,6 @@ pub fn run(
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     /// What a confined program sees: its own uid, the one file it was given (which it writes),
     /// and nothing else of the host's but `/usr` (no `/etc/hostname`, no `/proc`, of the home
@@ -77,8 +76,7 @@ mod tests {
         let disk = home.path().join("disk.ext4");
         std::fs::write(home.path().join("state.db"), "the host's").unwrap();
         std::fs::write(&disk, "before\n").unwrap();
-        std::os::unix::fs::chown(&disk, Some(0), Some(jail::vmm_gid().unwrap())).unwrap();
-        std::fs::set_permissions(&disk, std::fs::Permissions::from_mode(0o660)).unwrap();
+        jail::share_file(&disk, true).unwrap();
         let d = disk.display();
         let h = home.path().display();
         let script = format!(
@@ -117,8 +115,7 @@ mod tests {
             .output()
             .unwrap();
         assert!(made.status.success(), "{made:?}");
-        std::os::unix::fs::chown(&fs, Some(0), Some(jail::vmm_gid().unwrap())).unwrap();
-        std::fs::set_permissions(&fs, std::fs::Permissions::from_mode(0o660)).unwrap();
+        jail::share_file(&fs, true).unwrap();
         let e2fsck = crate::setup::require("e2fsck").unwrap();
         let check = || {
             let arg = fs.to_string_lossy();

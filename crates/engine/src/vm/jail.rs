@@ -452,9 +452,10 @@ pub fn give(path: &Path, uid: u32) -> Result<(), VmError> {
     Ok(())
 }
 
-/// A RAM file copies map private: root's, readable by the `forkbox-vmm` group, and writable by
-/// it only for a QEMU before 8.2 (`group_writes`), which opens it read-write; nobody else's.
-pub fn share_ram_file(path: &Path, group_writes: bool) -> Result<(), VmError> {
+/// A file jailed processes use (QEMUs, [`super::confined`] checks): root's, readable by the
+/// `forkbox-vmm` group and writable by it with `group_writes`; nobody else's. A RAM file copies
+/// map private is group-writable only for a QEMU before 8.2, which opens it read-write.
+pub fn share_file(path: &Path, group_writes: bool) -> Result<(), VmError> {
     use std::os::unix::fs::PermissionsExt;
     let gid = vmm_gid()?;
     let mode = if group_writes { 0o660 } else { 0o640 };

@@ -650,11 +650,11 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
         Memory::SharedFile(f) => mine.push(f.parent().unwrap_or(Path::new("/")).to_path_buf()),
         // QEMU opens it read-only: the file alone, read-only, bound over whatever holds it.
         Memory::PrivateFile(f) if super::program::readonly_private_ram() => {
-            jail::share_ram_file(f, false)?;
+            jail::share_file(f, false)?;
             ram = Some(f.clone());
         }
         Memory::PrivateFile(f) => {
-            jail::share_ram_file(f, true)?;
+            jail::share_file(f, true)?;
             let dir = f.parent().unwrap_or(Path::new("/")).to_path_buf();
             if !mine.contains(&dir) {
                 rw.push(dir);
@@ -682,7 +682,7 @@ fn jail_for(cfg: &VmConfig) -> Result<super::jail::Jail, VmError> {
     if let Some(f) = &ram {
         // `give` handed what is in the run directory to the jail's uid; a RAM file there (a
         // cold boot's, a resumed hibernation's) goes back to root.
-        jail::share_ram_file(f, false)?;
+        jail::share_file(f, false)?;
     }
     Ok(j)
 }
